@@ -1,0 +1,7 @@
+"""physreason: toolkit for physical-AI reasoning vision-language models (Cosmos-Reason1 family)."""
+
+from physreason.errors import ConfigError, InputError, PhysReasonError
+
+__version__ = "0.1.0"
+
+__all__ = ["ConfigError", "InputError", "PhysReasonError", "__version__"]

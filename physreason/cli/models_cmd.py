@@ -1,0 +1,27 @@
+"""`physreason models`: make tiny random models for trying the toolkit without downloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from physreason.models.tiny import TINY_KINDS
+
+app = typer.Typer(help="Tiny random models for tests and dry runs.", no_args_is_help=True)
+
+
+@app.command("tiny")
+def tiny(
+    out: Path = typer.Argument(..., help="Folder to write the Hugging Face model folder into."),
+    kind: str = typer.Option("qwen2_5_vl", help=f"Architecture: {', '.join(TINY_KINDS)}."),
+    seed: int = typer.Option(0, help="Seed of the random weights."),
+) -> None:
+    """Write a tiny random model (config, safetensors, tokenizer, processor) that loads like a real one."""
+    from physreason.errors import PhysReasonError
+    from physreason.models.tiny import save_tiny_model
+
+    if kind not in TINY_KINDS:
+        raise PhysReasonError(f"--kind {kind!r} is not a tiny model kind; choose one of {', '.join(TINY_KINDS)}")
+    folder = save_tiny_model(kind, out, seed=seed)  # type: ignore[arg-type]
+    typer.echo(f"wrote tiny {kind} model to {folder}")

@@ -1,0 +1,265 @@
+"""Typed settings for every physreason job, one pydantic model per TOML section.
+
+Key names follow cosmos-rl's TOML where they mean the same thing, so recipes port with few edits.
+Every model forbids unknown keys: a misspelt key is an error that names it, never a silent default.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Section(BaseModel):
+    """Base for all config sections: unknown keys are errors; assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    """Which checkpoint to load and how."""
+
+    model_name_or_path: str = Field(
+        "nvidia/Cosmos-Reason1-7B", description="Hugging Face hub id or local folder of the model."
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit); None is the default branch.")
+    model_max_length: int = Field(
+        10240, gt=0, description="Longest sequence (prompt + response) in tokens that training and engines accept."
+    )
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = Field(
+        "bfloat16", description="Parameter dtype when loading; 'auto' keeps the checkpoint's dtype."
+    )
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3"] = Field(
+        "sdpa", description="Attention kernel used by the transformers model."
+    )
+    trust_remote_code: bool = Field(
+        False, description="Run code shipped with the checkpoint. Off unless you trust the checkpoint's source."
+    )
+
+
+class SamplingConfig(Section):
+    """Sampling settings; the defaults are Cosmos-Reason1's published inference defaults."""
+
+    temperature: float = Field(0.6, ge=0.0, description="Softmax temperature; 0 means greedy decoding.")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(-1, ge=-1, description="Keep the k most likely tokens; -1 keeps all.")
+    repetition_penalty: float = Field(1.05, gt=0.0, description="Penalty on tokens already present (1.0 = off).")
+    max_tokens: int = Field(4096, gt=0, description="Most new tokens per completion.")
+    seed: int | None = Field(None, description="Sampling seed; None draws a fresh one each run.")
+    n: int = Field(1, ge=1, description="Completions per request.")
+
+
+class VisionConfig(Section):
+    """Frame sampling and pixel budgets (Qwen2.5-VL rules; sides become multiples of 28)."""
+
+    fps: float = Field(4.0, gt=0.0, description="Frames per second sampled from each video.")
+    min_frames: int = Field(4, ge=2, description="Fewest frames sampled from a video (rounded up to even).")
+    max_frames: int = Field(768, ge=2, description="Most frames sampled from a video (rounded down to even).")
+    min_pixels: int = Field(128 * 28 * 28, gt=0, description="Smallest area (pixels) of one video frame after resizing.")
+    max_pixels: int = Field(768 * 28 * 28, gt=0, description="Largest area (pixels) of one video frame after resizing.")
+    total_pixels: int = Field(
+        8192 * 28 * 28,
+        gt=0,
+        description="Pixel budget of a whole video, shared over its frames (8192*28*28 is about 8k visual tokens).",
+    )
+    image_min_pixels: int = Field(4 * 28 * 28, gt=0, description="Smallest area (pixels) of an image after resizing.")
+    image_max_pixels: int = Field(16384 * 28 * 28, gt=0, description="Largest area (pixels) of an image after resizing.")
+    timestamps: bool = Field(False, description="Draw each frame's time under it in a 28-pixel black bar.")
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> VisionConfig:
+        if self.min_frames > self.max_frames:
+            raise ValueError(f"min_frames ({self.min_frames}) must not exceed max_frames ({self.max_frames})")
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})")
+        if self.image_min_pixels > self.image_max_pixels:
+            raise ValueError(
+                f"image_min_pixels ({self.image_min_pixels}) must not exceed image_max_pixels ({self.image_max_pixels})"
+            )
+        return self
+
+
+class EngineConfig(Section):
+    """Which generation engine serves inference, evaluation and rollouts, and its options."""
+
+    backend: Literal["auto", "vllm", "hf"] = Field("auto", description="'auto' uses vLLM when it is importable.")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine spans (vLLM).")
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="Fraction of GPU memory vLLM may take.")
+    max_model_len: int | None = Field(None, gt=0, description="Context length of the engine; None uses model_max_length.")
+    limit_mm_per_prompt: dict[str, int] = Field(
+        default_factory=lambda: {"image": 4, "video": 1}, description="Most images/videos in one prompt (vLLM)."
+    )
+    enforce_eager: bool = Field(False, description="Disable CUDA graphs in vLLM (slower; less memory, faster start).")
+    batch_size: int = Field(8, ge=1, description="Requests per generate call of the hf engine.")
+
+
+class DatasetConfig(Section):
+    """Where a data set lives: a JSON/JSONL file, a load_from_disk folder, or a hub name."""
+
+    name: str = Field("", description="Path to a JSON/JSONL file or dataset folder, or a Hugging Face dataset name.")
+    subset: str | None = Field(None, description="Dataset configuration name (hub datasets).")
+    split: str = Field("train", description="Split to read.")
+    media_root: str | None = Field(
+        None, description="Folder that media paths in records are relative to; default: the data file's folder."
+    )
+
+
+class DataConfig(Section):
+    """Training data and how it is batched."""
+
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    val_dataset: DatasetConfig | None = Field(None, description="Held-out split for validation loss; None = none.")
+    val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of the train set held out when no val_dataset.")
+    conversation_column_name: str = Field("conversations", description="Record key holding the chat turns (SFT).")
+    shuffle: bool = Field(True, description="Shuffle the training order each epoch.")
+    packing: bool = Field(False, description="Pack several samples into one sequence (no attention across samples).")
+    num_workers: int = Field(2, ge=0, description="Data loader worker processes (video decoding runs there).")
+    max_samples: int | None = Field(None, gt=0, description="Use at most this many samples (debugging).")
+
+
+class CheckpointConfig(Section):
+    """[train.ckpt]: periodic checkpoints and Hugging Face export."""
+
+    enable_checkpoint: bool = Field(True, description="Write checkpoints.")
+    save_freq: int = Field(100, gt=0, description="Steps between checkpoints.")
+    max_keep: int = Field(2, ge=1, description="Checkpoints kept; older ones are deleted.")
+    export_safetensors: bool = Field(True, description="Also export a Hugging Face safetensors folder at each save.")
+
+
+class ParallelismConfig(Section):
+    """How one replica's model is split over GPUs."""
+
+    tp_size: int = Field(1, ge=1, description="Tensor-parallel degree.")
+    dp_shard_size: int = Field(-1, ge=-1, description="FSDP shard degree; -1 uses all remaining GPUs.")
+    n_init_replicas: int = Field(1, ge=1, description="Replicas started at launch (disaggregated RL).")
+
+
+class TrainConfig(Section):
+    """[train]: optimisation, schedule and run layout, shared by SFT and GRPO."""
+
+    output_dir: str = Field("./outputs", description="Folder for checkpoints, logs and exports.")
+    resume: bool | str = Field(False, description="true resumes from the latest checkpoint in output_dir; a path resumes from it.")
+    seed: int = Field(42, description="Seed for data order, initialisation and sampling.")
+    epoch: int = Field(1, ge=1, description="Passes over the training data.")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epoch).")
+    train_batch_per_replica: int = Field(8, ge=1, description="Samples per optimizer step on one replica.")
+    mini_batch: int = Field(1, ge=1, description="Samples per forward pass on one device (gradient accumulation fills the rest).")
+    optm_name: Literal["AdamW"] = Field("AdamW", description="Optimizer.")
+    optm_lr: float = Field(1e-5, gt=0.0, description="Peak learning rate.")
+    optm_weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay.")
+    optm_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    optm_warmup_steps: int = Field(0, ge=0, description="Linear warmup steps.")
+    optm_decay_type: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warmup.")
+    optm_min_lr_factor: float = Field(0.0, ge=0.0, le=1.0, description="Final lr as a fraction of optm_lr.")
+    optm_grad_norm_clip: float = Field(1.0, ge=0.0, description="Clip the global gradient norm; 0 disables.")
+    param_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="FSDP2 parameter dtype for compute.")
+    fsdp_reduce_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 gradient reduction dtype.")
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass.")
+    freeze_vision_tower: bool = Field(False, description="Keep the vision encoder's weights fixed.")
+    compile: bool = Field(False, description="torch.compile each decoder block.")
+    log_freq: int = Field(1, gt=0, description="Steps between metric log lines.")
+    validation_freq: int = Field(100, gt=0, description="Steps between validation-loss evaluations.")
+    sync_weight_interval: int = Field(1, gt=0, description="GRPO: steps between weight pushes to the rollout engine.")
+    ckpt: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+
+class RolloutConfig(Section):
+    """[rollout]: generation of GRPO samples."""
+
+    n_generation: int = Field(8, ge=1, description="Completions sampled per prompt (the GRPO group size).")
+    max_response_length: int = Field(6144, gt=0, description="Most tokens in one completion.")
+    batch_size: int = Field(4, ge=1, description="Prompts per rollout batch.")
+    sampling_config: SamplingConfig = Field(
+        default_factory=lambda: SamplingConfig(temperature=1.0, top_p=1.0, repetition_penalty=1.0),
+        description="Rollout sampling; its temperature is also the policy's logit temperature.",
+    )
+    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
+
+
+class PolicyConfig(Section):
+    """[policy]: how the trained model is laid out on GPUs."""
+
+    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
+
+
+class GRPOConfig(Section):
+    """[grpo]: the GRPO objective and its data."""
+
+    epsilon_low: float = Field(0.2, ge=0.0, description="Lower clip range of the probability ratio.")
+    epsilon_high: float = Field(0.2, ge=0.0, description="Upper clip range of the probability ratio.")
+    dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip constant c (> 1) for negative advantages; None = off.")
+    kl_beta: float = Field(0.0, ge=0.0, description="Weight of the k3 KL penalty to the reference model; 0 loads no reference.")
+    advantage: Literal["grpo", "drgrpo"] = Field("grpo", description="'grpo' divides by the group std; 'drgrpo' does not.")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="How per-token losses are reduced."
+    )
+    mu_iterations: int = Field(1, ge=1, description="Optimizer passes over each rollout batch.")
+    mini_batch: int = Field(4, ge=1, description="Samples per forward pass in the policy update.")
+    dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and draw more prompts.")
+    shuffle_options: bool = Field(True, description="Reshuffle multiple-choice options per sample, remapping the answer.")
+    reward_function: dict[str, float] = Field(
+        default_factory=lambda: {"accuracy": 1.0, "format": 1.0}, description="Reward name -> weight."
+    )
+    mode: Literal["colocated", "disaggregated"] = Field("colocated", description="Share GPUs, or separate replicas on Ray.")
+    allowed_outdated_steps: int = Field(1, ge=0, description="Disaggregated: oldest weight version a rollout may use.")
+
+
+class LoggingConfig(Section):
+    """[logging]: where metrics go."""
+
+    logger: list[Literal["console", "tensorboard", "jsonl", "wandb"]] = Field(
+        default_factory=lambda: ["console", "tensorboard", "jsonl"], description="Metric sinks."
+    )
+    project_name: str = Field("physreason", description="Project name (wandb).")
+    experiment_name: str | None = Field(None, description="Run name; None derives one from the time.")
+
+
+class EvalConfig(Section):
+    """[eval]: benchmark evaluation."""
+
+    benchmark_root: str = Field("", description="Folder holding <name>/<name>_benchmark_qa_pairs.json per dataset.")
+    datasets: list[str] = Field(default_factory=list, description="Dataset names under benchmark_root (or JSONL paths).")
+    answer_type: Literal["reasoning", "letter"] = Field("reasoning", description="Think then answer, or the letter only.")
+    num_repeats: int = Field(1, ge=1, description="Independent runs with different seeds; mean and std are reported.")
+    seed: int = Field(1, description="Seed of the first repeat; repeat k uses seed + k.")
+    results_dir: str = Field("./results", description="Per-sample results go under <results_dir>/<model>/<answer_type>/<dataset>/.")
+    num_gpus: int = Field(1, ge=1, description="GPUs used in all; shards = num_gpus / tp_size.")
+    tp_size: int = Field(1, ge=1, description="GPUs per engine.")
+
+    @model_validator(mode="after")
+    def _check_shards(self) -> EvalConfig:
+        if self.num_gpus % self.tp_size:
+            raise ValueError(f"num_gpus ({self.num_gpus}) must be a multiple of tp_size ({self.tp_size})")
+        return self
+
+
+class Config(Section):
+    """The whole recipe; each job reads the sections it needs."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    vision: VisionConfig = Field(default_factory=VisionConfig)
+    generation: SamplingConfig = Field(default_factory=SamplingConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @property
+    def policy_temperature(self) -> float:
+        """The logit temperature of the GRPO policy: by design the rollout sampling temperature."""
+        return self.rollout.sampling_config.temperature
+
+    @field_validator("rollout")
+    @classmethod
+    def _positive_rollout_temperature(cls, rollout: RolloutConfig) -> RolloutConfig:
+        if rollout.sampling_config.temperature <= 0:
+            raise ValueError(
+                "rollout.sampling_config.temperature must be > 0: GRPO needs sampled completions, "
+                "and the policy divides its logits by this same temperature"
+            )
+        return rollout

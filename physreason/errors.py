@@ -1,0 +1,18 @@
+"""The one exception type for errors a user can cause and fix."""
+
+from __future__ import annotations
+
+
+class PhysReasonError(Exception):
+    """A user-fixable error: bad path, bad config, corrupt video, prompt too long.
+
+    The message names the file, key or sample at fault and says what to do.
+    """
+
+
+class ConfigError(PhysReasonError):
+    """A configuration file or override is invalid."""
+
+
+class InputError(PhysReasonError):
+    """An input (video, image, data record) cannot be used as given."""

@@ -1,0 +1,222 @@
+"""Tiny random models with the real architectures, built in-process in seconds for tests and the demo.
+
+Each is saved as an ordinary Hugging Face folder (config, safetensors, tokenizer, processor and
+generation config) that `from_pretrained` and vLLM load as they are.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from physreason.models.chat_template import QWEN2_5_VL_CHAT_TEMPLATE
+
+TinyKind = Literal["qwen2_5_vl", "qwen2", "qwen3", "qwen3_moe"]
+TINY_KINDS: tuple[TinyKind, ...] = ("qwen2_5_vl", "qwen2", "qwen3", "qwen3_moe")
+
+# The Qwen2.5 special tokens, in Qwen's order; their ids in the tiny vocabulary follow the BPE vocab.
+QWEN_SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+# Text the tiny BPE learns merges from: the words physreason's prompts and answers use most.
+_CORPUS = """
+You are a helpful assistant. Answer the question in the following format:
+<think>
+your reasoning
+</think>
+
+<answer>
+your answer
+</answer>
+Answer the question with the letter of the correct option. Is the video playing forward or backward?
+(A) forward (B) backward (C) left (D) right. The ball falls, bounces on the floor and comes to rest.
+The box slides and friction stops it. Which arrangement of the patches is correct? Does the object
+disappear behind the occluder and reappear? The robot arm picks up the cup and places it on the table.
+The car stops at the red light, then turns left at the intersection. What should the robot do next?
+Object permanence, arrow of time, spatial puzzle, gravity, collision, pendulum, rolling, sliding.
+0 1 2 3 4 5 6 7 8 9 10 0.25s 1.50s A B C D E F yes no true false first second third last
+"""
+
+
+@functools.lru_cache(maxsize=4)
+def _trained_bpe(vocab_size: int) -> str:
+    """The trained tokenizer as JSON (training is deterministic; cached per process)."""
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    tok.add_special_tokens(QWEN_SPECIAL_TOKENS)
+    return tok.to_str()
+
+
+def build_tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on an embedded corpus and add the Qwen special tokens and chat template."""
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_trained_bpe(vocab_size)),
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        model_max_length=32768,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = QWEN2_5_VL_CHAT_TEMPLATE
+    return fast
+
+
+def _token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
+    ids = tokenizer.convert_tokens_to_ids(QWEN_SPECIAL_TOKENS)
+    return dict(zip(QWEN_SPECIAL_TOKENS, ids, strict=True))
+
+
+def _text_dims(vocab_size: int, ids: dict[str, int]) -> dict:
+    return {
+        "vocab_size": vocab_size,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+        "tie_word_embeddings": False,
+    }
+
+
+def build_tiny_model(kind: TinyKind, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> torch.nn.Module:
+    """Build a random-weight model of the given architecture sized for CPU tests (float32)."""
+    import transformers
+
+    ids = _token_ids(tokenizer)
+    vocab = len(tokenizer)
+    text = _text_dims(vocab, ids)
+    torch.manual_seed(seed)
+    if kind == "qwen2_5_vl":
+        config = transformers.Qwen2_5_VLConfig(
+            text_config={**text, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]}},
+            vision_config={
+                "depth": 2,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_heads": 4,
+                "out_hidden_size": text["hidden_size"],
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+                "window_size": 112,
+                "fullatt_block_indexes": [1],
+                "tokens_per_second": 2,
+            },
+            image_token_id=ids["<|image_pad|>"],
+            video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+            tie_word_embeddings=False,
+        )
+        model = transformers.Qwen2_5_VLForConditionalGeneration(config)
+    elif kind == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**text))
+    elif kind == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**text, head_dim=32))
+    elif kind == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(
+            **text, head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1
+        )
+        model = transformers.Qwen3MoeForCausalLM(config)
+    else:
+        raise ValueError(f"unknown tiny model kind {kind!r}; choose one of {', '.join(TINY_KINDS)}")
+    return model.eval()
+
+
+def _save_processor(folder: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+    """Write image/video processor configs the Qwen2.5-VL processor classes read (no torchvision needed)."""
+    from transformers import Qwen2VLImageProcessor
+
+    common = {
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+    }
+    image = Qwen2VLImageProcessor(min_pixels=4 * 28 * 28, max_pixels=16384 * 28 * 28, **common)
+    image.save_pretrained(folder)
+    video = {
+        **common,
+        "video_processor_type": "Qwen2VLVideoProcessor",
+        "processor_class": "Qwen2_5_VLProcessor",
+        "min_pixels": 128 * 28 * 28,
+        "max_pixels": 768 * 28 * 28,
+        "size": {"shortest_edge": 128 * 28 * 28, "longest_edge": 768 * 28 * 28},
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "do_sample_frames": False,
+    }
+    (folder / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
+    preprocessor = json.loads((folder / "preprocessor_config.json").read_text())
+    preprocessor["processor_class"] = "Qwen2_5_VLProcessor"
+    (folder / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
+    (folder / "chat_template.jinja").write_text(QWEN2_5_VL_CHAT_TEMPLATE)
+
+
+def save_tiny_model(kind: TinyKind, folder: str | Path, seed: int = 0) -> Path:
+    """Build a tiny model and save it as a complete Hugging Face folder; returns the folder."""
+    from transformers import GenerationConfig
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(kind, tokenizer, seed=seed)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    # Name Qwen's own tokenizer class, so loaders that special-case Qwen (vLLM) treat it as one.
+    tok_config_path = folder / "tokenizer_config.json"
+    tok_config = json.loads(tok_config_path.read_text())
+    tok_config["tokenizer_class"] = "Qwen2Tokenizer"
+    tok_config_path.write_text(json.dumps(tok_config, indent=2))
+    ids = _token_ids(tokenizer)
+    GenerationConfig(
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
+        pad_token_id=ids["<|endoftext|>"],
+        do_sample=True,
+        temperature=0.6,
+        top_p=0.95,
+        repetition_penalty=1.05,
+    ).save_pretrained(folder)
+    if kind == "qwen2_5_vl":
+        _save_processor(folder, tokenizer)
+    return folder
