@@ -1,0 +1,1 @@
+"""Chat layer: system prompts, message building, multiple-choice formatting, completion parsing."""

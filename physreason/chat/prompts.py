@@ -1,0 +1,51 @@
+"""The exact prompt strings Cosmos-Reason1 models were trained and evaluated with.
+
+Each string is data copied verbatim from nvidia-cosmos/cosmos-reason1 (commit 3e7f1cb unless
+noted); a change here changes model behaviour, and the golden snapshots under
+tests/fixtures/chat/ make it a visible diff.
+"""
+
+from __future__ import annotations
+
+# README.md of the first release (commit c51fe52) and the Cosmos-Reason1-7B model card: the system
+# prompt for free-form questions with reasoning. The `<think>`/`<answer>` layout it spells out is
+# the one `format_reward` enforces.
+REASONING_SYSTEM_PROMPT = (
+    "You are a helpful assistant. Answer the question in the following format: "
+    "<think>\nyour reasoning\n</think>\n\n<answer>\nyour answer\n</answer>."
+)
+
+# Qwen2.5-VL's default system prompt (its chat template inserts it when none is given): the plain,
+# non-reasoning prompt.
+PLAIN_SYSTEM_PROMPT = "You are a helpful assistant."
+
+# examples/benchmark/tools/eval/utils/input.py, get_prompt(): the benchmark's system prompt for
+# multiple-choice questions, in both answer types.
+MCQ_SYSTEM_PROMPT = "Answer the questions."
+
+# Same file: appended to every multiple-choice question after the option lines.
+MCQ_LETTER_INSTRUCTION = "Answer with the option's letter from the given choices directly."
+
+# Same file: appended after the letter instruction when answer_type is "reasoning".
+MCQ_REASONING_INSTRUCTION = (
+    "Please answer the question in the following format: "
+    "<think> your reasoning </think> <answer> your single letter answer </answer>."
+)
+
+# examples/post_training/tools/dataset/cosmos_grpo.py, __getitem__(): the GRPO training recipe
+# appends this (not the benchmark's "single letter" wording) and sends an empty system prompt.
+GRPO_REASONING_INSTRUCTION = (
+    "Please answer the question in the following format: "
+    "<think> your reasoning </think> <answer> your answer </answer>."
+)
+GRPO_SYSTEM_PROMPT = ""
+
+# prompts/addons/reasoning.txt: the addon scripts/inference.py joins (after a blank line) onto a
+# task's system prompt when --reasoning is given.
+REASONING_ADDON = (
+    "Answer the question with provided options in the following format:\n"
+    "<think>\nyour reasoning\n</think>\n\n<answer>\nyour answer\n</answer>."
+)
+
+# prompts/addons/english.txt: the addon scripts/inference.py puts first in every system prompt.
+ENGLISH_ADDON = "Always respond in English."
