@@ -1,0 +1,5 @@
+"""Generation engines behind one interface: `hf` (transformers) everywhere, `vllm` where installed."""
+
+from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult, create_engine
+
+__all__ = ["Completion", "Engine", "GenerationRequest", "GenerationResult", "create_engine"]

@@ -1,0 +1,76 @@
+"""The Engine interface: requests (messages + frames) in, sampled token ids, text and logprobs out."""
+
+from __future__ import annotations
+
+import abc
+import importlib.util
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+
+from physreason.config import EngineConfig, ModelConfig, SamplingConfig
+from physreason.errors import ConfigError
+from physreason.vision import VideoFrames
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt: chat messages whose {'type': 'image'|'video'} parts match `images`/`videos` in order."""
+
+    messages: list[dict]
+    images: list[np.ndarray] = field(default_factory=list)  # each uint8 [H, W, 3], already resized
+    videos: list[VideoFrames] = field(default_factory=list)
+    request_id: str | None = None
+
+
+@dataclass
+class Completion:
+    """One sampled continuation."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]  # log-probability of each sampled token under the unmodified model distribution
+    finish_reason: Literal["stop", "length"]
+
+
+@dataclass
+class GenerationResult:
+    """All completions of one request, or the error that stopped it (a batch never fails as a whole)."""
+
+    request_id: str | None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    completions: list[Completion] = field(default_factory=list)
+    error: str | None = None
+
+
+class Engine(abc.ABC):
+    """Generates completions for chat requests with images and videos."""
+
+    @abc.abstractmethod
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[GenerationResult]:
+        """Return one result per request, in order; per-request failures are in `result.error`."""
+
+    @abc.abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights (Hugging Face parameter names) into the running engine and drop stale caches."""
+
+
+def create_engine(model: ModelConfig, engine: EngineConfig) -> Engine:
+    """Build the configured engine; 'auto' picks vLLM when it is importable, else transformers."""
+    backend = engine.backend
+    if backend == "auto":
+        backend = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    if backend == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError("engine.backend = 'vllm' but vLLM is not installed: install vllm, or use --engine hf")
+        try:
+            from physreason.engines.vllm import VLLMEngine
+        except ImportError as exc:
+            raise ConfigError(f"the vllm engine is not available in this build of physreason ({exc}); use --engine hf") from exc
+        return VLLMEngine(model, engine)
+    from physreason.engines.hf import HFEngine
+
+    return HFEngine(model, engine)

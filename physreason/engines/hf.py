@@ -1,0 +1,181 @@
+"""The transformers engine: batched generation for Qwen2.5-VL (video, image, text) on CPU or GPU."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+
+from physreason.config import EngineConfig, ModelConfig, SamplingConfig
+from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult
+from physreason.errors import PhysReasonError
+from physreason.models.inputs import (
+    VisualInputs,
+    concat_visuals,
+    encode_visuals,
+    expand_vision_placeholders,
+    load_processor_params,
+)
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "auto": "auto"}
+
+
+def _is_vision_language(config) -> bool:
+    return hasattr(config, "vision_config")
+
+
+class HFEngine(Engine):
+    """Generation with transformers `generate`; one batch of `engine.batch_size` requests at a time."""
+
+    def __init__(self, model: ModelConfig, engine: EngineConfig, device: str | torch.device | None = None) -> None:
+        self.model_config = model
+        self.engine_config = engine
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        source = model.model_name_or_path
+        try:
+            hf_config = AutoConfig.from_pretrained(source, revision=model.revision, trust_remote_code=model.trust_remote_code)
+        except OSError as exc:
+            raise PhysReasonError(
+                f"cannot load model {source!r}: {exc}. Pass a local model folder or a Hugging Face hub id you can download."
+            ) from exc
+        self.is_vl = _is_vision_language(hf_config)
+        loader = AutoModelForImageTextToText if self.is_vl else AutoModelForCausalLM
+        self.model = loader.from_pretrained(
+            source,
+            revision=model.revision,
+            dtype=_DTYPES[model.dtype],
+            attn_implementation=model.attn_implementation,
+            trust_remote_code=model.trust_remote_code,
+        ).to(self.device)
+        self.model.eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(source, revision=model.revision, trust_remote_code=model.trust_remote_code)
+        self.tokenizer.padding_side = "left"
+        self.processor_params = load_processor_params(source, model.revision) if self.is_vl else None
+        self.max_model_len = engine.max_model_len or model.model_max_length
+        eos = self.model.generation_config.eos_token_id
+        eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        self.eos_token_ids = set(eos_ids) | {self.tokenizer.eos_token_id}
+        self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_ids[0]
+
+    def _encode(self, request: GenerationRequest) -> tuple[list[int], VisualInputs]:
+        """Render the chat template, expand vision placeholders and tokenize one request."""
+        if (request.images or request.videos) and not self.is_vl:
+            raise PhysReasonError(
+                f"request {request.request_id}: model {self.model_config.model_name_or_path} is text-only "
+                "and cannot take images or videos"
+            )
+        visuals = encode_visuals(request.images, request.videos, self.processor_params) if self.is_vl else VisualInputs()
+        text = self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
+        text = expand_vision_placeholders(text, visuals.image_token_counts, visuals.video_token_counts)
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        if len(ids) >= self.max_model_len:
+            visual = sum(visuals.image_token_counts) + sum(visuals.video_token_counts)
+            raise PhysReasonError(
+                f"request {request.request_id}: the prompt has {len(ids)} tokens ({visual} of them visual) but the context "
+                f"is {self.max_model_len}: lower --fps or --total-pixels/--max-pixels, or raise engine.max_model_len"
+            )
+        return ids, visuals
+
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[GenerationResult]:
+        """Return one result per request in order; a request that cannot be encoded gets an error, not an exception."""
+        results: list[GenerationResult] = [GenerationResult(request_id=r.request_id) for r in requests]
+        encoded: list[tuple[int, list[int], VisualInputs]] = []
+        for i, request in enumerate(requests):
+            try:
+                ids, visuals = self._encode(request)
+            except PhysReasonError as exc:
+                results[i].error = str(exc)
+                continue
+            results[i].prompt_token_ids = ids
+            encoded.append((i, ids, visuals))
+        size = self.engine_config.batch_size
+        for start in range(0, len(encoded), size):
+            batch = encoded[start : start + size]
+            try:
+                outputs = self._generate_batch([ids for _, ids, _ in batch], [v for _, _, v in batch], sampling)
+            except torch.OutOfMemoryError as exc:
+                for index, _, _ in batch:
+                    results[index].error = (
+                        f"out of memory while generating ({exc}): lower engine.batch_size, --total-pixels or --max-tokens"
+                    )
+                continue
+            for (index, _, _), completions in zip(batch, outputs, strict=True):
+                results[index].completions = completions
+        return results
+
+    @torch.inference_mode()
+    def _generate_batch(
+        self, prompts: list[list[int]], visuals: list[VisualInputs], sampling: SamplingConfig
+    ) -> list[list[Completion]]:
+        longest = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), longest), self.pad_token_id, dtype=torch.long)  # [B, L], left-padded
+        attention_mask = torch.zeros_like(input_ids)
+        for row, ids in enumerate(prompts):
+            input_ids[row, longest - len(ids) :] = torch.tensor(ids)
+            attention_mask[row, longest - len(ids) :] = 1
+        max_new = min(sampling.max_tokens, self.max_model_len - longest)
+        kwargs = {k: v.to(self.device) for k, v in concat_visuals(visuals).model_kwargs().items()}
+        if "pixel_values" in kwargs or "pixel_values_videos" in kwargs:
+            for key in ("pixel_values", "pixel_values_videos"):
+                if key in kwargs:
+                    kwargs[key] = kwargs[key].to(self.model.dtype)
+        greedy = sampling.temperature == 0.0
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            **kwargs,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None if greedy or sampling.top_k < 0 else sampling.top_k,
+            repetition_penalty=sampling.repetition_penalty,
+            max_new_tokens=max_new,
+            num_return_sequences=sampling.n,
+            eos_token_id=sorted(self.eos_token_ids),
+            pad_token_id=self.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        new_tokens = out.sequences[:, longest:].cpu()  # [B * n, new]
+        logits = torch.stack(out.logits, dim=1).float()  # [B * n, new, vocab] raw, before sampling processors
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens[..., None].to(logits.device))[..., 0].cpu()
+        grouped: list[list[Completion]] = []
+        for row in range(new_tokens.shape[0]):
+            tokens = new_tokens[row].tolist()
+            end = next((k + 1 for k, t in enumerate(tokens) if t in self.eos_token_ids), None)
+            finish = "stop" if end is not None else "length"
+            tokens = tokens[: end if end is not None else len(tokens)]
+            completion = Completion(
+                text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                token_ids=tokens,
+                logprobs=logprobs[row, : len(tokens)].tolist(),
+                finish_reason=finish,
+            )
+            if row % sampling.n == 0:
+                grouped.append([])
+            grouped[-1].append(completion)
+        return grouped
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy new weights into the model in place, by Hugging Face parameter name."""
+        params = dict(self.model.named_parameters())
+        params.update(dict(self.model.named_buffers()))
+        unknown = []
+        for name, tensor in named_tensors:
+            target = params.get(name)
+            if target is None:
+                unknown.append(name)
+                continue
+            target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+        if unknown:
+            raise PhysReasonError(
+                f"update_weights got {len(unknown)} tensor(s) the engine's model does not have, e.g. {unknown[:3]}: "
+                "send the policy's Hugging Face-named state dict"
+            )
