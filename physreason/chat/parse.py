@@ -1,0 +1,99 @@
+"""Parsing a completion into its `<think>` reasoning and `<answer>`, listing every way it breaks the format."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+_TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+
+# An innermost <answer>...</answer> pair: its content holds no further <answer>, so nested or
+# repeated tags resolve to the pair the model closed last.
+_ANSWER_PAIR = re.compile(r"<answer>((?:(?!<answer>)[\s\S])*?)</answer>")
+
+# cosmos-rl's format regex ends in `$`, which also matches before one final newline; generation
+# that stops right after "</answer>\n" is therefore well-formed there, and here.
+_ALLOWED_AFTER_ANSWER = ("", "\n")
+
+
+@dataclass(frozen=True)
+class ParsedCompletion:
+    """A completion split into reasoning and answer; `problems` is empty iff it is exactly well-formed.
+
+    The well-formed layout (Cosmos-Reason1): `<think>...</think>\\n\\n<answer>...</answer>`, each tag
+    once, nothing before `<think>`, at most one newline after `</answer>`, and a non-empty answer.
+    `think` and `answer` are stripped of surrounding whitespace; None when their tags are absent.
+    """
+
+    think: str | None
+    answer: str | None
+    problems: list[str] = field(default_factory=list)
+
+
+def parse_completion(text: str) -> ParsedCompletion:
+    """Split `text` into think and answer, extracting leniently and listing format problems strictly.
+
+    Extraction: think is the text from the first `<think>` (or the start, when only `</think>` is
+    there) to the first `</think>` (or to `<answer>`, or the end, when unclosed). The answer is
+    the content of the last innermost `<answer>...</answer>` pair; failing that, the text after
+    an unclosed `<answer>`, or the text between `</think>` and a stray `</answer>`.
+    """
+    counts = {tag: text.count(tag) for tag in _TAGS}
+    problems = [f"missing {tag}" for tag in _TAGS if counts[tag] == 0]
+    problems += [f"more than one {tag}" for tag in _TAGS if counts[tag] > 1]
+
+    think = _extract_think(text, counts)
+    answer = _extract_answer(text, counts)
+
+    if all(count == 1 for count in counts.values()):
+        problems += _layout_problems(text)
+    if answer is not None and not answer:
+        problems.append("empty answer")
+    return ParsedCompletion(think=think, answer=answer, problems=problems)
+
+
+def _extract_think(text: str, counts: dict[str, int]) -> str | None:
+    """The reasoning text, or None when neither think tag is present."""
+    if counts[THINK_OPEN] == 0 and counts[THINK_CLOSE] == 0:
+        return None
+    start = text.index(THINK_OPEN) + len(THINK_OPEN) if counts[THINK_OPEN] else 0
+    end = text.find(THINK_CLOSE, start)
+    if end < 0:
+        end = text.find(ANSWER_OPEN, start)
+    if end < 0:
+        end = len(text)
+    return text[start:end].strip()
+
+
+def _extract_answer(text: str, counts: dict[str, int]) -> str | None:
+    """The answer text, or None when neither answer tag is present."""
+    pairs = _ANSWER_PAIR.findall(text)
+    if pairs:
+        return pairs[-1].strip()
+    if counts[ANSWER_OPEN]:
+        return text[text.rindex(ANSWER_OPEN) + len(ANSWER_OPEN) :].strip()
+    if counts[ANSWER_CLOSE]:
+        close = text.index(ANSWER_CLOSE)
+        think_end = text.rfind(THINK_CLOSE, 0, close)
+        start = think_end + len(THINK_CLOSE) if think_end >= 0 else 0
+        return text[start:close].strip()
+    return None
+
+
+def _layout_problems(text: str) -> list[str]:
+    """Problems of order and spacing, for a text holding each of the four tags exactly once."""
+    positions = [text.index(tag) for tag in _TAGS]
+    if positions != sorted(positions):
+        return ["tags out of order: expected <think>, </think>, <answer>, </answer>"]
+    think_open, think_close, answer_open, answer_close = positions
+    problems = []
+    if think_open > 0:
+        problems.append("text before <think>")
+    between = text[think_close + len(THINK_CLOSE) : answer_open]
+    if between != "\n\n":
+        problems.append(f"expected a blank line (\\n\\n) between </think> and <answer>, found {between!r}")
+    if text[answer_close + len(ANSWER_CLOSE) :] not in _ALLOWED_AFTER_ANSWER:
+        problems.append("text after </answer>")
+    return problems
