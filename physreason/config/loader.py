@@ -42,15 +42,34 @@ def _section_keys(path: tuple[str | int, ...]) -> list[str] | None:
     return sorted(model.model_fields) if model is not None else None
 
 
+def _leaf_keys(prefix: str, value: Any) -> list[str]:
+    """Full dotted keys under an unknown table, so moved cosmos-rl keys inside it are recognised."""
+    if not isinstance(value, dict):
+        return [prefix]
+    return [key for name, child in value.items() for key in _leaf_keys(f"{prefix}.{name}", child)]
+
+
+def _moved_hints(key: str, value: Any) -> list[str]:
+    hints = []
+    for leaf in _leaf_keys(key, value):
+        # The most specific entry wins: a whole moved table is named only when no key inside it is known.
+        match = max((k for k in MOVED_KEYS if leaf == k or leaf.startswith(k + ".")), key=len, default=None)
+        if match is not None:
+            hint = f"{match} is called {MOVED_KEYS[match]} here"
+            if hint not in hints:
+                hints.append(hint)
+    return hints
+
+
 def _explain(error: ValidationError, source: str) -> ConfigError:
     lines = []
     for item in error.errors():
         loc = tuple(p for p in item["loc"])
         key = ".".join(str(p) for p in loc) or "<top level>"
         if item["type"] == "extra_forbidden":
-            moved = next((MOVED_KEYS[k] for k in MOVED_KEYS if key == k or key.startswith(k + ".")), None)
+            hints = _moved_hints(key, item.get("input"))
             allowed = _section_keys(loc[:-1])
-            hint = f"; it is called {moved} here" if moved else ""
+            hint = f" ({'; '.join(hints)})" if hints else ""
             allowed_text = f" Allowed keys in [{'.'.join(map(str, loc[:-1])) or 'top level'}]: {', '.join(allowed)}." if allowed else ""
             lines.append(f"  {key}: unknown key{hint}.{allowed_text}")
         else:
@@ -76,7 +95,24 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return [p.strip() for p in parts], value
 
 
+def _check_override_path(parts: list[str], text: str) -> None:
+    """Refuse a key path that goes below a plain value (e.g. train.epoch.x), before anything is applied."""
+    model: type[BaseModel] | None = Config
+    for i, part in enumerate(parts[:-1]):
+        if model is None or part not in model.model_fields:
+            return  # unknown keys are reported by validation, with the allowed keys
+        annotation = model.model_fields[part].annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        is_table = model is not None or any(getattr(c, "__origin__", None) is dict or c is dict for c in candidates)
+        if not is_table:
+            raise ConfigError(
+                f"override {text!r}: {'.'.join(parts[: i + 1])} is a value, not a section, so it has no key {parts[i + 1]!r}"
+            )
+
+
 def _apply_override(data: dict[str, Any], parts: list[str], value: Any, text: str) -> None:
+    _check_override_path(parts, text)
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})

@@ -1,0 +1,31 @@
+"""Shared fixtures: tiny models built once per test session, synthetic media."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random Qwen2.5-VL model saved as a Hugging Face folder (built once per session)."""
+    from physreason.models.tiny import save_tiny_model
+
+    return save_tiny_model("qwen2_5_vl", tmp_path_factory.mktemp("tiny-qwen2_5_vl"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
+    """Every tiny architecture, each saved once per session."""
+    from physreason.models.tiny import TINY_KINDS, save_tiny_model
+
+    dirs = {"qwen2_5_vl": tiny_model_dir}
+    for kind in TINY_KINDS:
+        if kind not in dirs:
+            dirs[kind] = save_tiny_model(kind, tmp_path_factory.mktemp(f"tiny-{kind}"))
+    return dirs
