@@ -1,0 +1,168 @@
+"""The one answer extractor that rewards and evaluation share, so a score means the same in both."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+
+from physreason.chat.mcq import OPTION_LETTERS, lettered_options
+from physreason.chat.parse import THINK_CLOSE, parse_completion
+
+# Zero-width characters are not whitespace to str.strip but are invisible in every report.
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
+# Markdown emphasis and code marks models wrap answers in ("**B**", "`B`").
+_MARKUP = dict.fromkeys(map(ord, "*`"))
+
+# "The correct answer is:", "Answer -", "final answer would be" at the start of an answer.
+_ANSWER_PREFIX = re.compile(
+    r"^(?:the\s+)?(?:final\s+|correct\s+)?answer(?:\s+(?:is|would\s+be|should\s+be|must\s+be))?\s*[:=-]?\s*",
+    re.IGNORECASE,
+)
+_TRAILING_PUNCT = re.compile(r"[\s.!?;,。！？]+$")
+
+_LETTER = r"(?:[(\[]([A-Za-z])[)\]]|([A-Za-z])(?![A-Za-z0-9]))"
+# The whole answer is one letter: "B", "(B)", "[b]", "B.", "B)".
+_BARE_LETTER = re.compile(r"^[(\[]?([A-Za-z])[)\]]?[.:,]?$")
+# A letter with a delimiter, then text: "(b) the cup", "B) the cup", "B. the cup", "B: cup", "B, because".
+_LEADING_LETTER = re.compile(r"^(?:[(\[]([A-Za-z])[)\]]|([A-Za-z])[.):,])[.:,]?\s+\S")
+_VERB = r"(?:\s+(?:is|would\s+be|should\s+be|must\s+be|will\s+be))?\s*[:=-]?\s*"
+# "Answer: B", "the answer is (b)", "answer would be option C".
+_ANSWER_LETTER = re.compile(rf"\banswer\b{_VERB}(?:option\s+|choice\s+)?{_LETTER}", re.IGNORECASE)
+# "option B", "choice (c)": weaker evidence, used only when no "answer ..." phrase names a letter.
+_OPTION_LETTER = re.compile(rf"\b(?:option|choice)\b{_VERB}{_LETTER}", re.IGNORECASE)
+# A capital letter standing alone as a word ("so B is right"); never a letter inside a word ("Because").
+_STANDALONE_CAPITAL = re.compile(r"(?<![A-Za-z0-9])([A-Z])(?![A-Za-z0-9'’])")
+# "A" and "I" are also English words: followed by a lower-case word they are an article or a pronoun.
+_WORD_LETTERS = frozenset("AI")
+_FOLLOWED_BY_WORD = re.compile(r"\s+[a-z]")
+
+
+@dataclass(frozen=True)
+class ExtractedAnswer:
+    """An extracted answer and where it came from.
+
+    `answer` is an option letter ("B") for multiple choice, the normalised text otherwise, None when
+    nothing usable was found. `tagged` is True when it came from `<answer>` tags, False when the
+    fallback text (after `</think>`, else the whole completion) was read instead.
+    """
+
+    answer: str | None
+    tagged: bool
+
+
+def normalize_answer(text: str) -> str:
+    """Return free-form answer text in comparable form: NFKC, casefolded, whitespace collapsed.
+
+    Also drops zero-width characters, markdown marks, a leading "The answer is:" and trailing
+    sentence punctuation, so "  The answer is  YES. " and "yes" compare equal.
+    """
+    cleaned = _clean(text)
+    cleaned = _ANSWER_PREFIX.sub("", cleaned)
+    cleaned = _TRAILING_PUNCT.sub("", cleaned)
+    return cleaned.strip(" \"'“”‘’").casefold()
+
+
+def extract(
+    text: str,
+    options: dict[str, str] | list[str] | None = None,
+    *,
+    multiple_choice: bool | None = None,
+) -> ExtractedAnswer:
+    """Extract the answer from a completion: an option letter for multiple choice, else normalised text.
+
+    The answer region is the content of the last `<answer>...</answer>` pair (see
+    `parse_completion`); without answer tags it is the text after the last `</think>`, or the whole
+    completion. Multiple choice (when `options` are given, or `multiple_choice` is True, then any
+    letter A-Z counts) reads, in order: a bare letter, a letter opening the answer with a delimiter,
+    an option's full text, "answer is X", "option X", and finally a single capital letter standing
+    alone; a letter that is not an option is ignored.
+    """
+    parsed = parse_completion(text)
+    tagged = parsed.answer is not None
+    if tagged:
+        region = parsed.answer or ""
+    else:
+        think_end = text.rfind(THINK_CLOSE)
+        region = text[think_end + len(THINK_CLOSE) :] if think_end >= 0 else text
+
+    if multiple_choice is None:
+        multiple_choice = options is not None
+    if not multiple_choice:
+        return ExtractedAnswer(answer=normalize_answer(region) or None, tagged=tagged)
+    lettered = lettered_options(options) if options is not None else None
+    return ExtractedAnswer(answer=_option_letter(region, lettered), tagged=tagged)
+
+
+def extract_answer(
+    text: str,
+    options: dict[str, str] | list[str] | None = None,
+    *,
+    multiple_choice: bool | None = None,
+) -> str | None:
+    """Return the answer `extract` finds: an option letter, normalised free-form text, or None."""
+    return extract(text, options, multiple_choice=multiple_choice).answer
+
+
+def _clean(text: str) -> str:
+    """NFKC-normalise (full-width letters become ASCII), drop invisible marks, collapse whitespace."""
+    text = unicodedata.normalize("NFKC", text).translate(_INVISIBLE).translate(_MARKUP)
+    return " ".join(text.split())
+
+
+def _option_letter(region: str, options: dict[str, str] | None) -> str | None:
+    """The option letter `region` names, or None; `options` None means any letter A-Z, no option texts."""
+    valid = set(options) if options is not None else set(OPTION_LETTERS)
+    cleaned = _clean(region)
+    if not cleaned:
+        return None
+
+    for pattern in (_BARE_LETTER, _LEADING_LETTER):
+        match = pattern.match(cleaned)
+        if match:
+            letter = _group_letter(match).upper()
+            if letter in valid:
+                return letter
+
+    if options is not None:
+        wanted = normalize_answer(cleaned)
+        for letter, option_text in options.items():
+            if wanted and normalize_answer(option_text) == wanted:
+                return letter
+
+    for pattern in (_ANSWER_LETTER, _OPTION_LETTER):
+        named = [letter for letter in _phrase_letters(pattern, cleaned) if letter in valid]
+        if named:
+            return named[-1]
+
+    standalone = {
+        match.group(1)
+        for match in _STANDALONE_CAPITAL.finditer(cleaned)
+        if match.group(1) in valid and not _is_english_word(cleaned, match)
+    }
+    return standalone.pop() if len(standalone) == 1 else None
+
+
+def _phrase_letters(pattern: re.Pattern[str], text: str) -> list[str]:
+    """Letters named by keyword phrases, in order; an unbracketed letter that reads as a word is skipped."""
+    letters = []
+    for match in pattern.finditer(text):
+        bracketed, plain = match.group(1), match.group(2)
+        if bracketed:
+            letters.append(bracketed.upper())
+        elif plain.isupper() and not _is_english_word(text, match, group=2):
+            letters.append(plain)
+        elif plain.islower() and not _FOLLOWED_BY_WORD.match(text, match.end(2)):
+            # "the answer is b." names an option; "the answer is a ball" does not.
+            letters.append(plain.upper())
+    return letters
+
+
+def _is_english_word(text: str, match: re.Match[str], group: int = 1) -> bool:
+    """True for "A"/"I" followed by a lower-case word: an article or pronoun, not an option."""
+    return match.group(group) in _WORD_LETTERS and bool(_FOLLOWED_BY_WORD.match(text, match.end(group)))
+
+
+def _group_letter(match: re.Match[str]) -> str:
+    """The letter from whichever alternative of a one-or-two-group letter pattern matched."""
+    return next(group for group in match.groups() if group)

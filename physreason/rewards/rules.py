@@ -1,0 +1,48 @@
+"""The built-in rule-based rewards of Cosmos-Reason1 GRPO: strict format, and answer accuracy."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from physreason.chat.parse import parse_completion
+from physreason.errors import InputError
+from physreason.rewards.extract import extract_answer
+from physreason.rewards.registry import register_reward
+
+_LETTER_ANSWER = re.compile(r"^[(\[]?[A-Za-z][)\]]?$")
+
+
+@register_reward("format")
+def format_reward(completion: str, **sample: Any) -> float:
+    """Return 1.0 when the completion is exactly `<think>...</think>\\n\\n<answer>...</answer>`, else 0.0.
+
+    "Exactly" is what `parse_completion` reports no problem for: each tag once, in order, nothing
+    before `<think>`, a blank line between the blocks, at most a newline after `</answer>`, and a
+    non-empty answer. cosmos-rl's `format` reward accepts an empty answer and repeated answer tags;
+    this one does not.
+    """
+    return 0.0 if parse_completion(completion).problems else 1.0
+
+
+@register_reward("accuracy", aliases=("single_choice",))
+def accuracy_reward(
+    completion: str, *, answer: str, options: dict[str, str] | list[str] | None = None, **sample: Any
+) -> float:
+    """Return 1.0 when the completion's extracted answer equals the sample's `answer`, else 0.0.
+
+    Multiple choice when `options` are given or `answer` is a lone letter: the answer may be a
+    letter or an option's text, and letters are compared. Otherwise both sides are compared as
+    normalised free-form text. One extractor serves both sides and evaluation alike. Registered
+    also as "single_choice", the name cosmos-rl recipes use.
+    """
+    multiple_choice = options is not None or bool(_LETTER_ANSWER.match(answer.strip()))
+    reference = extract_answer(answer, options, multiple_choice=multiple_choice)
+    if reference is None:
+        raise InputError(
+            f"The sample's answer {answer!r} names no option of {options!r}; "
+            "give the correct option's letter (or its exact text)."
+            if multiple_choice
+            else "The sample's answer is empty; every sample needs a reference answer."
+        )
+    return 1.0 if extract_answer(completion, options, multiple_choice=multiple_choice) == reference else 0.0
