@@ -1,0 +1,64 @@
+"""The reward registry and the weighted reward sum."""
+
+from __future__ import annotations
+
+import pytest
+
+from physreason.errors import ConfigError, InputError
+from physreason.rewards import accuracy_reward, compute_rewards, format_reward, get_reward, registry
+
+GOOD = "<think>\nx\n</think>\n\n<answer>\nB\n</answer>"
+
+
+@pytest.fixture
+def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rewards registered inside a test vanish after it."""
+    monkeypatch.setattr(registry, "_REWARDS", dict(registry._REWARDS))
+
+
+def test_builtin_rewards_are_registered_under_cosmos_rl_names() -> None:
+    assert get_reward("format") is format_reward
+    assert get_reward("accuracy") is accuracy_reward
+    assert get_reward("single_choice") is accuracy_reward
+
+
+def test_unknown_reward_error_names_it_and_the_registered_ones() -> None:
+    with pytest.raises(ConfigError, match=r"'formatt'.*accuracy, format, single_choice"):
+        get_reward("formatt")
+
+
+def test_compute_rewards_reports_each_reward_and_the_weighted_total() -> None:
+    values = compute_rewards(GOOD, {"format": 0.5, "accuracy": 2.0}, answer="B")
+    assert values == {"format": 1.0, "accuracy": 2.0 / 2.0, "total": 0.5 + 2.0}
+
+
+def test_compute_rewards_computes_zero_weight_rewards_for_logging() -> None:
+    values = compute_rewards(GOOD + " trailing", {"format": 0.0, "accuracy": 1.0}, answer="C")
+    assert values == {"format": 0.0, "accuracy": 0.0, "total": 0.0}
+
+
+def test_compute_rewards_names_a_missing_sample_field() -> None:
+    with pytest.raises(InputError, match=r"'accuracy' needs sample field\(s\) \['answer'\]"):
+        compute_rewards(GOOD, {"accuracy": 1.0}, options=["a", "b"])
+
+
+def test_compute_rewards_rejects_unknown_reward_names() -> None:
+    with pytest.raises(ConfigError, match="'lenght'"):
+        compute_rewards(GOOD, {"lenght": 1.0})
+
+
+@pytest.mark.usefixtures("isolated_registry")
+def test_registered_custom_reward_joins_the_sum() -> None:
+    @registry.register_reward("short")
+    def short_reward(completion: str, **sample: object) -> float:
+        return 1.0 if len(completion) < 100 else 0.0
+
+    assert get_reward("short") is short_reward
+    assert compute_rewards(GOOD, {"short": 3.0, "format": 1.0})["total"] == 4.0
+
+
+@pytest.mark.usefixtures("isolated_registry")
+@pytest.mark.parametrize("name", ["format", "total"])
+def test_register_reward_refuses_taken_or_reserved_names(name: str) -> None:
+    with pytest.raises(ConfigError, match=repr(name)):
+        registry.register_reward(name)(format_reward)
