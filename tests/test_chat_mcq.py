@@ -59,9 +59,9 @@ def test_format_mcq_rejects_unknown_answer_type() -> None:
 
 @pytest.mark.parametrize("seed", range(200))
 def test_shuffle_options_keeps_the_correct_text_under_the_new_answer_letter(seed: int) -> None:
-    for answer in OPTIONS:
+    for answer, text in OPTIONS.items():
         shuffled, new_answer = shuffle_options(OPTIONS, answer, random.Random(seed))
-        assert shuffled[new_answer] == OPTIONS[answer]
+        assert shuffled[new_answer] == text
         assert list(shuffled) == list(OPTIONS)
         assert sorted(shuffled.values()) == sorted(OPTIONS.values())
 

@@ -16,7 +16,12 @@ def test_well_formed_completion_has_no_problems_and_stripped_parts() -> None:
     ("text", "think", "answer", "problem"),
     [
         ("<think>x</think>\n\n<answer>B</answer> done", "x", "B", "text after </answer>"),
-        ("<think>x</think>\n<answer>B</answer>", "x", "B", "expected a blank line (\\n\\n) between </think> and <answer>, found '\\n'"),
+        (
+            "<think>x</think>\n<answer>B</answer>",
+            "x",
+            "B",
+            "expected a blank line (\\n\\n) between </think> and <answer>, found '\\n'",
+        ),
         ("<answer>B</answer>", None, "B", "missing <think>"),
         ("x</think>\n\n<answer>B</answer>", "x", "B", "missing <think>"),
         ("<think>x\n\n<answer>B</answer>", "x", "B", "missing </think>"),
@@ -26,7 +31,12 @@ def test_well_formed_completion_has_no_problems_and_stripped_parts() -> None:
         ("Hi <think>x</think>\n\n<answer>B</answer>", "x", "B", "text before <think>"),
         ("<think>x</think>\n\n<answer> </answer>", "x", "", "empty answer"),
         ("<think>x</think>\n\n<answer>A</answer><answer>B</answer>", "x", "B", "more than one <answer>"),
-        ("<answer>B</answer>\n\n<think>x</think>", "x", "B", "tags out of order: expected <think>, </think>, <answer>, </answer>"),
+        (
+            "<answer>B</answer>\n\n<think>x</think>",
+            "x",
+            "B",
+            "tags out of order: expected <think>, </think>, <answer>, </answer>",
+        ),
     ],
 )
 def test_parse_completion_extracts_leniently_and_names_the_problem(

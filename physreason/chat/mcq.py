@@ -34,9 +34,7 @@ def lettered_options(options: dict[str, str] | list[str]) -> dict[str, str]:
         lettered = dict(options)
     else:
         if len(options) > len(OPTION_LETTERS):
-            raise InputError(
-                f"{len(options)} options given; at most {len(OPTION_LETTERS)} can be lettered A-Z."
-            )
+            raise InputError(f"{len(options)} options given; at most {len(OPTION_LETTERS)} can be lettered A-Z.")
         lettered = dict(zip(OPTION_LETTERS, options))
     if not lettered:
         raise InputError("A multiple-choice question needs at least one option; none were given.")
@@ -49,9 +47,7 @@ def lettered_options(options: dict[str, str] | list[str]) -> dict[str, str]:
     return lettered
 
 
-def format_mcq(
-    question: str, options: dict[str, str] | list[str], answer_type: AnswerType = "reasoning"
-) -> str:
+def format_mcq(question: str, options: dict[str, str] | list[str], answer_type: AnswerType = "reasoning") -> str:
     """Return the user text exactly as the Cosmos-Reason1 benchmark builds it.
 
     Layout: the question, one "(A) text" line per option, then the letter instruction and, for
@@ -59,9 +55,7 @@ def format_mcq(
     by single newlines with no trailing newline.
     """
     if answer_type not in _INSTRUCTIONS:
-        raise InputError(
-            f"Unknown answer_type {answer_type!r}; use one of {sorted(_INSTRUCTIONS)}."
-        )
+        raise InputError(f"Unknown answer_type {answer_type!r}; use one of {sorted(_INSTRUCTIONS)}.")
     lettered = lettered_options(options)
     lines = [question]
     lines += [f"({letter}) {text}" for letter, text in lettered.items()]
@@ -69,9 +63,7 @@ def format_mcq(
     return "\n".join(lines)
 
 
-def shuffle_options(
-    options: dict[str, str], answer: str, rng: random.Random
-) -> tuple[dict[str, str], str]:
+def shuffle_options(options: dict[str, str], answer: str, rng: random.Random) -> tuple[dict[str, str], str]:
     """Return the option texts in a random order under the same letters, and the correct answer's new letter.
 
     The letters keep their original order (A, B, C, ...); only the texts move, so a model cannot

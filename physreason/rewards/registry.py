@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from physreason.errors import ConfigError, InputError
 
-
-class RewardFn(Protocol):
-    """A reward: a completion and the sample's fields (answer, options, ...) in, a float out."""
-
-    def __call__(self, completion: str, **sample: Any) -> float: ...
-
+# A reward: `fn(completion, **sample_fields) -> float`. Rewards declare the fields they need as
+# required keyword-only parameters (accuracy needs `answer`), which a Protocol cannot express.
+RewardFn = Callable[..., float]
 
 _REWARDS: dict[str, RewardFn] = {}
 # The key compute_rewards adds for the weighted sum, so no reward may take its name.
@@ -48,9 +45,7 @@ def get_reward(name: str) -> RewardFn:
     try:
         return _REWARDS[name]
     except KeyError:
-        raise ConfigError(
-            f"Unknown reward {name!r}. Registered rewards: {', '.join(registered_rewards())}."
-        ) from None
+        raise ConfigError(f"Unknown reward {name!r}. Registered rewards: {', '.join(registered_rewards())}.") from None
 
 
 def compute_rewards(completion: str, weights: Mapping[str, float], **sample: Any) -> dict[str, float]:
