@@ -1,0 +1,209 @@
+"""Decode a video with PyAV, keeping only the frames sampled at the target fps, resized to the pixel budget."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from physreason.config.schema import VisionConfig
+from physreason.errors import InputError
+from physreason.vision.overlay import overlay_timestamps
+from physreason.vision.paths import resolve_media_path
+from physreason.vision.resize import MAX_ASPECT_RATIO, PATCH_FACTOR, smart_resize, video_frame_max_pixels
+from physreason.vision.sampling import num_sampled_frames, sample_indices
+
+logger = logging.getLogger(__name__)
+
+TEMPORAL_PATCH_SIZE = 2
+
+
+@dataclass
+class VideoFrames:
+    """Frames sampled from one video, ready for the Qwen2.5-VL video processor, with where they came from."""
+
+    frames: np.ndarray
+    """uint8 [T, H, W, 3]; T even (temporal patch 2); H and W multiples of 28 (H includes the timestamp bar)."""
+    timestamps: list[float]
+    """Seconds of each sampled frame in the source, from its presentation time (first frame = 0)."""
+    indices: list[int]
+    """Source frame indices kept, in order (a 1-frame video repeats index 0)."""
+    sample_fps: float
+    """Frames per second actually sampled: T / duration, as qwen-vl-utils reports it (the model's `fps`)."""
+    source_fps: float
+    """Average frame rate of the source stream."""
+    source_num_frames: int
+    """Frames in the source stream."""
+    duration: float
+    """Seconds: source_num_frames / source_fps."""
+    source_size: tuple[int, int]
+    """(height, width) of the source frames before resizing."""
+    path: str
+    """The local file the frames came from."""
+
+
+@dataclass(frozen=True)
+class _StreamInfo:
+    """What the container header says about the first video stream."""
+
+    num_frames: int
+    fps: float
+    height: int
+    width: int
+
+
+def _fix_hint(path: Path) -> str:
+    return f"re-encode it, e.g. `ffmpeg -i {path} -c:v libx264 -pix_fmt yuv420p fixed.mp4`, or drop this sample"
+
+
+def _open(path: Path) -> av.container.InputContainer:
+    try:
+        return av.open(str(path), mode="r")
+    except (av.FFmpegError, UnicodeDecodeError) as error:
+        raise InputError(
+            f"video {path}: cannot be opened as a video ({error}); it is truncated, corrupt or not a video: "
+            + _fix_hint(path)
+        ) from error
+
+
+def _probe(path: Path) -> _StreamInfo:
+    """Read frame count, frame rate and size of the first video stream; count packets when the header has none."""
+    with _open(path) as container:
+        if not container.streams.video:
+            raise InputError(f"video {path}: has no video stream (audio only or not a video); pass a video file")
+        stream = container.streams.video[0]
+        rate = stream.average_rate or stream.guessed_rate
+        fps = float(rate) if rate else 0.0
+        height, width = stream.codec_context.height, stream.codec_context.width
+        num_frames = stream.frames
+        if num_frames <= 0:
+            # mkv/webm headers carry no frame count: count packets (demux only, no decoding).
+            try:
+                num_frames = sum(1 for packet in container.demux(stream) if packet.size > 0)
+            except av.FFmpegError as error:
+                raise InputError(f"video {path}: unreadable while counting frames ({error}); " + _fix_hint(path)) from error
+    if num_frames <= 0:
+        raise InputError(f"video {path}: contains no frames; record or export the video again")
+    if fps <= 0:
+        raise InputError(f"video {path}: has no frame rate in its header; " + _fix_hint(path))
+    if height <= 0 or width <= 0:
+        raise InputError(f"video {path}: has no frame size in its header; " + _fix_hint(path))
+    return _StreamInfo(num_frames=num_frames, fps=fps, height=height, width=width)
+
+
+def _resize_frame(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
+    """uint8 [h, w, 3] -> uint8 [height, width, 3] with antialiased bicubic.
+
+    torch's native uint8 kernel: the one torchvision's resize runs for uint8 tensors on CPU, as qwen-vl-utils
+    calls it, and within 2 levels of PIL's bicubic (used for images).
+    """
+    if rgb.shape[:2] == (height, width):
+        return rgb
+    chw = torch.from_numpy(rgb).permute(2, 0, 1)[None]  # [1, 3, h, w], channels-last in memory
+    resized = F.interpolate(chw, size=(height, width), mode="bicubic", antialias=True)  # [1, 3, height, width]
+    return resized[0].permute(1, 2, 0).numpy()
+
+
+def _decode_sampled(
+    path: Path, info: _StreamInfo, indices: list[int], height: int, width: int
+) -> tuple[np.ndarray, list[float]]:
+    """Decode the stream once, converting and resizing only the frames at `indices` (sorted) as they pass.
+
+    Peak memory is the output plus one decoded frame, whatever the video's length.
+    """
+    frames = np.empty((len(indices), height, width, 3), dtype=np.uint8)  # [T, H, W, 3]
+    timestamps: list[float] = []
+    position = 0
+    first_pts: int | None = None
+    decoded = 0
+    with _open(path) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        time_base = stream.time_base or Fraction(1, 1)
+        try:
+            for decoded, frame in enumerate(container.decode(stream)):
+                if first_pts is None and frame.pts is not None:
+                    first_pts = frame.pts
+                if decoded != indices[position]:
+                    continue
+                resized = _resize_frame(frame.to_ndarray(format="rgb24"), height, width)
+                if frame.pts is not None and first_pts is not None:
+                    seconds = float((frame.pts - first_pts) * time_base)
+                else:
+                    seconds = decoded / info.fps
+                while position < len(indices) and indices[position] == decoded:
+                    frames[position] = resized
+                    timestamps.append(seconds)
+                    position += 1
+                if position == len(indices):
+                    break
+        except av.FFmpegError as error:
+            raise InputError(
+                f"video {path}: decoding failed after {decoded} frames ({error}); it is corrupt: " + _fix_hint(path)
+            ) from error
+    if position < len(indices):
+        raise InputError(
+            f"video {path}: header says {info.num_frames} frames but decoding stopped before frame "
+            f"{indices[position]}; the file is truncated or damaged: " + _fix_hint(path)
+        )
+    return frames, timestamps
+
+
+def load_video(source: str | Path, config: VisionConfig | None = None) -> VideoFrames:
+    """Return the frames of the video at `source` (path or file:// URL) sampled and resized for Qwen2.5-VL.
+
+    Sampling follows qwen-vl-utils: duration * config.fps frames, within [min_frames, max_frames] and the
+    source's count, rounded down to an even number, at evenly spaced indices from the first to the last frame.
+    Each frame is resized by smart_resize within [min_pixels, max_pixels] and its share of total_pixels
+    (a share per pair of frames, see video_frame_max_pixels). With config.timestamps, a 28-pixel bar with
+    each frame's time is added under it (overlay_timestamps).
+    A 1-frame video gives 2 copies of its frame (qwen-vl-utils rejects it); a warning says so.
+    Raises InputError naming the file for a missing, corrupt, truncated, frameless or non-video file.
+    """
+    config = config or VisionConfig()
+    path = resolve_media_path(source, "video")
+    info = _probe(path)
+    if max(info.height, info.width) / min(info.height, info.width) > MAX_ASPECT_RATIO:
+        raise InputError(
+            f"video {path}: {info.width}x{info.height} is flatter than 1:{MAX_ASPECT_RATIO}, which Qwen2.5-VL "
+            "cannot take; crop it"
+        )
+
+    num_frames = num_sampled_frames(
+        info.num_frames, info.fps, config.fps, config.min_frames, config.max_frames, TEMPORAL_PATCH_SIZE
+    )
+    if info.num_frames < TEMPORAL_PATCH_SIZE:
+        logger.warning(
+            "video %s has %d frame(s); repeating to %d frames, the least Qwen2.5-VL takes (a temporal patch)",
+            path, info.num_frames, num_frames,
+        )
+    indices = sample_indices(info.num_frames, num_frames)
+    max_pixels = video_frame_max_pixels(
+        num_frames, config.min_pixels, config.max_pixels, config.total_pixels, TEMPORAL_PATCH_SIZE
+    )
+    height, width = smart_resize(
+        info.height, info.width, PATCH_FACTOR, min_pixels=config.min_pixels, max_pixels=max_pixels
+    )
+    frames, timestamps = _decode_sampled(path, info, indices, height, width)
+
+    duration = info.num_frames / info.fps
+    sample_fps = num_frames / duration
+    if config.timestamps:
+        frames = overlay_timestamps(frames, sample_fps)
+    return VideoFrames(
+        frames=frames,
+        timestamps=timestamps,
+        indices=indices,
+        sample_fps=sample_fps,
+        source_fps=info.fps,
+        source_num_frames=info.num_frames,
+        duration=duration,
+        source_size=(info.height, info.width),
+        path=str(path),
+    )
