@@ -52,7 +52,7 @@ def load_image(source: str | Path, config: VisionConfig | None = None) -> np.nda
 
 def _to_rgb(image: Image.Image) -> Image.Image:
     """RGB copy of `image`; transparency is flattened onto white."""
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")

@@ -56,8 +56,15 @@ def patchify(
     grid_t, grid_h, grid_w = num_frames // temporal_patch_size, height // patch_size, width // patch_size
 
     pixels = torch.from_numpy(np.ascontiguousarray(frames)).view(
-        grid_t, temporal_patch_size, grid_h // merge_size, merge_size, patch_size,
-        grid_w // merge_size, merge_size, patch_size, channels,
+        grid_t,
+        temporal_patch_size,
+        grid_h // merge_size,
+        merge_size,
+        patch_size,
+        grid_w // merge_size,
+        merge_size,
+        patch_size,
+        channels,
     )
     # Reorder the uint8 pixels first (4x less to move than floats), then normalize by table lookup.
     # -> [grid_t, blocks_h, blocks_w, merge_h, merge_w, C, temporal, patch_h, patch_w]

@@ -67,8 +67,9 @@ def _open(path: Path) -> av.container.InputContainer:
         return av.open(str(path), mode="r")
     except (av.FFmpegError, UnicodeDecodeError) as error:
         raise InputError(
-            f"video {path}: cannot be opened as a video ({error}); it is truncated, corrupt or not a video: "
+            f"video {path}: cannot be opened as a video ({error}); if it is a truncated or damaged video, "
             + _fix_hint(path)
+            + "; otherwise pass a video file (mp4, mkv, webm, mov)"
         ) from error
 
 
@@ -76,7 +77,9 @@ def _probe(path: Path) -> _StreamInfo:
     """Read frame count, frame rate and size of the first video stream; count packets when the header has none."""
     with _open(path) as container:
         if not container.streams.video:
-            raise InputError(f"video {path}: has no video stream (audio only or not a video); pass a video file")
+            raise InputError(
+                f"video {path}: has no video stream (no frames, audio only, or not a video); pass a video file with frames"
+            )
         stream = container.streams.video[0]
         rate = stream.average_rate or stream.guessed_rate
         fps = float(rate) if rate else 0.0
@@ -87,7 +90,9 @@ def _probe(path: Path) -> _StreamInfo:
             try:
                 num_frames = sum(1 for packet in container.demux(stream) if packet.size > 0)
             except av.FFmpegError as error:
-                raise InputError(f"video {path}: unreadable while counting frames ({error}); " + _fix_hint(path)) from error
+                raise InputError(
+                    f"video {path}: unreadable while counting frames ({error}); " + _fix_hint(path)
+                ) from error
     if num_frames <= 0:
         raise InputError(f"video {path}: contains no frames; record or export the video again")
     if fps <= 0:
@@ -181,7 +186,9 @@ def load_video(source: str | Path, config: VisionConfig | None = None) -> VideoF
     if info.num_frames < TEMPORAL_PATCH_SIZE:
         logger.warning(
             "video %s has %d frame(s); repeating to %d frames, the least Qwen2.5-VL takes (a temporal patch)",
-            path, info.num_frames, num_frames,
+            path,
+            info.num_frames,
+            num_frames,
         )
     indices = sample_indices(info.num_frames, num_frames)
     max_pixels = video_frame_max_pixels(
