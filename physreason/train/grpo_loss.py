@@ -187,6 +187,7 @@ def policy_loss(
     norm_length: int | None = None,
     kl_beta: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
+    kl_importance_correction: bool = False,
     importance_sampling_level: ImportanceSamplingLevel = "token",
     loss_name: str = "clip",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -194,9 +195,12 @@ def policy_loss(
 
     ``logprobs`` [B, T] carry the gradient; ``old_logprobs`` [B, T] are those of the sampling policy
     (detached here), ``advantages`` [B] (one per completion) or [B, T]. ``ref_logprobs`` is needed
-    only when ``kl_beta > 0``. Metrics: ``pg_loss``, ``clip_frac_low`` / ``clip_frac_high`` (and
-    ``dual_clip_frac`` with dual clip), ``ratio_mean`` / ``ratio_max`` of the token ratio,
-    ``approx_kl`` (k3 of KL(old || new), sampled under old), and ``kl_ref`` when ``kl_beta > 0``.
+    only when ``kl_beta > 0``; ``kl_importance_correction`` multiplies each token's k3 by its ratio
+    pi / pi_old, since the tokens were drawn from pi_old (TRL's ``use_bias_correction_kl``).
+    Metrics: ``pg_loss``; ``clip_frac_low`` / ``clip_frac_high`` (and ``dual_clip_frac`` with dual
+    clip), fractions of counted tokens, also at the sequence level where TRL counts sequences;
+    ``ratio_mean`` / ``ratio_max`` of the token ratio; ``approx_kl`` (k3 of KL(old || new), sampled
+    under old); and ``kl_ref``, the mean KL term, when ``kl_beta > 0``.
     Metrics stay tensors so logging them costs no device sync until the caller asks.
     """
     if kl_beta < 0:
@@ -219,6 +223,8 @@ def policy_loss(
         assert ref_logprobs is not None  # checked above; narrows the type
         # Zeroed on padding, like the ratio, so no exp of garbage log-probs reaches the gradient.
         kl = kl_k3(logprobs.masked_fill(~mask, 0.0), ref_logprobs.detach().masked_fill(~mask, 0.0))  # [B, T]
+        if kl_importance_correction:
+            kl = kl * torch.exp((logprobs - old_logprobs).masked_fill(~mask, 0.0))
         loss = loss + kl_beta * aggregate_loss(kl, mask, agg_mode, norm_length)
         metrics["kl_ref"] = masked_mean(kl.detach(), mask)
 
