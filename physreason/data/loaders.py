@@ -1,0 +1,95 @@
+"""Read data records from JSON, JSONL, a `datasets.load_from_disk` folder or the Hub, and resolve media paths safely."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from physreason.config import DatasetConfig
+from physreason.errors import InputError
+
+
+def _read_json(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not valid JSON ({exc}): write a list of records, or use .jsonl with one per line") from exc
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if len(lists) != 1:
+            raise InputError(f"{path} holds an object, not a list of records: write a JSON list of records")
+        data = lists[0]
+    if not isinstance(data, list):
+        raise InputError(f"{path} must hold a JSON list of records, found {type(data).__name__}")
+    return data
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{number} is not valid JSON ({exc}): write one JSON record per line") from exc
+    return records
+
+
+def _read_datasets(name: str, config: DatasetConfig) -> list[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise InputError(f"data set {name} needs the `datasets` package: pip install datasets") from exc
+    folder = Path(name)
+    if folder.is_dir():
+        loaded = datasets.load_from_disk(str(folder))
+        if isinstance(loaded, datasets.DatasetDict):
+            if config.split not in loaded:
+                raise InputError(f"{folder} has splits {sorted(loaded)}, not {config.split!r}: set data.dataset.split")
+            loaded = loaded[config.split]
+    else:
+        loaded = datasets.load_dataset(name, config.subset, split=config.split)
+    return [dict(row) for row in loaded]
+
+
+def load_records(config: DatasetConfig) -> tuple[list[dict[str, Any]], Path]:
+    """Return the records of a data set and the folder its media paths are relative to.
+
+    A `.json` file holds a list of records, `.jsonl` one record per line; a folder is read with
+    `datasets.load_from_disk`; any other name is a Hugging Face Hub data set.
+    """
+    if not config.name:
+        raise InputError("no data set given: set data.dataset.name to a JSON/JSONL file or a dataset folder")
+    path = Path(config.name).expanduser()
+    if path.is_file():
+        suffix = path.suffix.lower()
+        if suffix == ".jsonl":
+            records = _read_jsonl(path)
+        elif suffix == ".json":
+            records = _read_json(path)
+        else:
+            raise InputError(f"{path}: unknown data file type {suffix!r}; use .json, .jsonl or a load_from_disk folder")
+        default_root = path.parent
+    elif path.is_dir() or not path.suffix:
+        records = _read_datasets(config.name, config)
+        default_root = path if path.is_dir() else Path.cwd()
+    else:
+        raise InputError(f"data file {path} does not exist: check data.dataset.name")
+    root = Path(config.media_root).expanduser() if config.media_root else default_root
+    return records, root.resolve()
+
+
+def resolve_media_path(root: Path, relative: str, where: str) -> Path:
+    """Join a record's media path to the data root; refuse paths that leave the root (absolute or `..`)."""
+    candidate = (root / relative).resolve()
+    if not candidate.is_relative_to(root):
+        raise InputError(
+            f"{where}: media path {relative!r} leads outside the data folder {root}; "
+            "media paths must be relative to the data file's folder or data.dataset.media_root"
+        )
+    if not candidate.is_file():
+        raise InputError(f"{where}: media file {candidate} does not exist (paths are relative to {root})")
+    return candidate

@@ -1,0 +1,294 @@
+"""Supervised fine-tuning samples: conversation records -> token ids, assistant-only labels, visual inputs.
+
+Accepted record layouts (the conversation key is data.conversation_column_name):
+- `{"conversations": [{"role": ..., "content": "text"}], "video": "clip.mp4"}` (or "image"; a path or a list);
+  media go where the user text has `<video>` / `<image>`, else in front of the first user message;
+- the LLaVA / Cosmos-Reason1 SFT style with `{"from": "human"|"gpt", "value": ...}` turns;
+- list-of-parts content: `[{"type": "video", "video": "clip.mp4"}, {"type": "text", "text": ...}]`.
+Labels are the token ids of each assistant reply through its `<|im_end|>`; every other token,
+vision pads included, is -100.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch.utils.data import Dataset
+
+from physreason.config import VisionConfig
+from physreason.data.loaders import resolve_media_path
+from physreason.data.positions import mrope_position_ids
+from physreason.errors import InputError
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+END_OF_TURN = "<|im_end|>"
+ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+_PLACEHOLDER = re.compile(r"<(video|image)>")
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """One image or video a conversation shows, in prompt order."""
+
+    kind: Literal["image", "video"]
+    path: Path
+
+
+@dataclass(frozen=True)
+class VisionTokens:
+    """What the data pipeline needs to know of a vision-language model's token layout."""
+
+    image_token_id: int
+    video_token_id: int
+    spatial_merge_size: int = 2
+    tokens_per_second: float = 2.0
+
+    @classmethod
+    def from_model_config(cls, config: Any) -> VisionTokens | None:
+        """Read the ids and merge sizes from a transformers config; None for text-only models."""
+        if getattr(config, "vision_config", None) is None:
+            return None
+        vision = config.vision_config
+        return cls(
+            image_token_id=int(config.image_token_id),
+            video_token_id=int(config.video_token_id),
+            spatial_merge_size=int(getattr(vision, "spatial_merge_size", 2)),
+            tokens_per_second=float(getattr(vision, "tokens_per_second", 2)),
+        )
+
+
+@dataclass
+class SFTSample:
+    """One tokenized conversation ready for collation."""
+
+    input_ids: torch.Tensor  # [L]
+    labels: torch.Tensor  # [L], IGNORE_INDEX outside assistant replies
+    position_ids: torch.Tensor  # [3, L] mrope positions (text models: three equal rows)
+    visuals: Any = None  # physreason.models.inputs.VisualInputs or None
+
+
+@dataclass(frozen=True)
+class SkippedSample:
+    """A record left out of training, with the reason counted and logged by the trainer."""
+
+    index: int
+    reason: str
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _split_placeholders(text: str, pending: dict[str, list[str]]) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    position = 0
+    for match in _PLACEHOLDER.finditer(text):
+        kind = match.group(1)
+        if not pending[kind]:
+            continue
+        if match.start() > position:
+            parts.append({"type": "text", "text": text[position : match.start()].strip("\n")})
+        parts.append({"type": kind, kind: pending[kind].pop(0)})
+        position = match.end()
+    rest = text[position:].lstrip("\n") if parts else text[position:]
+    if rest:
+        parts.append({"type": "text", "text": rest})
+    return [p for p in parts if p["type"] != "text" or p["text"]]
+
+
+def normalize_conversation(record: dict[str, Any], column: str, where: str) -> list[dict[str, Any]]:
+    """Return chat messages with role/content, user content as parts carrying their media paths."""
+    turns = record.get(column)
+    if not isinstance(turns, list) or not turns:
+        raise InputError(f"{where}: no list of turns under {column!r}; set data.conversation_column_name")
+    pending = {"video": _as_list(record.get("video")), "image": _as_list(record.get("image"))}
+    messages: list[dict[str, Any]] = []
+    for turn in turns:
+        role = ROLE_ALIASES.get(str(turn.get("role", turn.get("from", ""))))
+        content = turn.get("content", turn.get("value"))
+        if role is None or content is None:
+            raise InputError(f"{where}: each turn needs role/content (or from/value); got keys {sorted(turn)}")
+        if role == "user":
+            if isinstance(content, str):
+                content = _split_placeholders(content, pending)
+            else:
+                content = [dict(part) for part in content]
+                for part in content:
+                    kind = part.get("type")
+                    if kind in ("image", "video") and not isinstance(part.get(kind), str):
+                        if not pending[kind]:
+                            raise InputError(f"{where}: a {kind} part has no path and the record names no {kind}")
+                        part[kind] = pending[kind].pop(0)
+        elif not isinstance(content, str):
+            content = "".join(p.get("text", "") for p in content)
+        messages.append({"role": role, "content": content})
+    leftover = pending["video"] + pending["image"]
+    if leftover:
+        first_user = next((m for m in messages if m["role"] == "user"), None)
+        if first_user is None:
+            raise InputError(f"{where}: the record has media but no user turn to show them in")
+        media = [{"type": "video", "video": p} for p in pending["video"]]
+        media += [{"type": "image", "image": p} for p in pending["image"]]
+        first_user["content"] = media + first_user["content"]
+    if not any(m["role"] == "assistant" for m in messages):
+        raise InputError(f"{where}: the conversation has no assistant turn to learn from")
+    return messages
+
+
+def media_of(messages: list[dict[str, Any]], root: Path, where: str) -> list[MediaRef]:
+    """The media of a conversation in prompt order, resolved inside the data root."""
+    refs = []
+    for message in messages:
+        if isinstance(message["content"], list):
+            for part in message["content"]:
+                if part.get("type") in ("image", "video"):
+                    kind = part["type"]
+                    refs.append(MediaRef(kind, resolve_media_path(root, part[kind], where)))
+    return refs
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def conversation_segments(tokenizer: Any, messages: list[dict[str, Any]], where: str) -> list[tuple[str, bool]]:
+    """Split the rendered conversation into (text, is_label) pieces; label pieces are assistant replies.
+
+    Each reply is the text between the generation prompt and the end of its `<|im_end|>`, so training
+    sees the same token boundary as generation does.
+    """
+    segments: list[tuple[str, bool]] = []
+    done = ""
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = _render(tokenizer, messages[:i], True)
+        full = _render(tokenizer, messages[: i + 1], False)
+        if not prompt.startswith(done) or not full.startswith(prompt):
+            raise InputError(
+                f"{where}: the chat template does not render turn {i} as a continuation of the previous turns "
+                "(templates that rewrite history cannot be trained turn by turn)"
+            )
+        reply = full[len(prompt) :]
+        end = reply.find(END_OF_TURN)
+        end = len(reply) if end < 0 else end + len(END_OF_TURN)
+        segments += [(prompt[len(done) :], False), (reply[:end], True), (reply[end:], False)]
+        done = full
+    segments.append((_render(tokenizer, messages, False)[len(done) :], False))
+    return [(text, label) for text, label in segments if text]
+
+
+def tokenize_segments(
+    tokenizer: Any, segments: list[tuple[str, bool]], image_counts: list[int], video_counts: list[int]
+) -> tuple[list[int], list[int]]:
+    """Tokenize pieces one by one, expanding vision placeholders; labels copy ids of label pieces."""
+    from physreason.models.inputs import IMAGE_PAD, VIDEO_PAD, expand_vision_placeholders
+
+    images, videos = list(image_counts), list(video_counts)
+    ids: list[int] = []
+    labels: list[int] = []
+    for text, is_label in segments:
+        n_img, n_vid = text.count(IMAGE_PAD), text.count(VIDEO_PAD)
+        if n_img or n_vid:
+            text = expand_vision_placeholders(text, images[:n_img], videos[:n_vid])
+            del images[:n_img], videos[:n_vid]
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        labels += piece if is_label else [IGNORE_INDEX] * len(piece)
+    return ids, labels
+
+
+def truncation_problem(
+    ids: list[int], labels: list[int], max_length: int, vision: VisionTokens | None
+) -> tuple[int, str | None]:
+    """Return (kept length, reason to skip or None): cut at max_length unless that would split vision tokens."""
+    keep = min(len(ids), max_length)
+    if len(ids) > max_length and vision is not None:
+        pads = (vision.image_token_id, vision.video_token_id)
+        last_visual = max((i for i, t in enumerate(ids) if t in pads), default=-1)
+        if last_visual >= max_length:
+            return 0, f"visual tokens reach past model_max_length ({len(ids)} tokens > {max_length})"
+    if all(label == IGNORE_INDEX for label in labels[1:keep]):
+        return 0, f"no assistant tokens within model_max_length ({len(ids)} tokens > {max_length})"
+    return keep, None
+
+
+class SFTDataset(Dataset):
+    """Conversation records turned into `SFTSample`s (or `SkippedSample`s that say why) on access."""
+
+    def __init__(
+        self,
+        records: list[dict[str, Any]],
+        root: Path,
+        tokenizer: Any,
+        *,
+        max_length: int,
+        vision_tokens: VisionTokens | None = None,
+        vision_config: VisionConfig | None = None,
+        processor_params: Any = None,
+        conversation_column: str = "conversations",
+        source: str = "data set",
+    ) -> None:
+        self.records = records
+        self.root = Path(root).resolve()
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.vision_tokens = vision_tokens
+        self.vision_config = vision_config or VisionConfig()
+        self.processor_params = processor_params
+        self.column = conversation_column
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def _load_visuals(self, media: list[MediaRef], where: str) -> Any:
+        from physreason.models.inputs import encode_visuals
+        from physreason.vision import load_image, load_video
+
+        if self.vision_tokens is None:
+            raise InputError(f"{where}: the record has images or videos but the model has no vision tower")
+        images = [load_image(str(m.path), self.vision_config) for m in media if m.kind == "image"]
+        videos = [load_video(str(m.path), self.vision_config) for m in media if m.kind == "video"]
+        return encode_visuals(images, videos, self.processor_params)
+
+    def __getitem__(self, index: int) -> SFTSample | SkippedSample:
+        where = f"{self.source} record {index}"
+        messages = normalize_conversation(self.records[index], self.column, where)
+        media = media_of(messages, self.root, where)
+        visuals = self._load_visuals(media, where) if media else None
+        segments = conversation_segments(self.tokenizer, messages, where)
+        ids, labels = tokenize_segments(
+            self.tokenizer,
+            segments,
+            visuals.image_token_counts if visuals else [],
+            visuals.video_token_counts if visuals else [],
+        )
+        keep, reason = truncation_problem(ids, labels, self.max_length, self.vision_tokens)
+        if reason is not None:
+            return SkippedSample(index, reason)
+        input_ids = torch.tensor(ids[:keep], dtype=torch.long)  # [L]
+        if self.vision_tokens is not None:
+            spec = self.vision_tokens
+            positions = mrope_position_ids(
+                input_ids,
+                spec.image_token_id,
+                spec.video_token_id,
+                visuals.image_grid_thw if visuals else None,
+                visuals.video_grid_thw if visuals else None,
+                visuals.second_per_grid_ts if visuals else None,
+                spec.spatial_merge_size,
+                spec.tokens_per_second,
+            )
+        else:
+            positions = torch.arange(keep).expand(3, -1)
+        return SFTSample(input_ids, torch.tensor(labels[:keep], dtype=torch.long), positions, visuals)

@@ -1,0 +1,77 @@
+"""Export a (possibly FSDP2-sharded) model as a Hugging Face folder that transformers and vLLM load as is."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from physreason.models.loading import DTYPES
+
+# Everything besides weights and config.json that a model folder carries and serving needs.
+SIDE_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+    "processor_config.json",
+    "generation_config.json",
+)
+
+
+def _side_file(source: str, name: str) -> Path | None:
+    folder = Path(source)
+    if folder.is_dir():
+        path = folder / name
+        return path if path.is_file() else None
+    from transformers.utils import cached_file
+
+    found = cached_file(source, name, _raise_exceptions_for_missing_entries=False)
+    return Path(found) if found else None
+
+
+def export_safetensors(model: nn.Module, source: str, out_dir: str | Path, dtype: str = "bfloat16") -> Path:
+    """Gather full weights on rank 0 and write safetensors + config, copying tokenizer/processor files from source.
+
+    Every rank must call this (the gather is collective); only rank 0 writes. dtype is the saved
+    parameter dtype ('auto' keeps the training dtype). The folder is written under a temporary name
+    and renamed when complete.
+    """
+    out_dir = Path(out_dir)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0:
+        target = DTYPES.get(dtype)
+        if target is not None:
+            state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
+        staging = out_dir.with_name(out_dir.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        config = model.config
+        saved_cache, saved_dtype = config.use_cache, getattr(config, "dtype", None)
+        config.use_cache = True
+        if target is not None:
+            config.dtype = target
+        try:
+            model.save_pretrained(staging, state_dict=state, safe_serialization=True)
+        finally:
+            config.use_cache, config.dtype = saved_cache, saved_dtype
+        for name in SIDE_FILES:
+            path = _side_file(source, name)
+            if path is not None:
+                shutil.copy2(path, staging / name)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        staging.rename(out_dir)
+    if dist.is_initialized():
+        dist.barrier()
+    return out_dir

@@ -1,0 +1,81 @@
+"""Load a Hugging Face checkpoint (local folder or hub id) and its tokenizer for training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from physreason.config import ModelConfig
+from physreason.errors import ConfigError
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def is_vision_language(config: Any) -> bool:
+    """True for configs with a vision tower (Qwen2.5-VL); False for text-only causal LMs."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def load_model_config(config: ModelConfig) -> Any:
+    """Read the transformers config of the checkpoint."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(
+            config.model_name_or_path, revision=config.revision, trust_remote_code=config.trust_remote_code
+        )
+    except OSError as exc:
+        raise ConfigError(
+            f"model.model_name_or_path = {config.model_name_or_path!r} is neither a model folder nor a reachable "
+            f"hub id ({exc}); pass a local folder with config.json or a hub id"
+        ) from exc
+
+
+def load_model(config: ModelConfig, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> nn.Module:
+    """Load the checkpoint's model class with the configured attention kernel.
+
+    dtype None uses model.dtype ('auto' keeps the checkpoint's); trainers pass float32 for master weights.
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    hf_config = load_model_config(config)
+    if dtype is None:
+        dtype = "auto" if config.dtype == "auto" else DTYPES[config.dtype]
+    cls = AutoModelForImageTextToText if is_vision_language(hf_config) else AutoModelForCausalLM
+    return cls.from_pretrained(
+        config.model_name_or_path,
+        revision=config.revision,
+        dtype=dtype,
+        attn_implementation=config.attn_implementation,
+        trust_remote_code=config.trust_remote_code,
+        device_map=None,
+    ).to(device)
+
+
+def load_tokenizer(config: ModelConfig) -> Any:
+    """Load the checkpoint's tokenizer (with its chat template)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        config.model_name_or_path, revision=config.revision, trust_remote_code=config.trust_remote_code
+    )
+    if tokenizer.chat_template is None:
+        template = Path(config.model_name_or_path) / "chat_template.jinja"
+        if not template.is_file():
+            raise ConfigError(f"{config.model_name_or_path} has no chat template; SFT needs one to render turns")
+        tokenizer.chat_template = template.read_text(encoding="utf-8")
+    return tokenizer
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The language model's decoder blocks of a transformers causal LM or Qwen2.5-VL model."""
+    inner = model.model
+    return inner.language_model.layers if hasattr(inner, "language_model") else inner.layers
+
+
+def vision_tower(model: nn.Module) -> nn.Module | None:
+    """The vision encoder (with its merger), or None for text-only models."""
+    return getattr(model.model, "visual", None)

@@ -1,0 +1,91 @@
+"""Apply training parallelism to a plain transformers model: TP plan, FSDP2, activation checkpointing, freezing.
+
+The model code is never changed; these functions wrap or shard modules in place, torchtitan-style.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from physreason.errors import ConfigError
+from physreason.models.loading import decoder_layers, vision_tower
+
+
+def build_mesh(device_type: str, world_size: int, tp_size: int) -> DeviceMesh:
+    """A ("dp", "tp") mesh over all ranks; dp = world_size / tp_size."""
+    if world_size % tp_size:
+        raise ConfigError(f"policy.parallelism.tp_size ({tp_size}) must divide the number of processes ({world_size})")
+    return init_device_mesh(device_type, (world_size // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+
+
+def freeze_vision_tower(model: nn.Module) -> int:
+    """Stop gradients to the vision encoder and its merger; returns the number of frozen parameters."""
+    tower = vision_tower(model)
+    if tower is None:
+        return 0
+    count = 0
+    for parameter in tower.parameters():
+        parameter.requires_grad_(False)
+        count += parameter.numel()
+    return count
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder (and vision) block in backward; non-reentrant so FSDP2 and frozen inputs work."""
+    options = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the older name is deprecated there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+    model.config.use_cache = False
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shard attention heads and MLP columns of each Qwen2-family decoder block over tp_mesh.
+
+    q/k/v and gate/up are column-parallel (each rank holds whole heads), o/down row-parallel with an
+    all-reduce; embeddings, norms, lm_head and the vision tower stay replicated.
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp = tp_mesh.size()
+    text_config = getattr(model.config, "text_config", model.config)
+    for name in ("num_attention_heads", "num_key_value_heads"):
+        if getattr(text_config, name) % tp:
+            raise ConfigError(f"tp_size {tp} must divide the model's {name} ({getattr(text_config, name)})")
+    plan = {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
+    for block in decoder_layers(model):
+        parallelize_module(block, tp_mesh, plan)
+
+
+def apply_fsdp2(
+    wrapper: nn.Module,
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    param_dtype: torch.dtype = torch.bfloat16,
+    reduce_dtype: torch.dtype = torch.float32,
+) -> None:
+    """fully_shard each decoder block and vision block, then the wrapper as root.
+
+    Parameters stay fp32 masters; MixedPrecisionPolicy casts them to param_dtype for compute and
+    reduces gradients in reduce_dtype.
+    """
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    tower = vision_tower(model)
+    if tower is not None:
+        for block in tower.blocks:
+            fully_shard(block, mesh=dp_mesh, mp_policy=policy)
+    for block in decoder_layers(model):
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy)
+    fully_shard(wrapper, mesh=dp_mesh, mp_policy=policy)

@@ -1,0 +1,120 @@
+"""Resumable checkpoints with torch.distributed.checkpoint (DCP), written atomically and rotated.
+
+Layout: <output_dir>/checkpoints/step_<n>/ holds the DCP shards of model + optimizer + scheduler and
+one `trainer_rank<r>.pt` per rank (data position, RNG states). A save goes to `step_<n>.tmp` and is
+renamed only when every rank has finished, so a crash never leaves a checkpoint that looks complete.
+DCP reshards on load, so a run can resume on another number of processes.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from physreason.errors import ConfigError
+
+_PREFIX = "step_"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy and torch (CPU and CUDA) generator states, as types torch.load(weights_only=True) reads."""
+    name, key, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = (name, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, cached)
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what rng_state returned."""
+    random.setstate(state["python"])
+    name, key, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, key.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def checkpoint_dirs(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints under output_dir, oldest first."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit()]
+    return sorted(done, key=lambda p: int(p.name[len(_PREFIX) :]))
+
+
+def resolve_resume(resume: bool | str, output_dir: str | Path) -> Path | None:
+    """The checkpoint to resume from: None for a fresh run, the latest for `true`, else the given path."""
+    if resume is False:
+        return None
+    if resume is True:
+        found = checkpoint_dirs(output_dir)
+        return found[-1] if found else None
+    path = Path(resume)
+    if not (path / ".metadata").is_file():
+        raise ConfigError(f"train.resume = {resume!r} is not a complete checkpoint folder (no .metadata inside)")
+    return path
+
+
+def save_checkpoint(
+    output_dir: str | Path, step: int, model: nn.Module, optimizer, scheduler, trainer_state: dict[str, Any], max_keep: int
+) -> Path:
+    """Save every rank's shards to step_<n>.tmp, rename when complete, delete all but the newest max_keep."""
+    root = Path(output_dir) / "checkpoints"
+    final = root / f"{_PREFIX}{step}"
+    staging = root / f"{_PREFIX}{step}.tmp"
+    if _rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    _barrier()
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}, checkpoint_id=staging)
+    torch.save({**trainer_state, "rng": rng_state()}, staging / f"trainer_rank{_rank()}.pt")
+    _barrier()
+    if _rank() == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        staging.rename(final)
+        for old in checkpoint_dirs(output_dir)[:-max_keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler) -> dict[str, Any]:
+    """Load model, optimizer and scheduler in place and restore RNG; returns the saved trainer state."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "scheduler": scheduler.state_dict()}
+    dcp.load(state, checkpoint_id=path)
+    # Parameters that never received a gradient (e.g. an unused vision tower) have no AdamW state in
+    # the checkpoint; the fresh optimizer's zero state for them is equivalent, so the optimizer part
+    # may be partial while model weights must be complete.
+    optim = {"optim": optim_state}
+    dcp.load(optim, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim["optim"])
+    scheduler.load_state_dict(state["scheduler"])
+    own = path / f"trainer_rank{_rank()}.pt"
+    trainer_file = own if own.is_file() else path / "trainer_rank0.pt"
+    trainer_state = torch.load(trainer_file, weights_only=True)
+    set_rng_state(trainer_state.pop("rng"))
+    return trainer_state

@@ -1,0 +1,66 @@
+"""Metric sinks for training runs: JSONL, TensorBoard, wandb (when installed) and console lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from physreason.config import LoggingConfig
+
+log = logging.getLogger(__name__)
+
+
+class MetricLogger:
+    """Write scalar metrics per step to every configured sink; a no-op on ranks other than 0."""
+
+    def __init__(self, output_dir: str | Path, config: LoggingConfig, enabled: bool = True, run_config: Any = None) -> None:
+        self.enabled = enabled
+        self.sinks = set(config.logger)
+        self.name = config.experiment_name or time.strftime("sft-%Y%m%d-%H%M%S")
+        self._jsonl = None
+        self._tb = None
+        self._wandb = None
+        if not enabled:
+            return
+        folder = Path(output_dir) / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        if "jsonl" in self.sinks:
+            self._jsonl = (folder / "metrics.jsonl").open("a", encoding="utf-8")
+        if "tensorboard" in self.sinks:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(folder / "tensorboard" / self.name))
+        if "wandb" in self.sinks:
+            try:
+                import wandb
+            except ImportError:
+                log.warning("logging.logger names wandb but it is not installed; pip install wandb to use it")
+            else:
+                self._wandb = wandb.init(project=config.project_name, name=self.name, config=run_config, dir=str(folder))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record metrics (a flat dict of floats) for a step."""
+        if not self.enabled:
+            return
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+            self._jsonl.flush()
+        if self._tb is not None:
+            for key, value in metrics.items():
+                self._tb.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+        if "console" in self.sinks:
+            log.info("step %d %s", step, " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+
+    def close(self) -> None:
+        """Flush and close every sink."""
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()

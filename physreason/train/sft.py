@@ -1,0 +1,355 @@
+"""The supervised fine-tuning loop: one process, or many under torchrun with FSDP2 (and optional TP).
+
+Loss: token-mean cross-entropy over every assistant token of the global batch (all micro-batches and
+ranks), so gradient accumulation, packing and the process count leave the objective unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from physreason.config import Config, DatasetConfig, dump_config
+from physreason.data.collate import SFTBatch, collate_padded
+from physreason.data.loaders import load_records
+from physreason.data.packing import collate_packed
+from physreason.data.sampler import StepSampler
+from physreason.data.sft import SFTDataset, VisionTokens
+from physreason.errors import ConfigError
+from physreason.models import loading, parallelize
+from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from physreason.train.metrics import MetricLogger
+from physreason.train.model import CausalLMLoss
+from physreason.train.schedule import build_optimizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTResult:
+    """What a run did: per-step training losses, validation losses, skip counts, final folders."""
+
+    losses: list[float] = field(default_factory=list)
+    val_losses: dict[int, float] = field(default_factory=dict)
+    skipped: Counter = field(default_factory=Counter)
+    last_checkpoint: Path | None = None
+    export_dir: Path | None = None
+
+
+@dataclass
+class Runtime:
+    """Process layout of this run."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_initialized()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_runtime() -> Runtime:
+    """Join the torchrun process group when launched by torchrun (NCCL on GPUs, gloo on CPU)."""
+    cuda = torch.cuda.is_available()
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    return Runtime(rank, world, device)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTDataset, SFTDataset | None]:
+    """Train and validation sets (a held-out fraction of train when no val_dataset is given)."""
+    records, root = load_records(config.data.dataset)
+    if config.data.max_samples:
+        records = records[: config.data.max_samples]
+    val_records: list[dict] = []
+    val_root = root
+    if config.data.val_dataset is not None:
+        val_records, val_root = load_records(config.data.val_dataset)
+    elif config.data.val_fraction > 0:
+        order = torch.randperm(len(records), generator=torch.Generator().manual_seed(config.train.seed)).tolist()
+        n_val = max(1, int(len(records) * config.data.val_fraction))
+        val_records = [records[i] for i in order[-n_val:]]
+        records = [records[i] for i in order[:-n_val]]
+    vision_tokens = VisionTokens.from_model_config(hf_config)
+    params = None
+    if vision_tokens is not None:
+        from physreason.models.inputs import load_processor_params
+
+        params = load_processor_params(config.model.model_name_or_path, config.model.revision)
+    make = functools.partial(
+        SFTDataset,
+        tokenizer=tokenizer,
+        max_length=config.model.model_max_length,
+        vision_tokens=vision_tokens,
+        vision_config=config.vision,
+        processor_params=params,
+        conversation_column=config.data.conversation_column_name,
+    )
+    train = make(records, root, source=config.data.dataset.name)
+    val_name = (config.data.val_dataset or DatasetConfig(name=f"{config.data.dataset.name} (held out)")).name
+    return train, (make(val_records, val_root, source=val_name) if val_records else None)
+
+
+def batch_layout(config: Config, world_size: int, tp_size: int) -> tuple[int, int]:
+    """(samples per rank per step, micro-batches per step) from the global batch and mini_batch."""
+    dp = world_size // tp_size
+    global_batch, mini = config.train.train_batch_per_replica, config.train.mini_batch
+    if global_batch % (dp * mini):
+        raise ConfigError(
+            f"train.train_batch_per_replica ({global_batch}) must be a multiple of data-parallel size ({dp}) "
+            f"x train.mini_batch ({mini})"
+        )
+    per_rank = global_batch // dp
+    return per_rank, per_rank // mini
+
+
+def _collate_fn(config: Config, pad_id: int, mrope: bool):
+    if config.data.packing:
+        return functools.partial(collate_packed, mrope=mrope)
+    return functools.partial(collate_padded, pad_token_id=pad_id, mrope=mrope)
+
+
+class MicroBatches:
+    """Endless stream of micro-batches for this rank, positioned by optimizer step (resumable)."""
+
+    def __init__(self, dataset: SFTDataset, sampler: StepSampler, mini_batch: int, collate, workers: int) -> None:
+        self.dataset, self.sampler, self.mini_batch, self.collate, self.workers = dataset, sampler, mini_batch, collate, workers
+        self._iterator: Iterator[SFTBatch] | None = None
+
+    def seek(self, step: int) -> None:
+        """Make the next micro-batch the first of global step `step`."""
+        per_epoch = self.sampler.steps_per_epoch
+        self.sampler.set_position(step // per_epoch, step % per_epoch)
+        self._iterator = None
+
+    def _open(self) -> Iterator[SFTBatch]:
+        loader = DataLoader(
+            self.dataset,
+            batch_size=self.mini_batch,
+            sampler=self.sampler,
+            collate_fn=self.collate,
+            num_workers=self.workers,
+            persistent_workers=False,
+        )
+        return iter(loader)
+
+    def take(self, count: int) -> list[SFTBatch]:
+        """The next `count` micro-batches, crossing into the next epoch when one ends."""
+        batches: list[SFTBatch] = []
+        while len(batches) < count:
+            if self._iterator is None:
+                self._iterator = self._open()
+            try:
+                batches.append(next(self._iterator))
+            except StopIteration:
+                self.sampler.set_position(self.sampler.epoch + 1, 0)
+                self._iterator = None
+        return batches
+
+
+def _all_reduce_sum(value: float, runtime: Runtime) -> float:
+    if not runtime.distributed:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=runtime.device)
+    dist.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def _autocast(runtime: Runtime, fsdp: bool, param_dtype: torch.dtype):
+    if fsdp or param_dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(runtime.device.type, dtype=param_dtype)
+
+
+def train_step(
+    module: torch.nn.Module,
+    micro_batches: list[SFTBatch],
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    runtime: Runtime,
+    dp_size: int,
+    clip: float,
+    autocast: Any,
+) -> tuple[float, float]:
+    """One optimizer step over the micro-batches; returns (global token-mean loss, grad norm)."""
+    targets = _all_reduce_sum(sum(b.num_targets for b in micro_batches), runtime)
+    # FSDP averages gradients over data-parallel ranks; multiplying by dp_size makes the result the
+    # gradient of (sum of token losses / all target tokens of the global batch).
+    scale = dp_size / max(targets, 1.0)
+    loss_sum = 0.0
+    sync = getattr(module, "set_requires_gradient_sync", None)
+    usable = [b for b in micro_batches if b.num_samples]
+    for i, batch in enumerate(usable):
+        if sync is not None:
+            sync(i == len(usable) - 1)
+        with autocast:
+            loss = module(batch.to(runtime.device))
+        (loss * scale).backward()
+        loss_sum += float(loss.detach())
+    norm = torch.nn.utils.clip_grad_norm_(
+        [p for p in module.parameters() if p.requires_grad], clip if clip > 0 else float("inf")
+    )
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return _all_reduce_sum(loss_sum, runtime) / max(targets, 1.0), float(norm)
+
+
+@torch.no_grad()
+def validation_loss(module: torch.nn.Module, dataset: SFTDataset, collate, runtime: Runtime, mini_batch: int, autocast) -> float:
+    """Token-mean loss over the whole validation set, split over ranks."""
+    module.eval()
+    indices = list(range(runtime.rank, len(dataset), runtime.world_size))
+    loader = DataLoader(dataset, batch_size=mini_batch, sampler=indices, collate_fn=collate)
+    total, count = 0.0, 0
+    for batch in loader:
+        if batch.num_samples:
+            with autocast:
+                total += float(module(batch.to(runtime.device)))
+            count += batch.num_targets
+    module.train()
+    return _all_reduce_sum(total, runtime) / max(_all_reduce_sum(count, runtime), 1.0)
+
+
+def run_sft(config: Config, loss_chunk_size: int = 0) -> SFTResult:
+    """Fine-tune config.model on config.data as configured in config.train; returns the run's record."""
+    runtime = init_runtime()
+    train_cfg = config.train
+    seed_everything(train_cfg.seed)
+    output = Path(train_cfg.output_dir)
+    if runtime.is_main:
+        output.mkdir(parents=True, exist_ok=True)
+        dump_config(config, output / "config.toml")
+
+    tokenizer = loading.load_tokenizer(config.model)
+    hf_config = loading.load_model_config(config.model)
+    train_set, val_set = build_datasets(config, tokenizer, hf_config)
+    tp = config.policy.parallelism.tp_size
+    per_rank, accumulation = batch_layout(config, runtime.world_size, tp)
+    dp_size = runtime.world_size // tp
+    dp_rank = runtime.rank // tp
+    sampler = StepSampler(len(train_set), train_cfg.train_batch_per_replica, dp_rank, dp_size, train_cfg.seed, config.data.shuffle)
+    if sampler.steps_per_epoch == 0:
+        raise ConfigError(
+            f"{len(train_set)} training samples do not fill one batch of train.train_batch_per_replica = "
+            f"{train_cfg.train_batch_per_replica}: lower it or add data"
+        )
+    total_steps = train_cfg.max_steps or train_cfg.epoch * sampler.steps_per_epoch
+    mrope = VisionTokens.from_model_config(hf_config) is not None
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    collate = _collate_fn(config, pad_id, mrope)
+    stream = MicroBatches(train_set, sampler, train_cfg.mini_batch, collate, config.data.num_workers)
+
+    model = loading.load_model(config.model, dtype=torch.float32)
+    if train_cfg.freeze_vision_tower:
+        parallelize.freeze_vision_tower(model)
+    if train_cfg.gradient_checkpointing:
+        parallelize.enable_activation_checkpointing(model)
+    module = CausalLMLoss(model, loss_chunk_size)
+    param_dtype = loading.DTYPES[train_cfg.param_dtype]
+    if runtime.distributed:
+        mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, tp)
+        if tp > 1:
+            parallelize.apply_tensor_parallel(model, mesh["tp"])
+        model.to(runtime.device)
+        parallelize.apply_fsdp2(module, model, mesh["dp"], param_dtype, loading.DTYPES[train_cfg.fsdp_reduce_dtype])
+    else:
+        module.to(runtime.device)
+    if train_cfg.compile:
+        for block in loading.decoder_layers(model):
+            block.compile()
+    module.train()
+    autocast = _autocast(runtime, runtime.distributed, param_dtype)
+    optimizer, scheduler = build_optimizer(module, train_cfg, total_steps, fused=runtime.device.type == "cuda")
+
+    result = SFTResult()
+    step = 0
+    resume_from = resolve_resume(train_cfg.resume, output)
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, module, optimizer, scheduler)
+        step = state["step"]
+        result.skipped.update(state.get("skipped", {}))
+        log.info("resumed from %s at step %d", resume_from, step)
+    stream.seek(step)
+
+    metrics = MetricLogger(output, config.logging, enabled=runtime.is_main, run_config=config.model_dump(mode="json"))
+    progress = None
+    if runtime.is_main:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=total_steps, initial=step, desc="sft", dynamic_ncols=True)
+    ckpt = train_cfg.ckpt
+    try:
+        while step < total_steps:
+            started = time.perf_counter()
+            micro = stream.take(accumulation)
+            for batch in micro:
+                result.skipped.update(batch.skipped)
+            lr = scheduler.get_last_lr()[0]
+            tokens = _all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime)
+            loss, norm = train_step(module, micro, optimizer, scheduler, runtime, dp_size, train_cfg.optm_grad_norm_clip, autocast)
+            step += 1
+            elapsed = time.perf_counter() - started
+            result.losses.append(loss)
+            if progress is not None:
+                progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens / elapsed:,.0f}")
+                progress.update(1)
+            if step % train_cfg.log_freq == 0 or step == total_steps:
+                skipped = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
+                metrics.log(step, {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm,
+                                   "train/tokens_per_s": tokens / elapsed, **skipped})
+            if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):
+                result.val_losses[step] = validation_loss(module, val_set, collate, runtime, train_cfg.mini_batch, autocast)
+                metrics.log(step, {"val/loss": result.val_losses[step]})
+            if ckpt.enable_checkpoint and (step % ckpt.save_freq == 0 or step == total_steps):
+                state = {"step": step, "skipped": dict(result.skipped)}
+                result.last_checkpoint = save_checkpoint(output, step, module, optimizer, scheduler, state, ckpt.max_keep)
+                if ckpt.export_safetensors:
+                    from physreason.models.export import export_safetensors
+
+                    result.export_dir = export_safetensors(
+                        model, config.model.model_name_or_path, output / "safetensors" / f"step_{step}", config.model.dtype
+                    )
+    finally:
+        if progress is not None:
+            progress.close()
+        metrics.close()
+    if result.skipped and runtime.is_main:
+        log.warning("skipped samples: %s", dict(result.skipped))
+    return result

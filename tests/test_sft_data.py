@@ -1,0 +1,145 @@
+"""SFT data: record layouts, assistant-only labels, safe media paths, truncation that never splits vision tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from physreason.config import DatasetConfig
+from physreason.data.collate import collate_padded, shifted_targets
+from physreason.data.loaders import load_records, resolve_media_path
+from physreason.data.positions import mrope_position_ids
+from physreason.data.sft import (
+    IGNORE_INDEX,
+    SFTDataset,
+    SkippedSample,
+    VisionTokens,
+    conversation_segments,
+    normalize_conversation,
+    tokenize_segments,
+    truncation_problem,
+)
+from physreason.errors import InputError
+from physreason.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+ANSWER = "<think>\nthe ball falls\n</think>\n\n<answer>\nyes\n</answer>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+def _record(question: str = "Is the ball falling?") -> dict:
+    return {"conversations": [{"role": "user", "content": question}, {"role": "assistant", "content": ANSWER}]}
+
+
+def test_labels_are_exactly_the_assistant_reply_and_its_end_token(tokenizer):
+    dataset = SFTDataset([_record()], ".", tokenizer, max_length=512)
+    sample = dataset[0]
+    labelled = sample.input_ids[sample.labels != IGNORE_INDEX]
+    assert tokenizer.decode(labelled) == ANSWER + "<|im_end|>"
+    assert torch.equal(sample.labels[sample.labels != IGNORE_INDEX], labelled)
+    full = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Is the ball falling?"}, {"role": "assistant", "content": ANSWER}], tokenize=False
+    )
+    assert tokenizer.decode(sample.input_ids) == full
+
+
+def test_every_assistant_turn_of_a_multi_turn_conversation_is_labelled(tokenizer):
+    record = {"conversations": [
+        {"from": "human", "value": "first?"}, {"from": "gpt", "value": "one"},
+        {"from": "human", "value": "second?"}, {"from": "gpt", "value": "two"},
+    ]}
+    sample = SFTDataset([record], ".", tokenizer, max_length=512)[0]
+    labelled = tokenizer.decode(sample.input_ids[sample.labels != IGNORE_INDEX])
+    assert labelled == "one<|im_end|>two<|im_end|>"
+
+
+def test_top_level_video_replaces_placeholder_in_user_text():
+    record = {"video": "clip.mp4", "conversations": [
+        {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "it falls"}]}
+    messages = normalize_conversation(record, "conversations", "r0")
+    assert messages[0]["content"] == [{"type": "video", "video": "clip.mp4"}, {"type": "text", "text": "What happens?"}]
+
+
+def test_media_without_placeholder_goes_before_the_first_user_text():
+    record = {"image": ["a.png"], "conversations": [
+        {"role": "user", "content": "Describe."}, {"role": "assistant", "content": "a box"}]}
+    messages = normalize_conversation(record, "conversations", "r0")
+    assert messages[0]["content"][0] == {"type": "image", "image": "a.png"}
+
+
+def test_vision_pads_never_carry_labels(tokenizer):
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
+        {"role": "assistant", "content": "a box"},
+    ]
+    segments = conversation_segments(tokenizer, messages, "r0")
+    ids, labels = tokenize_segments(tokenizer, segments, [6], [])
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert ids.count(pad) == 6
+    assert all(label != pad for label in labels)
+
+
+def test_media_paths_outside_the_data_folder_are_refused(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "secret.png").write_bytes(b"x")
+    with pytest.raises(InputError, match="outside the data folder"):
+        resolve_media_path((tmp_path / "data").resolve(), "../secret.png", "record 0")
+    with pytest.raises(InputError, match="outside the data folder"):
+        resolve_media_path((tmp_path / "data").resolve(), str(tmp_path / "secret.png"), "record 0")
+
+
+def test_too_long_sample_is_skipped_when_the_cut_would_split_vision_tokens():
+    vision = VisionTokens(image_token_id=7, video_token_id=8)
+    ids = [1, 2] + [8] * 10 + [3, 4, 5]
+    labels = [IGNORE_INDEX] * 12 + [3, 4, 5]
+    keep, reason = truncation_problem(ids, labels, max_length=8, vision=vision)
+    assert keep == 0 and "visual tokens" in reason
+    keep, reason = truncation_problem(ids, labels, max_length=14, vision=vision)
+    assert keep == 14 and reason is None
+
+
+def test_dataset_reports_skipped_samples_with_a_reason(tokenizer):
+    dataset = SFTDataset([_record("word " * 200)], ".", tokenizer, max_length=16)
+    item = dataset[0]
+    assert isinstance(item, SkippedSample) and "no assistant tokens" in item.reason
+    batch = collate_padded([item, SFTDataset([_record()], ".", tokenizer, max_length=512)[0]], 0, mrope=True)
+    assert batch.num_samples == 1 and sum(batch.skipped.values()) == 1
+
+
+def test_targets_are_shifted_within_the_sample():
+    labels = torch.tensor([IGNORE_INDEX, IGNORE_INDEX, 5, 6])
+    assert shifted_targets(labels).tolist() == [IGNORE_INDEX, 5, 6, IGNORE_INDEX]
+
+
+def test_records_load_from_json_jsonl_and_load_from_disk(tmp_path):
+    records = [_record(), _record("second")]
+    (tmp_path / "d.json").write_text(json.dumps(records))
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_list(records).save_to_disk(str(tmp_path / "hf"))
+    for name in ("d.json", "d.jsonl", "hf"):
+        loaded, root = load_records(DatasetConfig(name=str(tmp_path / name)))
+        assert [r["conversations"][0]["content"] for r in loaded] == ["Is the ball falling?", "second"]
+    assert load_records(DatasetConfig(name=str(tmp_path / "d.json")))[1] == tmp_path.resolve()
+
+
+def test_mrope_positions_match_transformers_get_rope_index(tokenizer):
+    model = build_tiny_model("qwen2_5_vl", tokenizer)
+    config = model.config
+    img, vid = config.image_token_id, config.video_token_id
+    ids = torch.tensor([1, 2] + [img] * 4 + [3] + [vid] * 8 + [4, 5])
+    image_grid = torch.tensor([[1, 4, 4]])
+    video_grid = torch.tensor([[2, 4, 4]])
+    seconds = torch.tensor([0.5])
+    spec = VisionTokens.from_model_config(config)
+    ours = mrope_position_ids(ids, img, vid, image_grid, video_grid, seconds, spec.spatial_merge_size, spec.tokens_per_second)
+    types = torch.zeros_like(ids)
+    types[ids == img] = 1
+    types[ids == vid] = 2
+    theirs, _ = model.model.get_rope_index(ids[None], types[None], image_grid, video_grid, seconds)
+    assert torch.equal(ours, theirs[:, 0])

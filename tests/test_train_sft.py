@@ -1,0 +1,87 @@
+"""SFT trainer on the tiny Qwen2.5-VL model: it learns, logs, validates and resumes exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from physreason.config import load_config
+from physreason.models.tiny import save_tiny_model
+from physreason.train.checkpoint import checkpoint_dirs
+from physreason.train.sft import run_sft
+
+ANSWER = "<think>\nthe ball falls\n</think>\n\n<answer>\nyes\n</answer>"
+
+
+@pytest.fixture(scope="session")
+def tiny_vl(tmp_path_factory) -> Path:
+    return save_tiny_model("qwen2_5_vl", tmp_path_factory.mktemp("tiny_vl"))
+
+
+def write_records(folder: Path, count: int = 8) -> Path:
+    records = [
+        {"conversations": [{"role": "user", "content": f"Does the box slide {i}?"}, {"role": "assistant", "content": ANSWER}]}
+        for i in range(count)
+    ]
+    path = folder / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    return path
+
+
+def tiny_config(model: Path, data: Path, out: Path, *extra: str):
+    return load_config(None, [
+        f"model.model_name_or_path='{model}'",
+        f"data.dataset.name='{data}'",
+        f"train.output_dir='{out}'",
+        "train.train_batch_per_replica=4",
+        "train.mini_batch=2",
+        "train.optm_lr=2e-3",
+        "train.optm_warmup_steps=1",
+        "train.param_dtype='float32'",
+        "data.num_workers=0",
+        "logging.logger=['jsonl', 'tensorboard']",
+        "train.ckpt.export_safetensors=false",
+        *extra,
+    ])
+
+
+def test_loss_falls_when_overfitting_a_few_samples(tiny_vl, tmp_path):
+    data = write_records(tmp_path, 4)
+    result = run_sft(tiny_config(tiny_vl, data, tmp_path / "out", "train.max_steps=12", "train.ckpt.enable_checkpoint=false"))
+    assert result.losses[-1] < 0.5 * result.losses[0]
+    lines = (tmp_path / "out" / "logs" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["step"] == 12
+    assert any((tmp_path / "out" / "logs" / "tensorboard").rglob("events.*"))
+
+
+def test_validation_loss_is_reported_on_the_held_out_split(tiny_vl, tmp_path):
+    data = write_records(tmp_path, 10)
+    config = tiny_config(tiny_vl, data, tmp_path / "out", "train.max_steps=2", "data.val_fraction=0.2",
+                         "train.validation_freq=1", "train.ckpt.enable_checkpoint=false")
+    result = run_sft(config)
+    assert sorted(result.val_losses) == [1, 2]
+    assert result.val_losses[2] < result.val_losses[1]
+
+
+def test_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path):
+    data = write_records(tmp_path, 8)
+    straight = run_sft(tiny_config(tiny_vl, data, tmp_path / "a", "train.max_steps=6", "train.ckpt.save_freq=100"))
+    first = run_sft(tiny_config(tiny_vl, data, tmp_path / "b", "train.max_steps=6", "train.ckpt.save_freq=3"))
+    assert [p.name for p in checkpoint_dirs(tmp_path / "b")] == ["step_3", "step_6"]
+    # Throw away the end of the run, then resume from step 3 in a fresh run.
+    resumed = run_sft(tiny_config(tiny_vl, data, tmp_path / "c", "train.max_steps=6",
+                                  f"train.resume='{tmp_path / 'b' / 'checkpoints' / 'step_3'}'"))
+    assert first.losses == straight.losses
+    assert resumed.losses == straight.losses[3:]
+
+
+def test_checkpoints_are_rotated_and_never_left_half_written(tiny_vl, tmp_path):
+    data = write_records(tmp_path, 8)
+    run_sft(tiny_config(tiny_vl, data, tmp_path / "out", "train.max_steps=4", "train.ckpt.save_freq=1", "train.ckpt.max_keep=2"))
+    names = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())
+    assert names == ["step_3", "step_4"]
+    assert (tmp_path / "out" / "checkpoints" / "step_4" / ".metadata").is_file()
+    again = run_sft(tiny_config(tiny_vl, data, tmp_path / "out", "train.max_steps=5", "train.resume=true"))
+    assert len(again.losses) == 1
