@@ -1,0 +1,1 @@
+"""Data: record formats, loaders, collation, packing and synthetic intuitive-physics generators."""

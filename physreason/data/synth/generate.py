@@ -1,0 +1,202 @@
+"""Write a synthetic task to disk: clips, per-sample records, benchmark QA pairs, SFT JSONL and meta.json.
+
+Layout under `<out>/<task>/`:
+  clips/<id>.mp4                       H.264 clips
+  records/<id>.json                    everything about one sample (written after its clip)
+  <task>_benchmark_qa_pairs.json       [{"video", "qa_pairs": {"question", "index2ans", "answer"}}]
+  <task>_sft.jsonl                     {"video", "conversations": [user, assistant]} per line
+  meta.json                            count, split, seeds, generator version, class and letter balance
+
+Generation is resumable: a sample whose clip and record exist is not generated again. Samples are
+independent, so they are spread over worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from physreason.data.synth import arrow_of_time, object_permanence, spatial_puzzle
+from physreason.data.synth.sample import SPLITS, Sample, balanced_slot, scene_seed
+from physreason.data.synth.scenarios import FPS, HEIGHT_PX, N_FRAMES, WIDTH_PX
+from physreason.data.synth.video import write_mp4
+from physreason.errors import InputError
+
+GENERATOR_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task's sample builder and how many (class, letter) slots one balanced block has."""
+
+    make_sample: Callable[[int, int], Sample]
+    n_slots: int
+
+
+TASKS: dict[str, TaskSpec] = {
+    arrow_of_time.TASK: TaskSpec(arrow_of_time.make_sample, arrow_of_time.N_SLOTS),
+    spatial_puzzle.TASK: TaskSpec(spatial_puzzle.make_sample, spatial_puzzle.N_SLOTS),
+    object_permanence.TASK: TaskSpec(object_permanence.make_sample, object_permanence.N_SLOTS),
+}
+
+
+@dataclass
+class TaskSummary:
+    """What one `generate_task` call did."""
+
+    task: str
+    folder: Path
+    count: int
+    generated: int
+    reused: int
+
+
+def sample_id(split: str, index: int) -> str:
+    """File stem of sample `index` in `split`."""
+    return f"{split}_{index:06d}"
+
+
+def build_sample(task: str, split: str, base_seed: int, index: int) -> tuple[int, Sample]:
+    """The scene seed and the sample for position `index` of a data set; pure, so it can run anywhere."""
+    seed = scene_seed(base_seed, split, task, index)
+    slot = balanced_slot(base_seed, split, task, index, TASKS[task].n_slots)
+    return seed, TASKS[task].make_sample(seed, slot)
+
+
+def _write_json(path: Path, payload: Any, lines: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as f:
+        if lines:
+            for item in payload:
+                f.write(json.dumps(item, ensure_ascii=False) + "\n")
+        else:
+            json.dump(payload, f, ensure_ascii=False, indent=1)
+    os.replace(partial, path)
+
+
+def write_sample(task: str, split: str, base_seed: int, index: int, folder: str) -> dict[str, Any]:
+    """Generate sample `index`, write its clip and then its record under `folder`; return the record."""
+    seed, sample = build_sample(task, split, base_seed, index)
+    sid = sample_id(split, index)
+    video = f"clips/{sid}.mp4"
+    write_mp4(sample.frames, Path(folder) / video, sample.fps)
+    record = {
+        "id": sid,
+        "task": task,
+        "split": split,
+        "index": index,
+        "seed": seed,
+        "generator_version": GENERATOR_VERSION,
+        "video": video,
+        "label": sample.label,
+        "qa_pairs": {"question": sample.question, "index2ans": sample.options, "answer": sample.answer},
+        "conversations": [
+            {"role": "user", "content": sample.user_text()},
+            {"role": "assistant", "content": sample.assistant_text()},
+        ],
+        "facts": sample.facts,
+    }
+    _write_json(Path(folder) / "records" / f"{sid}.json", record)
+    return record
+
+
+def _existing_record(folder: Path, split: str, base_seed: int, task: str, index: int) -> dict[str, Any] | None:
+    """The record of a sample already on disk with its clip, if it is the one this run would generate."""
+    sid = sample_id(split, index)
+    record_path, clip_path = folder / "records" / f"{sid}.json", folder / "clips" / f"{sid}.mp4"
+    if not (record_path.is_file() and clip_path.is_file()):
+        return None
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None  # a torn write from an older crash: generate it again
+    expected = (scene_seed(base_seed, split, task, index), GENERATOR_VERSION)
+    return record if (record.get("seed"), record.get("generator_version")) == expected else None
+
+
+def _check_meta(folder: Path, split: str, base_seed: int) -> None:
+    meta_path = folder / "meta.json"
+    if not meta_path.is_file():
+        return
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    found = (meta.get("split"), meta.get("base_seed"), meta.get("generator_version"))
+    if found != (split, base_seed, GENERATOR_VERSION):
+        raise InputError(
+            f"{meta_path} describes split={found[0]!r}, seed={found[1]}, generator version {found[2]!r}, but this run "
+            f"asks for split={split!r}, seed={base_seed}, version {GENERATOR_VERSION!r}; write to another --out folder "
+            "(one folder per split and seed) or delete that one."
+        )
+
+
+def _run(task: str, split: str, base_seed: int, indices: list[int], folder: Path, workers: int) -> Iterator[dict[str, Any]]:
+    """Yield records as samples finish, in any order."""
+    if workers <= 1 or len(indices) <= 1:
+        for index in indices:
+            yield write_sample(task, split, base_seed, index, str(folder))
+        return
+    # spawn: workers must not inherit threads or CUDA state from a parent that may hold them.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(indices)), mp_context=context) as pool:
+        futures = [pool.submit(write_sample, task, split, base_seed, i, str(folder)) for i in indices]
+        for future in as_completed(futures):
+            yield future.result()
+
+
+def generate_task(
+    task: str, n: int, out: Path, split: str, base_seed: int = 0, workers: int = 1, show_progress: bool = True
+) -> TaskSummary:
+    """Generate (or complete) samples 0..n-1 of `task` under `out/<task>/` and write its QA, SFT and meta files."""
+    if task not in TASKS:
+        raise InputError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    if split not in SPLITS:
+        raise InputError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    if n < 1 or base_seed < 0:
+        raise InputError(f"need --n >= 1 and --seed >= 0, got n={n}, seed={base_seed}")
+    folder = Path(out) / task
+    _check_meta(folder, split, base_seed)
+    records: dict[int, dict[str, Any]] = {}
+    for index in range(n):
+        record = _existing_record(folder, split, base_seed, task, index)
+        if record is not None:
+            records[index] = record
+    todo = [i for i in range(n) if i not in records]
+    reused = len(records)
+
+    columns = (TextColumn(f"[bold]{task}[/]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, disable=not show_progress, transient=False) as progress:
+        bar = progress.add_task(task, total=n, completed=reused)
+        for record in _run(task, split, base_seed, todo, folder, workers):
+            records[record["index"]] = record
+            progress.advance(bar)
+
+    ordered = [records[i] for i in range(n)]
+    _write_json(folder / f"{task}_benchmark_qa_pairs.json", [{"video": r["video"], "qa_pairs": r["qa_pairs"]} for r in ordered])
+    _write_json(folder / f"{task}_sft.jsonl", [{"video": r["video"], "conversations": r["conversations"]} for r in ordered], lines=True)
+    seeds = [r["seed"] for r in ordered]
+    meta = {
+        "task": task,
+        "split": split,
+        "count": n,
+        "base_seed": base_seed,
+        "scene_seeds": {
+            "min": min(seeds),
+            "max": max(seeds),
+            "rule": "((base_seed * 3 + task_id) * 2**32 + index) * 3 + split_id; seed % 3 is the split (train 0, val 1, test 2)",
+        },
+        "generator_version": GENERATOR_VERSION,
+        "video": {"fps": FPS, "frames": N_FRAMES, "width": WIDTH_PX, "height": HEIGHT_PX, "codec": "h264", "pix_fmt": "yuv420p"},
+        "class_balance": dict(sorted(Counter(r["label"] for r in ordered).items())),
+        "answer_balance": dict(sorted(Counter(r["qa_pairs"]["answer"] for r in ordered).items())),
+    }
+    _write_json(folder / "meta.json", meta)
+    return TaskSummary(task, folder, n, len(todo), reused)

@@ -1,0 +1,74 @@
+"""One generated sample, scene seeds that keep splits disjoint, and answer slots that keep letters balanced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from physreason.chat.mcq import OPTION_LETTERS, format_mcq
+
+SPLITS = ("train", "val", "test")
+TASK_IDS = {"arrow_of_time": 0, "spatial_puzzle": 1, "object_permanence": 2}
+MAX_INDEX = 2**32
+
+
+@dataclass
+class Sample:
+    """A rendered clip (as the model sees it) with its multiple-choice question, answer and grounded reasoning."""
+
+    task: str
+    frames: np.ndarray  # [T, H, W, 3] uint8, in the order the clip plays
+    fps: int
+    question: str
+    options: dict[str, str]  # letter -> option text
+    answer: str  # the correct letter
+    label: str  # the answer's class, e.g. "reversed", for balance reports
+    reasoning: str  # the <think> text, built from the simulation's ground truth
+    facts: dict[str, Any] = field(default_factory=dict)  # JSON-ready ground truth, for tests and audits
+
+    def user_text(self) -> str:
+        """The user turn: question, lettered options and the benchmark's answer instructions."""
+        return format_mcq(self.question, self.options)
+
+    def assistant_text(self) -> str:
+        """The assistant turn in the Cosmos-Reason1 format, answering with the letter."""
+        return f"<think>\n{self.reasoning}\n</think>\n\n<answer>\n{self.answer}\n</answer>"
+
+
+def scene_seed(base_seed: int, split: str, task: str, index: int) -> int:
+    """The seed of sample `index`: injective in (base_seed, task, index, split), and seed % 3 names the split.
+
+    So train, val and test can never share a scene, whatever base seeds they were generated with.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if not 0 <= index < MAX_INDEX or base_seed < 0:
+        raise ValueError(f"need 0 <= index < 2**32 and base_seed >= 0, got index={index}, base_seed={base_seed}")
+    return ((base_seed * len(TASK_IDS) + TASK_IDS[task]) * MAX_INDEX + index) * len(SPLITS) + SPLITS.index(split)
+
+
+def split_of_seed(seed: int) -> str:
+    """The split a scene seed belongs to (the inverse of `scene_seed` for its split)."""
+    return SPLITS[seed % len(SPLITS)]
+
+
+def balanced_slot(base_seed: int, split: str, task: str, index: int, n_slots: int) -> int:
+    """A slot in [0, n_slots) for sample `index`: each block of n_slots consecutive samples uses every slot once.
+
+    Tasks map a slot to (class, correct letter), so classes and letter positions are balanced exactly
+    over every full block, in an order that looks random.
+    """
+    block, position = divmod(index, n_slots)
+    rng = np.random.default_rng([base_seed, TASK_IDS[task], SPLITS.index(split), block])
+    return int(rng.permutation(n_slots)[position])
+
+
+def options_with_answer(texts: list[str], correct: int, letter_index: int, rng: np.random.Generator) -> tuple[dict[str, str], str]:
+    """Letter the option texts with texts[correct] at letter `letter_index` and the others in random order."""
+    others = [t for i, t in enumerate(texts) if i != correct]
+    order = [others[i] for i in rng.permutation(len(others))]
+    order.insert(letter_index, texts[correct])
+    letters = OPTION_LETTERS[: len(order)]
+    return dict(zip(letters, order)), letters[letter_index]

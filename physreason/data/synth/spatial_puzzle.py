@@ -1,0 +1,116 @@
+"""Spatial puzzle: every frame is cut into a 2x2 grid and the four patches are shuffled; which arrangement is right?
+
+The same shuffle applies to every frame, so besides static cues (the floor belongs in the bottom row,
+each wall at its own side) motion helps: a body that leaves one patch enters its true neighbour, and
+falling bodies move toward the floor. The options name, for each true position, the shown patch that
+belongs there; exactly one restores the original frames.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from physreason.data.synth import narrate
+from physreason.data.synth.render import render_frames
+from physreason.data.synth.sample import Sample, options_with_answer
+from physreason.data.synth.scenarios import FPS, IRREVERSIBLE_BUILDERS, N_FRAMES
+from physreason.data.synth.scene import Scene
+from physreason.data.synth.simulate import Trajectory, simulate
+
+TASK = "spatial_puzzle"
+POSITIONS = ("top-left", "top-right", "bottom-left", "bottom-right")  # reading order; index = 2 * row + column
+N_OPTIONS = 4
+N_SLOTS = N_OPTIONS  # the slot is the correct letter
+MAX_ATTEMPTS = 20
+
+QUESTION = (
+    "Each frame of this video was cut into a 2x2 grid of patches (top-left, top-right, bottom-left, bottom-right) "
+    "and the four patches were shuffled; the same shuffle was applied to every frame. Which arrangement restores "
+    "the original scene? Each option says, for every position of the original frame, which shown patch belongs there."
+)
+
+
+def shuffle_patches(frames: np.ndarray, shown_from: tuple[int, ...]) -> np.ndarray:
+    """Patch `shown_from[p]` of the original goes to position p; frames [T, H, W, 3] with H and W even."""
+    t, h, w, c = frames.shape
+    tiles = frames.reshape(t, 2, h // 2, 2, w // 2, c).transpose(1, 3, 0, 2, 4, 5).reshape(4, t, h // 2, w // 2, c)
+    shuffled = tiles[list(shown_from)]  # [4, T, h/2, w/2, 3]
+    return shuffled.reshape(2, 2, t, h // 2, w // 2, c).transpose(2, 0, 3, 1, 4, 5).reshape(t, h, w, c)
+
+
+def restore_patches(frames: np.ndarray, arrangement: tuple[int, ...]) -> np.ndarray:
+    """Undo a shuffle: `arrangement[q]` is the shown position whose patch belongs at original position q."""
+    return shuffle_patches(frames, arrangement)
+
+
+def _describe(arrangement: tuple[int, ...]) -> str:
+    return "; ".join(f"{POSITIONS[q]}: shown {POSITIONS[p]}" for q, p in enumerate(arrangement))
+
+
+def _patch_of(scene: Scene, x: float, y: float) -> int:
+    col, row = scene.camera.to_px(x, y)
+    return 2 * int(row >= scene.camera.height_px / 2) + int(col >= scene.camera.width_px / 2)
+
+
+def _motion_cue(scene: Scene, trajectory: Trajectory, position_of: list[int]) -> str | None:
+    """A sentence about a body crossing from one patch into its neighbour, in shown-patch terms, if any does."""
+    for i, body in enumerate(scene.bodies):
+        patches = [_patch_of(scene, *trajectory.positions[t, i]) for t in range(trajectory.n_frames)]
+        for t in range(1, len(patches)):
+            a, b = patches[t - 1], patches[t]
+            if a == b or a + b == 3:  # same patch, or a diagonal jump that says little
+                continue
+            relation = {1: "to the right of", -1: "to the left of", 2: "below", -2: "above"}[b - a]
+            return (
+                f"At about {t / trajectory.fps:.1f} s {body.noun} leaves shown {POSITIONS[position_of[a]]} and enters "
+                f"shown {POSITIONS[position_of[b]]}, so that patch lies directly {relation} it in the original."
+            )
+    return None
+
+
+def _reasoning(scene: Scene, trajectory: Trajectory, shown_from: tuple[int, ...], arrangement: tuple[int, ...], letter: str) -> str:
+    position_of = list(arrangement)  # original position -> shown position
+    lines = ["I need to work out where each shown patch came from, using the floor, the walls and how things move."]
+    for p, q in enumerate(shown_from):
+        parts = ["the floor" if q >= 2 else "open space above the floor", "the left wall" if q % 2 == 0 else "the right wall"]
+        lines.append(f"Shown {POSITIONS[p]} contains {narrate.join(parts)}, so it belongs at the {POSITIONS[q]}.")
+    cue = _motion_cue(scene, trajectory, position_of)
+    if cue:
+        lines.append(cue)
+    lines.append(f"So the original frame is: {_describe(arrangement)}. That matches option {letter}.")
+    return "\n".join(lines)
+
+
+def make_sample(seed: int, slot: int) -> Sample:
+    """Build the sample for scene `seed`; `slot` in [0, 4) is the correct option's letter."""
+    rng = np.random.default_rng(seed)
+    for _ in range(MAX_ATTEMPTS):
+        kind = list(IRREVERSIBLE_BUILDERS)[rng.integers(len(IRREVERSIBLE_BUILDERS))]
+        scene = IRREVERSIBLE_BUILDERS[kind](rng)
+        trajectory = simulate(scene, N_FRAMES, FPS)
+        if np.ptp(trajectory.positions, axis=0).max(initial=0.0) > 0.3 or trajectory.thetas.size:
+            break
+    else:
+        raise RuntimeError(f"spatial_puzzle: no moving scene in {MAX_ATTEMPTS} tries for seed {seed}")
+    frames = render_frames(scene, trajectory)
+    permutations = [p for p in itertools.permutations(range(4)) if p != (0, 1, 2, 3)]
+    shown_from = permutations[rng.integers(len(permutations))]
+    clip = shuffle_patches(frames, shown_from)
+    arrangement = tuple(int(np.argsort(shown_from)[q]) for q in range(4))  # original position -> shown position
+    wrong = [p for p in itertools.permutations(range(4)) if p != arrangement]
+    distractors = [wrong[i] for i in rng.choice(len(wrong), size=N_OPTIONS - 1, replace=False)]
+    texts = [_describe(arrangement)] + [_describe(d) for d in distractors]
+    options, answer = options_with_answer(texts, 0, slot, rng)
+    return Sample(
+        task=TASK,
+        frames=clip,
+        fps=FPS,
+        question=QUESTION,
+        options=options,
+        answer=answer,
+        label=answer,
+        reasoning=_reasoning(scene, trajectory, shown_from, arrangement, answer),
+        facts={"scene": kind, "shown_from": list(shown_from), "arrangement": list(arrangement)},
+    )
