@@ -1,0 +1,77 @@
+"""`physreason eval`: run a benchmark evaluation from a recipe, or `physreason eval report DIR` to tabulate results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+app = typer.Typer(
+    help="Benchmark evaluation: `physreason eval --config eval.toml` runs it, `physreason eval report DIR` scores it.",
+    invoke_without_command=True,
+)
+
+
+@app.callback()
+def run(
+    ctx: typer.Context,
+    config: Path | None = typer.Option(None, "--config", "-c", help="TOML recipe with [eval], [model], [engine], [vision], [generation]."),
+    overrides: list[str] = typer.Option([], "--set", help="Override a config key: --set eval.num_repeats=5 (repeatable)."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Hub id or local model folder."),
+    engine: str | None = typer.Option(None, help="Engine: auto (vLLM when installed), vllm or hf."),
+    benchmark_root: Path | None = typer.Option(None, help="Folder holding <name>/<name>_benchmark_qa_pairs.json."),
+    dataset: list[str] = typer.Option([], "--dataset", "-d", help="Data set name or JSON/JSONL file (repeatable; replaces eval.datasets)."),
+    answer_type: str | None = typer.Option(None, help="reasoning (think, then answer) or letter."),
+    num_repeats: int | None = typer.Option(None, help="Runs with seeds seed, seed+1, ...; mean ± std is reported."),
+    seed: int | None = typer.Option(None, help="Seed of the first repeat."),
+    results_dir: Path | None = typer.Option(None, help="Results go under <results_dir>/<model>/<answer_type>/<dataset>/seed_<seed>/."),
+    num_gpus: int | None = typer.Option(None, help="GPUs in all; shards = num_gpus / tp_size."),
+    tp_size: int | None = typer.Option(None, help="GPUs per engine."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Evaluate a model on Cosmos-Reason1-style benchmarks; rerunning resumes from saved results."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from physreason.config import load_config
+    from physreason.eval import collect_reports, report_rows, rich_table, run_eval
+
+    flags = {
+        "model.model_name_or_path": model, "engine.backend": engine,
+        "eval.benchmark_root": str(benchmark_root) if benchmark_root else None,
+        "eval.datasets": list(dataset) or None, "eval.answer_type": answer_type, "eval.num_repeats": num_repeats,
+        "eval.seed": seed, "eval.results_dir": str(results_dir) if results_dir else None,
+        "eval.num_gpus": num_gpus, "eval.tp_size": tp_size,
+    }
+    flag_overrides = [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
+    cfg = load_config(config, [*overrides, *flag_overrides])
+    outcome = run_eval(cfg, show_progress=progress)
+    answered = sum(r.answered for r in outcome.runs)
+    failed = sum(r.failed for r in outcome.runs)
+    console.print(
+        f"{answered} answered, {failed} failed ({outcome.resumed} were already saved) in {outcome.base}"
+    )
+    if failed:
+        console.print(f"[yellow]{failed} sample(s) failed; each result line with an \"error\" key says why[/]")
+    rows = report_rows(collect_reports(outcome.base))
+    console.print(rich_table(rows, title=str(outcome.base)))
+
+
+@app.command("report")
+def report(
+    results_dir: Path = typer.Argument(..., help="An eval.results_dir, or any folder below it."),
+    out: Path | None = typer.Option(None, help="Folder for report.md and report.csv [default: RESULTS_DIR]."),
+) -> None:
+    """Print per-data-set accuracy (mean ± std over repeats, samples, failures); write report.md and report.csv."""
+    from physreason.eval import collect_reports, csv_text, markdown_table, report_rows, rich_table
+
+    rows = report_rows(collect_reports(results_dir))
+    console.print(rich_table(rows, title=f"accuracy: {results_dir}"))
+    folder = out or results_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.md").write_text(markdown_table(rows), encoding="utf-8")
+    (folder / "report.csv").write_text(csv_text(rows), encoding="utf-8")
+    console.print(f"wrote {folder / 'report.md'} and {folder / 'report.csv'}")

@@ -1,0 +1,113 @@
+"""Read Cosmos-Reason1 benchmark data sets into one multiple-choice sample per question.
+
+Layout (the reference benchmark): `<benchmark_root>/<name>/<name>_benchmark_qa_pairs.json`, a list of
+`{"video": "clips/x.mp4", "qa_pairs": {"question", "index2ans": {"A": ...}, "answer" | "correct_answer"}}`
+where `qa_pairs` may also be a list. A JSON or JSONL file with the same records works too; its media
+paths are relative to its own folder.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from physreason.config import DatasetConfig
+from physreason.data.loaders import load_records
+from physreason.errors import InputError
+
+_DATA_SUFFIXES = (".json", ".jsonl")
+
+
+@dataclass(frozen=True)
+class EvalSample:
+    """One question about one video; `error` says why it cannot be asked (it is then a counted failure)."""
+
+    id: str  # "<video>#<k>": the k-th question about that video in file order, stable across runs
+    video: str | None  # as written in the record, relative to the data set's media root
+    question: str = ""
+    options: dict[str, str] | None = None
+    answer: str = ""
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A data set's name, the folder its media paths are relative to, and its samples in file order."""
+
+    name: str
+    media_root: Path
+    samples: list[EvalSample]
+
+
+def benchmark_file(benchmark_root: str | Path, name: str) -> Path:
+    """Return `<benchmark_root>/<name>/<name>_benchmark_qa_pairs.json`, the reference layout's QA file."""
+    return Path(benchmark_root).expanduser() / name / f"{name}_benchmark_qa_pairs.json"
+
+
+def load_benchmark(spec: str, benchmark_root: str | Path) -> Benchmark:
+    """Load a data set named in `eval.datasets`: a name under `benchmark_root`, or a JSON/JSONL file path.
+
+    Raises InputError when the file is missing or is not a list of records. Malformed questions
+    do not raise: they become samples with `error` set, so a run counts them and goes on.
+    """
+    if spec.endswith(_DATA_SUFFIXES):
+        path = Path(spec).expanduser()
+        if not path.is_absolute() and not path.exists() and str(benchmark_root):
+            path = Path(benchmark_root).expanduser() / path
+        name = path.stem
+    else:
+        path = benchmark_file(benchmark_root, spec)
+        name = spec
+    if not path.is_file():
+        raise InputError(
+            f"data set {spec!r}: {path} does not exist; set eval.benchmark_root to the folder holding "
+            f"<name>/<name>_benchmark_qa_pairs.json, or list a JSON/JSONL file in eval.datasets"
+        )
+    records, media_root = load_records(DatasetConfig(name=str(path)))
+    return Benchmark(name=name, media_root=media_root, samples=expand_qa_pairs(records, str(path)))
+
+
+def expand_qa_pairs(records: list[Any], source: str) -> list[EvalSample]:
+    """Return one sample per question of each `{"video", "qa_pairs"}` record, in file order."""
+    samples: list[EvalSample] = []
+    asked: Counter[str] = Counter()  # questions seen per video, so a video listed twice keeps unique ids
+    for number, record in enumerate(records):
+        where = f"{source} record {number}"
+        if not isinstance(record, dict):
+            samples.append(EvalSample(id=f"record-{number}#0", video=None, error=f"{where} is not an object"))
+            continue
+        video = record.get("video")
+        key = str(record.get("id", video if isinstance(video, str) else f"record-{number}"))
+        qa_pairs = record.get("qa_pairs")
+        pairs = qa_pairs if isinstance(qa_pairs, list) else [qa_pairs]
+        for qa in pairs:
+            sample_id = f"{key}#{asked[key]}"
+            asked[key] += 1
+            samples.append(_sample(sample_id, video, qa, f"{where} ({sample_id})"))
+    return samples
+
+
+def _sample(sample_id: str, video: Any, qa: Any, where: str) -> EvalSample:
+    """Validate one QA pair; a problem becomes the sample's `error` instead of an exception."""
+    problem = None
+    if not isinstance(video, str) or not video:
+        problem = "has no 'video' path"
+    elif not isinstance(qa, dict):
+        problem = "has no 'qa_pairs' object"
+    elif not isinstance(qa.get("question"), str) or not qa["question"].strip():
+        problem = "has no 'question' text"
+    elif not isinstance(qa.get("index2ans"), dict) or not qa["index2ans"]:
+        problem = "has no 'index2ans' options ({\"A\": \"...\", ...})"
+    elif not isinstance(qa.get("answer", qa.get("correct_answer")), str):
+        problem = "has no 'answer' (or 'correct_answer')"
+    if problem is not None:
+        return EvalSample(id=sample_id, video=video if isinstance(video, str) else None, error=f"{where} {problem}")
+    return EvalSample(
+        id=sample_id,
+        video=video,
+        question=qa["question"],
+        options={str(k): str(v) for k, v in qa["index2ans"].items()},
+        answer=qa.get("answer", qa.get("correct_answer")),
+    )

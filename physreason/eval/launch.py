@@ -1,0 +1,264 @@
+"""Run a whole evaluation: every repeat of every data set, split over shard processes, then merged.
+
+Shards = eval.num_gpus / eval.tp_size. With one shard the work runs in this process; with more, each
+shard is a subprocess (`python -m physreason.eval.worker`) that sees only its own GPUs through
+CUDA_VISIBLE_DEVICES and answers every k-th sample. On CPU the shards are processes all the same.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from physreason.config import Config, EngineConfig, SamplingConfig, dump_config
+from physreason.errors import ConfigError, PhysReasonError
+from physreason.eval.benchmark import Benchmark, load_benchmark
+from physreason.eval.results import (
+    CONFIG_FILE,
+    answer_type_dir,
+    finished_in_run,
+    merge_shards,
+    read_run,
+    run_dir,
+    write_run_info,
+)
+from physreason.eval.runner import ShardCounts, evaluate_shard, shard_samples
+
+# Settings that change what a model answers: a resumed run must not mix results made under others.
+_RESULT_SETTINGS = ("generation", "vision", "model.model_name_or_path", "model.revision", "model.dtype")
+
+
+@dataclass
+class EvalPlan:
+    """What an evaluation covers: its answer-type folder, the data sets, and one seed per repeat."""
+
+    base: Path
+    benchmarks: list[Benchmark]
+    seeds: list[int]
+
+    def runs(self) -> list[tuple[Benchmark, int, Path]]:
+        """Every (data set, seed, run folder), repeat by repeat."""
+        return [(b, seed, run_dir(self.base, b.name, seed)) for seed in self.seeds for b in self.benchmarks]
+
+
+@dataclass
+class RunStatus:
+    """The state of one repeat of one data set after a run."""
+
+    dataset: str
+    seed: int
+    total: int
+    answered: int
+    failed: int
+
+    @property
+    def missing(self) -> int:
+        """Samples with no result yet (a shard stopped early)."""
+        return self.total - self.answered - self.failed
+
+
+@dataclass
+class EvalOutcome:
+    """Per-run states, how many results existed before this run, and the folder everything is under."""
+
+    base: Path
+    runs: list[RunStatus] = field(default_factory=list)
+    resumed: int = 0
+
+
+def plan_eval(cfg: Config) -> EvalPlan:
+    """Load every data set in `eval.datasets` and list the seeds (eval.seed, eval.seed + 1, ...)."""
+    if not cfg.eval.datasets:
+        raise ConfigError("eval.datasets is empty: list data set names under eval.benchmark_root, or JSON/JSONL files")
+    benchmarks = [load_benchmark(spec, cfg.eval.benchmark_root) for spec in cfg.eval.datasets]
+    names = [b.name for b in benchmarks]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"eval.datasets names the same data set twice ({names}); each needs its own results folder")
+    base = answer_type_dir(cfg.eval.results_dir, cfg.model.model_name_or_path, cfg.eval.answer_type)
+    seeds = [cfg.eval.seed + k for k in range(cfg.eval.num_repeats)]
+    return EvalPlan(base=base, benchmarks=benchmarks, seeds=seeds)
+
+
+def repeat_sampling(cfg: Config, seed: int) -> SamplingConfig:
+    """The sampling settings of the repeat with `seed` (eval's seed replaces generation.seed)."""
+    if cfg.generation.n != 1:
+        raise ConfigError(
+            f"generation.n = {cfg.generation.n}: evaluation scores one completion per question; "
+            "set generation.n = 1 and use eval.num_repeats for repeated runs"
+        )
+    return cfg.generation.model_copy(update={"seed": seed})
+
+
+def check_resumable(base: Path, cfg: Config) -> None:
+    """Refuse to add results to a folder whose earlier results were made with other generation/vision/model settings."""
+    stored_path = base / CONFIG_FILE
+    if not stored_path.is_file():
+        return
+    stored = tomllib.loads(stored_path.read_text(encoding="utf-8"))
+    current = cfg.model_dump(mode="json", exclude_none=True)
+    changed = [key for key in _RESULT_SETTINGS if _without_seed(_lookup(stored, key)) != _without_seed(_lookup(current, key))]
+    if changed:
+        raise ConfigError(
+            f"{base} holds results made with different {', '.join(changed)} (see {stored_path}); mixing them "
+            "would skew the scores: use another eval.results_dir, restore those settings, or delete the folder"
+        )
+
+
+def _lookup(tree: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def _without_seed(section: Any) -> Any:
+    # Each repeat sets its own seed, so generation.seed never decides a result.
+    return {k: v for k, v in section.items() if k != "seed"} if isinstance(section, dict) else section
+
+
+def prepare_runs(plan: EvalPlan, cfg: Config) -> int:
+    """Check the folder can be resumed, store the config and each run's `run.json`; return results already there."""
+    check_resumable(plan.base, cfg)
+    plan.base.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, plan.base / CONFIG_FILE)
+    existing = 0
+    for benchmark, seed, run in plan.runs():
+        write_run_info(
+            run,
+            {
+                "dataset": benchmark.name,
+                "seed": seed,
+                "total": len(benchmark.samples),
+                "model": cfg.model.model_name_or_path,
+                "answer_type": cfg.eval.answer_type,
+            },
+        )
+        existing += len(finished_in_run(run) & {s.id for s in benchmark.samples})
+    return existing
+
+
+def run_shard(cfg: Config, shard: int, num_shards: int, *, show_progress: bool = False) -> list[ShardCounts]:
+    """Load the engine once and answer this shard's samples of every repeat and data set."""
+    from physreason.engines import create_engine
+
+    plan = plan_eval(cfg)
+    engine_cfg = _engine_config(cfg)
+    engine = create_engine(cfg.model, engine_cfg)
+    runs = plan.runs()
+    todo = 0
+    for benchmark, _, run in runs:
+        done = finished_in_run(run)
+        todo += sum(1 for s in shard_samples(benchmark.samples, shard, num_shards) if s.id not in done)
+    counts = []
+    with _progress(show_progress) as progress:
+        task = progress.add_task("eval", total=todo)
+        for benchmark, seed, run in runs:
+            progress.update(task, description=f"{benchmark.name} seed {seed}")
+            counts.append(
+                evaluate_shard(
+                    engine, benchmark, run, answer_type=cfg.eval.answer_type, sampling=repeat_sampling(cfg, seed),
+                    vision=cfg.vision, shard=shard, num_shards=num_shards, batch_size=engine_cfg.batch_size,
+                    on_result=lambda _record: progress.advance(task),
+                )
+            )
+    return counts
+
+
+def _engine_config(cfg: Config) -> EngineConfig:
+    """The engine settings with eval.tp_size as the tensor-parallel size (the two must not disagree)."""
+    if cfg.engine.tensor_parallel_size not in (1, cfg.eval.tp_size):
+        raise ConfigError(
+            f"engine.tensor_parallel_size = {cfg.engine.tensor_parallel_size} but eval.tp_size = {cfg.eval.tp_size}: "
+            "evaluation sizes engines by eval.tp_size; set engine.tensor_parallel_size to the same value or leave it at 1"
+        )
+    return cfg.engine.model_copy(update={"tensor_parallel_size": cfg.eval.tp_size})
+
+
+def _progress(show: bool) -> Progress:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    return Progress(*columns, disable=not show)
+
+
+def shard_devices(shard: int, tp_size: int, num_gpus: int, visible: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for one shard: its tp_size GPUs, taken from the already visible ones when set."""
+    pool = [d.strip() for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(num_gpus)]
+    if len(pool) < num_gpus:
+        raise ConfigError(
+            f"eval.num_gpus = {num_gpus} but CUDA_VISIBLE_DEVICES={visible!r} shows {len(pool)}: "
+            "lower eval.num_gpus or make more GPUs visible"
+        )
+    return ",".join(pool[shard * tp_size : (shard + 1) * tp_size])
+
+
+def _launch_shards(plan: EvalPlan, num_shards: int, cfg: Config, show_progress: bool) -> list[tuple[int, int, Path]]:
+    """Start one worker process per shard, show combined progress from their files; return failed (shard, code, log)."""
+    logs = plan.base / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    processes = []
+    for shard in range(num_shards):
+        env = os.environ | {"CUDA_VISIBLE_DEVICES": shard_devices(shard, cfg.eval.tp_size, cfg.eval.num_gpus, visible)}
+        # Shards share the CPU (video decoding, CPU engines): without a limit each would start a thread per core.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // num_shards)))
+        log_path = logs / f"shard-{shard}-of-{num_shards}.log"
+        with log_path.open("a", encoding="utf-8") as log_file:
+            command = [
+                sys.executable, "-m", "physreason.eval.worker", "--config", str(plan.base / CONFIG_FILE),
+                "--shard", str(shard), "--num-shards", str(num_shards),
+            ]
+            processes.append((shard, subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT), log_path))
+    total = sum(len(b.samples) for b, _, _ in plan.runs())
+    try:
+        with _progress(show_progress) as progress:
+            task = progress.add_task(f"eval ({num_shards} shards)", total=total)
+            while any(p.poll() is None for _, p, _ in processes):
+                progress.update(task, completed=_finished_count(plan))
+                time.sleep(1.0)
+            progress.update(task, completed=_finished_count(plan))
+    except BaseException:
+        for _, process, _ in processes:
+            process.terminate()
+        for _, process, _ in processes:
+            process.wait()
+        raise
+    return [(shard, p.returncode, log_path) for shard, p, log_path in processes if p.returncode != 0]
+
+
+def _finished_count(plan: EvalPlan) -> int:
+    return sum(len(finished_in_run(run)) for _, _, run in plan.runs())
+
+
+def run_eval(cfg: Config, *, show_progress: bool = True) -> EvalOutcome:
+    """Evaluate every repeat of every data set, resuming from saved results, and merge the shards' files.
+
+    Raises PhysReasonError after merging when a shard process failed; rerunning resumes.
+    """
+    plan = plan_eval(cfg)
+    for seed in plan.seeds:
+        repeat_sampling(cfg, seed)
+    _engine_config(cfg)
+    num_shards = cfg.eval.num_gpus // cfg.eval.tp_size
+    outcome = EvalOutcome(base=plan.base, resumed=prepare_runs(plan, cfg))
+    failed_shards: list[tuple[int, int, Path]] = []
+    if num_shards == 1:
+        run_shard(cfg, 0, 1, show_progress=show_progress)
+    else:
+        failed_shards = _launch_shards(plan, num_shards, cfg, show_progress)
+    for benchmark, seed, run in plan.runs():
+        merge_shards(run, order=[s.id for s in benchmark.samples])
+        records = read_run(run)
+        ids = {s.id for s in benchmark.samples}
+        failed = sum(1 for i, r in records.items() if i in ids and "error" in r)
+        answered = sum(1 for i, r in records.items() if i in ids and "error" not in r)
+        outcome.runs.append(RunStatus(benchmark.name, seed, len(benchmark.samples), answered, failed))
+    if failed_shards:
+        details = "; ".join(f"shard {s} exited with code {code} (log: {path})" for s, code, path in failed_shards)
+        raise PhysReasonError(f"{details}. Results so far are saved in {plan.base}; rerun the same command to resume")
+    return outcome

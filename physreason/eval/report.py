@@ -1,0 +1,229 @@
+"""Accuracy reports from result folders: per data set mean ± std over repeats, as a rich table, markdown and CSV.
+
+Accuracy of a repeat = correct / scored, where scored samples are those with a completion; samples
+that failed (corrupt clip, path outside the data root, engine error) are counted in their own column,
+and samples with no result yet (a run that stopped early) in `missing`. The `average` row of a model is
+the mean over data sets of each repeat's accuracy (macro average, as the Cosmos-Reason1 paper reports),
+then mean ± std over the repeats that every data set has.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.table import Table
+
+from physreason.errors import InputError
+from physreason.eval.results import MERGED_FILE, RUN_FILE, read_run, read_run_info
+from physreason.eval.scoring import accuracy, mean_std
+
+AVERAGE = "average"
+CSV_COLUMNS = (
+    "model", "answer_type", "dataset", "repeats", "seeds", "samples", "scored", "correct", "failed", "missing",
+    "accuracy_pct_mean", "accuracy_pct_std", "accuracy_pct_per_repeat",
+)
+
+
+@dataclass(frozen=True)
+class RepeatScore:
+    """Counts of one repeat (one seed) of one data set."""
+
+    seed: str
+    total: int  # questions in the data set (from run.json; else scored + failed)
+    scored: int
+    correct: int
+    failed: int
+
+    @property
+    def missing(self) -> int:
+        """Questions with no result yet."""
+        return max(self.total - self.scored - self.failed, 0)
+
+    @property
+    def accuracy(self) -> float | None:
+        """correct / scored; None when nothing was scored."""
+        return accuracy(self.correct, self.scored)
+
+
+@dataclass
+class DatasetReport:
+    """One model's results on one data set in one answer mode, over its repeats (ordered by seed)."""
+
+    model: str
+    answer_type: str
+    dataset: str
+    repeats: list[RepeatScore] = field(default_factory=list)
+
+    def accuracies(self) -> list[float]:
+        """Each repeat's accuracy, leaving out repeats with nothing scored."""
+        return [r.accuracy for r in self.repeats if r.accuracy is not None]
+
+    def mean_std(self) -> tuple[float | None, float | None]:
+        """Mean and sample std of the per-repeat accuracies (std None with one repeat)."""
+        return mean_std(self.accuracies())
+
+
+def score_run(run: Path) -> RepeatScore:
+    """Count one run folder's results: scored (with a boolean is_correct), correct, failed (anything else)."""
+    records = read_run(run)
+    scored = sum(1 for r in records.values() if isinstance(r.get("is_correct"), bool))
+    correct = sum(1 for r in records.values() if r.get("is_correct") is True)
+    failed = len(records) - scored
+    total = read_run_info(run).get("total", len(records))
+    seed = run.name.removeprefix("seed_")
+    return RepeatScore(seed=seed, total=int(total), scored=scored, correct=correct, failed=failed)
+
+
+def _run_folders(results_dir: Path) -> list[Path]:
+    """Every run folder (holding run.json or result files) at or below `results_dir`."""
+    marks = [RUN_FILE, MERGED_FILE, "shard-*-of-*.jsonl"]
+    found = {path.parent for mark in marks for path in results_dir.rglob(mark)}
+    if any(results_dir.glob(mark) for mark in marks):
+        found.add(results_dir)
+    return sorted(found)
+
+
+def collect_reports(results_dir: str | Path) -> list[DatasetReport]:
+    """Score every run under `results_dir` (any level of `<results>/<model>/<answer_type>/<dataset>/seed_<s>`)."""
+    root = Path(results_dir).expanduser().resolve()
+    if not root.is_dir():
+        raise InputError(f"results folder {root} does not exist: pass the eval.results_dir of a finished or running evaluation")
+    groups: dict[tuple[str, str, str], list[RepeatScore]] = defaultdict(list)
+    for run in _run_folders(root):
+        dataset_dir = run.parent
+        answer_dir = dataset_dir.parent
+        groups[(answer_dir.parent.name, answer_dir.name, dataset_dir.name)].append(score_run(run))
+    if not groups:
+        raise InputError(
+            f"no results under {root}: expected <model>/<answer_type>/<dataset>/seed_<seed>/results.jsonl; "
+            "run `physreason eval --config ...` first"
+        )
+    reports = []
+    for (model, answer_type, dataset), repeats in sorted(groups.items()):
+        repeats.sort(key=lambda r: (len(r.seed), r.seed))
+        reports.append(DatasetReport(model, answer_type, dataset, repeats))
+    return reports
+
+
+def macro_average(reports: list[DatasetReport]) -> tuple[float | None, float | None, int]:
+    """Mean ± std over repeats of the per-repeat mean accuracy across data sets; also how many repeats were used.
+
+    Only seeds present (and scored) in every data set enter, so each average covers the same data sets.
+    """
+    per_dataset = [{r.seed: r.accuracy for r in rep.repeats if r.accuracy is not None} for rep in reports]
+    if not per_dataset:
+        return None, None, 0
+    common = set.intersection(*(set(d) for d in per_dataset))
+    averages = [sum(d[seed] for d in per_dataset) / len(per_dataset) for seed in sorted(common)]
+    mean, std = mean_std(averages)
+    return mean, std, len(averages)
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    """One line of the report, ready to print."""
+
+    model: str
+    answer_type: str
+    dataset: str
+    repeats: int
+    seeds: str
+    samples: int | None
+    scored: int | None
+    correct: int | None
+    failed: int | None
+    missing: int | None
+    mean: float | None
+    std: float | None
+    per_repeat: list[float]
+
+
+def report_rows(reports: list[DatasetReport]) -> list[ReportRow]:
+    """One row per data set, and an `average` row per model and answer type when it has several data sets."""
+    rows = []
+    by_model: dict[tuple[str, str], list[DatasetReport]] = defaultdict(list)
+    for rep in reports:
+        by_model[(rep.model, rep.answer_type)].append(rep)
+    for (model, answer_type), group in by_model.items():
+        for rep in group:
+            mean, std = rep.mean_std()
+            rows.append(
+                ReportRow(
+                    model, answer_type, rep.dataset, len(rep.repeats), ",".join(r.seed for r in rep.repeats),
+                    max(r.total for r in rep.repeats), sum(r.scored for r in rep.repeats),
+                    sum(r.correct for r in rep.repeats), sum(r.failed for r in rep.repeats),
+                    sum(r.missing for r in rep.repeats), mean, std, rep.accuracies(),
+                )
+            )
+        if len(group) > 1:
+            mean, std, count = macro_average(group)
+            rows.append(
+                ReportRow(model, answer_type, AVERAGE, count, "", None, None, None, None, None, mean, std, [])
+            )
+    return rows
+
+
+def _pct(value: float | None, digits: int = 2) -> str:
+    return "" if value is None else f"{100 * value:.{digits}f}"
+
+
+def _accuracy_text(row: ReportRow) -> str:
+    if row.mean is None:
+        return "-"
+    return f"{_pct(row.mean)} ± {_pct(row.std)}" if row.std is not None else _pct(row.mean)
+
+
+def _count(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+_DISPLAY_COLUMNS = ("model", "answer type", "dataset", "repeats", "samples", "failed", "missing", "accuracy % (mean ± std)")
+
+
+def _display_cells(row: ReportRow) -> list[str]:
+    return [
+        row.model, row.answer_type, row.dataset, str(row.repeats), _count(row.samples), _count(row.failed),
+        _count(row.missing), _accuracy_text(row),
+    ]
+
+
+def rich_table(rows: list[ReportRow], title: str) -> Table:
+    """The report as a rich table; failures and missing results are highlighted."""
+    table = Table(title=title)
+    for name in _DISPLAY_COLUMNS:
+        table.add_column(name, justify="left" if name in ("model", "answer type", "dataset") else "right")
+    for row in rows:
+        cells = _display_cells(row)
+        if row.failed:
+            cells[5] = f"[red]{cells[5]}[/]"
+        if row.missing:
+            cells[6] = f"[yellow]{cells[6]}[/]"
+        table.add_row(*cells, style="bold" if row.dataset == AVERAGE else None)
+    return table
+
+
+def markdown_table(rows: list[ReportRow]) -> str:
+    """The report as a GitHub markdown table."""
+    lines = ["| " + " | ".join(_DISPLAY_COLUMNS) + " |", "|" + "---|" * len(_DISPLAY_COLUMNS)]
+    lines += ["| " + " | ".join(_display_cells(row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(rows: list[ReportRow]) -> str:
+    """The report as CSV (accuracies in percent, 4 decimals; empty where not defined)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in rows:
+        writer.writerow(
+            [
+                row.model, row.answer_type, row.dataset, row.repeats, row.seeds, _count(row.samples),
+                _count(row.scored), _count(row.correct), _count(row.failed), _count(row.missing),
+                _pct(row.mean, 4), _pct(row.std, 4), ";".join(_pct(a, 4) for a in row.per_repeat),
+            ]
+        )
+    return buffer.getvalue()

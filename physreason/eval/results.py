@@ -1,0 +1,134 @@
+"""Where evaluation results live, and reading, merging and describing them.
+
+Layout: `<results_dir>/<model>/<answer_type>/<dataset>/seed_<seed>/`, one folder per repeat, holding
+`run.json` (what the run covers), `shard-<i>-of-<k>.jsonl` while shards write (one JSON line per
+sample as it finishes), and `results.jsonl` once the shards are merged. A sample is finished when its
+id is in any of these files, so a rerun with another shard count resumes where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from physreason.errors import InputError
+from physreason.infer.batch import finished_ids
+
+MERGED_FILE = "results.jsonl"
+RUN_FILE = "run.json"
+CONFIG_FILE = "config.toml"
+_SHARD_GLOB = "shard-*-of-*.jsonl"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def model_slug(model_name_or_path: str) -> str:
+    """A folder name for a model: a local folder's own name, or a hub id with '/' as '--'.
+
+    "nvidia/Cosmos-Reason1-7B" -> "nvidia--Cosmos-Reason1-7B"; "/ckpt/run3/" -> "run3". Characters
+    other than letters, digits, '.', '_' and '-' become '_'.
+    """
+    local = Path(model_name_or_path).expanduser()
+    name = local.resolve().name if local.is_dir() else model_name_or_path.strip("/").replace("/", "--")
+    return _UNSAFE.sub("_", name).strip("._") or "model"
+
+
+def answer_type_dir(results_dir: str | Path, model_name_or_path: str, answer_type: str) -> Path:
+    """`<results_dir>/<model>/<answer_type>`: the folder of one model's results in one answer mode."""
+    return Path(results_dir).expanduser() / model_slug(model_name_or_path) / answer_type
+
+
+def run_dir(base: Path, dataset: str, seed: int) -> Path:
+    """The folder of one repeat (identified by its seed) of one data set under an answer-type folder."""
+    return base / dataset / f"seed_{seed}"
+
+
+def shard_file(run: Path, shard: int, num_shards: int) -> Path:
+    """The file shard `shard` of `num_shards` appends its results to."""
+    return run / f"shard-{shard}-of-{num_shards}.jsonl"
+
+
+def result_files(run: Path) -> list[Path]:
+    """The merged file (first) and any shard files of a run folder that exist."""
+    merged = run / MERGED_FILE
+    return ([merged] if merged.is_file() else []) + sorted(run.glob(_SHARD_GLOB))
+
+
+def finished_in_run(run: Path) -> set[str]:
+    """Ids of every sample with a result in a run folder, from all its files (torn last lines ignored)."""
+    done: set[str] = set()
+    for path in result_files(run):
+        done |= finished_ids(path)
+    return done
+
+
+def read_jsonl_records(path: Path) -> list[dict[str, Any]]:
+    """The complete JSON object lines of a result file; a torn line from a killed writer is skipped."""
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and "id" in record:
+                records.append(record)
+    return records
+
+
+def read_run(run: Path) -> dict[str, dict[str, Any]]:
+    """Every sample's result in a run folder, one per id (the merged file wins over shard files)."""
+    records: dict[str, dict[str, Any]] = {}
+    for path in result_files(run):
+        for record in read_jsonl_records(path):
+            records.setdefault(str(record["id"]), record)
+    return records
+
+
+def merge_shards(run: Path, order: Iterable[str] = ()) -> int:
+    """Fold shard files into `results.jsonl` (ids in `order` first, each once) and delete them; return the count.
+
+    The merged file is written beside and renamed over the old one, and shard files are deleted only
+    after that, so a kill at any point leaves every result in at least one file and none counted twice.
+    """
+    shards = sorted(run.glob(_SHARD_GLOB))
+    if not shards:
+        return len(read_run(run)) if run.is_dir() else 0
+    records = read_run(run)
+    rank = {sample_id: k for k, sample_id in enumerate(order)}
+    ordered = sorted(records.values(), key=lambda r: (rank.get(str(r["id"]), len(rank)), str(r["id"])))
+    write_atomic(run / MERGED_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
+    for path in shards:
+        path.unlink()
+    return len(ordered)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, flush it to disk and rename it over `path`."""
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def write_run_info(run: Path, info: dict[str, Any]) -> None:
+    """Record what a repeat covers (data set, seed, sample count, model) as `run.json`."""
+    run.mkdir(parents=True, exist_ok=True)
+    write_atomic(run / RUN_FILE, json.dumps(info, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_run_info(run: Path) -> dict[str, Any]:
+    """The `run.json` of a run folder; {} when it is absent (hand-made or copied results)."""
+    path = run / RUN_FILE
+    if not path.is_file():
+        return {}
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not valid JSON ({exc}); delete it and rerun the evaluation to rewrite it") from exc
+    return info if isinstance(info, dict) else {}

@@ -1,0 +1,153 @@
+"""Answer one shard of a benchmark repeat with an engine, appending one scored JSON line per sample as it finishes."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from physreason.chat.messages import build_mcq_messages
+from physreason.chat.parse import parse_completion
+from physreason.config import SamplingConfig, VisionConfig
+from physreason.data.loaders import resolve_media_path
+from physreason.engines.base import Engine, GenerationRequest, GenerationResult
+from physreason.errors import PhysReasonError
+from physreason.eval.benchmark import Benchmark, EvalSample
+from physreason.eval.results import finished_in_run, shard_file
+from physreason.eval.scoring import score_completion
+from physreason.infer.batch import _truncate_torn_tail
+from physreason.vision import load_video
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ShardCounts:
+    """What one shard did for one repeat of one data set."""
+
+    assigned: int  # samples of this shard (every num_shards-th, starting at its index)
+    skipped: int = 0  # already finished by an earlier run
+    answered: int = 0
+    failed: int = 0
+
+
+def shard_samples(samples: list[EvalSample], shard: int, num_shards: int) -> list[EvalSample]:
+    """The samples shard `shard` of `num_shards` answers: every num_shards-th, starting at `shard`."""
+    return samples[shard::num_shards]
+
+
+def build_eval_request(
+    sample: EvalSample, benchmark: Benchmark, vision: VisionConfig, answer_type: str
+) -> GenerationRequest:
+    """Decode the sample's clip and build the benchmark's messages; raises PhysReasonError when it cannot.
+
+    The clip path must stay inside the benchmark's media root. The prompt is the reference benchmark's
+    ("Answer the questions." system prompt; question, lettered options and instructions as user text).
+    """
+    if sample.error is not None:
+        raise PhysReasonError(sample.error)
+    assert sample.video is not None and sample.options is not None  # guaranteed when error is None
+    path = resolve_media_path(benchmark.media_root, sample.video, f"data set {benchmark.name}")
+    frames = load_video(path, vision)
+    messages = build_mcq_messages(sample.question, sample.options, videos=[frames], answer_type=answer_type)
+    return GenerationRequest(messages=messages, videos=[frames], request_id=sample.id)
+
+
+def result_line(sample: EvalSample, result: GenerationResult, seed: int | None) -> dict[str, Any]:
+    """The stored record of one answered sample: the response, its parsed parts and its score, or its error."""
+    record: dict[str, Any] = {"id": sample.id, "video": sample.video, "seed": seed}
+    if result.error is not None:
+        return record | {"error": result.error}
+    if not result.completions:
+        return record | {"error": "the engine returned no completion"}
+    completion = result.completions[0]
+    try:
+        score = score_completion(completion.text, sample)
+    except PhysReasonError as exc:
+        return record | {"error": str(exc), "full_response": completion.text}
+    parsed = parse_completion(completion.text)
+    return record | {
+        "correct_answer": sample.answer,
+        "prediction": score.prediction,
+        "is_correct": score.is_correct,
+        "reasoning": parsed.think,
+        "full_response": completion.text,
+        "format_problems": parsed.problems,
+        "finish_reason": completion.finish_reason,
+        "prompt_tokens": len(result.prompt_token_ids),
+        "completion_tokens": len(completion.token_ids),
+    }
+
+
+def _requests(
+    samples: list[EvalSample], benchmark: Benchmark, vision: VisionConfig, answer_type: str
+) -> Iterator[tuple[EvalSample, GenerationRequest | GenerationResult]]:
+    """Yield each sample with its request, or with an error result when its clip or data cannot be used."""
+    for sample in samples:
+        try:
+            yield sample, build_eval_request(sample, benchmark, vision, answer_type)
+        except PhysReasonError as exc:
+            log.warning("sample %s: %s", sample.id, exc)
+            yield sample, GenerationResult(request_id=sample.id, error=str(exc))
+
+
+def evaluate_shard(
+    engine: Engine,
+    benchmark: Benchmark,
+    run: Path,
+    *,
+    answer_type: str,
+    sampling: SamplingConfig,
+    vision: VisionConfig,
+    shard: int = 0,
+    num_shards: int = 1,
+    batch_size: int = 8,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+) -> ShardCounts:
+    """Answer this shard's unfinished samples of one repeat, appending each scored result to its shard file.
+
+    Samples with a result in any file of `run` are skipped, whichever shard count wrote them. A
+    sample whose clip is missing, corrupt or outside the data root, or whose question is malformed,
+    is written as {"id", "error"} and counted as failed; the run goes on.
+    """
+    assigned = shard_samples(benchmark.samples, shard, num_shards)
+    done = finished_in_run(run)
+    pending = [s for s in assigned if s.id not in done]
+    counts = ShardCounts(assigned=len(assigned), skipped=len(assigned) - len(pending))
+    if not pending:
+        return counts
+    out = shard_file(run, shard, num_shards)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _truncate_torn_tail(out)
+    with out.open("a", encoding="utf-8") as sink:
+
+        def write(sample: EvalSample, result: GenerationResult) -> None:
+            record = result_line(sample, result, sampling.seed)
+            sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+            sink.flush()
+            counts.answered += "error" not in record
+            counts.failed += "error" in record
+            if on_result is not None:
+                on_result(record)
+
+        batch: list[tuple[EvalSample, GenerationRequest]] = []
+
+        def flush() -> None:
+            results = engine.generate([request for _, request in batch], sampling)
+            for (sample, _), result in zip(batch, results, strict=True):
+                write(sample, result)
+            batch.clear()
+
+        for sample, item in _requests(pending, benchmark, vision, answer_type):
+            if isinstance(item, GenerationResult):
+                write(sample, item)
+                continue
+            batch.append((sample, item))
+            if len(batch) == batch_size:
+                flush()
+        if batch:
+            flush()
+    return counts
