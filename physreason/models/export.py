@@ -58,14 +58,13 @@ def export_safetensors(model: nn.Module, source: str, out_dir: str | Path, dtype
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         config = model.config
-        saved_cache, saved_dtype = config.use_cache, getattr(config, "dtype", None)
-        config.use_cache = True
+        saved_dtype = getattr(config, "dtype", None)
         if target is not None:
             config.dtype = target
         try:
             model.save_pretrained(staging, state_dict=state, safe_serialization=True)
         finally:
-            config.use_cache, config.dtype = saved_cache, saved_dtype
+            config.dtype = saved_dtype
         for name in SIDE_FILES:
             path = _side_file(source, name)
             if path is not None:

@@ -40,7 +40,6 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
-    model.config.use_cache = False
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
