@@ -36,8 +36,9 @@ def _root(
 
 def _register() -> None:
     # Imported here so that `physreason --version` stays fast and each module owns its command.
-    from physreason.cli import config_cmd, models_cmd
+    from physreason.cli import config_cmd, infer_cmd, models_cmd
 
+    app.command("infer")(infer_cmd.infer)
     app.add_typer(config_cmd.app, name="config")
     app.add_typer(models_cmd.app, name="models")
 

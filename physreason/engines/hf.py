@@ -74,9 +74,10 @@ class HFEngine(Engine):
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) >= self.max_model_len:
             visual = sum(visuals.image_token_counts) + sum(visuals.video_token_counts)
+            fix = "lower --fps or --total-pixels/--max-pixels" if visual else "shorten the question"
             raise PhysReasonError(
                 f"request {request.request_id}: the prompt has {len(ids)} tokens ({visual} of them visual) but the context "
-                f"is {self.max_model_len}: lower --fps or --total-pixels/--max-pixels, or raise engine.max_model_len"
+                f"is {self.max_model_len}: {fix}, or raise model.model_max_length / engine.max_model_len"
             )
         return ids, visuals
 

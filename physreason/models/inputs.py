@@ -14,13 +14,10 @@ import numpy as np
 import torch
 
 from physreason.errors import InputError
-from physreason.vision import VideoFrames, num_visual_tokens, patchify
+from physreason.vision import CLIP_MEAN, CLIP_STD, VideoFrames, num_visual_tokens, patchify
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
-# CLIP normalisation, the Qwen2-VL processors' defaults.
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 @dataclass(frozen=True)

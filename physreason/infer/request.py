@@ -1,0 +1,55 @@
+"""Build engine requests from a question and media files, and turn results into records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from physreason.chat.messages import build_messages
+from physreason.chat.parse import parse_completion
+from physreason.config import VisionConfig
+from physreason.engines.base import GenerationRequest, GenerationResult
+from physreason.vision import load_image, load_video
+
+
+def build_request(
+    question: str,
+    *,
+    videos: Sequence[str | Path] = (),
+    images: Sequence[str | Path] = (),
+    vision: VisionConfig | None = None,
+    reasoning: bool = True,
+    system_prompt: str | None = None,
+    request_id: str | None = None,
+) -> GenerationRequest:
+    """Decode and sample the media and build the Cosmos-Reason1 chat messages for one question."""
+    vision = vision or VisionConfig()
+    frames = [load_video(v, vision) for v in videos]
+    pictures = [load_image(i, vision) for i in images]
+    messages = build_messages(question, videos=frames, images=pictures, reasoning=reasoning, system_prompt=system_prompt)
+    return GenerationRequest(messages=messages, images=pictures, videos=frames, request_id=request_id)
+
+
+def result_record(result: GenerationResult) -> dict[str, Any]:
+    """A JSON-ready record: each completion's text, parsed reasoning and answer, and format problems."""
+    record: dict[str, Any] = {"id": result.request_id}
+    if result.error is not None:
+        record["error"] = result.error
+        return record
+    record["prompt_tokens"] = len(result.prompt_token_ids)
+    outputs = []
+    for completion in result.completions:
+        parsed = parse_completion(completion.text)
+        outputs.append(
+            {
+                "text": completion.text,
+                "reasoning": parsed.think,
+                "answer": parsed.answer,
+                "format_problems": parsed.problems,
+                "finish_reason": completion.finish_reason,
+                "completion_tokens": len(completion.token_ids),
+            }
+        )
+    record["outputs"] = outputs
+    return record

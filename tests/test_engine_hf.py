@@ -1,0 +1,124 @@
+"""The transformers engine on the tiny Qwen2.5-VL: batching, logprobs, sampling, errors, weight updates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from media import write_clip, write_image
+from physreason.config import EngineConfig, ModelConfig, SamplingConfig, VisionConfig
+from physreason.engines.hf import HFEngine
+from physreason.infer import build_request
+from physreason.models.inputs import concat_visuals
+
+SMALL = VisionConfig(min_pixels=28 * 28 * 4, max_pixels=56 * 84, total_pixels=56 * 84 * 8, image_max_pixels=56 * 84)
+GREEDY = SamplingConfig(temperature=0.0, repetition_penalty=1.0, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir) -> HFEngine:
+    return HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig(batch_size=4))
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    root = tmp_path_factory.mktemp("media")
+    return {
+        "clip": write_clip(root / "a.mp4"),
+        "clip2": write_clip(root / "b.mp4", n_frames=24, seed=1),
+        "image": write_image(root / "x.png"),
+    }
+
+
+def requests(media):
+    return [
+        build_request("Is the square falling?", videos=[media["clip"]], vision=SMALL, request_id="video"),
+        build_request("Describe the picture in detail please.", images=[media["image"]], vision=SMALL, request_id="image"),
+        build_request("Which clip is longer?", videos=[media["clip2"]], images=[media["image"]], vision=SMALL, request_id="both"),
+        build_request("Say hello.", vision=SMALL, request_id="text"),
+    ]
+
+
+def test_batched_greedy_equals_one_at_a_time(engine, media):
+    reqs = requests(media)
+    batched = engine.generate(reqs, GREEDY)
+    single = [engine.generate([r], GREEDY)[0] for r in reqs]
+    assert len({len(r.prompt_token_ids) for r in batched}) > 1  # prompts differ in length, so left padding is exercised
+    for b, s in zip(batched, single, strict=True):
+        assert b.error is None
+        assert b.completions[0].token_ids == s.completions[0].token_ids
+        assert b.completions[0].logprobs == pytest.approx(s.completions[0].logprobs, abs=1e-4)
+
+
+def test_logprobs_match_a_forward_pass_of_the_full_sequence(engine, media):
+    request = requests(media)[0]
+    (result,) = engine.generate([request], GREEDY)
+    completion = result.completions[0]
+    visuals = concat_visuals([engine._encode(request)[1]])
+    ids = torch.tensor([result.prompt_token_ids + completion.token_ids])
+    with torch.no_grad():
+        logits = engine.model(input_ids=ids, **visuals.model_kwargs()).logits[0]  # [L, vocab]
+    prompt_len = len(result.prompt_token_ids)
+    expected = torch.log_softmax(logits[prompt_len - 1 : -1], -1).gather(-1, ids[0, prompt_len:, None])[:, 0]
+    assert completion.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+    # greedy picks the argmax at every step
+    assert completion.token_ids == logits[prompt_len - 1 : -1].argmax(-1).tolist()
+
+
+def test_n_samples_and_seed_reproducibility(engine, media):
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, n=3, max_tokens=6, seed=7, repetition_penalty=1.0)
+    first = engine.generate(requests(media)[:2], sampling)
+    second = engine.generate(requests(media)[:2], sampling)
+    assert [len(r.completions) for r in first] == [3, 3]
+    assert [[c.token_ids for c in r.completions] for r in first] == [[c.token_ids for c in r.completions] for r in second]
+    assert len({tuple(c.token_ids) for c in first[0].completions}) > 1
+
+
+def test_finish_reason_and_token_limit(engine, media):
+    (result,) = engine.generate(requests(media)[3:], GREEDY)
+    completion = result.completions[0]
+    assert completion.finish_reason in ("stop", "length")
+    assert len(completion.token_ids) <= GREEDY.max_tokens
+    if completion.finish_reason == "length":
+        assert len(completion.token_ids) == GREEDY.max_tokens
+
+
+def test_prompt_longer_than_context_is_a_per_request_error(engine, tiny_model_dir, media):
+    lengths = {r.request_id: len(engine._encode(r)[0]) for r in requests(media)}
+    assert lengths["text"] + 4 < lengths["video"]
+    context = lengths["text"] + 4
+    short = HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32", model_max_length=context), EngineConfig())
+    results = short.generate(requests(media), GREEDY)
+    video = results[0]
+    assert video.completions == [] and "lower --fps or --total-pixels" in video.error
+    assert "visual" in video.error
+    assert results[3].error is None and results[3].completions  # the text request still ran
+    assert len(results[3].completions[0].token_ids) <= context - lengths["text"]  # generation stops at the context
+
+
+def test_update_weights_changes_generation_to_the_new_weights(tiny_model_dir, media):
+    engine = HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig())
+    reference = HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig())
+    before = engine.generate(requests(media)[:1], GREEDY)[0].completions[0].token_ids
+    torch.manual_seed(3)
+    perturbed = {n: p.detach() + 0.5 * torch.randn_like(p) for n, p in reference.model.named_parameters()}
+    with torch.no_grad():
+        for name, param in reference.model.named_parameters():
+            param.copy_(perturbed[name])
+    engine.update_weights(perturbed.items())
+    after = engine.generate(requests(media)[:1], GREEDY)[0].completions[0].token_ids
+    expected = reference.generate(requests(media)[:1], GREEDY)[0].completions[0].token_ids
+    assert after == expected
+    assert after != before
+
+
+def test_update_weights_rejects_unknown_names(engine):
+    with pytest.raises(Exception, match="does not have"):
+        engine.update_weights([("model.no_such.weight", torch.zeros(1))])
+
+
+def test_text_only_model_refuses_media(tiny_model_dirs, media):
+    text = HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dirs["qwen2"]), dtype="float32"), EngineConfig())
+    results = text.generate(requests(media), GREEDY)
+    assert "text-only" in results[0].error
+    assert results[3].error is None

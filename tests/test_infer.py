@@ -1,0 +1,134 @@
+"""`physreason infer`: one clip, and resumable JSONL batches that never lose or repeat work."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from media import write_clip, write_image
+from physreason.config import EngineConfig, ModelConfig, SamplingConfig, VisionConfig
+from physreason.engines.hf import HFEngine
+from physreason.infer import run_batch
+from physreason.infer.batch import finished_ids
+
+SMALL = VisionConfig(min_pixels=28 * 28 * 4, max_pixels=56 * 84, total_pixels=56 * 84 * 8, image_max_pixels=56 * 84)
+GREEDY = SamplingConfig(temperature=0.0, repetition_penalty=1.0, max_tokens=4)
+SMALL_FLAGS = ["--max-pixels", str(56 * 84), "--total-pixels", str(56 * 84 * 8), "--set", "vision.min_pixels=3136"]
+
+
+class CountingEngine:
+    """Wraps an engine and records which request ids it was asked to generate."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.seen: list[str] = []
+
+    def generate(self, requests, sampling):
+        self.seen += [r.request_id for r in requests]
+        return self.inner.generate(requests, sampling)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    return HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig(batch_size=2))
+
+
+@pytest.fixture()
+def batch_dir(tmp_path):
+    write_clip(tmp_path / "clips" / "a.mp4")
+    write_clip(tmp_path / "clips" / "b.mp4", seed=2)
+    write_image(tmp_path / "img.png")
+    (tmp_path / "clips" / "broken.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 200)
+    (tmp_path.parent / "outside.mp4").write_bytes(b"x")
+    lines = [
+        {"id": "a", "question": "Is it falling?", "video": "clips/a.mp4"},
+        {"id": "img", "question": "What is it?", "image": "img.png"},
+        {"id": "broken", "question": "Is it falling?", "video": "clips/broken.mp4"},
+        {"id": "escape", "question": "Is it falling?", "video": "../outside.mp4"},
+        {"id": "missing", "question": "Is it falling?", "video": "clips/none.mp4"},
+        {"id": "b", "question": "Is it rising?", "video": ["clips/b.mp4"]},
+    ]
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return tmp_path
+
+
+def read_out(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_batch_writes_one_line_per_request_and_records_failures(engine, batch_dir):
+    out = batch_dir / "out.jsonl"
+    summary = run_batch(engine, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    records = {r["id"]: r for r in read_out(out)}
+    assert set(records) == {"a", "img", "broken", "escape", "missing", "b"}
+    assert (summary.total, summary.done, summary.failed, summary.skipped) == (6, 6, 3, 0)
+    assert records["a"]["outputs"][0]["completion_tokens"] <= 4
+    assert "broken.mp4" in records["broken"]["error"]
+    assert "outside the data folder" in records["escape"]["error"]
+    assert "does not exist" in records["missing"]["error"]
+
+
+def test_rerun_skips_finished_requests_and_redoes_a_torn_line(engine, batch_dir):
+    out = batch_dir / "out.jsonl"
+    first = CountingEngine(engine)
+    run_batch(first, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    lines = out.read_text().splitlines(keepends=True)
+    # simulate a run killed while writing the last line: keep 2 whole lines and half of the third
+    out.write_text("".join(lines[:2]) + lines[2][: len(lines[2]) // 2])
+    kept = {json.loads(line)["id"] for line in lines[:2]}
+    second = CountingEngine(engine)
+    summary = run_batch(second, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    ids = [r["id"] for r in read_out(out)]
+    assert sorted(ids) == sorted({"a", "img", "broken", "escape", "missing", "b"})  # nothing lost, nothing twice
+    assert summary.skipped == 2 and not kept & set(second.seen)
+    third = CountingEngine(engine)
+    assert run_batch(third, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False).done == 0
+    assert third.seen == []
+
+
+def test_duplicate_ids_are_refused(engine, tmp_path):
+    (tmp_path / "r.jsonl").write_text('{"id": 1, "question": "a"}\n{"id": 1, "question": "b"}\n')
+    with pytest.raises(Exception, match="appears more than once"):
+        run_batch(engine, tmp_path / "r.jsonl", tmp_path / "o.jsonl", sampling=GREEDY, vision=SMALL, show_progress=False)
+
+
+def test_finished_ids_ignores_garbage_lines(tmp_path):
+    out = tmp_path / "o.jsonl"
+    out.write_text('{"id": "a"}\nnot json\n{"no_id": 1}\n{"id": 3}\n')
+    assert finished_ids(out) == {"a", "3"}
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_cli_single_clip_prints_answer_panel(tiny_model_dir, tmp_path):
+    clip = write_clip(tmp_path / "c.mp4")
+    result = cli("infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--video", str(clip),
+                 "--question", "Is it falling?", "--max-tokens", "4", "--seed", "0", *SMALL_FLAGS)
+    assert result.returncode == 0, result.stderr
+    assert "answer" in result.stdout
+
+
+@pytest.mark.slow
+def test_cli_json_and_batch(tiny_model_dir, batch_dir):
+    result = cli("infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--jsonl", str(batch_dir / "requests.jsonl"),
+                 "--out", str(batch_dir / "o.jsonl"), "--max-tokens", "3", "--temperature", "0", *SMALL_FLAGS)
+    assert result.returncode == 0, result.stderr
+    assert "6 answered (3 failed)" in result.stdout
+    assert len(read_out(batch_dir / "o.jsonl")) == 6
+
+
+def test_cli_missing_video_is_one_clear_error(tiny_model_dir, tmp_path):
+    result = cli("infer", "--model", str(tiny_model_dir), "--video", str(tmp_path / "nope.mp4"), "--question", "x")
+    assert result.returncode == 2
+    assert "nope.mp4" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_needs_question_or_jsonl(tiny_model_dir):
+    result = cli("infer", "--model", str(tiny_model_dir))
+    assert result.returncode == 2 and "--question" in result.stderr
