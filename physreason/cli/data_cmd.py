@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="Data sets: synthetic intuitive-physics clips with benchmark and SFT records.", no_args_is_help=True)
+app = typer.Typer(
+    help="Data sets: synthetic intuitive-physics clips with benchmark and SFT records.", no_args_is_help=True
+)
 
 SYNTH_TASKS = ("arrow_of_time", "spatial_puzzle", "object_permanence")
 
 
 @app.command("synth")
 def synth(
-    out: Path = typer.Option(..., "--out", help="Folder to write into; each task gets its own sub-folder."),
-    task: str = typer.Option("all", "--task", help=f"One of {', '.join(SYNTH_TASKS)}, or all."),
-    n: int = typer.Option(100, "--n", help="Samples per task."),
-    split: str = typer.Option("train", "--split", help="train, val or test: scene seeds never overlap between splits."),
-    seed: int = typer.Option(0, "--seed", help="Base seed (>= 0); the same seed gives the same clips."),
-    workers: int = typer.Option(0, "--workers", help="Worker processes; 0 means min(4, CPU count)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    out: Annotated[Path, typer.Option("--out", help="Folder to write into; each task gets its own sub-folder.")],
+    task: Annotated[str, typer.Option("--task", help=f"One of {', '.join(SYNTH_TASKS)}, or all.")] = "all",
+    n: Annotated[int, typer.Option("--n", help="Samples per task.")] = 100,
+    split: Annotated[
+        str, typer.Option("--split", help="train, val or test: scene seeds never overlap between splits.")
+    ] = "train",
+    seed: Annotated[int, typer.Option("--seed", help="Base seed (>= 0); the same seed gives the same clips.")] = 0,
+    workers: Annotated[int, typer.Option("--workers", help="Worker processes; 0 means min(4, CPU count).")] = 0,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> None:
     """Generate arrow-of-time, spatial-puzzle and object-permanence clips; a rerun completes what is missing."""
     from physreason.data.synth.generate import generate_task

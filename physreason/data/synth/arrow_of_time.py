@@ -51,23 +51,34 @@ def _reasoning(scene, trajectory: Trajectory, reversed_clip: bool, letter: str) 
     backward = [narrate.reversed_story(scene, trajectory, i) for i in range(len(scene.bodies))]
     for k, p in enumerate(scene.pendulums):
         first, last = narrate.pendulum_amplitudes(scene, trajectory, k)
-        forward.append(f"{p.noun} swings out to about {first:.0f} degrees and each swing is smaller, down to about {last:.0f} degrees.")
-        backward.append(f"{p.noun}'s swings grow from about {last:.0f} to about {first:.0f} degrees, though nothing pushes it.")
-    story_fwd, story_back = " ".join(s[0].upper() + s[1:] for s in forward), " ".join(s[0].upper() + s[1:] for s in backward)
+        forward.append(
+            f"{p.noun} swings out to about {first:.0f} degrees and each swing is smaller, down to about {last:.0f} degrees."
+        )
+        backward.append(
+            f"{p.noun}'s swings grow from about {last:.0f} to about {first:.0f} degrees, though nothing pushes it."
+        )
+    story_fwd, story_back = (
+        " ".join(s[0].upper() + s[1:] for s in forward),
+        " ".join(s[0].upper() + s[1:] for s in backward),
+    )
     lines = ["I need to decide which way time runs in this clip, using what energy does."]
     if reversed_clip:
         lines += [
             f"In the clip: {story_back}",
-            "That cannot happen on its own: gaining speed or height needs energy from somewhere, and nothing "
-            "in the scene supplies it. Bounces, friction and air drag only ever take energy away.",
+            (
+                "That cannot happen on its own: gaining speed or height needs energy from somewhere, and nothing "
+                "in the scene supplies it. Bounces, friction and air drag only ever take energy away."
+            ),
             f"Read backwards the clip makes physical sense: {story_fwd} So the real events run the other way.",
             f"The video is playing in reverse, which is option {letter}.",
         ]
     else:
         lines += [
             f"In the clip: {story_fwd}",
-            "This is what physics predicts: each bounce and every bit of friction or drag takes energy away, "
-            "so motion dies down and nothing speeds up by itself.",
+            (
+                "This is what physics predicts: each bounce and every bit of friction or drag takes energy away, "
+                "so motion dies down and nothing speeds up by itself."
+            ),
             f"Played backwards the same events would show the impossible: {story_back}",
             f"The video is playing forward, which is option {letter}.",
         ]
@@ -85,7 +96,9 @@ def make_sample(seed: int, slot: int) -> Sample:
         if has_arrow_cue(trajectory):
             break
     else:
-        raise RuntimeError(f"arrow_of_time: no scene with a clear arrow of time in {MAX_ATTEMPTS} tries for seed {seed}")
+        raise RuntimeError(
+            f"arrow_of_time: no scene with a clear arrow of time in {MAX_ATTEMPTS} tries for seed {seed}"
+        )
     frames = render_frames(scene, trajectory)
     reversed_clip = label == "reversed"
     clip = frames[::-1].copy() if reversed_clip else frames
@@ -103,5 +116,9 @@ def make_sample(seed: int, slot: int) -> Sample:
         answer=answer,
         label=label,
         reasoning=_reasoning(scene, trajectory, reversed_clip, answer),
-        facts={"scene": kind, "reversed": reversed_clip, "energy_in_clip_order": [round(float(e), 4) for e in energy_in_clip]},
+        facts={
+            "scene": kind,
+            "reversed": reversed_clip,
+            "energy_in_clip_order": [round(float(e), 4) for e in energy_in_clip],
+        },
     )

@@ -77,8 +77,7 @@ def _write_json(path: Path, payload: Any, lines: bool = False) -> None:
     partial = path.with_name(path.name + ".partial")
     with open(partial, "w", encoding="utf-8") as f:
         if lines:
-            for item in payload:
-                f.write(json.dumps(item, ensure_ascii=False) + "\n")
+            f.writelines(json.dumps(item, ensure_ascii=False) + "\n" for item in payload)
         else:
             json.dump(payload, f, ensure_ascii=False, indent=1)
     os.replace(partial, path)
@@ -138,7 +137,9 @@ def _check_meta(folder: Path, split: str, base_seed: int) -> None:
         )
 
 
-def _run(task: str, split: str, base_seed: int, indices: list[int], folder: Path, workers: int) -> Iterator[dict[str, Any]]:
+def _run(
+    task: str, split: str, base_seed: int, indices: list[int], folder: Path, workers: int
+) -> Iterator[dict[str, Any]]:
     """Yield records as samples finish, in any order."""
     if workers <= 1 or len(indices) <= 1:
         for index in indices:
@@ -180,8 +181,14 @@ def generate_task(
             progress.advance(bar)
 
     ordered = [records[i] for i in range(n)]
-    _write_json(folder / f"{task}_benchmark_qa_pairs.json", [{"video": r["video"], "qa_pairs": r["qa_pairs"]} for r in ordered])
-    _write_json(folder / f"{task}_sft.jsonl", [{"video": r["video"], "conversations": r["conversations"]} for r in ordered], lines=True)
+    _write_json(
+        folder / f"{task}_benchmark_qa_pairs.json", [{"video": r["video"], "qa_pairs": r["qa_pairs"]} for r in ordered]
+    )
+    _write_json(
+        folder / f"{task}_sft.jsonl",
+        [{"video": r["video"], "conversations": r["conversations"]} for r in ordered],
+        lines=True,
+    )
     seeds = [r["seed"] for r in ordered]
     meta = {
         "task": task,
@@ -194,7 +201,14 @@ def generate_task(
             "rule": "((base_seed * 3 + task_id) * 2**32 + index) * 3 + split_id; seed % 3 is the split (train 0, val 1, test 2)",
         },
         "generator_version": GENERATOR_VERSION,
-        "video": {"fps": FPS, "frames": N_FRAMES, "width": WIDTH_PX, "height": HEIGHT_PX, "codec": "h264", "pix_fmt": "yuv420p"},
+        "video": {
+            "fps": FPS,
+            "frames": N_FRAMES,
+            "width": WIDTH_PX,
+            "height": HEIGHT_PX,
+            "codec": "h264",
+            "pix_fmt": "yuv420p",
+        },
         "class_balance": dict(sorted(Counter(r["label"] for r in ordered).items())),
         "answer_balance": dict(sorted(Counter(r["qa_pairs"]["answer"] for r in ordered).items())),
     }

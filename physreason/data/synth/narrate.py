@@ -53,7 +53,7 @@ class BodyHistory:
 def body_history(scene: Scene, trajectory: Trajectory, index: int) -> BodyHistory:
     """Summarise body `index`'s trajectory and events."""
     body = scene.bodies[index]
-    (x, y), (vx, vy) = trajectory.positions[0, index], trajectory.velocities[0, index]
+    y, (vx, vy) = trajectory.positions[0, index, 1], trajectory.velocities[0, index]
     height = float(y - body.half_height)
     speed = float(math.hypot(vx, vy))
     start = ("floor" if height < ON_FLOOR else "air") + ("_moving" if speed >= REST_SPEED else "_rest")
@@ -90,11 +90,15 @@ def forward_story(scene: Scene, trajectory: Trajectory, index: int) -> str:
     elif h.start == "air_moving":
         parts.append(f"{body.noun} starts in mid-air about {h.height:.1f} m up, moving {direction(h.vx)}, and falls")
     elif h.start == "floor_moving":
-        parts.append(f"{body.noun} starts {_moving_verb(body)} {direction(h.vx)} along the floor at about {h.speed:.1f} m/s")
+        parts.append(
+            f"{body.noun} starts {_moving_verb(body)} {direction(h.vx)} along the floor at about {h.speed:.1f} m/s"
+        )
     else:
         parts.append(f"{body.noun} starts at rest on the floor")
     if h.floor_hits >= 2 and h.start.startswith("air"):
-        parts.append(f"bounces {h.floor_hits - 1} time{'s' if h.floor_hits > 2 else ''}, each bounce lower than the one before")
+        parts.append(
+            f"bounces {h.floor_hits - 1} time{'s' if h.floor_hits > 2 else ''}, each bounce lower than the one before"
+        )
     elif h.floor_hits == 1 and h.start.startswith("air"):
         parts.append("lands on the floor with hardly any bounce")
     if h.partners:
@@ -160,4 +164,6 @@ def covered_fraction(scene: Scene, body: Body, x: float, y: float) -> float:
 def occlusion_series(scene: Scene, trajectory: Trajectory, index: int) -> np.ndarray:
     """Covered fraction of body `index` per frame; [frames]."""
     body = scene.bodies[index]
-    return np.array([covered_fraction(scene, body, *trajectory.positions[t, index]) for t in range(trajectory.n_frames)])
+    return np.array(
+        [covered_fraction(scene, body, *trajectory.positions[t, index]) for t in range(trajectory.n_frames)]
+    )

@@ -72,13 +72,23 @@ def _open_frames(scene: Scene, trajectory: Trajectory, target: int) -> list[int]
     return frames
 
 
-def _reasoning(scene: Scene, trajectory: Trajectory, target: int, label: str, occlusion: tuple[int, int], vanish: int | None, letter: str) -> str:
+def _reasoning(
+    scene: Scene,
+    trajectory: Trajectory,
+    target: int,
+    label: str,
+    occlusion: tuple[int, int],
+    vanish: int | None,
+    letter: str,
+) -> str:
     body, screen, fps = scene.bodies[target], scene.occluders[0], trajectory.fps
     first, last = occlusion
     vx = trajectory.velocities[0, target, 0]
     verb = "rolls" if body.kind == "ball" else "slides"
     others = [n for i, n in enumerate(narrate.visible_objects(scene)) if i != target]
-    scene_line = f"The scene shows {narrate.join(narrate.visible_objects(scene) + ['a striped screen standing on the floor'])}."
+    scene_line = (
+        f"The scene shows {narrate.join(narrate.visible_objects(scene) + ['a striped screen standing on the floor'])}."
+    )
     lines = ["I should follow every object and check that none stops existing.", scene_line]
     came_out = (last + 1) / fps
     if label == "persists":
@@ -98,13 +108,19 @@ def _reasoning(scene: Scene, trajectory: Trajectory, target: int, label: str, oc
     else:
         assert vanish is not None
         x = trajectory.positions[vanish - 1, target, 0]
-        where = "before it reaches the screen" if (x < screen.x0) == (vx > 0) else "after it has come out from behind the screen"
+        where = (
+            "before it reaches the screen"
+            if (x < screen.x0) == (vx > 0)
+            else "after it has come out from behind the screen"
+        )
         lines.append(
             f"{body.noun.capitalize()} {verb} {narrate.direction(vx)}. At about {vanish / fps:.1f} s, out in the open "
             f"{where}, it disappears from one frame to the next, with nothing in front of it."
         )
     if others:
-        lines.append(f"{narrate.join(others).capitalize()} {'remains' if len(others) == 1 else 'remain'} in the scene throughout.")
+        lines.append(
+            f"{narrate.join(others).capitalize()} {'remains' if len(others) == 1 else 'remain'} in the scene throughout."
+        )
     if label == "persists":
         lines.append(
             f"Every object present at the start is still there at the end; {body.noun} was only hidden by the screen "

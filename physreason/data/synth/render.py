@@ -25,9 +25,11 @@ def _backdrop(appearance: Appearance, camera: Camera, width: float) -> Image.Ima
     """The static part of every frame: sky gradient with texture, floor, and the two walls."""
     s = SUPERSAMPLE
     w, h = camera.width_px * s, camera.height_px * s
-    ramp = np.linspace(0.0, 1.0, h)[:, None, None]  # [h, 1, 1]
-    sky = (1 - ramp) * np.array(appearance.sky_top) + ramp * np.array(appearance.sky_bottom)  # [h, 1, 3]
-    pixels = np.broadcast_to(sky, (h, w, 3)).copy()
+    # The gradient also runs sideways, as under light from one side, so the left and right halves differ.
+    tilt = abs(appearance.light_slope)
+    across = np.linspace(0.0, 1.0, w) if appearance.light_slope > 0 else np.linspace(1.0, 0.0, w)
+    ramp = (1 - tilt) * np.linspace(0.0, 1.0, h)[:, None, None] + tilt * across[None, :, None]  # [h, w, 1]
+    pixels = (1 - ramp) * np.array(appearance.sky_top) + ramp * np.array(appearance.sky_bottom)  # [h, w, 3]
     rng = np.random.default_rng(appearance.texture_seed)
     if appearance.texture == "stripes":
         period = int(rng.integers(12, 40)) * s
@@ -37,7 +39,7 @@ def _backdrop(appearance: Appearance, camera: Camera, width: float) -> Image.Ima
     if appearance.texture == "dots":
         for _ in range(int(rng.integers(15, 40))):
             cx, cy, r = int(rng.integers(0, w)), int(rng.integers(0, h)), int(rng.integers(2, 6)) * s
-            draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=_shade(tuple(sky[cy, 0].astype(int)), 0.9))
+            draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=_shade(tuple(pixels[cy, cx].astype(int)), 0.9))
     floor_row = camera.floor_row * s
     draw.rectangle([0, floor_row, w, h], fill=appearance.floor)
     draw.line([0, floor_row, w, floor_row], fill=_shade(appearance.floor, 0.7), width=s)
@@ -66,10 +68,17 @@ def render_frames(scene: Scene, trajectory: Trajectory, hidden: np.ndarray | Non
             bob = (p.pivot_x + p.length * math.sin(theta), p.pivot_y - p.length * math.cos(theta))
             pivot_px, bob_px = px(p.pivot_x, p.pivot_y), px(*bob)
             mount = 0.12 * camera.scale * s
-            draw.rectangle([pivot_px[0] - mount, pivot_px[1] - mount / 2, pivot_px[0] + mount, pivot_px[1]], fill=(60, 60, 60))
+            draw.rectangle(
+                [pivot_px[0] - mount, pivot_px[1] - mount / 2, pivot_px[0] + mount, pivot_px[1]], fill=(60, 60, 60)
+            )
             draw.line([pivot_px, bob_px], fill=(70, 70, 70), width=max(s, int(0.025 * camera.scale * s)))
             r = p.bob_radius * camera.scale * s
-            draw.ellipse([bob_px[0] - r, bob_px[1] - r, bob_px[0] + r, bob_px[1] + r], fill=p.colour, outline=_shade(p.colour, 0.6), width=s)
+            draw.ellipse(
+                [bob_px[0] - r, bob_px[1] - r, bob_px[0] + r, bob_px[1] + r],
+                fill=p.colour,
+                outline=_shade(p.colour, 0.6),
+                width=s,
+            )
         for i, b in enumerate(scene.bodies):
             if hidden is not None and hidden[t, i]:
                 continue
@@ -86,7 +95,9 @@ def render_frames(scene: Scene, trajectory: Trajectory, hidden: np.ndarray | Non
                 hw, hh = b.half_w * camera.scale * s, b.half_h * camera.scale * s
                 draw.rectangle([cx - hw, cy - hh, cx + hw, cy + hh], fill=b.colour, outline=outline, width=s)
                 inset = 0.3 * min(hw, hh)
-                draw.rectangle([cx - hw + inset, cy - hh + inset, cx + hw - inset, cy + hh - inset], outline=outline, width=s)
+                draw.rectangle(
+                    [cx - hw + inset, cy - hh + inset, cx + hw - inset, cy + hh - inset], outline=outline, width=s
+                )
         for o in scene.occluders:
             left, top = px(o.x0, o.height)
             right, bottom = px(o.x1, 0.0)

@@ -65,7 +65,9 @@ def balanced_slot(base_seed: int, split: str, task: str, index: int, n_slots: in
     return int(rng.permutation(n_slots)[position])
 
 
-def options_with_answer(texts: list[str], correct: int, letter_index: int, rng: np.random.Generator) -> tuple[dict[str, str], str]:
+def options_with_answer(
+    texts: list[str], correct: int, letter_index: int, rng: np.random.Generator
+) -> tuple[dict[str, str], str]:
     """Letter the option texts with texts[correct] at letter `letter_index` and the others in random order."""
     others = [t for i, t in enumerate(texts) if i != correct]
     order = [others[i] for i in rng.permutation(len(others))]

@@ -155,6 +155,7 @@ class Appearance:
     sky_bottom: RGB
     floor: RGB
     wall: RGB
+    light_slope: float  # share of the sky gradient that runs sideways; its sign says which side is darker
     texture: Literal["plain", "stripes", "dots"]
     texture_seed: int
 
@@ -200,6 +201,7 @@ def random_appearance(rng: np.random.Generator) -> Appearance:
         sky_bottom=_jitter(rng, bottom, 12),
         floor=_jitter(rng, floor, 15),
         wall=wall,  # type: ignore[arg-type]
+        light_slope=float(rng.uniform(0.2, 0.4) * rng.choice([-1.0, 1.0])),
         texture=("plain", "stripes", "dots")[rng.integers(3)],
         texture_seed=int(rng.integers(2**31)),
     )
@@ -221,7 +223,9 @@ def pick_object_colours(rng: np.random.Generator, appearance: Appearance, count:
     return [(names[i], _jitter(rng, OBJECT_COLOURS[names[i]], 10)) for i in chosen]
 
 
-def random_occluder(rng: np.random.Generator, x_centre: float, width: float, height: float, avoid: list[RGB]) -> Occluder:
+def random_occluder(
+    rng: np.random.Generator, x_centre: float, width: float, height: float, avoid: list[RGB]
+) -> Occluder:
     """An opaque striped screen centred at `x_centre`, in a colour far from every colour in `avoid`."""
     options = [c for c in OCCLUDER_COLOURS if min(_distance(c, a) for a in avoid) > 60] or OCCLUDER_COLOURS
     colour = _jitter(rng, options[rng.integers(len(options))], 10)

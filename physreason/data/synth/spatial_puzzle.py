@@ -1,8 +1,9 @@
 """Spatial puzzle: every frame is cut into a 2x2 grid and the four patches are shuffled; which arrangement is right?
 
 The same shuffle applies to every frame, so besides static cues (the floor belongs in the bottom row,
-each wall at its own side) motion helps: a body that leaves one patch enters its true neighbour, and
-falling bodies move toward the floor. The options name, for each true position, the shown patch that
+the walls at the outer edges, the backdrop's light falls off smoothly) motion helps: a body that leaves
+one patch enters its true neighbour, and falling bodies move toward the floor. Every scene has a body
+lying across the middle in some frame, so the two halves can never be told apart by symmetry alone. The options name, for each true position, the shown patch that
 belongs there; exactly one restores the original frames.
 """
 
@@ -12,7 +13,6 @@ import itertools
 
 import numpy as np
 
-from physreason.data.synth import narrate
 from physreason.data.synth.render import render_frames
 from physreason.data.synth.sample import Sample, options_with_answer
 from physreason.data.synth.scenarios import FPS, IRREVERSIBLE_BUILDERS, N_FRAMES
@@ -54,6 +54,21 @@ def _patch_of(scene: Scene, x: float, y: float) -> int:
     return 2 * int(row >= scene.camera.height_px / 2) + int(col >= scene.camera.width_px / 2)
 
 
+def _straddles_middle(scene: Scene, trajectory: Trajectory) -> bool:
+    """True if some body or bob lies across the vertical midline in some frame, joining the left and right halves."""
+    middle = scene.camera.width_px / 2
+    for t in range(trajectory.n_frames):
+        for i, body in enumerate(scene.bodies):
+            col = scene.camera.to_px(*trajectory.positions[t, i])[0]
+            if abs(col - middle) < 0.6 * body.half_width * scene.camera.scale:
+                return True
+        for k, p in enumerate(scene.pendulums):
+            col = scene.camera.to_px(p.pivot_x + p.length * np.sin(trajectory.thetas[t, k]), 0.0)[0]
+            if abs(col - middle) < 0.6 * p.bob_radius * scene.camera.scale:
+                return True
+    return False
+
+
 def _motion_cue(scene: Scene, trajectory: Trajectory, position_of: list[int]) -> str | None:
     """A sentence about a body crossing from one patch into its neighbour, in shown-patch terms, if any does."""
     for i, body in enumerate(scene.bodies):
@@ -70,12 +85,19 @@ def _motion_cue(scene: Scene, trajectory: Trajectory, position_of: list[int]) ->
     return None
 
 
-def _reasoning(scene: Scene, trajectory: Trajectory, shown_from: tuple[int, ...], arrangement: tuple[int, ...], letter: str) -> str:
+def _reasoning(
+    scene: Scene, trajectory: Trajectory, shown_from: tuple[int, ...], arrangement: tuple[int, ...], letter: str
+) -> str:
     position_of = list(arrangement)  # original position -> shown position
-    lines = ["I need to work out where each shown patch came from, using the floor, the walls and how things move."]
+    opening = (
+        "I need to work out where each shown patch came from. The floor belongs in the bottom row, the arena's walls "
+        "at the outer left and right edges, and moving objects must pass smoothly from a patch into its true neighbour."
+    )
+    lines = [opening]
     for p, q in enumerate(shown_from):
-        parts = ["the floor" if q >= 2 else "open space above the floor", "the left wall" if q % 2 == 0 else "the right wall"]
-        lines.append(f"Shown {POSITIONS[p]} contains {narrate.join(parts)}, so it belongs at the {POSITIONS[q]}.")
+        row = "the floor along its bottom" if q >= 2 else "no floor, only open space"
+        column = "a wall near its left edge" if q % 2 == 0 else "a wall near its right edge"
+        lines.append(f"Shown {POSITIONS[p]} has {row} and {column}, so it belongs at the {POSITIONS[q]}.")
     cue = _motion_cue(scene, trajectory, position_of)
     if cue:
         lines.append(cue)
@@ -90,10 +112,10 @@ def make_sample(seed: int, slot: int) -> Sample:
         kind = list(IRREVERSIBLE_BUILDERS)[rng.integers(len(IRREVERSIBLE_BUILDERS))]
         scene = IRREVERSIBLE_BUILDERS[kind](rng)
         trajectory = simulate(scene, N_FRAMES, FPS)
-        if np.ptp(trajectory.positions, axis=0).max(initial=0.0) > 0.3 or trajectory.thetas.size:
+        if _straddles_middle(scene, trajectory):
             break
     else:
-        raise RuntimeError(f"spatial_puzzle: no moving scene in {MAX_ATTEMPTS} tries for seed {seed}")
+        raise RuntimeError(f"spatial_puzzle: no scene joining the two halves in {MAX_ATTEMPTS} tries for seed {seed}")
     frames = render_frames(scene, trajectory)
     permutations = [p for p in itertools.permutations(range(4)) if p != (0, 1, 2, 3)]
     shown_from = permutations[rng.integers(len(permutations))]
