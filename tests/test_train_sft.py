@@ -47,6 +47,7 @@ def tiny_config(model: Path, data: Path, out: Path, *extra: str):
     ])
 
 
+@pytest.mark.slow
 def test_loss_falls_when_overfitting_a_few_samples(tiny_vl, tmp_path):
     data = write_records(tmp_path, 4)
     result = run_sft(tiny_config(tiny_vl, data, tmp_path / "out", "train.max_steps=12", "train.ckpt.enable_checkpoint=false"))
@@ -65,6 +66,7 @@ def test_validation_loss_is_reported_on_the_held_out_split(tiny_vl, tmp_path):
     assert result.val_losses[2] < result.val_losses[1]
 
 
+@pytest.mark.slow
 def test_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path):
     data = write_records(tmp_path, 8)
     straight = run_sft(tiny_config(tiny_vl, data, tmp_path / "a", "train.max_steps=6", "train.ckpt.save_freq=100"))
@@ -77,6 +79,7 @@ def test_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path):
     assert resumed.losses == straight.losses[3:]
 
 
+@pytest.mark.slow
 def test_checkpoints_are_rotated_and_never_left_half_written(tiny_vl, tmp_path):
     data = write_records(tmp_path, 8)
     run_sft(tiny_config(tiny_vl, data, tmp_path / "out", "train.max_steps=4", "train.ckpt.save_freq=1", "train.ckpt.max_keep=2"))
