@@ -18,6 +18,7 @@ TASK = "arrow_of_time"
 LABELS = ("forward", "reversed")
 N_SLOTS = 4  # (forward, reversed) x (letter A, letter B)
 MAX_ATTEMPTS = 50
+MIN_MOVING_FRAMES = 10  # frames (of 24) with at least 2% of the starting energy
 
 QUESTIONS = (
     "Is this video playing forward in time or in reverse?",
@@ -31,13 +32,13 @@ OPTION_TEXTS = {
 
 
 def has_arrow_cue(trajectory: Trajectory) -> bool:
-    """True when energy falls to at most half, never rises noticeably, and something moves visibly.
+    """True when energy falls to at most half, never rises noticeably, and motion fills a good part of the clip.
 
     Such a clip played backwards shows energy appearing from nowhere, which is what makes its
-    direction answerable.
+    direction answerable; `MIN_MOVING_FRAMES` keeps several frames of motion at 4 fps sampling.
     """
     energy = trajectory.energy
-    if energy[0] <= 1e-6:
+    if energy[0] <= 1e-6 or np.any(energy[:MIN_MOVING_FRAMES] < 0.02 * energy[0]):
         return False
     steady = bool(np.all(np.diff(energy) <= 0.02 * energy[0]))
     displacement = np.abs(trajectory.positions - trajectory.positions[:1]).max() if trajectory.positions.size else 0.0
@@ -89,8 +90,8 @@ def make_sample(seed: int, slot: int) -> Sample:
     """Build the sample for scene `seed`; `slot` in [0, 4) fixes the class (forward/reversed) and the answer letter."""
     label, letter_index = LABELS[slot // 2], slot % 2
     rng = np.random.default_rng(seed)
-    for _ in range(MAX_ATTEMPTS):
-        kind = list(IRREVERSIBLE_BUILDERS)[rng.integers(len(IRREVERSIBLE_BUILDERS))]
+    kind = list(IRREVERSIBLE_BUILDERS)[rng.integers(len(IRREVERSIBLE_BUILDERS))]
+    for _ in range(MAX_ATTEMPTS):  # retry within the kind, so kinds stay equally common
         scene = IRREVERSIBLE_BUILDERS[kind](rng)
         trajectory = simulate(scene, N_FRAMES, FPS)
         if has_arrow_cue(trajectory):

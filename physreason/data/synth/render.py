@@ -69,9 +69,10 @@ def render_frames(scene: Scene, trajectory: Trajectory, hidden: np.ndarray | Non
             pivot_px, bob_px = px(p.pivot_x, p.pivot_y), px(*bob)
             mount = 0.12 * camera.scale * s
             draw.rectangle(
-                [pivot_px[0] - mount, pivot_px[1] - mount / 2, pivot_px[0] + mount, pivot_px[1]], fill=(60, 60, 60)
+                [pivot_px[0] - mount, pivot_px[1] - mount / 2, pivot_px[0] + mount, pivot_px[1]],
+                fill=scene.appearance.wall,
             )
-            draw.line([pivot_px, bob_px], fill=(70, 70, 70), width=max(s, int(0.025 * camera.scale * s)))
+            draw.line([pivot_px, bob_px], fill=scene.appearance.wall, width=max(s, int(0.025 * camera.scale * s)))
             r = p.bob_radius * camera.scale * s
             draw.ellipse(
                 [bob_px[0] - r, bob_px[1] - r, bob_px[0] + r, bob_px[1] + r],

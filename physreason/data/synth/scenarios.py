@@ -38,7 +38,7 @@ def _random_body(rng: np.random.Generator, colour: tuple[str, tuple[int, int, in
         return Body(
             "ball", name, rgb, 0.0, 0.0,
             radius=float(rng.uniform(0.14, 0.32)),
-            restitution=float(rng.uniform(0.45, 0.8)),
+            restitution=float(rng.uniform(0.5, 0.85)),
             friction=float(rng.uniform(0.3, 0.7)),
             rolling=float(rng.uniform(0.1, 0.3)),
         )  # fmt: skip
@@ -65,7 +65,7 @@ def build_drop(rng: np.random.Generator) -> Scene:
     count = int(rng.integers(1, 4))
     top = scene.camera.visible_height * 0.85
     for colour, x in zip(pick_object_colours(rng, scene.appearance, count), _slots(rng, scene.width, count)):
-        body = _random_body(rng, colour)
+        body = _random_body(rng, colour, ball_share=0.75)
         body.x = x
         body.y = float(rng.uniform(max(0.45 * top, 0.8), top - body.half_height))
         body.vx = float(rng.uniform(-1.2, 1.2))
@@ -81,8 +81,8 @@ def build_slide(rng: np.random.Generator) -> Scene:
         body = _random_body(rng, colour)
         body.x, body.y = x, body.half_height
         # Fast enough to travel visibly; the material is set so that it stops well inside the clip.
-        speed = float(rng.uniform(2.0, 5.0))
-        coefficient = speed / (GRAVITY * DURATION * float(rng.uniform(0.35, 0.8)))
+        speed = float(rng.uniform(1.5, 4.0))
+        coefficient = speed / (GRAVITY * DURATION * float(rng.uniform(0.6, 0.95)))
         body.rolling = body.friction = coefficient
         body.vx = speed * (1.0 if x < scene.width / 2 else -1.0) * (1.0 if rng.random() < 0.8 else -1.0)
         scene.bodies.append(body)
@@ -104,6 +104,10 @@ def build_collide(rng: np.random.Generator) -> Scene:
         body.x, body.y = x + body.half_width, body.half_height
         x += 2 * body.half_width + float(rng.uniform(0.0, 0.25))
         scene.bodies.append(body)
+    for body in scene.bodies:  # low resistance, so the scattering lasts a good part of the clip
+        body.rolling = float(rng.uniform(0.04, 0.12))
+        if body.kind == "box":
+            body.friction = float(rng.uniform(0.08, 0.2))
     if rng.random() < 0.5:  # mirror, so the strike comes from either side
         for body in scene.bodies:
             body.x, body.vx = scene.width - body.x, -body.vx
