@@ -105,17 +105,21 @@ def _reasoning(
     return "\n".join(lines)
 
 
-def make_sample(seed: int, slot: int) -> Sample:
-    """Build the sample for scene `seed`; `slot` in [0, 4) is the correct option's letter."""
-    rng = np.random.default_rng(seed)
+def choose_scene(rng: np.random.Generator) -> tuple[str, Scene, Trajectory]:
+    """Draw a scene kind and a simulated scene of it in which some body lies across the middle."""
+    kind = list(IRREVERSIBLE_BUILDERS)[rng.integers(len(IRREVERSIBLE_BUILDERS))]
     for _ in range(MAX_ATTEMPTS):
-        kind = list(IRREVERSIBLE_BUILDERS)[rng.integers(len(IRREVERSIBLE_BUILDERS))]
         scene = IRREVERSIBLE_BUILDERS[kind](rng)
         trajectory = simulate(scene, N_FRAMES, FPS)
         if _straddles_middle(scene, trajectory):
-            break
-    else:
-        raise RuntimeError(f"spatial_puzzle: no scene joining the two halves in {MAX_ATTEMPTS} tries for seed {seed}")
+            return kind, scene, trajectory
+    raise RuntimeError(f"spatial_puzzle: no {kind} scene joining the two halves in {MAX_ATTEMPTS} tries")
+
+
+def make_sample(seed: int, slot: int) -> Sample:
+    """Build the sample for scene `seed`; `slot` in [0, 4) is the correct option's letter."""
+    rng = np.random.default_rng(seed)
+    kind, scene, trajectory = choose_scene(rng)
     frames = render_frames(scene, trajectory)
     permutations = [p for p in itertools.permutations(range(4)) if p != (0, 1, 2, 3)]
     shown_from = permutations[rng.integers(len(permutations))]
