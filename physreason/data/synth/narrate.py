@@ -6,6 +6,7 @@ reasoning trace built from it is true of the clip.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -44,6 +45,7 @@ class BodyHistory:
     speed: float  # m/s at the start
     vx: float  # m/s horizontal velocity at the start
     floor_hits: int  # impacts with the floor worth noticing
+    bounces_shrink: bool  # every floor impact slower than the one before
     wall_hits: list[str]  # "left"/"right", in order
     partners: list[int]  # bodies it collided with, in order of first contact
     rest_frame: int | None  # frame from which it stays at rest; None if it moves to the end
@@ -59,10 +61,10 @@ def body_history(scene: Scene, trajectory: Trajectory, index: int) -> BodyHistor
     start = ("floor" if height < ON_FLOOR else "air") + ("_moving" if speed >= REST_SPEED else "_rest")
     partners: list[int] = []
     walls: list[str] = []
-    floor_hits = 0
+    floor_speeds: list[float] = []
     for event in trajectory.events:
         if event.kind == "floor" and event.body == index:
-            floor_hits += 1
+            floor_speeds.append(event.speed)
         elif event.kind == "wall" and event.body == index:
             frame = min(trajectory.n_frames - 1, round(event.time * trajectory.fps))
             walls.append("left" if trajectory.positions[frame, index, 0] < scene.width / 2 else "right")
@@ -72,7 +74,8 @@ def body_history(scene: Scene, trajectory: Trajectory, index: int) -> BodyHistor
                 partners.append(other)
     final_bottom = trajectory.positions[-1, index, 1] - body.half_height
     return BodyHistory(
-        start, height, speed, float(vx), floor_hits, walls, partners,
+        start, height, speed, float(vx), len(floor_speeds),
+        all(b < a for a, b in itertools.pairwise(floor_speeds)), walls, partners,
         trajectory.rest_frame(index), bool(final_bottom < ON_FLOOR),
     )  # fmt: skip
 
@@ -96,9 +99,8 @@ def forward_story(scene: Scene, trajectory: Trajectory, index: int) -> str:
     else:
         parts.append(f"{body.noun} starts at rest on the floor")
     if h.floor_hits >= 2 and h.start.startswith("air"):
-        parts.append(
-            f"bounces {h.floor_hits - 1} time{'s' if h.floor_hits > 2 else ''}, each bounce lower than the one before"
-        )
+        shrinking = ", each bounce lower than the one before" if h.bounces_shrink else ""
+        parts.append(f"bounces {h.floor_hits - 1} time{'s' if h.floor_hits > 2 else ''}{shrinking}")
     elif h.floor_hits == 1 and h.start.startswith("air"):
         parts.append("lands on the floor with hardly any bounce")
     if h.partners:
@@ -123,12 +125,12 @@ def reversed_story(scene: Scene, trajectory: Trajectory, index: int) -> str:
         parts.append(f"{body.noun} sits still at first, then starts moving with nothing pushing it")
     else:
         parts.append(f"{body.noun} moves faster and faster with nothing pushing it")
-    if h.floor_hits >= 2 and h.start.startswith("air"):
+    if h.floor_hits >= 2 and h.start.startswith("air") and h.bounces_shrink:
         parts.append("hops off the floor with each bounce higher than the one before")
     if h.start == "air_rest":
         parts.append(f"ends hanging motionless in mid-air about {h.height:.1f} m above the floor")
     elif h.start == "air_moving":
-        parts.append(f"ends flying upward, {h.height:.1f} m above the floor")
+        parts.append(f"ends high in mid-air, about {h.height:.1f} m above the floor, having risen there on its own")
     elif h.start == "floor_moving":
         parts.append(f"ends {_moving_verb(body)} at about {h.speed:.1f} m/s, faster than at any time before")
     else:

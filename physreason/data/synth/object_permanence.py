@@ -54,7 +54,7 @@ def find_occlusion(scene: Scene, trajectory: Trajectory, target: int) -> tuple[i
     if last - first + 1 < 2:
         return None
     speeds = trajectory.speeds()[:, target]
-    if speeds[first] < 0.6 * speeds[0]:
+    if speeds[first] < 0.8 * speeds[0]:
         return None
     return first, last
 
