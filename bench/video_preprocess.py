@@ -1,0 +1,110 @@
+"""Benchmark: video decode + fps sampling + resize throughput of physreason.vision.load_video on CPU.
+
+Generates a 30 s 1280x720 H.264 clip at 30 fps with PyAV, then times load_video at fps 4 with total_pixels
+6,422,528 (8192 * 28**2), and in the same process, on the same clip, qwen-vl-utils' fetch_video with the decord
+reader when it is installed (`pip install --no-deps qwen-vl-utils decord`; torchvision's uint8 resize is stood
+in by the same torch kernel, see tests/fixtures/vision/qwen_reference.py). Reports sampled frames per second
+(frames kept / wall seconds, median of --repeats runs, runs interleaved) and the ratio.
+
+    .venv/bin/python bench/video_preprocess.py [--clip PATH] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import av
+import numpy as np
+
+from physreason.config.schema import VisionConfig
+from physreason.vision import load_video
+
+REPO = Path(__file__).resolve().parents[1]
+FPS, TOTAL_PIXELS = 4.0, 6_422_528
+
+
+def write_benchmark_clip(path: Path, seconds: int = 30, fps: int = 30, height: int = 720, width: int = 1280) -> Path:
+    """A textured scene panning right and down (so every frame differs), H.264 yuv420p, x264 preset veryfast."""
+    rng = np.random.default_rng(0)
+    coarse = rng.integers(0, 256, (height // 8 + seconds * fps, width // 8 + seconds * fps, 3), dtype=np.uint8)
+    texture = coarse.repeat(8, axis=0).repeat(8, axis=1)  # blocks large enough to survive compression
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = {"preset": "veryfast", "crf": "23"}
+        for index in range(seconds * fps):
+            frame = np.ascontiguousarray(texture[index : index + height, 2 * index : 2 * index + width])
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+    return path
+
+
+def time_physreason(clip: Path) -> tuple[float, tuple[int, ...]]:
+    config = VisionConfig(fps=FPS, total_pixels=TOTAL_PIXELS)
+    start = time.perf_counter()
+    video = load_video(clip, config)
+    return time.perf_counter() - start, video.frames.shape
+
+
+def time_qwen_vl_utils(clip: Path) -> tuple[float, tuple[int, ...]]:
+    sys.path.insert(0, str(REPO / "tests"))
+    from fixtures.vision.qwen_reference import import_qwen_vl_utils
+
+    qwen = import_qwen_vl_utils()
+    element = {"video": str(clip), "fps": FPS, "total_pixels": TOTAL_PIXELS}
+    start = time.perf_counter()
+    video = qwen.fetch_video(element)
+    elapsed = time.perf_counter() - start
+    return elapsed, (video.shape[0], video.shape[2], video.shape[3], video.shape[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clip", type=Path, help="reuse this clip instead of generating one")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        clip = args.clip or write_benchmark_clip(Path(tmp) / "bench_30s_720p.mp4")
+        runners = {"physreason": time_physreason}
+        try:
+            time_qwen_vl_utils(clip)  # import and warm up once
+            runners["qwen-vl-utils"] = time_qwen_vl_utils
+        except ImportError as error:
+            print(f"qwen-vl-utils not run: {error}", file=sys.stderr)
+        time_physreason(clip)  # warm up
+        seconds: dict[str, list[float]] = {name: [] for name in runners}
+        shapes: dict[str, tuple[int, ...]] = {}
+        for _ in range(args.repeats):
+            for name, runner in runners.items():
+                elapsed, shapes[name] = runner(clip)
+                seconds[name].append(elapsed)
+
+    report = {
+        "device": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores",
+        "clip": "30 s, 1280x720, 30 fps, H.264 (x264 veryfast, crf 23)",
+        "settings": {"fps": FPS, "total_pixels": TOTAL_PIXELS},
+    }
+    for name in runners:
+        median = statistics.median(seconds[name])
+        report[name] = {
+            "frames_hwc": list(shapes[name]),
+            "median_s": round(median, 3),
+            "sampled_frames_per_s": round(shapes[name][0] / median, 1),
+            "runs_s": [round(s, 3) for s in seconds[name]],
+        }
+    if "qwen-vl-utils" in report:
+        report["speedup"] = round(report["qwen-vl-utils"]["median_s"] / report["physreason"]["median_s"], 2)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
