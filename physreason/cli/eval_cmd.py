@@ -19,16 +19,24 @@ app = typer.Typer(
 @app.callback()
 def run(
     ctx: typer.Context,
-    config: Path | None = typer.Option(None, "--config", "-c", help="TOML recipe with [eval], [model], [engine], [vision], [generation]."),
-    overrides: list[str] = typer.Option([], "--set", help="Override a config key: --set eval.num_repeats=5 (repeatable)."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="TOML recipe with [eval], [model], [engine], [vision], [generation]."
+    ),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="Override a config key: --set eval.num_repeats=5 (repeatable)."
+    ),
     model: str | None = typer.Option(None, "--model", "-m", help="Hub id or local model folder."),
     engine: str | None = typer.Option(None, help="Engine: auto (vLLM when installed), vllm or hf."),
     benchmark_root: Path | None = typer.Option(None, help="Folder holding <name>/<name>_benchmark_qa_pairs.json."),
-    dataset: list[str] = typer.Option([], "--dataset", "-d", help="Data set name or JSON/JSONL file (repeatable; replaces eval.datasets)."),
+    dataset: list[str] = typer.Option(
+        [], "--dataset", "-d", help="Data set name or JSON/JSONL file (repeatable; replaces eval.datasets)."
+    ),
     answer_type: str | None = typer.Option(None, help="reasoning (think, then answer) or letter."),
     num_repeats: int | None = typer.Option(None, help="Runs with seeds seed, seed+1, ...; mean ± std is reported."),
     seed: int | None = typer.Option(None, help="Seed of the first repeat."),
-    results_dir: Path | None = typer.Option(None, help="Results go under <results_dir>/<model>/<answer_type>/<dataset>/seed_<seed>/."),
+    results_dir: Path | None = typer.Option(
+        None, help="Results go under <results_dir>/<model>/<answer_type>/<dataset>/seed_<seed>/."
+    ),
     num_gpus: int | None = typer.Option(None, help="GPUs in all; shards = num_gpus / tp_size."),
     tp_size: int | None = typer.Option(None, help="GPUs per engine."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
@@ -40,22 +48,25 @@ def run(
     from physreason.eval import collect_reports, report_rows, rich_table, run_eval
 
     flags = {
-        "model.model_name_or_path": model, "engine.backend": engine,
+        "model.model_name_or_path": model,
+        "engine.backend": engine,
         "eval.benchmark_root": str(benchmark_root) if benchmark_root else None,
-        "eval.datasets": list(dataset) or None, "eval.answer_type": answer_type, "eval.num_repeats": num_repeats,
-        "eval.seed": seed, "eval.results_dir": str(results_dir) if results_dir else None,
-        "eval.num_gpus": num_gpus, "eval.tp_size": tp_size,
+        "eval.datasets": list(dataset) or None,
+        "eval.answer_type": answer_type,
+        "eval.num_repeats": num_repeats,
+        "eval.seed": seed,
+        "eval.results_dir": str(results_dir) if results_dir else None,
+        "eval.num_gpus": num_gpus,
+        "eval.tp_size": tp_size,
     }
     flag_overrides = [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
     cfg = load_config(config, [*overrides, *flag_overrides])
     outcome = run_eval(cfg, show_progress=progress)
     answered = sum(r.answered for r in outcome.runs)
     failed = sum(r.failed for r in outcome.runs)
-    console.print(
-        f"{answered} answered, {failed} failed ({outcome.resumed} were already saved) in {outcome.base}"
-    )
+    console.print(f"{answered} answered, {failed} failed ({outcome.resumed} were already saved) in {outcome.base}")
     if failed:
-        console.print(f"[yellow]{failed} sample(s) failed; each result line with an \"error\" key says why[/]")
+        console.print(f'[yellow]{failed} sample(s) failed; each result line with an "error" key says why[/]')
     rows = report_rows(collect_reports(outcome.base))
     console.print(rich_table(rows, title=str(outcome.base)))
 

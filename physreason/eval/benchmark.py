@@ -99,7 +99,7 @@ def _sample(sample_id: str, video: Any, qa: Any, where: str) -> EvalSample:
     elif not isinstance(qa.get("question"), str) or not qa["question"].strip():
         problem = "has no 'question' text"
     elif not isinstance(qa.get("index2ans"), dict) or not qa["index2ans"]:
-        problem = "has no 'index2ans' options ({\"A\": \"...\", ...})"
+        problem = 'has no \'index2ans\' options ({"A": "...", ...})'
     elif not isinstance(qa.get("answer", qa.get("correct_answer")), str):
         problem = "has no 'answer' (or 'correct_answer')"
     if problem is not None:

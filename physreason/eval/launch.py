@@ -104,7 +104,9 @@ def check_resumable(base: Path, cfg: Config) -> None:
         return
     stored = tomllib.loads(stored_path.read_text(encoding="utf-8"))
     current = cfg.model_dump(mode="json", exclude_none=True)
-    changed = [key for key in _RESULT_SETTINGS if _without_seed(_lookup(stored, key)) != _without_seed(_lookup(current, key))]
+    changed = [
+        key for key in _RESULT_SETTINGS if _without_seed(_lookup(stored, key)) != _without_seed(_lookup(current, key))
+    ]
     if changed:
         raise ConfigError(
             f"{base} holds results made with different {', '.join(changed)} (see {stored_path}); mixing them "
@@ -163,8 +165,15 @@ def run_shard(cfg: Config, shard: int, num_shards: int, *, show_progress: bool =
             progress.update(task, description=f"{benchmark.name} seed {seed}")
             counts.append(
                 evaluate_shard(
-                    engine, benchmark, run, answer_type=cfg.eval.answer_type, sampling=repeat_sampling(cfg, seed),
-                    vision=cfg.vision, shard=shard, num_shards=num_shards, batch_size=engine_cfg.batch_size,
+                    engine,
+                    benchmark,
+                    run,
+                    answer_type=cfg.eval.answer_type,
+                    sampling=repeat_sampling(cfg, seed),
+                    vision=cfg.vision,
+                    shard=shard,
+                    num_shards=num_shards,
+                    batch_size=engine_cfg.batch_size,
                     on_result=lambda _record: progress.advance(task),
                 )
             )
@@ -182,7 +191,13 @@ def _engine_config(cfg: Config) -> EngineConfig:
 
 
 def _progress(show: bool) -> Progress:
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     return Progress(*columns, disable=not show)
 
 
@@ -210,10 +225,19 @@ def _launch_shards(plan: EvalPlan, num_shards: int, cfg: Config, show_progress: 
         log_path = logs / f"shard-{shard}-of-{num_shards}.log"
         with log_path.open("a", encoding="utf-8") as log_file:
             command = [
-                sys.executable, "-m", "physreason.eval.worker", "--config", str(plan.base / CONFIG_FILE),
-                "--shard", str(shard), "--num-shards", str(num_shards),
+                sys.executable,
+                "-m",
+                "physreason.eval.worker",
+                "--config",
+                str(plan.base / CONFIG_FILE),
+                "--shard",
+                str(shard),
+                "--num-shards",
+                str(num_shards),
             ]
-            processes.append((shard, subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT), log_path))
+            processes.append(
+                (shard, subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT), log_path)
+            )
     total = sum(len(b.samples) for b, _, _ in plan.runs())
     try:
         with _progress(show_progress) as progress:

@@ -23,8 +23,19 @@ from physreason.eval.scoring import accuracy, mean_std
 
 AVERAGE = "average"
 CSV_COLUMNS = (
-    "model", "answer_type", "dataset", "repeats", "seeds", "samples", "scored", "correct", "failed", "missing",
-    "accuracy_pct_mean", "accuracy_pct_std", "accuracy_pct_per_repeat",
+    "model",
+    "answer_type",
+    "dataset",
+    "repeats",
+    "seeds",
+    "samples",
+    "scored",
+    "correct",
+    "failed",
+    "missing",
+    "accuracy_pct_mean",
+    "accuracy_pct_std",
+    "accuracy_pct_per_repeat",
 )
 
 
@@ -81,17 +92,16 @@ def score_run(run: Path) -> RepeatScore:
 def _run_folders(results_dir: Path) -> list[Path]:
     """Every run folder (holding run.json or result files) at or below `results_dir`."""
     marks = [RUN_FILE, MERGED_FILE, "shard-*-of-*.jsonl"]
-    found = {path.parent for mark in marks for path in results_dir.rglob(mark)}
-    if any(results_dir.glob(mark) for mark in marks):
-        found.add(results_dir)
-    return sorted(found)
+    return sorted({path.parent for mark in marks for path in results_dir.rglob(mark)})
 
 
 def collect_reports(results_dir: str | Path) -> list[DatasetReport]:
     """Score every run under `results_dir` (any level of `<results>/<model>/<answer_type>/<dataset>/seed_<s>`)."""
     root = Path(results_dir).expanduser().resolve()
     if not root.is_dir():
-        raise InputError(f"results folder {root} does not exist: pass the eval.results_dir of a finished or running evaluation")
+        raise InputError(
+            f"results folder {root} does not exist: pass the eval.results_dir of a finished or running evaluation"
+        )
     groups: dict[tuple[str, str, str], list[RepeatScore]] = defaultdict(list)
     for run in _run_folders(root):
         dataset_dir = run.parent
@@ -153,17 +163,24 @@ def report_rows(reports: list[DatasetReport]) -> list[ReportRow]:
             mean, std = rep.mean_std()
             rows.append(
                 ReportRow(
-                    model, answer_type, rep.dataset, len(rep.repeats), ",".join(r.seed for r in rep.repeats),
-                    max(r.total for r in rep.repeats), sum(r.scored for r in rep.repeats),
-                    sum(r.correct for r in rep.repeats), sum(r.failed for r in rep.repeats),
-                    sum(r.missing for r in rep.repeats), mean, std, rep.accuracies(),
+                    model,
+                    answer_type,
+                    rep.dataset,
+                    len(rep.repeats),
+                    ",".join(r.seed for r in rep.repeats),
+                    max(r.total for r in rep.repeats),
+                    sum(r.scored for r in rep.repeats),
+                    sum(r.correct for r in rep.repeats),
+                    sum(r.failed for r in rep.repeats),
+                    sum(r.missing for r in rep.repeats),
+                    mean,
+                    std,
+                    rep.accuracies(),
                 )
             )
         if len(group) > 1:
             mean, std, count = macro_average(group)
-            rows.append(
-                ReportRow(model, answer_type, AVERAGE, count, "", None, None, None, None, None, mean, std, [])
-            )
+            rows.append(ReportRow(model, answer_type, AVERAGE, count, "", None, None, None, None, None, mean, std, []))
     return rows
 
 
@@ -181,21 +198,29 @@ def _count(value: int | None) -> str:
     return "" if value is None else str(value)
 
 
-_DISPLAY_COLUMNS = ("model", "answer type", "dataset", "repeats", "samples", "failed", "missing", "accuracy % (mean ± std)")
+_DISPLAY_COLUMNS = ("model", "answer type", "dataset", "repeats", "samples", "failed", "missing", "accuracy %")
 
 
 def _display_cells(row: ReportRow) -> list[str]:
     return [
-        row.model, row.answer_type, row.dataset, str(row.repeats), _count(row.samples), _count(row.failed),
-        _count(row.missing), _accuracy_text(row),
+        row.model,
+        row.answer_type,
+        row.dataset,
+        str(row.repeats),
+        _count(row.samples),
+        _count(row.failed),
+        _count(row.missing),
+        _accuracy_text(row),
     ]
 
 
 def rich_table(rows: list[ReportRow], title: str) -> Table:
-    """The report as a rich table; failures and missing results are highlighted."""
+    """The report as a rich table (accuracy as mean ± std in percent); failures and missing results are highlighted."""
     table = Table(title=title)
     for name in _DISPLAY_COLUMNS:
-        table.add_column(name, justify="left" if name in ("model", "answer type", "dataset") else "right")
+        text_column = name in ("model", "answer type", "dataset")
+        # Names fold onto more lines rather than being cut: a truncated data set name is ambiguous.
+        table.add_column(name, justify="left" if text_column else "right", no_wrap=not text_column, overflow="fold")
     for row in rows:
         cells = _display_cells(row)
         if row.failed:
@@ -221,9 +246,19 @@ def csv_text(rows: list[ReportRow]) -> str:
     for row in rows:
         writer.writerow(
             [
-                row.model, row.answer_type, row.dataset, row.repeats, row.seeds, _count(row.samples),
-                _count(row.scored), _count(row.correct), _count(row.failed), _count(row.missing),
-                _pct(row.mean, 4), _pct(row.std, 4), ";".join(_pct(a, 4) for a in row.per_repeat),
+                row.model,
+                row.answer_type,
+                row.dataset,
+                row.repeats,
+                row.seeds,
+                _count(row.samples),
+                _count(row.scored),
+                _count(row.correct),
+                _count(row.failed),
+                _count(row.missing),
+                _pct(row.mean, 4),
+                _pct(row.std, 4),
+                ";".join(_pct(a, 4) for a in row.per_repeat),
             ]
         )
     return buffer.getvalue()

@@ -1,0 +1,185 @@
+"""Scoring and reports on hand-made result files: accuracy math, mean ± std over repeats, failures, CSV/markdown."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from physreason.cli.eval_cmd import app
+from physreason.errors import InputError
+from physreason.eval import collect_reports, csv_text, markdown_table, mean_std, merge_shards, model_slug, report_rows
+from physreason.eval.results import read_run, run_dir, write_run_info
+
+
+def write_run(
+    base: Path,
+    dataset: str,
+    seed: int,
+    *,
+    correct: int,
+    wrong: int,
+    failed: int = 0,
+    total: int | None = None,
+    file: str = "results.jsonl",
+    start: int = 0,
+) -> Path:
+    """A run folder with `correct` right answers, `wrong` wrong ones and `failed` error lines."""
+    run = run_dir(base, dataset, seed)
+    run.mkdir(parents=True, exist_ok=True)
+    records = [{"id": f"q{start + i}", "is_correct": True, "prediction": "A"} for i in range(correct)]
+    records += [{"id": f"q{start + correct + i}", "is_correct": False, "prediction": "B"} for i in range(wrong)]
+    records += [{"id": f"q{start + correct + wrong + i}", "error": "video x.mp4: corrupt"} for i in range(failed)]
+    with (run / file).open("a", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in records)
+    if total is not None:
+        write_run_info(run, {"dataset": dataset, "seed": seed, "total": total})
+    return run
+
+
+def row_for(rows, dataset):
+    return next(r for r in rows if r.dataset == dataset)
+
+
+def test_accuracy_is_correct_over_scored_with_failures_counted_apart(tmp_path):
+    base = tmp_path / "results" / "my-model" / "reasoning"
+    write_run(base, "robovqa", 1, correct=3, wrong=1, failed=2, total=6)
+    (row,) = report_rows(collect_reports(tmp_path / "results"))
+    assert (row.model, row.answer_type, row.dataset) == ("my-model", "reasoning", "robovqa")
+    assert row.mean == pytest.approx(0.75)
+    assert row.std is None  # one repeat has no spread
+    assert (row.samples, row.scored, row.correct, row.failed, row.missing) == (6, 4, 3, 2, 0)
+
+
+def test_mean_and_sample_std_over_repeats(tmp_path):
+    base = tmp_path / "m" / "letter"
+    for seed, correct in zip((1, 2, 3), (2, 3, 4)):
+        write_run(base, "av", seed, correct=correct, wrong=4 - correct)
+    (row,) = report_rows(collect_reports(tmp_path))
+    # accuracies 0.5, 0.75, 1.0: mean 0.75, sample std sqrt(((-.25)^2 + 0 + .25^2) / 2) = 0.25
+    assert row.repeats == 3 and row.seeds == "1,2,3"
+    assert row.per_repeat == pytest.approx([0.5, 0.75, 1.0])
+    assert row.mean == pytest.approx(0.75)
+    assert row.std == pytest.approx(0.25)
+
+
+def test_mean_std_uses_n_minus_one():
+    mean, std = mean_std([0.2, 0.4])
+    assert mean == pytest.approx(0.3)
+    assert std == pytest.approx(math.sqrt(0.02))
+    assert mean_std([]) == (None, None)
+
+
+def test_seeds_sort_numerically(tmp_path):
+    base = tmp_path / "m" / "letter"
+    for seed in (2, 10, 1):
+        write_run(base, "av", seed, correct=1, wrong=0)
+    (row,) = report_rows(collect_reports(tmp_path))
+    assert row.seeds == "1,2,10"
+
+
+def test_missing_counts_questions_without_a_result(tmp_path):
+    base = tmp_path / "m" / "reasoning"
+    write_run(base, "bridgev2", 1, correct=5, wrong=1, total=10)
+    (row,) = report_rows(collect_reports(tmp_path))
+    assert row.missing == 4
+    assert row.mean == pytest.approx(5 / 6)
+
+
+def test_average_row_is_macro_mean_over_datasets_per_repeat(tmp_path):
+    base = tmp_path / "m" / "reasoning"
+    write_run(base, "a", 1, correct=1, wrong=1)  # 0.5
+    write_run(base, "a", 2, correct=2, wrong=0)  # 1.0
+    write_run(base, "b", 1, correct=1, wrong=3)  # 0.25
+    write_run(base, "b", 2, correct=3, wrong=1)  # 0.75
+    write_run(base, "b", 3, correct=4, wrong=0)  # seed 3 is only in b: left out of the average
+    average = row_for(report_rows(collect_reports(tmp_path)), "average")
+    # per-seed macro averages: seed 1 -> 0.375, seed 2 -> 0.875
+    assert average.repeats == 2
+    assert average.mean == pytest.approx(0.625)
+    assert average.std == pytest.approx(math.sqrt(2 * 0.25**2))
+
+
+def test_csv_holds_percentages_and_counts(tmp_path):
+    base = tmp_path / "m" / "reasoning"
+    write_run(base, "av", 1, correct=1, wrong=3, failed=1, total=5)
+    write_run(base, "av", 2, correct=3, wrong=1, failed=0, total=5)  # one question not yet answered
+    rows = list(csv.DictReader(io.StringIO(csv_text(report_rows(collect_reports(tmp_path))))))
+    (row,) = rows
+    assert row["dataset"] == "av" and row["seeds"] == "1,2"
+    assert (row["samples"], row["scored"], row["correct"], row["failed"], row["missing"]) == ("5", "8", "4", "1", "1")
+    assert row["accuracy_pct_mean"] == "50.0000"
+    assert float(row["accuracy_pct_std"]) == pytest.approx(100 * math.sqrt(2 * 0.25**2), abs=1e-4)
+    assert row["accuracy_pct_per_repeat"] == "25.0000;75.0000"
+
+
+def test_markdown_table_shows_mean_plus_minus_std(tmp_path):
+    base = tmp_path / "m" / "reasoning"
+    write_run(base, "av", 1, correct=1, wrong=1)
+    write_run(base, "av", 2, correct=1, wrong=0)
+    text = markdown_table(report_rows(collect_reports(tmp_path)))
+    assert text.splitlines()[0].startswith("| model | answer type | dataset |")
+    assert "| m | reasoning | av | 2 |" in text
+    assert "75.00 ± 35.36" in text
+
+
+def test_unmerged_shard_files_count_each_sample_once(tmp_path):
+    base = tmp_path / "m" / "reasoning"
+    run = write_run(base, "av", 1, correct=2, wrong=0, file="results.jsonl")
+    # A kill between the merge's rename and its deletion leaves the same ids in a shard file too.
+    write_run(base, "av", 1, correct=2, wrong=1, file="shard-0-of-2.jsonl")
+    write_run(base, "av", 1, correct=1, wrong=0, file="shard-1-of-2.jsonl", start=10)
+    assert sorted(read_run(run)) == ["q0", "q1", "q10", "q2"]
+    assert merge_shards(run, order=["q10", "q0"]) == 4
+    assert not list(run.glob("shard-*"))
+    ids = [json.loads(line)["id"] for line in (run / "results.jsonl").read_text().splitlines()]
+    assert ids == ["q10", "q0", "q1", "q2"]
+
+
+def test_torn_last_line_is_ignored(tmp_path):
+    run = write_run(tmp_path / "m" / "letter", "av", 1, correct=1, wrong=1)
+    with (run / "results.jsonl").open("a") as handle:
+        handle.write('{"id": "q9", "is_corr')
+    (row,) = report_rows(collect_reports(tmp_path))
+    assert (row.scored, row.failed) == (2, 0)
+
+
+def test_no_results_is_an_error_naming_the_folder(tmp_path):
+    with pytest.raises(InputError, match="no results under"):
+        collect_reports(tmp_path)
+
+
+def test_report_command_prints_and_writes_markdown_and_csv(tmp_path):
+    base = tmp_path / "results" / "m" / "reasoning"
+    write_run(base, "robovqa", 1, correct=3, wrong=1, failed=1, total=5)
+    write_run(base, "av", 1, correct=1, wrong=1, total=2)
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "results"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "75.00" in result.output and "62.50" in result.output  # robovqa and the average
+    csv_rows = list(csv.DictReader((tmp_path / "out" / "report.csv").open()))
+    assert [r["dataset"] for r in csv_rows] == ["av", "robovqa", "average"]
+    assert csv_rows[2]["accuracy_pct_mean"] == "62.5000"
+    assert "| m | reasoning | robovqa | 1 | 5 | 1 | 0 | 75.00 |" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "slug"),
+    [
+        ("nvidia/Cosmos-Reason1-7B", "nvidia--Cosmos-Reason1-7B"),
+        ("org/model name:v2", "org--model_name_v2"),
+        ("/", "model"),
+    ],
+)
+def test_model_slug_is_a_safe_folder_name(name, slug):
+    assert model_slug(name) == slug
+
+
+def test_model_slug_of_a_local_folder_is_its_name(tmp_path):
+    folder = tmp_path / "checkpoints" / "step_100"
+    folder.mkdir(parents=True)
+    assert model_slug(str(folder) + "/") == "step_100"

@@ -1,0 +1,188 @@
+"""The evaluation runner on the tiny Qwen2.5-VL: layout, failures counted, resume after a kill, shard processes.
+
+A tiny random model answers at random, so these tests pin bookkeeping (counts, ids, layout, resume),
+not accuracy; scoring is tested on hand-made results in test_eval_report.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from media import write_clip
+from typer.testing import CliRunner
+
+from physreason.cli.eval_cmd import app
+from physreason.config import load_config
+from physreason.errors import ConfigError
+from physreason.eval import benchmark_file, model_slug, run_eval
+from physreason.eval.launch import check_resumable
+
+GOOD = 6
+
+
+def qa(answer: str = "A") -> dict:
+    return {"question": "Is the square falling?", "index2ans": {"A": "yes", "B": "no"}, "answer": answer}
+
+
+@pytest.fixture(scope="module")
+def bench_root(tmp_path_factory) -> Path:
+    """Data set `mini`: 6 good clips, one corrupt clip, one path that leaves the data root."""
+    root = tmp_path_factory.mktemp("benchmark")
+    folder = root / "mini"
+    for i in range(GOOD):
+        write_clip(folder / "clips" / f"c{i}.mp4", n_frames=8, fps=4, size=(56, 56), seed=i)
+    (folder / "clips" / "corrupt.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 this is not a video")
+    write_clip(root / "secret.mp4", n_frames=8, size=(56, 56))
+    records = [{"video": f"clips/c{i}.mp4", "qa_pairs": qa("AB"[i % 2])} for i in range(GOOD)]
+    records.insert(2, {"video": "clips/corrupt.mp4", "qa_pairs": [qa()]})
+    records.append({"video": "../secret.mp4", "qa_pairs": qa()})
+    benchmark_file(root, "mini").write_text(json.dumps(records))
+    return root
+
+
+def write_config(path: Path, model: Path, bench_root: Path, results: Path, *, datasets=("mini",), **eval_keys) -> Path:
+    extra = "".join(f"{key} = {json.dumps(value)}\n" for key, value in eval_keys.items())
+    path.write_text(
+        f"""
+[model]
+model_name_or_path = "{model}"
+dtype = "float32"
+[engine]
+backend = "hf"
+batch_size = 2
+[vision]
+min_pixels = 3136
+max_pixels = 3136
+total_pixels = 25088
+[generation]
+temperature = 0.0
+repetition_penalty = 1.0
+max_tokens = 4
+[eval]
+benchmark_root = "{bench_root}"
+datasets = {json.dumps(list(datasets))}
+results_dir = "{results}"
+{extra}"""
+    )
+    return path
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_run_writes_per_repeat_results_and_counts_bad_clips_as_failures(tmp_path, tiny_model_dir, bench_root):
+    config = write_config(
+        tmp_path / "eval.toml", tiny_model_dir, bench_root, tmp_path / "results", num_repeats=2, seed=7
+    )
+    result = CliRunner().invoke(app, ["--config", str(config), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "12 answered, 4 failed" in result.output
+
+    base = tmp_path / "results" / model_slug(str(tiny_model_dir)) / "reasoning"
+    for seed in (7, 8):
+        run = base / "mini" / f"seed_{seed}"
+        assert sorted(p.name for p in run.iterdir()) == ["results.jsonl", "run.json"]
+        records = lines(run / "results.jsonl")
+        assert len(records) == GOOD + 2
+        assert len({r["id"] for r in records}) == len(records)
+        assert {r["seed"] for r in records} == {seed}
+        errors = {r["id"]: r["error"] for r in records if "error" in r}
+        assert set(errors) == {"clips/corrupt.mp4#0", "../secret.mp4#0"}
+        assert "cannot be opened as a video" in errors["clips/corrupt.mp4#0"]
+        assert "leads outside the data folder" in errors["../secret.mp4#0"]
+        answered = [r for r in records if "error" not in r]
+        assert all(isinstance(r["is_correct"], bool) and r["completion_tokens"] <= 4 for r in answered)
+        assert [r["correct_answer"] for r in answered] == ["A", "B", "A", "B", "A", "B"]
+        assert json.loads((run / "run.json").read_text())["total"] == GOOD + 2
+    assert load_config(base / "config.toml").eval.seed == 7
+
+
+def test_rerun_skips_saved_samples(tmp_path, tiny_model_dir, bench_root):
+    config = write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, tmp_path / "results")
+    first = run_eval(load_config(config), show_progress=False)
+    again = run_eval(load_config(config), show_progress=False)
+    assert again.resumed == GOOD + 2
+    assert (
+        [(r.answered, r.failed, r.missing) for r in again.runs]
+        == [(GOOD, 2, 0)]
+        == [(r.answered, r.failed, r.missing) for r in first.runs]
+    )
+
+
+def test_changed_generation_settings_refuse_to_resume_into_the_same_folder(tmp_path, tiny_model_dir, bench_root):
+    config = write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, tmp_path / "results")
+    outcome = run_eval(load_config(config), show_progress=False)
+    with pytest.raises(ConfigError, match="different generation"):
+        run_eval(load_config(config, ["generation.max_tokens=5"]), show_progress=False)
+    # A different seed is a new repeat, and generation.seed is replaced by each repeat's seed: no conflict.
+    check_resumable(outcome.base, load_config(config, ["eval.seed=3", "generation.seed=11"]))
+
+
+@pytest.mark.slow
+def test_resume_after_kill_loses_nothing_and_counts_nothing_twice(tmp_path, tiny_model_dir, bench_root):
+    many = tmp_path / "bench"
+    shutil.copytree(bench_root / "mini" / "clips", many / "big" / "clips")
+    records = [{"video": f"clips/c{i % GOOD}.mp4", "qa_pairs": [qa(), qa("B")]} for i in range(12)]
+    benchmark_file(many, "big").write_text(json.dumps(records))
+    results = tmp_path / "results"
+    config = write_config(tmp_path / "eval.toml", tiny_model_dir, many, results, datasets=("big",))
+    run = results / model_slug(str(tiny_model_dir)) / "reasoning" / "big" / "seed_1"
+    shard = run / "shard-0-of-1.jsonl"
+
+    # One sample per batch, so results arrive one by one and the kill lands part-way through.
+    slow = ["--set", "engine.batch_size=1", "--set", "generation.max_tokens=8"]
+    command = [
+        sys.executable,
+        "-c",
+        "from physreason.cli.eval_cmd import app; app()",
+        "--config",
+        str(config),
+        *slow,
+        "--no-progress",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (shard.is_file() and shard.read_text().count("\n") >= 4):
+            time.sleep(0.02)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    written = shard.read_text().count("\n")
+    assert 4 <= written < 24, "the run must be killed part-way through"
+    with shard.open("a") as handle:  # a kill can also tear the line being written
+        handle.write('{"id": "clips/c0.mp4#9", "seed": 1, "is_corr')
+
+    outcome = run_eval(load_config(config, slow[1::2]), show_progress=False)
+    assert outcome.resumed == written
+    records = lines(run / "results.jsonl")
+    ids = [r["id"] for r in records]
+    assert len(ids) == len(set(ids)) == 24
+    expected = [f"clips/c{i % GOOD}.mp4#{k}" for i in range(12) for k in (2 * (i // GOOD), 2 * (i // GOOD) + 1)]
+    assert ids == expected  # merged in benchmark order
+    assert not shard.exists()
+    assert [(r.answered, r.failed, r.missing) for r in outcome.runs] == [(24, 0, 0)]
+
+
+@pytest.mark.slow
+def test_shard_processes_split_the_samples_and_merge(tmp_path, tiny_model_dir, bench_root):
+    config = write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, tmp_path / "results", num_gpus=2)
+    outcome = run_eval(load_config(config), show_progress=False)
+    assert [(r.answered, r.failed, r.missing) for r in outcome.runs] == [(GOOD, 2, 0)]
+    base = outcome.base
+    records = lines(base / "mini" / "seed_1" / "results.jsonl")
+    ids = [r["id"] for r in records]
+    assert len(set(ids)) == len(ids) == GOOD + 2
+    assert ids[:3] == ["clips/c0.mp4#0", "clips/c1.mp4#0", "clips/corrupt.mp4#0"]  # merged in benchmark order
+    assert sorted(p.name for p in (base / "logs").iterdir()) == ["shard-0-of-2.log", "shard-1-of-2.log"]
+    assert "shard 1/2" in (base / "logs" / "shard-1-of-2.log").read_text()
