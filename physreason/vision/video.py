@@ -65,7 +65,7 @@ def _fix_hint(path: Path) -> str:
 def _open(path: Path) -> av.container.InputContainer:
     try:
         return av.open(str(path), mode="r")
-    except (av.FFmpegError, UnicodeDecodeError) as error:
+    except av.FFmpegError as error:
         raise InputError(
             f"video {path}: cannot be opened as a video ({error}); if it is a truncated or damaged video, "
             + _fix_hint(path)
@@ -78,7 +78,8 @@ def _probe(path: Path) -> _StreamInfo:
     with _open(path) as container:
         if not container.streams.video:
             raise InputError(
-                f"video {path}: has no video stream (no frames, audio only, or not a video); pass a video file with frames"
+                f"video {path}: has no video stream (no frames, audio only, or not a video); "
+                "pass a video file with frames"
             )
         stream = container.streams.video[0]
         rate = stream.average_rate or stream.guessed_rate
@@ -120,7 +121,7 @@ def _decode_sampled(
 ) -> tuple[np.ndarray, list[float]]:
     """Decode the stream once, converting and resizing only the frames at `indices` (sorted) as they pass.
 
-    Peak memory is the output plus one decoded frame, whatever the video's length.
+    Peak memory is the output plus the few frames the decoder's threads hold, whatever the video's length.
     """
     frames = np.empty((len(indices), height, width, 3), dtype=np.uint8)  # [T, H, W, 3]
     timestamps: list[float] = []
