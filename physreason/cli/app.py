@@ -17,6 +17,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts name TOML sections like [model]; rich markup would swallow them.
+    rich_markup_mode=None,
 )
 err_console = Console(stderr=True)
 
@@ -36,9 +38,13 @@ def _root(
 
 def _register() -> None:
     # Imported here so that `physreason --version` stays fast and each module owns its command.
-    from physreason.cli import config_cmd, infer_cmd, models_cmd
+    from physreason.cli import config_cmd, data_cmd, demo_cmd, eval_cmd, infer_cmd, models_cmd, sft_cmd
 
+    app.command("demo")(demo_cmd.demo)
     app.command("infer")(infer_cmd.infer)
+    app.add_typer(eval_cmd.app, name="eval")
+    app.command("sft")(sft_cmd.sft)
+    app.add_typer(data_cmd.app, name="data")
     app.add_typer(config_cmd.app, name="config")
     app.add_typer(models_cmd.app, name="models")
 

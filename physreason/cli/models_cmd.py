@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from physreason.models.tiny import TINY_KINDS
+from physreason.models.kinds import TINY_KINDS
 
 app = typer.Typer(help="Tiny random models for tests and dry runs.", no_args_is_help=True)
 

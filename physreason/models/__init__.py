@@ -1,5 +1,5 @@
-"""Model loading, tiny random models for tests, parallelisation and export."""
+"""Model loading, tiny random models for tests, model inputs, parallelisation and export.
 
-from physreason.models.tiny import TINY_KINDS, build_tiny_model, build_tiny_tokenizer, save_tiny_model
-
-__all__ = ["TINY_KINDS", "build_tiny_model", "build_tiny_tokenizer", "save_tiny_model"]
+Import submodules directly (`physreason.models.tiny`, `physreason.models.inputs`): this package
+stays import-light so the command line starts fast.
+"""

@@ -9,16 +9,13 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Literal
-
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from physreason.models.chat_template import QWEN2_5_VL_CHAT_TEMPLATE
+from physreason.models.kinds import TINY_KINDS, TinyKind
 
-TinyKind = Literal["qwen2_5_vl", "qwen2", "qwen3", "qwen3_moe"]
-TINY_KINDS: tuple[TinyKind, ...] = ("qwen2_5_vl", "qwen2", "qwen3", "qwen3_moe")
 
 # The Qwen2.5 special tokens, in Qwen's order; their ids in the tiny vocabulary follow the BPE vocab.
 QWEN_SPECIAL_TOKENS = [
