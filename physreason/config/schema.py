@@ -158,6 +158,9 @@ class TrainConfig(Section):
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass.")
     freeze_vision_tower: bool = Field(False, description="Keep the vision encoder's weights fixed.")
     compile: bool = Field(False, description="torch.compile each decoder block.")
+    loss_chunk_size: int = Field(
+        0, ge=0, description="Tokens per lm_head + cross-entropy chunk (full logits never materialise); 0 = one piece."
+    )
     log_freq: int = Field(1, gt=0, description="Steps between metric log lines.")
     validation_freq: int = Field(100, gt=0, description="Steps between validation-loss evaluations.")
     sync_weight_interval: int = Field(1, gt=0, description="GRPO: steps between weight pushes to the rollout engine.")
@@ -201,6 +204,12 @@ class GRPOConfig(Section):
     reward_function: dict[str, float] = Field(
         default_factory=lambda: {"accuracy": 1.0, "format": 1.0}, description="Reward name -> weight."
     )
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token", description="Probability ratio per token (GRPO) or per sequence (GSPO)."
+    )
+    kl_importance_correction: bool = Field(
+        False, description="Weight the k3 KL term by the policy/old ratio (TRL's use_bias_correction_kl)."
+    )
     mode: Literal["colocated", "disaggregated"] = Field("colocated", description="Share GPUs, or separate replicas on Ray.")
     allowed_outdated_steps: int = Field(1, ge=0, description="Disaggregated: oldest weight version a rollout may use.")
 
@@ -223,6 +232,10 @@ class EvalConfig(Section):
     answer_type: Literal["reasoning", "letter"] = Field("reasoning", description="Think then answer, or the letter only.")
     num_repeats: int = Field(1, ge=1, description="Independent runs with different seeds; mean and std are reported.")
     seed: int = Field(1, description="Seed of the first repeat; repeat k uses seed + k.")
+    model_name: str | None = Field(
+        None, description="Name of the results folder for this model; None derives it from model_name_or_path."
+    )
+    limit: int | None = Field(None, gt=0, description="Evaluate at most this many questions per data set (debugging).")
     results_dir: str = Field("./results", description="Per-sample results go under <results_dir>/<model>/<answer_type>/<dataset>/.")
     num_gpus: int = Field(1, ge=1, description="GPUs used in all; shards = num_gpus / tp_size.")
     tp_size: int = Field(1, ge=1, description="GPUs per engine.")

@@ -7,6 +7,8 @@ CUDA_VISIBLE_DEVICES and answers every k-th sample. On CPU the shards are proces
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import subprocess
 import sys
@@ -79,10 +81,12 @@ def plan_eval(cfg: Config) -> EvalPlan:
     if not cfg.eval.datasets:
         raise ConfigError("eval.datasets is empty: list data set names under eval.benchmark_root, or JSON/JSONL files")
     benchmarks = [load_benchmark(spec, cfg.eval.benchmark_root) for spec in cfg.eval.datasets]
+    if cfg.eval.limit is not None:
+        benchmarks = [dataclasses.replace(b, samples=b.samples[: cfg.eval.limit]) for b in benchmarks]
     names = [b.name for b in benchmarks]
     if len(set(names)) != len(names):
         raise ConfigError(f"eval.datasets names the same data set twice ({names}); each needs its own results folder")
-    base = answer_type_dir(cfg.eval.results_dir, cfg.model.model_name_or_path, cfg.eval.answer_type)
+    base = answer_type_dir(cfg.eval.results_dir, cfg.eval.model_name or cfg.model.model_name_or_path, cfg.eval.answer_type)
     seeds = [cfg.eval.seed + k for k in range(cfg.eval.num_repeats)]
     return EvalPlan(base=base, benchmarks=benchmarks, seeds=seeds)
 

@@ -18,7 +18,7 @@ from physreason.errors import PhysReasonError
 from physreason.eval.benchmark import Benchmark, EvalSample
 from physreason.eval.results import finished_in_run, shard_file
 from physreason.eval.scoring import score_completion
-from physreason.infer.batch import _truncate_torn_tail
+from physreason.infer.batch import truncate_torn_tail
 from physreason.vision import load_video
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def evaluate_shard(
         return counts
     out = shard_file(run, shard, num_shards)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _truncate_torn_tail(out)
+    truncate_torn_tail(out)
     with out.open("a", encoding="utf-8") as sink:
 
         def write(sample: EvalSample, result: GenerationResult) -> None:

@@ -50,7 +50,7 @@ def finished_ids(out: Path) -> set[str]:
     return done
 
 
-def _truncate_torn_tail(out: Path) -> None:
+def truncate_torn_tail(out: Path) -> None:
     """Drop a partial last line left by a killed run, so appended records start on a fresh line."""
     if not out.is_file() or out.stat().st_size == 0:
         return
@@ -115,7 +115,7 @@ def run_batch(
         raise PhysReasonError(f"{requests_path}: id {duplicate!r} appears more than once; ids must be unique to resume")
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _truncate_torn_tail(out)
+    truncate_torn_tail(out)
     done = finished_ids(out) & set(ids)
     summary = BatchSummary(total=len(records), skipped=len(done), done=0, failed=0)
     columns = (TextColumn("infer"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())

@@ -247,7 +247,7 @@ def validation_loss(module: torch.nn.Module, dataset: SFTDataset, collate, runti
     return _all_reduce_sum(total, runtime) / max(_all_reduce_sum(count, runtime), 1.0)
 
 
-def run_sft(config: Config, loss_chunk_size: int = 0) -> SFTResult:
+def run_sft(config: Config) -> SFTResult:
     """Fine-tune config.model on config.data as configured in config.train; returns the run's record."""
     runtime = init_runtime()
     train_cfg = config.train
@@ -281,7 +281,7 @@ def run_sft(config: Config, loss_chunk_size: int = 0) -> SFTResult:
         parallelize.freeze_vision_tower(model)
     if train_cfg.gradient_checkpointing:
         parallelize.enable_activation_checkpointing(model)
-    module = CausalLMLoss(model, loss_chunk_size)
+    module = CausalLMLoss(model, config.train.loss_chunk_size)
     param_dtype = loading.DTYPES[train_cfg.param_dtype]
     if runtime.distributed:
         mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, tp)
