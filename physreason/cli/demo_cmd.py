@@ -11,7 +11,7 @@ def demo(
     out: Path = typer.Option(Path("demo-out"), help="Folder for the model, data, checkpoints and results (reruns reuse it)."),
     train_per_task: int = typer.Option(24, help="Generated training clips per task."),
     test_per_task: int = typer.Option(12, help="Generated held-out clips per task."),
-    sft_steps: int = typer.Option(30, help="SFT optimizer steps."),
+    sft_steps: int = typer.Option(40, help="SFT optimizer steps."),
 ) -> None:
     """Tiny model + generated intuitive-physics clips: evaluate, fine-tune, evaluate again, print the table."""
     from physreason.demo import DemoSizes, run_demo

@@ -1,0 +1,42 @@
+"""The README's main job runs end to end (at a toy size) and reports every stage."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from physreason.demo import TASKS, DemoSizes, letter_sft_records, run_demo
+
+
+@pytest.mark.slow
+def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
+    sizes = DemoSizes(train_per_task=4, test_per_task=2, sft_steps=2, max_tokens=2)
+    table = run_demo(tmp_path / "demo", sizes)
+    assert list(table) == ["base model", "after SFT"]
+    for scores in table.values():
+        assert set(scores) == set(TASKS)
+        assert all(value is None or 0.0 <= value <= 1.0 for value in scores.values())
+    train = tmp_path / "demo" / "data" / "train"
+    records = [json.loads(line) for line in (train / "sft.jsonl").read_text().splitlines()]
+    assert len(records) == 4 * len(TASKS)
+    # a rerun reuses the model and the clips instead of regenerating them
+    clip = train / "arrow_of_time" / records[0]["video"].split("/", 1)[1]
+    stamp = clip.stat().st_mtime_ns
+    run_demo(tmp_path / "demo", sizes)
+    assert clip.stat().st_mtime_ns == stamp
+
+
+def test_letter_records_answer_with_the_benchmark_letter(tmp_path):
+    for task in TASKS:
+        folder = tmp_path / task
+        folder.mkdir()
+        entry = {"video": "clips/x.mp4", "qa_pairs": {"question": "Which?", "index2ans": {"A": "up", "B": "down"}, "answer": "B"}}
+        (folder / f"{task}_benchmark_qa_pairs.json").write_text(json.dumps([entry]))
+    assert letter_sft_records(tmp_path, tmp_path / "sft.jsonl") == len(TASKS)
+    first = json.loads((tmp_path / "sft.jsonl").read_text().splitlines()[0])
+    assert first["video"] == f"{TASKS[0]}/clips/x.mp4"
+    roles = [turn["role"] for turn in first["conversations"]]
+    assert roles == ["system", "user", "assistant"]
+    assert first["conversations"][2]["content"] == "B"
+    assert "(A) up\n(B) down" in first["conversations"][1]["content"]
