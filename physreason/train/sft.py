@@ -181,7 +181,8 @@ class MicroBatches:
         return batches
 
 
-def _all_reduce_sum(value: float, runtime: Runtime) -> float:
+def all_reduce_sum(value: float, runtime: Runtime) -> float:
+    """Sum of `value` over all ranks (the value itself in a single process)."""
     if not runtime.distributed:
         return value
     tensor = torch.tensor([value], dtype=torch.float64, device=runtime.device)
@@ -189,7 +190,8 @@ def _all_reduce_sum(value: float, runtime: Runtime) -> float:
     return float(tensor.item())
 
 
-def _autocast(runtime: Runtime, fsdp: bool, param_dtype: torch.dtype):
+def autocast_context(runtime: Runtime, fsdp: bool, param_dtype: torch.dtype):
+    """Autocast to param_dtype for an unsharded model; FSDP2 (mixed-precision policy) and fp32 need none."""
     if fsdp or param_dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(runtime.device.type, dtype=param_dtype)
@@ -206,7 +208,7 @@ def train_step(
     autocast: Any,
 ) -> tuple[float, float]:
     """One optimizer step over the micro-batches; returns (global token-mean loss, grad norm)."""
-    targets = _all_reduce_sum(sum(b.num_targets for b in micro_batches), runtime)
+    targets = all_reduce_sum(sum(b.num_targets for b in micro_batches), runtime)
     # FSDP averages gradients over data-parallel ranks; multiplying by dp_size makes the result the
     # gradient of (sum of token losses / all target tokens of the global batch).
     scale = dp_size / max(targets, 1.0)
@@ -228,7 +230,7 @@ def train_step(
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return _all_reduce_sum(loss_sum, runtime) / max(targets, 1.0), float(norm)
+    return all_reduce_sum(loss_sum, runtime) / max(targets, 1.0), float(norm)
 
 
 @torch.no_grad()
@@ -244,7 +246,7 @@ def validation_loss(module: torch.nn.Module, dataset: SFTDataset, collate, runti
                 total += float(module(batch.to(runtime.device)))
             count += batch.num_targets
     module.train()
-    return _all_reduce_sum(total, runtime) / max(_all_reduce_sum(count, runtime), 1.0)
+    return all_reduce_sum(total, runtime) / max(all_reduce_sum(count, runtime), 1.0)
 
 
 def run_sft(config: Config) -> SFTResult:
@@ -295,7 +297,7 @@ def run_sft(config: Config) -> SFTResult:
         for block in loading.decoder_layers(model):
             block.compile()
     module.train()
-    autocast = _autocast(runtime, runtime.distributed, param_dtype)
+    autocast = autocast_context(runtime, runtime.distributed, param_dtype)
     optimizer, scheduler = build_optimizer(module, train_cfg, total_steps, fused=runtime.device.type == "cuda")
 
     result = SFTResult()
@@ -322,7 +324,7 @@ def run_sft(config: Config) -> SFTResult:
             for batch in micro:
                 result.skipped.update(batch.skipped)
             lr = scheduler.get_last_lr()[0]
-            tokens = _all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime)
+            tokens = all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime)
             loss, norm = train_step(module, micro, optimizer, scheduler, runtime, dp_size, train_cfg.optm_grad_norm_clip, autocast)
             step += 1
             elapsed = time.perf_counter() - started

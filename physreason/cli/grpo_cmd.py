@@ -1,0 +1,33 @@
+"""`physreason grpo`: GRPO reinforcement learning from a TOML recipe (one process, or many under torchrun)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import typer
+
+
+def grpo(
+    config: Path = typer.Option(..., "--config", "-c", help="TOML recipe (see configs/grpo_tiny.toml)."),
+    overrides: list[str] = typer.Option([], "--set", help="Override a key, e.g. --set grpo.kl_beta=0.01 (repeatable)."),
+) -> None:
+    """Train a model with GRPO on multiple-choice prompts; the rollout engine shares the GPUs with the policy."""
+    import torch.distributed as dist
+
+    from physreason.config import load_config
+    from physreason.train.grpo import run_grpo
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    recipe = load_config(config, overrides)
+    try:
+        result = run_grpo(recipe)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if result.rewards:
+        typer.echo(f"finished {len(result.rewards)} steps, mean reward {result.rewards[0]:.3f} -> {result.rewards[-1]:.3f}")
+    if result.last_checkpoint is not None:
+        typer.echo(f"checkpoint: {result.last_checkpoint}")
+    if result.export_dir is not None:
+        typer.echo(f"Hugging Face export: {result.export_dir}")

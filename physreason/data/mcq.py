@@ -1,0 +1,152 @@
+"""Multiple-choice prompt records for GRPO: loading, per-draw option shuffling, and a resumable prompt stream.
+
+Two record layouts are read from a JSON/JSONL file or dataset folder (`[data.dataset]`):
+- the evaluation layout, `{"video": "clips/x.mp4", "qa_pairs": {"question", "index2ans", "answer"}}`
+  (`qa_pairs` may be a list), which `physreason data synth` writes and `physreason eval` reads;
+- flat records `{"question", "options" | "index2ans", "answer" | "correct_answer", "video"?, "image"?, "id"?}`,
+  where options are a `{"A": ...}` dict or a list lettered A, B, ...; media are optional.
+Media paths are relative to the data root and may not leave it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from physreason.chat.mcq import lettered_options, shuffle_options
+from physreason.chat.messages import Message, build_mcq_messages
+from physreason.config import DatasetConfig
+from physreason.data.loaders import load_records, resolve_media_path
+from physreason.errors import InputError
+
+
+@dataclass(frozen=True)
+class MCQPrompt:
+    """One multiple-choice question with its media, ready to be asked."""
+
+    id: str
+    question: str
+    options: dict[str, str]  # letter -> option text, in letter order
+    answer: str  # the correct option's letter
+    videos: tuple[Path, ...] = ()
+    images: tuple[Path, ...] = ()
+
+    def messages(self) -> list[Message]:
+        """Chat messages as the Cosmos-Reason1 GRPO recipe builds them (media first, its format instruction)."""
+        return build_mcq_messages(
+            self.question, self.options, videos=self.videos, images=self.images, answer_type="grpo"
+        )
+
+    def reward_fields(self) -> dict[str, Any]:
+        """The sample fields rewards read (`answer`, `options`)."""
+        return {"answer": self.answer, "options": self.options}
+
+
+def shuffled(prompt: MCQPrompt, rng: random.Random) -> MCQPrompt:
+    """The same question with its option texts in a random order under the same letters, answer remapped."""
+    options, answer = shuffle_options(prompt.options, prompt.answer, rng)
+    return replace(prompt, options=options, answer=answer)
+
+
+def _paths(value: Any, root: Path, where: str) -> tuple[Path, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise InputError(f"{where}: media must be a path or a list of paths, got {value!r}")
+    return tuple(resolve_media_path(root, item, where) for item in items)
+
+
+def _prompt(sample_id: str, qa: Any, record: dict[str, Any], root: Path, where: str) -> MCQPrompt:
+    if not isinstance(qa, dict):
+        raise InputError(f"{where}: expected an object with question, options and answer, got {type(qa).__name__}")
+    question = qa.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise InputError(f"{where}: no 'question' text")
+    raw_options = qa.get("index2ans", qa.get("options"))
+    if not raw_options:
+        raise InputError(f"{where}: no options; give 'index2ans' or 'options' ({{\"A\": ...}} or a list)")
+    options = lettered_options(raw_options)
+    answer = qa.get("answer", qa.get("correct_answer"))
+    if not isinstance(answer, str) or answer.strip() not in options:
+        raise InputError(f"{where}: the answer {answer!r} is not one of the option letters {list(options)}")
+    return MCQPrompt(
+        id=sample_id,
+        question=question,
+        options={str(k): str(v) for k, v in options.items()},
+        answer=answer.strip(),
+        videos=_paths(record.get("video"), root, where),
+        images=_paths(record.get("image"), root, where),
+    )
+
+
+def parse_mcq_records(records: list[Any], root: Path, source: str) -> list[MCQPrompt]:
+    """One prompt per question in the records (either layout); InputError names the first bad record."""
+    prompts: list[MCQPrompt] = []
+    for number, record in enumerate(records):
+        where = f"{source} record {number}"
+        if not isinstance(record, dict):
+            raise InputError(f"{where} is not an object")
+        key = str(record.get("id", record.get("video") if isinstance(record.get("video"), str) else f"record-{number}"))
+        if "qa_pairs" in record:
+            pairs = record["qa_pairs"] if isinstance(record["qa_pairs"], list) else [record["qa_pairs"]]
+            prompts += [_prompt(f"{key}#{k}", qa, record, root, where) for k, qa in enumerate(pairs)]
+        else:
+            prompts.append(_prompt(f"{key}#0", record, record, root, where))
+    return prompts
+
+
+def load_mcq_prompts(dataset: DatasetConfig, max_samples: int | None = None) -> list[MCQPrompt]:
+    """Read `[data.dataset]` as multiple-choice prompts (at most `max_samples`); InputError when there are none."""
+    records, root = load_records(dataset)
+    if max_samples:
+        records = records[:max_samples]
+    prompts = parse_mcq_records(records, root, dataset.name)
+    if not prompts:
+        raise InputError(f"{dataset.name} holds no multiple-choice questions: check data.dataset.name")
+    return prompts
+
+
+class PromptStream:
+    """Endless, resumable stream of prompt draws: epoch-wise permutations, each draw optionally reshuffled.
+
+    Draw `k` is prompt `perm_e[k % N]` of epoch `e = k // N`; its option order comes from a generator
+    seeded by (seed, k), so a resumed run (same cursor) draws exactly the same prompts and orders.
+    """
+
+    def __init__(self, prompts: list[MCQPrompt], seed: int, shuffle: bool = True, shuffle_options: bool = True) -> None:
+        self.prompts = prompts
+        self.seed = seed
+        self.shuffle = shuffle
+        self.shuffle_options = shuffle_options
+        self.cursor = 0
+        self._orders: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            self._orders = {epoch: list(range(len(self.prompts)))}
+            if self.shuffle:
+                generator = torch.Generator().manual_seed(self.seed + epoch)
+                self._orders[epoch] = torch.randperm(len(self.prompts), generator=generator).tolist()
+        return self._orders[epoch]
+
+    def draw(self, count: int) -> list[MCQPrompt]:
+        """The next `count` prompts (crossing epochs as needed), options reshuffled when enabled."""
+        drawn = []
+        for _ in range(count):
+            epoch, position = divmod(self.cursor, len(self.prompts))
+            prompt = self.prompts[self._order(epoch)[position]]
+            if self.shuffle_options:
+                prompt = shuffled(prompt, random.Random(f"{self.seed}:{self.cursor}"))
+            drawn.append(prompt)
+            self.cursor += 1
+        return drawn
+
+    @property
+    def epoch(self) -> int:
+        """Passes over the prompts completed so far."""
+        return self.cursor // len(self.prompts)

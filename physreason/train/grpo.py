@@ -1,0 +1,461 @@
+"""The colocated GRPO loop: the policy (FSDP2 under torchrun, or one process) and the rollout engine share the GPUs.
+
+Each step: draw multiple-choice prompts (options reshuffled per draw), sample `[rollout] n_generation`
+completions each with the engine, score them with the configured rewards, compute group advantages,
+then update the policy `[grpo] mu_iterations` times over the step's samples in micro-batches of
+`[grpo] mini_batch`, and push the weights to the engine every `[train] sync_weight_interval` steps.
+
+Batch layout: `[train] train_batch_per_replica` counts completions per optimizer step (cosmos-rl's
+meaning), so one step trains on train_batch_per_replica / n_generation prompt groups, split over the
+data-parallel ranks; each rank drives its own engine on its own share of the prompts.
+
+Log-probabilities: the policy recomputes them itself at the one configured temperature
+(`[rollout.sampling_config] temperature`); the engine's (raw-model, temperature-1) log-probs are
+compared with the policy's temperature-1 log-probs only to report the mismatch. With
+`sync_weight_interval > 1` the engine samples with weights up to that many steps old while
+"old" log-probs are the current policy's, and the mismatch metric includes that staleness.
+Weights are also pushed at every checkpoint, so a resumed run continues with the same engine weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from physreason.config import Config, dump_config
+from physreason.data.mcq import PromptStream, load_mcq_prompts
+from physreason.data.sft import VisionTokens
+from physreason.engines import Engine, create_engine
+from physreason.errors import ConfigError
+from physreason.models import loading, parallelize
+from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from physreason.train.grpo_loss import masked_sum, policy_loss
+from physreason.train.metrics import MetricLogger
+from physreason.train.policy import CompletionBatch, PolicyScorer, build_completion_batch, first_vision_token
+from physreason.train.rollout import RolloutBatch, RolloutSettings, collect_rollouts
+from physreason.train.schedule import build_optimizer
+from physreason.train.sft import Runtime, all_reduce_sum, autocast_context, init_runtime, seed_everything
+from physreason.train.weight_sync import push_weights
+
+log = logging.getLogger(__name__)
+
+# Rollout batches one step may draw with dynamic sampling before it trains on the groups it has.
+MAX_DYNAMIC_SAMPLING_ROUNDS = 8
+
+
+@dataclass
+class GRPOResult:
+    """What a run did: per-step mean total reward (over every scored completion), metrics, final folders."""
+
+    rewards: list[float] = field(default_factory=list)
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    last_checkpoint: Path | None = None
+    export_dir: Path | None = None
+
+
+def aggregation_count(mask: torch.Tensor, mode: str) -> float:
+    """What `mode` averages over in a [B, T] mask: tokens, sequences with tokens, or sequences.
+
+    A micro-batch's loss times count(micro) / count(step) summed over micro-batches equals the loss
+    of the whole step's batch, so gradient accumulation leaves the objective unchanged.
+    """
+    if mode == "token-mean":
+        return float(mask.sum())
+    if mode == "seq-mean-token-mean":
+        return float(mask.any(dim=-1).sum())
+    if mode == "seq-mean-token-sum-norm":
+        return float(mask.shape[0])
+    raise ConfigError(f"[grpo] loss_agg_mode = {mode!r} is not known")
+
+
+def groups_per_rank(config: Config, dp_size: int) -> int:
+    """Prompt groups each data-parallel rank trains on per step."""
+    completions, n = config.train.train_batch_per_replica, config.rollout.n_generation
+    if completions % (n * dp_size):
+        raise ConfigError(
+            f"train.train_batch_per_replica ({completions}) counts completions per step in GRPO: it must be a multiple "
+            f"of rollout.n_generation ({n}) x data-parallel size ({dp_size})"
+        )
+    return completions // (n * dp_size)
+
+
+class _Stats:
+    """Sums of named values over ranks: means, standard deviations and weighted means of a step."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def reduce(self, values: list[float]) -> torch.Tensor:
+        t = torch.tensor(values, dtype=torch.float64, device=self.runtime.device)
+        if self.runtime.distributed:
+            dist.all_reduce(t)
+        return t.cpu()
+
+    def mean_std(self, values: list[float]) -> tuple[float, float]:
+        n, total, squares = self.reduce([len(values), sum(values), sum(v * v for v in values)]).tolist()
+        if n == 0:
+            return 0.0, 0.0
+        mean = total / n
+        return mean, math.sqrt(max(squares / n - mean * mean, 0.0))
+
+
+def _sleep(engine: Engine) -> None:
+    # Engines that can free their GPU memory between rollouts (vLLM sleep mode) expose sleep/wake_up.
+    if hasattr(engine, "sleep"):
+        engine.sleep()
+
+
+def _wake(engine: Engine) -> None:
+    if hasattr(engine, "wake_up"):
+        engine.wake_up()
+
+
+@dataclass
+class UpdateSettings:
+    """What one policy update needs to know of the recipe."""
+
+    temperature: float
+    mu_iterations: int
+    mini_batch: int
+    epsilon_low: float
+    epsilon_high: float
+    dual_clip: float | None
+    agg_mode: str
+    norm_length: int
+    kl_beta: float
+    kl_importance_correction: bool
+    importance_sampling_level: str
+    grad_clip: float
+
+    @classmethod
+    def from_config(cls, config: Config) -> UpdateSettings:
+        grpo = config.grpo
+        return cls(
+            temperature=config.policy_temperature,
+            mu_iterations=grpo.mu_iterations,
+            mini_batch=grpo.mini_batch,
+            epsilon_low=grpo.epsilon_low,
+            epsilon_high=grpo.epsilon_high,
+            dual_clip=grpo.dual_clip,
+            agg_mode=grpo.loss_agg_mode,
+            norm_length=config.rollout.max_response_length,
+            kl_beta=grpo.kl_beta,
+            kl_importance_correction=grpo.kl_importance_correction,
+            importance_sampling_level=grpo.importance_sampling_level,
+            grad_clip=config.train.optm_grad_norm_clip,
+        )
+
+
+def update_policy(
+    scorer: torch.nn.Module,
+    batches: list[CompletionBatch],
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    settings: UpdateSettings,
+    runtime: Runtime,
+    dp_size: int,
+    autocast: Any,
+    reference: torch.nn.Module | None = None,
+) -> dict[str, float]:
+    """`mu_iterations` optimizer steps over the micro-batches; returns token-weighted policy metrics.
+
+    Old log-probs are the policy's before the first update (with one iteration, the detached current
+    ones: the ratio is 1 and only its gradient counts). Reference log-probs are computed when kl_beta > 0.
+    """
+    counts = [aggregation_count(b.mask, settings.agg_mode) for b in batches]
+    total = max(all_reduce_sum(sum(counts), runtime), 1e-12)
+    temperature = settings.temperature
+    sums: dict[str, float] = {}
+    tokens = [float(b.mask.sum()) for b in batches]
+
+    def add(name: str, value: torch.Tensor | float, weight: float) -> None:
+        sums[name] = sums.get(name, 0.0) + float(value) * weight
+
+    old: list[torch.Tensor | None] = [None] * len(batches)
+    ref: list[torch.Tensor | None] = [None] * len(batches)
+    need_old = settings.mu_iterations > 1
+    with torch.no_grad(), autocast:
+        for i, batch in enumerate(batches):
+            if need_old:
+                scores = scorer(batch, temperature, diagnostics=True)
+                old[i] = scores.logprobs
+                _add_diagnostics(add, scores, batch)
+            if reference is not None:
+                ref[i] = reference(batch, temperature).logprobs
+    sync = getattr(scorer, "set_requires_gradient_sync", None)
+    norms = []
+    for iteration in range(settings.mu_iterations):
+        for i, batch in enumerate(batches):
+            if sync is not None:
+                sync(i == len(batches) - 1)
+            diagnostics = not need_old and iteration == 0
+            with autocast:
+                scores = scorer(batch, temperature, diagnostics=diagnostics)
+            if diagnostics:
+                _add_diagnostics(add, scores, batch)
+            loss, metrics = policy_loss(
+                scores.logprobs,
+                old[i] if need_old else scores.logprobs.detach(),
+                batch.advantages,
+                batch.mask,
+                settings.epsilon_low,
+                settings.epsilon_high,
+                settings.dual_clip,
+                settings.agg_mode,
+                norm_length=settings.norm_length,
+                kl_beta=settings.kl_beta,
+                ref_logprobs=ref[i],
+                kl_importance_correction=settings.kl_importance_correction,
+                importance_sampling_level=settings.importance_sampling_level,
+            )
+            # FSDP averages gradients over ranks; dp_size undoes that so the sum is the global batch's loss.
+            (loss * (counts[i] * dp_size / total)).backward()
+            add("loss", loss.detach(), counts[i] / total / settings.mu_iterations)
+            for name, value in metrics.items():
+                if name != "ratio_max":
+                    add(f"policy/{name}", value, tokens[i] / settings.mu_iterations)
+        params = [p for p in scorer.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip if settings.grad_clip > 0 else float("inf"))
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        norms.append(float(norm))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    names = sorted(sums)
+    reduced = _Stats(runtime).reduce([sums[n] for n in names] + [sum(tokens)])
+    token_total = max(float(reduced[-1]), 1.0)
+    out = {}
+    for name, value in zip(names, reduced[:-1].tolist(), strict=True):
+        out[name] = value if name == "loss" else value / token_total
+    out["policy/grad_norm"] = sum(norms) / len(norms)
+    return out
+
+
+def _add_diagnostics(add, scores, batch: CompletionBatch) -> None:
+    mask = batch.mask
+    add("policy/entropy_sum", masked_sum(scores.entropy, mask), 1.0)
+    gap = (scores.raw_logprobs - batch.engine_logprobs).abs()  # [B, T]
+    add("rollout/logprob_mismatch_sum", masked_sum(gap, mask), 1.0)
+
+
+def _rename_diagnostics(metrics: dict[str, float]) -> dict[str, float]:
+    # The *_sum entries were divided by the step's token count: they are token means.
+    return {name.removesuffix("_sum"): value for name, value in metrics.items()}
+
+
+def rollout_metrics(
+    batch: RolloutBatch, stats: _Stats, reward_names: list[str], vision: VisionTokens | None
+) -> dict[str, float]:
+    """Reward mean/std per reward (over every scored completion, dropped groups included), lengths, counts."""
+    out: dict[str, float] = {}
+    for name in reward_names:
+        mean, std = stats.mean_std([r[name] for r in batch.scored])
+        out[f"reward/{name}_mean"], out[f"reward/{name}_std"] = mean, std
+    out["rollout/accuracy"] = out.get("reward/accuracy_mean", 0.0)
+    out["rollout/format_rate"] = out.get("reward/format_mean", 0.0)
+    lengths = [float(len(s.completion.token_ids)) for s in batch.samples]
+    out["rollout/response_length_mean"], _ = stats.mean_std(lengths)
+    truncated = [float(s.completion.finish_reason == "length") for s in batch.samples]
+    out["rollout/truncated_frac"], _ = stats.mean_std(truncated)
+    cut = [float(first_vision_token(s.completion.token_ids, vision) is not None) for s in batch.samples]
+    out["rollout/vision_token_cut_frac"], _ = stats.mean_std(cut)
+    keys = ("prompts_drawn", "groups_dropped", "requests_failed", "rounds")
+    summed = stats.reduce([float(batch.counts[k]) for k in keys] + [float(batch.num_groups)]).tolist()
+    out.update({f"rollout/{k}": v for k, v in zip(keys, summed[:-1], strict=True)})
+    out["rollout/groups_kept"] = summed[-1]
+    return out
+
+
+def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
+    """Train config.model with GRPO on the multiple-choice prompts of config.data; returns the run's record.
+
+    `engine` defaults to `create_engine(config.model, config.engine)`; pass one to share it (tests, the demo).
+    """
+    runtime = init_runtime()
+    train_cfg, grpo_cfg, rollout_cfg = config.train, config.grpo, config.rollout
+    seed_everything(train_cfg.seed)
+    output = Path(train_cfg.output_dir)
+    if runtime.is_main:
+        output.mkdir(parents=True, exist_ok=True)
+        dump_config(config, output / "config.toml")
+    tp = config.policy.parallelism.tp_size
+    dp_size, dp_rank = runtime.world_size // tp, runtime.rank // tp
+    groups = groups_per_rank(config, dp_size)
+
+    tokenizer = loading.load_tokenizer(config.model)
+    hf_config = loading.load_model_config(config.model)
+    vision_tokens = VisionTokens.from_model_config(hf_config)
+    processor_params = None
+    if vision_tokens is not None:
+        from physreason.models.inputs import load_processor_params
+
+        processor_params = load_processor_params(config.model.model_name_or_path, config.model.revision)
+    prompts = load_mcq_prompts(config.data.dataset, config.data.max_samples)
+    stream = PromptStream(prompts, train_cfg.seed, config.data.shuffle, grpo_cfg.shuffle_options)
+    prompts_per_step = groups * dp_size
+    if train_cfg.max_steps is None and len(prompts) < prompts_per_step:
+        raise ConfigError(
+            f"{len(prompts)} prompts do not fill one step of {prompts_per_step} prompt groups "
+            f"(train.train_batch_per_replica / rollout.n_generation): lower it, set train.max_steps, or add data"
+        )
+    total_steps = train_cfg.max_steps or train_cfg.epoch * (len(prompts) // prompts_per_step)
+
+    if engine is None:
+        engine = create_engine(config.model, config.engine)
+    model = loading.load_model(config.model, dtype=torch.float32)
+    if train_cfg.freeze_vision_tower:
+        parallelize.freeze_vision_tower(model)
+    if train_cfg.gradient_checkpointing:
+        parallelize.enable_activation_checkpointing(model)
+    scorer = PolicyScorer(model)
+    reference = None
+    if grpo_cfg.kl_beta > 0:
+        ref_model = loading.load_model(config.model, dtype=torch.float32).requires_grad_(False)
+        reference = PolicyScorer(ref_model).eval()
+    param_dtype = loading.DTYPES[train_cfg.param_dtype]
+    if runtime.distributed:
+        mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, tp)
+        reduce_dtype = loading.DTYPES[train_cfg.fsdp_reduce_dtype]
+        for wrapper in (scorer, reference):
+            if wrapper is None:
+                continue
+            if tp > 1:
+                parallelize.apply_tensor_parallel(wrapper.model, mesh["tp"])
+            wrapper.model.to(runtime.device)
+            parallelize.apply_fsdp2(wrapper, wrapper.model, mesh["dp"], param_dtype, reduce_dtype)
+    else:
+        scorer.to(runtime.device)
+        if reference is not None:
+            reference.to(runtime.device)
+    if train_cfg.compile:
+        for block in loading.decoder_layers(model):
+            block.compile()
+    scorer.train()
+    autocast = autocast_context(runtime, runtime.distributed, param_dtype)
+    optimizer, scheduler = build_optimizer(
+        scorer, train_cfg, total_steps * grpo_cfg.mu_iterations, fused=runtime.device.type == "cuda"
+    )
+    engine_dtype = loading.DTYPES.get(config.model.dtype)
+
+    result = GRPOResult()
+    step = 0
+    resume_from = resolve_resume(train_cfg.resume, output)
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, scorer, optimizer, scheduler)
+        step, stream.cursor = state["step"], state["prompt_cursor"]
+        push_weights(engine, model, engine_dtype)
+        log.info("resumed from %s at step %d (prompt draw %d)", resume_from, step, stream.cursor)
+    _sleep(engine)
+
+    sampling = rollout_cfg.sampling_config.model_copy(
+        update={"n": rollout_cfg.n_generation, "max_tokens": rollout_cfg.max_response_length}
+    )
+    if sampling.top_p < 1.0 or sampling.top_k > 0 or sampling.repetition_penalty != 1.0:
+        log.warning(
+            "rollout.sampling_config has top_p/top_k/repetition_penalty set: completions are then not drawn from the "
+            "policy's tempered distribution that the GRPO ratio assumes"
+        )
+    settings = RolloutSettings(
+        groups_needed=groups,
+        prompts_per_round=rollout_cfg.batch_size,
+        sampling=sampling,
+        vision=config.vision,
+        reward_weights=dict(grpo_cfg.reward_function),
+        advantage=grpo_cfg.advantage,
+        dynamic_sampling=grpo_cfg.dynamic_sampling,
+        max_rounds=MAX_DYNAMIC_SAMPLING_ROUNDS,
+        processor_params=processor_params,
+        seed=sampling.seed if sampling.seed is not None else train_cfg.seed,
+    )
+    update = UpdateSettings.from_config(config)
+    reward_names = sorted(set(grpo_cfg.reward_function) | {"accuracy", "format"}) + ["total"]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stats = _Stats(runtime)
+
+    def all_done(done: bool) -> bool:
+        return all_reduce_sum(float(not done), runtime) == 0.0
+
+    metrics_log = MetricLogger(output, config.logging, enabled=runtime.is_main, run_config=config.model_dump(mode="json"))
+    progress = None
+    if runtime.is_main:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=total_steps, initial=step, desc="grpo", dynamic_ncols=True)
+    ckpt = train_cfg.ckpt
+    try:
+        while step < total_steps:
+            started = time.perf_counter()
+            _wake(engine)
+            rollouts = collect_rollouts(engine, stream, settings, step, dp_rank, dp_size, all_done)
+            _sleep(engine)
+            lr = scheduler.get_last_lr()[0]
+            train_started = time.perf_counter()
+            samples = rollouts.samples
+            metrics = rollout_metrics(rollouts, stats, reward_names, vision_tokens)
+            if all_reduce_sum(float(len(samples)), runtime) > 0:
+                batches = [
+                    build_completion_batch(samples[i : i + update.mini_batch], pad_id, vision_tokens).to(runtime.device)
+                    for i in range(0, len(samples), update.mini_batch)
+                ]
+                metrics.update(_rename_diagnostics(update_policy(
+                    scorer, batches, optimizer, scheduler, update, runtime, dp_size, autocast, reference
+                )))
+            else:
+                # Nothing to learn from (every group dropped or failed): the step passes without an update.
+                for _ in range(update.mu_iterations):
+                    scheduler.step()
+                metrics["rollout/empty_step"] = 1.0
+            train_s = time.perf_counter() - train_started
+            step += 1
+            save_now = ckpt.enable_checkpoint and (step % ckpt.save_freq == 0 or step == total_steps)
+            sync_s = 0.0
+            if step % train_cfg.sync_weight_interval == 0 or save_now:
+                sync_started = time.perf_counter()
+                _wake(engine)
+                push_weights(engine, model, engine_dtype)
+                sync_s = time.perf_counter() - sync_started
+            elapsed = time.perf_counter() - started
+            completions = all_reduce_sum(float(len(samples)), runtime)
+            metrics.update({
+                "train/lr": lr,
+                "time/generate_s": all_reduce_sum(rollouts.generate_s, runtime) / runtime.world_size,
+                "time/score_s": all_reduce_sum(rollouts.score_s, runtime) / runtime.world_size,
+                "time/train_s": train_s,
+                "time/sync_s": sync_s,
+                "time/step_s": elapsed,
+                "perf/samples_per_s": completions / elapsed,
+            })
+            result.rewards.append(metrics["reward/total_mean"])
+            result.metrics.append(metrics)
+            if progress is not None:
+                progress.set_postfix(
+                    reward=f"{metrics['reward/total_mean']:.3f}",
+                    acc=f"{metrics['rollout/accuracy']:.2f}",
+                    len=f"{metrics['rollout/response_length_mean']:.0f}",
+                )
+                progress.update(1)
+            if step % train_cfg.log_freq == 0 or step == total_steps:
+                metrics_log.log(step, metrics)
+            if save_now:
+                state = {"step": step, "prompt_cursor": stream.cursor}
+                result.last_checkpoint = save_checkpoint(output, step, scorer, optimizer, scheduler, state, ckpt.max_keep)
+                if ckpt.export_safetensors:
+                    from physreason.models.export import export_safetensors
+
+                    result.export_dir = export_safetensors(
+                        model, config.model.model_name_or_path, output / "safetensors" / f"step_{step}", config.model.dtype
+                    )
+    finally:
+        if progress is not None:
+            progress.close()
+        metrics_log.close()
+    return result
+

@@ -1,0 +1,169 @@
+"""GRPO rollouts: draw prompts, sample a group of completions each with the engine, score them, compute advantages.
+
+Groups are kept whole and in order (completion `j` of group `i` at flat index `i * n + j`), which is
+the layout `compute_group_advantages` expects. With dynamic sampling (DAPO) a group whose rewards
+are all equal carries no gradient and is dropped; more prompts are drawn until the step is full or
+`max_rounds` rollout batches were tried.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from physreason.config import SamplingConfig, VisionConfig
+from physreason.data.mcq import MCQPrompt, PromptStream
+from physreason.engines import Completion, Engine, GenerationRequest
+from physreason.models.inputs import ProcessorParams, VisualInputs, encode_visuals
+from physreason.rewards import compute_rewards
+from physreason.train.grpo_advantages import compute_group_advantages
+from physreason.vision import load_image, load_video
+
+# Rewards computed for every completion whatever the configured weights (at weight 0 they leave the
+# total unchanged), so accuracy and format rate are always logged.
+DIAGNOSTIC_REWARDS = ("accuracy", "format")
+
+
+@dataclass
+class RolloutSample:
+    """One sampled completion with what scoring and the policy update need."""
+
+    group: int
+    prompt: MCQPrompt
+    prompt_ids: list[int]
+    completion: Completion
+    rewards: dict[str, float]  # per reward name, and "total"
+    visuals: VisualInputs | None  # the prompt's pixels, for the policy forward (None for text-only models)
+    advantage: float = 0.0
+
+
+@dataclass
+class RolloutBatch:
+    """The groups of one training step and how they were obtained."""
+
+    samples: list[RolloutSample] = field(default_factory=list)
+    scored: list[dict[str, float]] = field(default_factory=list)  # rewards of every completion, dropped groups too
+    counts: Counter = field(default_factory=Counter)  # prompts_drawn, groups_dropped, requests_failed, rounds
+    generate_s: float = 0.0
+    score_s: float = 0.0
+
+    @property
+    def num_groups(self) -> int:
+        return len({s.group for s in self.samples})
+
+
+def build_request(prompt: MCQPrompt, vision: VisionConfig) -> GenerationRequest:
+    """Decode the prompt's media and build its chat request."""
+    videos = [load_video(path, vision) for path in prompt.videos]
+    images = [load_image(path, vision) for path in prompt.images]
+    return GenerationRequest(messages=prompt.messages(), images=images, videos=videos, request_id=prompt.id)
+
+
+def score_completion(text: str, prompt: MCQPrompt, weights: Mapping[str, float]) -> dict[str, float]:
+    """Each configured reward and the diagnostic ones for one completion, plus the weighted "total"."""
+    every = {name: 0.0 for name in DIAGNOSTIC_REWARDS} | dict(weights)
+    return compute_rewards(text, every, **prompt.reward_fields())
+
+
+def rollout_seed(base: int, step: int, round_index: int, rank: int) -> int:
+    """A sampling seed for one generate call, distinct per step, round and rank, the same on resume."""
+    return random.Random(f"{base}:{step}:{round_index}:{rank}").getrandbits(31)
+
+
+@dataclass
+class RolloutSettings:
+    """How one step's rollouts are drawn and scored."""
+
+    groups_needed: int  # groups this rank trains on per step
+    prompts_per_round: int  # prompts per generate call ([rollout] batch_size)
+    sampling: SamplingConfig  # n = group size, max_tokens = max_response_length
+    vision: VisionConfig
+    reward_weights: dict[str, float]
+    advantage: str = "grpo"
+    dynamic_sampling: bool = False
+    max_rounds: int = 8
+    processor_params: ProcessorParams | None = None  # set for vision-language policies
+    seed: int = 0
+
+
+def collect_rollouts(
+    engine: Engine,
+    stream: PromptStream,
+    settings: RolloutSettings,
+    step: int,
+    rank: int = 0,
+    world_size: int = 1,
+    all_done: Callable[[bool], bool] = lambda done: done,
+) -> RolloutBatch:
+    """Sample, score and keep groups until this rank has `groups_needed` (see the module docstring).
+
+    Every rank draws the same global prompt sequence and takes its own slice, so prompts never
+    repeat across ranks; `all_done` (an all-reduce in distributed runs) keeps ranks drawing in step.
+    """
+    batch = RolloutBatch()
+    round_index = 0
+    drawn_per_rank = 0
+    while True:
+        missing = settings.groups_needed - batch.num_groups
+        if settings.dynamic_sampling:
+            finished = missing <= 0 or round_index >= settings.max_rounds
+            count = settings.prompts_per_round
+        else:
+            # Exactly groups_needed prompts, no retries: a failed request leaves its step a group short.
+            finished = drawn_per_rank >= settings.groups_needed
+            count = min(settings.prompts_per_round, settings.groups_needed - drawn_per_rank)
+        if all_done(finished):
+            break
+        # Every rank draws the same number of prompts so the shared stream stays aligned.
+        drawn = stream.draw(count * world_size)
+        drawn_per_rank += count
+        mine = drawn[rank * count : (rank + 1) * count] if missing > 0 else []
+        _rollout_round(engine, mine, settings, rollout_seed(settings.seed, step, round_index, rank), batch)
+        batch.counts["rounds"] += 1
+        round_index += 1
+    kept_groups = sorted({s.group for s in batch.samples})[: settings.groups_needed]
+    batch.samples = [s for s in batch.samples if s.group in kept_groups]
+    renumber = {group: i for i, group in enumerate(kept_groups)}
+    for sample in batch.samples:
+        sample.group = renumber[sample.group]
+    return batch
+
+
+def _rollout_round(
+    engine: Engine, prompts: list[MCQPrompt], settings: RolloutSettings, seed: int, batch: RolloutBatch
+) -> None:
+    """Generate, score and group one round of prompts into `batch` (dropping what cannot train)."""
+    if not prompts:
+        return
+    started = time.perf_counter()
+    requests = [build_request(prompt, settings.vision) for prompt in prompts]
+    results = engine.generate(requests, settings.sampling.model_copy(update={"seed": seed}))
+    batch.generate_s += time.perf_counter() - started
+    started = time.perf_counter()
+    batch.counts["prompts_drawn"] += len(prompts)
+    next_group = max((s.group for s in batch.samples), default=-1) + 1
+    for prompt, request, result in zip(prompts, requests, results, strict=True):
+        if result.error is not None or len(result.completions) != settings.sampling.n:
+            batch.counts["requests_failed"] += 1
+            continue
+        rewards = [score_completion(c.text, prompt, settings.reward_weights) for c in result.completions]
+        batch.scored += rewards
+        totals = torch.tensor([r["total"] for r in rewards], dtype=torch.float32)  # [n]
+        if settings.dynamic_sampling and bool((totals == totals[0]).all()) and settings.sampling.n > 1:
+            batch.counts["groups_dropped"] += 1
+            continue
+        advantages = compute_group_advantages(totals, settings.sampling.n, settings.advantage)  # [n]
+        visuals = None
+        if settings.processor_params is not None:
+            visuals = encode_visuals(request.images, request.videos, settings.processor_params)
+        for completion, reward, advantage in zip(result.completions, rewards, advantages.tolist(), strict=True):
+            batch.samples.append(
+                RolloutSample(next_group, prompt, list(result.prompt_token_ids), completion, reward, visuals, advantage)
+            )
+        next_group += 1
+    batch.score_s += time.perf_counter() - started
