@@ -14,7 +14,9 @@ Log-probabilities: the policy recomputes them itself at the one configured tempe
 compared with the policy's temperature-1 log-probs only to report the mismatch. With
 `sync_weight_interval > 1` the engine samples with weights up to that many steps old while
 "old" log-probs are the current policy's, and the mismatch metric includes that staleness.
-Weights are also pushed at every checkpoint, so a resumed run continues with the same engine weights.
+Weights are also pushed at every checkpoint, so a resumed run continues with the same engine weights
+(a checkpoint is thus a sync point: keep `[train.ckpt] save_freq` a multiple of sync_weight_interval
+for a run whose trajectory does not depend on where it saved).
 """
 
 from __future__ import annotations

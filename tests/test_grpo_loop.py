@@ -1,0 +1,145 @@
+"""The GRPO loop on tiny models: it learns a trivial task, resumes exactly, pushes weights, and runs from the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from physreason.config import EngineConfig, ModelConfig, SamplingConfig, load_config
+from physreason.engines import GenerationRequest
+from physreason.engines.hf import HFEngine
+from physreason.models.tiny import save_tiny_model
+from physreason.rewards import register_reward
+from physreason.train.checkpoint import checkpoint_dirs
+from physreason.train.grpo import groups_per_rank, run_grpo
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@register_reward("test_mentions_b")
+def mentions_b(completion: str, **sample) -> float:
+    """1 when the completion contains the letter B: a task a random tiny model can discover and learn."""
+    return 1.0 if "B" in completion else 0.0
+
+
+@pytest.fixture(scope="module")
+def tiny_text(tmp_path_factory) -> Path:
+    return save_tiny_model("qwen2", tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+@pytest.fixture(scope="module")
+def mcq_file(tmp_path_factory) -> Path:
+    records = [{"question": f"Which way does ball {i} go?", "options": ["up", "down", "left", "right"], "answer": "B"}
+               for i in range(8)]
+    path = tmp_path_factory.mktemp("mcq") / "mcq.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    return path
+
+
+def grpo_config(model: Path, data: Path, out: Path, *extra: str):
+    return load_config(None, [
+        f"model.model_name_or_path='{model}'",
+        "model.dtype='float32'",
+        f"data.dataset.name='{data}'",
+        f"train.output_dir='{out}'",
+        "engine.backend='hf'",
+        "engine.batch_size=16",
+        "train.train_batch_per_replica=16",
+        "rollout.n_generation=8",
+        "rollout.batch_size=2",
+        "rollout.max_response_length=6",
+        "grpo.mini_batch=8",
+        "grpo.reward_function={test_mentions_b = 1.0}",
+        "train.optm_lr=2e-2",
+        "train.optm_weight_decay=0",
+        "train.optm_decay_type='constant'",
+        "train.param_dtype='float32'",
+        "train.gradient_checkpointing=false",
+        "train.ckpt.export_safetensors=false",
+        "logging.logger=['jsonl', 'tensorboard']",
+        *extra,
+    ])
+
+
+@pytest.mark.slow
+def test_grpo_raises_the_mean_reward_on_a_trivial_task(tiny_text, mcq_file, tmp_path):
+    result = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path, "train.max_steps=12", "train.ckpt.enable_checkpoint=false"))
+    first, last = sum(result.rewards[:3]) / 3, sum(result.rewards[-3:]) / 3
+    assert last > first + 0.4, result.rewards
+    logged = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in logged] == list(range(1, 13))
+    for key in ("reward/test_mentions_b_mean", "reward/accuracy_std", "rollout/format_rate", "policy/entropy",
+                "policy/clip_frac_high", "rollout/logprob_mismatch", "time/generate_s", "time/sync_s"):
+        assert key in logged[-1]
+    assert logged[0]["rollout/logprob_mismatch"] < 1e-4  # engine and policy agree before any update
+    assert any((tmp_path / "logs" / "tensorboard").rglob("events.*"))
+
+
+@pytest.mark.slow
+def test_resume_continues_the_reward_curve_exactly(tiny_text, mcq_file, tmp_path):
+    extra = ("train.max_steps=4", "grpo.mu_iterations=2", "train.sync_weight_interval=2")
+    straight = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path / "a", *extra, "train.ckpt.save_freq=100"))
+    saved = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path / "b", *extra, "train.ckpt.save_freq=2"))
+    assert saved.rewards == straight.rewards
+    assert [p.name for p in checkpoint_dirs(tmp_path / "b")] == ["step_2", "step_4"]
+    step_2 = tmp_path / "b" / "checkpoints" / "step_2"
+    resumed = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path / "c", *extra, f"train.resume='{step_2}'"))
+    assert len(resumed.rewards) == 2
+    assert resumed.rewards == straight.rewards[2:]
+    assert [m["loss"] for m in resumed.metrics] == [m["loss"] for m in straight.metrics[2:]]
+
+
+def greedy_answer(engine: HFEngine) -> list[int]:
+    request = GenerationRequest(messages=[{"role": "user", "content": "Which way does ball 1 go?"}])
+    (result,) = engine.generate([request], SamplingConfig(temperature=0.0, repetition_penalty=1.0, max_tokens=8))
+    return result.completions[0].token_ids
+
+
+@pytest.mark.slow
+def test_weights_reach_the_engine_only_at_the_sync_interval(tiny_text, mcq_file, tmp_path):
+    engine = HFEngine(ModelConfig(model_name_or_path=str(tiny_text), dtype="float32"), EngineConfig(batch_size=16))
+    before = greedy_answer(engine)
+    lm_head = engine.model.lm_head.weight.detach().clone()
+    config = grpo_config(tiny_text, mcq_file, tmp_path / "a", "train.max_steps=1", "train.sync_weight_interval=2",
+                         "train.ckpt.enable_checkpoint=false", "train.optm_lr=0.2")
+    run_grpo(config, engine=engine)
+    assert torch.equal(engine.model.lm_head.weight, lm_head)  # one step < interval: nothing pushed
+    config.train.sync_weight_interval = 1
+    config.train.output_dir = str(tmp_path / "b")
+    run_grpo(config, engine=engine)
+    assert not torch.equal(engine.model.lm_head.weight, lm_head)
+    assert greedy_answer(engine) != before
+
+
+def test_recipes_load_and_fill_whole_prompt_groups():
+    for name in ("grpo-cosmos-reason1-7b.toml", "grpo_tiny.toml"):
+        config = load_config(REPO / "configs" / name)
+        groups = groups_per_rank(config, dp_size=1)
+        assert groups * config.rollout.n_generation == config.train.train_batch_per_replica
+        assert config.policy_temperature == config.rollout.sampling_config.temperature
+
+
+@pytest.mark.slow
+def test_grpo_command_runs_a_recipe_and_writes_checkpoint_and_export(tiny_text, mcq_file, tmp_path):
+    import typer
+
+    from physreason.cli.grpo_cmd import grpo
+
+    app = typer.Typer()
+    app.command("grpo")(grpo)
+    app.command("other")(lambda: None)  # two commands, so typer keeps the subcommand name
+    overrides = [f"model.model_name_or_path='{tiny_text}'", f"data.dataset.name='{mcq_file}'",
+                 f"train.output_dir='{tmp_path}'", "train.max_steps=2", "train.ckpt.save_freq=2",
+                 "rollout.max_response_length=4", "logging.logger=['jsonl']"]
+    args = ["grpo", "--config", str(REPO / "configs" / "grpo_tiny.toml")]
+    for item in overrides:
+        args += ["--set", item]
+    outcome = CliRunner().invoke(app, args)
+    assert outcome.exit_code == 0, outcome.output
+    assert "finished 2 steps" in outcome.output
+    assert (tmp_path / "checkpoints" / "step_2" / ".metadata").is_file()
+    assert (tmp_path / "safetensors" / "step_2" / "config.json").is_file()
