@@ -1,0 +1,196 @@
+"""The vLLM engine: continuous-batching generation for Qwen2.5-VL video, image and text prompts.
+
+Frames come from physreason's `vision` layer (already sampled and resized), so vLLM's processor is
+told not to sample or resize again; prompts are rendered with the model's chat template exactly as
+the transformers engine renders them, so both engines see the same tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from transformers import AutoConfig, GenerationConfig
+
+from physreason.config import EngineConfig, ModelConfig, SamplingConfig
+from physreason.engines import vllm_compat
+from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult
+from physreason.errors import PhysReasonError
+from physreason.models.inputs import IMAGE_PAD, VIDEO_PAD, ProcessorParams, load_processor_params
+
+log = logging.getLogger(__name__)
+
+
+def _visual_token_count(frames: int, height: int, width: int, params: ProcessorParams) -> int:
+    """Tokens one image/video placeholder expands to: (T / temporal patch) x (H / patch) x (W / patch) / merge^2."""
+    grid_t = math.ceil(frames / params.temporal_patch_size)
+    return grid_t * (height // params.patch_size) * (width // params.patch_size) // params.merge_size**2
+
+
+class VLLMEngine(Engine):
+    """Generation with `vllm.LLM`; all requests of a call are scheduled together (continuous batching)."""
+
+    def __init__(self, model: ModelConfig, engine: EngineConfig, **llm_overrides: Any) -> None:
+        # The engine core runs in this process, so `update_weights` hands tensors to the model
+        # without serialising them to another process (the RL weight-sync path). Export
+        # VLLM_ENABLE_V1_MULTIPROCESSING=1 to get vLLM's separate engine-core process back.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        warning = vllm_compat.check_supported()
+        if warning:
+            log.warning(warning)
+        self.model_config = model
+        self.engine_config = engine
+        source = model.model_name_or_path
+        try:
+            hf_config = AutoConfig.from_pretrained(source, revision=model.revision, trust_remote_code=model.trust_remote_code)
+        except OSError as exc:
+            raise PhysReasonError(
+                f"cannot load model {source!r}: {exc}. Pass a local model folder or a Hugging Face hub id you can download."
+            ) from exc
+        self.hf_config = hf_config
+        self.is_vl = hasattr(hf_config, "vision_config")
+        self._weight_names: frozenset[str] | None = None
+        self.max_model_len = engine.max_model_len or model.model_max_length
+        kwargs = vllm_compat.llm_kwargs(
+            model=source,
+            revision=model.revision,
+            dtype=model.dtype,
+            max_model_len=self.max_model_len,
+            tensor_parallel_size=engine.tensor_parallel_size,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            enforce_eager=engine.enforce_eager,
+            trust_remote_code=model.trust_remote_code,
+            logprobs_mode="raw_logprobs",
+            seed=0,
+        )
+        if self.is_vl:
+            kwargs["limit_mm_per_prompt"] = dict(engine.limit_mm_per_prompt)
+        kwargs.update(llm_overrides)
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.processor_params = load_processor_params(source, model.revision) if self.is_vl else None
+        self.stop_token_ids = sorted(self._stop_token_ids(source, model.revision))
+
+    def _stop_token_ids(self, source: str, revision: str | None) -> set[int]:
+        """The generation config's eos ids plus the tokenizer's, as the transformers engine stops on."""
+        try:
+            eos = GenerationConfig.from_pretrained(source, revision=revision).eos_token_id
+        except OSError:
+            eos = None
+        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    def _prompt(self, request: GenerationRequest) -> tuple[dict[str, Any], int]:
+        """vLLM's prompt dict for one request and its length in tokens after vision placeholders expand."""
+        if (request.images or request.videos) and not self.is_vl:
+            raise PhysReasonError(
+                f"request {request.request_id}: model {self.model_config.model_name_or_path} is text-only "
+                "and cannot take images or videos"
+            )
+        text = self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
+        for pad, items, kind in ((IMAGE_PAD, request.images, "image"), (VIDEO_PAD, request.videos, "video")):
+            if text.count(pad) != len(items):
+                raise PhysReasonError(
+                    f"request {request.request_id}: the prompt has {text.count(pad)} {kind} placeholder(s) but "
+                    f"{len(items)} {kind}(s) were given: pass one {kind} per {{'type': '{kind}'}} entry in the message content"
+                )
+        params = self.processor_params
+        visual = [_visual_token_count(1, *image.shape[:2], params) for image in request.images]
+        visual += [_visual_token_count(*video.frames.shape[:3], params) for video in request.videos]
+        # Each placeholder is one token of the rendered text and becomes `count` tokens.
+        length = len(self.tokenizer(text, add_special_tokens=False).input_ids) + sum(visual) - len(visual)
+        if length >= self.max_model_len:
+            fix = "lower --fps or --total-pixels/--max-pixels" if visual else "shorten the question"
+            raise PhysReasonError(
+                f"request {request.request_id}: the prompt has {length} tokens ({sum(visual)} of them visual) but the "
+                f"context is {self.max_model_len}: {fix}, or raise model.model_max_length / engine.max_model_len"
+            )
+        prompt: dict[str, Any] = {"prompt": text}
+        media: dict[str, list] = {}
+        if request.images:
+            media["image"] = list(request.images)
+        if request.videos:
+            media["video"] = [vllm_compat.video_item(video) for video in request.videos]
+        if media:
+            prompt["multi_modal_data"] = media
+            # Frames and images are already sampled and resized to multiples of 28 by `vision`.
+            prompt["mm_processor_kwargs"] = {"do_resize": False, "do_sample_frames": False}
+        return prompt, length
+
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[GenerationResult]:
+        """Return one result per request in order; a request vLLM cannot take gets an error, not an exception."""
+        results = [GenerationResult(request_id=r.request_id) for r in requests]
+        prompts, params, indices = [], [], []
+        for i, request in enumerate(requests):
+            try:
+                prompt, length = self._prompt(request)
+            except PhysReasonError as exc:
+                results[i].error = str(exc)
+                continue
+            max_tokens = min(sampling.max_tokens, self.max_model_len - length)
+            prompts.append(prompt)
+            params.append(vllm_compat.sampling_params(sampling, max_tokens, self.stop_token_ids))
+            indices.append(i)
+        if not prompts:
+            return results
+        try:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        except ValueError:
+            # vLLM validates a whole call up front; run one at a time so only the bad request fails.
+            outputs = [self._generate_one(prompt, param, results[i]) for prompt, param, i in zip(prompts, params, indices)]
+        for i, output in zip(indices, outputs, strict=True):
+            if output is None:
+                continue
+            results[i].prompt_token_ids = list(output.prompt_token_ids)
+            results[i].completions = [self._completion(c) for c in output.outputs]
+        return results
+
+    def _generate_one(self, prompt: dict[str, Any], params: Any, result: GenerationResult) -> Any:
+        try:
+            return self.llm.generate([prompt], params, use_tqdm=False)[0]
+        except ValueError as exc:
+            result.error = f"request {result.request_id}: vLLM refused the request: {exc}"
+            return None
+
+    def _completion(self, output: Any) -> Completion:
+        token_ids = list(output.token_ids)
+        return Completion(
+            text=output.text,
+            token_ids=token_ids,
+            logprobs=vllm_compat.sampled_logprobs(token_ids, output.logprobs),
+            finish_reason="stop" if output.finish_reason == "stop" else "length",
+        )
+
+    def weight_names(self) -> frozenset[str]:
+        """Hugging Face parameter and buffer names of this model (from its class on the meta device; no memory)."""
+        if self._weight_names is None:
+            from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+            loader = AutoModelForImageTextToText if self.is_vl else AutoModelForCausalLM
+            with torch.device("meta"):
+                model = loader.from_config(self.hf_config, trust_remote_code=self.model_config.trust_remote_code)
+            self._weight_names = frozenset(n for n, _ in model.named_parameters()) | frozenset(
+                n for n, _ in model.named_buffers()
+            )
+        return self._weight_names
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights (Hugging Face names) into the running engine; drop its prefix and encoder caches."""
+        weights = list(named_tensors)
+        # Checked before loading: vLLM stops half-way on an unknown name and leaves the model unusable.
+        unknown = [name for name, _ in weights if name not in self.weight_names()]
+        if unknown:
+            raise PhysReasonError(
+                f"update_weights got {len(unknown)} tensor(s) the engine's model does not have, e.g. {unknown[:3]}: "
+                "send the policy's Hugging Face-named state dict"
+            )
+        vllm_compat.reload_weights(self.llm, weights)
+        vllm_compat.reset_caches(self.llm)

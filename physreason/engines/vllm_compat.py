@@ -1,0 +1,144 @@
+"""Every difference between the supported vLLM releases (0.26 on CUDA, to 0.32 on CPU), in one place.
+
+The vLLM engine calls only these functions for anything whose name, argument or return type moved
+between releases; each function says which releases differ and how.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from packaging.version import Version
+
+from physreason.config import SamplingConfig
+from physreason.vision import VideoFrames
+
+SUPPORTED = (Version("0.26"), Version("0.33"))  # [lowest, first unsupported)
+
+
+@functools.cache
+def vllm_version() -> Version:
+    """The installed vLLM release (without local build tags such as +cpu)."""
+    import vllm
+
+    return Version(Version(vllm.__version__).base_version)
+
+
+def check_supported() -> str | None:
+    """Return a warning when the installed vLLM is outside the tested range, else None."""
+    version = vllm_version()
+    low, high = SUPPORTED
+    if low <= version < high:
+        return None
+    return f"vLLM {version} is outside the tested range {low} to <{high}; generation may fail or differ"
+
+
+@functools.cache
+def _engine_arg_names() -> frozenset[str]:
+    from vllm.engine.arg_utils import EngineArgs
+
+    return frozenset(f.name for f in dataclasses.fields(EngineArgs))
+
+
+def llm_kwargs(**wanted: Any) -> dict[str, Any]:
+    """Keep the `vllm.LLM` keyword arguments this release knows; drop optional ones it does not.
+
+    `logprobs_mode` (raw log-probabilities before temperature and penalties) exists in 0.26 and
+    later as the default; naming it keeps that meaning should the default move.
+    """
+    names = _engine_arg_names()
+    return {key: value for key, value in wanted.items() if key in names}
+
+
+@functools.cache
+def _sampling_field_names() -> frozenset[str]:
+    from vllm import SamplingParams
+
+    return frozenset(getattr(SamplingParams, "__struct_fields__", ())) or frozenset(
+        f.name for f in dataclasses.fields(SamplingParams)
+    )
+
+
+def sampling_params(sampling: SamplingConfig, max_tokens: int, stop_token_ids: Sequence[int]):
+    """Build `vllm.SamplingParams` for one request: n samples, seed, stop ids, logprob of each sampled token.
+
+    vLLM means "all tokens" by top_k = 0 (0.26+; -1 is still accepted but deprecated); physreason uses -1.
+    `flat_logprobs` (0.26+) returns log-probs as flat lists, far fewer Python objects for long rollouts.
+    """
+    from vllm import SamplingParams
+
+    greedy = sampling.temperature == 0.0
+    kwargs: dict[str, Any] = dict(
+        n=sampling.n,
+        temperature=sampling.temperature,
+        top_p=1.0 if greedy else sampling.top_p,
+        top_k=0 if greedy or sampling.top_k < 0 else sampling.top_k,
+        repetition_penalty=sampling.repetition_penalty,
+        max_tokens=max_tokens,
+        seed=sampling.seed,
+        stop_token_ids=list(stop_token_ids),
+        logprobs=0,
+        skip_special_tokens=True,
+    )
+    if "flat_logprobs" in _sampling_field_names():
+        kwargs["flat_logprobs"] = True
+    return SamplingParams(**kwargs)
+
+
+def sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
+    """Log-probability of each sampled token, from either logprobs container vLLM returns.
+
+    vLLM gives `FlatLogprobs` (flat lists; 0.26+ when asked) or a list of {token_id: Logprob} per position.
+    With logprobs=0 each position holds the sampled token only.
+    """
+    if logprobs is None:
+        return []
+    if hasattr(logprobs, "start_indices"):
+        values, ids = logprobs.logprobs, logprobs.token_ids
+        out = []
+        for position, token in enumerate(token_ids):
+            start, end = logprobs.start_indices[position], logprobs.end_indices[position]
+            out.append(next(values[k] for k in range(start, end) if ids[k] == token))
+        return out
+    return [position[token].logprob for position, token in zip(logprobs, token_ids, strict=True)]
+
+
+def video_item(video: VideoFrames) -> tuple[Any, dict[str, Any]]:
+    """A video as vLLM takes already-sampled frames: (uint8 [T, H, W, 3], metadata) with frame sampling off.
+
+    The metadata describes the frames as a clip of their own at the sampled rate, so the processor's
+    `sampled_fps` (len(frames_indices) / total_num_frames * fps) is exactly `video.sample_fps` and the
+    temporal positions (second_per_grid_ts) equal the transformers engine's.
+    """
+    count = int(video.frames.shape[0])
+    metadata = {
+        "fps": float(video.sample_fps),
+        "total_num_frames": count,
+        "frames_indices": list(range(count)),
+        "duration": count / float(video.sample_fps),
+        "height": int(video.frames.shape[1]),
+        "width": int(video.frames.shape[2]),
+        "video_backend": "physreason",
+        "do_sample_frames": False,
+    }
+    return video.frames, metadata
+
+
+def reload_weights(llm: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Load checkpoint-format (Hugging Face named) tensors into every worker of a running `vllm.LLM`.
+
+    Both releases have the worker method `reload_weights(weights_iterator=...)`, which maps the names,
+    shards for tensor parallelism and re-runs post-load processing. A list, not an iterator, because
+    with worker processes the argument is serialised once per worker.
+    """
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+
+
+def reset_caches(llm: Any) -> None:
+    """Drop the prefix (KV) cache and the encoder (vision embedding) cache computed with the old weights."""
+    llm.reset_prefix_cache()
+    llm.llm_engine.reset_encoder_cache()

