@@ -1,0 +1,134 @@
+"""Time of one colocated GRPO step, split into generate / score / train / sync, and completions per second.
+
+Model: the Qwen2.5-VL-3B shape with random weights (bf16 folder written once under --work), the tiny
+tokenizer and processor of physreason.models.tiny, so its vocabulary (and lm_head) is the tiny one:
+the 151,936-row lm_head of the real model is left out. Prompts are text multiple-choice questions
+padded to about --prompt-words words; completions run to --response-len tokens (random weights
+rarely stop early). Engine: vLLM on the same GPU when installed (--gpu-memory fraction), else the hf
+engine. The policy is physreason's trainer (fp32 masters, bf16 autocast, fused AdamW, gradient
+checkpointing) in this one process.
+Prints a table of medians over the timed steps; writes JSON to $OUT/grpo_step.json when OUT is set.
+Run: python bench/grpo_step.py [--engine vllm|hf] [--prompts 8] [--n 8] [--response-len 256] [--steps 3]
+     python bench/grpo_step.py --tiny   (a tiny model on CPU, to check the script)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sft_throughput import qwen25_vl_3b_config  # noqa: E402  (the shared 3B shape of the bench scripts)
+
+TIMES = ("time/generate_s", "time/score_s", "time/train_s", "time/sync_s", "time/step_s")
+
+
+def build_model(folder: Path, tiny: bool) -> Path:
+    """A Qwen2.5-VL folder: the tiny model's tokenizer/processor files, the 3B-shape random weights in bf16."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from physreason.models.tiny import save_tiny_model
+
+    if (folder / "DONE").is_file():
+        return folder
+    save_tiny_model("qwen2_5_vl", folder)
+    if not tiny:
+        small = json.loads((folder / "config.json").read_text())
+        config = qwen25_vl_3b_config(tiny=False)
+        config.text_config.vocab_size = small["text_config"]["vocab_size"]
+        for key in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
+            setattr(config, key, small[key])
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            setattr(config.text_config, key, small["text_config"][key])
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        with torch.device(device):
+            model = Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16)
+        model.save_pretrained(folder, safe_serialization=True)
+        del model
+    (folder / "DONE").write_text("ok")
+    return folder
+
+
+def write_prompts(path: Path, count: int, words: int) -> Path:
+    filler = " ".join(["the ball rolls down the slope and hits the box"] * max(1, words // 10))
+    records = [
+        {"question": f"{filler} Which way does ball {i} move next?", "options": ["left", "right", "up", "down"], "answer": "A"}
+        for i in range(count)
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    parser.add_argument("--n", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--response-len", type=int, default=256)
+    parser.add_argument("--prompt-words", type=int, default=200)
+    parser.add_argument("--mini-batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps (after --warmup)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--gpu-memory", type=float, default=0.3, help="vLLM gpu_memory_utilization")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-grpo-bench"))
+    parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (checks the script)")
+    args = parser.parse_args()
+
+    from physreason.config import load_config
+    from physreason.train.grpo import run_grpo
+
+    backend = args.engine
+    if backend == "auto":
+        backend = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    args.work.mkdir(parents=True, exist_ok=True)
+    model = build_model(args.work / ("model-tiny" if args.tiny else "model-3b"), args.tiny)
+    data = write_prompts(args.work / "prompts.jsonl", args.prompts * (args.warmup + args.steps), args.prompt_words)
+    out = args.work / f"run-{int(time.time())}"
+    bf16 = not args.tiny and torch.cuda.is_available()
+    config = load_config(None, [
+        f"model.model_name_or_path='{model}'",
+        f"model.dtype='{'bfloat16' if bf16 else 'float32'}'",
+        "model.model_max_length=8192",
+        f"engine.backend='{backend}'",
+        f"engine.gpu_memory_utilization={args.gpu_memory}",
+        f"engine.batch_size={args.prompts * args.n}",
+        f"data.dataset.name='{data}'",
+        f"train.output_dir='{out}'",
+        f"train.max_steps={args.warmup + args.steps}",
+        f"train.train_batch_per_replica={args.prompts * args.n}",
+        f"train.param_dtype='{'bfloat16' if bf16 else 'float32'}'",
+        f"train.gradient_checkpointing={'true' if bf16 else 'false'}",
+        "train.ckpt.enable_checkpoint=false",
+        f"rollout.n_generation={args.n}",
+        f"rollout.batch_size={args.prompts}",
+        f"rollout.max_response_length={args.response_len}",
+        f"grpo.mini_batch={args.mini_batch}",
+        "logging.logger=['jsonl']",
+    ])
+    result = run_grpo(config)
+    timed = result.metrics[args.warmup :]
+    row = {key: statistics.median(m[key] for m in timed) for key in (*TIMES, "perf/samples_per_s")}
+    row["rollout/response_length_mean"] = statistics.mean(m["rollout/response_length_mean"] for m in timed)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print(f"GRPO step on {device}, engine {backend}, {args.prompts} prompts x {args.n} completions, "
+          f"{args.response_len} new tokens max (median of {len(timed)} steps)")
+    print(f"{'part':<12}{'seconds':>10}{'share':>8}")
+    for key in TIMES[:-1]:
+        print(f"{key.split('/')[1][:-2]:<12}{row[key]:>10.2f}{row[key] / row['time/step_s']:>8.0%}")
+    print(f"{'step':<12}{row['time/step_s']:>10.2f}")
+    print(f"completions/s {row['perf/samples_per_s']:.2f}, mean response {row['rollout/response_length_mean']:.0f} tokens")
+    if os.environ.get("OUT"):
+        payload = {"device": device, "engine": backend, "args": {k: str(v) for k, v in vars(args).items()}, **row}
+        Path(os.environ["OUT"], "grpo_step.json").write_text(json.dumps(payload, indent=2))
+
+
+if __name__ == "__main__":
+    main()
