@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sft_throughput import qwen25_vl_3b_config  # noqa: E402  (the shared 3B shape of the bench scripts)
+from sft_throughput import qwen25_vl_3b_config
 
 TIMES = ("time/generate_s", "time/score_s", "time/train_s", "time/sync_s", "time/step_s")
 
@@ -60,7 +60,11 @@ def build_model(folder: Path, tiny: bool) -> Path:
 def write_prompts(path: Path, count: int, words: int) -> Path:
     filler = " ".join(["the ball rolls down the slope and hits the box"] * max(1, words // 10))
     records = [
-        {"question": f"{filler} Which way does ball {i} move next?", "options": ["left", "right", "up", "down"], "answer": "A"}
+        {
+            "question": f"{filler} Which way does ball {i} move next?",
+            "options": ["left", "right", "up", "down"],
+            "answer": "A",
+        }
         for i in range(count)
     ]
     path.write_text("\n".join(json.dumps(r) for r in records))
@@ -93,38 +97,45 @@ def main() -> None:
     data = write_prompts(args.work / "prompts.jsonl", args.prompts * (args.warmup + args.steps), args.prompt_words)
     out = args.work / f"run-{int(time.time())}"
     bf16 = not args.tiny and torch.cuda.is_available()
-    config = load_config(None, [
-        f"model.model_name_or_path='{model}'",
-        f"model.dtype='{'bfloat16' if bf16 else 'float32'}'",
-        "model.model_max_length=8192",
-        f"engine.backend='{backend}'",
-        f"engine.gpu_memory_utilization={args.gpu_memory}",
-        f"engine.batch_size={args.prompts * args.n}",
-        f"data.dataset.name='{data}'",
-        f"train.output_dir='{out}'",
-        f"train.max_steps={args.warmup + args.steps}",
-        f"train.train_batch_per_replica={args.prompts * args.n}",
-        f"train.param_dtype='{'bfloat16' if bf16 else 'float32'}'",
-        f"train.gradient_checkpointing={'true' if bf16 else 'false'}",
-        "train.ckpt.enable_checkpoint=false",
-        f"rollout.n_generation={args.n}",
-        f"rollout.batch_size={args.prompts}",
-        f"rollout.max_response_length={args.response_len}",
-        f"grpo.mini_batch={args.mini_batch}",
-        "logging.logger=['jsonl']",
-    ])
+    config = load_config(
+        None,
+        [
+            f"model.model_name_or_path='{model}'",
+            f"model.dtype='{'bfloat16' if bf16 else 'float32'}'",
+            "model.model_max_length=8192",
+            f"engine.backend='{backend}'",
+            f"engine.gpu_memory_utilization={args.gpu_memory}",
+            f"engine.batch_size={args.prompts * args.n}",
+            f"data.dataset.name='{data}'",
+            f"train.output_dir='{out}'",
+            f"train.max_steps={args.warmup + args.steps}",
+            f"train.train_batch_per_replica={args.prompts * args.n}",
+            f"train.param_dtype='{'bfloat16' if bf16 else 'float32'}'",
+            f"train.gradient_checkpointing={'true' if bf16 else 'false'}",
+            "train.ckpt.enable_checkpoint=false",
+            f"rollout.n_generation={args.n}",
+            f"rollout.batch_size={args.prompts}",
+            f"rollout.max_response_length={args.response_len}",
+            f"grpo.mini_batch={args.mini_batch}",
+            "logging.logger=['jsonl']",
+        ],
+    )
     result = run_grpo(config)
     timed = result.metrics[args.warmup :]
     row = {key: statistics.median(m[key] for m in timed) for key in (*TIMES, "perf/samples_per_s")}
     row["rollout/response_length_mean"] = statistics.mean(m["rollout/response_length_mean"] for m in timed)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    print(f"GRPO step on {device}, engine {backend}, {args.prompts} prompts x {args.n} completions, "
-          f"{args.response_len} new tokens max (median of {len(timed)} steps)")
+    print(
+        f"GRPO step on {device}, engine {backend}, {args.prompts} prompts x {args.n} completions, "
+        f"{args.response_len} new tokens max (median of {len(timed)} steps)"
+    )
     print(f"{'part':<12}{'seconds':>10}{'share':>8}")
     for key in TIMES[:-1]:
         print(f"{key.split('/')[1][:-2]:<12}{row[key]:>10.2f}{row[key] / row['time/step_s']:>8.0%}")
     print(f"{'step':<12}{row['time/step_s']:>10.2f}")
-    print(f"completions/s {row['perf/samples_per_s']:.2f}, mean response {row['rollout/response_length_mean']:.0f} tokens")
+    print(
+        f"completions/s {row['perf/samples_per_s']:.2f}, mean response {row['rollout/response_length_mean']:.0f} tokens"
+    )
     if os.environ.get("OUT"):
         payload = {"device": device, "engine": backend, "args": {k: str(v) for k, v in vars(args).items()}, **row}
         Path(os.environ["OUT"], "grpo_step.json").write_text(json.dumps(payload, indent=2))

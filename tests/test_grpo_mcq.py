@@ -6,8 +6,8 @@ import json
 import random
 
 import pytest
-
 from media import write_clip
+
 from physreason.config import DatasetConfig
 from physreason.data.mcq import MCQPrompt, PromptStream, load_mcq_prompts, shuffled
 from physreason.errors import InputError

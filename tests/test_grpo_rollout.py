@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
-
 from media import write_clip
+
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig, VisionConfig
 from physreason.data.mcq import MCQPrompt, PromptStream
 from physreason.data.sft import VisionTokens

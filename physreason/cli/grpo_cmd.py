@@ -26,7 +26,9 @@ def grpo(
         if dist.is_initialized():
             dist.destroy_process_group()
     if result.rewards:
-        typer.echo(f"finished {len(result.rewards)} steps, mean reward {result.rewards[0]:.3f} -> {result.rewards[-1]:.3f}")
+        typer.echo(
+            f"finished {len(result.rewards)} steps, mean reward {result.rewards[0]:.3f} -> {result.rewards[-1]:.3f}"
+        )
     if result.last_checkpoint is not None:
         typer.echo(f"checkpoint: {result.last_checkpoint}")
     if result.export_dir is not None:

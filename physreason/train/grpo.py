@@ -385,7 +385,9 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     def all_done(done: bool) -> bool:
         return all_reduce_sum(float(not done), runtime) == 0.0
 
-    metrics_log = MetricLogger(output, config.logging, enabled=runtime.is_main, run_config=config.model_dump(mode="json"))
+    metrics_log = MetricLogger(
+        output, config.logging, enabled=runtime.is_main, run_config=config.model_dump(mode="json")
+    )
     progress = None
     if runtime.is_main:
         from tqdm.auto import tqdm
@@ -407,9 +409,13 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                     build_completion_batch(samples[i : i + update.mini_batch], pad_id, vision_tokens).to(runtime.device)
                     for i in range(0, len(samples), update.mini_batch)
                 ]
-                metrics.update(_rename_diagnostics(update_policy(
-                    scorer, batches, optimizer, scheduler, update, runtime, dp_size, autocast, reference
-                )))
+                metrics.update(
+                    _rename_diagnostics(
+                        update_policy(
+                            scorer, batches, optimizer, scheduler, update, runtime, dp_size, autocast, reference
+                        )
+                    )
+                )
             else:
                 # Nothing to learn from (every group dropped or failed): the step passes without an update.
                 for _ in range(update.mu_iterations):
@@ -426,15 +432,17 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                 sync_s = time.perf_counter() - sync_started
             elapsed = time.perf_counter() - started
             completions = all_reduce_sum(float(len(samples)), runtime)
-            metrics.update({
-                "train/lr": lr,
-                "time/generate_s": all_reduce_sum(rollouts.generate_s, runtime) / runtime.world_size,
-                "time/score_s": all_reduce_sum(rollouts.score_s, runtime) / runtime.world_size,
-                "time/train_s": train_s,
-                "time/sync_s": sync_s,
-                "time/step_s": elapsed,
-                "perf/samples_per_s": completions / elapsed,
-            })
+            metrics.update(
+                {
+                    "train/lr": lr,
+                    "time/generate_s": all_reduce_sum(rollouts.generate_s, runtime) / runtime.world_size,
+                    "time/score_s": all_reduce_sum(rollouts.score_s, runtime) / runtime.world_size,
+                    "time/train_s": train_s,
+                    "time/sync_s": sync_s,
+                    "time/step_s": elapsed,
+                    "perf/samples_per_s": completions / elapsed,
+                }
+            )
             result.rewards.append(metrics["reward/total_mean"])
             result.metrics.append(metrics)
             if progress is not None:
@@ -448,16 +456,20 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                 metrics_log.log(step, metrics)
             if save_now:
                 state = {"step": step, "prompt_cursor": stream.cursor}
-                result.last_checkpoint = save_checkpoint(output, step, scorer, optimizer, scheduler, state, ckpt.max_keep)
+                result.last_checkpoint = save_checkpoint(
+                    output, step, scorer, optimizer, scheduler, state, ckpt.max_keep
+                )
                 if ckpt.export_safetensors:
                     from physreason.models.export import export_safetensors
 
                     result.export_dir = export_safetensors(
-                        model, config.model.model_name_or_path, output / "safetensors" / f"step_{step}", config.model.dtype
+                        model,
+                        config.model.model_name_or_path,
+                        output / "safetensors" / f"step_{step}",
+                        config.model.dtype,
                     )
     finally:
         if progress is not None:
             progress.close()
         metrics_log.close()
     return result
-

@@ -89,7 +89,9 @@ def _sequence(sample: RolloutSample, vision: VisionTokens | None, pad_token_id: 
     return SFTSample(input_ids, labels, positions, sample.visuals)
 
 
-def build_completion_batch(samples: list[RolloutSample], pad_token_id: int, vision: VisionTokens | None) -> CompletionBatch:
+def build_completion_batch(
+    samples: list[RolloutSample], pad_token_id: int, vision: VisionTokens | None
+) -> CompletionBatch:
     """Collate rollout samples into one policy batch (see the module docstring).
 
     A completion that sampled an image/video placeholder token is scored up to that token only.
@@ -149,7 +151,11 @@ class PolicyScorer(nn.Module):
         for b in range(selected.shape[0]):
             piece, tokens = selected[b : b + 1], batch.tokens[b : b + 1]  # [1, T, H], [1, T]
             if torch.is_grad_enabled():
-                rows.append(torch.utils.checkpoint.checkpoint(_row_logprobs, piece, weight, tokens, temperature, use_reentrant=False))
+                rows.append(
+                    torch.utils.checkpoint.checkpoint(
+                        _row_logprobs, piece, weight, tokens, temperature, use_reentrant=False
+                    )
+                )
             else:
                 rows.append(_row_logprobs(piece, weight, tokens, temperature))
             if diagnostics:
