@@ -100,12 +100,12 @@ def test_sampled_logprobs_are_the_unmodified_model_distribution(engine, hf_engin
     sampling = SamplingConfig(temperature=1.7, top_p=0.9, repetition_penalty=1.3, max_tokens=8, seed=1)
     (result,) = engine.generate([request], sampling)
     completion = result.completions[0]
-    ids = torch.tensor([result.prompt_token_ids + completion.token_ids])
+    ids = torch.tensor([result.prompt_token_ids + completion.token_ids], device=hf_engine.device)
     visuals = hf_engine._encode(request)[1]
     with torch.no_grad():
         logits = hf_engine.model(input_ids=ids, **visuals.model_kwargs()).logits[0]  # [L, vocab]
     start = len(result.prompt_token_ids)
-    expected = torch.log_softmax(logits[start - 1 : -1], -1).gather(-1, ids[0, start:, None])[:, 0]
+    expected = torch.log_softmax(logits[start - 1 : -1], -1).gather(-1, ids[0, start:, None])[:, 0].cpu()
     assert completion.logprobs == pytest.approx(expected.tolist(), abs=1e-2)
 
 

@@ -1,0 +1,168 @@
+"""Decode throughput of physreason's engines against raw `vllm.LLM`, and `update_weights` time (GPU).
+
+The Qwen2.5-VL-7B language-model shape with random weights (vLLM: load_format="dummy"); prompts of
+exactly 512 tokens (random words, one token each); 256 new tokens at temperature 1. Raw vLLM and
+our engine run on the same `vllm.LLM` instance and the same prompt token ids, so the ratio is the
+cost of our wrapper (chat rendering, per-request checks, logprobs, result objects). Prints one JSON
+line per measurement.
+
+    python bench/engine_throughput.py vllm --tokenizer DIR     # raw vLLM vs our vllm engine, update_weights
+    python bench/engine_throughput.py hf --tokenizer DIR       # our hf engine, batch 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+SHAPE = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+    "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645,
+}  # fmt: skip
+PROMPT, NEW = 512, 256
+
+
+def out(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def make_folder(folder: Path, tokenizer_dir: Path) -> Path:
+    """A model folder: the 7B config, the real Qwen tokenizer with physreason's chat template."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from physreason.models.chat_template import QWEN2_5_VL_CHAT_TEMPLATE
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(SHAPE))
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.chat_template = QWEN2_5_VL_CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    GenerationConfig(eos_token_id=[151645, 151643], pad_token_id=151643).save_pretrained(folder)
+    return folder
+
+
+def make_requests(tokenizer, count: int, seed: int):
+    """`count` requests whose rendered prompts are exactly PROMPT tokens (distinct random one-token words)."""
+    from physreason.engines.base import GenerationRequest
+
+    rng = random.Random(seed)
+    candidates = sorted(t[1:] for t, i in tokenizer.get_vocab().items() if t.startswith("Ġ") and t[1:].isalpha() and i < 151643)
+    # Words that BPE really encodes as one token after a space (some vocabulary entries are unreachable).
+    words = [w for w in random.Random(0).sample(candidates, 4000) if len(tokenizer(" " + w, add_special_tokens=False).input_ids) == 1]
+    def length(messages) -> int:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return len(tokenizer(text, add_special_tokens=False).input_ids)
+
+    overhead = length([{"role": "user", "content": " x"}]) - 1
+    requests = []
+    for k in range(count):
+        text = "".join(" " + rng.choice(words) for _ in range(PROMPT - overhead))
+        messages = [{"role": "user", "content": text}]
+        assert length(messages) == PROMPT, length(messages)
+        requests.append(GenerationRequest(messages=messages, request_id=str(k)))
+    return requests
+
+
+def bench_vllm(folder: Path) -> None:
+    from vllm import SamplingParams
+
+    from physreason.config import EngineConfig, ModelConfig, SamplingConfig
+    from physreason.engines.vllm import VLLMEngine
+
+    start = time.perf_counter()
+    # gpu_memory_utilization leaves room for a second copy of the weights (the update_weights source).
+    engine = VLLMEngine(
+        ModelConfig(model_name_or_path=str(folder), model_max_length=4096),
+        EngineConfig(gpu_memory_utilization=0.6),
+        load_format="dummy",
+    )
+    out(what="vllm_engine_start", s=round(time.perf_counter() - start, 1))
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, repetition_penalty=1.0, max_tokens=NEW, seed=0)
+    raw_params = SamplingParams(max_tokens=NEW, temperature=1.0, top_p=1.0, seed=0)
+    engine.generate(make_requests(engine.tokenizer, 2, seed=99), sampling)  # warm-up
+    for batch in (1, 64, 256):
+        requests = make_requests(engine.tokenizer, batch, seed=batch)
+        prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in engine.generate(requests, sampling.model_copy(update={"max_tokens": 1}))]
+        for name in ("raw_vllm", "physreason_vllm", "raw_vllm", "physreason_vllm"):
+            engine.llm.reset_prefix_cache()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            if name == "raw_vllm":
+                tokens = sum(len(o.outputs[0].token_ids) for o in engine.llm.generate(prompts, raw_params, use_tqdm=False))
+            else:
+                tokens = sum(len(r.completions[0].token_ids) for r in engine.generate(requests, sampling))
+            dt = time.perf_counter() - t
+            out(what=name, batch=batch, prompt=PROMPT, new=NEW, tokens=tokens, s=round(dt, 2), tok_per_s=round(tokens / dt, 1))
+    bench_update_weights(engine)
+
+
+def bench_update_weights(engine) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(engine.model_config.model_name_or_path))
+    weights = [(n, torch.empty(p.shape, dtype=torch.bfloat16, device="cuda").normal_(0, 0.02)) for n, p in meta.named_parameters()]
+    size = sum(t.numel() * t.element_size() for _, t in weights)
+    for attempt in range(3):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        engine.update_weights(weights)
+        torch.cuda.synchronize()
+        out(what="update_weights", attempt=attempt, tensors=len(weights), gib=round(size / 2**30, 2), source="cuda bf16",
+            s=round(time.perf_counter() - t, 3))
+
+
+def bench_hf(folder: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from physreason.config import EngineConfig, ModelConfig, SamplingConfig
+    from physreason.engines.hf import HFEngine
+
+    if not (folder / "model.safetensors.index.json").exists() and not (folder / "model.safetensors").exists():
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16)
+        for p in model.parameters():  # small weights keep activations finite, as in the anchor
+            p.data.normal_(0, 0.02)
+        model.save_pretrained(folder)
+        del model
+        torch.cuda.empty_cache()
+    start = time.perf_counter()
+    engine = HFEngine(ModelConfig(model_name_or_path=str(folder), model_max_length=4096), EngineConfig(batch_size=64))
+    out(what="hf_engine_start", s=round(time.perf_counter() - start, 1))
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, repetition_penalty=1.0, max_tokens=NEW, seed=0)
+    engine.generate(make_requests(engine.tokenizer, 2, seed=99), sampling.model_copy(update={"max_tokens": 8}))
+    requests = make_requests(engine.tokenizer, 64, seed=64)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    tokens = sum(len(r.completions[0].token_ids) for r in engine.generate(requests, sampling))
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    out(what="physreason_hf", batch=64, prompt=PROMPT, new=NEW, tokens=tokens, s=round(dt, 2), tok_per_s=round(tokens / dt, 1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("engine", choices=["vllm", "hf"])
+    parser.add_argument("--tokenizer", type=Path, required=True, help="folder with the Qwen2.5 tokenizer files")
+    parser.add_argument("--folder", type=Path, default=Path("/tmp/physreason-7b-shape"))
+    args = parser.parse_args()
+    out(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    folder = make_folder(args.folder, args.tokenizer)
+    if args.engine == "vllm":
+        bench_vllm(folder)
+    else:
+        bench_hf(folder)
+    if args.folder.name == "physreason-7b-shape" and args.engine == "hf":
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
