@@ -56,8 +56,14 @@ def test_logprobs_match_a_forward_pass_of_the_full_sequence(engine, media):
     completion = result.completions[0]
     visuals = concat_visuals([engine._encode(request)[1]])
     ids = torch.tensor([result.prompt_token_ids + completion.token_ids])
+    # the reference forward gets Qwen2.5-VL's 3D positions from transformers' own rope index
+    positions, _ = engine.model.model.get_rope_index(
+        ids, video_grid_thw=visuals.video_grid_thw, second_per_grid_ts=visuals.second_per_grid_ts,
+        attention_mask=torch.ones_like(ids), mm_token_type_ids=engine.mm_token_type_ids(ids),
+    )
+    assert not torch.equal(positions[0], positions[1])  # height/width rows differ from time: real mrope
     with torch.no_grad():
-        logits = engine.model(input_ids=ids, **visuals.model_kwargs()).logits[0]  # [L, vocab]
+        logits = engine.model(input_ids=ids, position_ids=positions, **visuals.model_kwargs()).logits[0]  # [L, vocab]
     prompt_len = len(result.prompt_token_ids)
     expected = torch.log_softmax(logits[prompt_len - 1 : -1], -1).gather(-1, ids[0, prompt_len:, None])[:, 0]
     assert completion.logprobs == pytest.approx(expected.tolist(), abs=1e-4)

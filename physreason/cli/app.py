@@ -38,12 +38,13 @@ def _root(
 
 def _register() -> None:
     # Imported here so that `physreason --version` stays fast and each module owns its command.
-    from physreason.cli import config_cmd, data_cmd, demo_cmd, eval_cmd, infer_cmd, models_cmd, sft_cmd
+    from physreason.cli import config_cmd, data_cmd, demo_cmd, eval_cmd, grpo_cmd, infer_cmd, models_cmd, sft_cmd
 
     app.command("demo")(demo_cmd.demo)
     app.command("infer")(infer_cmd.infer)
     app.add_typer(eval_cmd.app, name="eval")
     app.command("sft")(sft_cmd.sft)
+    app.command("grpo")(grpo_cmd.grpo)
     app.add_typer(data_cmd.app, name="data")
     app.add_typer(config_cmd.app, name="config")
     app.add_typer(models_cmd.app, name="models")

@@ -143,7 +143,9 @@ class TrainConfig(Section):
     seed: int = Field(42, description="Seed for data order, initialisation and sampling.")
     epoch: int = Field(1, ge=1, description="Passes over the training data.")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epoch).")
-    train_batch_per_replica: int = Field(8, ge=1, description="Samples per optimizer step on one replica.")
+    train_batch_per_replica: int = Field(
+        8, ge=1, description="SFT: samples per optimizer step; GRPO: completions per step (a multiple of n_generation x dp)."
+    )
     mini_batch: int = Field(1, ge=1, description="Samples per forward pass on one device (gradient accumulation fills the rest).")
     optm_name: Literal["AdamW"] = Field("AdamW", description="Optimizer.")
     optm_lr: float = Field(1e-5, gt=0.0, description="Peak learning rate.")
@@ -200,6 +202,10 @@ class GRPOConfig(Section):
     mu_iterations: int = Field(1, ge=1, description="Optimizer passes over each rollout batch.")
     mini_batch: int = Field(4, ge=1, description="Samples per forward pass in the policy update.")
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and draw more prompts.")
+    max_dynamic_sampling_rounds: int = Field(8, ge=1, description="Most extra prompt draws per step with dynamic sampling.")
+    reference_model_path: str | None = Field(
+        None, description="KL reference model (hub id or folder); None uses model.model_name_or_path. Loaded only if kl_beta > 0."
+    )
     shuffle_options: bool = Field(True, description="Reshuffle multiple-choice options per sample, remapping the answer.")
     reward_function: dict[str, float] = Field(
         default_factory=lambda: {"accuracy": 1.0, "format": 1.0}, description="Reward name -> weight."

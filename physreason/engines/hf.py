@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterable
 
@@ -56,6 +57,14 @@ class HFEngine(Engine):
         self.tokenizer.padding_side = "left"
         self.processor_params = load_processor_params(source, model.revision) if self.is_vl else None
         self.max_model_len = engine.max_model_len or model.model_max_length
+        # transformers >= 5.2x builds Qwen2.5-VL's 3D (mrope) positions only from mm_token_type_ids;
+        # without them video and image prompts silently get 1D positions. Older releases find the
+        # vision tokens themselves and reject the argument.
+        self.vision_token_types = (
+            {hf_config.image_token_id: 1, hf_config.video_token_id: 2}
+            if self.is_vl and "mm_token_type_ids" in inspect.signature(self.model.forward).parameters
+            else None
+        )
         eos = self.model.generation_config.eos_token_id
         eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
         self.eos_token_ids = set(eos_ids) | {self.tokenizer.eos_token_id}
@@ -120,6 +129,8 @@ class HFEngine(Engine):
             attention_mask[row, longest - len(ids) :] = 1
         max_new = min(sampling.max_tokens, self.max_model_len - longest)
         kwargs = {k: v.to(self.device) for k, v in concat_visuals(visuals).model_kwargs().items()}
+        if self.vision_token_types is not None:
+            kwargs["mm_token_type_ids"] = self.mm_token_type_ids(input_ids).to(self.device)
         if "pixel_values" in kwargs or "pixel_values_videos" in kwargs:
             for key in ("pixel_values", "pixel_values_videos"):
                 if key in kwargs:
@@ -162,6 +173,13 @@ class HFEngine(Engine):
                 grouped.append([])
             grouped[-1].append(completion)
         return grouped
+
+    def mm_token_type_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[B, L] token kinds for mrope: 0 text, 1 image placeholder, 2 video placeholder."""
+        types = torch.zeros_like(input_ids)
+        for token_id, kind in (self.vision_token_types or {}).items():
+            types[input_ids == token_id] = kind
+        return types
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -49,7 +49,6 @@ from physreason.train.weight_sync import push_weights
 log = logging.getLogger(__name__)
 
 # Rollout batches one step may draw with dynamic sampling before it trains on the groups it has.
-MAX_DYNAMIC_SAMPLING_ROUNDS = 8
 
 
 @dataclass
@@ -320,7 +319,10 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     scorer = PolicyScorer(model)
     reference = None
     if grpo_cfg.kl_beta > 0:
-        ref_model = loading.load_model(config.model, dtype=torch.float32).requires_grad_(False)
+        ref_source = config.model.model_copy(
+            update={"model_name_or_path": grpo_cfg.reference_model_path or config.model.model_name_or_path}
+        )
+        ref_model = loading.load_model(ref_source, dtype=torch.float32).requires_grad_(False)
         reference = PolicyScorer(ref_model).eval()
     param_dtype = loading.DTYPES[train_cfg.param_dtype]
     if runtime.distributed:
@@ -373,7 +375,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
         reward_weights=dict(grpo_cfg.reward_function),
         advantage=grpo_cfg.advantage,
         dynamic_sampling=grpo_cfg.dynamic_sampling,
-        max_rounds=MAX_DYNAMIC_SAMPLING_ROUNDS,
+        max_rounds=grpo_cfg.max_dynamic_sampling_rounds,
         processor_params=processor_params,
         seed=sampling.seed if sampling.seed is not None else train_cfg.seed,
     )
