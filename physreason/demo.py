@@ -32,6 +32,7 @@ class DemoSizes:
     train_per_task: int = 24
     test_per_task: int = 12
     sft_steps: int = 40
+    grpo_steps: int = 8
     max_tokens: int = 8
 
 
@@ -61,6 +62,49 @@ def letter_sft_records(data_root: Path, out_file: Path) -> int:
                 sink.write(json.dumps({"video": f"{task}/{entry['video']}", "conversations": conversation}) + "\n")
                 count += 1
     return count
+
+
+def rl_records(data_root: Path, out_file: Path) -> int:
+    """Join every task's benchmark records under `data_root` into one JSONL of GRPO prompts."""
+    count = 0
+    with out_file.open("w", encoding="utf-8") as sink:
+        for task in TASKS:
+            entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
+            for entry in entries:
+                sink.write(json.dumps({**entry, "video": f"{task}/{entry['video']}"}) + "\n")
+                count += 1
+    return count
+
+
+def grpo_config(cfg: Config, out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
+    """GRPO from the fine-tuned model on the training clips: letter prompts, accuracy reward, 4 samples per prompt."""
+    recipe = load_config(
+        None,
+        [
+            f"data.dataset.name={json.dumps(str(out / 'data' / 'train' / 'rl.jsonl'))}",
+            "data.num_workers=0",
+            f"train.output_dir={json.dumps(str(out / 'grpo'))}",
+            f"train.max_steps={sizes.grpo_steps}",
+            "train.train_batch_per_replica=16",
+            "train.optm_lr=5e-4",
+            "train.optm_decay_type=constant",
+            "train.param_dtype=float32",
+            "train.gradient_checkpointing=false",
+            f"train.ckpt.save_freq={sizes.grpo_steps}",
+            "train.ckpt.max_keep=1",
+            "rollout.n_generation=4",
+            "rollout.batch_size=4",
+            "rollout.max_response_length=4",
+            "rollout.sampling_config.temperature=1.0",
+            "rollout.sampling_config.top_p=1.0",
+            "rollout.sampling_config.repetition_penalty=1.0",
+            "grpo.answer_type=letter",
+            "grpo.reward_function={accuracy = 1.0}",
+            "grpo.mini_batch=8",
+        ],
+    )
+    model = cfg.model.model_copy(update={"model_name_or_path": str(model_dir)})
+    return recipe.model_copy(update={"model": model, "engine": cfg.engine, "vision": cfg.vision, "logging": cfg.logging})
 
 
 def demo_config(out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
@@ -115,41 +159,58 @@ def run_demo(out: str | Path = "demo-out", sizes: DemoSizes | None = None) -> di
     """Run every stage under `out` (reruns reuse finished stages) and return accuracy per stage and task."""
     from physreason.data.synth.generate import generate_task
     from physreason.models.tiny import save_tiny_model
+    from physreason.train.grpo import run_grpo
     from physreason.train.sft import run_sft
 
     sizes = sizes or DemoSizes()
     out = Path(out).resolve()
-    start = _stage("1/5 tiny Qwen2.5-VL model (random weights)")
+    start = _stage("1/7 tiny Qwen2.5-VL model (random weights)")
     model_dir = out / "model"
     if not (model_dir / "model.safetensors").is_file():
         save_tiny_model("qwen2_5_vl", model_dir)
     console.print(f"model: {model_dir} ({time.perf_counter() - start:.1f} s)")
 
-    start = _stage("2/5 intuitive-physics clips")
+    start = _stage("2/7 intuitive-physics clips")
     for split, n in (("train", sizes.train_per_task), ("test", sizes.test_per_task)):
         for task in TASKS:
             generate_task(task, n, out / "data" / split, split, base_seed=0, workers=2, show_progress=False)
         console.print(f"{split}: {n} clips per task in {out / 'data' / split}")
     letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")
+    rl_records(out / "data" / "train", out / "data" / "train" / "rl.jsonl")
     console.print(f"({time.perf_counter() - start:.1f} s)")
 
     cfg = demo_config(out, model_dir, sizes)
     table: dict[str, dict[str, float | None]] = {}
-    start = _stage("3/5 evaluate the base model")
+    start = _stage("3/7 evaluate the base model")
     table["base model"] = _evaluate(cfg, "base", out / "results")
     console.print(f"({time.perf_counter() - start:.1f} s)")
 
-    start = _stage("4/5 supervised fine-tuning (letter answers)")
+    start = _stage("4/7 supervised fine-tuning (letter answers)")
     result = run_sft(cfg)
     first, last = result.losses[0], result.losses[-1]
     console.print(f"SFT loss {first:.3f} -> {last:.3f} over {len(result.losses)} steps ({time.perf_counter() - start:.1f} s)")
     if result.export_dir is None:
         raise RuntimeError("the SFT run exported no model; check train.ckpt.export_safetensors")
 
-    start = _stage("5/5 evaluate the fine-tuned model")
+    start = _stage("5/7 evaluate the fine-tuned model")
     tuned = cfg.model_copy(deep=True)
     tuned.model.model_name_or_path = str(result.export_dir)
     table["after SFT"] = _evaluate(tuned, "sft", out / "results")
+    console.print(f"({time.perf_counter() - start:.1f} s)")
+
+    start = _stage("6/7 GRPO from the fine-tuned model (accuracy reward)")
+    rl = run_grpo(grpo_config(cfg, out, result.export_dir, sizes))
+    console.print(
+        f"mean reward {rl.rewards[0]:.3f} -> {rl.rewards[-1]:.3f} over {len(rl.rewards)} steps "
+        f"({time.perf_counter() - start:.1f} s)"
+    )
+    if rl.export_dir is None:
+        raise RuntimeError("the GRPO run exported no model; check train.ckpt.export_safetensors")
+
+    start = _stage("7/7 evaluate the GRPO model")
+    reinforced = cfg.model_copy(deep=True)
+    reinforced.model.model_name_or_path = str(rl.export_dir)
+    table["after SFT+GRPO"] = _evaluate(reinforced, "grpo", out / "results")
     console.print(f"({time.perf_counter() - start:.1f} s)")
 
     print_table(table, sizes.test_per_task)

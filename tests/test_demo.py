@@ -11,15 +11,17 @@ from physreason.demo import TASKS, DemoSizes, letter_sft_records, run_demo
 
 @pytest.mark.slow
 def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
-    sizes = DemoSizes(train_per_task=4, test_per_task=2, sft_steps=2, max_tokens=2)
+    sizes = DemoSizes(train_per_task=4, test_per_task=2, sft_steps=2, grpo_steps=1, max_tokens=2)
     table = run_demo(tmp_path / "demo", sizes)
-    assert list(table) == ["base model", "after SFT"]
+    assert list(table) == ["base model", "after SFT", "after SFT+GRPO"]
     for scores in table.values():
         assert set(scores) == set(TASKS)
         assert all(value is None or 0.0 <= value <= 1.0 for value in scores.values())
     train = tmp_path / "demo" / "data" / "train"
     records = [json.loads(line) for line in (train / "sft.jsonl").read_text().splitlines()]
     assert len(records) == 4 * len(TASKS)
+    prompts = (train / "rl.jsonl").read_text().splitlines()
+    assert len(prompts) == 4 * len(TASKS) and json.loads(prompts[0])["video"].startswith(f"{TASKS[0]}/")
     # a rerun reuses the model and the clips instead of regenerating them
     clip = train / "arrow_of_time" / records[0]["video"].split("/", 1)[1]
     stamp = clip.stat().st_mtime_ns

@@ -206,6 +206,9 @@ class GRPOConfig(Section):
     reference_model_path: str | None = Field(
         None, description="KL reference model (hub id or folder); None uses model.model_name_or_path. Loaded only if kl_beta > 0."
     )
+    answer_type: Literal["grpo", "reasoning", "letter"] = Field(
+        "grpo", description="Prompt wording: Cosmos-Reason1's RL recipe ('grpo'), or the benchmark's reasoning/letter."
+    )
     shuffle_options: bool = Field(True, description="Reshuffle multiple-choice options per sample, remapping the answer.")
     reward_function: dict[str, float] = Field(
         default_factory=lambda: {"accuracy": 1.0, "format": 1.0}, description="Reward name -> weight."

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from physreason.chat.mcq import lettered_options, shuffle_options
+from physreason.chat.mcq import AnswerType, lettered_options, shuffle_options
 from physreason.chat.messages import Message, build_mcq_messages
 from physreason.config import DatasetConfig
 from physreason.data.loaders import load_records, resolve_media_path
@@ -35,10 +35,10 @@ class MCQPrompt:
     videos: tuple[Path, ...] = ()
     images: tuple[Path, ...] = ()
 
-    def messages(self) -> list[Message]:
-        """Chat messages as the Cosmos-Reason1 GRPO recipe builds them (media first, its format instruction)."""
+    def messages(self, answer_type: AnswerType = "grpo") -> list[Message]:
+        """Chat messages as Cosmos-Reason1 builds them (media first); "grpo" is its RL recipe's wording."""
         return build_mcq_messages(
-            self.question, self.options, videos=self.videos, images=self.images, answer_type="grpo"
+            self.question, self.options, videos=self.videos, images=self.images, answer_type=answer_type
         )
 
     def reward_fields(self) -> dict[str, Any]:

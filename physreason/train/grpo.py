@@ -378,6 +378,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
         max_rounds=grpo_cfg.max_dynamic_sampling_rounds,
         processor_params=processor_params,
         seed=sampling.seed if sampling.seed is not None else train_cfg.seed,
+        answer_type=grpo_cfg.answer_type,
     )
     update = UpdateSettings.from_config(config)
     reward_names = sorted(set(grpo_cfg.reward_function) | {"accuracy", "format"}) + ["total"]

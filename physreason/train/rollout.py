@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from physreason.chat.mcq import AnswerType
 from physreason.config import SamplingConfig, VisionConfig
 from physreason.data.mcq import MCQPrompt, PromptStream
 from physreason.engines import Completion, Engine, GenerationRequest
@@ -57,11 +58,11 @@ class RolloutBatch:
         return len({s.group for s in self.samples})
 
 
-def build_request(prompt: MCQPrompt, vision: VisionConfig) -> GenerationRequest:
+def build_request(prompt: MCQPrompt, vision: VisionConfig, answer_type: AnswerType = "grpo") -> GenerationRequest:
     """Decode the prompt's media and build its chat request."""
     videos = [load_video(path, vision) for path in prompt.videos]
     images = [load_image(path, vision) for path in prompt.images]
-    return GenerationRequest(messages=prompt.messages(), images=images, videos=videos, request_id=prompt.id)
+    return GenerationRequest(messages=prompt.messages(answer_type), images=images, videos=videos, request_id=prompt.id)
 
 
 def score_completion(text: str, prompt: MCQPrompt, weights: Mapping[str, float]) -> dict[str, float]:
@@ -89,6 +90,7 @@ class RolloutSettings:
     max_rounds: int = 8
     processor_params: ProcessorParams | None = None  # set for vision-language policies
     seed: int = 0
+    answer_type: AnswerType = "grpo"  # prompt wording: the RL recipe's, or the benchmark's reasoning/letter
 
 
 def collect_rollouts(
@@ -141,7 +143,7 @@ def _rollout_round(
     if not prompts:
         return
     started = time.perf_counter()
-    requests = [build_request(prompt, settings.vision) for prompt in prompts]
+    requests = [build_request(prompt, settings.vision, settings.answer_type) for prompt in prompts]
     results = engine.generate(requests, settings.sampling.model_copy(update={"seed": seed}))
     batch.generate_s += time.perf_counter() - started
     started = time.perf_counter()
