@@ -1,0 +1,1 @@
+"""Disaggregated asynchronous GRPO on Ray: a controller, policy ranks and rollout replicas (see controller.py)."""

@@ -1,0 +1,566 @@
+"""Disaggregated asynchronous GRPO on Ray: one controller (this process, the Ray driver), policy ranks, rollout replicas.
+
+The controller owns the prompt stream, the rollout queue with its staleness bound, the global
+step, checkpoints and metrics. It is an event loop over Ray object refs: rollout replicas generate
+continuously (each always has one batch of prompts while the generation budget allows), finished
+groups go to the queue, and as soon as the queue holds a step's worth of fresh groups and the
+policy is free, the policy trains on them; rollouts meanwhile go on with the previous weights.
+After each update the policy publishes the new version to every ready replica over its weight
+channel; replicas load it between generation batches.
+
+Faults: a rollout replica that dies (or whose transfer fails) is removed, its unfinished prompts
+are drawn again first, and a new replica is started to keep `[rollout.parallelism] n_init_replicas`
+(it waits for free GPUs, so one that appears when a node joins the Ray cluster fills the slot).
+A replica joins mid-run by receiving the current weights before its first batch. If a policy rank
+dies, the whole policy replica restarts from the last checkpoint (`[train.ckpt]`), the queue is
+cleared, and results generated before the restart are discarded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from physreason.config import Config, dump_config
+from physreason.data.mcq import MCQPrompt, PromptStream, load_mcq_prompts
+from physreason.data.sft import VisionTokens
+from physreason.distributed.policy_worker import PolicyWorker
+from physreason.distributed.rollout_queue import RolloutQueue, ScoredGroup, generation_budget, is_fresh
+from physreason.distributed.rollout_replica import RolloutOutput, RolloutReplica
+from physreason.distributed.weight_transfer import DEFAULT_BUCKET_BYTES
+from physreason.errors import ConfigError, PhysReasonError
+from physreason.models import loading
+from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, rollout_metrics
+from physreason.train.metrics import MetricLogger
+from physreason.train.rollout import RolloutBatch
+from physreason.train.sft import Runtime
+
+log = logging.getLogger(__name__)
+
+MAX_POLICY_RESTARTS = 3
+# Rollout replicas in a row lost before producing anything: the recipe or the nodes are broken.
+MAX_FAILED_STARTS = 3
+POLL_S = 1.0
+
+
+@dataclass
+class DisaggregatedResult(GRPOResult):
+    """GRPOResult plus where each trained group came from and what happened to the replicas."""
+
+    group_versions: list[tuple[int, int, int]] = field(default_factory=list)  # (step it trained, weight version, replica)
+    events: list[str] = field(default_factory=list)
+    policy_restarts: int = 0
+
+
+@dataclass
+class _Op:
+    """Remote calls awaited together; `kind` picks the handler, `timeline` discards results from before a policy restart."""
+
+    kind: str
+    refs: list[Any]
+    timeline: int
+    replica: int | None = None
+    payload: Any = None
+    results: dict[int, Any] = field(default_factory=dict)  # by position in refs
+    error: BaseException | None = None
+
+    @property
+    def pending(self) -> list[Any]:
+        return [ref for i, ref in enumerate(self.refs) if i not in self.results]
+
+
+@dataclass
+class _Replica:
+    id: int
+    handle: Any
+    state: str = "starting"  # starting -> loaded (engine up) -> connecting -> ready (has weights)
+    version: int | None = None
+    generating: _Op | None = None
+    produced: bool = False  # returned at least one batch
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(
+            "grpo.mode = 'disaggregated' runs on Ray, which is not installed: pip install 'physreason[ray]'"
+        ) from exc
+    return ray
+
+
+def policy_world_size(config: Config, cluster_gpus: float) -> int:
+    """Processes of the policy replica: tp_size x dp_shard_size; dp_shard_size -1 takes the GPUs rollouts leave (1 on CPU)."""
+    policy, rollout = config.policy.parallelism, config.rollout.parallelism
+    if config.policy.parallelism.n_init_replicas != 1:
+        raise ConfigError(
+            "policy.parallelism.n_init_replicas must be 1 in disaggregated GRPO: the policy is one FSDP replica; "
+            "raise policy.parallelism.dp_shard_size for more data parallelism"
+        )
+    if policy.dp_shard_size > 0:
+        return policy.tp_size * policy.dp_shard_size
+    left = int(cluster_gpus) - rollout.n_init_replicas * rollout.tp_size
+    return max(left // policy.tp_size, 1) * policy.tp_size if cluster_gpus else policy.tp_size
+
+
+class Controller:
+    """Runs one disaggregated GRPO training (see the module docstring); `on_step(controller, step)` runs after each step."""
+
+    def __init__(
+        self,
+        config: Config,
+        on_step: Callable[[Controller, int], None] | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> None:
+        self.ray = _import_ray()
+        self.config = config
+        self.on_step = on_step
+        self.bucket_bytes = bucket_bytes
+        train, data = config.train, config.data
+        self.output = Path(train.output_dir)
+        self.prompts = load_mcq_prompts(data.dataset, data.max_samples)
+        self.stream = PromptStream(self.prompts, train.seed, data.shuffle, config.grpo.shuffle_options)
+        self._replay = PromptStream(self.prompts, train.seed, data.shuffle, config.grpo.shuffle_options)
+        self.allowed = config.grpo.allowed_outdated_steps
+        self.queue = RolloutQueue(self.allowed)
+        self.target_rollouts = config.rollout.parallelism.n_init_replicas
+        self.replicas: dict[int, _Replica] = {}
+        self.policy: list[Any] = []
+        self.ops: list[_Op] = []
+        self.retry: deque[int] = deque()
+        self.timeline = 0
+        self.step = 0
+        self.result = DisaggregatedResult()
+        self._next_replica = 0
+        self._dispatches = 0
+        self._failed_starts = 0
+        self._train_op: _Op | None = None
+        self._window = _StepWindow()
+        hf_config = loading.load_model_config(config.model)
+        self.vision_tokens = VisionTokens.from_model_config(hf_config)
+        self.reward_names = sorted(set(config.grpo.reward_function) | {"accuracy", "format"}) + ["total"]
+
+    # ---- layout -------------------------------------------------------------------------------
+
+    def _layout(self) -> None:
+        config = self.config
+        resources = self.ray.cluster_resources()
+        self.use_gpu = resources.get("GPU", 0) > 0
+        self.policy_world = policy_world_size(config, resources.get("GPU", 0))
+        tp = config.policy.parallelism.tp_size
+        if self.policy_world % tp:
+            raise ConfigError(f"policy.parallelism.tp_size ({tp}) must divide the policy's {self.policy_world} GPUs")
+        self.dp_size = self.policy_world // tp
+        per_rank = groups_per_rank(config, self.dp_size)
+        self.groups_per_step = per_rank * self.dp_size
+        self.budget = generation_budget(self.groups_per_step, self.allowed)
+        self.total_steps = config.train.max_steps or config.train.epoch * (len(self.prompts) // self.groups_per_step)
+        if self.total_steps < 1:
+            raise ConfigError(
+                f"{len(self.prompts)} prompts do not fill one step of {self.groups_per_step} prompt groups "
+                "(train.train_batch_per_replica / rollout.n_generation): lower it, set train.max_steps, or add data"
+            )
+        rollout = config.rollout.parallelism
+        needed = self.policy_world + rollout.n_init_replicas * rollout.tp_size
+        if self.use_gpu and resources["GPU"] < needed:
+            raise ConfigError(
+                f"the Ray cluster has {resources['GPU']:.0f} GPUs but the recipe needs {needed}: policy {self.policy_world} "
+                f"+ rollout.parallelism.n_init_replicas ({rollout.n_init_replicas}) x tp_size ({rollout.tp_size}); "
+                "add nodes (ray start --address=...) or lower the counts"
+            )
+        gpus = 1 if self.use_gpu else 0
+        self._policy_cls = self.ray.remote(num_cpus=1, num_gpus=gpus)(PolicyWorker)
+        self._rollout_cls = self.ray.remote(
+            num_cpus=1, num_gpus=rollout.tp_size if self.use_gpu else 0, max_concurrency=2
+        )(RolloutReplica)
+
+    # ---- policy -------------------------------------------------------------------------------
+
+    def _start_policy(self, resume: bool | str) -> None:
+        """Start the policy ranks (gang-scheduled in one placement group) and restore the run's position."""
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = {"CPU": 1, "GPU": 1} if self.use_gpu else {"CPU": 1}
+        group = placement_group([bundle] * self.policy_world, strategy="PACK")
+        self.ray.get(group.ready())
+        self.policy = [
+            self._policy_cls.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank)
+            ).remote(self.config, rank, self.policy_world)
+            for rank in range(self.policy_world)
+        ]
+        master = self.ray.get(self.policy[0].address.remote()) if self.policy_world > 1 else None
+        infos = self.ray.get([w.setup.remote(master, self.total_steps, resume, self.bucket_bytes) for w in self.policy])
+        info = infos[0]
+        self.buckets, self.store_address = info["buckets"], info["store"]
+        state = info["trainer_state"]
+        self.step = int(state["step"]) if state else 0
+        self.stream.cursor = int(state["prompt_cursor"]) if state else 0
+        self.retry = deque(sorted(state.get("pending_draws", []))) if state else deque()
+        if info["checkpoint"]:
+            self._event(f"policy resumed from {info['checkpoint']}")
+
+    def _restart_policy(self, reason: str) -> None:
+        self.result.policy_restarts += 1
+        self._event(f"policy lost ({reason}); restarting from the last checkpoint")
+        if self.result.policy_restarts > MAX_POLICY_RESTARTS:
+            raise PhysReasonError(f"the policy failed {self.result.policy_restarts} times; last failure: {reason}")
+        for handle in self.policy:
+            self.ray.kill(handle, no_restart=True)
+        self.timeline += 1
+        # Generate calls stay tracked so their replicas become free again; their results are discarded.
+        self.ops = [op for op in self.ops if op.kind in ("generate", "ready")]
+        self._train_op = None
+        self.queue.clear()
+        for replica in self.replicas.values():
+            if replica.state in ("connecting", "ready"):
+                replica.state, replica.version = "loaded", None
+        self._start_policy(resume=True)
+
+    def _policy_failed(self, op: _Op) -> bool:
+        """Restart the policy when one of its ranks died; re-raise errors of the code itself."""
+        if op.error is None:
+            return False
+        if isinstance(op.error, self.ray.exceptions.RayActorError):
+            self._restart_policy(f"{op.kind}: {type(op.error).__name__}")
+            return True
+        raise op.error
+
+    # ---- rollout replicas -----------------------------------------------------------------------
+
+    def add_rollout_replica(self) -> None:
+        """Raise the number of rollout replicas kept alive by one (started on the next loop turn)."""
+        self.target_rollouts += 1
+
+    def rollout_handle(self, replica: int) -> Any:
+        """The Ray actor handle of a live replica (tests kill it to simulate a failure)."""
+        return self.replicas[replica].handle
+
+    def ready_replicas(self) -> list[int]:
+        """Ids of the replicas that hold weights and may generate."""
+        return sorted(r.id for r in self.replicas.values() if r.state == "ready")
+
+    def _start_rollout(self) -> None:
+        replica = _Replica(self._next_replica, self._rollout_cls.remote(self.config, self._next_replica))
+        self._next_replica += 1
+        self.replicas[replica.id] = replica
+        self._submit("ready", [replica.handle.ready.remote()], replica.id)
+
+    def _connect(self, replica: _Replica) -> None:
+        replica.state = "connecting"
+        channel = f"{replica.id}.{self.timeline}"
+        host, port = self.store_address
+        self._submit(
+            "channel",
+            [self.policy[0].open_channel.remote(replica.id, channel)] + [w.publish.remote([replica.id]) for w in self.policy],
+            replica.id,
+        )
+        self._submit("connect", [replica.handle.connect.remote(host, port, channel, self.buckets)], replica.id)
+
+    def _sync(self, replicas: list[int]) -> None:
+        """Publish the policy's current weights to these ready replicas."""
+        if not replicas:
+            return
+        self._submit("publish", [w.publish.remote(replicas) for w in self.policy])
+        for replica in replicas:
+            self._submit("receive", [self.replicas[replica].handle.receive_weights.remote()], replica)
+
+    def _lose_rollout(self, replica_id: int, reason: str) -> None:
+        replica = self.replicas.pop(replica_id, None)
+        if replica is None:
+            return
+        self._event(f"rollout replica {replica_id} lost ({reason})")
+        if replica.generating is not None and replica.generating.timeline == self.timeline:
+            self.retry.extendleft(sorted((draw for draw, _ in replica.generating.payload), reverse=True))
+        self.ops = [op for op in self.ops if op.replica != replica_id or op.kind == "channel"]
+        self.ray.kill(replica.handle, no_restart=True)
+        self.policy[0].close_channel.remote(replica_id)
+        if not replica.produced:
+            self._failed_starts += 1
+            if self._failed_starts >= MAX_FAILED_STARTS:
+                raise PhysReasonError(
+                    f"{self._failed_starts} rollout replicas in a row were lost before producing a batch; last: {reason}"
+                )
+
+    def _top_up_rollouts(self) -> None:
+        for _ in range(self.target_rollouts - len(self.replicas)):
+            self._start_rollout()
+        for replica in list(self.replicas.values()):
+            if replica.state == "loaded":
+                self._connect(replica)
+
+    def _draws(self, count: int) -> list[tuple[int, MCQPrompt]]:
+        """Prompts to hand out: first those lost with a replica, then fresh draws; (draw index, prompt) each."""
+        draws = []
+        while self.retry and len(draws) < count:
+            self._replay.cursor = self.retry.popleft()
+            draws.append((self._replay.cursor, self._replay.draw(1)[0]))
+        start = self.stream.cursor
+        fresh = self.stream.draw(count - len(draws))
+        return draws + list(zip(range(start, start + len(fresh)), fresh, strict=True))
+
+    def _dispatch(self) -> None:
+        """Give each idle ready replica a batch of prompts while its weights are fresh and the budget allows."""
+        self._window.stale += len(self.queue.drop_stale(self.step))
+        in_flight = sum(len(r.generating.payload) for r in self.replicas.values() if r.generating is not None)
+        for replica in sorted(self.replicas.values(), key=lambda r: r.id):
+            if replica.state != "ready" or replica.generating is not None:
+                continue
+            if not is_fresh(replica.version, self.step, self.allowed):
+                continue
+            room = self.budget - len(self.queue) - in_flight
+            if room <= 0:
+                return
+            draws = self._draws(min(self.config.rollout.batch_size, room))
+            replica.generating = self._submit(
+                "generate", [replica.handle.generate.remote(draws, self._dispatches)], replica.id, draws
+            )
+            self._dispatches += 1
+            in_flight += len(draws)
+
+    # ---- training -----------------------------------------------------------------------------
+
+    def _maybe_train(self) -> None:
+        if self._train_op is not None or self.step >= self.total_steps:
+            return
+        self._window.stale += len(self.queue.drop_stale(self.step))
+        groups = self.queue.take(self.step, self.groups_per_step)
+        if groups is None:
+            return
+        shares = [[] for _ in range(self.dp_size)]
+        for i, group in enumerate(groups):
+            shares[i % self.dp_size].extend(group.samples)
+        refs = [self.ray.put(share) for share in shares]
+        tp = self.config.policy.parallelism.tp_size
+        self._train_op = self._submit("train", [w.train.remote(refs[rank // tp]) for rank, w in enumerate(self.policy)])
+        self._train_op.payload = groups
+        self._window.policy_waiting_s += time.perf_counter() - self._window.policy_free_at
+
+    def _pending_draws(self) -> list[int]:
+        in_flight = [d for r in self.replicas.values() if r.generating is not None for d, _ in r.generating.payload]
+        return sorted(set(self.queue.draws()) | set(in_flight) | set(self.retry))
+
+    def _on_train(self, op: _Op, replica: _Replica | None) -> None:
+        self._train_op = None
+        if self._policy_failed(op):
+            return
+        self._window.policy_free_at = time.perf_counter()
+        groups: list[ScoredGroup] = op.payload
+        self.step += 1
+        self.result.group_versions += [(self.step, g.version, g.replica) for g in groups]
+        self._sync(self.ready_replicas())
+        ckpt = self.config.train.ckpt
+        if ckpt.enable_checkpoint and (self.step % ckpt.save_freq == 0 or self.step == self.total_steps):
+            state = {"prompt_cursor": self.stream.cursor, "pending_draws": self._pending_draws()}
+            self._submit("save", [w.save.remote(state) for w in self.policy])
+        self._log_step(op.results[0], groups)
+
+    def _log_step(self, policy_metrics: dict[str, float], groups: list[ScoredGroup]) -> None:
+        window = self._window
+        samples = [s for g in groups for s in g.samples]
+        batch = RolloutBatch(samples=samples, scored=window.scored, counts=window.counts)
+        metrics = rollout_metrics(batch, _Stats(Runtime(0, 1, torch.device("cpu"))), self.reward_names, self.vision_tokens)
+        metrics.update(policy_metrics)
+        now = time.perf_counter()
+        step_s = now - window.started
+        lags = [self.step - 1 - g.version for g in groups]
+        alive = max(len(self.ready_replicas()), 1)
+        metrics.update({
+            "rollout/staleness_mean": sum(lags) / len(lags),
+            "rollout/staleness_max": float(max(lags)),
+            "rollout/stale_dropped": float(window.stale),
+            "rollout/replicas": float(len(self.ready_replicas())),
+            "rollout/queue": float(len(self.queue)),
+            "time/step_s": step_s,
+            "time/sync_s": window.sync_s,
+            "time/policy_wait_s": window.policy_waiting_s,
+            "time/rollout_busy_s": window.rollout_busy_s,
+            "time/rollout_idle_frac": max(0.0, 1.0 - window.rollout_busy_s / (alive * step_s)),
+            "perf/samples_per_s": len(samples) / step_s,
+        })
+        self.result.rewards.append(metrics["reward/total_mean"])
+        self.result.metrics.append(metrics)
+        if self.step % self.config.train.log_freq == 0 or self.step == self.total_steps:
+            self.metrics_log.log(self.step, metrics)
+        if self.progress is not None:
+            self.progress.set_postfix(
+                reward=f"{metrics['reward/total_mean']:.3f}", stale=f"{metrics['rollout/staleness_mean']:.2f}",
+                replicas=len(self.ready_replicas()),
+            )
+            self.progress.update(1)
+        self._window = _StepWindow(policy_free_at=window.policy_free_at)
+        if self.on_step is not None:
+            self.on_step(self, self.step)
+
+    # ---- completions --------------------------------------------------------------------------
+
+    def _submit(self, kind: str, refs: list[Any], replica: int | None = None, payload: Any = None) -> _Op:
+        op = _Op(kind, refs, self.timeline, replica, payload)
+        self.ops.append(op)
+        return op
+
+    def _poll(self) -> None:
+        """Wait for one remote call to finish (or POLL_S) and hand every finished operation to its handler."""
+        owner = {ref: (op, i) for op in self.ops for i, ref in enumerate(op.refs) if i not in op.results}
+        if not owner:
+            raise PhysReasonError("nothing is running and the step cannot finish: no rollout replica could be started")
+        done, _ = self.ray.wait(list(owner), num_returns=1, timeout=POLL_S)
+        for ref in done:
+            op, i = owner[ref]
+            try:
+                op.results[i] = self.ray.get(ref)
+            except self.ray.exceptions.RayError as exc:  # every remote failure goes to the operation's handler
+                op.error = exc
+                op.results[i] = None
+        for op in [op for op in self.ops if op.error is not None or not op.pending]:
+            if op in self.ops:
+                self.ops.remove(op)
+                self._complete(op)
+
+    def _complete(self, op: _Op) -> None:
+        replica = self.replicas.get(op.replica) if op.replica is not None else None
+        if op.kind == "generate" and replica is not None and replica.generating is op:
+            replica.generating = None
+        if op.timeline != self.timeline:
+            return
+        getattr(self, f"_on_{op.kind}")(op, replica)
+
+    def _on_ready(self, op: _Op, replica: _Replica | None) -> None:
+        if replica is None:
+            return
+        if op.error is not None:
+            self._lose_rollout(replica.id, f"failed to start: {op.error}")
+            return
+        replica.state = "loaded"
+
+    def _on_channel(self, op: _Op, replica: _Replica | None) -> None:
+        if self._policy_failed(op):
+            return
+        opened, published = op.results[0], op.results[1]
+        if replica is not None and (opened is not None or op.replica in published["failed"]):
+            self._lose_rollout(replica.id, f"weight channel: {opened or published['failed'][op.replica]}")
+
+    def _on_connect(self, op: _Op, replica: _Replica | None) -> None:
+        if replica is None:
+            return
+        if op.error is not None:
+            self._lose_rollout(replica.id, f"connect: {op.error}")
+            return
+        replica.version = int(op.results[0]["version"])
+        replica.state = "ready"
+        self._window.sync_s += op.results[0]["seconds"]
+        self._event(f"rollout replica {replica.id} ready with weights of step {replica.version}")
+        if replica.version < self.step and self._train_op is None:
+            # A publish after an update that finished while this replica was connecting left it out.
+            self._sync([replica.id])
+
+    def _on_publish(self, op: _Op, replica: _Replica | None) -> None:
+        if self._policy_failed(op):
+            return
+        self._window.sync_s += op.results[0]["seconds"]
+        for lost, reason in op.results[0]["failed"].items():
+            self._lose_rollout(lost, f"weight transfer: {reason}")
+
+    def _on_receive(self, op: _Op, replica: _Replica | None) -> None:
+        if replica is None:
+            return
+        if op.error is not None:
+            self._lose_rollout(replica.id, f"receive: {op.error}")
+            return
+        replica.version = int(op.results[0]["version"])
+
+    def _on_generate(self, op: _Op, replica: _Replica | None) -> None:
+        if replica is None:
+            return
+        if op.error is not None:
+            self._lose_rollout(replica.id, f"generate: {type(op.error).__name__}")
+            return
+        output: RolloutOutput = op.results[0]
+        replica.produced = True
+        self._failed_starts = 0
+        for group in output.groups:
+            if is_fresh(group.version, self.step, self.allowed):
+                self.queue.put(group)
+            else:
+                self._window.stale += 1
+        self._window.scored += output.scored
+        self._window.counts.update(output.counts)
+        self._window.rollout_busy_s += output.busy_s
+
+    def _on_save(self, op: _Op, replica: _Replica | None) -> None:
+        if self._policy_failed(op):
+            return
+        self.result.last_checkpoint = Path(op.results[0]["checkpoint"])
+        if op.results[0]["export"]:
+            self.result.export_dir = Path(op.results[0]["export"])
+
+    def _event(self, text: str) -> None:
+        line = f"step {self.step}: {text}"
+        log.info(line)
+        self.result.events.append(line)
+
+    # ---- run ----------------------------------------------------------------------------------
+
+    def run(self) -> DisaggregatedResult:
+        """Train until `total_steps` and the last checkpoint are done; returns the run's record."""
+        self.output.mkdir(parents=True, exist_ok=True)
+        dump_config(self.config, self.output / "config.toml")
+        self._layout()
+        self.metrics_log = MetricLogger(self.output, self.config.logging, run_config=self.config.model_dump(mode="json"))
+        from tqdm.auto import tqdm
+
+        self.progress = None
+        try:
+            self._start_policy(self.config.train.resume)
+            self.progress = tqdm(total=self.total_steps, initial=self.step, desc="grpo (disaggregated)", dynamic_ncols=True)
+            self._window = _StepWindow()
+            policy_kinds = ("train", "publish", "channel", "save")
+            while self.step < self.total_steps or any(op.kind in policy_kinds for op in self.ops):
+                if self.step < self.total_steps:
+                    self._top_up_rollouts()
+                    self._dispatch()
+                    self._maybe_train()
+                self._poll()
+        finally:
+            if self.progress is not None:
+                self.progress.close()
+            self.metrics_log.close()
+            for handle in self.policy + [r.handle for r in self.replicas.values()]:
+                self.ray.kill(handle, no_restart=True)
+        return self.result
+
+
+@dataclass
+class _StepWindow:
+    """What happened since the last step: scored rewards, rollout counters, time spent."""
+
+    started: float = field(default_factory=time.perf_counter)
+    policy_free_at: float = field(default_factory=time.perf_counter)
+    policy_waiting_s: float = 0.0
+    scored: list[dict[str, float]] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)
+    stale: int = 0
+    sync_s: float = 0.0
+    rollout_busy_s: float = 0.0
+
+
+def run_disaggregated(config: Config, on_step: Callable[[Controller, int], None] | None = None) -> DisaggregatedResult:
+    """Train config.model with disaggregated asynchronous GRPO on Ray (joins the running cluster or starts a local one)."""
+    ray = _import_ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init()
+    try:
+        return Controller(config, on_step).run()
+    finally:
+        if started_here:
+            ray.shutdown()
+

@@ -1,0 +1,241 @@
+"""A policy rank: one process of the policy replica (FSDP2 over `[policy.parallelism]`) that trains and publishes weights.
+
+Run as a Ray actor per GPU. The ranks form torch.distributed's default group among themselves,
+exactly as under torchrun, so the model setup, the GRPO update (`update_policy` of the colocated
+loop) and DCP checkpoints are the same code. Rank 0 also hosts the TCPStore of the weight
+channels and sends each published version to the rollout replicas; every rank takes part in
+gathering the full tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from physreason.config import Config
+from physreason.data.sft import VisionTokens
+from physreason.distributed.weight_transfer import (
+    CHANNEL_TIMEOUT,
+    DEFAULT_BUCKET_BYTES,
+    WeightChannel,
+    pack_bucket,
+    plan_buckets,
+    weight_manifest,
+)
+from physreason.models import loading, parallelize
+from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from physreason.train.grpo import UpdateSettings, update_policy
+from physreason.train.policy import PolicyScorer, build_completion_batch
+from physreason.train.rollout import RolloutSample
+from physreason.train.schedule import build_optimizer
+from physreason.train.sft import autocast_context, init_runtime, seed_everything
+from physreason.train.weight_sync import full_named_parameters
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def node_address() -> str:
+    """This node's address as the Ray cluster knows it."""
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+class PolicyWorker:
+    """Rank `rank` of `world_size` policy processes."""
+
+    def __init__(self, config: Config, rank: int, world_size: int) -> None:
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.channels: dict[int, WeightChannel] = {}
+        self.store: dist.TCPStore | None = None
+        self.step = 0
+
+    def address(self) -> tuple[str, int]:
+        """(node address, a free port) for the process group's rendezvous."""
+        return node_address(), free_port()
+
+    def setup(
+        self, master: tuple[str, int] | None, total_steps: int, resume: bool | str, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    ) -> dict[str, Any]:
+        """Join the group at `master` (rank 0's address()), build model, optimizer and schedule, resume if asked.
+
+        Returns the weight transfer plan, the channel store's address (rank 0) and the resumed trainer state.
+        """
+        config, train_cfg, grpo_cfg = self.config, self.config.train, self.config.grpo
+        if self.world_size > 1 and master is not None:
+            os.environ.update({
+                "RANK": str(self.rank),
+                "WORLD_SIZE": str(self.world_size),
+                "LOCAL_RANK": "0",  # Ray shows each actor only its own GPUs
+                "MASTER_ADDR": master[0],
+                "MASTER_PORT": str(master[1]),
+            })
+        self.runtime = runtime = init_runtime()
+        seed_everything(train_cfg.seed)
+        tp = config.policy.parallelism.tp_size
+        self.dp_size = runtime.world_size // tp
+        tokenizer = loading.load_tokenizer(config.model)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.vision_tokens = VisionTokens.from_model_config(loading.load_model_config(config.model))
+
+        self.model = model = loading.load_model(config.model, dtype=torch.float32)
+        if train_cfg.freeze_vision_tower:
+            parallelize.freeze_vision_tower(model)
+        if train_cfg.gradient_checkpointing:
+            parallelize.enable_activation_checkpointing(model)
+        self.scorer = PolicyScorer(model)
+        self.reference = None
+        if grpo_cfg.kl_beta > 0:
+            self.reference = PolicyScorer(loading.load_model(config.model, dtype=torch.float32).requires_grad_(False)).eval()
+        param_dtype = loading.DTYPES[train_cfg.param_dtype]
+        for wrapper in (self.scorer, self.reference):
+            if wrapper is None:
+                continue
+            if runtime.distributed:
+                mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, tp)
+                if tp > 1:
+                    parallelize.apply_tensor_parallel(wrapper.model, mesh["tp"])
+                wrapper.model.to(runtime.device)
+                parallelize.apply_fsdp2(
+                    wrapper, wrapper.model, mesh["dp"], param_dtype, loading.DTYPES[train_cfg.fsdp_reduce_dtype]
+                )
+            else:
+                wrapper.to(runtime.device)
+        if train_cfg.compile:
+            for block in loading.decoder_layers(model):
+                block.compile()
+        self.scorer.train()
+        self.autocast = autocast_context(runtime, runtime.distributed, param_dtype)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.scorer, train_cfg, total_steps * grpo_cfg.mu_iterations, fused=runtime.device.type == "cuda"
+        )
+        self.update = UpdateSettings.from_config(config)
+        self.output = Path(train_cfg.output_dir)
+        self.engine_dtype = loading.DTYPES.get(config.model.dtype)
+        self.buckets = plan_buckets(weight_manifest(model, self.engine_dtype), bucket_bytes)
+
+        trainer_state = None
+        checkpoint = resolve_resume(resume, self.output)
+        if checkpoint is not None:
+            trainer_state = load_checkpoint(checkpoint, self.scorer, self.optimizer, self.scheduler)
+            self.step = int(trainer_state["step"])
+            log.info("policy rank %d resumed from %s at step %d", self.rank, checkpoint, self.step)
+        if self.rank == 0:
+            self.store = dist.TCPStore(node_address(), 0, is_master=True, wait_for_workers=False, timeout=CHANNEL_TIMEOUT)
+        return {
+            "trainer_state": trainer_state,
+            "checkpoint": str(checkpoint) if checkpoint else None,
+            "buckets": self.buckets,
+            "store": (node_address(), self.store.port) if self.store is not None else None,
+        }
+
+    def open_channel(self, replica: int, channel_id: str) -> str | None:
+        """Rank 0: open the weight channel to a rollout replica (which calls connect at the same time); None or the error."""
+        try:
+            self.channels[replica] = WeightChannel("", 0, channel_id, rank=0, device=self.runtime.device, store=self.store)
+        except (RuntimeError, dist.DistError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def close_channel(self, replica: int) -> None:
+        """Forget a replica's channel (it died or was removed)."""
+        self.channels.pop(replica, None)
+
+    def train(self, samples: list[RolloutSample]) -> dict[str, float]:
+        """One GRPO update over this data-parallel rank's share of the step's groups; returns the step's metrics."""
+        started = time.perf_counter()
+        lr = self.scheduler.get_last_lr()[0]
+        mini = self.update.mini_batch
+        batches = [
+            build_completion_batch(samples[i : i + mini], self.pad_id, self.vision_tokens).to(self.runtime.device)
+            for i in range(0, len(samples), mini)
+        ]
+        metrics = update_policy(
+            self.scorer, batches, self.optimizer, self.scheduler, self.update, self.runtime, self.dp_size,
+            self.autocast, self.reference,
+        )
+        self.step += 1
+        # update_policy's *_sum diagnostics are already divided by the step's token count: token means.
+        out = {name.removesuffix("_sum"): value for name, value in metrics.items()}
+        out["train/lr"] = lr
+        out["time/train_s"] = time.perf_counter() - started
+        return out
+
+    @torch.no_grad()
+    def publish(self, replicas: list[int]) -> dict[str, Any]:
+        """Send the current weights (version = steps trained) to the replicas' channels; every rank must call this.
+
+        A replica whose transfer fails is dropped from the channels and reported in "failed"; the
+        others still get the whole transfer.
+        """
+        started = time.perf_counter()
+        targets = {r: self.channels[r] for r in replicas if r in self.channels} if self.rank == 0 else {}
+        failed: dict[int, str] = {r: "no channel" for r in replicas if self.rank == 0 and r not in self.channels}
+
+        def send(payload: torch.Tensor | None) -> None:
+            for replica, channel in list(targets.items()):
+                try:
+                    if payload is None:
+                        channel.send_header(self.step, len(self.buckets))
+                    else:
+                        channel.send(payload)
+                except (RuntimeError, dist.DistError) as exc:
+                    failed[replica] = f"{type(exc).__name__}: {exc}"
+                    del targets[replica]
+                    self.channels.pop(replica, None)
+
+        send(None)
+        tensors = full_named_parameters(self.model, self.engine_dtype)
+        for bucket in self.buckets:
+            if self.rank == 0:
+                send(pack_bucket(bucket, tensors, self.runtime.device))
+            else:
+                for _ in bucket.specs:  # gathers are collective: every rank walks every parameter
+                    next(tensors)
+        return {
+            "version": self.step,
+            "failed": failed,
+            "sent": sorted(targets),
+            "bytes": sum(b.nbytes for b in self.buckets),
+            "seconds": time.perf_counter() - started,
+        }
+
+    def save(self, trainer_state: dict[str, Any]) -> dict[str, Any]:
+        """Write a DCP checkpoint of this step (every rank), plus a safetensors export when configured."""
+        started = time.perf_counter()
+        ckpt = self.config.train.ckpt
+        path = save_checkpoint(
+            self.output, self.step, self.scorer, self.optimizer, self.scheduler, {**trainer_state, "step": self.step},
+            ckpt.max_keep,
+        )
+        export = None
+        if ckpt.export_safetensors:
+            from physreason.models.export import export_safetensors
+
+            export = export_safetensors(
+                self.model, self.config.model.model_name_or_path, self.output / "safetensors" / f"step_{self.step}",
+                self.config.model.dtype,
+            )
+        return {"checkpoint": str(path), "export": str(export) if export else None, "seconds": time.perf_counter() - started}
+
+    def shutdown(self) -> None:
+        """Leave the process group."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+

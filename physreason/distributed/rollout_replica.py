@@ -1,0 +1,151 @@
+"""A rollout replica: one generation engine that turns prompt draws into scored GRPO groups, tagged with a weight version.
+
+Run as a Ray actor with two threads: one generates, the other receives weights from the policy
+while generation goes on, so the policy never waits for a generation batch to finish. Received
+weights are staged in host memory and loaded into the engine at the start of the next `generate`
+call; every group it returns carries the version of the weights that produced it. A replica never
+generates before it has received weights once, so one that joins mid-run starts from the
+policy's current weights, not from the checkpoint on disk.
+
+Generation and scoring are the colocated loop's `collect_rollouts`, given exactly the prompts the
+controller assigned.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from physreason.config import Config
+from physreason.data.mcq import MCQPrompt
+from physreason.distributed.rollout_queue import ScoredGroup
+from physreason.distributed.weight_transfer import Bucket, WeightChannel
+from physreason.engines import create_engine
+from physreason.errors import PhysReasonError
+from physreason.models import loading
+from physreason.train.rollout import RolloutSettings, collect_rollouts
+
+
+@dataclass
+class RolloutOutput:
+    """What one generate call produced."""
+
+    replica: int
+    version: int  # weights the engine generated with
+    groups: list[ScoredGroup] = field(default_factory=list)
+    scored: list[dict[str, float]] = field(default_factory=list)  # rewards of every completion, dropped groups too
+    counts: Counter = field(default_factory=Counter)  # prompts_drawn, groups_dropped, requests_failed, rounds
+    busy_s: float = 0.0  # loading weights, generating and scoring
+
+
+class _AssignedPrompts:
+    """Stands in for the PromptStream in collect_rollouts: hands out exactly the controller's prompts, in order."""
+
+    def __init__(self, prompts: list[MCQPrompt]) -> None:
+        self._prompts = prompts
+        self._next = 0
+
+    def draw(self, count: int) -> list[MCQPrompt]:
+        drawn = self._prompts[self._next : self._next + count]
+        self._next += count
+        return drawn
+
+
+def rollout_settings(config: Config, groups: int, processor_params) -> RolloutSettings:
+    """Settings that make collect_rollouts sample, score and group exactly `groups` given prompts in one round."""
+    rollout = config.rollout
+    sampling = rollout.sampling_config.model_copy(update={"n": rollout.n_generation, "max_tokens": rollout.max_response_length})
+    return RolloutSettings(
+        groups_needed=groups,
+        prompts_per_round=groups,
+        sampling=sampling,
+        vision=config.vision,
+        reward_weights=dict(config.grpo.reward_function),
+        advantage=config.grpo.advantage,
+        dynamic_sampling=config.grpo.dynamic_sampling,
+        max_rounds=1,
+        processor_params=processor_params,
+        seed=sampling.seed if sampling.seed is not None else config.train.seed,
+    )
+
+
+class RolloutReplica:
+    """One engine (`[engine]`, `[rollout.parallelism] tp_size` GPUs) producing scored groups on request."""
+
+    def __init__(self, config: Config, replica_id: int) -> None:
+        self.config = config
+        self.replica_id = replica_id
+        engine_config = config.engine.model_copy(update={"tensor_parallel_size": config.rollout.parallelism.tp_size})
+        self.engine = create_engine(config.model, engine_config)
+        self.processor_params = None
+        if loading.is_vision_language(loading.load_model_config(config.model)):
+            from physreason.models.inputs import load_processor_params
+
+            self.processor_params = load_processor_params(config.model.model_name_or_path, config.model.revision)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.channel: WeightChannel | None = None
+        self.buckets: list[Bucket] = []
+        self.version: int | None = None  # weights loaded in the engine
+        self._staged: tuple[int, list[tuple[str, torch.Tensor]]] | None = None
+        self._staged_lock = threading.Lock()
+        self._channel_lock = threading.Lock()  # one transfer at a time on the channel
+
+    def ready(self) -> int:
+        """Returns the replica id once the engine is built (Ray runs __init__ before any method)."""
+        return self.replica_id
+
+    def connect(self, host: str, port: int, channel_id: str, buckets: list[Bucket]) -> dict[str, float]:
+        """Open a weight channel to policy rank 0 (replacing any old one) and receive the current weights."""
+        with self._channel_lock:
+            self.channel = WeightChannel(host, port, channel_id, rank=1, device=self.device)
+            self.buckets = buckets
+        return self.receive_weights()
+
+    def receive_weights(self) -> dict[str, float]:
+        """Receive one transfer from the policy and stage it for the next generate call; returns version, bytes, seconds."""
+        started = time.perf_counter()
+        with self._channel_lock:
+            if self.channel is None:
+                raise PhysReasonError(f"rollout replica {self.replica_id}: receive_weights before connect")
+            version, tensors = self.channel.receive(self.buckets)
+        with self._staged_lock:
+            self._staged = (version, tensors)
+        return {
+            "version": float(version),
+            "bytes": float(sum(b.nbytes for b in self.buckets)),
+            "seconds": time.perf_counter() - started,
+        }
+
+    def _load_staged(self) -> None:
+        with self._staged_lock:
+            staged, self._staged = self._staged, None
+        if staged is not None:
+            version, tensors = staged
+            self.engine.update_weights(tensors)
+            self.version = version
+
+    def generate(self, draws: list[tuple[int, MCQPrompt]], dispatch: int) -> RolloutOutput:
+        """Load staged weights, then sample, score and group one completion group per (draw index, prompt)."""
+        started = time.perf_counter()
+        self._load_staged()
+        if self.version is None:
+            raise PhysReasonError(f"rollout replica {self.replica_id} was asked to generate before it received weights")
+        # Fresh copies give every draw its own identity, so groups map back to draws even when one
+        # prompt is drawn twice in a call (small data sets wrap around within a call).
+        prompts = [replace(prompt) for _, prompt in draws]
+        draw_of = {id(prompt): draw for prompt, (draw, _) in zip(prompts, draws, strict=True)}
+        settings = rollout_settings(self.config, len(prompts), self.processor_params)
+        # Dispatch ids are unique over the run, so they alone make every call's sampling seed distinct.
+        batch = collect_rollouts(self.engine, _AssignedPrompts(prompts), settings, step=dispatch)
+        out = RolloutOutput(self.replica_id, self.version, scored=batch.scored, counts=batch.counts)
+        by_group: dict[int, list] = {}
+        for sample in batch.samples:
+            by_group.setdefault(sample.group, []).append(sample)
+        for samples in by_group.values():
+            out.groups.append(ScoredGroup(samples, self.version, self.replica_id, draw_of[id(samples[0].prompt)]))
+        out.busy_s = time.perf_counter() - started
+        return out
