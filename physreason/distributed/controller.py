@@ -133,6 +133,7 @@ class Controller:
         self.target_rollouts = config.rollout.parallelism.n_init_replicas
         self.replicas: dict[int, _Replica] = {}
         self.policy: list[Any] = []
+        self._policy_group: Any = None
         self.ops: list[_Op] = []
         self.retry: deque[int] = deque()
         self.timeline = 0
@@ -189,7 +190,7 @@ class Controller:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = {"CPU": 1, "GPU": 1} if self.use_gpu else {"CPU": 1}
-        group = placement_group([bundle] * self.policy_world, strategy="PACK")
+        self._policy_group = group = placement_group([bundle] * self.policy_world, strategy="PACK")
         self.ray.get(group.ready())
         self.policy = [
             self._policy_cls.options(
@@ -213,8 +214,7 @@ class Controller:
         self._event(f"policy lost ({reason}); restarting from the last checkpoint")
         if self.result.policy_restarts > MAX_POLICY_RESTARTS:
             raise PhysReasonError(f"the policy failed {self.result.policy_restarts} times; last failure: {reason}")
-        for handle in self.policy:
-            self.ray.kill(handle, no_restart=True)
+        self._stop_policy()
         self.timeline += 1
         # Generate calls stay tracked so their replicas become free again; their results are discarded.
         self.ops = [op for op in self.ops if op.kind in ("generate", "ready")]
@@ -224,6 +224,17 @@ class Controller:
             if replica.state in ("connecting", "ready"):
                 replica.state, replica.version = "loaded", None
         self._start_policy(resume=True)
+
+    def _stop_policy(self) -> None:
+        """Kill the policy ranks and free their placement group's reservation."""
+        from ray.util.placement_group import remove_placement_group
+
+        for handle in self.policy:
+            self.ray.kill(handle, no_restart=True)
+        self.policy = []
+        if self._policy_group is not None:
+            remove_placement_group(self._policy_group)
+            self._policy_group = None
 
     def _policy_failed(self, op: _Op) -> bool:
         """Restart the policy when one of its ranks died; re-raise errors of the code itself."""
@@ -533,8 +544,9 @@ class Controller:
             if self.progress is not None:
                 self.progress.close()
             self.metrics_log.close()
-            for handle in self.policy + [r.handle for r in self.replicas.values()]:
-                self.ray.kill(handle, no_restart=True)
+            self._stop_policy()
+            for replica in self.replicas.values():
+                self.ray.kill(replica.handle, no_restart=True)
         return self.result
 
 

@@ -102,7 +102,10 @@ class PolicyWorker:
         self.scorer = PolicyScorer(model)
         self.reference = None
         if grpo_cfg.kl_beta > 0:
-            self.reference = PolicyScorer(loading.load_model(config.model, dtype=torch.float32).requires_grad_(False)).eval()
+            reference = config.model.model_copy(
+                update={"model_name_or_path": grpo_cfg.reference_model_path or config.model.model_name_or_path}
+            )
+            self.reference = PolicyScorer(loading.load_model(reference, dtype=torch.float32).requires_grad_(False)).eval()
         param_dtype = loading.DTYPES[train_cfg.param_dtype]
         for wrapper in (self.scorer, self.reference):
             if wrapper is None:

@@ -70,6 +70,7 @@ def rollout_settings(config: Config, groups: int, processor_params) -> RolloutSe
         max_rounds=1,
         processor_params=processor_params,
         seed=sampling.seed if sampling.seed is not None else config.train.seed,
+        answer_type=config.grpo.answer_type,
     )
 
 
