@@ -81,7 +81,7 @@ def recipe(model: Path, data: Path, out: Path, mode: str, steps: int) -> dict:
     return {
         "model": {"model_name_or_path": str(model), "model_max_length": 4096, "dtype": "bfloat16"},
         "engine": {"backend": "vllm", "gpu_memory_utilization": 0.45 if mode == "colocated" else 0.85, "max_model_len": 4096},
-        "vision": {"fps": 4.0, "max_pixels": 81920, "total_pixels": 1605632, "max_frames": 32},
+        "vision": {"fps": 4.0, "min_pixels": 3136, "max_pixels": 81920, "total_pixels": 1605632, "max_frames": 32},
         "data": {"dataset": {"name": str(data)}, "num_workers": 2},
         "train": {
             "output_dir": str(out / mode),
@@ -152,10 +152,10 @@ def run_mode(mode: str, config_path: Path) -> None:
 
 
 def measure(mode: str, config: dict, out: Path, warmup: int) -> dict:
-    import tomli_w
+    from physreason.config import Config, dump_config
 
     config_path = out / f"{mode}.toml"
-    config_path.write_bytes(tomli_w.dumps(config).encode())
+    dump_config(Config.model_validate(config), config_path)
     if mode == "colocated":
         command = ["torchrun", "--nproc-per-node", "2", __file__, "--child", mode, str(config_path)]
     else:
