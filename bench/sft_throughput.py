@@ -108,14 +108,15 @@ def run_baseline(config, seq_len: int, device, warmup: int, steps: int) -> dict:
 def run_ours(config, seq_len: int, device, warmup: int, steps: int, args) -> dict:
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from physreason.models.parallelize import apply_fsdp2, build_mesh
+    from physreason.models.parallelize import apply_fsdp2, build_mesh, enable_activation_checkpointing
     from physreason.train.model import CausalLMLoss
 
     model = Qwen2_5_VLForConditionalGeneration(config).to(device=device, dtype=torch.float32)
     if args.ac_every > 0:
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=args.ac_every
-        )
+        enable_activation_checkpointing(model)
+        # selective: keep checkpointing on every n-th decoder block only (works on every transformers 5.x)
+        for index, block in enumerate(model.model.language_model.layers):
+            block.gradient_checkpointing = index % args.ac_every == 0
     module = CausalLMLoss(model, loss_chunk_size=args.ce_chunk if args.chunked_ce else 0)
     param_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     mesh = build_mesh(device.type, 1, 1)

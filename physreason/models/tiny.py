@@ -115,7 +115,9 @@ def build_tiny_model(kind: TinyKind, tokenizer: PreTrainedTokenizerFast, seed: i
     import transformers
 
     ids = _token_ids(tokenizer)
-    vocab = len(tokenizer)
+    # Rounded up to a multiple of 64 like Qwen's own checkpoints (151,665 tokens, 152,064 rows), so engines
+    # that pad the vocabulary (vLLM) see the same layout as with a real model.
+    vocab = -(-len(tokenizer) // 64) * 64
     text = _text_dims(vocab, ids)
     torch.manual_seed(seed)
     if kind == "qwen2_5_vl":

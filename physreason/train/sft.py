@@ -57,10 +57,9 @@ class Runtime:
     rank: int
     world_size: int
     device: torch.device
-
-    @property
-    def distributed(self) -> bool:
-        return dist.is_initialized()
+    # True when launched by torchrun: an in-process vLLM engine initialises torch.distributed too,
+    # and that world of one must not turn the policy into an FSDP model.
+    distributed: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -80,7 +79,7 @@ def init_runtime() -> Runtime:
         device = torch.device("cuda", local)
     else:
         device = torch.device("cpu")
-    return Runtime(rank, world, device)
+    return Runtime(rank, world, device, distributed="WORLD_SIZE" in os.environ)
 
 
 def seed_everything(seed: int) -> None:
