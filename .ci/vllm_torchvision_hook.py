@@ -54,7 +54,6 @@ class _BeforeTorchvision(importlib.abc.MetaPathFinder):
         if fullname == "torchvision":
             sys.meta_path.remove(self)
             define_torchvision_schemas()
-        return None
 
 
 if not any(isinstance(finder, _BeforeTorchvision) for finder in sys.meta_path):

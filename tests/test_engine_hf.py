@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from media import write_clip, write_image
+
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig, VisionConfig
 from physreason.engines.hf import HFEngine
 from physreason.infer import build_request

@@ -25,8 +25,8 @@ import torch
 
 pytest.importorskip("trl")
 
-from physreason.train.grpo_advantages import compute_group_advantages  # noqa: E402
-from physreason.train.grpo_loss import entropy_from_logits, policy_loss, token_logprobs  # noqa: E402
+from physreason.train.grpo_advantages import compute_group_advantages
+from physreason.train.grpo_loss import entropy_from_logits, policy_loss, token_logprobs
 
 pytestmark = pytest.mark.slow  # importing TRL and building its trainer takes ~7 s on 2 cores
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from media import write_clip, write_image
+
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig, VisionConfig
 from physreason.engines.hf import HFEngine
 from physreason.infer import run_batch

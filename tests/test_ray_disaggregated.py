@@ -95,9 +95,12 @@ def test_lost_replica_is_replaced_and_joiners_start_from_current_weights(recipe_
             ray.kill(controller.rollout_handle(0), no_restart=True)
             controller.add_rollout_replica()
         if step == 3:
-            # Let the replacement and the added replica finish loading, so they take part before the end.
+            # Let the replacement and the added replica finish loading, then retire the last original replica,
+            # so the groups of the remaining steps must come from replicas that joined mid-run (which replica
+            # wins a race for work is otherwise up to timing).
             for replica in list(controller.replicas.values()):
                 ray.get(replica.handle.ready.remote())
+            ray.kill(controller.rollout_handle(1), no_restart=True)
 
     config = recipe_factory("chaos", max_steps=9)
     config.grpo.allowed_outdated_steps = 0  # fully on-policy: every group was made with the weights it trains
@@ -112,6 +115,7 @@ def test_lost_replica_is_replaced_and_joiners_start_from_current_weights(recipe_
         first = min(version for _, version, r in result.group_versions if r == replica)
         assert first >= 2, f"replica {replica} generated with weights of step {first}, before it joined at step 2"
     assert all(replica != 0 for step, _, replica in result.group_versions if step > 3)
+    assert any("rollout replica 1 lost" in event for event in result.events)
 
 
 def test_policy_failure_resumes_from_last_checkpoint(recipe_factory):

@@ -12,7 +12,7 @@ def grpo(
     config: Path = typer.Option(..., "--config", "-c", help="TOML recipe (see configs/grpo_tiny.toml)."),
     overrides: list[str] = typer.Option([], "--set", help="Override a key, e.g. --set grpo.kl_beta=0.01 (repeatable)."),
 ) -> None:
-    """Train a model with GRPO on multiple-choice prompts; the rollout engine shares the GPUs with the policy."""
+    """Train a model with GRPO on multiple-choice prompts: colocated (shared GPUs) or disaggregated on Ray."""
     import torch.distributed as dist
 
     from physreason.config import load_config
@@ -21,7 +21,12 @@ def grpo(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     recipe = load_config(config, overrides)
     try:
-        result = run_grpo(recipe)
+        if recipe.grpo.mode == "disaggregated":
+            from physreason.distributed.controller import run_disaggregated
+
+            result = run_disaggregated(recipe)
+        else:
+            result = run_grpo(recipe)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

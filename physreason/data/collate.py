@@ -47,7 +47,7 @@ class SFTBatch:
 
     def to(self, device: torch.device | str) -> SFTBatch:
         """Move tensors to a device (non-blocking where possible)."""
-        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        move = lambda t: t.to(device, non_blocking=True)
         return SFTBatch(
             move(self.input_ids),
             move(self.targets),

@@ -29,13 +29,12 @@ from physreason.distributed.weight_transfer import (
     plan_buckets,
     weight_manifest,
 )
-from physreason.models import loading, parallelize
+from physreason.models import loading
 from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
-from physreason.train.grpo import UpdateSettings, update_policy
-from physreason.train.policy import PolicyScorer, build_completion_batch
+from physreason.train.grpo import UpdateSettings, build_policy, update_policy
+from physreason.train.policy import build_completion_batch
 from physreason.train.rollout import RolloutSample
-from physreason.train.schedule import build_optimizer
-from physreason.train.sft import autocast_context, init_runtime, seed_everything
+from physreason.train.sft import init_runtime, seed_everything
 from physreason.train.weight_sync import full_named_parameters
 
 log = logging.getLogger(__name__)
@@ -77,7 +76,7 @@ class PolicyWorker:
 
         Returns the weight transfer plan, the channel store's address (rank 0) and the resumed trainer state.
         """
-        config, train_cfg, grpo_cfg = self.config, self.config.train, self.config.grpo
+        config, train_cfg = self.config, self.config.train
         if self.world_size > 1 and master is not None:
             os.environ.update({
                 "RANK": str(self.rank),
@@ -94,44 +93,13 @@ class PolicyWorker:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.vision_tokens = VisionTokens.from_model_config(loading.load_model_config(config.model))
 
-        self.model = model = loading.load_model(config.model, dtype=torch.float32)
-        if train_cfg.freeze_vision_tower:
-            parallelize.freeze_vision_tower(model)
-        if train_cfg.gradient_checkpointing:
-            parallelize.enable_activation_checkpointing(model)
-        self.scorer = PolicyScorer(model)
-        self.reference = None
-        if grpo_cfg.kl_beta > 0:
-            reference = config.model.model_copy(
-                update={"model_name_or_path": grpo_cfg.reference_model_path or config.model.model_name_or_path}
-            )
-            self.reference = PolicyScorer(loading.load_model(reference, dtype=torch.float32).requires_grad_(False)).eval()
-        param_dtype = loading.DTYPES[train_cfg.param_dtype]
-        for wrapper in (self.scorer, self.reference):
-            if wrapper is None:
-                continue
-            if runtime.distributed:
-                mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, tp)
-                if tp > 1:
-                    parallelize.apply_tensor_parallel(wrapper.model, mesh["tp"])
-                wrapper.model.to(runtime.device)
-                parallelize.apply_fsdp2(
-                    wrapper, wrapper.model, mesh["dp"], param_dtype, loading.DTYPES[train_cfg.fsdp_reduce_dtype]
-                )
-            else:
-                wrapper.to(runtime.device)
-        if train_cfg.compile:
-            for block in loading.decoder_layers(model):
-                block.compile()
-        self.scorer.train()
-        self.autocast = autocast_context(runtime, runtime.distributed, param_dtype)
-        self.optimizer, self.scheduler = build_optimizer(
-            self.scorer, train_cfg, total_steps * grpo_cfg.mu_iterations, fused=runtime.device.type == "cuda"
-        )
+        policy = build_policy(config, runtime, total_steps)
+        self.model, self.scorer, self.reference = policy.model, policy.scorer, policy.reference
+        self.optimizer, self.scheduler, self.autocast = policy.optimizer, policy.scheduler, policy.autocast
         self.update = UpdateSettings.from_config(config)
         self.output = Path(train_cfg.output_dir)
         self.engine_dtype = loading.DTYPES.get(config.model.dtype)
-        self.buckets = plan_buckets(weight_manifest(model, self.engine_dtype), bucket_bytes)
+        self.buckets = plan_buckets(weight_manifest(self.model, self.engine_dtype), bucket_bytes)
 
         trainer_state = None
         checkpoint = resolve_resume(resume, self.output)

@@ -8,7 +8,6 @@ CUDA_VISIBLE_DEVICES and answers every k-th sample. On CPU the shards are proces
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import subprocess
 import sys

@@ -9,13 +9,13 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from physreason.models.chat_template import QWEN2_5_VL_CHAT_TEMPLATE
 from physreason.models.kinds import TINY_KINDS, TinyKind
-
 
 # The Qwen2.5 special tokens, in Qwen's order; their ids in the tiny vocabulary follow the BPE vocab.
 QWEN_SPECIAL_TOKENS = [
@@ -115,9 +115,7 @@ def build_tiny_model(kind: TinyKind, tokenizer: PreTrainedTokenizerFast, seed: i
     import transformers
 
     ids = _token_ids(tokenizer)
-    # Rounded up to a multiple of 64 like Qwen's own checkpoints (151,665 tokens, 152,064 rows), so engines
-    # that pad the vocabulary (vLLM) see the same layout as with a real model.
-    vocab = -(-len(tokenizer) // 64) * 64
+    vocab = len(tokenizer)
     text = _text_dims(vocab, ids)
     torch.manual_seed(seed)
     if kind == "qwen2_5_vl":

@@ -275,6 +275,57 @@ def rollout_metrics(
     return out
 
 
+@dataclass
+class Policy:
+    """The trained model, its scorer (and the KL reference's), optimizer, schedule and autocast context."""
+
+    model: torch.nn.Module
+    scorer: PolicyScorer
+    reference: PolicyScorer | None
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    autocast: Any
+
+
+def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Policy:
+    """Load the policy (and the reference when kl_beta > 0), apply TP/FSDP2 under torchrun, build the optimizer."""
+    train_cfg, grpo_cfg = config.train, config.grpo
+    tp = config.policy.parallelism.tp_size
+    model = loading.load_model(config.model, dtype=torch.float32)
+    if train_cfg.freeze_vision_tower:
+        parallelize.freeze_vision_tower(model)
+    if train_cfg.gradient_checkpointing:
+        parallelize.enable_activation_checkpointing(model)
+    scorer = PolicyScorer(model)
+    reference = None
+    if grpo_cfg.kl_beta > 0:
+        ref_source = config.model.model_copy(
+            update={"model_name_or_path": grpo_cfg.reference_model_path or config.model.model_name_or_path}
+        )
+        ref_model = loading.load_model(ref_source, dtype=torch.float32).requires_grad_(False)
+        reference = PolicyScorer(ref_model).eval()
+    param_dtype = loading.DTYPES[train_cfg.param_dtype]
+    for wrapper in (scorer, reference):
+        if wrapper is None:
+            continue
+        if runtime.distributed:
+            mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, tp)
+            if tp > 1:
+                parallelize.apply_tensor_parallel(wrapper.model, mesh["tp"])
+            wrapper.model.to(runtime.device)
+            parallelize.apply_fsdp2(wrapper, wrapper.model, mesh["dp"], param_dtype, loading.DTYPES[train_cfg.fsdp_reduce_dtype])
+        else:
+            wrapper.to(runtime.device)
+    if train_cfg.compile:
+        for block in loading.decoder_layers(model):
+            block.compile()
+    scorer.train()
+    optimizer, scheduler = build_optimizer(
+        scorer, train_cfg, total_steps * grpo_cfg.mu_iterations, fused=runtime.device.type == "cuda"
+    )
+    return Policy(model, scorer, reference, optimizer, scheduler, autocast_context(runtime, runtime.distributed, param_dtype))
+
+
 def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     """Train config.model with GRPO on the multiple-choice prompts of config.data; returns the run's record.
 
@@ -311,42 +362,9 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
 
     if engine is None:
         engine = create_engine(config.model, config.engine)
-    model = loading.load_model(config.model, dtype=torch.float32)
-    if train_cfg.freeze_vision_tower:
-        parallelize.freeze_vision_tower(model)
-    if train_cfg.gradient_checkpointing:
-        parallelize.enable_activation_checkpointing(model)
-    scorer = PolicyScorer(model)
-    reference = None
-    if grpo_cfg.kl_beta > 0:
-        ref_source = config.model.model_copy(
-            update={"model_name_or_path": grpo_cfg.reference_model_path or config.model.model_name_or_path}
-        )
-        ref_model = loading.load_model(ref_source, dtype=torch.float32).requires_grad_(False)
-        reference = PolicyScorer(ref_model).eval()
-    param_dtype = loading.DTYPES[train_cfg.param_dtype]
-    if runtime.distributed:
-        mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, tp)
-        reduce_dtype = loading.DTYPES[train_cfg.fsdp_reduce_dtype]
-        for wrapper in (scorer, reference):
-            if wrapper is None:
-                continue
-            if tp > 1:
-                parallelize.apply_tensor_parallel(wrapper.model, mesh["tp"])
-            wrapper.model.to(runtime.device)
-            parallelize.apply_fsdp2(wrapper, wrapper.model, mesh["dp"], param_dtype, reduce_dtype)
-    else:
-        scorer.to(runtime.device)
-        if reference is not None:
-            reference.to(runtime.device)
-    if train_cfg.compile:
-        for block in loading.decoder_layers(model):
-            block.compile()
-    scorer.train()
-    autocast = autocast_context(runtime, runtime.distributed, param_dtype)
-    optimizer, scheduler = build_optimizer(
-        scorer, train_cfg, total_steps * grpo_cfg.mu_iterations, fused=runtime.device.type == "cuda"
-    )
+    policy = build_policy(config, runtime, total_steps)
+    model, scorer, reference = policy.model, policy.scorer, policy.reference
+    optimizer, scheduler, autocast = policy.optimizer, policy.scheduler, policy.autocast
     engine_dtype = loading.DTYPES.get(config.model.dtype)
 
     result = GRPOResult()
