@@ -7,7 +7,7 @@ cost of our wrapper (chat rendering, per-request checks, logprobs, result object
 line per measurement.
 
     python bench/engine_throughput.py vllm --tokenizer DIR     # raw vLLM vs our vllm engine, update_weights
-    python bench/engine_throughput.py hf --tokenizer DIR       # our hf engine, batch 64
+    python bench/engine_throughput.py hf --tokenizer DIR       # our hf engine at batch 64: default vs static cache
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ def bench_update_weights(engine) -> None:
             s=round(time.perf_counter() - t, 3))
 
 
-def bench_hf(folder: Path) -> None:
+def bench_hf(folder: Path, runs: int) -> None:
+    """The hf engine at batch 64: default path (dynamic cache, the baseline) then the static-cache path, same model."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from physreason.config import EngineConfig, ModelConfig, SamplingConfig
@@ -138,14 +139,23 @@ def bench_hf(folder: Path) -> None:
     engine = HFEngine(ModelConfig(model_name_or_path=str(folder), model_max_length=4096), EngineConfig(batch_size=64))
     out(what="hf_engine_start", s=round(time.perf_counter() - start, 1))
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, repetition_penalty=1.0, max_tokens=NEW, seed=0)
-    engine.generate(make_requests(engine.tokenizer, 2, seed=99), sampling.model_copy(update={"max_tokens": 8}))
     requests = make_requests(engine.tokenizer, 64, seed=64)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    tokens = sum(len(r.completions[0].token_ids) for r in engine.generate(requests, sampling))
-    torch.cuda.synchronize()
-    dt = time.perf_counter() - t
-    out(what="physreason_hf", batch=64, prompt=PROMPT, new=NEW, tokens=tokens, s=round(dt, 2), tok_per_s=round(tokens / dt, 1))
+    engine.generate(requests[:2], sampling.model_copy(update={"max_tokens": 8}))  # warm-up
+    for static_cache in (False, True):
+        engine.static_cache = static_cache
+        name = "physreason_hf_static_cache" if static_cache else "physreason_hf_default"
+        if static_cache:  # compiles for this batch's cache shape; the timed runs reuse it
+            t = time.perf_counter()
+            engine.generate(requests, sampling)
+            out(what=name + "_compile_run", s=round(time.perf_counter() - t, 1))
+        for run in range(runs):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            tokens = sum(len(r.completions[0].token_ids) for r in engine.generate(requests, sampling))
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t
+            out(what=name, run=run, batch=64, prompt=PROMPT, new=NEW, tokens=tokens, s=round(dt, 2),
+                tok_per_s=round(tokens / dt, 1), peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1))
 
 
 def main() -> None:
@@ -153,13 +163,14 @@ def main() -> None:
     parser.add_argument("engine", choices=["vllm", "hf"])
     parser.add_argument("--tokenizer", type=Path, required=True, help="folder with the Qwen2.5 tokenizer files")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/physreason-7b-shape"))
+    parser.add_argument("--runs", type=int, default=2, help="timed runs of each hf path")
     args = parser.parse_args()
     out(device=torch.cuda.get_device_name(), torch=torch.__version__)
     folder = make_folder(args.folder, args.tokenizer)
     if args.engine == "vllm":
         bench_vllm(folder)
     else:
-        bench_hf(folder)
+        bench_hf(folder, args.runs)
     if args.folder.name == "physreason-7b-shape" and args.engine == "hf":
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -128,3 +128,43 @@ def test_text_only_model_refuses_media(tiny_model_dirs, media):
     results = text.generate(requests(media), GREEDY)
     assert "text-only" in results[0].error
     assert results[3].error is None
+
+
+@pytest.fixture(scope="module")
+def static_engine(tiny_model_dir) -> HFEngine:
+    return HFEngine(
+        ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig(batch_size=4), static_cache=True
+    )
+
+
+def test_static_cache_path_gives_the_default_paths_tokens_and_logprobs(engine, static_engine, media):
+    reqs = requests(media)
+    fast = static_engine.generate(reqs, GREEDY)
+    default = engine.generate(reqs, GREEDY)
+    for f, d in zip(fast, default, strict=True):
+        assert f.error is None and f.prompt_token_ids == d.prompt_token_ids
+        assert f.completions[0].token_ids == d.completions[0].token_ids
+        assert f.completions[0].finish_reason == d.completions[0].finish_reason
+        assert f.completions[0].logprobs == pytest.approx(d.completions[0].logprobs, abs=1e-4)
+
+
+def test_static_cache_path_records_logprobs_before_the_repetition_penalty(engine, static_engine, media):
+    # The penalty changes which tokens are picked, not the reported (raw) log-probabilities.
+    penalized = SamplingConfig(temperature=0.0, repetition_penalty=1.5, max_tokens=8)
+    (fast,) = static_engine.generate(requests(media)[1:2], penalized)
+    (default,) = engine.generate(requests(media)[1:2], penalized)
+    (plain,) = engine.generate(requests(media)[1:2], GREEDY)
+    assert fast.completions[0].token_ids == default.completions[0].token_ids
+    assert fast.completions[0].token_ids != plain.completions[0].token_ids  # the penalty did act
+    assert fast.completions[0].logprobs == pytest.approx(default.completions[0].logprobs, abs=1e-4)
+
+
+def test_static_cache_path_samples_n_per_request_reproducibly(static_engine, media):
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, n=3, max_tokens=6, seed=7, repetition_penalty=1.0)
+    first = static_engine.generate(requests(media)[:2], sampling)
+    second = static_engine.generate(requests(media)[:2], sampling)
+    assert [len(r.completions) for r in first] == [3, 3]
+    assert [[c.token_ids for c in r.completions] for r in first] == [[c.token_ids for c in r.completions] for r in second]
+    for completion in first[0].completions:
+        assert len(completion.logprobs) == len(completion.token_ids)
+        assert all(lp <= 0.0 for lp in completion.logprobs)

