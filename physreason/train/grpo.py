@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from physreason.config import Config, dump_config
 from physreason.data.mcq import PromptStream, load_mcq_prompts
@@ -47,8 +48,6 @@ from physreason.train.sft import Runtime, all_reduce_sum, autocast_context, init
 from physreason.train.weight_sync import push_weights
 
 log = logging.getLogger(__name__)
-
-# Rollout batches one step may draw with dynamic sampling before it trains on the groups it has.
 
 
 @dataclass
@@ -190,12 +189,19 @@ def update_policy(
                 _add_diagnostics(add, scores, batch)
             if reference is not None:
                 ref[i] = reference(batch, temperature).logprobs
-    sync = getattr(scorer, "set_requires_gradient_sync", None)
+    # An FSDP2 root keeps its parameters (embedding, lm_head) gathered in param_dtype after a forward
+    # until a backward reshards them; the reference never runs one, so it would hold them for good.
+    for module in (scorer, reference):
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    # Under FSDP2 every micro-batch's backward reduce-scatters (set_requires_gradient_sync is never
+    # turned off): gradients accumulate sharded in the fp32 masters. Skipping the reduction would keep
+    # an unsharded fp32 gradient of the whole model on every rank until the last micro-batch, and in
+    # torch 2.11 to 2.13 that path raises AttributeError ('FSDPParam' object has no attribute
+    # '_unsharded_param') for any block that sat out the forward, e.g. a vision tower under text prompts.
     norms = []
     for iteration in range(settings.mu_iterations):
         for i, batch in enumerate(batches):
-            if sync is not None:
-                sync(i == len(batches) - 1)
             diagnostics = not need_old and iteration == 0
             with autocast:
                 scores = scorer(batch, temperature, diagnostics=diagnostics)
@@ -313,7 +319,9 @@ def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Policy:
             if tp > 1:
                 parallelize.apply_tensor_parallel(wrapper.model, mesh["tp"])
             wrapper.model.to(runtime.device)
-            parallelize.apply_fsdp2(wrapper, wrapper.model, mesh["dp"], param_dtype, loading.DTYPES[train_cfg.fsdp_reduce_dtype])
+            parallelize.apply_fsdp2(
+                wrapper, wrapper.model, mesh["dp"], param_dtype, loading.DTYPES[train_cfg.fsdp_reduce_dtype]
+            )
         else:
             wrapper.to(runtime.device)
     if train_cfg.compile:
@@ -323,7 +331,9 @@ def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Policy:
     optimizer, scheduler = build_optimizer(
         scorer, train_cfg, total_steps * grpo_cfg.mu_iterations, fused=runtime.device.type == "cuda"
     )
-    return Policy(model, scorer, reference, optimizer, scheduler, autocast_context(runtime, runtime.distributed, param_dtype))
+    return Policy(
+        model, scorer, reference, optimizer, scheduler, autocast_context(runtime, runtime.distributed, param_dtype)
+    )
 
 
 def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:

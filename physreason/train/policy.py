@@ -136,6 +136,8 @@ class PolicyScorer(nn.Module):
     Wrapping the transformers model keeps every parameter behind one forward, so FSDP2's root hooks
     gather the embedding and lm_head. The lm_head runs one sequence at a time under activation
     checkpointing when gradients are needed, so at most one sequence's [T, V] logits exist at once.
+    The recompute in backward may use the gathered lm_head weight: FSDP2 never reshards its root
+    after forward, only once the backward is done.
     """
 
     def __init__(self, model: nn.Module) -> None:
