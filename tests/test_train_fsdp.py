@@ -66,3 +66,26 @@ def test_two_gloo_processes_with_fsdp2_match_one_process(tmp_path):
     assert one_weights.keys() == two_weights.keys()
     for name, tensor in one_weights.items():
         assert torch.allclose(tensor, two_weights[name], atol=1e-4), name
+
+
+@pytest.mark.slow
+def test_one_torchrun_process_trains_a_bf16_vl_model_on_text_only_records(tmp_path):
+    """The vision blocks sit out every forward; with bf16 compute and fp32 reduction over several micro-batches
+    FSDP2's sync-off accumulation path used to raise AttributeError ('_unsharded_param')."""
+    model = save_tiny_model("qwen2_5_vl", tmp_path / "model")
+    records = [{"conversations": [{"role": "user", "content": f"Does it roll {i}?"}, {"role": "assistant", "content": ANSWER}]}
+               for i in range(8)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in records))
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    losses_file = tmp_path / "losses.json"
+    overrides = [o for o in _overrides(model, data, tmp_path / "bf16") if not o.startswith("train.param_dtype")]
+    overrides += ["train.param_dtype='bfloat16'", "train.fsdp_reduce_dtype='float32'", "train.ckpt.export_safetensors=false"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port", "29521",
+               str(script), json.dumps(overrides), str(losses_file)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    losses = json.loads(losses_file.read_text())
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))

@@ -212,11 +212,11 @@ def train_step(
     # gradient of (sum of token losses / all target tokens of the global batch).
     scale = dp_size / max(targets, 1.0)
     loss_sum = 0.0
-    sync = getattr(module, "set_requires_gradient_sync", None)
+    # Gradient sync stays on for every micro-batch: FSDP2's sync-off accumulation path fails on groups that
+    # took no part in the forward (a VL model's vision blocks on text-only batches) when param and reduce
+    # dtypes differ, and it would hold a full unsharded fp32 gradient per rank until the last micro-batch.
     usable = [b for b in micro_batches if b.num_samples]
-    for i, batch in enumerate(usable):
-        if sync is not None:
-            sync(i == len(usable) - 1)
+    for batch in usable:
         with autocast:
             loss = module(batch.to(runtime.device))
         (loss * scale).backward()
