@@ -38,6 +38,8 @@ def _overrides(model: Path, data: Path, out: Path) -> list[str]:
         f"model.model_name_or_path='{model}'", f"data.dataset.name='{data}'", f"train.output_dir='{out}'",
         "train.train_batch_per_replica=4", "train.mini_batch=1", "train.max_steps=3", "train.optm_lr=2e-3",
         "train.param_dtype='float32'", "data.num_workers=0", "logging.logger=['jsonl']",
+        # export in float32: a bf16 export would turn last-bit differences of the reduction order into 1-ulp flips
+        "model.dtype='float32'",
         "train.ckpt.save_freq=3", "train.ckpt.export_safetensors=true", "train.ckpt.max_keep=1",
     ]
 
