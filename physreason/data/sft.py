@@ -63,6 +63,19 @@ class VisionTokens:
             tokens_per_second=float(getattr(vision, "tokens_per_second", 2)),
         )
 
+    def positions(self, input_ids: torch.Tensor, visuals: Any) -> torch.Tensor:
+        """[3, L] mrope position ids of one sequence with its visual inputs (VisualInputs or None)."""
+        return mrope_position_ids(
+            input_ids,
+            self.image_token_id,
+            self.video_token_id,
+            visuals.image_grid_thw if visuals else None,
+            visuals.video_grid_thw if visuals else None,
+            visuals.second_per_grid_ts if visuals else None,
+            self.spatial_merge_size,
+            self.tokens_per_second,
+        )
+
 
 @dataclass
 class SFTSample:
@@ -278,17 +291,7 @@ class SFTDataset(Dataset):
             return SkippedSample(index, reason)
         input_ids = torch.tensor(ids[:keep], dtype=torch.long)  # [L]
         if self.vision_tokens is not None:
-            spec = self.vision_tokens
-            positions = mrope_position_ids(
-                input_ids,
-                spec.image_token_id,
-                spec.video_token_id,
-                visuals.image_grid_thw if visuals else None,
-                visuals.video_grid_thw if visuals else None,
-                visuals.second_per_grid_ts if visuals else None,
-                spec.spatial_merge_size,
-                spec.tokens_per_second,
-            )
+            positions = self.vision_tokens.positions(input_ids, visuals)
         else:
             positions = torch.arange(keep).expand(3, -1)
         return SFTSample(input_ids, torch.tensor(labels[:keep], dtype=torch.long), positions, visuals)

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from physreason.data.collate import SFTBatch, collate_padded
-from physreason.data.positions import mrope_position_ids
 from physreason.data.sft import IGNORE_INDEX, SFTSample, VisionTokens
 from physreason.errors import PhysReasonError
 from physreason.train.grpo_loss import entropy_from_logits, token_logprobs
@@ -76,16 +75,7 @@ def _sequence(sample: RolloutSample, vision: VisionTokens | None, pad_token_id: 
                 f"prompt {sample.prompt.id}: the engine's prompt has {found} visual tokens but the policy's pixels "
                 f"make {expected}; engine and policy must share vision settings ([vision]) and the processor config"
             )
-        positions = mrope_position_ids(
-            input_ids,
-            vision.image_token_id,
-            vision.video_token_id,
-            visuals.image_grid_thw if visuals else None,
-            visuals.video_grid_thw if visuals else None,
-            visuals.second_per_grid_ts if visuals else None,
-            vision.spatial_merge_size,
-            vision.tokens_per_second,
-        )
+        positions = vision.positions(input_ids, visuals)
     return SFTSample(input_ids, labels, positions, sample.visuals)
 
 
