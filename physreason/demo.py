@@ -20,6 +20,7 @@ from rich.table import Table
 from physreason.chat.mcq import format_mcq
 from physreason.chat.prompts import MCQ_SYSTEM_PROMPT
 from physreason.config import Config, load_config
+from physreason.errors import PhysReasonError
 
 TASKS = ("arrow_of_time", "spatial_puzzle", "object_permanence")
 console = Console()
@@ -103,8 +104,9 @@ def grpo_config(cfg: Config, out: Path, model_dir: Path, sizes: DemoSizes) -> Co
             "grpo.mini_batch=8",
         ],
     )
-    model = cfg.model.model_copy(update={"model_name_or_path": str(model_dir)})
-    return recipe.model_copy(update={"model": model, "engine": cfg.engine, "vision": cfg.vision, "logging": cfg.logging})
+    return recipe.model_copy(
+        update={"model": _with_model(cfg, model_dir).model, "engine": cfg.engine, "vision": cfg.vision, "logging": cfg.logging}
+    )
 
 
 def demo_config(out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
@@ -143,6 +145,11 @@ def demo_config(out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
             "logging.logger=['jsonl']",
         ],
     )
+
+
+def _with_model(cfg: Config, model_dir: Path) -> Config:
+    """The same recipe pointed at another model folder (a stage's export)."""
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"model_name_or_path": str(model_dir)})})
 
 
 def _evaluate(cfg: Config, label: str, results_dir: Path) -> dict[str, float | None]:
@@ -190,12 +197,10 @@ def run_demo(out: str | Path = "demo-out", sizes: DemoSizes | None = None) -> di
     first, last = result.losses[0], result.losses[-1]
     console.print(f"SFT loss {first:.3f} -> {last:.3f} over {len(result.losses)} steps ({time.perf_counter() - start:.1f} s)")
     if result.export_dir is None:
-        raise RuntimeError("the SFT run exported no model; check train.ckpt.export_safetensors")
+        raise PhysReasonError("the SFT run exported no model; check train.ckpt.export_safetensors")
 
     start = _stage("5/7 evaluate the fine-tuned model")
-    tuned = cfg.model_copy(deep=True)
-    tuned.model.model_name_or_path = str(result.export_dir)
-    table["after SFT"] = _evaluate(tuned, "sft", out / "results")
+    table["after SFT"] = _evaluate(_with_model(cfg, result.export_dir), "sft", out / "results")
     console.print(f"({time.perf_counter() - start:.1f} s)")
 
     start = _stage("6/7 GRPO from the fine-tuned model (accuracy reward)")
@@ -205,12 +210,10 @@ def run_demo(out: str | Path = "demo-out", sizes: DemoSizes | None = None) -> di
         f"({time.perf_counter() - start:.1f} s)"
     )
     if rl.export_dir is None:
-        raise RuntimeError("the GRPO run exported no model; check train.ckpt.export_safetensors")
+        raise PhysReasonError("the GRPO run exported no model; check train.ckpt.export_safetensors")
 
     start = _stage("7/7 evaluate the GRPO model")
-    reinforced = cfg.model_copy(deep=True)
-    reinforced.model.model_name_or_path = str(rl.export_dir)
-    table["after SFT+GRPO"] = _evaluate(reinforced, "grpo", out / "results")
+    table["after SFT+GRPO"] = _evaluate(_with_model(cfg, rl.export_dir), "grpo", out / "results")
     console.print(f"({time.perf_counter() - start:.1f} s)")
 
     print_table(table, sizes.test_per_task)
