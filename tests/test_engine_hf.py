@@ -55,7 +55,7 @@ def test_logprobs_match_a_forward_pass_of_the_full_sequence(engine, media):
     (result,) = engine.generate([request], GREEDY)
     completion = result.completions[0]
     visuals = concat_visuals([engine._encode(request)[1]])
-    ids = torch.tensor([result.prompt_token_ids + completion.token_ids])
+    ids = torch.tensor([result.prompt_token_ids + completion.token_ids], device=engine.device)
     # the reference forward gets Qwen2.5-VL's 3D positions from transformers' own rope index
     positions, _ = engine.model.model.get_rope_index(
         ids, video_grid_thw=visuals.video_grid_thw, second_per_grid_ts=visuals.second_per_grid_ts,
@@ -63,9 +63,10 @@ def test_logprobs_match_a_forward_pass_of_the_full_sequence(engine, media):
     )
     assert not torch.equal(positions[0], positions[1])  # height/width rows differ from time: real mrope
     with torch.no_grad():
-        logits = engine.model(input_ids=ids, position_ids=positions, **visuals.model_kwargs()).logits[0]  # [L, vocab]
+        kwargs = {k: v.to(engine.device) for k, v in visuals.model_kwargs().items()}
+        logits = engine.model(input_ids=ids, position_ids=positions, **kwargs).logits[0].cpu()  # [L, vocab]
     prompt_len = len(result.prompt_token_ids)
-    expected = torch.log_softmax(logits[prompt_len - 1 : -1], -1).gather(-1, ids[0, prompt_len:, None])[:, 0]
+    expected = torch.log_softmax(logits[prompt_len - 1 : -1], -1).gather(-1, ids[0, prompt_len:, None].cpu())[:, 0]
     assert completion.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
     # greedy picks the argmax at every step
     assert completion.token_ids == logits[prompt_len - 1 : -1].argmax(-1).tolist()

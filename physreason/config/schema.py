@@ -92,6 +92,9 @@ class EngineConfig(Section):
     )
     enforce_eager: bool = Field(False, description="Disable CUDA graphs in vLLM (slower; less memory, faster start).")
     batch_size: int = Field(8, ge=1, description="Requests per generate call of the hf engine.")
+    hf_static_cache: bool = Field(
+        False, description="hf engine: static KV cache + torch.compile on GPU (compiles once per batch shape)."
+    )
 
 
 class DatasetConfig(Section):

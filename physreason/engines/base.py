@@ -73,4 +73,4 @@ def create_engine(model: ModelConfig, engine: EngineConfig) -> Engine:
         return VLLMEngine(model, engine)
     from physreason.engines.hf import HFEngine
 
-    return HFEngine(model, engine)
+    return HFEngine(model, engine, static_cache=engine.hf_static_cache)

@@ -93,14 +93,15 @@ def _token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
     return dict(zip(QWEN_SPECIAL_TOKENS, ids, strict=True))
 
 
-def _text_dims(vocab_size: int, ids: dict[str, int]) -> dict:
+def _text_dims(vocab_size: int, ids: dict[str, int], scale: int) -> dict:
+    # head_dim stays 32 (mrope sections 4/6/6) at every scale; width, depth and heads grow with it
     return {
         "vocab_size": vocab_size,
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        "hidden_size": 128 * scale,
+        "intermediate_size": 256 * scale,
+        "num_hidden_layers": 2 * scale,
+        "num_attention_heads": 4 * scale,
+        "num_key_value_heads": 2 * scale,
         "max_position_embeddings": 32768,
         "rms_norm_eps": 1e-6,
         "bos_token_id": ids["<|endoftext|>"],
@@ -110,28 +111,34 @@ def _text_dims(vocab_size: int, ids: dict[str, int]) -> dict:
     }
 
 
-def build_tiny_model(kind: TinyKind, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> torch.nn.Module:
-    """Build a random-weight model of the given architecture sized for CPU tests (float32)."""
+def build_tiny_model(kind: TinyKind, tokenizer: PreTrainedTokenizerFast, seed: int = 0, scale: int = 1) -> torch.nn.Module:
+    """Build a random-weight model of the given architecture (float32); scale 1 is sized for CPU tests.
+
+    `scale` multiplies width, depth and heads (scale 4: hidden 512, 8 layers, vision depth 8), for small
+    models trained from scratch on a GPU.
+    """
     import transformers
 
+    if scale < 1:
+        raise ValueError(f"scale must be >= 1, got {scale}")
     ids = _token_ids(tokenizer)
     vocab = len(tokenizer)
-    text = _text_dims(vocab, ids)
+    text = _text_dims(vocab, ids, scale)
     torch.manual_seed(seed)
     if kind == "qwen2_5_vl":
         config = transformers.Qwen2_5_VLConfig(
             text_config={**text, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]}},
             vision_config={
-                "depth": 2,
-                "hidden_size": 64,
-                "intermediate_size": 128,
-                "num_heads": 4,
+                "depth": 2 * scale,
+                "hidden_size": 64 * scale,
+                "intermediate_size": 128 * scale,
+                "num_heads": 4 * scale,
                 "out_hidden_size": text["hidden_size"],
                 "patch_size": 14,
                 "spatial_merge_size": 2,
                 "temporal_patch_size": 2,
                 "window_size": 112,
-                "fullatt_block_indexes": [1],
+                "fullatt_block_indexes": list(range(1, 2 * scale, 2)),
                 "tokens_per_second": 2,
             },
             image_token_id=ids["<|image_pad|>"],
@@ -189,14 +196,14 @@ def _save_processor(folder: Path, tokenizer: PreTrainedTokenizerFast) -> None:
     (folder / "chat_template.jinja").write_text(QWEN2_5_VL_CHAT_TEMPLATE)
 
 
-def save_tiny_model(kind: TinyKind, folder: str | Path, seed: int = 0) -> Path:
+def save_tiny_model(kind: TinyKind, folder: str | Path, seed: int = 0, scale: int = 1) -> Path:
     """Build a tiny model and save it as a complete Hugging Face folder; returns the folder."""
     from transformers import GenerationConfig
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(kind, tokenizer, seed=seed)
+    model = build_tiny_model(kind, tokenizer, seed=seed, scale=scale)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     # Name Qwen's own tokenizer class, so loaders that special-case Qwen (vLLM) treat it as one.
