@@ -8,10 +8,6 @@ from collections.abc import Iterable
 
 import torch
 from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForImageTextToText,
-    AutoTokenizer,
     LogitsProcessor,
     LogitsProcessorList,
     RepetitionPenaltyLogitsProcessor,
@@ -20,6 +16,7 @@ from transformers import (
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig
 from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
+from physreason.models import loading
 from physreason.models.inputs import (
     VisualInputs,
     concat_visuals,
@@ -30,7 +27,6 @@ from physreason.models.inputs import (
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "auto": "auto"}
 # The static-cache path pads prompts to a multiple of this, so batches of similar prompts share one
 # cache shape and reuse one compiled forward instead of compiling again for every prompt length.
 _STATIC_LENGTH_BUCKET = 64
@@ -62,10 +58,6 @@ class SampledLogprobs(LogitsProcessor):
         return torch.stack(self.steps, dim=1)
 
 
-def _is_vision_language(config) -> bool:
-    return hasattr(config, "vision_config")
-
-
 class HFEngine(Engine):
     """Generation with transformers `generate`; one batch of `engine.batch_size` requests at a time.
 
@@ -87,23 +79,10 @@ class HFEngine(Engine):
         self.static_cache = static_cache
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         source = model.model_name_or_path
-        try:
-            hf_config = AutoConfig.from_pretrained(source, revision=model.revision, trust_remote_code=model.trust_remote_code)
-        except OSError as exc:
-            raise PhysReasonError(
-                f"cannot load model {source!r}: {exc}. Pass a local model folder or a Hugging Face hub id you can download."
-            ) from exc
-        self.is_vl = _is_vision_language(hf_config)
-        loader = AutoModelForImageTextToText if self.is_vl else AutoModelForCausalLM
-        self.model = loader.from_pretrained(
-            source,
-            revision=model.revision,
-            dtype=_DTYPES[model.dtype],
-            attn_implementation=model.attn_implementation,
-            trust_remote_code=model.trust_remote_code,
-        ).to(self.device)
-        self.model.eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(source, revision=model.revision, trust_remote_code=model.trust_remote_code)
+        hf_config = loading.load_model_config(model)
+        self.is_vl = loading.is_vision_language(hf_config)
+        self.model = loading.load_model(model, device=self.device).eval()
+        self.tokenizer = loading.load_tokenizer(model)
         self.tokenizer.padding_side = "left"
         self.processor_params = load_processor_params(source, model.revision) if self.is_vl else None
         self.max_model_len = engine.max_model_len or model.model_max_length

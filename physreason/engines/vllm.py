@@ -14,12 +14,13 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from transformers import AutoConfig, GenerationConfig
+from transformers import GenerationConfig
 
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig
 from physreason.engines import vllm_compat
 from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
+from physreason.models import loading
 from physreason.models.inputs import IMAGE_PAD, VIDEO_PAD, ProcessorParams, load_processor_params
 
 log = logging.getLogger(__name__)
@@ -47,14 +48,9 @@ class VLLMEngine(Engine):
         self.model_config = model
         self.engine_config = engine
         source = model.model_name_or_path
-        try:
-            hf_config = AutoConfig.from_pretrained(source, revision=model.revision, trust_remote_code=model.trust_remote_code)
-        except OSError as exc:
-            raise PhysReasonError(
-                f"cannot load model {source!r}: {exc}. Pass a local model folder or a Hugging Face hub id you can download."
-            ) from exc
+        hf_config = loading.load_model_config(model)
         self.hf_config = hf_config
-        self.is_vl = hasattr(hf_config, "vision_config")
+        self.is_vl = loading.is_vision_language(hf_config)
         self._weight_names: frozenset[str] | None = None
         self.max_model_len = engine.max_model_len or model.model_max_length
         kwargs = vllm_compat.llm_kwargs(

@@ -65,7 +65,10 @@ def load_tokenizer(config: ModelConfig) -> Any:
     if tokenizer.chat_template is None:
         template = Path(config.model_name_or_path) / "chat_template.jinja"
         if not template.is_file():
-            raise ConfigError(f"{config.model_name_or_path} has no chat template; SFT needs one to render turns")
+            raise ConfigError(
+                f"{config.model_name_or_path} has no chat template (tokenizer_config.json or chat_template.jinja): "
+                "physreason renders every prompt with it; use an instruct/chat checkpoint or add chat_template.jinja"
+            )
         tokenizer.chat_template = template.read_text(encoding="utf-8")
     return tokenizer
 
