@@ -30,10 +30,10 @@ console = Console()
 class DemoSizes:
     """How much the demo generates and trains (defaults fit a few minutes on 2 CPU cores)."""
 
-    train_per_task: int = 24
-    test_per_task: int = 12
-    sft_steps: int = 40
-    grpo_steps: int = 8
+    train_per_task: int = 60
+    test_per_task: int = 30
+    sft_steps: int = 80
+    grpo_steps: int = 12
     max_tokens: int = 8
 
 

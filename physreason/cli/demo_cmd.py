@@ -9,11 +9,15 @@ import typer
 
 def demo(
     out: Path = typer.Option(Path("demo-out"), help="Folder for the model, data, checkpoints and results (reruns reuse it)."),
-    train_per_task: int = typer.Option(24, help="Generated training clips per task."),
-    test_per_task: int = typer.Option(12, help="Generated held-out clips per task."),
-    sft_steps: int = typer.Option(40, help="SFT optimizer steps."),
+    train_per_task: int = typer.Option(60, help="Generated training clips per task."),
+    test_per_task: int = typer.Option(30, help="Generated held-out clips per task."),
+    sft_steps: int = typer.Option(80, help="SFT optimizer steps."),
+    grpo_steps: int = typer.Option(12, help="GRPO steps."),
 ) -> None:
     """Tiny model + generated intuitive-physics clips: evaluate, fine-tune, evaluate again, print the table."""
     from physreason.demo import DemoSizes, run_demo
 
-    run_demo(out, DemoSizes(train_per_task=train_per_task, test_per_task=test_per_task, sft_steps=sft_steps))
+    run_demo(
+        out,
+        DemoSizes(train_per_task=train_per_task, test_per_task=test_per_task, sft_steps=sft_steps, grpo_steps=grpo_steps),
+    )
