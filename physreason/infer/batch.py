@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,8 +111,8 @@ def run_batch(
         DatasetConfig(name=str(requests_path), media_root=str(media_root) if media_root else None)
     )
     ids = [str(r.get("id", i)) for i, r in enumerate(records)]
-    if len(set(ids)) != len(ids):
-        duplicate = next(i for i in ids if ids.count(i) > 1)
+    duplicate, times = Counter(ids).most_common(1)[0] if ids else (None, 0)
+    if times > 1:
         raise PhysReasonError(f"{requests_path}: id {duplicate!r} appears more than once; ids must be unique to resume")
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
