@@ -86,11 +86,55 @@ def test_overrides_are_typed_and_nested(tmp_path):
         ("train.epoch.x=1", "is a value, not a section"),
         ("train.epoch=many", r"train.epoch: .*integer"),
         ("train.nope=1", "train.nope: unknown key"),
+        ("grpo.reward_function.accuracy.x=1", "grpo.reward_function.accuracy is a value, not a section"),
+        ("grpo.reward_function.accuracy=high", r"grpo.reward_function.accuracy: .*number.*'high'"),
+        ("grpo.reward_functions.accuracy=2", r"grpo.reward_functions: unknown key.*Allowed keys in \[grpo\]:.*reward_function"),
     ],
 )
 def test_bad_override_is_explained(override, match):
     with pytest.raises(ConfigError, match=match):
         load_config(None, [override])
+
+
+def test_dotted_override_changes_one_entry_of_a_dict_field():
+    config = load_config(None, ["grpo.reward_function.accuracy=2", "engine.limit_mm_per_prompt.video=2"])
+    assert config.grpo.reward_function == {"accuracy": 2.0, "format": 1.0}
+    assert config.engine.limit_mm_per_prompt == {"image": 4, "video": 2}
+
+
+def test_dotted_override_merges_into_the_files_table(tmp_path):
+    path = write(tmp_path, "[grpo]\nreward_function = { accuracy = 1.0, format = 0.5 }\n")
+    config = load_config(path, ["grpo.reward_function.accuracy=2"])
+    assert config.grpo.reward_function == {"accuracy": 2.0, "format": 0.5}
+
+
+def test_table_replaces_a_dict_field_whole(tmp_path):
+    assert load_config(None, ["grpo.reward_function={accuracy = 3}"]).grpo.reward_function == {"accuracy": 3.0}
+    path = write(tmp_path, "[grpo.reward_function]\naccuracy = 1.0\n")
+    assert load_config(path).grpo.reward_function == {"accuracy": 1.0}
+    assert load_config(path, ["grpo.reward_function.format=0.5"]).grpo.reward_function == {"accuracy": 1.0, "format": 0.5}
+
+
+@pytest.mark.parametrize(
+    "recipe, overrides",
+    [
+        ("", ["rollout.sampling_config.top_k=5"]),
+        ("", ["rollout={sampling_config = {top_k = 5}}"]),
+        ("[rollout.sampling_config]\ntop_k = 5\n", []),
+    ],
+    ids=["dotted-override", "table-override", "file-table"],
+)
+def test_section_keeps_its_own_defaults_for_keys_not_named(tmp_path, recipe, overrides):
+    # rollout.sampling_config's defaults (temperature 1.0, no repetition penalty) are not SamplingConfig's
+    # class defaults (0.6, 1.05); naming one key must not swap the others for the class's.
+    sampling = load_config(write(tmp_path, recipe), overrides).rollout.sampling_config
+    assert (sampling.top_k, sampling.temperature, sampling.top_p, sampling.repetition_penalty) == (5, 1.0, 1.0, 1.0)
+
+
+def test_override_fills_an_optional_section_left_at_none():
+    config = load_config(None, ["data.val_dataset.name=held_out.jsonl"])
+    assert config.data.val_dataset is not None
+    assert (config.data.val_dataset.name, config.data.val_dataset.split) == ("held_out.jsonl", "train")
 
 
 def test_one_temperature_serves_rollout_and_policy():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +31,44 @@ MOVED_KEYS: dict[str, str] = {
 }
 
 
-def _section_keys(path: tuple[str | int, ...]) -> list[str] | None:
-    """The keys allowed at a location, by walking the schema; None where it is not a section."""
+def _field_section(model: type[BaseModel], name: str) -> type[BaseModel] | None:
+    """The section class of a known field (optional sections unwrapped); None for values and dict-valued fields."""
+    annotation = model.model_fields[name].annotation
+    candidates = [annotation, *getattr(annotation, "__args__", ())]
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+
+
+def _section_at(path: Sequence[str | int]) -> type[BaseModel] | None:
+    """The section class at a key path, by walking the schema; None where the path is not a section."""
     model: type[BaseModel] | None = Config
     for part in path:
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             return None
-        annotation = model.model_fields[part].annotation
-        candidates = [annotation, *getattr(annotation, "__args__", ())]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        model = _field_section(model, part)
+    return model
+
+
+def _section_keys(path: tuple[str | int, ...]) -> list[str] | None:
+    """The keys allowed at a location; None where it is not a section."""
+    model = _section_at(path)
     return sorted(model.model_fields) if model is not None else None
+
+
+def _merge(base: Any, update: Any, section: type[BaseModel] | None) -> Any:
+    """`update` laid over `base`: a section merges key by key, anything else is replaced whole.
+
+    Dict-valued fields (grpo.reward_function, engine.limit_mm_per_prompt) are values, so a table
+    written for one replaces its default: a recipe can drop a reward. Sections keep every key the
+    update does not name, with the value it had (their defaults may differ from the section class's
+    own, e.g. rollout.sampling_config's temperature of 1.0).
+    """
+    if section is None or not isinstance(base, dict) or not isinstance(update, dict):
+        return update
+    merged = dict(base)
+    for key, value in update.items():
+        child = _field_section(section, key) if key in section.model_fields else None
+        merged[key] = _merge(merged[key], value, child) if key in merged else value
+    return merged
 
 
 def _leaf_keys(prefix: str, value: Any) -> list[str]:
@@ -103,7 +132,7 @@ def _check_override_path(parts: list[str], text: str) -> None:
             return  # unknown keys are reported by validation, with the allowed keys
         annotation = model.model_fields[part].annotation
         candidates = [annotation, *getattr(annotation, "__args__", ())]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        model = _field_section(model, part)
         is_table = model is not None or any(getattr(c, "__origin__", None) is dict or c is dict for c in candidates)
         if not is_table:
             raise ConfigError(
@@ -112,22 +141,31 @@ def _check_override_path(parts: list[str], text: str) -> None:
 
 
 def _apply_override(data: dict[str, Any], parts: list[str], value: Any, text: str) -> None:
+    """Set one key path in the recipe tree: a dotted key changes one entry, the rest keep their values.
+
+    A table value (`--set 'grpo.reward_function={accuracy=1}'`) replaces a dict-valued field whole
+    and merges into a section, as a table in the file does.
+    """
     _check_override_path(parts, text)
     node = data
     for i, part in enumerate(parts[:-1]):
-        child = node.setdefault(part, {})
+        child = node.get(part)
+        if child is None:  # absent, or an optional section left at None (plain values were refused above)
+            child = node[part] = {}
         if not isinstance(child, dict):
             raise ConfigError(
                 f"override {text!r}: {'.'.join(parts[: i + 1])} is a value, not a section, so it has no key {parts[i + 1]!r}"
             )
         node = child
-    node[parts[-1]] = value
+    node[parts[-1]] = _merge(node.get(parts[-1]), value, _section_at(parts))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load a TOML recipe (or the defaults when path is None), apply overrides, validate.
 
-    Raises ConfigError naming the file, the key path and what is allowed.
+    The file is laid over the defaults and each override over the result, so a key keeps its
+    default (or the file's value) unless something names it; tables written for dict-valued
+    fields replace them whole. Raises ConfigError naming the file, the key path and what is allowed.
     """
     data: dict[str, Any] = {}
     source = "the default configuration"
@@ -142,6 +180,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"{file} is not valid TOML: {exc}") from exc
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{file} is not UTF-8 text: {exc}") from exc
+    data = _merge(Config().model_dump(), data, Config)
     if overrides:
         source += " with overrides " + " ".join(overrides)
     for text in overrides:
