@@ -169,3 +169,16 @@ def test_static_cache_path_samples_n_per_request_reproducibly(static_engine, med
     for completion in first[0].completions:
         assert len(completion.logprobs) == len(completion.token_ids)
         assert all(lp <= 0.0 for lp in completion.logprobs)
+
+
+@pytest.mark.parametrize("path", ["default", "static"])
+def test_without_logprobs_the_tokens_are_the_same_and_no_logprobs_are_returned(engine, static_engine, media, path):
+    chosen = static_engine if path == "static" else engine
+    penalized = SamplingConfig(temperature=0.0, repetition_penalty=1.3, max_tokens=8)
+    with_logprobs = chosen.generate(requests(media), penalized)
+    without = chosen.generate(requests(media), penalized, logprobs=False)
+    for a, b in zip(with_logprobs, without, strict=True):
+        assert b.error is None and a.prompt_token_ids == b.prompt_token_ids
+        assert a.completions[0].token_ids == b.completions[0].token_ids
+        assert a.completions[0].finish_reason == b.completions[0].finish_reason
+        assert b.completions[0].logprobs == [] and len(a.completions[0].logprobs) == len(a.completions[0].token_ids)

@@ -170,3 +170,29 @@ def test_text_only_request_media_mismatch_is_a_per_request_error(engine, media):
     results = engine.generate([bad, image_requests(media)[2]], GREEDY)
     assert "placeholder" in results[0].error and results[0].completions == []
     assert results[1].error is None and results[1].completions
+
+
+def test_without_logprobs_the_tokens_are_the_same_and_no_logprobs_are_returned(engine, media):
+    requests = image_requests(media) + [video_request(media)]
+    with_logprobs = engine.generate(requests, GREEDY)
+    without = engine.generate(requests, GREEDY, logprobs=False)
+    for a, b in zip(with_logprobs, without, strict=True):
+        assert b.error is None, b.error
+        assert a.prompt_token_ids == b.prompt_token_ids
+        assert a.completions[0].token_ids == b.completions[0].token_ids
+        assert b.completions[0].logprobs == []
+        assert len(a.completions[0].logprobs) == len(a.completions[0].token_ids)
+
+
+def test_requests_with_different_token_budgets_in_one_call_each_keep_their_own(engine, media):
+    # A long prompt leaves less room in the context: its budget is cut, the short prompt's is not.
+    per_word = len(engine.tokenizer(" word", add_special_tokens=False).input_ids)
+    long_text = "word " * (1950 // per_word)
+    requests = [build_request(long_text, vision=SMALL, request_id="long"), image_requests(media)[2]]
+    results = engine.generate(requests, SamplingConfig(temperature=0.0, repetition_penalty=1.0, max_tokens=200))
+    long_result, short_result = results
+    assert long_result.error is None and short_result.error is None
+    room = 2048 - len(long_result.prompt_token_ids)
+    assert room < 200
+    assert len(long_result.completions[0].token_ids) <= room
+    assert short_result.completions[0].finish_reason == "stop" or len(short_result.completions[0].token_ids) == 200

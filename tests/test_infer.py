@@ -26,9 +26,9 @@ class CountingEngine:
         self.inner = inner
         self.seen: list[str] = []
 
-    def generate(self, requests, sampling):
+    def generate(self, requests, sampling, *, logprobs=True):
         self.seen += [r.request_id for r in requests]
-        return self.inner.generate(requests, sampling)
+        return self.inner.generate(requests, sampling, logprobs=logprobs)
 
 
 @pytest.fixture(scope="module")

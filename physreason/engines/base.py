@@ -32,7 +32,7 @@ class Completion:
 
     text: str
     token_ids: list[int]
-    logprobs: list[float]  # log-probability of each sampled token under the unmodified model distribution
+    logprobs: list[float]  # log-probability of each sampled token under the unmodified model distribution; [] if not asked
     finish_reason: Literal["stop", "length"]
 
 
@@ -50,8 +50,14 @@ class Engine(abc.ABC):
     """Generates completions for chat requests with images and videos."""
 
     @abc.abstractmethod
-    def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[GenerationResult]:
-        """Return one result per request, in order; per-request failures are in `result.error`."""
+    def generate(
+        self, requests: list[GenerationRequest], sampling: SamplingConfig, *, logprobs: bool = True
+    ) -> list[GenerationResult]:
+        """Return one result per request, in order; per-request failures are in `result.error`.
+
+        `logprobs=False` skips the log-probability of each sampled token (inference and evaluation do not
+        use them; RL rollouts do): the completions' `logprobs` are then empty lists.
+        """
 
     @abc.abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

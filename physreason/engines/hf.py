@@ -119,7 +119,9 @@ class HFEngine(Engine):
             )
         return ids, visuals
 
-    def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[GenerationResult]:
+    def generate(
+        self, requests: list[GenerationRequest], sampling: SamplingConfig, *, logprobs: bool = True
+    ) -> list[GenerationResult]:
         """Return one result per request in order; a request that cannot be encoded gets an error, not an exception."""
         results: list[GenerationResult] = [GenerationResult(request_id=r.request_id) for r in requests]
         encoded: list[tuple[int, list[int], VisualInputs]] = []
@@ -135,7 +137,7 @@ class HFEngine(Engine):
         for start in range(0, len(encoded), size):
             batch = encoded[start : start + size]
             try:
-                outputs = self._generate_batch([ids for _, ids, _ in batch], [v for _, _, v in batch], sampling)
+                outputs = self._generate_batch([ids for _, ids, _ in batch], [v for _, _, v in batch], sampling, logprobs)
             except torch.OutOfMemoryError as exc:
                 for index, _, _ in batch:
                     results[index].error = (
@@ -148,7 +150,7 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def _generate_batch(
-        self, prompts: list[list[int]], visuals: list[VisualInputs], sampling: SamplingConfig
+        self, prompts: list[list[int]], visuals: list[VisualInputs], sampling: SamplingConfig, want_logprobs: bool
     ) -> list[list[Completion]]:
         longest = max(len(p) for p in prompts)
         max_new = min(sampling.max_tokens, self.max_model_len - longest)
@@ -182,21 +184,25 @@ class HFEngine(Engine):
             return_dict_in_generate=True,
         )
         if self.static_cache:
-            recorder = SampledLogprobs()
-            processors = LogitsProcessorList([recorder])
+            recorder = SampledLogprobs() if want_logprobs else None
+            processors = LogitsProcessorList([recorder] if recorder else [])
             if sampling.repetition_penalty != 1.0:  # after the recorder, so it records the raw distribution
                 processors.append(RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
             out = self.model.generate(
                 **common, repetition_penalty=1.0, logits_processor=processors, cache_implementation="static"
             )
             new_tokens = out.sequences[:, width:]  # [B * n, new]
-            logprobs = recorder.finish(new_tokens[:, -1]).cpu()  # [B * n, new]
+            logprobs = recorder.finish(new_tokens[:, -1]).cpu() if recorder else None  # [B * n, new]
             new_tokens = new_tokens.cpu()
-        else:
+        elif want_logprobs:
             out = self.model.generate(**common, repetition_penalty=sampling.repetition_penalty, output_logits=True)
             new_tokens = out.sequences[:, width:].cpu()  # [B * n, new]
             logits = torch.stack(out.logits, dim=1).float()  # [B * n, new, vocab] raw, before sampling processors
             logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens[..., None].to(logits.device))[..., 0].cpu()
+        else:  # no per-step logits kept: [B * n, new, vocab] would dominate memory for long generations
+            out = self.model.generate(**common, repetition_penalty=sampling.repetition_penalty)
+            new_tokens = out.sequences[:, width:].cpu()  # [B * n, new]
+            logprobs = None
         grouped: list[list[Completion]] = []
         for row in range(new_tokens.shape[0]):
             tokens = new_tokens[row].tolist()
@@ -206,7 +212,7 @@ class HFEngine(Engine):
             completion = Completion(
                 text=self.tokenizer.decode(tokens, skip_special_tokens=True),
                 token_ids=tokens,
-                logprobs=logprobs[row, : len(tokens)].tolist(),
+                logprobs=logprobs[row, : len(tokens)].tolist() if logprobs is not None else [],
                 finish_reason=finish,
             )
             if row % sampling.n == 0:

@@ -84,8 +84,8 @@ class VLLMEngine(Engine):
             ids.add(self.tokenizer.eos_token_id)
         return ids
 
-    def _prompt(self, request: GenerationRequest) -> tuple[dict[str, Any], int]:
-        """vLLM's prompt dict for one request and its length in tokens after vision placeholders expand."""
+    def _render(self, request: GenerationRequest) -> str:
+        """The request's chat prompt as text, after checking its vision placeholders match its images and videos."""
         if (request.images or request.videos) and not self.is_vl:
             raise PhysReasonError(
                 f"request {request.request_id}: model {self.model_config.model_name_or_path} is text-only "
@@ -98,18 +98,26 @@ class VLLMEngine(Engine):
                     f"request {request.request_id}: the prompt has {text.count(pad)} {kind} placeholder(s) but "
                     f"{len(items)} {kind}(s) were given: pass one {kind} per {{'type': '{kind}'}} entry in the message content"
                 )
+        return text
+
+    def _prompt(self, request: GenerationRequest, token_ids: list[int]) -> tuple[dict[str, Any], int]:
+        """vLLM's token prompt for one request and its length in tokens after vision placeholders expand.
+
+        vLLM gets our token ids (one `<|image_pad|>`/`<|video_pad|>` per item, which its processor expands),
+        so the text is tokenized once, here, not again inside vLLM.
+        """
         params = self.processor_params
         visual = [_visual_token_count(1, *image.shape[:2], params) for image in request.images]
         visual += [_visual_token_count(*video.frames.shape[:3], params) for video in request.videos]
         # Each placeholder is one token of the rendered text and becomes `count` tokens.
-        length = len(self.tokenizer(text, add_special_tokens=False).input_ids) + sum(visual) - len(visual)
+        length = len(token_ids) + sum(visual) - len(visual)
         if length >= self.max_model_len:
             fix = "lower --fps or --total-pixels/--max-pixels" if visual else "shorten the question"
             raise PhysReasonError(
                 f"request {request.request_id}: the prompt has {length} tokens ({sum(visual)} of them visual) but the "
                 f"context is {self.max_model_len}: {fix}, or raise model.model_max_length / engine.max_model_len"
             )
-        prompt: dict[str, Any] = {"prompt": text}
+        prompt: dict[str, Any] = {"prompt_token_ids": token_ids}
         media: dict[str, list] = {}
         if request.images:
             media["image"] = list(request.images)
@@ -121,24 +129,37 @@ class VLLMEngine(Engine):
             prompt["mm_processor_kwargs"] = {"do_resize": False, "do_sample_frames": False}
         return prompt, length
 
-    def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[GenerationResult]:
+    def generate(
+        self, requests: list[GenerationRequest], sampling: SamplingConfig, *, logprobs: bool = True
+    ) -> list[GenerationResult]:
         """Return one result per request in order; a request vLLM cannot take gets an error, not an exception."""
         results = [GenerationResult(request_id=r.request_id) for r in requests]
-        prompts, params, indices = [], [], []
+        texts: list[tuple[int, str]] = []
         for i, request in enumerate(requests):
             try:
-                prompt, length = self._prompt(request)
+                texts.append((i, self._render(request)))
+            except PhysReasonError as exc:
+                results[i].error = str(exc)
+        # One batched call: the fast tokenizer encodes a batch on all cores.
+        encoded = self.tokenizer([text for _, text in texts], add_special_tokens=False).input_ids if texts else []
+        prompts, params, indices = [], [], []
+        by_max_tokens: dict[int, Any] = {}  # one SamplingParams per distinct budget, not one per request
+        for (i, _), token_ids in zip(texts, encoded, strict=True):
+            try:
+                prompt, length = self._prompt(requests[i], token_ids)
             except PhysReasonError as exc:
                 results[i].error = str(exc)
                 continue
             max_tokens = min(sampling.max_tokens, self.max_model_len - length)
+            if max_tokens not in by_max_tokens:
+                by_max_tokens[max_tokens] = vllm_compat.sampling_params(sampling, max_tokens, self.stop_token_ids, logprobs)
             prompts.append(prompt)
-            params.append(vllm_compat.sampling_params(sampling, max_tokens, self.stop_token_ids))
+            params.append(by_max_tokens[max_tokens])
             indices.append(i)
         if not prompts:
             return results
         try:
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            outputs = self.llm.generate(prompts, params[0] if len(by_max_tokens) == 1 else params, use_tqdm=False)
         except ValueError:
             # vLLM validates a whole call up front; run one at a time so only the bad request fails.
             outputs = [self._generate_one(prompt, param, results[i]) for prompt, param, i in zip(prompts, params, indices)]

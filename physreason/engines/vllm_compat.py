@@ -63,8 +63,8 @@ def _sampling_field_names() -> frozenset[str]:
     )
 
 
-def sampling_params(sampling: SamplingConfig, max_tokens: int, stop_token_ids: Sequence[int]):
-    """Build `vllm.SamplingParams` for one request: n samples, seed, stop ids, logprob of each sampled token.
+def sampling_params(sampling: SamplingConfig, max_tokens: int, stop_token_ids: Sequence[int], logprobs: bool = True):
+    """Build `vllm.SamplingParams`: n samples, seed, stop ids, and (if asked) the logprob of each sampled token.
 
     vLLM means "all tokens" by top_k = 0 (0.26+; -1 is still accepted but deprecated); physreason uses -1.
     `flat_logprobs` (0.26+) returns log-probs as flat lists, far fewer Python objects for long rollouts.
@@ -81,10 +81,10 @@ def sampling_params(sampling: SamplingConfig, max_tokens: int, stop_token_ids: S
         max_tokens=max_tokens,
         seed=sampling.seed,
         stop_token_ids=list(stop_token_ids),
-        logprobs=0,
+        logprobs=0 if logprobs else None,
         skip_special_tokens=True,
     )
-    if "flat_logprobs" in _sampling_field_names():
+    if logprobs and "flat_logprobs" in _sampling_field_names():
         kwargs["flat_logprobs"] = True
     return SamplingParams(**kwargs)
 
@@ -99,6 +99,8 @@ def sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
         return []
     if hasattr(logprobs, "start_indices"):
         values, ids = logprobs.logprobs, logprobs.token_ids
+        if len(values) == len(token_ids):  # logprobs=0: one entry per position, the sampled token itself
+            return list(values)
         out = []
         for position, token in enumerate(token_ids):
             start, end = logprobs.start_indices[position], logprobs.end_indices[position]

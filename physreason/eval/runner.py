@@ -136,7 +136,7 @@ def evaluate_shard(
         batch: list[tuple[EvalSample, GenerationRequest]] = []
 
         def flush() -> None:
-            results = engine.generate([request for _, request in batch], sampling)
+            results = engine.generate([request for _, request in batch], sampling, logprobs=False)
             for (sample, _), result in zip(batch, results, strict=True):
                 write(sample, result)
             batch.clear()

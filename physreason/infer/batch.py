@@ -137,10 +137,10 @@ def run_batch(
                 continue
             batch.append(item)
             if len(batch) == batch_size:
-                for result in engine.generate(batch, sampling):
+                for result in engine.generate(batch, sampling, logprobs=False):
                     write(result)
                 batch = []
         if batch:
-            for result in engine.generate(batch, sampling):
+            for result in engine.generate(batch, sampling, logprobs=False):
                 write(result)
     return summary
