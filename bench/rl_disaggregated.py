@@ -1,101 +1,109 @@
 """GRPO throughput on 2 GPUs: colocated (policy and vLLM share both GPUs) vs disaggregated (1 policy GPU + 1 rollout GPU).
 
-Model: random weights in the Qwen2.5-VL-3B shape (tiny tokenizer and processor files, real vocabulary
-size), prompts: `physreason data synth` arrow-of-time clips. Each mode runs as its own process;
-a sampler thread reads `nvidia-smi` every 200 ms. Reported per mode: completions trained per second
-after the warm-up steps, and each GPU's idle fraction (utilization below 5%) over the same window.
+Model: the Qwen2.5-VL-3B shape with random bf16 weights and the tiny tokenizer and processor (bench/grpo_step.py's
+`build_model`: the vocabulary, and so the lm_head, is the tiny one). Prompts: `physreason data synth` arrow-of-time
+clips (3 s, 256x192, sampled at 4 fps: about 380 visual tokens each). Each mode runs as its own process (colocated:
+torchrun, one rank per GPU, each rank's vLLM engine on its own GPU; disaggregated: a Ray driver with one policy actor
+and one rollout actor of one GPU each). A background nvidia-smi samples each GPU's utilization every 200 ms.
+Reported per mode: completions trained per second between the end of the warm-up steps and the last step (metrics
+timestamps), each GPU's idle fraction (utilization below 5%) and mean utilization over that window, start-up time
+(process start to the first step), and for disaggregated mode the mean staleness and a probe of the weight channel.
 
-Run on a machine with 2 GPUs, vLLM and ray installed:
-    python bench/rl_disaggregated.py --out /tmp/rl-bench --steps 12 --warmup 2
-Results go to <out>/results.json and one markdown table row per mode on stdout (for bench/RESULTS.md).
+Before the disaggregated run, two one-GPU Ray actors send a 1 GiB bucket (64 MiB with --tiny) over a weight channel (NCCL). If that fails
+or hangs, Ray restarts with NCCL's peer-to-peer and shared-memory transports off (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE)
+and probes again; the result says which transport ran. Every mode has a time limit (a share of --time-limit): a mode
+cut short still reports the steps it logged.
+
+GPU machine (2 GPUs, vLLM and ray in /tmp/site, PyAV and tomli_w installed):
+    PYTHONPATH=$PWD:/tmp/site python3 bench/rl_disaggregated.py --out /tmp/rl-bench
+CPU check of every code path (tiny model, hf engine, gloo, Ray with 2 logical GPUs):
+    python bench/rl_disaggregated.py --tiny --steps 3 --warmup 1 --clips 16
+Writes <out>/results.json and <out>/<mode>.log (each child's output); prints one markdown row per mode.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-# Qwen2.5-VL-3B-Instruct's config.json, the parts that set compute and memory.
-TEXT_3B = {
-    "hidden_size": 2048,
-    "intermediate_size": 11008,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 2,
-    "vocab_size": 151936,
-    "tie_word_embeddings": True,
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+MODES = ("colocated", "disaggregated")
+RAY_TMP = "/tmp/ray-rl-bench"  # short: Ray's socket paths must stay under 107 characters
+PROBE_TIMEOUT_S = 120.0
+# Set in every process this bench starts: NVLink multicast must stay off on the shared GPU hosts, and the
+# model is local (no hub look-ups on a machine without internet).
+BASE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
 }
-VISION_3B = {
-    "depth": 32,
-    "hidden_size": 1280,
-    "intermediate_size": 3420,
-    "num_heads": 16,
-    "out_hidden_size": 2048,
-    "fullatt_block_indexes": [7, 15, 23, 31],
-}
+# NCCL between two processes that each see only their own GPU, without CUDA IPC (some VMs block it).
+NCCL_SOCKET_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 
 
-def build_model(folder: Path) -> Path:
-    """A random bf16 Qwen2.5-VL model of the 3B shape, saved with the tiny model's tokenizer and processor files."""
-    import torch
-    import transformers
+def build_model(folder: Path, tiny: bool) -> Path:
+    """The 3B-shape random model of bench/grpo_step.py (or the tiny model), written once under `folder`."""
+    sys.path.insert(0, str(BENCH))
+    from grpo_step import build_model as build
 
-    from physreason.models.tiny import save_tiny_model
-
-    if (folder / "model.safetensors.index.json").is_file() or (folder / "model.safetensors").is_file():
-        tiny_done = json.loads((folder / "config.json").read_text())["text_config"]["hidden_size"] == 2048
-        if tiny_done:
-            return folder
-    save_tiny_model("qwen2_5_vl", folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["text_config"].update(TEXT_3B)
-    config["text_config"]["rope_parameters"]["mrope_section"] = [16, 24, 24]
-    config["vision_config"].update(VISION_3B)
-    config["vocab_size"] = TEXT_3B["vocab_size"]
-    config["tie_word_embeddings"] = True
-    hf_config = transformers.Qwen2_5_VLConfig(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")})
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = transformers.Qwen2_5_VLForConditionalGeneration(hf_config).to(torch.bfloat16)
-    for name in ("model.safetensors",):
-        (folder / name).unlink(missing_ok=True)
-    model.save_pretrained(folder)
-    return folder
+    return build(folder, tiny)
 
 
-def build_data(folder: Path, count: int) -> Path:
+def build_data(folder: Path, count: int, workers: int) -> Path:
+    """`count` arrow-of-time clips with their multiple-choice records (kept between runs)."""
     data = folder / "arrow_of_time" / "arrow_of_time_benchmark_qa_pairs.json"
-    if not data.is_file():
+    if not data.is_file() or len(json.loads(data.read_text())) < count:
         subprocess.run(
-            [sys.executable, "-m", "physreason", "data", "synth", "--task", "arrow_of_time", "--n", str(count), "--out", str(folder)],
+            [sys.executable, "-m", "physreason", "data", "synth", "--task", "arrow_of_time", "--n", str(count),
+             "--out", str(folder), "--workers", str(workers), "--no-progress"],
             check=True,
         )
     return data
 
 
-def recipe(model: Path, data: Path, out: Path, mode: str, steps: int) -> dict:
+def recipe(model: Path, data: Path, out: Path, mode: str, args: argparse.Namespace) -> dict:
+    """The GRPO recipe of one mode; both modes train the same batches, only the placement differs."""
+    gpu = not args.tiny
+    prompts, n = (8, 8) if gpu else (4, 4)
     return {
-        "model": {"model_name_or_path": str(model), "model_max_length": 4096, "dtype": "bfloat16"},
-        "engine": {"backend": "vllm", "gpu_memory_utilization": 0.45 if mode == "colocated" else 0.85, "max_model_len": 4096},
-        "vision": {"fps": 4.0, "min_pixels": 3136, "max_pixels": 81920, "total_pixels": 1605632, "max_frames": 32},
-        "data": {"dataset": {"name": str(data)}, "num_workers": 2},
+        "model": {"model_name_or_path": str(model), "model_max_length": 4096, "dtype": "bfloat16" if gpu else "float32"},
+        "engine": {
+            "backend": args.engine,
+            # Colocated: beside an FSDP shard of the policy (fp32 masters and AdamW: about 30 GB per GPU).
+            "gpu_memory_utilization": 0.3 if mode == "colocated" else 0.85,
+            "max_model_len": 4096,
+            "batch_size": prompts * n,
+        },
+        "vision": {"fps": 4.0 if gpu else 2.0, "max_frames": 32 if gpu else 4},
+        "data": {"dataset": {"name": str(data)}, "num_workers": 0},
         "train": {
             "output_dir": str(out / mode),
-            "max_steps": steps,
-            "train_batch_per_replica": 64,  # 8 prompts x 8 completions
-            "param_dtype": "bfloat16",
-            "gradient_checkpointing": True,
+            "max_steps": args.steps,
+            "train_batch_per_replica": prompts * n,  # completions per step
+            "param_dtype": "bfloat16" if gpu else "float32",
+            "gradient_checkpointing": gpu,
             "log_freq": 1,
             "ckpt": {"enable_checkpoint": False},
         },
         "rollout": {
-            "n_generation": 8,
-            "max_response_length": 512,
-            "batch_size": 8,
+            "n_generation": n,
+            "max_response_length": args.response_len,
+            "batch_size": prompts,  # prompts per generate call of a rollout replica
             "sampling_config": {"temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0},
             "parallelism": {"n_init_replicas": 1, "tp_size": 1},
         },
@@ -106,100 +114,350 @@ def recipe(model: Path, data: Path, out: Path, mode: str, steps: int) -> dict:
 
 
 class GPUSampler:
-    """Samples each GPU's utilization (%) with nvidia-smi every 200 ms in a background process."""
+    """Each GPU's utilization (%) from nvidia-smi every 200 ms, read by a background thread; no samples without nvidia-smi."""
 
     def __init__(self) -> None:
-        self.samples: list[tuple[float, list[int]]] = []
+        self.samples: list[tuple[float, dict[int, int]]] = []
+        self._proc: subprocess.Popen | None = None
+        if shutil.which("nvidia-smi") is None:
+            return
         self._proc = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"],
-            stdout=subprocess.PIPE,
-            text=True,
+            ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        row: list[int] = []
+        row: dict[int, int] = {}
         for line in self._proc.stdout:
-            row.append(int(line.strip() or 0))
-            if len(row) == 2:
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) != 2 or not fields[0].isdigit() or not fields[1].isdigit():
+                continue  # "[N/A]" or a warning line
+            index, util = int(fields[0]), int(fields[1])
+            if index in row:  # a new sweep over the GPUs begins
                 self.samples.append((time.time(), row))
-                row = []
+                row = {}
+            row[index] = util
 
     def stop(self) -> None:
-        self._proc.terminate()
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait()
 
-    def idle_fraction(self, start: float, end: float) -> list[float]:
+    def summary(self, start: float, end: float) -> dict[str, list[float] | None]:
+        """Per GPU over [start, end]: the fraction of samples below 5% utilization and the mean utilization (%)."""
         window = [row for t, row in self.samples if start <= t <= end]
         if not window:
-            return [float("nan"), float("nan")]
-        return [sum(r[g] < 5 for r in window) / len(window) for g in range(2)]
+            return {"idle_fraction": None, "mean_util": None}
+        gpus = sorted(window[0])
+        return {
+            "idle_fraction": [sum(r.get(g, 0) < 5 for r in window) / len(window) for g in gpus],
+            "mean_util": [sum(r.get(g, 0) for r in window) / len(window) for g in gpus],
+        }
 
 
-def run_mode(mode: str, config_path: Path) -> None:
+# ---- children -------------------------------------------------------------------------------------------------------
+
+
+def run_colocated(config) -> None:
+    """One torchrun rank of colocated GRPO; with vLLM, this rank's engine runs on this rank's GPU."""
+    import torch.distributed as dist
+
+    from physreason.train.grpo import run_grpo
+    from physreason.train.sft import init_runtime
+
+    runtime = init_runtime()  # joins torchrun's group before vLLM looks for one
+    engine = None
+    if config.engine.backend == "vllm" and runtime.world_size > 1:
+        from physreason.engines.vllm import VLLMEngine
+
+        # vLLM's default in-process executor puts its worker on cuda:0 in every rank; the external launcher
+        # executor takes LOCAL_RANK's GPU and joins torchrun's group (tensor parallel 1: independent engines).
+        engine = VLLMEngine(config.model, config.engine, distributed_executor_backend="external_launcher")
+    run_grpo(config, engine)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class ProbeEnd:
+    """One end of a probe weight channel, run as a one-GPU Ray actor: rank 0 hosts the store and sends."""
+
+    def address(self) -> tuple[str, int]:
+        import torch.distributed as dist
+
+        from physreason.distributed.policy_worker import node_address
+        from physreason.distributed.weight_transfer import CHANNEL_TIMEOUT
+
+        self.store = dist.TCPStore(node_address(), 0, is_master=True, wait_for_workers=False, timeout=CHANNEL_TIMEOUT)
+        return node_address(), self.store.port
+
+    def transfer(self, host: str, port: int, rank: int, nbytes: int) -> dict[str, Any]:
+        """Send (rank 0) or receive and check (rank 1) a bucket of `nbytes` twice: once to set the channel up, once timed.
+
+        Returns the timed transfer's seconds and the GPUs Ray gave this actor.
+        """
+        import ray
+        import torch
+
+        from physreason.distributed.weight_transfer import Bucket, TensorSpec, WeightChannel
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        bucket = Bucket((TensorSpec("probe", (nbytes,), torch.uint8),), (0,), nbytes)
+        channel = WeightChannel(host, port, "probe", rank, device, store=self.store if rank == 0 else None)
+        pattern = torch.arange(251, dtype=torch.uint8, device=device).repeat(-(-nbytes // 251))[:nbytes]  # [nbytes]
+        seconds = 0.0
+        for _ in range(2):
+            started = time.perf_counter()
+            if rank == 0:
+                channel.send_header(0, 1)
+                channel.send(pattern)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+            else:
+                _, tensors = channel.receive([bucket])
+                if not torch.equal(tensors[0][1], pattern.cpu()):
+                    raise RuntimeError("the probe bucket arrived corrupted")
+            seconds = time.perf_counter() - started
+        return {
+            "seconds": seconds, "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+
+
+def probe_weight_channel(ray, nbytes: int) -> dict[str, Any]:
+    """Move `nbytes` between two one-GPU actors over a WeightChannel; raises on failure or after PROBE_TIMEOUT_S."""
+    end = ray.remote(num_cpus=0, num_gpus=1)(ProbeEnd)
+    sender, receiver = end.remote(), end.remote()
+    try:
+        host, port = ray.get(sender.address.remote(), timeout=PROBE_TIMEOUT_S)
+        refs = [sender.transfer.remote(host, port, 0, nbytes), receiver.transfer.remote(host, port, 1, nbytes)]
+        done, _ = ray.wait(refs, num_returns=2, timeout=PROBE_TIMEOUT_S)
+        if len(done) < 2:
+            raise TimeoutError(f"the probe transfer did not finish in {PROBE_TIMEOUT_S:.0f} s")
+        sent, received = ray.get(refs)
+    finally:
+        ray.kill(sender)
+        ray.kill(receiver)
+    return {
+        "bytes": nbytes,
+        "gbytes_per_s": nbytes / received["seconds"] / 1e9,
+        "sender_gpus": sent["gpu_ids"], "receiver_gpus": received["gpu_ids"],
+        "cuda_visible_devices": [sent["cuda_visible_devices"], received["cuda_visible_devices"]],
+    }
+
+
+def actor_env(extra: dict[str, str]) -> dict[str, str]:
+    """Environment of every Ray actor: this process's PYTHONPATH (vLLM in /tmp/site) and CUDA_HOME, BASE_ENV, NCCL_*."""
+    env = {key: value for key, value in os.environ.items() if key.startswith("NCCL_")}
+    env.update(BASE_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    cuda_home = os.environ.get("CUDA_HOME") or ("/usr/local/cuda" if Path("/usr/local/cuda").is_dir() else None)
+    if cuda_home:
+        env["CUDA_HOME"] = cuda_home
+    env.update(extra)
+    return env
+
+
+def start_ray(ray, gpus: int, extra: dict[str, str]) -> None:
+    import torch
+
+    # Ray's memory monitor reads MemTotal, which on the GPU VMs starts far below the real limit and grows with use.
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    ray.init(
+        num_cpus=max(4, os.cpu_count() or 1),
+        num_gpus=gpus,  # on a CPU machine: logical GPUs, so placement by num_gpus runs as it does on GPUs
+        include_dashboard=False,
+        _temp_dir=RAY_TMP,
+        runtime_env={"env_vars": actor_env(extra)},
+    )
+    print(f"ray: {ray.cluster_resources()}, torch sees {torch.cuda.device_count()} GPU(s)", flush=True)
+
+
+def run_disaggregated_child(config, gpus: int, probe_path: Path) -> None:
+    """The Ray driver: probe the weight channel (falling back to socket-only NCCL), then run disaggregated GRPO."""
+    import ray
+    import torch
+
+    from physreason.distributed.controller import run_disaggregated
+
+    use_gpu = torch.cuda.is_available()
+    attempts: list[dict[str, Any]] = []
+    for extra in ({}, NCCL_SOCKET_ONLY) if use_gpu else ({},):
+        start_ray(ray, gpus, extra)
+        try:
+            attempts.append({"env": extra, **probe_weight_channel(ray, (1 << 30) if use_gpu else (64 << 20))})
+            break
+        except Exception as exc:  # noqa: BLE001 - any failure of the probe means: try the next transport
+            attempts.append({"env": extra, "error": f"{type(exc).__name__}: {exc}"})
+            print(f"weight channel probe failed with {extra or 'default NCCL settings'}: {exc}", flush=True)
+            ray.shutdown()
+    probe_path.write_text(json.dumps(attempts, indent=2))
+    if "error" in attempts[-1]:
+        raise SystemExit("the weight channel probe failed with every NCCL setting; see " + str(probe_path))
+    print(f"weight channel probe: {attempts[-1]}", flush=True)
+    try:
+        result = run_disaggregated(config)
+        for event in result.events:
+            print(event, flush=True)
+    finally:
+        ray.shutdown()
+
+
+def run_child(mode: str, config_path: Path, gpus: int) -> None:
     """Child process: one GRPO run in `mode`."""
+    import logging
+
     from physreason.config import load_config
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(config_path, [])
-    if mode == "disaggregated":
-        from physreason.distributed.controller import run_disaggregated
-
-        run_disaggregated(config)
+    if mode == "colocated":
+        run_colocated(config)
     else:
-        from physreason.train.grpo import run_grpo
-
-        run_grpo(config)
+        run_disaggregated_child(config, gpus, config_path.with_suffix(".probe.json"))
 
 
-def measure(mode: str, config: dict, out: Path, warmup: int) -> dict:
+# ---- parent ---------------------------------------------------------------------------------------------------------
+
+
+def launch(command: list[str], log_path: Path, timeout_s: float) -> str:
+    """Run `command` in its own session with output to `log_path`; kill the whole session after timeout_s.
+
+    Returns "ok", "timed out" or "exit code N".
+    """
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        # Ray, torchrun and vLLM leave helper processes; they must be gone before the next mode takes the GPUs.
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(5 if sig == signal.SIGTERM else 0)
+        proc.wait()
+    if code is None:
+        return "timed out"
+    return "ok" if code == 0 else f"exit code {code}"
+
+
+def measure(mode: str, config: dict, out: Path, args: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
+    """Run one mode as a child process under the GPU sampler and summarise its logged steps."""
     from physreason.config import Config, dump_config
 
     config_path = out / f"{mode}.toml"
     dump_config(Config.model_validate(config), config_path)
+    metrics_path = out / mode / "logs" / "metrics.jsonl"
+    metrics_path.unlink(missing_ok=True)
+    child = [str(Path(__file__).resolve()), "--child", mode, str(config_path), "--gpus", str(args.gpus)]
     if mode == "colocated":
-        command = ["torchrun", "--nproc-per-node", "2", __file__, "--child", mode, str(config_path)]
+        ranks = args.gpus if not args.tiny else 2
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *child]
     else:
-        command = [sys.executable, __file__, "--child", mode, str(config_path)]
+        command = [sys.executable, *child]
+    print(f"{mode}: {' '.join(command)} (limit {timeout_s:.0f} s, log {out / f'{mode}.log'})", flush=True)
     sampler = GPUSampler()
     started = time.time()
-    subprocess.run(command, check=True)
+    status = launch(command, out / f"{mode}.log", timeout_s)
     sampler.stop()
-    lines = [json.loads(line) for line in (out / mode / "logs" / "metrics.jsonl").open()]
-    measured = [m for m in lines if m["step"] > warmup]
-    window_start = started + sum(m["time/step_s"] for m in lines if m["step"] <= warmup)
+    lines = [json.loads(line) for line in metrics_path.open()] if metrics_path.is_file() else []
+    result: dict[str, Any] = {"mode": mode, "status": status, "steps_logged": len(lines), "wall_s": time.time() - started}
+    if mode == "disaggregated" and config_path.with_suffix(".probe.json").is_file():
+        result["weight_channel_probe"] = json.loads(config_path.with_suffix(".probe.json").read_text())
+    if status != "ok":
+        tail = (out / f"{mode}.log").read_text(errors="replace").splitlines()[-40:]
+        print(f"{mode}: {status}; last lines of its log:\n" + "\n".join(tail), flush=True)
+    if lines:
+        result["startup_s"] = lines[0]["time"] - lines[0]["time/step_s"] - started
+    measured = lines[args.warmup :]
+    if not measured:
+        return result
+    window_start = lines[args.warmup - 1]["time"] if args.warmup else lines[0]["time"] - lines[0]["time/step_s"]
+    window_end = measured[-1]["time"]
     completions = len(measured) * config["train"]["train_batch_per_replica"]
-    seconds = sum(m["time/step_s"] for m in measured)
-    return {
-        "mode": mode,
+    result.update({
         "steps": len(measured),
-        "samples_per_s": completions / seconds,
-        "gpu_idle_fraction": sampler.idle_fraction(window_start, time.time()),
-        "mean_staleness": sum(m.get("rollout/staleness_mean", 0.0) for m in measured) / max(len(measured), 1),
-    }
+        "samples_per_s": completions / (window_end - window_start),
+        "step_s_mean": (window_end - window_start) / len(measured),
+        **{f"gpu_{k}": v for k, v in sampler.summary(window_start, window_end).items()},
+        "reward_mean": sum(m["reward/total_mean"] for m in measured) / len(measured),
+        "response_length_mean": sum(m.get("rollout/response_length_mean", 0.0) for m in measured) / len(measured),
+    })
+    if mode == "disaggregated":
+        result["staleness_mean"] = sum(m["rollout/staleness_mean"] for m in measured) / len(measured)
+        result["sync_s_mean"] = sum(m["time/sync_s"] for m in measured) / len(measured)
+    return result
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    """The results as rows of a markdown table (n/a where a mode has no such figure)."""
+
+    def pct(values: list[float] | None, gpu: int) -> str:
+        return f"{values[gpu]:.0%}" if values and gpu < len(values) else "n/a"
+
+    def num(value: float | None, spec: str) -> str:
+        return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+    rows = [
+        "| mode | status | steps | samples/s | step s | GPU0 idle | GPU1 idle | GPU0 util | GPU1 util | staleness | start-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        util = [u / 100 for u in r["gpu_mean_util"]] if r.get("gpu_mean_util") else None
+        rows.append(
+            f"| {r['mode']} | {r['status']} | {r.get('steps', 0)} | {num(r.get('samples_per_s'), '.2f')} | "
+            f"{num(r.get('step_s_mean'), '.2f')} | {pct(r.get('gpu_idle_fraction'), 0)} | "
+            f"{pct(r.get('gpu_idle_fraction'), 1)} | {pct(util, 0)} | {pct(util, 1)} | "
+            f"{num(r.get('staleness_mean'), '.2f')} | {num(r.get('startup_s'), '.0f')} |"
+        )
+    rates = {r["mode"]: r.get("samples_per_s") for r in results}
+    if rates.get("colocated") and rates.get("disaggregated"):
+        rows.append(f"\ndisaggregated / colocated samples/s: {rates['disaggregated'] / rates['colocated']:.2f}x")
+    return "\n".join(rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("/tmp/rl-bench"))
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--clips", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/rl-bench"), help="work folder (model, data, runs)")
+    parser.add_argument("--steps", type=int, default=10, help="GRPO steps per mode, warm-up included")
+    parser.add_argument("--warmup", type=int, default=2, help="steps left out of the measurement")
+    parser.add_argument("--clips", type=int, default=96, help="arrow-of-time clips (prompts; drawn again after an epoch)")
+    parser.add_argument("--response-len", type=int, default=256, help="most new tokens per completion")
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--engine", choices=["vllm", "hf"], default=None, help="default: vllm, hf with --tiny")
+    parser.add_argument("--tiny", action="store_true", help="tiny model and shapes on CPU: checks every code path")
+    parser.add_argument("--time-limit", type=float, default=480.0, help="seconds for everything; modes share what is left")
+    parser.add_argument("--synth-workers", type=int, default=8)
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    for key, value in BASE_ENV.items():
+        os.environ.setdefault(key, value)
     if args.child:
-        run_mode(args.child[0], Path(args.child[1]))
+        run_child(args.child[0], Path(args.child[1]), args.gpus)
         return
+    deadline = time.time() + args.time_limit
+    args.engine = args.engine or ("hf" if args.tiny else "vllm")
+    if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise SystemExit("vLLM is not importable: put it on PYTHONPATH (e.g. /tmp/site) or pass --engine hf")
+    if "disaggregated" in args.modes and importlib.util.find_spec("ray") is None:
+        raise SystemExit("ray is not importable: put it on PYTHONPATH (e.g. /tmp/site)")
     args.out.mkdir(parents=True, exist_ok=True)
-    model = build_model(args.out / "qwen2_5_vl_3b_random")
-    data = build_data(args.out / "data", args.clips)
-    results = [measure(mode, recipe(model, data, args.out, mode, args.steps), args.out, args.warmup)
-               for mode in ("colocated", "disaggregated")]
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    print("| mode | samples/s | GPU0 idle | GPU1 idle | staleness |")
-    print("|---|---|---|---|---|")
-    for r in results:
-        idle = r["gpu_idle_fraction"]
-        print(f"| {r['mode']} | {r['samples_per_s']:.2f} | {idle[0]:.0%} | {idle[1]:.0%} | {r['mean_staleness']:.2f} |")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    started = time.time()
+    model = build_model(args.out / ("model-tiny" if args.tiny else "model-3b"), args.tiny)
+    data = build_data(args.out / "data", args.clips, args.synth_workers)
+    print(f"model and data ready in {time.time() - started:.0f} s", flush=True)
+    results = []
+    for i, mode in enumerate(args.modes):
+        timeout_s = (deadline - time.time()) / (len(args.modes) - i)
+        results.append(measure(mode, recipe(model, data, args.out, mode, args), args.out, args, timeout_s))
+        (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    print(markdown(results))
 
 
 if __name__ == "__main__":

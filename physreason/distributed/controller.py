@@ -206,6 +206,7 @@ class Controller:
         self.step = int(state["step"]) if state else 0
         self.stream.cursor = int(state["prompt_cursor"]) if state else 0
         self.retry = deque(sorted(state.get("pending_draws", []))) if state else deque()
+        self._event(f"policy ranks on GPUs {[rank_info['gpus'] for rank_info in infos]}")
         if info["checkpoint"]:
             self._event(f"policy resumed from {info['checkpoint']}")
 
@@ -451,6 +452,7 @@ class Controller:
             self._lose_rollout(replica.id, f"failed to start: {op.error}")
             return
         replica.state = "loaded"
+        self._event(f"rollout replica {replica.id} loaded its engine on GPUs {op.results[0]['gpus']}")
 
     def _on_channel(self, op: _Op, replica: _Replica | None) -> None:
         if self._policy_failed(op):

@@ -74,8 +74,11 @@ class PolicyWorker:
     ) -> dict[str, Any]:
         """Join the group at `master` (rank 0's address()), build model, optimizer and schedule, resume if asked.
 
-        Returns the weight transfer plan, the channel store's address (rank 0) and the resumed trainer state.
+        Returns the weight transfer plan, the channel store's address (rank 0), the resumed trainer state and
+        the GPUs Ray gave this rank.
         """
+        import ray
+
         config, train_cfg = self.config, self.config.train
         if self.world_size > 1 and master is not None:
             os.environ.update({
@@ -114,6 +117,7 @@ class PolicyWorker:
             "checkpoint": str(checkpoint) if checkpoint else None,
             "buckets": self.buckets,
             "store": (node_address(), self.store.port) if self.store is not None else None,
+            "gpus": [str(g) for g in ray.get_gpu_ids()],
         }
 
     def open_channel(self, replica: int, channel_id: str) -> str | None:

@@ -13,10 +13,12 @@ controller assigned.
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -24,7 +26,7 @@ from physreason.config import Config
 from physreason.data.mcq import MCQPrompt
 from physreason.distributed.rollout_queue import ScoredGroup
 from physreason.distributed.weight_transfer import Bucket, WeightChannel
-from physreason.engines import create_engine
+from physreason.engines import Engine, create_engine
 from physreason.errors import PhysReasonError
 from physreason.models import loading
 from physreason.train.rollout import RolloutSettings, collect_rollouts
@@ -74,14 +76,32 @@ def rollout_settings(config: Config, groups: int, processor_params) -> RolloutSe
     )
 
 
+def build_engine(config: Config) -> Engine:
+    """The replica's engine on the GPUs Ray gave this actor: `[engine]` with `[rollout.parallelism] tp_size`.
+
+    vLLM is told its executor: in-process for one GPU (so weights load into the live model without a copy
+    to another process), local worker processes for several. Left to choose, vLLM inside a Ray actor could
+    pick its Ray executor and ask the cluster for GPUs this actor already holds.
+    """
+    tp = config.rollout.parallelism.tp_size
+    engine_config = config.engine.model_copy(update={"tensor_parallel_size": tp})
+    backend = engine_config.backend
+    if backend == "auto":
+        backend = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    if backend != "vllm":
+        return create_engine(config.model, engine_config)
+    from physreason.engines.vllm import VLLMEngine
+
+    return VLLMEngine(config.model, engine_config, distributed_executor_backend="uni" if tp == 1 else "mp")
+
+
 class RolloutReplica:
     """One engine (`[engine]`, `[rollout.parallelism] tp_size` GPUs) producing scored groups on request."""
 
     def __init__(self, config: Config, replica_id: int) -> None:
         self.config = config
         self.replica_id = replica_id
-        engine_config = config.engine.model_copy(update={"tensor_parallel_size": config.rollout.parallelism.tp_size})
-        self.engine = create_engine(config.model, engine_config)
+        self.engine = build_engine(config)
         self.processor_params = None
         if loading.is_vision_language(loading.load_model_config(config.model)):
             from physreason.models.inputs import load_processor_params
@@ -95,9 +115,11 @@ class RolloutReplica:
         self._staged_lock = threading.Lock()
         self._channel_lock = threading.Lock()  # one transfer at a time on the channel
 
-    def ready(self) -> int:
-        """Returns the replica id once the engine is built (Ray runs __init__ before any method)."""
-        return self.replica_id
+    def ready(self) -> dict[str, Any]:
+        """Once the engine is built (Ray runs __init__ before any method): the replica id and the GPUs Ray gave it."""
+        import ray
+
+        return {"replica": self.replica_id, "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
     def connect(self, host: str, port: int, channel_id: str, buckets: list[Bucket]) -> dict[str, float]:
         """Open a weight channel to policy rank 0 (replacing any old one) and receive the current weights."""
