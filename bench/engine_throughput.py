@@ -3,8 +3,9 @@
 The Qwen2.5-VL-7B language-model shape with random weights (vLLM: load_format="dummy"); prompts of
 exactly 512 tokens (random words, one token each); 256 new tokens at temperature 1. Raw vLLM and
 our engine run on the same `vllm.LLM` instance and the same prompt token ids, so the ratio is the
-cost of our wrapper (chat rendering, per-request checks, logprobs, result objects). Prints one JSON
-line per measurement.
+cost of our wrapper (chat rendering, tokenizing, per-request checks, result objects), measured twice:
+without log-probs on either side (inference) and with the sampled-token log-prob on both (RL rollouts).
+Prints one JSON line per measurement.
 
     python bench/engine_throughput.py vllm --tokenizer DIR     # raw vLLM vs our vllm engine, update_weights
     python bench/engine_throughput.py hf --tokenizer DIR       # our hf engine at batch 64: default vs static cache
@@ -75,6 +76,7 @@ def bench_vllm(folder: Path) -> None:
     from vllm import SamplingParams
 
     from physreason.config import EngineConfig, ModelConfig, SamplingConfig
+    from physreason.engines import vllm_compat
     from physreason.engines.vllm import VLLMEngine
 
     start = time.perf_counter()
@@ -86,21 +88,34 @@ def bench_vllm(folder: Path) -> None:
     )
     out(what="vllm_engine_start", s=round(time.perf_counter() - start, 1))
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, repetition_penalty=1.0, max_tokens=NEW, seed=0)
-    raw_params = SamplingParams(max_tokens=NEW, temperature=1.0, top_p=1.0, seed=0)
+    # Two pairings: inference (no log-probs on either side) and RL rollouts (the log-prob of every sampled
+    # token on both sides: raw vLLM with logprobs=0 as flat lists, which is what our engine asks for).
+    raw_params = {
+        False: SamplingParams(max_tokens=NEW, temperature=1.0, top_p=1.0, seed=0),
+        True: vllm_compat.sampling_params(sampling, NEW, engine.stop_token_ids, logprobs=True),
+    }
     engine.generate(make_requests(engine.tokenizer, 2, seed=99), sampling)  # warm-up
     for batch in (1, 64, 256):
         requests = make_requests(engine.tokenizer, batch, seed=batch)
         prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in engine.generate(requests, sampling.model_copy(update={"max_tokens": 1}))]
-        for name in ("raw_vllm", "physreason_vllm", "raw_vllm", "physreason_vllm"):
-            engine.llm.reset_prefix_cache()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            if name == "raw_vllm":
-                tokens = sum(len(o.outputs[0].token_ids) for o in engine.llm.generate(prompts, raw_params, use_tqdm=False))
-            else:
-                tokens = sum(len(r.completions[0].token_ids) for r in engine.generate(requests, sampling))
-            dt = time.perf_counter() - t
-            out(what=name, batch=batch, prompt=PROMPT, new=NEW, tokens=tokens, s=round(dt, 2), tok_per_s=round(tokens / dt, 1))
+        t = time.perf_counter()
+        texts = [engine._render(r) for r in requests]
+        engine.tokenizer(texts, add_special_tokens=False)
+        out(what="physreason_host_prep", batch=batch, s=round(time.perf_counter() - t, 4))
+        for logprobs in (False, True):
+            for name in ("raw_vllm", "physreason_vllm", "raw_vllm", "physreason_vllm"):
+                engine.llm.reset_prefix_cache()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                if name == "raw_vllm":
+                    outputs = engine.llm.generate(prompts, raw_params[logprobs], use_tqdm=False)
+                    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+                else:
+                    results = engine.generate(requests, sampling, logprobs=logprobs)
+                    tokens = sum(len(r.completions[0].token_ids) for r in results)
+                dt = time.perf_counter() - t
+                out(what=name, logprobs=logprobs, batch=batch, prompt=PROMPT, new=NEW, tokens=tokens, s=round(dt, 2),
+                    tok_per_s=round(tokens / dt, 1))
     bench_update_weights(engine)
 
 
