@@ -72,7 +72,7 @@ def make_requests(tokenizer, count: int, seed: int):
     return requests
 
 
-def bench_vllm(folder: Path) -> None:
+def bench_vllm(folder: Path, batches: list[int], runs: int) -> None:
     from vllm import SamplingParams
 
     from physreason.config import EngineConfig, ModelConfig, SamplingConfig
@@ -95,7 +95,7 @@ def bench_vllm(folder: Path) -> None:
         True: vllm_compat.sampling_params(sampling, NEW, engine.stop_token_ids, logprobs=True),
     }
     engine.generate(make_requests(engine.tokenizer, 2, seed=99), sampling)  # warm-up
-    for batch in (1, 64, 256):
+    for batch in batches:
         requests = make_requests(engine.tokenizer, batch, seed=batch)
         prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in engine.generate(requests, sampling.model_copy(update={"max_tokens": 1}))]
         t = time.perf_counter()
@@ -103,7 +103,7 @@ def bench_vllm(folder: Path) -> None:
         engine.tokenizer(texts, add_special_tokens=False)
         out(what="physreason_host_prep", batch=batch, s=round(time.perf_counter() - t, 4))
         for logprobs in (False, True):
-            for name in ("raw_vllm", "physreason_vllm", "raw_vllm", "physreason_vllm"):
+            for name in ("raw_vllm", "physreason_vllm") * runs:  # interleaved, so drift hits both sides
                 engine.llm.reset_prefix_cache()
                 torch.cuda.synchronize()
                 t = time.perf_counter()
@@ -178,12 +178,13 @@ def main() -> None:
     parser.add_argument("engine", choices=["vllm", "hf"])
     parser.add_argument("--tokenizer", type=Path, required=True, help="folder with the Qwen2.5 tokenizer files")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/physreason-7b-shape"))
-    parser.add_argument("--runs", type=int, default=2, help="timed runs of each hf path")
+    parser.add_argument("--runs", type=int, default=2, help="timed runs of each engine (interleaved for vllm) or hf path")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256], help="vllm: batch sizes to measure")
     args = parser.parse_args()
     out(device=torch.cuda.get_device_name(), torch=torch.__version__)
     folder = make_folder(args.folder, args.tokenizer)
     if args.engine == "vllm":
-        bench_vllm(folder)
+        bench_vllm(folder, args.batches, args.runs)
     else:
         bench_hf(folder, args.runs)
     if args.folder.name == "physreason-7b-shape" and args.engine == "hf":
