@@ -10,7 +10,7 @@ import numpy as np
 
 from physreason.data.synth import narrate
 from physreason.data.synth.render import render_frames
-from physreason.data.synth.sample import Sample, options_with_answer
+from physreason.data.synth.sample import Sample, fixed_options, options_with_answer
 from physreason.data.synth.scenarios import FPS, IRREVERSIBLE_BUILDERS, N_FRAMES
 from physreason.data.synth.simulate import Trajectory, simulate
 
@@ -86,8 +86,11 @@ def _reasoning(scene, trajectory: Trajectory, reversed_clip: bool, letter: str) 
     return "\n".join(lines)
 
 
-def make_sample(seed: int, slot: int) -> Sample:
-    """Build the sample for scene `seed`; `slot` in [0, 4) fixes the class (forward/reversed) and the answer letter."""
+def make_sample(seed: int, slot: int, option_order: str = "shuffled") -> Sample:
+    """Build the sample for scene `seed`; `slot` in [0, 4) fixes the class (forward/reversed) and the answer letter.
+
+    With option_order "fixed" the options are always (A) forward, (B) reversed and the slot fixes only the class.
+    """
     label, letter_index = LABELS[slot // 2], slot % 2
     rng = np.random.default_rng(seed)
     kind = list(IRREVERSIBLE_BUILDERS)[rng.integers(len(IRREVERSIBLE_BUILDERS))]
@@ -104,9 +107,11 @@ def make_sample(seed: int, slot: int) -> Sample:
     reversed_clip = label == "reversed"
     clip = frames[::-1].copy() if reversed_clip else frames
     question = QUESTIONS[rng.integers(len(QUESTIONS))]
-    options, answer = options_with_answer(
-        [OPTION_TEXTS["forward"], OPTION_TEXTS["reversed"]], LABELS.index(label), letter_index, rng
-    )
+    texts = [OPTION_TEXTS["forward"], OPTION_TEXTS["reversed"]]
+    if option_order == "fixed":
+        options, answer = fixed_options(texts, LABELS.index(label))
+    else:
+        options, answer = options_with_answer(texts, LABELS.index(label), letter_index, rng)
     energy_in_clip = trajectory.energy[::-1] if reversed_clip else trajectory.energy
     return Sample(
         task=TASK,

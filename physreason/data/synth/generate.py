@@ -5,7 +5,7 @@ Layout under `<out>/<task>/`:
   records/<id>.json                    everything about one sample (written after its clip)
   <task>_benchmark_qa_pairs.json       [{"video", "qa_pairs": {"question", "index2ans", "answer"}}]
   <task>_sft.jsonl                     {"video", "conversations": [user, assistant]} per line
-  meta.json                            count, split, seeds, generator version, class and letter balance
+  meta.json                            count, split, seeds, option order, generator version, class and letter balance
 
 Generation is resumable: a sample whose clip and record exist is not generated again. Samples are
 independent, so they are spread over worker processes.
@@ -26,7 +26,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from physreason.data.synth import arrow_of_time, object_permanence, spatial_puzzle
-from physreason.data.synth.sample import SPLITS, Sample, balanced_slot, scene_seed
+from physreason.data.synth.sample import OPTION_ORDERS, SPLITS, Sample, balanced_slot, scene_seed
 from physreason.data.synth.scenarios import FPS, HEIGHT_PX, N_FRAMES, WIDTH_PX
 from physreason.data.synth.video import write_mp4
 from physreason.errors import InputError
@@ -38,7 +38,7 @@ GENERATOR_VERSION = "1"
 class TaskSpec:
     """A task's sample builder and how many (class, letter) slots one balanced block has."""
 
-    make_sample: Callable[[int, int], Sample]
+    make_sample: Callable[[int, int, str], Sample]
     n_slots: int
 
 
@@ -65,11 +65,13 @@ def sample_id(split: str, index: int) -> str:
     return f"{split}_{index:06d}"
 
 
-def build_sample(task: str, split: str, base_seed: int, index: int) -> tuple[int, Sample]:
+def build_sample(
+    task: str, split: str, base_seed: int, index: int, option_order: str = "shuffled"
+) -> tuple[int, Sample]:
     """The scene seed and the sample for position `index` of a data set; pure, so it can run anywhere."""
     seed = scene_seed(base_seed, split, task, index)
     slot = balanced_slot(base_seed, split, task, index, TASKS[task].n_slots)
-    return seed, TASKS[task].make_sample(seed, slot)
+    return seed, TASKS[task].make_sample(seed, slot, option_order)
 
 
 def _write_json(path: Path, payload: Any, lines: bool = False) -> None:
@@ -83,9 +85,11 @@ def _write_json(path: Path, payload: Any, lines: bool = False) -> None:
     os.replace(partial, path)
 
 
-def write_sample(task: str, split: str, base_seed: int, index: int, folder: str) -> dict[str, Any]:
+def write_sample(
+    task: str, split: str, base_seed: int, index: int, folder: str, option_order: str = "shuffled"
+) -> dict[str, Any]:
     """Generate sample `index`, write its clip and then its record under `folder`; return the record."""
-    seed, sample = build_sample(task, split, base_seed, index)
+    seed, sample = build_sample(task, split, base_seed, index, option_order)
     sid = sample_id(split, index)
     video = f"clips/{sid}.mp4"
     write_mp4(sample.frames, Path(folder) / video, sample.fps)
@@ -96,6 +100,7 @@ def write_sample(task: str, split: str, base_seed: int, index: int, folder: str)
         "index": index,
         "seed": seed,
         "generator_version": GENERATOR_VERSION,
+        "option_order": option_order,
         "video": video,
         "label": sample.label,
         "qa_pairs": {"question": sample.question, "index2ans": sample.options, "answer": sample.answer},
@@ -109,7 +114,9 @@ def write_sample(task: str, split: str, base_seed: int, index: int, folder: str)
     return record
 
 
-def _existing_record(folder: Path, split: str, base_seed: int, task: str, index: int) -> dict[str, Any] | None:
+def _existing_record(
+    folder: Path, split: str, base_seed: int, task: str, index: int, option_order: str
+) -> dict[str, Any] | None:
     """The record of a sample already on disk with its clip, if it is the one this run would generate."""
     sid = sample_id(split, index)
     record_path, clip_path = folder / "records" / f"{sid}.json", folder / "clips" / f"{sid}.mp4"
@@ -119,55 +126,75 @@ def _existing_record(folder: Path, split: str, base_seed: int, task: str, index:
         record = json.loads(record_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError:
         return None  # a torn write from an older crash: generate it again
-    expected = (scene_seed(base_seed, split, task, index), GENERATOR_VERSION)
-    return record if (record.get("seed"), record.get("generator_version")) == expected else None
+    expected = (scene_seed(base_seed, split, task, index), GENERATOR_VERSION, option_order)
+    found = (record.get("seed"), record.get("generator_version"), record.get("option_order", "shuffled"))
+    return record if found == expected else None
 
 
-def _check_meta(folder: Path, split: str, base_seed: int) -> None:
+def _check_meta(folder: Path, split: str, base_seed: int, option_order: str) -> None:
     meta_path = folder / "meta.json"
     if not meta_path.is_file():
         return
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    found = (meta.get("split"), meta.get("base_seed"), meta.get("generator_version"))
-    if found != (split, base_seed, GENERATOR_VERSION):
+    found = (
+        meta.get("split"),
+        meta.get("base_seed"),
+        meta.get("generator_version"),
+        meta.get("option_order", "shuffled"),
+    )
+    if found != (split, base_seed, GENERATOR_VERSION, option_order):
         raise InputError(
-            f"{meta_path} describes split={found[0]!r}, seed={found[1]}, generator version {found[2]!r}, but this run "
-            f"asks for split={split!r}, seed={base_seed}, version {GENERATOR_VERSION!r}; write to another --out folder "
-            "(one folder per split and seed) or delete that one."
+            f"{meta_path} describes split={found[0]!r}, seed={found[1]}, generator version {found[2]!r}, option order "
+            f"{found[3]!r}, but this run asks for split={split!r}, seed={base_seed}, version {GENERATOR_VERSION!r}, "
+            f"option order {option_order!r}; write to another --out folder (one folder per split, seed and option "
+            "order) or delete that one."
         )
 
 
 def _run(
-    task: str, split: str, base_seed: int, indices: list[int], folder: Path, workers: int
+    task: str, split: str, base_seed: int, indices: list[int], folder: Path, workers: int, option_order: str
 ) -> Iterator[dict[str, Any]]:
     """Yield records as samples finish, in any order."""
     if workers <= 1 or len(indices) <= 1:
         for index in indices:
-            yield write_sample(task, split, base_seed, index, str(folder))
+            yield write_sample(task, split, base_seed, index, str(folder), option_order)
         return
     # spawn: workers must not inherit threads or CUDA state from a parent that may hold them.
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(indices)), mp_context=context) as pool:
-        futures = [pool.submit(write_sample, task, split, base_seed, i, str(folder)) for i in indices]
+        futures = [pool.submit(write_sample, task, split, base_seed, i, str(folder), option_order) for i in indices]
         for future in as_completed(futures):
             yield future.result()
 
 
 def generate_task(
-    task: str, n: int, out: Path, split: str, base_seed: int = 0, workers: int = 1, show_progress: bool = True
+    task: str,
+    n: int,
+    out: Path,
+    split: str,
+    base_seed: int = 0,
+    workers: int = 1,
+    show_progress: bool = True,
+    option_order: str = "shuffled",
 ) -> TaskSummary:
-    """Generate (or complete) samples 0..n-1 of `task` under `out/<task>/` and write its QA, SFT and meta files."""
+    """Generate (or complete) samples 0..n-1 of `task` under `out/<task>/` and write its QA, SFT and meta files.
+
+    option_order "shuffled" (the benchmark layout) balances the correct letter over samples; "fixed" lists
+    the same options in the same order in every sample (see sample.OPTION_ORDERS).
+    """
     if task not in TASKS:
         raise InputError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     if split not in SPLITS:
         raise InputError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    if option_order not in OPTION_ORDERS:
+        raise InputError(f"unknown option order {option_order!r}; choose one of {', '.join(OPTION_ORDERS)}")
     if n < 1 or base_seed < 0:
         raise InputError(f"need --n >= 1 and --seed >= 0, got n={n}, seed={base_seed}")
     folder = Path(out) / task
-    _check_meta(folder, split, base_seed)
+    _check_meta(folder, split, base_seed, option_order)
     records: dict[int, dict[str, Any]] = {}
     for index in range(n):
-        record = _existing_record(folder, split, base_seed, task, index)
+        record = _existing_record(folder, split, base_seed, task, index, option_order)
         if record is not None:
             records[index] = record
     todo = [i for i in range(n) if i not in records]
@@ -176,7 +203,7 @@ def generate_task(
     columns = (TextColumn(f"[bold]{task}[/]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, disable=not show_progress, transient=False) as progress:
         bar = progress.add_task(task, total=n, completed=reused)
-        for record in _run(task, split, base_seed, todo, folder, workers):
+        for record in _run(task, split, base_seed, todo, folder, workers, option_order):
             records[record["index"]] = record
             progress.advance(bar)
 
@@ -201,6 +228,7 @@ def generate_task(
             "rule": "((base_seed * 3 + task_id) * 2**32 + index) * 3 + split_id; seed % 3 is the split (train 0, val 1, test 2)",
         },
         "generator_version": GENERATOR_VERSION,
+        "option_order": option_order,
         "video": {
             "fps": FPS,
             "frames": N_FRAMES,

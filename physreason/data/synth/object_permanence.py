@@ -12,7 +12,7 @@ import numpy as np
 
 from physreason.data.synth import narrate
 from physreason.data.synth.render import render_frames
-from physreason.data.synth.sample import Sample, options_with_answer
+from physreason.data.synth.sample import Sample, fixed_options, options_with_answer
 from physreason.data.synth.scenarios import FPS, N_FRAMES, build_occlusion
 from physreason.data.synth.scene import Scene
 from physreason.data.synth.simulate import Trajectory, simulate
@@ -134,8 +134,11 @@ def _reasoning(
     return "\n".join(lines)
 
 
-def make_sample(seed: int, slot: int) -> Sample:
-    """Build the sample for scene `seed`; `slot` in [0, 8) fixes the class and the answer letter."""
+def make_sample(seed: int, slot: int, option_order: str = "shuffled") -> Sample:
+    """Build the sample for scene `seed`; `slot` in [0, 8) fixes the class and the answer letter.
+
+    With option_order "fixed" the options are always (A) violation, (B) physical and the slot fixes only the class.
+    """
     label, letter_index = SLOT_LABELS[slot // 2], slot % 2
     rng = np.random.default_rng(seed)
     for _ in range(MAX_ATTEMPTS):
@@ -157,9 +160,11 @@ def make_sample(seed: int, slot: int) -> Sample:
         hidden[vanish:, target] = True
     frames = render_frames(scene, trajectory, hidden)
     violation = label != "persists"
-    options, answer = options_with_answer(
-        [OPTION_TEXTS["violation"], OPTION_TEXTS["physical"]], 0 if violation else 1, letter_index, rng
-    )
+    texts = [OPTION_TEXTS["violation"], OPTION_TEXTS["physical"]]
+    if option_order == "fixed":
+        options, answer = fixed_options(texts, 0 if violation else 1)
+    else:
+        options, answer = options_with_answer(texts, 0 if violation else 1, letter_index, rng)
     return Sample(
         task=TASK,
         frames=frames,

@@ -10,6 +10,12 @@ import numpy as np
 from physreason.chat.mcq import OPTION_LETTERS, format_mcq
 
 SPLITS = ("train", "val", "test")
+# "shuffled": the correct option's letter is drawn per sample (balanced), the benchmark layout.
+# "fixed": every sample lists the same option texts in the same order, so the letter names the class;
+# classes stay balanced, so the order carries no hint. A model trained from scratch learns this far
+# sooner: with shuffled letters the answer depends on the clip and the option order jointly (an XOR),
+# and neither alone correlates with it.
+OPTION_ORDERS = ("shuffled", "fixed")
 TASK_IDS = {"arrow_of_time": 0, "spatial_puzzle": 1, "object_permanence": 2}
 MAX_INDEX = 2**32
 
@@ -63,6 +69,12 @@ def balanced_slot(base_seed: int, split: str, task: str, index: int, n_slots: in
     block, position = divmod(index, n_slots)
     rng = np.random.default_rng([base_seed, TASK_IDS[task], SPLITS.index(split), block])
     return int(rng.permutation(n_slots)[position])
+
+
+def fixed_options(texts: list[str], correct: int) -> tuple[dict[str, str], str]:
+    """Letter the option texts in the given order; the answer is the letter of texts[correct]."""
+    letters = OPTION_LETTERS[: len(texts)]
+    return dict(zip(letters, texts)), letters[correct]
 
 
 def options_with_answer(

@@ -14,7 +14,7 @@ import itertools
 import numpy as np
 
 from physreason.data.synth.render import render_frames
-from physreason.data.synth.sample import Sample, options_with_answer
+from physreason.data.synth.sample import Sample, fixed_options, options_with_answer
 from physreason.data.synth.scenarios import FPS, IRREVERSIBLE_BUILDERS, N_FRAMES
 from physreason.data.synth.scene import Scene
 from physreason.data.synth.simulate import Trajectory, simulate
@@ -24,6 +24,10 @@ POSITIONS = ("top-left", "top-right", "bottom-left", "bottom-right")  # reading 
 N_OPTIONS = 4
 N_SLOTS = N_OPTIONS  # the slot is the correct letter
 MAX_ATTEMPTS = 20
+# option_order "fixed": the four shuffles a clip may get, listed as options in this order. Each puts the
+# floor or the walls somewhere else (rows swapped; columns swapped; both; top-right and bottom-left
+# swapped), so static cues alone tell them apart. All are their own inverse: the arrangement is the shuffle.
+FIXED_SHUFFLES = ((2, 3, 0, 1), (1, 0, 3, 2), (3, 2, 1, 0), (0, 2, 1, 3))
 
 QUESTION = (
     "Each frame of this video was cut into a 2x2 grid of patches (top-left, top-right, bottom-left, bottom-right) "
@@ -116,19 +120,29 @@ def choose_scene(rng: np.random.Generator) -> tuple[str, Scene, Trajectory]:
     raise RuntimeError(f"spatial_puzzle: no {kind} scene joining the two halves in {MAX_ATTEMPTS} tries")
 
 
-def make_sample(seed: int, slot: int) -> Sample:
-    """Build the sample for scene `seed`; `slot` in [0, 4) is the correct option's letter."""
+def make_sample(seed: int, slot: int, option_order: str = "shuffled") -> Sample:
+    """Build the sample for scene `seed`; `slot` in [0, 4) is the correct option's letter.
+
+    option_order "shuffled": any of the 23 shuffles, three random wrong arrangements as distractors.
+    "fixed": the shuffle is FIXED_SHUFFLES[slot] and the options are always those four, in that order.
+    """
     rng = np.random.default_rng(seed)
     kind, scene, trajectory = choose_scene(rng)
     frames = render_frames(scene, trajectory)
-    permutations = [p for p in itertools.permutations(range(4)) if p != (0, 1, 2, 3)]
-    shown_from = permutations[rng.integers(len(permutations))]
+    if option_order == "fixed":
+        shown_from = FIXED_SHUFFLES[slot]
+    else:
+        permutations = [p for p in itertools.permutations(range(4)) if p != (0, 1, 2, 3)]
+        shown_from = permutations[rng.integers(len(permutations))]
     clip = shuffle_patches(frames, shown_from)
     arrangement = tuple(int(np.argsort(shown_from)[q]) for q in range(4))  # original position -> shown position
-    wrong = [p for p in itertools.permutations(range(4)) if p != arrangement]
-    distractors = [wrong[i] for i in rng.choice(len(wrong), size=N_OPTIONS - 1, replace=False)]
-    texts = [_describe(arrangement)] + [_describe(d) for d in distractors]
-    options, answer = options_with_answer(texts, 0, slot, rng)
+    if option_order == "fixed":
+        options, answer = fixed_options([_describe(a) for a in FIXED_SHUFFLES], slot)
+    else:
+        wrong = [p for p in itertools.permutations(range(4)) if p != arrangement]
+        distractors = [wrong[i] for i in rng.choice(len(wrong), size=N_OPTIONS - 1, replace=False)]
+        texts = [_describe(arrangement)] + [_describe(d) for d in distractors]
+        options, answer = options_with_answer(texts, 0, slot, rng)
     return Sample(
         task=TASK,
         frames=clip,
