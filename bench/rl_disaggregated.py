@@ -175,7 +175,12 @@ def run_colocated(config) -> None:
         # executor takes LOCAL_RANK's GPU and joins torchrun's group (tensor parallel 1: independent engines).
         engine = VLLMEngine(config.model, config.engine, distributed_executor_backend="external_launcher")
     run_grpo(config, engine)
-    if dist.is_initialized():
+    if engine is not None:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        # vLLM's groups live inside torchrun's: they go first, then torchrun's group with them.
+        cleanup_dist_env_and_memory()
+    elif dist.is_initialized():
         dist.destroy_process_group()
 
 

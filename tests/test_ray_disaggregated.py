@@ -83,6 +83,8 @@ def test_training_progresses_within_the_staleness_bound(recipe_factory):
     # Versions advance: the last step trained on groups made with weights newer than the first.
     assert max(v for _, v, _ in result.group_versions) >= 2
     assert result.last_checkpoint is not None and result.last_checkpoint.name == "step_4"
+    assert any("policy ranks on GPUs" in event for event in result.events)
+    assert any("rollout replica 0 loaded its engine" in event for event in result.events)
     lines = (Path(config.train.output_dir) / "logs" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]
 

@@ -532,6 +532,8 @@ class Controller:
 
         self.progress = None
         try:
+            # Rollout engines start loading first, so their start-up overlaps the policy's.
+            self._top_up_rollouts()
             self._start_policy(self.config.train.resume)
             self.progress = tqdm(total=self.total_steps, initial=self.step, desc="grpo (disaggregated)", dynamic_ncols=True)
             self._window = _StepWindow()
