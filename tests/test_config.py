@@ -70,7 +70,7 @@ def test_missing_file_says_so(tmp_path):
 def test_overrides_are_typed_and_nested(tmp_path):
     config = load_config(
         write(tmp_path, "[train]\nepoch = 2\n"),
-        ["train.epoch=5", "train.optm_lr=2e-6", 'model.model_name_or_path=/models/x', "logging.logger=['jsonl']"],
+        ["train.epoch=5", "train.optm_lr=2e-6", "model.model_name_or_path=/models/x", "logging.logger=['jsonl']"],
     )
     assert config.train.epoch == 5
     assert config.train.optm_lr == pytest.approx(2e-6)
@@ -88,7 +88,10 @@ def test_overrides_are_typed_and_nested(tmp_path):
         ("train.nope=1", "train.nope: unknown key"),
         ("grpo.reward_function.accuracy.x=1", "grpo.reward_function.accuracy is a value, not a section"),
         ("grpo.reward_function.accuracy=high", r"grpo.reward_function.accuracy: .*number.*'high'"),
-        ("grpo.reward_functions.accuracy=2", r"grpo.reward_functions: unknown key.*Allowed keys in \[grpo\]:.*reward_function"),
+        (
+            "grpo.reward_functions.accuracy=2",
+            r"grpo.reward_functions: unknown key.*Allowed keys in \[grpo\]:.*reward_function",
+        ),
     ],
 )
 def test_bad_override_is_explained(override, match):
@@ -112,7 +115,10 @@ def test_table_replaces_a_dict_field_whole(tmp_path):
     assert load_config(None, ["grpo.reward_function={accuracy = 3}"]).grpo.reward_function == {"accuracy": 3.0}
     path = write(tmp_path, "[grpo.reward_function]\naccuracy = 1.0\n")
     assert load_config(path).grpo.reward_function == {"accuracy": 1.0}
-    assert load_config(path, ["grpo.reward_function.format=0.5"]).grpo.reward_function == {"accuracy": 1.0, "format": 0.5}
+    assert load_config(path, ["grpo.reward_function.format=0.5"]).grpo.reward_function == {
+        "accuracy": 1.0,
+        "format": 0.5,
+    }
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,14 @@ app = typer.Typer(help="Validate and print TOML recipes.", no_args_is_help=True)
 @app.command("show")
 def show(
     path: Path | None = typer.Argument(None, help="TOML recipe; omit for the defaults."),
-    overrides: list[str] = typer.Option([], "--set", help="Override a key: --set train.optm_lr=2e-6 (repeatable)."),
+    overrides: list[str] = typer.Option(
+        [],
+        "--set",
+        help=(
+            "Override a key: --set train.optm_lr=2e-6 (repeatable). A dotted key changes one entry of a table "
+            "(grpo.reward_function.format=0.5); a table value replaces it ('grpo.reward_function={accuracy=1}')."
+        ),
+    ),
 ) -> None:
     """Validate a recipe (with overrides) and print every setting, defaults included."""
     config = load_config(path, overrides)

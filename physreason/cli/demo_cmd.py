@@ -8,7 +8,9 @@ import typer
 
 
 def demo(
-    out: Path = typer.Option(Path("demo-out"), help="Folder for the model, data, checkpoints and results (reruns reuse it)."),
+    out: Path = typer.Option(
+        Path("demo-out"), help="Folder for the model, data, checkpoints and results (reruns reuse it)."
+    ),
     train_per_task: int = typer.Option(60, help="Generated training clips per task."),
     test_per_task: int = typer.Option(30, help="Generated held-out clips per task."),
     sft_steps: int = typer.Option(80, help="SFT optimizer steps."),
@@ -19,5 +21,7 @@ def demo(
 
     run_demo(
         out,
-        DemoSizes(train_per_task=train_per_task, test_per_task=test_per_task, sft_steps=sft_steps, grpo_steps=grpo_steps),
+        DemoSizes(
+            train_per_task=train_per_task, test_per_task=test_per_task, sft_steps=sft_steps, grpo_steps=grpo_steps
+        ),
     )

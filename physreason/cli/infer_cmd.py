@@ -15,21 +15,35 @@ console = Console()
 
 
 def infer(
-    model: str | None = typer.Option(None, "--model", "-m", help="Hub id (nvidia/Cosmos-Reason1-7B) or local model folder."),
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="Hub id (nvidia/Cosmos-Reason1-7B) or local model folder."
+    ),
     video: list[Path] = typer.Option([], "--video", "-v", help="Video file or file:// URL (repeatable)."),
     image: list[Path] = typer.Option([], "--image", "-i", help="Image file: jpg, png, webp (repeatable)."),
     question: str | None = typer.Option(None, "--question", "-q", help="What to ask about the media."),
-    jsonl: Path | None = typer.Option(None, "--jsonl", help="Batch input: one {\"id\", \"question\", \"video\"|\"image\"} per line."),
+    jsonl: Path | None = typer.Option(
+        None, "--jsonl", help='Batch input: one {"id", "question", "video"|"image"} per line.'
+    ),
     out: Path | None = typer.Option(None, "--out", help="Batch output JSONL; rerunning skips ids already there."),
-    media_root: Path | None = typer.Option(None, help="Folder batch media paths are relative to (default: the JSONL's folder)."),
-    config: Path | None = typer.Option(None, "--config", "-c", help="TOML recipe with [model], [engine], [vision], [generation]."),
-    overrides: list[str] = typer.Option([], "--set", help="Override a config key: --set generation.top_p=0.9 (repeatable)."),
+    media_root: Path | None = typer.Option(
+        None, help="Folder batch media paths are relative to (default: the JSONL's folder)."
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="TOML recipe with [model], [engine], [vision], [generation]."
+    ),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="Override a config key: --set generation.top_p=0.9 (repeatable)."
+    ),
     engine: str | None = typer.Option(None, help="Engine: auto (vLLM when installed), vllm or hf."),
     fps: float | None = typer.Option(None, help="Frames per second sampled from videos [default: 4]."),
     max_pixels: int | None = typer.Option(None, help="Largest pixels per frame after resizing."),
     total_pixels: int | None = typer.Option(None, help="Pixel budget of a whole video, shared over its frames."),
-    timestamps: bool | None = typer.Option(None, "--timestamps/--no-timestamps", help="Draw each frame's time under it."),
-    reasoning: bool = typer.Option(True, "--reasoning/--no-reasoning", help="Ask for <think> reasoning before the answer."),
+    timestamps: bool | None = typer.Option(
+        None, "--timestamps/--no-timestamps", help="Draw each frame's time under it."
+    ),
+    reasoning: bool = typer.Option(
+        True, "--reasoning/--no-reasoning", help="Ask for <think> reasoning before the answer."
+    ),
     temperature: float | None = typer.Option(None, help="Sampling temperature; 0 is greedy [default: 0.6]."),
     top_p: float | None = typer.Option(None, help="Nucleus mass [default: 0.95]."),
     top_k: int | None = typer.Option(None, help="Keep the k likeliest tokens; -1 keeps all."),
@@ -50,16 +64,30 @@ def infer(
     from physreason.infer import build_request, result_record, run_batch
 
     flags = {
-        "model.model_name_or_path": model, "model.dtype": dtype, "engine.backend": engine,
-        "engine.tensor_parallel_size": tensor_parallel_size, "engine.gpu_memory_utilization": gpu_memory_utilization,
-        "engine.max_model_len": max_model_len, "engine.enforce_eager": enforce_eager,
-        "vision.fps": fps, "vision.max_pixels": max_pixels, "vision.total_pixels": total_pixels, "vision.timestamps": timestamps,
-        "generation.temperature": temperature, "generation.top_p": top_p, "generation.top_k": top_k,
-        "generation.repetition_penalty": repetition_penalty, "generation.max_tokens": max_tokens,
-        "generation.seed": seed, "generation.n": n,
+        "model.model_name_or_path": model,
+        "model.dtype": dtype,
+        "engine.backend": engine,
+        "engine.tensor_parallel_size": tensor_parallel_size,
+        "engine.gpu_memory_utilization": gpu_memory_utilization,
+        "engine.max_model_len": max_model_len,
+        "engine.enforce_eager": enforce_eager,
+        "vision.fps": fps,
+        "vision.max_pixels": max_pixels,
+        "vision.total_pixels": total_pixels,
+        "vision.timestamps": timestamps,
+        "generation.temperature": temperature,
+        "generation.top_p": top_p,
+        "generation.top_k": top_k,
+        "generation.repetition_penalty": repetition_penalty,
+        "generation.max_tokens": max_tokens,
+        "generation.seed": seed,
+        "generation.n": n,
     }
-    flag_overrides = [f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}"
-                      for k, v in flags.items() if v is not None]
+    flag_overrides = [
+        f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}"
+        for k, v in flags.items()
+        if v is not None
+    ]
     cfg = load_config(config, [*overrides, *flag_overrides])
     if jsonl is None and question is None:
         raise PhysReasonError("give --question with --video/--image, or --jsonl IN --out OUT for a batch")
@@ -71,17 +99,26 @@ def infer(
     if jsonl is not None:
         generator = create_engine(cfg.model, cfg.engine)
         summary = run_batch(
-            generator, jsonl, out, sampling=cfg.generation, vision=cfg.vision, reasoning=reasoning,
-            media_root=media_root, batch_size=cfg.engine.batch_size,
+            generator,
+            jsonl,
+            out,
+            sampling=cfg.generation,
+            vision=cfg.vision,
+            reasoning=reasoning,
+            media_root=media_root,
+            batch_size=cfg.engine.batch_size,
         )
         console.print(
-            f"{summary.done} answered ({summary.failed} failed), {summary.skipped} already in {out}, {summary.total} in all"
+            f"{summary.done} answered ({summary.failed} failed), {summary.skipped} already in {out}, "
+            f"{summary.total} in all"
         )
         return
     # Media are decoded before the model loads, so a bad path fails in a second, not after a minute.
-    request = build_request(question, videos=video, images=image, vision=cfg.vision, reasoning=reasoning, request_id="0")
+    request = build_request(
+        question, videos=video, images=image, vision=cfg.vision, reasoning=reasoning, request_id="0"
+    )
     generator = create_engine(cfg.model, cfg.engine)
-    (result,) = generator.generate([request], cfg.generation)
+    (result,) = generator.generate([request], cfg.generation, logprobs=False)
     record = result_record(result)
     if as_json:
         typer.echo(json.dumps(record, ensure_ascii=False, indent=2))

@@ -10,7 +10,9 @@ import typer
 
 def sft(
     config: Path = typer.Option(..., "--config", "-c", help="TOML recipe (see configs/sft_tiny.toml)."),
-    overrides: list[str] = typer.Option([], "--set", help="Override a key, e.g. --set train.optm_lr=2e-6 (repeatable)."),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="Override a key, e.g. --set train.optm_lr=2e-6 (repeatable)."
+    ),
 ) -> None:
     """Fine-tune a model on conversation records; launch with torchrun for FSDP2 over several GPUs."""
     import torch.distributed as dist

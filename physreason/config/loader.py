@@ -99,7 +99,11 @@ def _explain(error: ValidationError, source: str) -> ConfigError:
             hints = _moved_hints(key, item.get("input"))
             allowed = _section_keys(loc[:-1])
             hint = f" ({'; '.join(hints)})" if hints else ""
-            allowed_text = f" Allowed keys in [{'.'.join(map(str, loc[:-1])) or 'top level'}]: {', '.join(allowed)}." if allowed else ""
+            allowed_text = (
+                f" Allowed keys in [{'.'.join(map(str, loc[:-1])) or 'top level'}]: {', '.join(allowed)}."
+                if allowed
+                else ""
+            )
             lines.append(f"  {key}: unknown key{hint}.{allowed_text}")
         else:
             got = item.get("input")
@@ -124,6 +128,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return [p.strip() for p in parts], value
 
 
+def _not_a_section(text: str, parts: list[str], index: int) -> ConfigError:
+    """The error for an override whose key path goes below the plain value at parts[index]."""
+    value_key = ".".join(parts[: index + 1])
+    return ConfigError(
+        f"override {text!r}: {value_key} is a value, not a section, so it has no key {parts[index + 1]!r}"
+    )
+
+
 def _check_override_path(parts: list[str], text: str) -> None:
     """Refuse a key path that goes below a plain value (e.g. train.epoch.x), before anything is applied."""
     model: type[BaseModel] | None = Config
@@ -135,9 +147,7 @@ def _check_override_path(parts: list[str], text: str) -> None:
         model = _field_section(model, part)
         is_table = model is not None or any(getattr(c, "__origin__", None) is dict or c is dict for c in candidates)
         if not is_table:
-            raise ConfigError(
-                f"override {text!r}: {'.'.join(parts[: i + 1])} is a value, not a section, so it has no key {parts[i + 1]!r}"
-            )
+            raise _not_a_section(text, parts, i)
 
 
 def _apply_override(data: dict[str, Any], parts: list[str], value: Any, text: str) -> None:
@@ -153,9 +163,7 @@ def _apply_override(data: dict[str, Any], parts: list[str], value: Any, text: st
         if child is None:  # absent, or an optional section left at None (plain values were refused above)
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise ConfigError(
-                f"override {text!r}: {'.'.join(parts[: i + 1])} is a value, not a section, so it has no key {parts[i + 1]!r}"
-            )
+            raise _not_a_section(text, parts, i)
         node = child
     node[parts[-1]] = _merge(node.get(parts[-1]), value, _section_at(parts))
 

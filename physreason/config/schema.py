@@ -56,7 +56,9 @@ class VisionConfig(Section):
     fps: float = Field(4.0, gt=0.0, description="Frames per second sampled from each video.")
     min_frames: int = Field(4, ge=2, description="Fewest frames sampled from a video (rounded up to even).")
     max_frames: int = Field(768, ge=2, description="Most frames sampled from a video (rounded down to even).")
-    min_pixels: int = Field(128 * 28 * 28, gt=0, description="Smallest area (pixels) of one video frame after resizing.")
+    min_pixels: int = Field(
+        128 * 28 * 28, gt=0, description="Smallest area (pixels) of one video frame after resizing."
+    )
     max_pixels: int = Field(768 * 28 * 28, gt=0, description="Largest area (pixels) of one video frame after resizing.")
     total_pixels: int = Field(
         8192 * 28 * 28,
@@ -64,7 +66,9 @@ class VisionConfig(Section):
         description="Pixel budget of a whole video, shared over its frames (8192*28*28 is about 8k visual tokens).",
     )
     image_min_pixels: int = Field(4 * 28 * 28, gt=0, description="Smallest area (pixels) of an image after resizing.")
-    image_max_pixels: int = Field(16384 * 28 * 28, gt=0, description="Largest area (pixels) of an image after resizing.")
+    image_max_pixels: int = Field(
+        16384 * 28 * 28, gt=0, description="Largest area (pixels) of an image after resizing."
+    )
     timestamps: bool = Field(False, description="Draw each frame's time under it in a 28-pixel black bar.")
 
     @model_validator(mode="after")
@@ -86,7 +90,9 @@ class EngineConfig(Section):
     backend: Literal["auto", "vllm", "hf"] = Field("auto", description="'auto' uses vLLM when it is importable.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine spans (vLLM).")
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="Fraction of GPU memory vLLM may take.")
-    max_model_len: int | None = Field(None, gt=0, description="Context length of the engine; None uses model_max_length.")
+    max_model_len: int | None = Field(
+        None, gt=0, description="Context length of the engine; None uses model_max_length."
+    )
     limit_mm_per_prompt: dict[str, int] = Field(
         default_factory=lambda: {"image": 4, "video": 1}, description="Most images/videos in one prompt (vLLM)."
     )
@@ -113,7 +119,9 @@ class DataConfig(Section):
 
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     val_dataset: DatasetConfig | None = Field(None, description="Held-out split for validation loss; None = none.")
-    val_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of the train set held out when no val_dataset.")
+    val_fraction: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Fraction of the train set held out when no val_dataset."
+    )
     conversation_column_name: str = Field("conversations", description="Record key holding the chat turns (SFT).")
     shuffle: bool = Field(True, description="Shuffle the training order each epoch.")
     packing: bool = Field(False, description="Pack several samples into one sequence (no attention across samples).")
@@ -142,14 +150,20 @@ class TrainConfig(Section):
     """[train]: optimisation, schedule and run layout, shared by SFT and GRPO."""
 
     output_dir: str = Field("./outputs", description="Folder for checkpoints, logs and exports.")
-    resume: bool | str = Field(False, description="true resumes from the latest checkpoint in output_dir; a path resumes from it.")
+    resume: bool | str = Field(
+        False, description="true resumes from the latest checkpoint in output_dir; a path resumes from it."
+    )
     seed: int = Field(42, description="Seed for data order, initialisation and sampling.")
     epoch: int = Field(1, ge=1, description="Passes over the training data.")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epoch).")
     train_batch_per_replica: int = Field(
-        8, ge=1, description="SFT: samples per optimizer step; GRPO: completions per step (a multiple of n_generation x dp)."
+        8,
+        ge=1,
+        description="SFT: samples per optimizer step; GRPO: completions per step (a multiple of n_generation x dp).",
     )
-    mini_batch: int = Field(1, ge=1, description="Samples per forward pass on one device (gradient accumulation fills the rest).")
+    mini_batch: int = Field(
+        1, ge=1, description="Samples per forward pass on one device (gradient accumulation fills the rest)."
+    )
     optm_name: Literal["AdamW"] = Field("AdamW", description="Optimizer.")
     optm_lr: float = Field(1e-5, gt=0.0, description="Peak learning rate.")
     optm_weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay.")
@@ -196,23 +210,36 @@ class GRPOConfig(Section):
 
     epsilon_low: float = Field(0.2, ge=0.0, description="Lower clip range of the probability ratio.")
     epsilon_high: float = Field(0.2, ge=0.0, description="Upper clip range of the probability ratio.")
-    dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip constant c (> 1) for negative advantages; None = off.")
-    kl_beta: float = Field(0.0, ge=0.0, description="Weight of the k3 KL penalty to the reference model; 0 loads no reference.")
-    advantage: Literal["grpo", "drgrpo"] = Field("grpo", description="'grpo' divides by the group std; 'drgrpo' does not.")
+    dual_clip: float | None = Field(
+        None, gt=1.0, description="Dual-clip constant c (> 1) for negative advantages; None = off."
+    )
+    kl_beta: float = Field(
+        0.0, ge=0.0, description="Weight of the k3 KL penalty to the reference model; 0 loads no reference."
+    )
+    advantage: Literal["grpo", "drgrpo"] = Field(
+        "grpo", description="'grpo' divides by the group std; 'drgrpo' does not."
+    )
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
         "token-mean", description="How per-token losses are reduced."
     )
     mu_iterations: int = Field(1, ge=1, description="Optimizer passes over each rollout batch.")
     mini_batch: int = Field(4, ge=1, description="Samples per forward pass in the policy update.")
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and draw more prompts.")
-    max_dynamic_sampling_rounds: int = Field(8, ge=1, description="Most extra prompt draws per step with dynamic sampling.")
+    max_dynamic_sampling_rounds: int = Field(
+        8, ge=1, description="Most extra prompt draws per step with dynamic sampling."
+    )
     reference_model_path: str | None = Field(
-        None, description="KL reference model (hub id or folder); None uses model.model_name_or_path. Loaded only if kl_beta > 0."
+        None,
+        description=(
+            "KL reference model (hub id or folder); None uses model.model_name_or_path. Loaded only if kl_beta > 0."
+        ),
     )
     answer_type: Literal["grpo", "reasoning", "letter"] = Field(
         "grpo", description="Prompt wording: Cosmos-Reason1's RL recipe ('grpo'), or the benchmark's reasoning/letter."
     )
-    shuffle_options: bool = Field(True, description="Reshuffle multiple-choice options per sample, remapping the answer.")
+    shuffle_options: bool = Field(
+        True, description="Reshuffle multiple-choice options per sample, remapping the answer."
+    )
     reward_function: dict[str, float] = Field(
         default_factory=lambda: {"accuracy": 1.0, "format": 1.0}, description="Reward name -> weight."
     )
@@ -222,7 +249,9 @@ class GRPOConfig(Section):
     kl_importance_correction: bool = Field(
         False, description="Weight the k3 KL term by the policy/old ratio (TRL's use_bias_correction_kl)."
     )
-    mode: Literal["colocated", "disaggregated"] = Field("colocated", description="Share GPUs, or separate replicas on Ray.")
+    mode: Literal["colocated", "disaggregated"] = Field(
+        "colocated", description="Share GPUs, or separate replicas on Ray."
+    )
     allowed_outdated_steps: int = Field(1, ge=0, description="Disaggregated: oldest weight version a rollout may use.")
 
 
@@ -240,15 +269,21 @@ class EvalConfig(Section):
     """[eval]: benchmark evaluation."""
 
     benchmark_root: str = Field("", description="Folder holding <name>/<name>_benchmark_qa_pairs.json per dataset.")
-    datasets: list[str] = Field(default_factory=list, description="Dataset names under benchmark_root (or JSONL paths).")
-    answer_type: Literal["reasoning", "letter"] = Field("reasoning", description="Think then answer, or the letter only.")
+    datasets: list[str] = Field(
+        default_factory=list, description="Dataset names under benchmark_root (or JSONL paths)."
+    )
+    answer_type: Literal["reasoning", "letter"] = Field(
+        "reasoning", description="Think then answer, or the letter only."
+    )
     num_repeats: int = Field(1, ge=1, description="Independent runs with different seeds; mean and std are reported.")
     seed: int = Field(1, description="Seed of the first repeat; repeat k uses seed + k.")
     model_name: str | None = Field(
         None, description="Name of the results folder for this model; None derives it from model_name_or_path."
     )
     limit: int | None = Field(None, gt=0, description="Evaluate at most this many questions per data set (debugging).")
-    results_dir: str = Field("./results", description="Per-sample results go under <results_dir>/<model>/<answer_type>/<dataset>/.")
+    results_dir: str = Field(
+        "./results", description="Per-sample results go under <results_dir>/<model>/<answer_type>/<dataset>/."
+    )
     num_gpus: int = Field(1, ge=1, description="GPUs used in all; shards = num_gpus / tp_size.")
     tp_size: int = Field(1, ge=1, description="GPUs per engine.")
 
