@@ -5,10 +5,13 @@ The model code is never changed; these functions wrap or shard modules in place,
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from physreason.errors import ConfigError
 from physreason.models.loading import decoder_layers, vision_tower
@@ -33,13 +36,22 @@ def freeze_vision_tower(model: nn.Module) -> int:
     return count
 
 
-def enable_activation_checkpointing(model: nn.Module) -> None:
-    """Recompute each decoder (and vision) block in backward; non-reentrant so FSDP2 and frozen inputs work."""
+def enable_activation_checkpointing(model: nn.Module, every: int = 1) -> None:
+    """Recompute decoder (and vision) blocks in backward; non-reentrant so FSDP2 and frozen inputs work.
+
+    every = n keeps checkpointing on decoder blocks 0, n, 2n, ... only (selective checkpointing: memory for
+    speed); vision blocks are always checkpointed. every = 1 checkpoints every block.
+    """
+    if every < 1:
+        raise ConfigError(f"activation checkpointing every {every} blocks: use 1 or more (or turn checkpointing off)")
     options = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the older name is deprecated there
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+    # transformers' GradientCheckpointingLayer recomputes a block only while its own flag is set
+    for index, block in enumerate(decoder_layers(model)):
+        block.gradient_checkpointing = index % every == 0
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
@@ -88,3 +100,32 @@ def apply_fsdp2(
     for block in decoder_layers(model):
         fully_shard(block, mesh=dp_mesh, mp_policy=policy)
     fully_shard(wrapper, mesh=dp_mesh, mp_policy=policy)
+
+
+def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Scale gradients so their global L2 norm is at most max_norm (0: never); returns the norm before (0-dim, fp32).
+
+    Gradients may be plain tensors or DTensors on different meshes: under TP the decoder blocks live on the
+    (dp, tp) mesh while embeddings, norms and the vision tower are sharded on the dp mesh alone. torch's
+    clip_grad_norm_ stacks all per-tensor norms into one tensor, which fails across meshes, so each mesh's
+    norm is first reduced to a full (replicated) value.
+    """
+    by_mesh: dict[DeviceMesh | None, list[nn.Parameter]] = {}
+    for parameter in parameters:
+        if parameter.grad is not None:
+            mesh = parameter.grad.device_mesh if isinstance(parameter.grad, DTensor) else None
+            by_mesh.setdefault(mesh, []).append(parameter)
+    if not by_mesh:
+        return torch.zeros((), dtype=torch.float32)
+    squares = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        squares.append(norm.float().square())
+    device = squares[0].device
+    total = torch.stack([square.to(device) for square in squares]).sum().sqrt()  # []
+    if max_norm > 0:
+        for group in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return total

@@ -125,6 +125,11 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
 
 def batch_layout(config: Config, world_size: int, tp_size: int) -> tuple[int, int]:
     """(samples per rank per step, micro-batches per step) from the global batch and mini_batch."""
+    if world_size % tp_size:
+        raise ConfigError(
+            f"policy.parallelism.tp_size ({tp_size}) must divide the number of processes ({world_size}); "
+            f"launch with torchrun --nproc-per-node a multiple of {tp_size}"
+        )
     dp = world_size // tp_size
     global_batch, mini = config.train.train_batch_per_replica, config.train.mini_batch
     if global_batch % (dp * mini):
@@ -180,12 +185,16 @@ class MicroBatches:
         return batches
 
 
-def all_reduce_sum(value: float, runtime: Runtime) -> float:
-    """Sum of `value` over all ranks (the value itself in a single process)."""
+def all_reduce_sum(value: float, runtime: Runtime, group: dist.ProcessGroup | None = None) -> float:
+    """Sum of `value` over the ranks of `group` (all ranks when None; the value itself in a single process).
+
+    Under tensor parallelism the ranks of one TP group hold the same batch, so batch totals are summed
+    over the data-parallel group only.
+    """
     if not runtime.distributed:
         return value
     tensor = torch.tensor([value], dtype=torch.float64, device=runtime.device)
-    dist.all_reduce(tensor)
+    dist.all_reduce(tensor, group=group)
     return float(tensor.item())
 
 
@@ -205,9 +214,13 @@ def train_step(
     dp_size: int,
     clip: float,
     autocast: Any,
+    dp_group: dist.ProcessGroup | None = None,
 ) -> tuple[float, float]:
-    """One optimizer step over the micro-batches; returns (global token-mean loss, grad norm)."""
-    targets = all_reduce_sum(sum(b.num_targets for b in micro_batches), runtime)
+    """One optimizer step over the micro-batches; returns (global token-mean loss, grad norm).
+
+    dp_group: the data-parallel process group (None: all ranks, i.e. no tensor parallelism).
+    """
+    targets = all_reduce_sum(sum(b.num_targets for b in micro_batches), runtime, dp_group)
     # FSDP averages gradients over data-parallel ranks; multiplying by dp_size makes the result the
     # gradient of (sum of token losses / all target tokens of the global batch).
     scale = dp_size / max(targets, 1.0)
@@ -221,22 +234,28 @@ def train_step(
             loss = module(batch.to(runtime.device))
         (loss * scale).backward()
         loss_sum += float(loss.detach())
-    norm = torch.nn.utils.clip_grad_norm_(
-        [p for p in module.parameters() if p.requires_grad], clip if clip > 0 else float("inf")
-    )
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
+    norm = parallelize.clip_grad_norm([p for p in module.parameters() if p.requires_grad], clip)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return all_reduce_sum(loss_sum, runtime) / max(targets, 1.0), float(norm)
+    return all_reduce_sum(loss_sum, runtime, dp_group) / max(targets, 1.0), float(norm)
 
 
 @torch.no_grad()
-def validation_loss(module: torch.nn.Module, dataset: SFTDataset, collate, runtime: Runtime, mini_batch: int, autocast) -> float:
-    """Token-mean loss over the whole validation set, split over ranks."""
+def validation_loss(
+    module: torch.nn.Module,
+    dataset: SFTDataset,
+    collate,
+    runtime: Runtime,
+    mini_batch: int,
+    autocast,
+    tp_size: int = 1,
+    dp_group: dist.ProcessGroup | None = None,
+) -> float:
+    """Token-mean loss over the whole validation set, split over data-parallel ranks (a TP group shares its part)."""
     module.eval()
-    indices = list(range(runtime.rank, len(dataset), runtime.world_size))
+    dp_rank, dp_size = runtime.rank // tp_size, runtime.world_size // tp_size
+    indices = list(range(dp_rank, len(dataset), dp_size))
     loader = DataLoader(dataset, batch_size=mini_batch, sampler=indices, collate_fn=collate)
     total, count = 0.0, 0
     for batch in loader:
@@ -245,7 +264,7 @@ def validation_loss(module: torch.nn.Module, dataset: SFTDataset, collate, runti
                 total += float(module(batch.to(runtime.device)))
             count += batch.num_targets
     module.train()
-    return all_reduce_sum(total, runtime) / max(all_reduce_sum(count, runtime), 1.0)
+    return all_reduce_sum(total, runtime, dp_group) / max(all_reduce_sum(count, runtime, dp_group), 1.0)
 
 
 def run_sft(config: Config) -> SFTResult:
@@ -282,10 +301,12 @@ def run_sft(config: Config) -> SFTResult:
         parallelize.freeze_vision_tower(model)
     if train_cfg.gradient_checkpointing:
         parallelize.enable_activation_checkpointing(model)
-    module = CausalLMLoss(model, config.train.loss_chunk_size)
+    module = CausalLMLoss(model, config.train.loss_chunk_size, balance_vision=runtime.distributed)
     param_dtype = loading.DTYPES[train_cfg.param_dtype]
+    dp_group = None
     if runtime.distributed:
         mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, tp)
+        dp_group = mesh["dp"].get_group()
         if tp > 1:
             parallelize.apply_tensor_parallel(model, mesh["tp"])
         model.to(runtime.device)
@@ -323,8 +344,10 @@ def run_sft(config: Config) -> SFTResult:
             for batch in micro:
                 result.skipped.update(batch.skipped)
             lr = scheduler.get_last_lr()[0]
-            tokens = all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime)
-            loss, norm = train_step(module, micro, optimizer, scheduler, runtime, dp_size, train_cfg.optm_grad_norm_clip, autocast)
+            tokens = all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime, dp_group)
+            loss, norm = train_step(
+                module, micro, optimizer, scheduler, runtime, dp_size, train_cfg.optm_grad_norm_clip, autocast, dp_group
+            )
             step += 1
             elapsed = time.perf_counter() - started
             result.losses.append(loss)
@@ -336,7 +359,9 @@ def run_sft(config: Config) -> SFTResult:
                 metrics.log(step, {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm,
                                    "train/tokens_per_s": tokens / elapsed, **skipped})
             if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):
-                result.val_losses[step] = validation_loss(module, val_set, collate, runtime, train_cfg.mini_batch, autocast)
+                result.val_losses[step] = validation_loss(
+                    module, val_set, collate, runtime, train_cfg.mini_batch, autocast, tp, dp_group
+                )
                 metrics.log(step, {"val/loss": result.val_losses[step]})
             if ckpt.enable_checkpoint and (step % ckpt.save_freq == 0 or step == total_steps):
                 state = {"step": step, "skipped": dict(result.skipped)}

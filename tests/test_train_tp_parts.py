@@ -1,0 +1,89 @@
+"""The pieces tensor parallelism and FSDP2 rely on, in one process: clipping, vision balancing, layouts, checkpointing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from physreason.config import load_config
+from physreason.data.collate import collate_padded
+from physreason.data.sft import IGNORE_INDEX, SFTSample
+from physreason.errors import ConfigError
+from physreason.models.loading import decoder_layers, vision_tower
+from physreason.models.parallelize import clip_grad_norm, enable_activation_checkpointing
+from physreason.models.tiny import build_tiny_model, build_tiny_tokenizer
+from physreason.train.model import CausalLMLoss
+from physreason.train.sft import batch_layout
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tokenizer = build_tiny_tokenizer()
+    return tokenizer, build_tiny_model("qwen2_5_vl", tokenizer)
+
+
+def _text_batch(tokenizer):
+    ids = torch.arange(10, 40)
+    labels = ids.clone()
+    labels[:8] = IGNORE_INDEX
+    return collate_padded([SFTSample(ids, labels, torch.arange(30).expand(3, -1))], tokenizer.pad_token_id, mrope=True)
+
+
+def test_clip_grad_norm_matches_torch_on_plain_tensors():
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(5, 3)) for _ in range(3)]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    for a, b in zip(ours, theirs, strict=True):
+        a.grad = torch.randn_like(a)
+        b.grad = a.grad.clone()
+    expected = torch.nn.utils.clip_grad_norm_(theirs, 0.5)
+    norm = clip_grad_norm(ours, 0.5)
+    assert torch.allclose(norm, expected)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(a.grad, b.grad)
+    assert torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in ours])) == pytest.approx(0.5, rel=1e-4)
+
+
+def test_clip_grad_norm_zero_only_measures():
+    parameter = torch.nn.Parameter(torch.zeros(4))
+    parameter.grad = torch.full((4,), 3.0)
+    assert float(clip_grad_norm([parameter], 0.0)) == pytest.approx(6.0)
+    assert torch.equal(parameter.grad, torch.full((4,), 3.0))
+
+
+def test_balanced_vision_runs_the_tower_for_images_and_videos_on_a_text_batch_without_changing_the_loss(tiny):
+    tokenizer, model = tiny
+    batch = _text_batch(tokenizer)
+    calls = []
+    hook = vision_tower(model).register_forward_hook(lambda *_: calls.append(1))
+    try:
+        plain = CausalLMLoss(model)(batch)
+        assert calls == []
+        balanced = CausalLMLoss(model, balance_vision=True)(batch)
+    finally:
+        hook.remove()
+    assert len(calls) == 2
+    assert torch.equal(plain, balanced)
+    model.zero_grad(set_to_none=True)
+    balanced.backward()
+    tower_grads = [p.grad for p in vision_tower(model).parameters()]
+    # every rank's tower takes part in backward too (so FSDP2 reduce-scatters match), with zero gradient
+    assert all(g is not None and not g.any() for g in tower_grads)
+    model.zero_grad(set_to_none=True)
+
+
+def test_tp_size_that_does_not_divide_the_processes_is_a_config_error():
+    config = load_config(None, ["policy.parallelism.tp_size=2", "train.train_batch_per_replica=4"])
+    with pytest.raises(ConfigError, match="tp_size"):
+        batch_layout(config, 1, 2)
+    assert batch_layout(config, 4, 2) == (2, 2)
+
+
+def test_selective_activation_checkpointing_marks_every_nth_decoder_block():
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model("qwen2_5_vl", tokenizer)
+    enable_activation_checkpointing(model, every=2)
+    flags = [block.gradient_checkpointing for block in decoder_layers(model)]
+    assert flags == [i % 2 == 0 for i in range(len(flags))] and len(flags) >= 2
+    with pytest.raises(ConfigError):
+        enable_activation_checkpointing(model, every=0)
