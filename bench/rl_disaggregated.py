@@ -57,11 +57,21 @@ NCCL_SOCKET_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 
 
 def build_model(folder: Path, tiny: bool) -> Path:
-    """The 3B-shape random model of bench/grpo_step.py (or the tiny model), written once under `folder`."""
+    """The 3B-shape random model of bench/grpo_step.py (or the tiny model), written once under `folder`.
+
+    Built in a child process: the model is initialised on a GPU, and memory this process kept cached there
+    would be missing to the modes' vLLM engines, which check for free memory at start.
+    """
+    command = [sys.executable, str(Path(__file__).resolve()), "--build-model", str(folder)]
+    subprocess.run(command + (["--tiny"] if tiny else []), check=True)
+    return folder
+
+
+def build_model_child(folder: Path, tiny: bool) -> None:
     sys.path.insert(0, str(BENCH))
     from grpo_step import build_model as build
 
-    return build(folder, tiny)
+    build(folder, tiny)
 
 
 def build_data(folder: Path, count: int, workers: int) -> Path:
@@ -438,12 +448,16 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=480.0, help="seconds for everything; modes share what is left")
     parser.add_argument("--synth-workers", type=int, default=8)
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CONFIG"), help=argparse.SUPPRESS)
+    parser.add_argument("--build-model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     for key, value in BASE_ENV.items():
         os.environ.setdefault(key, value)
     if args.child:
         run_child(args.child[0], Path(args.child[1]), args.gpus)
+        return
+    if args.build_model:
+        build_model_child(args.build_model, args.tiny)
         return
     deadline = time.time() + args.time_limit
     args.engine = args.engine or ("hf" if args.tiny else "vllm")
