@@ -181,16 +181,13 @@ def run_colocated(config) -> None:
     if config.engine.backend == "vllm" and runtime.world_size > 1:
         from physreason.engines.vllm import VLLMEngine
 
-        # vLLM's default in-process executor puts its worker on cuda:0 in every rank; the external launcher
-        # executor takes LOCAL_RANK's GPU and joins torchrun's group (tensor parallel 1: independent engines).
-        engine = VLLMEngine(config.model, config.engine, distributed_executor_backend="external_launcher")
+        engine = VLLMEngine(config.model, config.engine)  # under torchrun: each rank's engine on its own GPU
     run_grpo(config, engine)
     if engine is not None:
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+        from physreason.engines import vllm_compat
 
-        # vLLM's groups live inside torchrun's: they go first, then torchrun's group with them.
-        cleanup_dist_env_and_memory()
-    elif dist.is_initialized():
+        vllm_compat.release_distributed()  # vLLM's groups live inside torchrun's: they go first
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 

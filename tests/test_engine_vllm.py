@@ -196,3 +196,28 @@ def test_requests_with_different_token_budgets_in_one_call_each_keep_their_own(e
     assert room < 200
     assert len(long_result.completions[0].token_ids) <= room
     assert short_result.completions[0].finish_reason == "stop" or len(short_result.completions[0].token_ids) == 200
+
+
+class _Built(Exception):
+    """Raised by the stand-in LLM once it has the keyword arguments: the test needs nothing more."""
+
+
+@pytest.mark.parametrize(("world_size", "executor"), [(None, None), ("1", None), ("2", "external_launcher")])
+def test_under_torchrun_each_rank_engine_gets_the_external_launcher(monkeypatch, tiny_model_dir, world_size, executor):
+    from physreason.engines.vllm import VLLMEngine
+
+    seen = {}
+
+    def recording_llm(**kwargs):
+        seen.update(kwargs)
+        raise _Built
+
+    monkeypatch.setattr(vllm, "LLM", recording_llm)
+    if world_size is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", world_size)
+    with pytest.raises(_Built):
+        VLLMEngine(ModelConfig(model_name_or_path=str(tiny_model_dir)), EngineConfig())
+    assert seen["model"] == str(tiny_model_dir)
+    assert seen.get("distributed_executor_backend") == executor

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from pathlib import Path
 
 import typer
@@ -28,6 +30,10 @@ def grpo(
         else:
             result = run_grpo(recipe)
     finally:
+        if "physreason.engines.vllm" in sys.modules and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from physreason.engines import vllm_compat
+
+            vllm_compat.release_distributed()  # vLLM's groups live inside torchrun's: they go first
         if dist.is_initialized():
             dist.destroy_process_group()
     if result.rewards:

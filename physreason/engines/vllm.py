@@ -67,6 +67,12 @@ class VLLMEngine(Engine):
         )
         if self.is_vl:
             kwargs["limit_mm_per_prompt"] = dict(engine.limit_mm_per_prompt)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and engine.tensor_parallel_size == 1:
+            # Under torchrun (colocated GRPO on several GPUs) every rank builds its own engine. vLLM's default
+            # in-process executor would put each rank's engine on cuda:0; the external launcher takes the rank's
+            # LOCAL_RANK GPU and joins torchrun's group. Call `vllm_compat.release_distributed` before
+            # destroying that group.
+            kwargs["distributed_executor_backend"] = "external_launcher"
         kwargs.update(llm_overrides)
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()

@@ -177,3 +177,10 @@ def reset_caches(llm: Any) -> None:
     """Drop the prefix (KV) cache and the encoder (vision embedding) cache computed with the old weights."""
     llm.reset_prefix_cache()
     llm.llm_engine.reset_encoder_cache()
+
+
+def release_distributed() -> None:
+    """Tear down vLLM's process groups (built inside torchrun's by the external launcher) before torchrun's own."""
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
