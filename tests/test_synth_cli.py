@@ -113,3 +113,20 @@ def test_parallel_workers_write_the_same_records_as_one_process(tmp_path):
     for name in ("object_permanence_benchmark_qa_pairs.json", "object_permanence_sft.jsonl", "meta.json"):
         serial = (tmp_path / "serial" / "object_permanence" / name).read_text()
         assert serial == (tmp_path / "parallel" / "object_permanence" / name).read_text()
+
+
+def test_cli_option_order_fixed_reaches_the_records(tmp_path):
+    result = _cli("--out", str(tmp_path), "--task", "arrow_of_time", "--n", "4", "--workers", "1", "--no-progress",
+                  "--option-order", "fixed")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "arrow_of_time" / "meta.json").read_text())["option_order"] == "fixed"
+    pairs = json.loads((tmp_path / "arrow_of_time" / "arrow_of_time_benchmark_qa_pairs.json").read_text())
+    assert len(pairs) == 4
+    assert len({json.dumps(p["qa_pairs"]["index2ans"], sort_keys=True) for p in pairs}) == 1  # same options, same order
+
+
+def test_cli_unknown_option_order_is_refused(tmp_path):
+    result = _cli("--out", str(tmp_path), "--task", "arrow_of_time", "--n", "1", "--workers", "1", "--no-progress",
+                  "--option-order", "sorted")
+    assert result.exit_code != 0
+    assert "sorted" in str(result.exception) + result.output

@@ -26,6 +26,14 @@ def synth(
     seed: Annotated[int, typer.Option("--seed", help="Base seed (>= 0); the same seed gives the same clips.")] = 0,
     workers: Annotated[int, typer.Option("--workers", help="Worker processes; 0 means min(4, CPU count).")] = 0,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+    option_order: Annotated[
+        str,
+        typer.Option(
+            "--option-order",
+            help="shuffled: the correct letter is balanced over samples (benchmark layout); "
+            "fixed: the same options in the same order in every sample.",
+        ),
+    ] = "shuffled",
 ) -> None:
     """Generate arrow-of-time, spatial-puzzle and object-permanence clips; a rerun completes what is missing."""
     from physreason.data.synth.generate import generate_task
@@ -37,7 +45,7 @@ def synth(
         raise InputError(f"--workers must be >= 0, got {workers}")
     n_workers = workers or min(4, os.cpu_count() or 1)
     for name in SYNTH_TASKS if task == "all" else (task,):
-        summary = generate_task(name, n, out, split, seed, n_workers, show_progress=progress)
+        summary = generate_task(name, n, out, split, seed, n_workers, show_progress=progress, option_order=option_order)
         typer.echo(
             f"{name}: {summary.count} samples in {summary.folder} "
             f"({summary.generated} generated, {summary.reused} already there)"
