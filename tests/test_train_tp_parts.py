@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ from physreason.data.collate import collate_padded
 from physreason.data.sft import IGNORE_INDEX, SFTSample
 from physreason.errors import ConfigError
 from physreason.models.loading import decoder_layers, vision_tower
-from physreason.models.parallelize import clip_grad_norm, enable_activation_checkpointing
+from physreason.models.parallelize import clip_grad_norm, dummy_vision_features, enable_activation_checkpointing
 from physreason.models.tiny import build_tiny_model, build_tiny_tokenizer
 from physreason.train.model import CausalLMLoss
 from physreason.train.sft import batch_layout
@@ -70,6 +71,34 @@ def test_balanced_vision_runs_the_tower_for_images_and_videos_on_a_text_batch_wi
     # every rank's tower takes part in backward too (so FSDP2 reduce-scatters match), with zero gradient
     assert all(g is not None and not g.any() for g in tower_grads)
     model.zero_grad(set_to_none=True)
+
+
+def test_balanced_vision_adds_only_the_missing_kind_to_an_image_batch(tiny):
+    from physreason.data.positions import mrope_position_ids
+    from physreason.data.sft import VisionTokens
+    from physreason.models.inputs import encode_visuals
+
+    tokenizer, model = tiny
+    visuals = encode_visuals([np.zeros((56, 56, 3), np.uint8)], [])
+    spec = VisionTokens.from_model_config(model.config)
+    ids = torch.tensor([1, 2] + [spec.image_token_id] * visuals.image_token_counts[0] + list(range(20, 30)))
+    positions = mrope_position_ids(ids, spec.image_token_id, spec.video_token_id, visuals.image_grid_thw, None, None,
+                                   spec.spatial_merge_size, spec.tokens_per_second)
+    batch = collate_padded([SFTSample(ids, ids.clone(), positions, visuals)], tokenizer.pad_token_id, mrope=True)
+    assert len(dummy_vision_features(model, batch.model_inputs(), torch.device("cpu"))) == 1
+    calls = []
+    hook = vision_tower(model).register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with torch.no_grad():
+            CausalLMLoss(model, balance_vision=True)(batch)
+    finally:
+        hook.remove()
+    assert len(calls) == 2  # the real image call and one dummy video call, as on a text-only rank
+
+
+def test_text_only_models_need_no_dummy_vision():
+    model = build_tiny_model("qwen2", build_tiny_tokenizer())
+    assert dummy_vision_features(model, {"input_ids": torch.zeros(1, 4, dtype=torch.long)}, torch.device("cpu")) == []
 
 
 def test_tp_size_that_does_not_divide_the_processes_is_a_config_error():

@@ -5,7 +5,8 @@ The model code is never changed; these functions wrap or shard modules in place,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -129,3 +130,31 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch
         for group in by_mesh.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
     return total
+
+
+# transformers' Qwen2.5-VL runs its vision tower once for a batch's images and once for its videos.
+_VISUAL_INPUTS = ("pixel_values", "pixel_values_videos")
+
+
+def dummy_vision_features(model: nn.Module, inputs: Mapping[str, Any], device: torch.device) -> list[torch.Tensor]:
+    """Run the vision tower once on a one-token all-zero image per visual kind `inputs` lacks; the outputs, [1, H] each.
+
+    Under FSDP2 every data-parallel rank must make the same collectives in the same order. A rank whose
+    micro-batch has no images (or no videos) would skip the tower's all-gathers and reduce-scatters while
+    another rank runs them, and the job crashes (gloo) or hangs (NCCL). Call this before the model's
+    forward (so the tower's blocks are gathered before the decoder's on every rank) and add 0 x each
+    output's sum to the loss (so the backward runs through the tower too). Text-only models: [].
+    """
+    tower = vision_tower(model)
+    if tower is None:
+        return []
+    spec = model.config.vision_config
+    merge = spec.spatial_merge_size
+    row = spec.in_channels * spec.temporal_patch_size * spec.patch_size**2
+    features = []
+    for name in _VISUAL_INPUTS:
+        if inputs.get(name) is None:
+            pixels = torch.zeros(merge * merge, row, device=device)  # [patches, C * T * P * P]
+            grid = torch.tensor([[1, merge, merge]], device=device)  # [images, (t, h, w)] in patches
+            features.append(tower(pixels, grid_thw=grid).pooler_output)
+    return features
