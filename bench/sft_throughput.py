@@ -1,7 +1,7 @@
-"""SFT throughput and MFU of physreason's trainer step beside a plain transformers baseline, in one process.
+"""SFT throughput and MFU of physreason's trainer step beside a plain transformers baseline, in the same run.
 
 Model: the Qwen2.5-VL-3B language-model shape with random weights (built from a config on the GPU, no download);
-rows of --seq-len text tokens. Both sides run in this process, one after the other:
+rows of --seq-len text tokens. Both sides run in this process (one per GPU under torchrun), one after the other:
   baseline  transformers model in bf16, gradient checkpointing, fused AdamW, HF loss on full logits, one row per
             optimizer step (DESIGN.md's anchor);
   ours      physreason's CausalLMLoss under FSDP2 (fp32 masters, bf16 compute, fp32 reduction) or, with
@@ -10,9 +10,9 @@ rows of --seq-len text tokens. Both sides run in this process, one after the oth
 tokens/s counts every token of an optimizer step (grad-accum x batch x seq-len x data-parallel ranks) over the whole
 step, optimizer included; MFU is per GPU: tokens/s x train FLOP/token / (GPUs x 989 TFLOP/s).
 
---sweep runs several configurations of `ours` in this one process after one baseline: each row is a string of this
-script's own options, applied over the command line's (the built-in SWEEP, or --rows="A; B; ..."); a row that runs out of memory (or has no attention kernel)
-prints OOM (or the error) and the sweep goes on. Rows print as they finish; JSON goes to $OUT/sft_throughput.json
+--sweep (the built-in SWEEP) or --rows="A; B; ..." runs several configurations of `ours` in this one process after
+one baseline: each row is a string of this script's own options, applied over the command line's; a row that runs
+out of memory (or has no attention kernel) prints OOM (or the error) and the sweep goes on. Rows print as they finish; JSON goes to $OUT/sft_throughput.json
 after each row when OUT is set.
 
 Run:    python bench/sft_throughput.py --chunked-ce --compile --ac-every 2
@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 PEAK_BF16_FLOPS = 989e12  # H100/H200 SXM dense bf16, the MFU convention of DESIGN.md's anchors
 
-# Rows of --sweep with no values: the last recorded best first, then no checkpointing, optimizer amortisation,
+# Rows of --sweep: the last recorded best first, then no checkpointing, optimizer amortisation,
 # larger micro-batches and longer rows, then the attention kernels (those change the compiled graphs, so last).
 SWEEP = (
     "--chunked-ce --compile --ac-every 2",
@@ -334,17 +334,17 @@ def main() -> None:
             return
         base = report["runs"].get("transformers baseline", {}).get("tokens_per_s")
         if "error" in row:
-            print(f"{label:<88} {row['error']}", flush=True)
+            print(f"{label:<100} {row['error']}", flush=True)
         else:
             ratio = f"{row['tokens_per_s'] / base:.2f}x" if base else "-"
-            print(f"{label:<88} {row['tokens_per_s']:>10,.0f} {row['mfu']:>7.1%} {row['peak_gib']:>9.1f} {ratio:>12}", flush=True)
+            print(f"{label:<100} {row['tokens_per_s']:>10,.0f} {row['mfu']:>7.1%} {row['peak_gib']:>9.1f} {ratio:>12}", flush=True)
         if os.environ.get("OUT"):
             Path(os.environ["OUT"], "sft_throughput.json").write_text(json.dumps(report, indent=2))
 
     if main_rank:
         print(f"device {name} x {world} (tp {args.tp}), {train_flops_per_token(config, args.seq_len) / 1e9:.1f} GFLOP/token "
               f"at seq_len {args.seq_len}; MFU per GPU of {PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s")
-        print(f"{'run':<88} {'tok/s':>10} {'MFU':>7} {'peak GiB':>9} {'vs baseline':>12}", flush=True)
+        print(f"{'run':<100} {'tok/s':>10} {'MFU':>7} {'peak GiB':>9} {'vs baseline':>12}", flush=True)
     if not args.skip_baseline:
         emit("transformers baseline", measure(run_baseline, config, args, device))
     compiled_backend = None
