@@ -46,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="generation and data-loader processes"
     )
+    parser.add_argument("--loader-workers", type=int, default=None, help="SFT data-loader processes (default: --workers)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-intuitive-physics"))
     return parser.parse_args()
 
@@ -99,7 +100,7 @@ def main() -> None:
     cfg.engine.batch_size = 64
     cfg.vision.min_pixels = min(cfg.vision.min_pixels, args.max_pixels)
     cfg.vision.max_pixels = args.max_pixels
-    cfg.data.num_workers = args.workers
+    cfg.data.num_workers = args.workers if args.loader_workers is None else args.loader_workers
     cfg.train.train_batch_per_replica = args.sft_batch
     cfg.train.mini_batch = args.sft_batch
     cfg.train.optm_lr = args.sft_lr
