@@ -152,6 +152,7 @@ class MicroBatches:
 
     def __init__(self, dataset: SFTDataset, sampler: StepSampler, mini_batch: int, collate, workers: int) -> None:
         self.dataset, self.sampler, self.mini_batch, self.collate, self.workers = dataset, sampler, mini_batch, collate, workers
+        self._loader: DataLoader | None = None
         self._iterator: Iterator[SFTBatch] | None = None
 
     def seek(self, step: int) -> None:
@@ -161,15 +162,24 @@ class MicroBatches:
         self._iterator = None
 
     def _open(self) -> Iterator[SFTBatch]:
-        loader = DataLoader(
-            self.dataset,
-            batch_size=self.mini_batch,
-            sampler=self.sampler,
-            collate_fn=self.collate,
-            num_workers=self.workers,
-            persistent_workers=False,
-        )
-        return iter(loader)
+        """A new pass over the sampler's current position; worker processes are started once and kept."""
+        if self._loader is None:
+            workers: dict[str, Any] = {}
+            if self.workers > 0:
+                # Spawned, not forked: a forked worker inherits the parent's thread pools (OpenMP, FFmpeg) in
+                # whatever state they were, and on a 16-core GPU machine 14 forked workers hung in their first
+                # frame resize after an evaluation had decoded videos in the parent. Persistent, so the start-up
+                # (importing torch in each worker) is paid once, not every epoch.
+                workers = {"multiprocessing_context": "spawn", "persistent_workers": True}
+            self._loader = DataLoader(
+                self.dataset,
+                batch_size=self.mini_batch,
+                sampler=self.sampler,
+                collate_fn=self.collate,
+                num_workers=self.workers,
+                **workers,
+            )
+        return iter(self._loader)
 
     def take(self, count: int) -> list[SFTBatch]:
         """The next `count` micro-batches, crossing into the next epoch when one ends."""
