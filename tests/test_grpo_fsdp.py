@@ -80,8 +80,12 @@ def train_and_record(config: Config, out: Path, rank: int) -> None:
     result = run_grpo(config, engine=engine)
     torch.save(engine.inner.model.state_dict(), out / f"engine_{rank}.pt")
     if rank == 0:
-        losses = [m["loss"] for m in result.metrics]
-        (out / "record.json").write_text(json.dumps({"rewards": result.rewards, "losses": losses}))
+        record = {
+            "rewards": result.rewards,
+            "losses": [m["loss"] for m in result.metrics],
+            "grad_norms": [m["policy/grad_norm"] for m in result.metrics],
+        }
+        (out / "record.json").write_text(json.dumps(record))
 
 
 @pytest.fixture(scope="module")

@@ -87,15 +87,20 @@ def groups_per_rank(config: Config, dp_size: int) -> int:
 
 
 class _Stats:
-    """Sums of named values over ranks: means, standard deviations and weighted means of a step."""
+    """Sums of named values over the data-parallel ranks: means, standard deviations and weighted means of a step.
 
-    def __init__(self, runtime: Runtime) -> None:
+    The ranks of one tensor-parallel group hold the same samples, so summing over every rank would count
+    each sample tp_size times; `group` is the data-parallel group (None: all ranks, no tensor parallelism).
+    """
+
+    def __init__(self, runtime: Runtime, group: dist.ProcessGroup | None = None) -> None:
         self.runtime = runtime
+        self.group = group
 
     def reduce(self, values: list[float]) -> torch.Tensor:
         t = torch.tensor(values, dtype=torch.float64, device=self.runtime.device)
         if self.runtime.distributed:
-            dist.all_reduce(t)
+            dist.all_reduce(t, group=self.group)
         return t.cpu()
 
     def mean_std(self, values: list[float]) -> tuple[float, float]:
@@ -163,14 +168,17 @@ def update_policy(
     dp_size: int,
     autocast: Any,
     reference: torch.nn.Module | None = None,
+    dp_group: dist.ProcessGroup | None = None,
 ) -> dict[str, float]:
     """`mu_iterations` optimizer steps over the micro-batches; returns token-weighted policy metrics.
 
     Old log-probs are the policy's before the first update (with one iteration, the detached current
     ones: the ratio is 1 and only its gradient counts). Reference log-probs are computed when kl_beta > 0.
+    dp_group: the data-parallel process group (None: all ranks, i.e. no tensor parallelism); counts are
+    summed over it alone, since the ranks of one tensor-parallel group hold the same micro-batches.
     """
     counts = [aggregation_count(b.mask, settings.agg_mode) for b in batches]
-    total = max(all_reduce_sum(sum(counts), runtime), 1e-12)
+    total = max(all_reduce_sum(sum(counts), runtime, dp_group), 1e-12)
     temperature = settings.temperature
     sums: dict[str, float] = {}
     tokens = [float(b.mask.sum()) for b in batches]
@@ -228,16 +236,15 @@ def update_policy(
             for name, value in metrics.items():
                 if name != "ratio_max":
                     add(f"policy/{name}", value, tokens[i] / settings.mu_iterations)
-        params = [p for p in scorer.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip if settings.grad_clip > 0 else float("inf"))
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
+        # Under tensor parallelism the decoder blocks' gradients live on the (dp, tp) mesh and the rest on
+        # dp alone: torch's clip_grad_norm_ cannot stack norms across meshes, parallelize.clip_grad_norm can.
+        norm = parallelize.clip_grad_norm([p for p in scorer.parameters() if p.requires_grad], settings.grad_clip)
         norms.append(float(norm))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     names = sorted(sums)
-    reduced = _Stats(runtime).reduce([sums[n] for n in names] + [sum(tokens)])
+    reduced = _Stats(runtime, dp_group).reduce([sums[n] for n in names] + [sum(tokens)])
     token_total = max(float(reduced[-1]), 1.0)
     out = {}
     for name, value in zip(names, reduced[:-1].tolist(), strict=True):
@@ -283,7 +290,10 @@ def rollout_metrics(
 
 @dataclass
 class Policy:
-    """The trained model, its scorer (and the KL reference's), optimizer, schedule and autocast context."""
+    """The trained model, its scorer (and the KL reference's), optimizer, schedule, autocast context, dp group.
+
+    dp_group is the data-parallel process group under torchrun (None in one process).
+    """
 
     model: torch.nn.Module
     scorer: PolicyScorer
@@ -291,6 +301,7 @@ class Policy:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     autocast: Any
+    dp_group: dist.ProcessGroup | None = None
 
 
 def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Policy:
@@ -302,20 +313,21 @@ def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Policy:
         parallelize.freeze_vision_tower(model)
     if train_cfg.gradient_checkpointing:
         parallelize.enable_activation_checkpointing(model)
-    scorer = PolicyScorer(model)
+    # Under torchrun the data-parallel ranks may hold different mixes of images, videos and text.
+    scorer = PolicyScorer(model, balance_vision=runtime.distributed)
     reference = None
     if grpo_cfg.kl_beta > 0:
         ref_source = config.model.model_copy(
             update={"model_name_or_path": grpo_cfg.reference_model_path or config.model.model_name_or_path}
         )
         ref_model = loading.load_model(ref_source, dtype=torch.float32).requires_grad_(False)
-        reference = PolicyScorer(ref_model).eval()
+        reference = PolicyScorer(ref_model, balance_vision=runtime.distributed).eval()
     param_dtype = loading.DTYPES[train_cfg.param_dtype]
+    mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, tp) if runtime.distributed else None
     for wrapper in (scorer, reference):
         if wrapper is None:
             continue
-        if runtime.distributed:
-            mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, tp)
+        if mesh is not None:
             if tp > 1:
                 parallelize.apply_tensor_parallel(wrapper.model, mesh["tp"])
             wrapper.model.to(runtime.device)
@@ -332,7 +344,13 @@ def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Policy:
         scorer, train_cfg, total_steps * grpo_cfg.mu_iterations, fused=runtime.device.type == "cuda"
     )
     return Policy(
-        model, scorer, reference, optimizer, scheduler, autocast_context(runtime, runtime.distributed, param_dtype)
+        model,
+        scorer,
+        reference,
+        optimizer,
+        scheduler,
+        autocast_context(runtime, runtime.distributed, param_dtype),
+        mesh["dp"].get_group() if mesh is not None else None,
     )
 
 
@@ -375,6 +393,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     policy = build_policy(config, runtime, total_steps)
     model, scorer, reference = policy.model, policy.scorer, policy.reference
     optimizer, scheduler, autocast = policy.optimizer, policy.scheduler, policy.autocast
+    dp_group = policy.dp_group
     engine_dtype = loading.DTYPES.get(config.model.dtype)
 
     result = GRPOResult()
@@ -411,7 +430,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     update = UpdateSettings.from_config(config)
     reward_names = sorted(set(grpo_cfg.reward_function) | {"accuracy", "format"}) + ["total"]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stats = _Stats(runtime)
+    stats = _Stats(runtime, dp_group)
 
     def all_done(done: bool) -> bool:
         return all_reduce_sum(float(not done), runtime) == 0.0
@@ -443,7 +462,16 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                 metrics.update(
                     _rename_diagnostics(
                         update_policy(
-                            scorer, batches, optimizer, scheduler, update, runtime, dp_size, autocast, reference
+                            scorer,
+                            batches,
+                            optimizer,
+                            scheduler,
+                            update,
+                            runtime,
+                            dp_size,
+                            autocast,
+                            reference,
+                            dp_group,
                         )
                     )
                 )
@@ -462,7 +490,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                 push_weights(engine, model, engine_dtype)
                 sync_s = time.perf_counter() - sync_started
             elapsed = time.perf_counter() - started
-            completions = all_reduce_sum(float(len(samples)), runtime)
+            completions = all_reduce_sum(float(len(samples)), runtime, dp_group)
             metrics.update(
                 {
                     "train/lr": lr,

@@ -15,6 +15,7 @@ from torch import nn
 from physreason.data.collate import SFTBatch, collate_padded
 from physreason.data.sft import IGNORE_INDEX, SFTSample, VisionTokens
 from physreason.errors import PhysReasonError
+from physreason.models.parallelize import dummy_vision_features
 from physreason.train.grpo_loss import entropy_from_logits, token_logprobs
 from physreason.train.rollout import RolloutSample
 
@@ -128,14 +129,23 @@ class PolicyScorer(nn.Module):
     checkpointing when gradients are needed, so at most one sequence's [T, V] logits exist at once.
     The recompute in backward may use the gathered lm_head weight: FSDP2 never reshards its root
     after forward, only once the backward is done.
+
+    balance_vision: run the vision tower on a dummy input for each visual kind the batch lacks, so that
+    every FSDP2 data-parallel rank makes the same collectives (see parallelize.dummy_vision_features).
+    Needed under torchrun, where one rank's prompts may be text-only while another's carry images; off in
+    one process, where it would only cost time. The log-probs are unchanged (0 x the dummy outputs).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, balance_vision: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.balance_vision = balance_vision
 
     def forward(self, batch: CompletionBatch, temperature: float, diagnostics: bool = False) -> TokenScores:
-        hidden = self.model.model(**batch.model_batch.model_inputs(), use_cache=False).last_hidden_state  # [B, L, H]
+        inputs = batch.model_batch.model_inputs()
+        device = batch.tokens.device
+        dummies = dummy_vision_features(self.model, inputs, device) if self.balance_vision else []
+        hidden = self.model.model(**inputs, use_cache=False).last_hidden_state  # [B, L, H]
         index = batch.positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [B, T, H]
         selected = hidden.gather(1, index)  # [B, T, H]
         weight = self.model.lm_head.weight  # [V, H]
@@ -155,8 +165,12 @@ class PolicyScorer(nn.Module):
                     logits = piece.detach() @ weight.detach().t()  # [1, T, V]
                     entropies.append(entropy_from_logits(logits, temperature))
                     raws.append(token_logprobs(logits, tokens, 1.0))
+        logprobs = torch.cat(rows)  # [B, T]
+        for features in dummies:
+            # Ties the dummy outputs into the graph, so the backward reduce-scatters the tower on every rank too.
+            logprobs = logprobs + 0.0 * features.sum()
         return TokenScores(
-            torch.cat(rows),
+            logprobs,
             torch.cat(entropies) if diagnostics else None,
             torch.cat(raws) if diagnostics else None,
         )
