@@ -99,6 +99,7 @@ class PolicyWorker:
         policy = build_policy(config, runtime, total_steps)
         self.model, self.scorer, self.reference = policy.model, policy.scorer, policy.reference
         self.optimizer, self.scheduler, self.autocast = policy.optimizer, policy.scheduler, policy.autocast
+        self.dp_group = policy.dp_group  # batch totals are summed over data-parallel ranks (TP ranks share a batch)
         self.update = UpdateSettings.from_config(config)
         self.output = Path(train_cfg.output_dir)
         self.engine_dtype = loading.DTYPES.get(config.model.dtype)
@@ -143,7 +144,7 @@ class PolicyWorker:
         ]
         metrics = update_policy(
             self.scorer, batches, self.optimizer, self.scheduler, self.update, self.runtime, self.dp_size,
-            self.autocast, self.reference,
+            self.autocast, self.reference, dp_group=self.dp_group,
         )
         self.step += 1
         # update_policy's *_sum diagnostics are already divided by the step's token count: token means.
