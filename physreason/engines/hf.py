@@ -194,15 +194,17 @@ class HFEngine(Engine):
             new_tokens = out.sequences[:, width:]  # [B * n, new]
             logprobs = recorder.finish(new_tokens[:, -1]).cpu() if recorder else None  # [B * n, new]
             new_tokens = new_tokens.cpu()
-        elif want_logprobs:
-            out = self.model.generate(**common, repetition_penalty=sampling.repetition_penalty, output_logits=True)
-            new_tokens = out.sequences[:, width:].cpu()  # [B * n, new]
-            logits = torch.stack(out.logits, dim=1).float()  # [B * n, new, vocab] raw, before sampling processors
-            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens[..., None].to(logits.device))[..., 0].cpu()
-        else:  # no per-step logits kept: [B * n, new, vocab] would dominate memory for long generations
-            out = self.model.generate(**common, repetition_penalty=sampling.repetition_penalty)
+        else:
+            # Per-step logits only when asked: [B * n, new, vocab] would dominate memory for long generations.
+            out = self.model.generate(
+                **common, repetition_penalty=sampling.repetition_penalty, output_logits=want_logprobs
+            )
             new_tokens = out.sequences[:, width:].cpu()  # [B * n, new]
             logprobs = None
+            if want_logprobs:
+                logits = torch.stack(out.logits, dim=1).float()  # [B * n, new, vocab] raw, before sampling processors
+                picked = new_tokens[..., None].to(logits.device)
+                logprobs = torch.log_softmax(logits, dim=-1).gather(-1, picked)[..., 0].cpu()
         grouped: list[list[Completion]] = []
         for row in range(new_tokens.shape[0]):
             tokens = new_tokens[row].tolist()
