@@ -5,7 +5,10 @@ object permanence): held-out accuracy of chance, the untrained model, after SFT 
 Every stage is physreason's own: `data synth` clips, letter-answer SFT records built from the benchmark
 records, `run_sft`, `run_grpo` (hf engine for rollouts), and the evaluation runner. The model is the tiny
 architecture scaled up (`--scale`; random init, the tiny BPE tokenizer), so it learns from pixels alone.
-Train and test clips come from disjoint scene seeds (`data synth` splits).
+
+Three disjoint clip sets per task (`data synth` scene seeds never repeat across them): SFT clips (split train,
+seed 0), RL prompts (split train, seed 1: clips the SFT stage never saw, as the paper's RL stage uses its own
+questions) and held-out test clips (split test).
 
 Recipe (defaults) for a model with no pretraining:
 - `--option-order fixed`: every question lists the same options in the same order, with the classes balanced,
@@ -13,11 +16,14 @@ Recipe (defaults) for a model with no pretraining:
   XOR of the clip and the option order, which a from-scratch model does not learn in this budget.
 - small frames (`--max-pixels`, 84x112 from the 256x192 clips: 12 tokens per pair of frames, 72 per clip),
   many small optimizer steps at a high learning rate with warmup, answer-only (letter) loss; the data
-  loader (decode, resize, patchify on CPU) bounds the samples per second, so steps beat batch size;
-- GRPO at a low learning rate on the same letter prompts, options not reshuffled.
-Prints the table and writes JSON to $OUT/intuitive_physics.json when OUT is set.
+  loader (decode, resize, patchify on CPU, in spawned worker processes) bounds the samples per second;
+- GRPO on the RL prompts with the accuracy reward, options not reshuffled.
+Stages are resumable: a rerun with the same --out reuses the clips, a finished SFT or GRPO export, finished
+evaluations, and resumes an interrupted SFT or GRPO run from its last checkpoint (every `--ckpt-every` steps).
+Prints the table and writes JSON to $OUT/intuitive_physics.json when OUT is set (and to <out>/table.json).
 Run: python bench/intuitive_physics.py
-     python bench/intuitive_physics.py --train-per-task 4 --test-per-task 2 --sft-steps 2 --grpo-steps 1 --scale 1 --sft-batch 4  (CPU check)
+     python bench/intuitive_physics.py --train-per-task 4 --rl-per-task 4 --test-per-task 2 --sft-steps 2 \
+         --grpo-steps 1 --grpo-prompts 2 --scale 1 --sft-batch 4 --ckpt-every 1  (CPU check)
 """
 
 from __future__ import annotations
@@ -32,8 +38,9 @@ from pathlib import Path
 def parse_args() -> argparse.Namespace:
     """The recipe's knobs; the defaults are the recipe."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train-per-task", type=int, default=1500)
-    parser.add_argument("--test-per-task", type=int, default=200)
+    parser.add_argument("--train-per-task", type=int, default=2000, help="SFT clips per task")
+    parser.add_argument("--rl-per-task", type=int, default=1000, help="GRPO prompt clips per task (unseen by SFT)")
+    parser.add_argument("--test-per-task", type=int, default=500, help="held-out clips per task")
     parser.add_argument("--option-order", choices=("fixed", "shuffled"), default="fixed")
     parser.add_argument("--scale", type=int, default=2, help="model size multiplier of the tiny architecture")
     parser.add_argument("--max-pixels", type=int, default=12544, help="largest frame area fed to the model")
@@ -41,14 +48,51 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sft-batch", type=int, default=16)
     parser.add_argument("--sft-lr", type=float, default=1e-3)
     parser.add_argument("--sft-warmup", type=int, default=100)
-    parser.add_argument("--grpo-steps", type=int, default=15)
-    parser.add_argument("--grpo-lr", type=float, default=1e-5)
+    parser.add_argument("--grpo-steps", type=int, default=100)
+    parser.add_argument("--grpo-prompts", type=int, default=16, help="prompts per GRPO step")
+    parser.add_argument("--grpo-n", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--grpo-lr", type=float, default=1e-4)
+    parser.add_argument("--ckpt-every", type=int, default=250, help="checkpoint interval of both training stages")
     parser.add_argument(
         "--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="generation and data-loader processes"
     )
     parser.add_argument("--loader-workers", type=int, default=None, help="SFT data-loader processes (default: --workers)")
+    parser.add_argument("--stop-after", choices=("sft", "grpo"), default="grpo", help="last stage to run")
     parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-intuitive-physics"))
     return parser.parse_args()
+
+
+def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> None:
+    """The three clip sets of every task and the SFT / RL record files (existing clips are reused)."""
+    from physreason.data.synth.generate import generate_task
+    from physreason.demo import TASKS, letter_sft_records, rl_records
+
+    sets = (("train", "train", 0, args.train_per_task), ("rl", "train", 1, args.rl_per_task), ("test", "test", 0, args.test_per_task))
+    for name, split, seed, n in sets:
+        t = time.perf_counter()
+        for task in TASKS:
+            summary = generate_task(
+                task, n, out / "data" / name, split, base_seed=seed, workers=args.workers, show_progress=False,
+                option_order=args.option_order,
+            )  # fmt: skip
+            print(f"{name} ({split} split, seed {seed}) {task}: {summary.generated} generated, {summary.reused} reused", flush=True)
+        timings[f"data_{name}_s"] = time.perf_counter() - t
+    letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")
+    rl_records(out / "data" / "rl", out / "data" / "rl" / "rl.jsonl")
+
+
+def logged(output_dir: Path, key: str) -> list[float]:
+    """Every value of `key` in a training run's metrics log, in step order (a resumed run's log continues)."""
+    path = output_dir / "logs" / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.open()] if path.is_file() else []
+    by_step = {row["step"]: row[key] for row in rows if key in row}
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def finished_export(output_dir: Path, steps: int) -> Path | None:
+    """The run's export at its last step, when a previous invocation got that far."""
+    folder = output_dir / "safetensors" / f"step_{steps}"
+    return folder if (folder / "model.safetensors").is_file() else None
 
 
 def main() -> None:
@@ -56,18 +100,7 @@ def main() -> None:
 
     import torch
 
-    from physreason.data.synth.generate import generate_task
-    from physreason.demo import (
-        TASKS,
-        DemoSizes,
-        _evaluate,
-        _with_model,
-        demo_config,
-        grpo_config,
-        letter_sft_records,
-        print_table,
-        rl_records,
-    )
+    from physreason.demo import DemoSizes, _evaluate, _with_model, demo_config, grpo_config, print_table
     from physreason.models.tiny import save_tiny_model
     from physreason.train.grpo import run_grpo
     from physreason.train.sft import run_sft
@@ -78,21 +111,7 @@ def main() -> None:
     model_dir = out / f"model-scale{args.scale}"
     if not (model_dir / "model.safetensors").is_file():
         save_tiny_model("qwen2_5_vl", model_dir, scale=args.scale)
-    for split, n in (("train", args.train_per_task), ("test", args.test_per_task)):
-        for task in TASKS:
-            t = time.perf_counter()
-            summary = generate_task(
-                task, n, out / "data" / split, split, base_seed=0, workers=args.workers, show_progress=False,
-                option_order=args.option_order,
-            )  # fmt: skip
-            timings[f"data_{split}_{task}_s"] = time.perf_counter() - t
-            print(
-                f"{split} {task}: {summary.generated} generated, {summary.reused} reused "
-                f"({timings[f'data_{split}_{task}_s']:.1f} s)",
-                flush=True,
-            )
-    letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")
-    rl_records(out / "data" / "train", out / "data" / "train" / "rl.jsonl")
+    generate(out, args, timings)
     timings["data_s"] = time.perf_counter() - started
 
     sizes = DemoSizes(args.train_per_task, args.test_per_task, args.sft_steps, args.grpo_steps, max_tokens=4)
@@ -106,62 +125,78 @@ def main() -> None:
     cfg.train.optm_lr = args.sft_lr
     cfg.train.optm_warmup_steps = args.sft_warmup
     cfg.train.optm_min_lr_factor = 0.1
-    cfg.train.log_freq = 50
-    cfg.train.ckpt.save_freq = args.sft_steps
+    cfg.train.log_freq = 1
+    cfg.train.resume = True
+    cfg.train.ckpt.save_freq = args.ckpt_every
 
     table: dict[str, dict[str, float | None]] = {}
     t = time.perf_counter()
-    table["untrained model"] = _evaluate(cfg, "base", out / "results")
+    table["untrained model"] = _evaluate(cfg, "base", out / "results")  # resumable: finished clips are kept
     timings["eval_base_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    sft = run_sft(cfg)
+    sft_dir = finished_export(Path(cfg.train.output_dir), args.sft_steps) or run_sft(cfg).export_dir
     timings["sft_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    table["after SFT"] = _evaluate(_with_model(cfg, sft.export_dir), "sft", out / "results")
+    table["after SFT"] = _evaluate(_with_model(cfg, sft_dir), "sft", out / "results")
     timings["eval_sft_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    rl_cfg = grpo_config(cfg, out, sft.export_dir, sizes)
-    rl_cfg.train.optm_lr = args.grpo_lr
-    rl_cfg.train.train_batch_per_replica = 64
-    rl_cfg.rollout.n_generation = 8
-    rl_cfg.rollout.batch_size = 8
-    rl_cfg.grpo.mini_batch = 64
-    # The SFT prompts list options in the generated order; reshuffling them would ask a new question.
-    rl_cfg.grpo.shuffle_options = args.option_order == "shuffled"
-    rl = run_grpo(rl_cfg)
-    timings["grpo_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    table["after SFT+GRPO"] = _evaluate(_with_model(cfg, rl.export_dir), "grpo", out / "results")
-    timings["eval_grpo_s"] = time.perf_counter() - t
+    grpo_dir = None
+    if args.stop_after == "grpo":
+        t = time.perf_counter()
+        rl_cfg = grpo_config(cfg, out, sft_dir, sizes)
+        rl_cfg.data.dataset.name = str(out / "data" / "rl" / "rl.jsonl")
+        rl_cfg.train.optm_lr = args.grpo_lr
+        rl_cfg.train.train_batch_per_replica = args.grpo_prompts * args.grpo_n
+        rl_cfg.train.resume = True
+        rl_cfg.train.log_freq = 1
+        rl_cfg.train.ckpt.save_freq = min(args.ckpt_every, args.grpo_steps)
+        rl_cfg.rollout.n_generation = args.grpo_n
+        rl_cfg.rollout.batch_size = args.grpo_prompts
+        rl_cfg.grpo.mini_batch = 64
+        # The SFT prompts list options in the generated order; reshuffling them would ask a new question.
+        rl_cfg.grpo.shuffle_options = args.option_order == "shuffled"
+        grpo_dir = finished_export(Path(rl_cfg.train.output_dir), args.grpo_steps) or run_grpo(rl_cfg).export_dir
+        timings["grpo_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        table["after SFT+GRPO"] = _evaluate(_with_model(cfg, grpo_dir), "grpo", out / "results")
+        timings["eval_grpo_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
 
     from safetensors.torch import load_file
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     params = sum(p.numel() for p in load_file(model_dir / "model.safetensors").values())
+    losses = logged(Path(cfg.train.output_dir), "train/loss")
+    rewards = logged(out / "grpo", "reward/total_mean")
+    window = 50
     curve = {
-        step: round(sum(sft.losses[max(0, step - 50) : step]) / len(sft.losses[max(0, step - 50) : step]), 4)
-        for step in range(50, len(sft.losses) + 1, max(50, len(sft.losses) // 10))
+        step: round(sum(losses[step - window : step]) / window, 4)
+        for step in range(window, len(losses) + 1, max(window, len(losses) // 10))
+    }
+    reward_curve = {
+        step: round(sum(rewards[max(0, step - 10) : step]) / len(rewards[max(0, step - 10) : step]), 3)
+        for step in range(10, len(rewards) + 1, max(10, len(rewards) // 10))
     }
     print(
         f"device {device}; model {params / 1e6:.1f}M parameters (scale {args.scale}); options {args.option_order}; "
-        f"{args.train_per_task} train / {args.test_per_task} test clips per task; SFT {len(sft.losses)} steps of "
-        f"{args.sft_batch} (loss {sft.losses[0]:.3f} -> {sft.losses[-1]:.3f}); GRPO {len(rl.rewards)} steps "
-        f"(reward {rl.rewards[0]:.3f} -> {rl.rewards[-1]:.3f})"
+        f"{args.train_per_task} SFT / {args.rl_per_task} RL / {args.test_per_task} test clips per task; "
+        f"SFT {len(losses)} steps of {args.sft_batch}; GRPO {len(rewards)} steps of {args.grpo_prompts} x {args.grpo_n}"
     )
-    print("SFT loss, mean of the 50 steps before:", curve)
+    print(f"SFT loss, mean of the {window} steps before:", curve)
+    print("GRPO mean reward, mean of the 10 steps before:", reward_curve)
     print({k: round(v, 1) for k, v in timings.items()})
     print_table(table, args.test_per_task)
+    payload = {
+        "device": device,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "parameters": params,
+        "sft_losses": losses,
+        "grpo_rewards": rewards,
+        "table": table,
+        "timings": timings,
+        "exports": {"sft": str(sft_dir), "grpo": str(grpo_dir) if grpo_dir else None},
+    }
+    (out / "table.json").write_text(json.dumps(payload, indent=2))
     if os.environ.get("OUT"):
-        payload = {
-            "device": device,
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "parameters": params,
-            "sft_losses": sft.losses,
-            "grpo_rewards": rl.rewards,
-            "table": table,
-            "timings": timings,
-        }
         Path(os.environ["OUT"], "intuitive_physics.json").write_text(json.dumps(payload, indent=2))
 
 
