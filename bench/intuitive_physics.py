@@ -56,7 +56,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="generation and data-loader processes"
     )
-    parser.add_argument("--loader-workers", type=int, default=None, help="SFT data-loader processes (default: --workers)")
+    parser.add_argument(
+        "--loader-workers", type=int, default=None, help="SFT data-loader processes (default: --workers)"
+    )
     parser.add_argument("--stop-after", choices=("sft", "grpo"), default="grpo", help="last stage to run")
     parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-intuitive-physics"))
     return parser.parse_args()
@@ -67,7 +69,11 @@ def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> 
     from physreason.data.synth.generate import generate_task
     from physreason.demo import TASKS, letter_sft_records, rl_records
 
-    sets = (("train", "train", 0, args.train_per_task), ("rl", "train", 1, args.rl_per_task), ("test", "test", 0, args.test_per_task))
+    sets = (
+        ("train", "train", 0, args.train_per_task),
+        ("rl", "train", 1, args.rl_per_task),
+        ("test", "test", 0, args.test_per_task),
+    )
     for name, split, seed, n in sets:
         t = time.perf_counter()
         for task in TASKS:
@@ -75,7 +81,10 @@ def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> 
                 task, n, out / "data" / name, split, base_seed=seed, workers=args.workers, show_progress=False,
                 option_order=args.option_order,
             )  # fmt: skip
-            print(f"{name} ({split} split, seed {seed}) {task}: {summary.generated} generated, {summary.reused} reused", flush=True)
+            print(
+                f"{name} ({split} split, seed {seed}) {task}: {summary.generated} generated, {summary.reused} reused",
+                flush=True,
+            )
         timings[f"data_{name}_s"] = time.perf_counter() - t
     letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")
     rl_records(out / "data" / "rl", out / "data" / "rl" / "rl.jsonl")
