@@ -10,6 +10,7 @@ from torch import nn
 
 from physreason.config import ModelConfig
 from physreason.errors import ConfigError
+from physreason.models.vision_attention import use_grouped_vision_attention
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -38,6 +39,7 @@ def load_model(config: ModelConfig, dtype: torch.dtype | None = None, device: st
     """Load the checkpoint's model class with the configured attention kernel.
 
     dtype None uses model.dtype ('auto' keeps the checkpoint's); trainers pass float32 for master weights.
+    With sdpa or eager, a Qwen2.5-VL vision tower runs them grouped by window length (vision_attention.py).
     """
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -45,7 +47,7 @@ def load_model(config: ModelConfig, dtype: torch.dtype | None = None, device: st
     if dtype is None:
         dtype = "auto" if config.dtype == "auto" else DTYPES[config.dtype]
     cls = AutoModelForImageTextToText if is_vision_language(hf_config) else AutoModelForCausalLM
-    return cls.from_pretrained(
+    model = cls.from_pretrained(
         config.model_name_or_path,
         revision=config.revision,
         dtype=dtype,
@@ -53,6 +55,9 @@ def load_model(config: ModelConfig, dtype: torch.dtype | None = None, device: st
         trust_remote_code=config.trust_remote_code,
         device_map=None,
     ).to(device)
+    # transformers calls sdpa/eager once per vision window (about 1,000 launches per clip); flash is left as it is
+    use_grouped_vision_attention(model)
+    return model
 
 
 def load_tokenizer(config: ModelConfig) -> Any:
