@@ -129,4 +129,3 @@ def test_loaded_model_uses_grouped_attention_and_exports_plain_config(tiny_model
     assert model.config.text_config._attn_implementation == "sdpa"
     model.save_pretrained(tmp_path)
     assert "physreason" not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
-
