@@ -11,7 +11,7 @@ from physreason.data.mcq import MCQPrompt, PromptStream
 from physreason.data.sft import VisionTokens
 from physreason.engines import Completion, Engine, GenerationResult
 from physreason.models import loading
-from physreason.models.inputs import load_processor_params
+from physreason.models.inputs import concat_visuals, load_processor_params
 from physreason.train.grpo import aggregation_count
 from physreason.train.grpo_loss import policy_loss
 from physreason.train.policy import PolicyScorer, build_completion_batch
@@ -129,8 +129,9 @@ def test_policy_scores_of_a_video_prompt_equal_the_model_with_its_own_mrope(tiny
         inputs = completion_batch.model_batch
         ids = inputs.input_ids
         token_types = (ids == vision_tokens.image_token_id).long() + 2 * (ids == vision_tokens.video_token_id).long()
+        pixels = concat_visuals([s.visuals for s in batch.samples]).model_kwargs()  # every row's own copy
         logits = model(input_ids=ids, attention_mask=inputs.attention_mask, mm_token_type_ids=token_types,
-                       **inputs.visual_kwargs).logits  # [B, L, V]
+                       **pixels).logits  # [B, L, V]
     picked = logits.gather(1, completion_batch.positions[..., None].expand(-1, -1, logits.shape[-1]))  # [B, T, V]
     tokens = completion_batch.tokens[..., None]
     mask = completion_batch.mask

@@ -1,13 +1,19 @@
 """The policy's view of rollouts: prompt + completion batches, and a module that scores completion tokens.
 
-A batch reuses the SFT collation (padding, mrope positions, visual inputs): the completion plays the
-assistant reply, so `targets` mark exactly the completion tokens, each at the position that
-predicts it. Only those positions reach the lm_head.
+A batch reuses the SFT collation (padding, mrope positions): the completion plays the assistant reply,
+so `targets` mark exactly the completion tokens, each at the position that predicts it. Only those
+positions reach the lm_head.
+
+The completions of one prompt share its pixels (one `VisualInputs` object per prompt group, see
+`rollout.RolloutSample`), so a batch keeps each distinct prompt visual once (`SharedVisuals`): the
+vision tower runs once per distinct visual, not once per completion, and its features are repeated
+into every row that shows it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,14 +21,79 @@ from torch import nn
 from physreason.data.collate import SFTBatch, collate_padded
 from physreason.data.sft import IGNORE_INDEX, SFTSample, VisionTokens
 from physreason.errors import PhysReasonError
+from physreason.models.inputs import VisualInputs, concat_visuals
 from physreason.models.parallelize import dummy_vision_features
 from physreason.train.grpo_loss import entropy_from_logits, token_logprobs
 from physreason.train.rollout import RolloutSample
 
 
 @dataclass
+class SharedVisuals:
+    """The distinct prompt visuals of a batch, each once, and which of their features fills each placeholder token.
+
+    Feature indexes count the merged vision tokens of the distinct visuals of one kind, concatenated in
+    order; placeholders are listed in row-major order, the order in which masked_scatter fills them.
+    """
+
+    kwargs: dict[str, torch.Tensor]  # the distinct visuals' pixels and grids, concatenated (VisualInputs.model_kwargs)
+    rows: torch.Tensor  # [B] index of each row's visual among the distinct ones, -1 for a row without pixels
+    image_index: torch.Tensor  # [n_image_placeholders] feature index of each image placeholder of the batch
+    video_index: torch.Tensor  # [n_video_placeholders] feature index of each video placeholder of the batch
+
+    def to(self, device: torch.device | str) -> SharedVisuals:
+        """Move every tensor to `device`."""
+        return SharedVisuals(
+            {name: tensor.to(device, non_blocking=True) for name, tensor in self.kwargs.items()},
+            self.rows.to(device),
+            self.image_index.to(device),
+            self.video_index.to(device),
+        )
+
+
+def _feature_index(rows: list[int], counts: list[int]) -> torch.Tensor:
+    """[sum of counts[r] over rows r >= 0] indexes into features laid out as counts, repeated for each row."""
+    starts = [0]
+    for count in counts:
+        starts.append(starts[-1] + count)
+    pieces = [torch.arange(starts[r], starts[r + 1]) for r in rows if r >= 0]
+    return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
+
+
+def share_visuals(visuals: list[VisualInputs | None]) -> SharedVisuals | None:
+    """Keep each distinct visual of the rows once (rows that hold the same object share it); None without pixels.
+
+    Identity is the test of sameness: a rollout gives all completions of a prompt one VisualInputs
+    object, and pickling a list of samples (Ray, multiprocessing) keeps that sharing. Equal pixels in
+    different objects are kept twice, which costs time but never mixes up visuals.
+    """
+    distinct: list[VisualInputs] = []
+    slot: dict[int, int] = {}
+    rows: list[int] = []
+    for visual in visuals:
+        if visual is None or not (visual.image_token_counts or visual.video_token_counts):
+            rows.append(-1)
+            continue
+        if id(visual) not in slot:
+            slot[id(visual)] = len(distinct)
+            distinct.append(visual)
+        rows.append(slot[id(visual)])
+    if not distinct:
+        return None
+    return SharedVisuals(
+        concat_visuals(distinct).model_kwargs(),
+        torch.tensor(rows, dtype=torch.long),
+        _feature_index(rows, [sum(v.image_token_counts) for v in distinct]),
+        _feature_index(rows, [sum(v.video_token_counts) for v in distinct]),
+    )
+
+
+@dataclass
 class CompletionBatch:
-    """Rollout samples laid out for one policy forward pass."""
+    """Rollout samples laid out for one policy forward pass.
+
+    With `visuals` set, `model_batch` holds no pixels (its visual_kwargs are empty): the scorer takes them
+    from `visuals`, each distinct visual once. Without it, `model_batch` is everything the model needs.
+    """
 
     model_batch: SFTBatch  # prompt + completion, right-padded [B, L]
     positions: torch.Tensor  # [B, T] sequence position predicting each completion token (0 on padding)
@@ -30,6 +101,7 @@ class CompletionBatch:
     mask: torch.Tensor  # [B, T] bool, True on completion tokens
     engine_logprobs: torch.Tensor  # [B, T] the engine's raw-model log-probs of the tokens (0 on padding)
     advantages: torch.Tensor  # [B]
+    visuals: SharedVisuals | None = None  # the rows' pixels, each distinct prompt visual once
 
     def to(self, device: torch.device) -> CompletionBatch:
         """Move every tensor to `device`."""
@@ -40,6 +112,7 @@ class CompletionBatch:
             self.mask.to(device),
             self.engine_logprobs.to(device),
             self.advantages.to(device),
+            self.visuals.to(device) if self.visuals is not None else None,
         )
 
 
@@ -69,15 +142,17 @@ def _sequence(sample: RolloutSample, vision: VisionTokens | None, pad_token_id: 
         positions = torch.arange(len(input_ids)).expand(3, -1)  # [3, L]
     else:
         visuals = sample.visuals
-        expected = sum(visuals.image_token_counts) + sum(visuals.video_token_counts) if visuals else 0
-        found = int(((input_ids == vision.image_token_id) | (input_ids == vision.video_token_id)).sum())
-        if found != expected:
-            raise PhysReasonError(
-                f"prompt {sample.prompt.id}: the engine's prompt has {found} visual tokens but the policy's pixels "
-                f"make {expected}; engine and policy must share vision settings ([vision]) and the processor config"
-            )
+        for kind, token_id in (("image", vision.image_token_id), ("video", vision.video_token_id)):
+            expected = sum(getattr(visuals, f"{kind}_token_counts")) if visuals else 0
+            found = int((input_ids == token_id).sum())
+            if found != expected:
+                raise PhysReasonError(
+                    f"prompt {sample.prompt.id}: the engine's prompt has {found} {kind} tokens but the policy's pixels "
+                    f"make {expected}; engine and policy must share vision settings ([vision]) and the processor config"
+                )
         positions = vision.positions(input_ids, visuals)
-    return SFTSample(input_ids, labels, positions, sample.visuals)
+    # The pixels travel once per distinct visual in SharedVisuals, not once per row through the collation.
+    return SFTSample(input_ids, labels, positions)
 
 
 def build_completion_batch(
@@ -86,6 +161,7 @@ def build_completion_batch(
     """Collate rollout samples into one policy batch (see the module docstring).
 
     A completion that sampled an image/video placeholder token is scored up to that token only.
+    Samples holding the same `visuals` object (the completions of one prompt) share its pixels.
     """
     sequences = [_sequence(s, vision, pad_token_id) for s in samples]
     model_batch = collate_padded(sequences, pad_token_id, mrope=vision is not None)
@@ -104,7 +180,8 @@ def build_completion_batch(
         mask[row, :n] = True
         engine_logprobs[row, :n] = torch.tensor(sample.completion.logprobs[:n], dtype=torch.float32)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # [B]
-    return CompletionBatch(model_batch, positions, tokens, mask, engine_logprobs, advantages)
+    visuals = share_visuals([s.visuals for s in samples]) if vision is not None else None
+    return CompletionBatch(model_batch, positions, tokens, mask, engine_logprobs, advantages, visuals)
 
 
 @dataclass
@@ -114,6 +191,16 @@ class TokenScores:
     logprobs: torch.Tensor  # [B, T] at the policy temperature, differentiable when grad is enabled
     entropy: torch.Tensor | None = None  # [B, T] at the policy temperature (detached)
     raw_logprobs: torch.Tensor | None = None  # [B, T] at temperature 1, comparable to engine log-probs (detached)
+
+
+def visual_features(output: Any) -> torch.Tensor:
+    """[tokens, H] merged vision features from get_image_features / get_video_features, whichever form they take.
+
+    transformers 5.x returns a model output whose pooler_output is one tensor per image/video; older
+    releases return those tensors themselves.
+    """
+    pooled = getattr(output, "pooler_output", output)
+    return torch.cat(list(pooled)) if isinstance(pooled, (tuple, list)) else pooled
 
 
 def _row_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -134,6 +221,11 @@ class PolicyScorer(nn.Module):
     every FSDP2 data-parallel rank makes the same collectives (see parallelize.dummy_vision_features).
     Needed under torchrun, where one rank's prompts may be text-only while another's carry images; off in
     one process, where it would only cost time. The log-probs are unchanged (0 x the dummy outputs).
+
+    A batch with SharedVisuals runs the vision tower once per distinct visual (one call for the images, one
+    for the videos, as transformers does), repeats the features into the rows' placeholders and calls the
+    model on inputs_embeds. Autograd sums the rows' feature gradients before the tower's backward, which is
+    the per-row path's gradient at a fraction of the tower's cost.
     """
 
     def __init__(self, model: nn.Module, balance_vision: bool = False) -> None:
@@ -142,10 +234,19 @@ class PolicyScorer(nn.Module):
         self.balance_vision = balance_vision
 
     def forward(self, batch: CompletionBatch, temperature: float, diagnostics: bool = False) -> TokenScores:
-        inputs = batch.model_batch.model_inputs()
+        model_batch, shared = batch.model_batch, batch.visuals
         device = batch.tokens.device
-        dummies = dummy_vision_features(self.model, inputs, device) if self.balance_vision else []
-        hidden = self.model.model(**inputs, use_cache=False).last_hidden_state  # [B, L, H]
+        pixels = shared.kwargs if shared is not None else model_batch.visual_kwargs
+        dummies = dummy_vision_features(self.model, pixels, device) if self.balance_vision else []
+        if shared is None:
+            hidden = self.model.model(**model_batch.model_inputs(), use_cache=False).last_hidden_state  # [B, L, H]
+        else:
+            hidden = self.model.model(
+                inputs_embeds=self._embed_with_shared_visuals(model_batch.input_ids, shared),
+                position_ids=model_batch.position_ids,
+                attention_mask=model_batch.attention_mask,
+                use_cache=False,
+            ).last_hidden_state  # [B, L, H]
         index = batch.positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [B, T, H]
         selected = hidden.gather(1, index)  # [B, T, H]
         weight = self.model.lm_head.weight  # [V, H]
@@ -174,3 +275,22 @@ class PolicyScorer(nn.Module):
             torch.cat(entropies) if diagnostics else None,
             torch.cat(raws) if diagnostics else None,
         )
+
+    def _embed_with_shared_visuals(self, input_ids: torch.Tensor, shared: SharedVisuals) -> torch.Tensor:
+        """[B, L, H] token embeddings with each placeholder replaced by its visual's feature (tower run once each)."""
+        core = self.model.model
+        embeds = core.get_input_embeddings()(input_ids)  # [B, L, H]
+        config = self.model.config
+        for pixels_name, grid_name, token_id, index in (
+            ("pixel_values", "image_grid_thw", config.image_token_id, shared.image_index),
+            ("pixel_values_videos", "video_grid_thw", config.video_token_id, shared.video_index),
+        ):
+            pixels = shared.kwargs.get(pixels_name)
+            if pixels is None:
+                continue
+            encode = core.get_image_features if pixels_name == "pixel_values" else core.get_video_features
+            features = visual_features(encode(pixels, shared.kwargs[grid_name], return_dict=True))  # [n, H]
+            placed = features.index_select(0, index).to(embeds.device, embeds.dtype)  # [placeholders, H]
+            where = (input_ids == token_id).unsqueeze(-1).expand_as(embeds)  # [B, L, H]
+            embeds = embeds.masked_scatter(where, placed)
+        return embeds
