@@ -2,8 +2,9 @@
 
 Model: the vision tower of Qwen2.5-VL-3B-Instruct (32 blocks, hidden 1280, 16 heads, full attention in blocks
 7/15/23/31; random weights, built on the GPU, no download) in bf16. Input: --clips copies of one video of
---frames frames of --width x --height, resized by the Qwen2.5-VL rule (sides to multiples of 28, at least
---min-pixels; the default 4*28*28 leaves 256x192 at 252x196) into 14-px patches, temporal patch 2: 12 frames give
+--frames frames of --width x --height, each side rounded to the nearest multiple of 28 as the Qwen2.5-VL
+processors do (256x192 becomes 252x196; no pixel budget applied: physreason's default video min_pixels would
+upscale such frames, pass the resized size to emulate that), in 14-px patches, temporal patch 2: 12 frames give
 a 6 x 14 x 18 grid, 1,512 patches in 36 windows of 112 px (4 distinct lengths). One tower, same weights; the
 two settings switch the vision config's attention implementation and run interleaved, --runs times each after
 --warmup. "fwd+bwd" is forward and backward of a fixed projection of the merged features (training),
@@ -30,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sft_throughput import qwen25_vl_3b_config
 
 from physreason.models.vision_attention import registered_name, use_grouped_vision_attention
-from physreason.vision.resize import smart_resize
 
 NATIVE = "sdpa"
 
@@ -52,12 +52,13 @@ def build_tower(tiny: bool, device: torch.device, dtype: torch.dtype) -> torch.n
     return tower
 
 
-def video_grid(tower: torch.nn.Module, frames: int, height: int, width: int, min_pixels: int) -> tuple[int, int, int]:
-    """(t, h, w) in patches of one video after the Qwen2.5-VL resize."""
+def video_grid(tower: torch.nn.Module, frames: int, height: int, width: int) -> tuple[int, int, int]:
+    """(t, h, w) in patches of one video whose sides are rounded to the nearest multiple of patch x merge."""
     config = tower.config
     factor = config.patch_size * config.spatial_merge_size
-    resized_h, resized_w = smart_resize(height, width, factor=factor, min_pixels=min_pixels)
-    return frames // config.temporal_patch_size, resized_h // config.patch_size, resized_w // config.patch_size
+    # physreason.vision.resize would need PyAV (its package imports the decoder), absent on the GPU machines
+    sides = [max(factor, round(side / factor) * factor) // config.patch_size for side in (height, width)]
+    return frames // config.temporal_patch_size, sides[0], sides[1]
 
 
 def windows_per_video(tower: torch.nn.Module, grid: tuple[int, int, int]) -> int:
@@ -136,7 +137,6 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=12, help="frames per clip (3 s at 4 fps)")
     parser.add_argument("--height", type=int, default=192)
     parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--min-pixels", type=int, default=4 * 28 * 28, help="smallest frame area after resizing")
     parser.add_argument("--runs", type=int, default=5, help="timed runs per setting (after --warmup)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--checkpointing", action="store_true", help="recompute vision blocks in backward")
@@ -150,9 +150,13 @@ def main() -> None:
     torch.manual_seed(0)
     tower = build_tower(args.tiny, device, dtype)
     if args.checkpointing:
-        tower.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        options = {"use_reentrant": False}
+        if hasattr(tower, "activation_checkpointing_enable"):  # transformers >= 5.2x; 5.17 has the older name only
+            tower.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+        else:
+            tower.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
     tower.train()
-    grid = video_grid(tower, args.frames, args.height, args.width, args.min_pixels)
+    grid = video_grid(tower, args.frames, args.height, args.width)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(
         f"device {name}, torch {torch.__version__}, transformers {transformers.__version__}, {dtype}, "

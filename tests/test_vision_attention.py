@@ -129,3 +129,12 @@ def test_loaded_model_uses_grouped_attention_and_exports_plain_config(tiny_model
     assert model.config.text_config._attn_implementation == "sdpa"
     model.save_pretrained(tmp_path)
     assert "physreason" not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
+
+
+def test_applying_leaves_the_global_random_stream_where_it_was(tiny_vl):
+    tower = copy.deepcopy(tiny_vl.model.visual)
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    assert use_grouped_vision_attention(tower)
+    assert torch.equal(torch.rand(4), expected)

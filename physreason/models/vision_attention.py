@@ -163,17 +163,17 @@ def _kernel(attention: nn.Module, name: str) -> Callable[..., tuple[torch.Tensor
 def _probe_matches(attention: nn.Module, native: str, grouped: str) -> bool:
     """Run a fresh module of `attention`'s class (float32, CPU) with both implementations on windows of unequal length."""
     config = copy.deepcopy(attention.config)
-    with torch.random.fork_rng(devices=[]):
+    # CPU even inside a default-device context; the caller's random stream is left where it was
+    with torch.device("cpu"), torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(0)
         probe = type(attention)(config).float().eval()
         head_dim = config.hidden_size // config.num_heads
         hidden = torch.randn(10, config.hidden_size)  # [seq, hidden]
         rotary = (torch.randn(10, head_dim), torch.randn(10, head_dim))  # cos, sin: [seq, head_dim]
-    cu_seqlens = torch.tensor([0, 3, 7, 10], dtype=torch.int32)  # lengths 3, 4, 3: group order is not sequence order
-    outputs = []
-    for name in (native, grouped):
-        config._attn_implementation = name
-        with torch.no_grad():
+        cu_seqlens = torch.tensor([0, 3, 7, 10], dtype=torch.int32)  # lengths 3, 4, 3: groups out of sequence order
+        outputs = []
+        for name in (native, grouped):
+            config._attn_implementation = name
             outputs.append(probe(hidden, cu_seqlens=cu_seqlens, position_embeddings=rotary, max_seqlen=4))
     return torch.allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
 
