@@ -17,6 +17,7 @@ from physreason.config import ModelConfig
 from physreason.data.mcq import MCQPrompt
 from physreason.data.sft import VisionTokens
 from physreason.engines import Completion
+from physreason.errors import PhysReasonError
 from physreason.models import loading, parallelize
 from physreason.models.inputs import VisualInputs, concat_visuals, encode_visuals
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_completion_batch, share_visuals
@@ -191,3 +192,11 @@ def test_text_model_batches_take_the_plain_path(tiny_model_dirs):
     with torch.no_grad():
         scores = PolicyScorer(model)(batch, 1.0).logprobs
     assert scores.shape == batch.mask.shape and bool(torch.isfinite(scores[batch.mask]).all())
+
+
+def test_placeholders_of_the_wrong_kind_are_refused_with_the_prompt_named(vision):
+    pictured = encode_visuals(images=[image(56, 56, seed=0)])
+    (sample,) = group("swapped", pictured, 1, vision, seed=0)
+    sample.prompt_ids = [vision.video_token_id if t == vision.image_token_id else t for t in sample.prompt_ids]
+    with pytest.raises(PhysReasonError, match="prompt swapped: the engine's prompt has 0 image tokens"):
+        build_completion_batch([sample], 0, vision)
