@@ -52,6 +52,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--grpo-prompts", type=int, default=16, help="prompts per GRPO step")
     parser.add_argument("--grpo-n", type=int, default=8, help="completions per prompt")
     parser.add_argument("--grpo-lr", type=float, default=1e-4)
+    parser.add_argument(
+        "--grpo-tasks", nargs="+", default=None, help="tasks whose clips become GRPO prompts (default: all three)"
+    )
     parser.add_argument("--ckpt-every", type=int, default=250, help="checkpoint interval of both training stages")
     parser.add_argument(
         "--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="generation and data-loader processes"
@@ -88,6 +91,15 @@ def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> 
         timings[f"data_{name}_s"] = time.perf_counter() - t
     letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")
     rl_records(out / "data" / "rl", out / "data" / "rl" / "rl.jsonl")
+    if args.grpo_tasks:
+        unknown = sorted(set(args.grpo_tasks) - set(TASKS))
+        if unknown:
+            raise SystemExit(f"--grpo-tasks: unknown task(s) {unknown}; choose from {list(TASKS)}")
+        path = out / "data" / "rl" / "rl.jsonl"
+        rows = [
+            line for line in path.read_text().splitlines() if json.loads(line)["video"].split("/")[0] in args.grpo_tasks
+        ]
+        path.write_text("".join(row + "\n" for row in rows))
 
 
 def logged(output_dir: Path, key: str) -> list[float]:
