@@ -28,13 +28,14 @@ def tiny_vl() -> torch.nn.Module:
 
 def features_and_grads(tower: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Merged visual features of the fixed inputs and the vision parameters' gradients of a fixed projection."""
+    device, dtype = tower.blocks[0].attn.qkv.weight.device, tower.blocks[0].attn.qkv.weight.dtype
     generator = torch.Generator().manual_seed(0)
     pixels = torch.randn(int(GRID_THW.prod(-1).sum()), PATCH_DIM, generator=generator)  # [patches, C*T*P*P]
     tower.zero_grad(set_to_none=True)
-    features = tower(pixels, grid_thw=GRID_THW).pooler_output  # [merged tokens, out_hidden]
-    weights = torch.randn(features.shape, generator=generator)
-    (features * weights).sum().backward()
-    return features.detach(), {name: p.grad.clone() for name, p in tower.named_parameters()}
+    features = tower(pixels.to(device, dtype), grid_thw=GRID_THW.to(device)).pooler_output  # [merged, out_hidden]
+    weights = torch.randn(features.shape, generator=generator).to(device)
+    (features.float() * weights).sum().backward()
+    return features.detach().float(), {name: p.grad.float() for name, p in tower.named_parameters()}
 
 
 @pytest.mark.parametrize("kernel", ["sdpa", "eager"])
@@ -52,6 +53,20 @@ def test_grouped_tower_matches_per_window_features_and_gradients(tiny_vl, kernel
     assert got_grads.keys() == expected_grads.keys()
     for name, grad in expected_grads.items():
         torch.testing.assert_close(got_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_grouped_tower_matches_per_window_path_in_bf16_on_cuda(tiny_vl):
+    native = copy.deepcopy(tiny_vl.model.visual).to("cuda", torch.bfloat16)
+    grouped = copy.deepcopy(native)
+    assert use_grouped_vision_attention(grouped)
+    expected, expected_grads = features_and_grads(native)
+    got, got_grads = features_and_grads(grouped)
+    # the same SDPA kernel per window, batched; bf16 allows a last-bit difference where the kernel tiles differently
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=5e-2, atol=5e-2, msg=name)
 
 
 def test_segments_grouped_once_per_cu_seqlens_per_forward(tiny_vl, monkeypatch):
