@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from physreason.distributed.rollout_queue import RolloutQueue, ScoredGroup, generation_budget, is_fresh
+from physreason.distributed.rollout_queue import RolloutQueue, ScoredGroup, generation_room, is_fresh
 
 
 def _group(version: int, draw: int) -> ScoredGroup:
@@ -16,7 +16,7 @@ def test_freshness_is_the_step_lag_against_the_bound():
     assert not is_fresh(version=0, step=3, allowed_outdated_steps=2)
 
 
-def test_take_hands_out_the_oldest_fresh_groups_and_never_a_stale_one():
+def test_take_hands_out_fresh_groups_of_the_oldest_weights_first_and_never_a_stale_one():
     queue = RolloutQueue(allowed_outdated_steps=1)
     for draw, version in enumerate([0, 1, 2, 1, 2]):
         queue.put(_group(version, draw))
@@ -25,12 +25,23 @@ def test_take_hands_out_the_oldest_fresh_groups_and_never_a_stale_one():
     taken = queue.take(step=2, count=2)
 
     assert [g.draw for g in stale] == [0]
-    assert [g.draw for g in taken] == [1, 2]
-    assert queue.draws() == [3, 4]
+    assert [g.draw for g in taken] == [1, 3]  # both of weights 1 (they expire first), in arrival order
+    assert queue.draws() == [2, 4]
     assert queue.take(step=2, count=3) is None
     assert len(queue) == 2
 
 
-def test_generation_budget_covers_the_updates_a_group_may_still_train():
-    assert generation_budget(groups_per_step=4, allowed_outdated_steps=0) == 4
-    assert generation_budget(groups_per_step=4, allowed_outdated_steps=2) == 12
+def test_generation_room_is_what_the_updates_a_replica_can_still_feed_will_consume():
+    # On-policy: weights 3 feed only the update taken at step 3.
+    assert generation_room(version=3, next_step=3, groups_per_step=4, allowed_outdated_steps=0, pending=0) == 4
+    assert generation_room(version=3, next_step=4, groups_per_step=4, allowed_outdated_steps=0, pending=0) == 0
+    # One step of lag: weights 3 feed the updates taken at steps 3 and 4.
+    assert generation_room(version=3, next_step=3, groups_per_step=4, allowed_outdated_steps=1, pending=0) == 8
+    assert generation_room(version=3, next_step=3, groups_per_step=4, allowed_outdated_steps=1, pending=6) == 2
+    # While update 3 trains (next batch is taken at step 4), a replica still on weights 2 that already has a
+    # step's worth queued must wait for weights 3: what it made now would be stale at step 4.
+    assert generation_room(version=2, next_step=4, groups_per_step=4, allowed_outdated_steps=1, pending=4) == 0
+    assert generation_room(version=3, next_step=4, groups_per_step=4, allowed_outdated_steps=1, pending=4) == 0
+    assert generation_room(version=3, next_step=4, groups_per_step=4, allowed_outdated_steps=1, pending=0) == 4
+    # Stale weights never get room, whatever is pending.
+    assert generation_room(version=1, next_step=4, groups_per_step=4, allowed_outdated_steps=1, pending=0) == 0

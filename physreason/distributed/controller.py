@@ -2,7 +2,7 @@
 
 The controller owns the prompt stream, the rollout queue with its staleness bound, the global
 step, checkpoints and metrics. It is an event loop over Ray object refs: rollout replicas generate
-continuously (each always has one batch of prompts while the generation budget allows), finished
+continuously (each has one batch of prompts whenever its groups could still train an update), finished
 groups go to the queue, and as soon as the queue holds a step's worth of fresh groups and the
 policy is free, the policy trains on them; rollouts meanwhile go on with the previous weights.
 After each update the policy publishes the new version to every ready replica over its weight
@@ -32,7 +32,7 @@ from physreason.config import Config, dump_config
 from physreason.data.mcq import MCQPrompt, PromptStream, load_mcq_prompts
 from physreason.data.sft import VisionTokens
 from physreason.distributed.policy_worker import PolicyWorker
-from physreason.distributed.rollout_queue import RolloutQueue, ScoredGroup, generation_budget, is_fresh
+from physreason.distributed.rollout_queue import RolloutQueue, ScoredGroup, generation_room, is_fresh
 from physreason.distributed.rollout_replica import RolloutOutput, RolloutReplica
 from physreason.distributed.weight_transfer import DEFAULT_BUCKET_BYTES
 from physreason.errors import ConfigError, PhysReasonError
@@ -54,7 +54,8 @@ POLL_S = 1.0
 class DisaggregatedResult(GRPOResult):
     """GRPOResult plus where each trained group came from and what happened to the replicas."""
 
-    group_versions: list[tuple[int, int, int]] = field(default_factory=list)  # (step it trained, weight version, replica)
+    # (step it trained, weight version, replica) of every trained group
+    group_versions: list[tuple[int, int, int]] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     policy_restarts: int = 0
 
@@ -161,7 +162,6 @@ class Controller:
         self.dp_size = self.policy_world // tp
         per_rank = groups_per_rank(config, self.dp_size)
         self.groups_per_step = per_rank * self.dp_size
-        self.budget = generation_budget(self.groups_per_step, self.allowed)
         self.total_steps = config.train.max_steps or config.train.epoch * (len(self.prompts) // self.groups_per_step)
         if self.total_steps < 1:
             raise ConfigError(
@@ -272,7 +272,8 @@ class Controller:
         host, port = self.store_address
         self._submit(
             "channel",
-            [self.policy[0].open_channel.remote(replica.id, channel)] + [w.publish.remote([replica.id]) for w in self.policy],
+            [self.policy[0].open_channel.remote(replica.id, channel)]
+            + [w.publish.remote([replica.id]) for w in self.policy],
             replica.id,
         )
         self._submit("connect", [replica.handle.connect.remote(host, port, channel, self.buckets)], replica.id)
@@ -320,17 +321,19 @@ class Controller:
         return draws + list(zip(range(start, start + len(fresh)), fresh, strict=True))
 
     def _dispatch(self) -> None:
-        """Give each idle ready replica a batch of prompts while its weights are fresh and the budget allows."""
+        """Give each idle ready replica a batch of prompts if the updates its weights may still feed need more groups."""
         self._window.stale += len(self.queue.drop_stale(self.step))
         in_flight = sum(len(r.generating.payload) for r in self.replicas.values() if r.generating is not None)
         for replica in sorted(self.replicas.values(), key=lambda r: r.id):
             if replica.state != "ready" or replica.generating is not None:
                 continue
-            if not is_fresh(replica.version, self.step, self.allowed):
-                continue
-            room = self.budget - len(self.queue) - in_flight
+            # The update in progress took its batch already: this replica's groups feed the ones after it.
+            next_step = self.step + (self._train_op is not None)
+            room = generation_room(
+                replica.version, next_step, self.groups_per_step, self.allowed, len(self.queue) + in_flight
+            )
             if room <= 0:
-                return
+                continue
             draws = self._draws(min(self.config.rollout.batch_size, room))
             replica.generating = self._submit(
                 "generate", [replica.handle.generate.remote(draws, self._dispatches)], replica.id, draws
@@ -379,32 +382,37 @@ class Controller:
         window = self._window
         samples = [s for g in groups for s in g.samples]
         batch = RolloutBatch(samples=samples, scored=window.scored, counts=window.counts)
-        metrics = rollout_metrics(batch, _Stats(Runtime(0, 1, torch.device("cpu"))), self.reward_names, self.vision_tokens)
+        metrics = rollout_metrics(
+            batch, _Stats(Runtime(0, 1, torch.device("cpu"))), self.reward_names, self.vision_tokens
+        )
         metrics.update(policy_metrics)
         now = time.perf_counter()
         step_s = now - window.started
         lags = [self.step - 1 - g.version for g in groups]
         alive = max(len(self.ready_replicas()), 1)
-        metrics.update({
-            "rollout/staleness_mean": sum(lags) / len(lags),
-            "rollout/staleness_max": float(max(lags)),
-            "rollout/stale_dropped": float(window.stale),
-            "rollout/replicas": float(len(self.ready_replicas())),
-            "rollout/queue": float(len(self.queue)),
-            "time/step_s": step_s,
-            "time/sync_s": window.sync_s,
-            "time/policy_wait_s": window.policy_waiting_s,
-            "time/rollout_busy_s": window.rollout_busy_s,
-            "time/rollout_idle_frac": max(0.0, 1.0 - window.rollout_busy_s / (alive * step_s)),
-            "perf/samples_per_s": len(samples) / step_s,
-        })
+        metrics.update(
+            {
+                "rollout/staleness_mean": sum(lags) / len(lags),
+                "rollout/staleness_max": float(max(lags)),
+                "rollout/stale_dropped": float(window.stale),
+                "rollout/replicas": float(len(self.ready_replicas())),
+                "rollout/queue": float(len(self.queue)),
+                "time/step_s": step_s,
+                "time/sync_s": window.sync_s,
+                "time/policy_wait_s": window.policy_waiting_s,
+                "time/rollout_busy_s": window.rollout_busy_s,
+                "time/rollout_idle_frac": max(0.0, 1.0 - window.rollout_busy_s / (alive * step_s)),
+                "perf/samples_per_s": len(samples) / step_s,
+            }
+        )
         self.result.rewards.append(metrics["reward/total_mean"])
         self.result.metrics.append(metrics)
         if self.step % self.config.train.log_freq == 0 or self.step == self.total_steps:
             self.metrics_log.log(self.step, metrics)
         if self.progress is not None:
             self.progress.set_postfix(
-                reward=f"{metrics['reward/total_mean']:.3f}", stale=f"{metrics['rollout/staleness_mean']:.2f}",
+                reward=f"{metrics['reward/total_mean']:.3f}",
+                stale=f"{metrics['rollout/staleness_mean']:.2f}",
                 replicas=len(self.ready_replicas()),
             )
             self.progress.update(1)
@@ -527,7 +535,9 @@ class Controller:
         self.output.mkdir(parents=True, exist_ok=True)
         dump_config(self.config, self.output / "config.toml")
         self._layout()
-        self.metrics_log = MetricLogger(self.output, self.config.logging, run_config=self.config.model_dump(mode="json"))
+        self.metrics_log = MetricLogger(
+            self.output, self.config.logging, run_config=self.config.model_dump(mode="json")
+        )
         from tqdm.auto import tqdm
 
         self.progress = None
@@ -535,7 +545,9 @@ class Controller:
             # Rollout engines start loading first, so their start-up overlaps the policy's.
             self._top_up_rollouts()
             self._start_policy(self.config.train.resume)
-            self.progress = tqdm(total=self.total_steps, initial=self.step, desc="grpo (disaggregated)", dynamic_ncols=True)
+            self.progress = tqdm(
+                total=self.total_steps, initial=self.step, desc="grpo (disaggregated)", dynamic_ncols=True
+            )
             self._window = _StepWindow()
             policy_kinds = ("train", "publish", "channel", "save")
             while self.step < self.total_steps or any(op.kind in policy_kinds for op in self.ops):
@@ -579,4 +591,3 @@ def run_disaggregated(config: Config, on_step: Callable[[Controller, int], None]
     finally:
         if started_here:
             ray.shutdown()
-

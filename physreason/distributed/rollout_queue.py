@@ -33,16 +33,21 @@ def is_fresh(version: int, step: int, allowed_outdated_steps: int) -> bool:
     return step - version <= allowed_outdated_steps
 
 
-def generation_budget(groups_per_step: int, allowed_outdated_steps: int) -> int:
-    """Most prompt groups queued or being generated at once: what the next `allowed + 1` updates can consume.
+def generation_room(
+    version: int, next_step: int, groups_per_step: int, allowed_outdated_steps: int, pending: int
+) -> int:
+    """Prompt groups a replica holding weights `version` may start: what the updates it can still feed will consume.
 
-    More would only be generated to be dropped as stale.
+    Its groups can train the updates made at steps `next_step` (the next one to take a batch) through
+    `version + allowed_outdated_steps`; `pending` groups (queued or being generated, all with weights no
+    newer) are consumed first. Anything beyond that would only be generated to be dropped as stale.
     """
-    return groups_per_step * (allowed_outdated_steps + 1)
+    updates = version + allowed_outdated_steps - next_step + 1
+    return max(0, updates * groups_per_step - pending)
 
 
 class RolloutQueue:
-    """FIFO of scored groups; `take` hands out the oldest fresh ones and drops the stale."""
+    """Scored groups in arrival order; `take` hands out fresh ones, oldest weights first, and never the stale."""
 
     def __init__(self, allowed_outdated_steps: int) -> None:
         self.allowed = allowed_outdated_steps
@@ -63,11 +68,12 @@ class RolloutQueue:
         return stale
 
     def take(self, step: int, count: int) -> list[ScoredGroup] | None:
-        """The `count` oldest groups fresh at `step`, removed from the queue; None (queue unchanged) when fewer exist.
+        """`count` groups fresh at `step`, removed from the queue; None (queue unchanged) when fewer exist.
 
-        Call drop_stale(step) first; stale groups are never returned.
+        Groups of the oldest weights go first (they are the first to expire), in arrival order within a
+        version. Call drop_stale(step) first; stale groups are never returned.
         """
-        fresh = [g for g in self._groups if is_fresh(g.version, step, self.allowed)]
+        fresh = sorted((g for g in self._groups if is_fresh(g.version, step, self.allowed)), key=lambda g: g.version)
         if len(fresh) < count:
             return None
         taken = fresh[:count]
