@@ -2,7 +2,7 @@
 
 Model: the Qwen2.5-VL-3B shape with random bf16 weights and the tiny tokenizer and processor (bench/grpo_step.py's
 `build_model`: the vocabulary, and so the lm_head, is the tiny one). Prompts: `physreason data synth` arrow-of-time
-clips (3 s, 256x192, sampled at 4 fps: about 380 visual tokens each). Each mode runs as its own process (colocated:
+clips (3 s, 256x192, sampled at 4 fps; the default video min_pixels scales frames to 280x392: 840 visual tokens each). Each mode runs as its own process (colocated:
 torchrun, one rank per GPU, each rank's vLLM engine on its own GPU; disaggregated: a Ray driver with one policy actor
 and one rollout actor of one GPU each). A background nvidia-smi samples each GPU's utilization every 200 ms.
 Reported per mode: completions trained per second between the end of the warm-up steps and the last step (metrics
