@@ -7,7 +7,7 @@ import torch
 from media import write_clip, write_image
 
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig, VisionConfig
-from physreason.engines.hf import HFEngine
+from physreason.engines.hf import HFEngine, video_rope_problem
 from physreason.infer import build_request
 from physreason.models.inputs import concat_visuals
 
@@ -101,6 +101,18 @@ def test_prompt_longer_than_context_is_a_per_request_error(engine, tiny_model_di
     assert "visual" in video.error
     assert results[3].error is None and results[3].completions  # the text request still ran
     assert len(results[3].completions[0].token_ids) <= context - lengths["text"]  # generation stops at the context
+
+
+def test_transformers_with_wrong_video_positions_refuses_video_requests_only(tiny_model_dir, media):
+    assert video_rope_problem("5.18.0") is None and video_rope_problem("5.23.1") is None
+    old = HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig())
+    old.video_problem = video_rope_problem("5.17.0")
+    results = {r.request_id: r for r in old.generate(requests(media), GREEDY)}
+    for rid in ("video", "both"):
+        assert results[rid].completions == []
+        assert "transformers 5.17.0" in results[rid].error and "transformers>=5.18.0" in results[rid].error
+    for rid in ("image", "text"):
+        assert results[rid].error is None and results[rid].completions
 
 
 def test_update_weights_changes_generation_to_the_new_weights(tiny_model_dir, media):

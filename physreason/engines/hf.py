@@ -7,6 +7,8 @@ import logging
 from collections.abc import Iterable
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -26,6 +28,24 @@ from physreason.models.inputs import (
 )
 
 log = logging.getLogger(__name__)
+
+# transformers before 5.18 truncates Qwen2.5-VL's seconds per temporal patch to an integer when it builds the
+# video mrope positions (`int(second_per_grid_ts)`): at 4 fps (0.5 s per patch) every frame pair of a clip
+# gets the same temporal position, so generation no longer sees the frames' order. Training and scoring use
+# physreason's own positions (physreason/data/positions.py), which follow the model's definition.
+FIRST_GOOD_VIDEO_ROPE = Version("5.18.0")
+
+
+def video_rope_problem(version: str = transformers.__version__) -> str | None:
+    """Why this transformers cannot generate from video prompts correctly, or None when it can."""
+    if Version(version) >= FIRST_GOOD_VIDEO_ROPE:
+        return None
+    return (
+        f"transformers {version} builds wrong video positions for Qwen2.5-VL generation (it truncates the seconds "
+        "per frame pair to an integer: at 4 fps every frame pair gets the same temporal position); install "
+        f"transformers>={FIRST_GOOD_VIDEO_ROPE} or use the vllm engine"
+    )
+
 
 # The static-cache path pads prompts to a multiple of this, so batches of similar prompts share one
 # cache shape and reuse one compiled forward instead of compiling again for every prompt length.
@@ -86,6 +106,9 @@ class HFEngine(Engine):
         self.tokenizer.padding_side = "left"
         self.processor_params = load_processor_params(source, model.revision) if self.is_vl else None
         self.max_model_len = engine.max_model_len or model.model_max_length
+        self.video_problem = video_rope_problem() if hf_config.model_type == "qwen2_5_vl" else None
+        if self.video_problem:
+            log.warning("video requests will be refused: %s", self.video_problem)
         # transformers >= 5.2x builds Qwen2.5-VL's 3D (mrope) positions only from mm_token_type_ids;
         # without them video and image prompts silently get 1D positions. Older releases find the
         # vision tokens themselves and reject the argument.
@@ -106,6 +129,8 @@ class HFEngine(Engine):
                 f"request {request.request_id}: model {self.model_config.model_name_or_path} is text-only "
                 "and cannot take images or videos"
             )
+        if request.videos and self.video_problem:
+            raise PhysReasonError(f"request {request.request_id}: {self.video_problem}")
         visuals = encode_visuals(request.images, request.videos, self.processor_params) if self.is_vl else VisualInputs()
         text = self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
         text = expand_vision_placeholders(text, visuals.image_token_counts, visuals.video_token_counts)
