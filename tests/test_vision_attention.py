@@ -146,6 +146,12 @@ def test_loaded_model_uses_grouped_attention_and_exports_plain_config(tiny_model
     assert "physreason" not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
 
 
+def test_config_can_keep_transformers_per_window_attention(tiny_model_dir):
+    config = ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32", grouped_vision_attention=False)
+    model = loading.load_model(config)
+    assert model.model.visual.blocks[0].attn.config._attn_implementation == "sdpa"
+
+
 def test_applying_leaves_the_global_random_stream_where_it_was(tiny_vl):
     tower = copy.deepcopy(tiny_vl.model.visual)
     torch.manual_seed(3)

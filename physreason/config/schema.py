@@ -33,6 +33,11 @@ class ModelConfig(Section):
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3"] = Field(
         "sdpa", description="Attention kernel used by the transformers model."
     )
+    grouped_vision_attention: bool = Field(
+        True,
+        description="Run the Qwen2.5-VL vision tower's sdpa/eager attention as one batched call per window length "
+        "instead of one per window (same result, far fewer kernel launches); false keeps transformers' own loop.",
+    )
     trust_remote_code: bool = Field(
         False, description="Run code shipped with the checkpoint. Off unless you trust the checkpoint's source."
     )

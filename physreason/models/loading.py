@@ -39,7 +39,8 @@ def load_model(config: ModelConfig, dtype: torch.dtype | None = None, device: st
     """Load the checkpoint's model class with the configured attention kernel.
 
     dtype None uses model.dtype ('auto' keeps the checkpoint's); trainers pass float32 for master weights.
-    With sdpa or eager, a Qwen2.5-VL vision tower runs them grouped by window length (vision_attention.py).
+    With sdpa or eager and model.grouped_vision_attention (the default), a Qwen2.5-VL vision tower runs them
+    grouped by window length (vision_attention.py).
     """
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -56,7 +57,8 @@ def load_model(config: ModelConfig, dtype: torch.dtype | None = None, device: st
         device_map=None,
     ).to(device)
     # transformers calls sdpa/eager once per vision window (about 1,000 launches per clip); flash is left as it is
-    use_grouped_vision_attention(model)
+    if config.grouped_vision_attention:
+        use_grouped_vision_attention(model)
     return model
 
 
