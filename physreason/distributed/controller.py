@@ -324,11 +324,11 @@ class Controller:
         """Give each idle ready replica a batch of prompts if the updates its weights may still feed need more groups."""
         self._window.stale += len(self.queue.drop_stale(self.step))
         in_flight = sum(len(r.generating.payload) for r in self.replicas.values() if r.generating is not None)
+        # The update in progress took its batch already: new groups feed the ones after it.
+        next_step = self.step + (self._train_op is not None)
         for replica in sorted(self.replicas.values(), key=lambda r: r.id):
             if replica.state != "ready" or replica.generating is not None:
                 continue
-            # The update in progress took its batch already: this replica's groups feed the ones after it.
-            next_step = self.step + (self._train_op is not None)
             room = generation_room(
                 replica.version, next_step, self.groups_per_step, self.allowed, len(self.queue) + in_flight
             )

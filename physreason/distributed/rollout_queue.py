@@ -39,8 +39,9 @@ def generation_room(
     """Prompt groups a replica holding weights `version` may start: what the updates it can still feed will consume.
 
     Its groups can train the updates made at steps `next_step` (the next one to take a batch) through
-    `version + allowed_outdated_steps`; `pending` groups (queued or being generated, all with weights no
-    newer) are consumed first. Anything beyond that would only be generated to be dropped as stale.
+    `version + allowed_outdated_steps`; `pending` groups (queued or being generated) are counted as consumed
+    first, which holds when they carry weights no newer (the queue hands out the oldest weights first).
+    Anything beyond that would only be generated to be dropped as stale.
     """
     updates = version + allowed_outdated_steps - next_step + 1
     return max(0, updates * groups_per_step - pending)
