@@ -55,6 +55,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--grpo-tasks", nargs="+", default=None, help="tasks whose clips become GRPO prompts (default: all three)"
     )
+    parser.add_argument(
+        "--grpo-name",
+        default="grpo",
+        help="GRPO run folder and results label under --out (several GRPO variants can share one SFT stage)",
+    )
     parser.add_argument("--ckpt-every", type=int, default=250, help="checkpoint interval of both training stages")
     parser.add_argument(
         "--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="generation and data-loader processes"
@@ -64,7 +69,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--stop-after", choices=("sft", "grpo"), default="grpo", help="last stage to run")
     parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-intuitive-physics"))
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.grpo_name in {"data", "results", "sft", "rl"} or not args.grpo_name.replace("-", "_").isidentifier():
+        parser.error(f"--grpo-name {args.grpo_name!r}: use a plain folder name other than data, results, sft, rl")
+    return args
 
 
 def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> None:
@@ -91,15 +99,18 @@ def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> 
         timings[f"data_{name}_s"] = time.perf_counter() - t
     letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")
     rl_records(out / "data" / "rl", out / "data" / "rl" / "rl.jsonl")
-    if args.grpo_tasks:
-        unknown = sorted(set(args.grpo_tasks) - set(TASKS))
-        if unknown:
-            raise SystemExit(f"--grpo-tasks: unknown task(s) {unknown}; choose from {list(TASKS)}")
-        path = out / "data" / "rl" / "rl.jsonl"
-        rows = [
-            line for line in path.read_text().splitlines() if json.loads(line)["video"].split("/")[0] in args.grpo_tasks
-        ]
-        path.write_text("".join(row + "\n" for row in rows))
+    tasks = args.grpo_tasks or list(TASKS)
+    unknown = sorted(set(tasks) - set(TASKS))
+    if unknown:
+        raise SystemExit(f"--grpo-tasks: unknown task(s) {unknown}; choose from {list(TASKS)}")
+    rows = [line for line in (out / "data" / "rl" / "rl.jsonl").read_text().splitlines() if line.strip()]
+    prompts = "".join(row + "\n" for row in rows if json.loads(row)["video"].split("/")[0] in tasks)
+    grpo_prompts(out, args).write_text(prompts)
+
+
+def grpo_prompts(out: Path, args: argparse.Namespace) -> Path:
+    """The GRPO prompt file of this variant: the RL clips of the --grpo-tasks."""
+    return out / "data" / "rl" / f"{args.grpo_name}.jsonl"
 
 
 def logged(output_dir: Path, key: str) -> list[float]:
@@ -164,7 +175,8 @@ def main() -> None:
     if args.stop_after == "grpo":
         t = time.perf_counter()
         rl_cfg = grpo_config(cfg, out, sft_dir, sizes)
-        rl_cfg.data.dataset.name = str(out / "data" / "rl" / "rl.jsonl")
+        rl_cfg.data.dataset.name = str(grpo_prompts(out, args))
+        rl_cfg.train.output_dir = str(out / args.grpo_name)
         rl_cfg.train.optm_lr = args.grpo_lr
         rl_cfg.train.train_batch_per_replica = args.grpo_prompts * args.grpo_n
         rl_cfg.train.resume = True
@@ -178,7 +190,7 @@ def main() -> None:
         grpo_dir = finished_export(Path(rl_cfg.train.output_dir), args.grpo_steps) or run_grpo(rl_cfg).export_dir
         timings["grpo_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        table["after SFT+GRPO"] = _evaluate(_with_model(cfg, grpo_dir), "grpo", out / "results")
+        table["after SFT+GRPO"] = _evaluate(_with_model(cfg, grpo_dir), args.grpo_name, out / "results")
         timings["eval_grpo_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
 
@@ -187,7 +199,7 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     params = sum(p.numel() for p in load_file(model_dir / "model.safetensors").values())
     losses = logged(Path(cfg.train.output_dir), "train/loss")
-    rewards = logged(out / "grpo", "reward/total_mean")
+    rewards = logged(out / args.grpo_name, "reward/total_mean")
     window = 50
     curve = {
         step: round(sum(losses[step - window : step]) / window, 4)
