@@ -20,6 +20,8 @@ Recipe (defaults) for a model with no pretraining:
 - GRPO on the RL prompts with the accuracy reward, options not reshuffled.
 Stages are resumable: a rerun with the same --out reuses the clips, a finished SFT or GRPO export, finished
 evaluations, and resumes an interrupted SFT or GRPO run from its last checkpoint (every `--ckpt-every` steps).
+Several GRPO variants can start from one SFT stage: each `--grpo-name` has its own run folder, prompt file and
+evaluation under the same --out (`--grpo-tasks spatial_puzzle --grpo-name grpo-spatial`).
 Prints the table and writes JSON to $OUT/intuitive_physics.json when OUT is set (and to <out>/table.json).
 Run: python bench/intuitive_physics.py
      python bench/intuitive_physics.py --train-per-task 4 --rl-per-task 4 --test-per-task 2 --sft-steps 2 \
