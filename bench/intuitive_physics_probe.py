@@ -5,7 +5,7 @@ stays at chance there, this probe tells the two causes apart: the clips as sampl
 frames resized to --max-pixels) carry no learnable signal, or they do and the from-scratch VLM fails to learn
 it at that budget. Same clip sets as the VLM run (train split seed 0, test split), same frame sampling and
 resize (physreason.vision.video.load_video), labels from the benchmark records (options in fixed order, so
-the letter is the class). The probe is a plain 3D CNN (about 60k parameters) trained with cross-entropy.
+the letter is the class). The probe is a plain 3D CNN with batch norm (about 110k parameters) trained with cross-entropy.
 Prints train and held-out accuracy per epoch and writes $OUT/intuitive_physics_probe.json when OUT is set.
 Run: python bench/intuitive_physics_probe.py --workers 14
      python bench/intuitive_physics_probe.py --train-per-task 16 --test-per-task 8 --epochs 1  (CPU check)
@@ -61,9 +61,9 @@ def probe_net(classes: int):
     from torch import nn
 
     return nn.Sequential(
-        nn.Conv3d(3, 16, (3, 5, 5), padding=(1, 2, 2)), nn.ReLU(), nn.MaxPool3d((1, 2, 2)),
-        nn.Conv3d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool3d((1, 2, 2)),
-        nn.Conv3d(32, 48, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool3d((4, 2, 2)), nn.Flatten(),
+        nn.Conv3d(3, 16, (3, 5, 5), padding=(1, 2, 2)), nn.BatchNorm3d(16), nn.ReLU(), nn.MaxPool3d((1, 2, 2)),
+        nn.Conv3d(16, 32, 3, padding=1), nn.BatchNorm3d(32), nn.ReLU(), nn.MaxPool3d((1, 2, 2)),
+        nn.Conv3d(32, 48, 3, padding=1), nn.BatchNorm3d(48), nn.ReLU(), nn.AdaptiveAvgPool3d((4, 2, 2)), nn.Flatten(),
         nn.Linear(48 * 16, 64), nn.ReLU(), nn.Linear(64, classes),
     )  # fmt: skip
 
