@@ -67,18 +67,28 @@ class Runtime:
 
 
 def init_runtime() -> Runtime:
-    """Join the torchrun process group when launched by torchrun (NCCL on GPUs, gloo on CPU)."""
+    """Join the torchrun process group when launched by torchrun (NCCL on GPUs, gloo on CPU).
+
+    Each process takes the GPU of its LOCAL_RANK, before the process group starts. With more processes on a node
+    than visible GPUs this raises ConfigError naming both counts (CUDA_VISIBLE_DEVICES= runs on CPU with gloo).
+    """
     cuda = torch.cuda.is_available()
+    device = torch.device("cpu")
+    if cuda:
+        local, visible = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+        if local >= visible:
+            per_node = os.environ.get("LOCAL_WORLD_SIZE", str(local + 1))
+            raise ConfigError(
+                f"this process has LOCAL_RANK {local} (torchrun started {per_node} processes on this node) but only "
+                f"{visible} GPU(s) are visible: launch with --nproc-per-node {visible} or fewer, check "
+                "CUDA_VISIBLE_DEVICES, or set CUDA_VISIBLE_DEVICES= to run on CPU with gloo"
+            )
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
-    if cuda:
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
     return Runtime(rank, world, device, distributed="WORLD_SIZE" in os.environ)
 
 
