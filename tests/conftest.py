@@ -29,3 +29,18 @@ def tiny_model_dirs(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
         if kind not in dirs:
             dirs[kind] = save_tiny_model(kind, tmp_path_factory.mktemp(f"tiny-{kind}"))
     return dirs
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """`gpu` tests skip, with the reason, on a machine without CUDA.
+
+    addopts deselects them, but any `-m` given on the command line (such as `-m "not vllm"`) replaces that filter.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (gpu marker): run `pytest -m gpu` on a GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
