@@ -22,6 +22,8 @@ Stages are resumable: a rerun with the same --out reuses the clips, a finished S
 evaluations, and resumes an interrupted SFT or GRPO run from its last checkpoint (every `--ckpt-every` steps).
 Several GRPO variants can start from one SFT stage: each `--grpo-name` has its own run folder, prompt file and
 evaluation under the same --out (`--grpo-tasks spatial_puzzle --grpo-name grpo-spatial`).
+`--sft-control` adds the control row: SFT continued from the SFT export on the same RL clips (letter answers),
+with GRPO's prompts per step, steps and learning rate, so a GRPO gain can be told from more supervised data.
 Prints the table and writes JSON to $OUT/intuitive_physics.json when OUT is set (and to <out>/table.json).
 Run: python bench/intuitive_physics.py
      python bench/intuitive_physics.py --train-per-task 4 --rl-per-task 4 --test-per-task 2 --sft-steps 2 \
@@ -62,6 +64,12 @@ def parse_args() -> argparse.Namespace:
         default="grpo",
         help="GRPO run folder and results label under --out (several GRPO variants can share one SFT stage)",
     )
+    parser.add_argument(
+        "--sft-control",
+        action="store_true",
+        help="also continue SFT from the SFT export on the same RL clips, as many prompts per step and steps as GRPO "
+        "at GRPO's learning rate (constant): the control that tells GRPO's gain from more supervised data",
+    )
     parser.add_argument("--ckpt-every", type=int, default=250, help="checkpoint interval of both training stages")
     parser.add_argument(
         "--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="generation and data-loader processes"
@@ -72,8 +80,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stop-after", choices=("sft", "grpo"), default="grpo", help="last stage to run")
     parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-intuitive-physics"))
     args = parser.parse_args()
-    if args.grpo_name in {"data", "results", "sft", "rl"} or not args.grpo_name.replace("-", "_").isidentifier():
-        parser.error(f"--grpo-name {args.grpo_name!r}: use a plain folder name other than data, results, sft, rl")
+    if args.grpo_name in {"data", "results", "sft", "rl", "rl-sft"} or not args.grpo_name.replace("-", "_").isidentifier():
+        parser.error(f"--grpo-name {args.grpo_name!r}: use a plain folder name other than data, results, sft, rl, rl-sft")
     return args
 
 
@@ -108,6 +116,15 @@ def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> 
     rows = [line for line in (out / "data" / "rl" / "rl.jsonl").read_text().splitlines() if line.strip()]
     prompts = "".join(row + "\n" for row in rows if json.loads(row)["video"].split("/")[0] in tasks)
     grpo_prompts(out, args).write_text(prompts)
+    letter_sft_records(out / "data" / "rl", out / "data" / "rl" / "rl-sft.jsonl")
+    rows = [line for line in (out / "data" / "rl" / "rl-sft.jsonl").read_text().splitlines() if line.strip()]
+    control = "".join(row + "\n" for row in rows if json.loads(row)["video"].split("/")[0] in tasks)
+    control_records(out, args).write_text(control)
+
+
+def control_records(out: Path, args: argparse.Namespace) -> Path:
+    """Letter-answer SFT records of the same RL clips, for --sft-control."""
+    return out / "data" / "rl" / f"{args.grpo_name}-sft.jsonl"
 
 
 def grpo_prompts(out: Path, args: argparse.Namespace) -> Path:
@@ -194,6 +211,24 @@ def main() -> None:
         t = time.perf_counter()
         table["after SFT+GRPO"] = _evaluate(_with_model(cfg, grpo_dir), args.grpo_name, out / "results")
         timings["eval_grpo_s"] = time.perf_counter() - t
+    if args.stop_after == "grpo" and args.sft_control:
+        t = time.perf_counter()
+        ctl_cfg = _with_model(cfg, sft_dir).model_copy(deep=True)
+        ctl_cfg.data.dataset.name = str(control_records(out, args))
+        ctl_cfg.train.output_dir = str(out / f"{args.grpo_name}-sft-control")
+        ctl_cfg.train.max_steps = args.grpo_steps
+        ctl_cfg.train.train_batch_per_replica = args.grpo_prompts
+        ctl_cfg.train.mini_batch = args.grpo_prompts
+        ctl_cfg.train.optm_lr = args.grpo_lr
+        ctl_cfg.train.optm_warmup_steps = 0
+        ctl_cfg.train.optm_decay_type = "constant"
+        ctl_cfg.train.ckpt.save_freq = min(args.ckpt_every, args.grpo_steps)
+        control_dir = finished_export(Path(ctl_cfg.train.output_dir), args.grpo_steps) or run_sft(ctl_cfg).export_dir
+        timings["sft_control_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        label = f"{args.grpo_name}-sft-control"
+        table["after SFT+SFT (control)"] = _evaluate(_with_model(cfg, control_dir), label, out / "results")
+        timings["eval_sft_control_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
 
     from safetensors.torch import load_file
