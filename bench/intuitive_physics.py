@@ -80,8 +80,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stop-after", choices=("sft", "grpo"), default="grpo", help="last stage to run")
     parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-intuitive-physics"))
     args = parser.parse_args()
-    if args.grpo_name in {"data", "results", "sft", "rl", "rl-sft"} or not args.grpo_name.replace("-", "_").isidentifier():
-        parser.error(f"--grpo-name {args.grpo_name!r}: use a plain folder name other than data, results, sft, rl, rl-sft")
+    if (
+        args.grpo_name in {"data", "results", "sft", "rl", "rl-sft"}
+        or not args.grpo_name.replace("-", "_").isidentifier()
+    ):
+        parser.error(
+            f"--grpo-name {args.grpo_name!r}: use a plain folder name other than data, results, sft, rl, rl-sft"
+        )
     return args
 
 
@@ -113,13 +118,15 @@ def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> 
     unknown = sorted(set(tasks) - set(TASKS))
     if unknown:
         raise SystemExit(f"--grpo-tasks: unknown task(s) {unknown}; choose from {list(TASKS)}")
-    rows = [line for line in (out / "data" / "rl" / "rl.jsonl").read_text().splitlines() if line.strip()]
-    prompts = "".join(row + "\n" for row in rows if json.loads(row)["video"].split("/")[0] in tasks)
-    grpo_prompts(out, args).write_text(prompts)
+    keep_tasks(out / "data" / "rl" / "rl.jsonl", grpo_prompts(out, args), tasks)
     letter_sft_records(out / "data" / "rl", out / "data" / "rl" / "rl-sft.jsonl")
-    rows = [line for line in (out / "data" / "rl" / "rl-sft.jsonl").read_text().splitlines() if line.strip()]
-    control = "".join(row + "\n" for row in rows if json.loads(row)["video"].split("/")[0] in tasks)
-    control_records(out, args).write_text(control)
+    keep_tasks(out / "data" / "rl" / "rl-sft.jsonl", control_records(out, args), tasks)
+
+
+def keep_tasks(source: Path, target: Path, tasks: list[str]) -> None:
+    """Copy the JSONL records of `source` whose clip (`<task>/clips/...`) belongs to one of `tasks`."""
+    rows = [line for line in source.read_text().splitlines() if line.strip()]
+    target.write_text("".join(row + "\n" for row in rows if json.loads(row)["video"].split("/")[0] in tasks))
 
 
 def control_records(out: Path, args: argparse.Namespace) -> Path:
