@@ -32,15 +32,21 @@ def tiny_model_dirs(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """`gpu` tests skip, with the reason, on a machine without CUDA.
+    """`gpu` tests skip, with the reason, on a machine without CUDA; `cpu_only` tests skip on one with CUDA.
 
-    addopts deselects them, but any `-m` given on the command line (such as `-m "not vllm"`) replaces that filter.
+    addopts deselects the gpu tests, but any `-m` given on the command line (such as `-m "not vllm"`) replaces
+    that filter. A cpu_only test runs torchrun children with gloo on CPU and compares them with a run in the
+    test process, which would use the GPU.
     """
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (gpu marker): run `pytest -m gpu` on a GPU machine")
+    cuda = torch.cuda.is_available()
+    needs_gpu = pytest.mark.skip(reason="needs a CUDA GPU (gpu marker): run `pytest -m gpu` on a GPU machine")
+    needs_cpu = pytest.mark.skip(
+        reason="gloo CPU test (cpu_only marker): run with CUDA_VISIBLE_DEVICES= on a GPU machine"
+    )
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not cuda:
+            item.add_marker(needs_gpu)
+        if "cpu_only" in item.keywords and cuda:
+            item.add_marker(needs_cpu)

@@ -29,9 +29,7 @@ from physreason.models.tiny import save_tiny_model
 from physreason.rewards import register_reward
 from physreason.train.grpo import run_grpo
 
-# The torchrun children use gloo on CPU and are compared with an in-process run; with a GPU visible the
-# reference would run on CUDA. On a GPU machine run this file with CUDA_VISIBLE_DEVICES= (see README, Tests).
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="gloo CPU test: run with CUDA_VISIBLE_DEVICES=")
+pytestmark = pytest.mark.cpu_only  # gloo children compared with an in-process run
 
 TESTS = Path(__file__).resolve().parent
 

@@ -24,9 +24,7 @@ from test_grpo_fsdp import TESTS, WORKER, _overrides, train_and_record
 from physreason.config import load_config
 from physreason.models.tiny import save_tiny_model
 
-# The torchrun children use gloo on CPU and are compared with an in-process run; with a GPU visible the
-# reference would run on CUDA. On a GPU machine run this file with CUDA_VISIBLE_DEVICES= (see README, Tests).
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="gloo CPU test: run with CUDA_VISIBLE_DEVICES=")
+pytestmark = pytest.mark.cpu_only  # gloo children compared with an in-process run
 
 # A broken run hangs in a collective rather than failing: a run this long has hung.
 TIMEOUT_S = 180

@@ -17,9 +17,7 @@ from physreason.config import load_config
 from physreason.models.tiny import save_tiny_model
 from physreason.train.sft import run_sft
 
-# The torchrun children use gloo on CPU and are compared with an in-process run; with a GPU visible the
-# reference would run on CUDA. On a GPU machine run this file with CUDA_VISIBLE_DEVICES= (see README, Tests).
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="gloo CPU test: run with CUDA_VISIBLE_DEVICES=")
+pytestmark = pytest.mark.cpu_only  # gloo children compared with an in-process run
 
 ANSWER = "<think>\nthe ball falls\n</think>\n\n<answer>\nyes\n</answer>"
 
