@@ -41,6 +41,8 @@ from pathlib import Path
 
 def parse_args() -> argparse.Namespace:
     """The recipe's knobs; the defaults are the recipe."""
+    from physreason.demo import TASKS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-per-task", type=int, default=2000, help="SFT clips per task")
     parser.add_argument("--rl-per-task", type=int, default=1000, help="GRPO prompt clips per task (unseen by SFT)")
@@ -57,7 +59,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--grpo-n", type=int, default=8, help="completions per prompt")
     parser.add_argument("--grpo-lr", type=float, default=1e-4)
     parser.add_argument(
-        "--grpo-tasks", nargs="+", default=None, help="tasks whose clips become GRPO prompts (default: all three)"
+        "--grpo-tasks",
+        nargs="+",
+        choices=TASKS,
+        default=None,
+        help="tasks whose clips become GRPO prompts (default: all)",
     )
     parser.add_argument(
         "--grpo-name",
@@ -114,10 +120,7 @@ def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> 
         timings[f"data_{name}_s"] = time.perf_counter() - t
     letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")
     rl_records(out / "data" / "rl", out / "data" / "rl" / "rl.jsonl")
-    tasks = args.grpo_tasks or list(TASKS)
-    unknown = sorted(set(tasks) - set(TASKS))
-    if unknown:
-        raise SystemExit(f"--grpo-tasks: unknown task(s) {unknown}; choose from {list(TASKS)}")
+    tasks = args.grpo_tasks or list(TASKS)  # parse_args checked the names
     keep_tasks(out / "data" / "rl" / "rl.jsonl", grpo_prompts(out, args), tasks)
     letter_sft_records(out / "data" / "rl", out / "data" / "rl" / "rl-sft.jsonl")
     keep_tasks(out / "data" / "rl" / "rl-sft.jsonl", control_records(out, args), tasks)
@@ -218,24 +221,26 @@ def main() -> None:
         t = time.perf_counter()
         table["after SFT+GRPO"] = _evaluate(_with_model(cfg, grpo_dir), args.grpo_name, out / "results")
         timings["eval_grpo_s"] = time.perf_counter() - t
-    if args.stop_after == "grpo" and args.sft_control:
-        t = time.perf_counter()
-        ctl_cfg = _with_model(cfg, sft_dir).model_copy(deep=True)
-        ctl_cfg.data.dataset.name = str(control_records(out, args))
-        ctl_cfg.train.output_dir = str(out / f"{args.grpo_name}-sft-control")
-        ctl_cfg.train.max_steps = args.grpo_steps
-        ctl_cfg.train.train_batch_per_replica = args.grpo_prompts
-        ctl_cfg.train.mini_batch = args.grpo_prompts
-        ctl_cfg.train.optm_lr = args.grpo_lr
-        ctl_cfg.train.optm_warmup_steps = 0
-        ctl_cfg.train.optm_decay_type = "constant"
-        ctl_cfg.train.ckpt.save_freq = min(args.ckpt_every, args.grpo_steps)
-        control_dir = finished_export(Path(ctl_cfg.train.output_dir), args.grpo_steps) or run_sft(ctl_cfg).export_dir
-        timings["sft_control_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        label = f"{args.grpo_name}-sft-control"
-        table["after SFT+SFT (control)"] = _evaluate(_with_model(cfg, control_dir), label, out / "results")
-        timings["eval_sft_control_s"] = time.perf_counter() - t
+        if args.sft_control:
+            t = time.perf_counter()
+            ctl_cfg = _with_model(cfg, sft_dir).model_copy(deep=True)
+            ctl_cfg.data.dataset.name = str(control_records(out, args))
+            ctl_cfg.train.output_dir = str(out / f"{args.grpo_name}-sft-control")
+            ctl_cfg.train.max_steps = args.grpo_steps
+            ctl_cfg.train.train_batch_per_replica = args.grpo_prompts
+            ctl_cfg.train.mini_batch = args.grpo_prompts
+            ctl_cfg.train.optm_lr = args.grpo_lr
+            ctl_cfg.train.optm_warmup_steps = 0
+            ctl_cfg.train.optm_decay_type = "constant"
+            ctl_cfg.train.ckpt.save_freq = min(args.ckpt_every, args.grpo_steps)
+            control_dir = (
+                finished_export(Path(ctl_cfg.train.output_dir), args.grpo_steps) or run_sft(ctl_cfg).export_dir
+            )
+            timings["sft_control_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            label = f"{args.grpo_name}-sft-control"
+            table["after SFT+SFT (control)"] = _evaluate(_with_model(cfg, control_dir), label, out / "results")
+            timings["eval_sft_control_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
 
     from safetensors.torch import load_file

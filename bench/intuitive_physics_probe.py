@@ -5,7 +5,8 @@ stays at chance there, this probe tells the two causes apart: the clips as sampl
 frames resized to --max-pixels) carry no learnable signal, or they do and the from-scratch VLM fails to learn
 it at that budget. Same clip sets as the VLM run (train split seed 0, test split), same frame sampling and
 resize (physreason.vision.video.load_video), labels from the benchmark records (options in fixed order, so
-the letter is the class). The probe is a plain 3D CNN with batch norm (about 110k parameters) trained with cross-entropy.
+the letter is the class). The probe is a plain 3D CNN with batch norm (about 110k parameters),
+trained with cross-entropy.
 Prints train and held-out accuracy per epoch and writes $OUT/intuitive_physics_probe.json when OUT is set.
 Run: python bench/intuitive_physics_probe.py --workers 14
      python bench/intuitive_physics_probe.py --train-per-task 16 --test-per-task 8 --epochs 1  (CPU check)
@@ -21,20 +22,27 @@ from pathlib import Path
 
 
 def parse_args() -> argparse.Namespace:
+    from physreason.demo import TASKS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", nargs="+", default=["arrow_of_time", "object_permanence", "spatial_puzzle"])
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     parser.add_argument("--train-per-task", type=int, default=2000)
     parser.add_argument("--test-per-task", type=int, default=500)
     parser.add_argument("--max-pixels", type=int, default=12544, help="largest frame area (as the VLM run)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
-    parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-intuitive-physics/fixed/data"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("/tmp/physreason-intuitive-physics/fixed/data"),
+        help="clip folder (<out>/train, <out>/test); the default is bench/intuitive_physics.py's, so its clips are reused",
+    )
     return parser.parse_args()
 
 
 def load_split(folder: Path, max_pixels: int, workers: int):
-    """Frames [N, 3, T, H, W] in [0, 1] and class labels of one task's clip folder."""
+    """uint8 frames [N, 3, T, H, W] and class labels of one task's clip folder."""
     from concurrent.futures import ProcessPoolExecutor
 
     import numpy as np

@@ -10,9 +10,8 @@ from physreason.config.schema import DatasetConfig
 from physreason.data.loaders import load_records
 from physreason.data.mcq import load_mcq_prompts
 from physreason.data.synth.generate import generate_task
+from physreason.demo import TASKS
 from physreason.eval import load_benchmark
-
-TASKS = ("arrow_of_time", "spatial_puzzle", "object_permanence")
 
 
 @pytest.fixture(scope="module")
