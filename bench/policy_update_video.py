@@ -208,8 +208,8 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(BENCH.parent))
 
-    from physreason.data.sft import VisionTokens
     from physreason.models import loading
+    from physreason.models.family import read_vision_tokens
     from physreason.train.grpo import UpdateSettings, build_policy, update_policy
     from physreason.train.policy import build_completion_batch
     from physreason.train.sft import init_runtime, seed_everything
@@ -224,7 +224,7 @@ def main() -> None:
     seed_everything(0)
     config = bench_config(model_dir, args)
     tokenizer = loading.load_tokenizer(config.model)
-    vision_tokens = VisionTokens.from_model_config(loading.load_model_config(config.model))
+    vision_tokens = read_vision_tokens(loading.load_model_config(config.model))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     policy = build_policy(config, runtime, total_steps=3 * (args.runs + 1))
     zero_learning_rate(policy.optimizer, policy.scheduler)

@@ -8,9 +8,9 @@ from media import write_clip
 
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig, VisionConfig
 from physreason.data.mcq import MCQPrompt, PromptStream
-from physreason.data.sft import VisionTokens
 from physreason.engines import Completion, Engine, GenerationResult
 from physreason.models import loading
+from physreason.models.family import read_vision_tokens
 from physreason.models.inputs import concat_visuals, load_processor_params
 from physreason.train.grpo import aggregation_count
 from physreason.train.grpo_loss import policy_loss
@@ -121,7 +121,7 @@ def test_policy_scores_of_a_video_prompt_equal_the_model_with_its_own_mrope(tiny
     )
     stream = PromptStream([MCQPrompt("p", "Is the square falling?", dict(OPTIONS), "A", videos=(clip,))], seed=0)
     batch = collect_rollouts(engine, stream, rollout, step=0)
-    vision_tokens = VisionTokens.from_model_config(loading.load_model_config(model_config))
+    vision_tokens = read_vision_tokens(loading.load_model_config(model_config))
     completion_batch = build_completion_batch(batch.samples, 0, vision_tokens)
     model = loading.load_model(model_config, dtype=torch.float32).eval()
     with torch.no_grad():

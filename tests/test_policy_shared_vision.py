@@ -15,10 +15,10 @@ import torch
 
 from physreason.config import ModelConfig
 from physreason.data.mcq import MCQPrompt
-from physreason.data.sft import VisionTokens
 from physreason.engines import Completion
 from physreason.errors import PhysReasonError
 from physreason.models import loading, parallelize
+from physreason.models.family import VisionTokens, read_vision_tokens
 from physreason.models.inputs import VisualInputs, concat_visuals, encode_visuals
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_completion_batch, share_visuals
 from physreason.train.rollout import RolloutSample
@@ -68,7 +68,7 @@ def per_row(batch: CompletionBatch, samples: list[RolloutSample]) -> CompletionB
 
 @pytest.fixture(scope="module")
 def vision(tiny_model_dir) -> VisionTokens:
-    return VisionTokens.from_model_config(loading.load_model_config(ModelConfig(model_name_or_path=str(tiny_model_dir))))
+    return read_vision_tokens(loading.load_model_config(ModelConfig(model_name_or_path=str(tiny_model_dir))))
 
 
 def load(tiny_model_dir) -> torch.nn.Module:

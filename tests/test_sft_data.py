@@ -10,18 +10,18 @@ import torch
 from physreason.config import DatasetConfig
 from physreason.data.collate import collate_padded, shifted_targets
 from physreason.data.loaders import load_records, resolve_media_path
-from physreason.data.positions import mrope_position_ids
 from physreason.data.sft import (
     IGNORE_INDEX,
     SFTDataset,
     SkippedSample,
-    VisionTokens,
     conversation_segments,
     normalize_conversation,
     tokenize_segments,
     truncation_problem,
 )
 from physreason.errors import InputError
+from physreason.models.family import VisionTokens, read_vision_tokens
+from physreason.models.positions import mrope_position_ids
 from physreason.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 ANSWER = "<think>\nthe ball falls\n</think>\n\n<answer>\nyes\n</answer>"
@@ -136,7 +136,7 @@ def test_mrope_positions_match_transformers_get_rope_index(tokenizer):
     image_grid = torch.tensor([[1, 4, 4]])
     video_grid = torch.tensor([[2, 4, 4]])
     seconds = torch.tensor([0.5])
-    spec = VisionTokens.from_model_config(config)
+    spec = read_vision_tokens(config)
     ours = mrope_position_ids(ids, img, vid, image_grid, video_grid, seconds, spec.spatial_merge_size, spec.tokens_per_second)
     types = torch.zeros_like(ids)
     types[ids == img] = 1

@@ -8,8 +8,9 @@ import torch
 
 from physreason.data.collate import collate_padded
 from physreason.data.packing import collate_packed
-from physreason.data.positions import mrope_position_ids
-from physreason.data.sft import IGNORE_INDEX, SFTSample, VisionTokens
+from physreason.data.sft import IGNORE_INDEX, SFTSample
+from physreason.models.family import read_vision_tokens
+from physreason.models.positions import mrope_position_ids
 from physreason.models.tiny import build_tiny_model, build_tiny_tokenizer
 from physreason.train.model import CausalLMLoss
 
@@ -32,7 +33,7 @@ def _image_sample(model, ids_before: list[int], ids_after: list[int], n_prompt_a
 
     image = np.random.default_rng(0).integers(0, 255, (56, 56, 3), dtype=np.uint8)
     visuals = encode_visuals([image], [])
-    spec = VisionTokens.from_model_config(model.config)
+    spec = read_vision_tokens(model.config)
     ids = ids_before + [spec.image_token_id] * visuals.image_token_counts[0] + ids_after
     input_ids = torch.tensor(ids)
     labels = input_ids.clone()

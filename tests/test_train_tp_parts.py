@@ -74,13 +74,13 @@ def test_balanced_vision_runs_the_tower_for_images_and_videos_on_a_text_batch_wi
 
 
 def test_balanced_vision_adds_only_the_missing_kind_to_an_image_batch(tiny):
-    from physreason.data.positions import mrope_position_ids
-    from physreason.data.sft import VisionTokens
+    from physreason.models.family import read_vision_tokens
     from physreason.models.inputs import encode_visuals
+    from physreason.models.positions import mrope_position_ids
 
     tokenizer, model = tiny
     visuals = encode_visuals([np.zeros((56, 56, 3), np.uint8)], [])
-    spec = VisionTokens.from_model_config(model.config)
+    spec = read_vision_tokens(model.config)
     ids = torch.tensor([1, 2] + [spec.image_token_id] * visuals.image_token_counts[0] + list(range(20, 30)))
     positions = mrope_position_ids(ids, spec.image_token_id, spec.video_token_id, visuals.image_grid_thw, None, None,
                                    spec.spatial_merge_size, spec.tokens_per_second)

@@ -22,8 +22,8 @@ from torch.utils.data import Dataset
 
 from physreason.config import VisionConfig
 from physreason.data.loaders import resolve_media_path
-from physreason.data.positions import mrope_position_ids
 from physreason.errors import InputError
+from physreason.models.family import VisionTokens
 
 log = logging.getLogger(__name__)
 
@@ -39,42 +39,6 @@ class MediaRef:
 
     kind: Literal["image", "video"]
     path: Path
-
-
-@dataclass(frozen=True)
-class VisionTokens:
-    """What the data pipeline needs to know of a vision-language model's token layout."""
-
-    image_token_id: int
-    video_token_id: int
-    spatial_merge_size: int = 2
-    tokens_per_second: float = 2.0
-
-    @classmethod
-    def from_model_config(cls, config: Any) -> VisionTokens | None:
-        """Read the ids and merge sizes from a transformers config; None for text-only models."""
-        if getattr(config, "vision_config", None) is None:
-            return None
-        vision = config.vision_config
-        return cls(
-            image_token_id=int(config.image_token_id),
-            video_token_id=int(config.video_token_id),
-            spatial_merge_size=int(getattr(vision, "spatial_merge_size", 2)),
-            tokens_per_second=float(getattr(vision, "tokens_per_second", 2)),
-        )
-
-    def positions(self, input_ids: torch.Tensor, visuals: Any) -> torch.Tensor:
-        """[3, L] mrope position ids of one sequence with its visual inputs (VisualInputs or None)."""
-        return mrope_position_ids(
-            input_ids,
-            self.image_token_id,
-            self.video_token_id,
-            visuals.image_grid_thw if visuals else None,
-            visuals.video_grid_thw if visuals else None,
-            visuals.second_per_grid_ts if visuals else None,
-            self.spatial_merge_size,
-            self.tokens_per_second,
-        )
 
 
 @dataclass

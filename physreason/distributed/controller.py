@@ -30,13 +30,13 @@ import torch
 
 from physreason.config import Config, dump_config
 from physreason.data.mcq import MCQPrompt, PromptStream, load_mcq_prompts
-from physreason.data.sft import VisionTokens
 from physreason.distributed.policy_worker import PolicyWorker
 from physreason.distributed.rollout_queue import RolloutQueue, ScoredGroup, generation_room, is_fresh
 from physreason.distributed.rollout_replica import RolloutOutput, RolloutReplica
 from physreason.distributed.weight_transfer import DEFAULT_BUCKET_BYTES
 from physreason.errors import ConfigError, PhysReasonError
 from physreason.models import loading
+from physreason.models.family import read_vision_tokens
 from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, rollout_metrics
 from physreason.train.metrics import MetricLogger
 from physreason.train.rollout import RolloutBatch
@@ -146,7 +146,7 @@ class Controller:
         self._train_op: _Op | None = None
         self._window = _StepWindow()
         hf_config = loading.load_model_config(config.model)
-        self.vision_tokens = VisionTokens.from_model_config(hf_config)
+        self.vision_tokens = read_vision_tokens(hf_config)
         self.reward_names = sorted(set(config.grpo.reward_function) | {"accuracy", "format"}) + ["total"]
 
     # ---- layout -------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 from physreason.config import Config
-from physreason.data.sft import VisionTokens
 from physreason.distributed.weight_transfer import (
     CHANNEL_TIMEOUT,
     DEFAULT_BUCKET_BYTES,
@@ -30,6 +29,7 @@ from physreason.distributed.weight_transfer import (
     weight_manifest,
 )
 from physreason.models import loading
+from physreason.models.family import read_vision_tokens
 from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from physreason.train.grpo import UpdateSettings, build_policy, update_policy
 from physreason.train.policy import build_completion_batch
@@ -94,7 +94,7 @@ class PolicyWorker:
         self.dp_size = runtime.world_size // tp
         tokenizer = loading.load_tokenizer(config.model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.vision_tokens = VisionTokens.from_model_config(loading.load_model_config(config.model))
+        self.vision_tokens = read_vision_tokens(loading.load_model_config(config.model))
 
         policy = build_policy(config, runtime, total_steps)
         self.model, self.scorer, self.reference = policy.model, policy.scorer, policy.reference

@@ -29,6 +29,7 @@ from physreason.distributed.weight_transfer import Bucket, WeightChannel
 from physreason.engines import Engine, create_engine
 from physreason.errors import PhysReasonError
 from physreason.models import loading
+from physreason.models.family import model_family
 from physreason.train.rollout import RolloutSettings, collect_rollouts
 
 
@@ -103,7 +104,7 @@ class RolloutReplica:
         self.replica_id = replica_id
         self.engine = build_engine(config)
         self.processor_params = None
-        if loading.is_vision_language(loading.load_model_config(config.model)):
+        if model_family(loading.load_model_config(config.model)).is_vision_language:
             from physreason.models.inputs import load_processor_params
 
             self.processor_params = load_processor_params(config.model.model_name_or_path, config.model.revision)

@@ -19,6 +19,7 @@ from physreason.config import EngineConfig, ModelConfig, SamplingConfig
 from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
 from physreason.models import loading
+from physreason.models.family import model_family
 from physreason.models.inputs import (
     VisualInputs,
     concat_visuals,
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 # transformers before 5.18 truncates Qwen2.5-VL's seconds per temporal patch to an integer when it builds the
 # video mrope positions (`int(second_per_grid_ts)`): at 4 fps (0.5 s per patch) every frame pair of a clip
 # gets the same temporal position, so generation no longer sees the frames' order. Training and scoring use
-# physreason's own positions (physreason/data/positions.py), which follow the model's definition.
+# physreason's own positions (physreason/models/positions.py), which follow the model's definition.
 FIRST_GOOD_VIDEO_ROPE = Version("5.18.0")
 
 
@@ -100,7 +101,7 @@ class HFEngine(Engine):
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         source = model.model_name_or_path
         hf_config = loading.load_model_config(model)
-        self.is_vl = loading.is_vision_language(hf_config)
+        self.is_vl = model_family(hf_config).is_vision_language
         self.model = loading.load_model(model, device=self.device).eval()
         self.tokenizer = loading.load_tokenizer(model)
         self.tokenizer.padding_side = "left"

@@ -21,6 +21,7 @@ from physreason.engines import vllm_compat
 from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
 from physreason.models import loading
+from physreason.models.family import model_family
 from physreason.models.inputs import IMAGE_PAD, VIDEO_PAD, ProcessorParams, load_processor_params
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class VLLMEngine(Engine):
         source = model.model_name_or_path
         hf_config = loading.load_model_config(model)
         self.hf_config = hf_config
-        self.is_vl = loading.is_vision_language(hf_config)
+        self.is_vl = model_family(hf_config).is_vision_language
         self._weight_names: frozenset[str] | None = None
         self.max_model_len = engine.max_model_len or model.model_max_length
         kwargs = vllm_compat.llm_kwargs(

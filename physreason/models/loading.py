@@ -10,14 +10,10 @@ from torch import nn
 
 from physreason.config import ModelConfig
 from physreason.errors import ConfigError
+from physreason.models.family import model_family
 from physreason.models.vision_attention import use_grouped_vision_attention
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def is_vision_language(config: Any) -> bool:
-    """True for configs with a vision tower (Qwen2.5-VL); False for text-only causal LMs."""
-    return getattr(config, "vision_config", None) is not None
 
 
 def load_model_config(config: ModelConfig) -> Any:
@@ -47,7 +43,7 @@ def load_model(config: ModelConfig, dtype: torch.dtype | None = None, device: st
     hf_config = load_model_config(config)
     if dtype is None:
         dtype = "auto" if config.dtype == "auto" else DTYPES[config.dtype]
-    cls = AutoModelForImageTextToText if is_vision_language(hf_config) else AutoModelForCausalLM
+    cls = AutoModelForImageTextToText if model_family(hf_config).is_vision_language else AutoModelForCausalLM
     model = cls.from_pretrained(
         config.model_name_or_path,
         revision=config.revision,

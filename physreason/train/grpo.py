@@ -34,10 +34,10 @@ from torch.distributed.fsdp import FSDPModule
 
 from physreason.config import Config, dump_config
 from physreason.data.mcq import PromptStream, load_mcq_prompts
-from physreason.data.sft import VisionTokens
 from physreason.engines import Engine, create_engine
 from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
+from physreason.models.family import VisionTokens, read_vision_tokens
 from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from physreason.train.grpo_loss import masked_sum, policy_loss
 from physreason.train.metrics import MetricLogger
@@ -372,7 +372,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
 
     tokenizer = loading.load_tokenizer(config.model)
     hf_config = loading.load_model_config(config.model)
-    vision_tokens = VisionTokens.from_model_config(hf_config)
+    vision_tokens = read_vision_tokens(hf_config)
     processor_params = None
     if vision_tokens is not None:
         from physreason.models.inputs import load_processor_params

@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 from physreason.data.collate import SFTBatch, collate_padded
-from physreason.data.sft import IGNORE_INDEX, SFTSample, VisionTokens
+from physreason.data.sft import IGNORE_INDEX, SFTSample
 from physreason.errors import PhysReasonError
+from physreason.models.family import VisionTokens
 from physreason.models.inputs import VisualInputs, concat_visuals
 from physreason.models.parallelize import dummy_vision_features
 from physreason.train.grpo_loss import entropy_from_logits, token_logprobs

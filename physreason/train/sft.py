@@ -28,9 +28,10 @@ from physreason.data.collate import SFTBatch, collate_padded
 from physreason.data.loaders import load_records
 from physreason.data.packing import collate_packed
 from physreason.data.sampler import StepSampler
-from physreason.data.sft import SFTDataset, VisionTokens
+from physreason.data.sft import SFTDataset
 from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
+from physreason.models.family import read_vision_tokens
 from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from physreason.train.metrics import MetricLogger
 from physreason.train.model import CausalLMLoss
@@ -113,7 +114,7 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
         n_val = max(1, int(len(records) * config.data.val_fraction))
         val_records = [records[i] for i in order[-n_val:]]
         records = [records[i] for i in order[:-n_val]]
-    vision_tokens = VisionTokens.from_model_config(hf_config)
+    vision_tokens = read_vision_tokens(hf_config)
     params = None
     if vision_tokens is not None:
         from physreason.models.inputs import load_processor_params
@@ -311,7 +312,7 @@ def run_sft(config: Config) -> SFTResult:
             f"{train_cfg.train_batch_per_replica}: lower it or add data"
         )
     total_steps = train_cfg.max_steps or train_cfg.epoch * sampler.steps_per_epoch
-    mrope = VisionTokens.from_model_config(hf_config) is not None
+    mrope = read_vision_tokens(hf_config) is not None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     collate = _collate_fn(config, pad_id, mrope)
     stream = MicroBatches(train_set, sampler, train_cfg.mini_batch, collate, config.data.num_workers)

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL 3D rotary (mrope) position ids of one sample, computed from its token ids and visual grids.
+"""Qwen2.5-VL 3D rotary (M-RoPE) position ids of one sample, computed from its token ids and visual grids.
 
 Computed in the data pipeline, per sample, so that packed sequences restart positions at each sample
 and the trainer never depends on a transformers-version-specific `get_rope_index` signature.
