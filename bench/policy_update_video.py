@@ -212,7 +212,7 @@ def main() -> None:
     from physreason.models.family import read_vision_tokens
     from physreason.train.grpo import UpdateSettings, build_policy, update_policy
     from physreason.train.policy import build_completion_batch
-    from physreason.train.sft import init_runtime, seed_everything
+    from physreason.train.runtime import init_runtime, seed_everything
 
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

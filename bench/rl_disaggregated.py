@@ -174,7 +174,7 @@ def run_colocated(config) -> None:
     import torch.distributed as dist
 
     from physreason.train.grpo import run_grpo
-    from physreason.train.sft import init_runtime
+    from physreason.train.runtime import init_runtime
 
     runtime = init_runtime()  # joins torchrun's group before vLLM looks for one
     engine = None

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from physreason.errors import ConfigError
-from physreason.train import sft
+from physreason.train.runtime import init_runtime
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def test_second_process_on_a_one_gpu_node_is_refused_before_joining_the_group(on
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(ConfigError) as caught:
-        sft.init_runtime()
+        init_runtime()
     message = str(caught.value)
     assert "LOCAL_RANK 1" in message and "2 processes" in message and "only 1 GPU(s)" in message
     assert "--nproc-per-node 1" in message and "CUDA_VISIBLE_DEVICES=" in message
@@ -40,7 +40,7 @@ def test_a_process_takes_its_local_gpu_before_the_nccl_group_starts(one_gpu, mon
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
     monkeypatch.setattr(dist, "get_world_size", lambda: 1)
     monkeypatch.setattr(dist, "is_initialized", lambda: bool([c for c in one_gpu if c[0] == "init"]))
-    runtime = sft.init_runtime()
+    runtime = init_runtime()
     assert one_gpu == [("set_device", 0), ("init", "nccl")]
     assert runtime.device == torch.device("cuda", 0) and runtime.distributed and runtime.world_size == 1
 
@@ -49,5 +49,5 @@ def test_without_torchrun_on_cpu_there_is_no_process_group(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    runtime = sft.init_runtime()
+    runtime = init_runtime()
     assert runtime.device == torch.device("cpu") and runtime.world_size == 1 and not runtime.distributed

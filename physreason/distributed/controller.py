@@ -40,7 +40,7 @@ from physreason.models.family import read_vision_tokens
 from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, rollout_metrics
 from physreason.train.metrics import MetricLogger
 from physreason.train.rollout import RolloutBatch
-from physreason.train.sft import Runtime
+from physreason.train.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_ch
 from physreason.train.grpo import UpdateSettings, build_policy, update_policy
 from physreason.train.policy import build_completion_batch
 from physreason.train.rollout import RolloutSample
-from physreason.train.sft import init_runtime, seed_everything
+from physreason.train.runtime import init_runtime, seed_everything
 from physreason.train.weight_sync import full_named_parameters
 
 log = logging.getLogger(__name__)

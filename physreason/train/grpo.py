@@ -43,8 +43,8 @@ from physreason.train.grpo_loss import masked_sum, policy_loss
 from physreason.train.metrics import MetricLogger
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_completion_batch, first_vision_token
 from physreason.train.rollout import RolloutBatch, RolloutSettings, collect_rollouts
+from physreason.train.runtime import Runtime, all_reduce_sum, autocast_context, init_runtime, seed_everything
 from physreason.train.schedule import build_optimizer
-from physreason.train.sft import Runtime, all_reduce_sum, autocast_context, init_runtime, seed_everything
 from physreason.train.weight_sync import push_weights
 
 log = logging.getLogger(__name__)

@@ -6,11 +6,8 @@ ranks), so gradient accumulation, packing and the process count leave the object
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import os
-import random
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
@@ -35,6 +31,7 @@ from physreason.models.family import read_vision_tokens
 from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from physreason.train.metrics import MetricLogger
 from physreason.train.model import CausalLMLoss
+from physreason.train.runtime import Runtime, all_reduce_sum, autocast_context, init_runtime, seed_everything
 from physreason.train.schedule import build_optimizer
 
 log = logging.getLogger(__name__)
@@ -49,55 +46,6 @@ class SFTResult:
     skipped: Counter = field(default_factory=Counter)
     last_checkpoint: Path | None = None
     export_dir: Path | None = None
-
-
-@dataclass
-class Runtime:
-    """Process layout of this run."""
-
-    rank: int
-    world_size: int
-    device: torch.device
-    # True when launched by torchrun: an in-process vLLM engine initialises torch.distributed too,
-    # and that world of one must not turn the policy into an FSDP model.
-    distributed: bool = False
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def init_runtime() -> Runtime:
-    """Join the torchrun process group when launched by torchrun (NCCL on GPUs, gloo on CPU).
-
-    Each process takes the GPU of its LOCAL_RANK, before the process group starts. With more processes on a node
-    than visible GPUs this raises ConfigError naming both counts (CUDA_VISIBLE_DEVICES= runs on CPU with gloo).
-    """
-    cuda = torch.cuda.is_available()
-    device = torch.device("cpu")
-    if cuda:
-        local, visible = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
-        if local >= visible:
-            per_node = os.environ.get("LOCAL_WORLD_SIZE", str(local + 1))
-            raise ConfigError(
-                f"this process has LOCAL_RANK {local} (torchrun started {per_node} processes on this node) but only "
-                f"{visible} GPU(s) are visible: launch with --nproc-per-node {visible} or fewer, check "
-                "CUDA_VISIBLE_DEVICES, or set CUDA_VISIBLE_DEVICES= to run on CPU with gloo"
-            )
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    return Runtime(rank, world, device, distributed="WORLD_SIZE" in os.environ)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch generators."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTDataset, SFTDataset | None]:
@@ -204,26 +152,6 @@ class MicroBatches:
                 self.sampler.set_position(self.sampler.epoch + 1, 0)
                 self._iterator = None
         return batches
-
-
-def all_reduce_sum(value: float, runtime: Runtime, group: dist.ProcessGroup | None = None) -> float:
-    """Sum of `value` over the ranks of `group` (all ranks when None; the value itself in a single process).
-
-    Under tensor parallelism the ranks of one TP group hold the same batch, so batch totals are summed
-    over the data-parallel group only.
-    """
-    if not runtime.distributed:
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=runtime.device)
-    dist.all_reduce(tensor, group=group)
-    return float(tensor.item())
-
-
-def autocast_context(runtime: Runtime, fsdp: bool, param_dtype: torch.dtype):
-    """Autocast to param_dtype for an unsharded model; FSDP2 (mixed-precision policy) and fp32 need none."""
-    if fsdp or param_dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(runtime.device.type, dtype=param_dtype)
 
 
 def train_step(

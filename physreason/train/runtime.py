@@ -1,0 +1,88 @@
+"""The process runtime of a training job: process group and device, seeding, cross-rank sums, autocast.
+
+Every job that trains (SFT, colocated GRPO, the Ray policy ranks) and the benches start here; the
+trainers never set up torch.distributed themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from physreason.errors import ConfigError
+
+
+@dataclass
+class Runtime:
+    """Process layout of this run."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    # True when launched by torchrun: an in-process vLLM engine initialises torch.distributed too,
+    # and that world of one must not turn the policy into an FSDP model.
+    distributed: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_runtime() -> Runtime:
+    """Join the torchrun process group when launched by torchrun (NCCL on GPUs, gloo on CPU).
+
+    Each process takes the GPU of its LOCAL_RANK, before the process group starts. With more processes on a node
+    than visible GPUs this raises ConfigError naming both counts (CUDA_VISIBLE_DEVICES= runs on CPU with gloo).
+    """
+    cuda = torch.cuda.is_available()
+    device = torch.device("cpu")
+    if cuda:
+        local, visible = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+        if local >= visible:
+            per_node = os.environ.get("LOCAL_WORLD_SIZE", str(local + 1))
+            raise ConfigError(
+                f"this process has LOCAL_RANK {local} (torchrun started {per_node} processes on this node) but only "
+                f"{visible} GPU(s) are visible: launch with --nproc-per-node {visible} or fewer, check "
+                "CUDA_VISIBLE_DEVICES, or set CUDA_VISIBLE_DEVICES= to run on CPU with gloo"
+            )
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return Runtime(rank, world, device, distributed="WORLD_SIZE" in os.environ)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def all_reduce_sum(value: float, runtime: Runtime, group: dist.ProcessGroup | None = None) -> float:
+    """Sum of `value` over the ranks of `group` (all ranks when None; the value itself in a single process).
+
+    Under tensor parallelism the ranks of one TP group hold the same batch, so batch totals are summed
+    over the data-parallel group only.
+    """
+    if not runtime.distributed:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=runtime.device)
+    dist.all_reduce(tensor, group=group)
+    return float(tensor.item())
+
+
+def autocast_context(runtime: Runtime, fsdp: bool, param_dtype: torch.dtype) -> Any:
+    """Autocast to param_dtype for an unsharded model; FSDP2 (mixed-precision policy) and fp32 need none."""
+    if fsdp or param_dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(runtime.device.type, dtype=param_dtype)
