@@ -19,8 +19,10 @@ class RecordingEngine:
 @pytest.mark.parametrize(("tp", "executor"), [(1, "uni"), (2, "mp")])
 def test_vllm_rollout_engine_runs_in_process_on_one_gpu_and_in_local_workers_on_several(monkeypatch, tp, executor):
     import physreason.engines.vllm as vllm_engine
+    from physreason.engines import factory
 
     monkeypatch.setattr(vllm_engine, "VLLMEngine", RecordingEngine)
+    monkeypatch.setattr(factory, "vllm_installed", lambda: True)
     config = Config.model_validate({
         "model": {"model_name_or_path": "unused"},
         "engine": {"backend": "vllm"},
@@ -31,3 +33,14 @@ def test_vllm_rollout_engine_runs_in_process_on_one_gpu_and_in_local_workers_on_
 
     assert engine.llm_overrides == {"distributed_executor_backend": executor}
     assert engine.engine_config.tensor_parallel_size == tp
+
+
+def test_rollout_engine_uses_the_engine_factory_so_a_missing_vllm_is_a_config_error(monkeypatch):
+    from physreason.engines import factory
+    from physreason.errors import ConfigError
+
+    monkeypatch.setattr(factory, "vllm_installed", lambda: False)
+    config = Config.model_validate({"model": {"model_name_or_path": "unused"}, "engine": {"backend": "vllm"}})
+
+    with pytest.raises(ConfigError, match="vLLM is not installed"):
+        rollout_replica.build_engine(config)

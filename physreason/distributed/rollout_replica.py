@@ -13,7 +13,6 @@ controller assigned.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from collections import Counter
@@ -86,14 +85,7 @@ def build_engine(config: Config) -> Engine:
     """
     tp = config.rollout.parallelism.tp_size
     engine_config = config.engine.model_copy(update={"tensor_parallel_size": tp})
-    backend = engine_config.backend
-    if backend == "auto":
-        backend = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
-    if backend != "vllm":
-        return create_engine(config.model, engine_config)
-    from physreason.engines.vllm import VLLMEngine
-
-    return VLLMEngine(config.model, engine_config, distributed_executor_backend="uni" if tp == 1 else "mp")
+    return create_engine(config.model, engine_config, vllm_executor="uni" if tp == 1 else "mp")
 
 
 class RolloutReplica:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import importlib.util
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -11,8 +10,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from physreason.config import EngineConfig, ModelConfig, SamplingConfig
-from physreason.errors import ConfigError
+from physreason.config import SamplingConfig
 from physreason.vision import VideoFrames
 
 
@@ -62,21 +60,3 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new weights (Hugging Face parameter names) into the running engine and drop stale caches."""
-
-
-def create_engine(model: ModelConfig, engine: EngineConfig) -> Engine:
-    """Build the configured engine; 'auto' picks vLLM when it is importable, else transformers."""
-    backend = engine.backend
-    if backend == "auto":
-        backend = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
-    if backend == "vllm":
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError("engine.backend = 'vllm' but vLLM is not installed: install vllm, or use --engine hf")
-        try:
-            from physreason.engines.vllm import VLLMEngine
-        except ImportError as exc:
-            raise ConfigError(f"the vllm engine is not available in this build of physreason ({exc}); use --engine hf") from exc
-        return VLLMEngine(model, engine)
-    from physreason.engines.hf import HFEngine
-
-    return HFEngine(model, engine, static_cache=engine.hf_static_cache)

@@ -1,0 +1,44 @@
+"""Build the configured generation engine (`[engine] backend`): the one place that chooses between vLLM and hf."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Literal
+
+from physreason.config import EngineConfig, ModelConfig
+from physreason.engines.base import Engine
+from physreason.errors import ConfigError
+
+
+def vllm_installed() -> bool:
+    """True when vLLM can be imported in this environment."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_backend(engine: EngineConfig) -> Literal["vllm", "hf"]:
+    """The backend `engine.backend` names; 'auto' is vLLM when it is installed, else transformers (hf)."""
+    if engine.backend == "auto":
+        return "vllm" if vllm_installed() else "hf"
+    return engine.backend
+
+
+def create_engine(
+    model: ModelConfig, engine: EngineConfig, *, vllm_executor: Literal["uni", "mp"] | None = None
+) -> Engine:
+    """Build the configured engine; 'auto' picks vLLM when it is importable, else transformers.
+
+    vllm_executor: vLLM's distributed executor backend ("uni": in this process, "mp": local worker
+    processes); None leaves the choice to vLLM. Ignored by the hf engine.
+    """
+    if resolve_backend(engine) == "vllm":
+        if not vllm_installed():
+            raise ConfigError("engine.backend = 'vllm' but vLLM is not installed: install vllm, or use --engine hf")
+        try:
+            from physreason.engines.vllm import VLLMEngine
+        except ImportError as exc:
+            raise ConfigError(f"the vllm engine is not available in this build of physreason ({exc}); use --engine hf") from exc
+        overrides = {"distributed_executor_backend": vllm_executor} if vllm_executor is not None else {}
+        return VLLMEngine(model, engine, **overrides)
+    from physreason.engines.hf import HFEngine
+
+    return HFEngine(model, engine, static_cache=engine.hf_static_cache)
