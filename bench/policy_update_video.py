@@ -261,7 +261,7 @@ def main() -> None:
             torch.cuda.synchronize()
         t1 = time.perf_counter()
         metrics = update_policy(
-            policy.scorer, batches, policy.optimizer, policy.scheduler, update, runtime, 1, policy.autocast
+            policy.module, batches, policy.optimizer, policy.scheduler, update, runtime, 1, policy.autocast
         )
         if cuda:
             torch.cuda.synchronize()

@@ -97,7 +97,7 @@ class PolicyWorker:
         self.vision_tokens = read_vision_tokens(loading.load_model_config(config.model))
 
         policy = build_policy(config, runtime, total_steps)
-        self.model, self.scorer, self.reference = policy.model, policy.scorer, policy.reference
+        self.model, self.scorer, self.reference = policy.model, policy.module, policy.reference
         self.optimizer, self.scheduler, self.autocast = policy.optimizer, policy.scheduler, policy.autocast
         self.dp_group = policy.dp_group  # batch totals are summed over data-parallel ranks (TP ranks share a batch)
         self.update = UpdateSettings.from_config(config)

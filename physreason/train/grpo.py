@@ -38,13 +38,13 @@ from physreason.engines import Engine, create_engine
 from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
 from physreason.models.family import VisionTokens, read_vision_tokens
+from physreason.train.build import TrainingModel, build_training_model
 from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from physreason.train.grpo_loss import masked_sum, policy_loss
 from physreason.train.metrics import MetricLogger
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_completion_batch, first_vision_token
 from physreason.train.rollout import RolloutBatch, RolloutSettings, collect_rollouts
-from physreason.train.runtime import Runtime, all_reduce_sum, autocast_context, init_runtime, seed_everything
-from physreason.train.schedule import build_optimizer
+from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
 from physreason.train.weight_sync import push_weights
 
 log = logging.getLogger(__name__)
@@ -288,69 +288,24 @@ def rollout_metrics(
     return out
 
 
-@dataclass
-class Policy:
-    """The trained model, its scorer (and the KL reference's), optimizer, schedule, autocast context, dp group.
+def build_policy(config: Config, runtime: Runtime, total_steps: int) -> TrainingModel:
+    """The policy (a PolicyScorer) and, when kl_beta > 0, its frozen reference, built for `total_steps` GRPO steps.
 
-    dp_group is the data-parallel process group under torchrun (None in one process).
+    The schedule spans total_steps x mu_iterations optimizer steps.
     """
-
-    model: torch.nn.Module
-    scorer: PolicyScorer
-    reference: PolicyScorer | None
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    autocast: Any
-    dp_group: dist.ProcessGroup | None = None
-
-
-def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Policy:
-    """Load the policy (and the reference when kl_beta > 0), apply TP/FSDP2 under torchrun, build the optimizer."""
-    train_cfg, grpo_cfg = config.train, config.grpo
-    tp = config.policy.parallelism.tp_size
-    model = loading.load_model(config.model, dtype=torch.float32)
-    if train_cfg.freeze_vision_tower:
-        parallelize.freeze_vision_tower(model)
-    if train_cfg.gradient_checkpointing:
-        parallelize.enable_activation_checkpointing(model)
-    # Under torchrun the data-parallel ranks may hold different mixes of images, videos and text.
-    scorer = PolicyScorer(model, balance_vision=runtime.distributed)
+    grpo_cfg = config.grpo
     reference = None
     if grpo_cfg.kl_beta > 0:
-        ref_source = config.model.model_copy(
+        reference = config.model.model_copy(
             update={"model_name_or_path": grpo_cfg.reference_model_path or config.model.model_name_or_path}
         )
-        ref_model = loading.load_model(ref_source, dtype=torch.float32).requires_grad_(False)
-        reference = PolicyScorer(ref_model, balance_vision=runtime.distributed).eval()
-    param_dtype = loading.DTYPES[train_cfg.param_dtype]
-    mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, tp) if runtime.distributed else None
-    for wrapper in (scorer, reference):
-        if wrapper is None:
-            continue
-        if mesh is not None:
-            if tp > 1:
-                parallelize.apply_tensor_parallel(wrapper.model, mesh["tp"])
-            wrapper.model.to(runtime.device)
-            parallelize.apply_fsdp2(
-                wrapper, wrapper.model, mesh["dp"], param_dtype, loading.DTYPES[train_cfg.fsdp_reduce_dtype]
-            )
-        else:
-            wrapper.to(runtime.device)
-    if train_cfg.compile:
-        for block in loading.decoder_layers(model):
-            block.compile()
-    scorer.train()
-    optimizer, scheduler = build_optimizer(
-        scorer, train_cfg, total_steps * grpo_cfg.mu_iterations, fused=runtime.device.type == "cuda"
-    )
-    return Policy(
-        model,
-        scorer,
+    # Under torchrun the data-parallel ranks may hold different mixes of images, videos and text.
+    return build_training_model(
+        config,
+        runtime,
+        lambda model: PolicyScorer(model, balance_vision=runtime.distributed),
+        total_steps * grpo_cfg.mu_iterations,
         reference,
-        optimizer,
-        scheduler,
-        autocast_context(runtime, runtime.distributed, param_dtype),
-        mesh["dp"].get_group() if mesh is not None else None,
     )
 
 
@@ -391,7 +346,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     if engine is None:
         engine = create_engine(config.model, config.engine)
     policy = build_policy(config, runtime, total_steps)
-    model, scorer, reference = policy.model, policy.scorer, policy.reference
+    model, scorer, reference = policy.model, policy.module, policy.reference
     optimizer, scheduler, autocast = policy.optimizer, policy.scheduler, policy.autocast
     dp_group = policy.dp_group
     engine_dtype = loading.DTYPES.get(config.model.dtype)

@@ -28,11 +28,11 @@ from physreason.data.sft import SFTDataset
 from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
 from physreason.models.family import read_vision_tokens
+from physreason.train.build import build_training_model
 from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from physreason.train.metrics import MetricLogger
 from physreason.train.model import CausalLMLoss
-from physreason.train.runtime import Runtime, all_reduce_sum, autocast_context, init_runtime, seed_everything
-from physreason.train.schedule import build_optimizer
+from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -245,29 +245,15 @@ def run_sft(config: Config) -> SFTResult:
     collate = _collate_fn(config, pad_id, mrope)
     stream = MicroBatches(train_set, sampler, train_cfg.mini_batch, collate, config.data.num_workers)
 
-    model = loading.load_model(config.model, dtype=torch.float32)
-    if train_cfg.freeze_vision_tower:
-        parallelize.freeze_vision_tower(model)
-    if train_cfg.gradient_checkpointing:
-        parallelize.enable_activation_checkpointing(model)
-    module = CausalLMLoss(model, config.train.loss_chunk_size, balance_vision=runtime.distributed)
-    param_dtype = loading.DTYPES[train_cfg.param_dtype]
-    dp_group = None
-    if runtime.distributed:
-        mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, tp)
-        dp_group = mesh["dp"].get_group()
-        if tp > 1:
-            parallelize.apply_tensor_parallel(model, mesh["tp"])
-        model.to(runtime.device)
-        parallelize.apply_fsdp2(module, model, mesh["dp"], param_dtype, loading.DTYPES[train_cfg.fsdp_reduce_dtype])
-    else:
-        module.to(runtime.device)
-    if train_cfg.compile:
-        for block in loading.decoder_layers(model):
-            block.compile()
-    module.train()
-    autocast = autocast_context(runtime, runtime.distributed, param_dtype)
-    optimizer, scheduler = build_optimizer(module, train_cfg, total_steps, fused=runtime.device.type == "cuda")
+    # Data-parallel ranks may see different mixes of images, videos and text (CausalLMLoss.balance_vision).
+    built = build_training_model(
+        config,
+        runtime,
+        lambda model: CausalLMLoss(model, train_cfg.loss_chunk_size, balance_vision=runtime.distributed),
+        total_steps,
+    )
+    model, module, optimizer, scheduler = built.model, built.module, built.optimizer, built.scheduler
+    autocast, dp_group = built.autocast, built.dp_group
 
     result = SFTResult()
     step = 0

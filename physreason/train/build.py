@@ -1,0 +1,108 @@
+"""Build the model a training job optimises: load, freeze, checkpoint activations, shard (TP, FSDP2), compile, optimizer.
+
+SFT, colocated GRPO and the Ray policy ranks build their model here; they differ only in the wrapper
+around the transformers model (the loss module or the policy scorer) and in the number of optimizer
+steps the schedule spans. Every stage is a named function, applied in the order `build_training_model`
+lists, so the steps read like the recipe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from physreason.config import Config, ModelConfig, TrainConfig
+from physreason.models import loading, parallelize
+from physreason.train.runtime import Runtime, autocast_context
+from physreason.train.schedule import build_optimizer
+
+# The wrapper a job trains: the transformers model in, a module whose forward is the job's loss or scores out.
+# Every parameter stays behind that one forward, so FSDP2's root hooks gather the embedding and lm_head.
+Wrap = Callable[[nn.Module], nn.Module]
+
+
+@dataclass
+class TrainingModel:
+    """The trained model, laid out on this job's processes, with its optimizer, schedule and autocast context."""
+
+    model: nn.Module  # the transformers model (exports and engine weight pushes read it)
+    module: nn.Module  # the wrapper around it that the optimizer trains
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    autocast: Any  # the context every forward of `module` runs in
+    dp_group: dist.ProcessGroup | None = None  # the data-parallel group under torchrun (None in one process)
+    reference: nn.Module | None = None  # a frozen copy wrapped the same way (GRPO's KL reference), or None
+
+
+def load_trainable(model_config: ModelConfig, train: TrainConfig) -> nn.Module:
+    """Load fp32 master weights, freeze the vision tower and turn on activation checkpointing as configured."""
+    model = loading.load_model(model_config, dtype=torch.float32)
+    if train.freeze_vision_tower:
+        parallelize.freeze_vision_tower(model)
+    if train.gradient_checkpointing:
+        parallelize.enable_activation_checkpointing(model)
+    return model
+
+
+def load_frozen(model_config: ModelConfig) -> nn.Module:
+    """Load fp32 weights that never train (a KL reference)."""
+    return loading.load_model(model_config, dtype=torch.float32).requires_grad_(False)
+
+
+def shard(wrapper: nn.Module, model: nn.Module, runtime: Runtime, mesh: DeviceMesh | None, train: TrainConfig) -> None:
+    """Tensor-parallel then FSDP2 over `mesh` (under torchrun), or just onto this process's device."""
+    if mesh is None:
+        wrapper.to(runtime.device)
+        return
+    if mesh["tp"].size() > 1:
+        parallelize.apply_tensor_parallel(model, mesh["tp"])
+    model.to(runtime.device)
+    parallelize.apply_fsdp2(
+        wrapper, model, mesh["dp"], loading.DTYPES[train.param_dtype], loading.DTYPES[train.fsdp_reduce_dtype]
+    )
+
+
+def compile_blocks(model: nn.Module) -> None:
+    """torch.compile each decoder block in place (the blocks repeat, so one graph serves them all)."""
+    for block in loading.decoder_layers(model):
+        block.compile()
+
+
+def build_training_model(
+    config: Config, runtime: Runtime, wrap: Wrap, optimizer_steps: int, reference: ModelConfig | None = None
+) -> TrainingModel:
+    """Load config.model, wrap it, shard it over the job's processes, compile it and build its optimizer.
+
+    wrap: builds the module the optimizer trains around the transformers model. optimizer_steps: the
+    optimizer steps the learning-rate schedule spans. reference: a checkpoint loaded frozen, wrapped
+    the same way and sharded like the policy (GRPO's KL reference); None loads none.
+    """
+    train = config.train
+    model = load_trainable(config.model, train)
+    module = wrap(model)
+    frozen = wrap(load_frozen(reference)).eval() if reference is not None else None
+    mesh = None
+    if runtime.distributed:
+        mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, config.policy.parallelism.tp_size)
+    for wrapper in (module, frozen):
+        if wrapper is not None:
+            shard(wrapper, wrapper.model, runtime, mesh, train)
+    if train.compile:
+        compile_blocks(model)
+    module.train()
+    optimizer, scheduler = build_optimizer(module, train, optimizer_steps, fused=runtime.device.type == "cuda")
+    return TrainingModel(
+        model,
+        module,
+        optimizer,
+        scheduler,
+        autocast_context(runtime, runtime.distributed, loading.DTYPES[train.param_dtype]),
+        mesh["dp"].get_group() if mesh is not None else None,
+        frozen,
+    )
