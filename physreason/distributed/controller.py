@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from physreason.config import Config, dump_config
+from physreason.config import Config
 from physreason.data.mcq import MCQPrompt, PromptStream, load_mcq_prompts
 from physreason.distributed.policy_worker import PolicyWorker
 from physreason.distributed.rollout_queue import RolloutQueue, ScoredGroup, generation_room, is_fresh
@@ -38,7 +38,7 @@ from physreason.errors import ConfigError, PhysReasonError
 from physreason.models import loading
 from physreason.models.family import read_vision_tokens
 from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, rollout_metrics
-from physreason.train.metrics import MetricLogger
+from physreason.train.loop import StepLog, checkpoint_due, prepare_output
 from physreason.train.rollout import RolloutBatch
 from physreason.train.runtime import Runtime
 
@@ -125,7 +125,6 @@ class Controller:
         self.on_step = on_step
         self.bucket_bytes = bucket_bytes
         train, data = config.train, config.data
-        self.output = Path(train.output_dir)
         self.prompts = load_mcq_prompts(data.dataset, data.max_samples)
         self.stream = PromptStream(self.prompts, train.seed, data.shuffle, config.grpo.shuffle_options)
         self._replay = PromptStream(self.prompts, train.seed, data.shuffle, config.grpo.shuffle_options)
@@ -372,8 +371,7 @@ class Controller:
         self.step += 1
         self.result.group_versions += [(self.step, g.version, g.replica) for g in groups]
         self._sync(self.ready_replicas())
-        ckpt = self.config.train.ckpt
-        if ckpt.enable_checkpoint and (self.step % ckpt.save_freq == 0 or self.step == self.total_steps):
+        if checkpoint_due(self.config, self.step, self.total_steps):
             state = {"prompt_cursor": self.stream.cursor, "pending_draws": self._pending_draws()}
             self._submit("save", [w.save.remote(state) for w in self.policy])
         self._log_step(op.results[0], groups)
@@ -407,15 +405,15 @@ class Controller:
         )
         self.result.rewards.append(metrics["reward/total_mean"])
         self.result.metrics.append(metrics)
-        if self.step % self.config.train.log_freq == 0 or self.step == self.total_steps:
-            self.metrics_log.log(self.step, metrics)
-        if self.progress is not None:
-            self.progress.set_postfix(
-                reward=f"{metrics['reward/total_mean']:.3f}",
-                stale=f"{metrics['rollout/staleness_mean']:.2f}",
-                replicas=len(self.ready_replicas()),
-            )
-            self.progress.update(1)
+        self.step_log.step(
+            self.step,
+            metrics,
+            {
+                "reward": f"{metrics['reward/total_mean']:.3f}",
+                "stale": f"{metrics['rollout/staleness_mean']:.2f}",
+                "replicas": str(len(self.ready_replicas())),
+            },
+        )
         self._window = _StepWindow(policy_free_at=window.policy_free_at)
         if self.on_step is not None:
             self.on_step(self, self.step)
@@ -532,22 +530,14 @@ class Controller:
 
     def run(self) -> DisaggregatedResult:
         """Train until `total_steps` and the last checkpoint are done; returns the run's record."""
-        self.output.mkdir(parents=True, exist_ok=True)
-        dump_config(self.config, self.output / "config.toml")
+        prepare_output(self.config)
         self._layout()
-        self.metrics_log = MetricLogger(
-            self.output, self.config.logging, run_config=self.config.model_dump(mode="json")
-        )
-        from tqdm.auto import tqdm
-
-        self.progress = None
+        self.step_log: StepLog | None = None
         try:
             # Rollout engines start loading first, so their start-up overlaps the policy's.
             self._top_up_rollouts()
             self._start_policy(self.config.train.resume)
-            self.progress = tqdm(
-                total=self.total_steps, initial=self.step, desc="grpo (disaggregated)", dynamic_ncols=True
-            )
+            self.step_log = StepLog(self.config, self.total_steps, self.step, "grpo (disaggregated)")
             self._window = _StepWindow()
             policy_kinds = ("train", "publish", "channel", "save")
             while self.step < self.total_steps or any(op.kind in policy_kinds for op in self.ops):
@@ -557,9 +547,8 @@ class Controller:
                     self._maybe_train()
                 self._poll()
         finally:
-            if self.progress is not None:
-                self.progress.close()
-            self.metrics_log.close()
+            if self.step_log is not None:
+                self.step_log.close()
             self._stop_policy()
             for replica in self.replicas.values():
                 self.ray.kill(replica.handle, no_restart=True)

@@ -13,7 +13,6 @@ import logging
 import os
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,8 +29,8 @@ from physreason.distributed.weight_transfer import (
 )
 from physreason.models import loading
 from physreason.models.family import read_vision_tokens
-from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from physreason.train.grpo import UpdateSettings, build_policy, update_policy
+from physreason.train.loop import Checkpointer
 from physreason.train.policy import build_completion_batch
 from physreason.train.rollout import RolloutSample
 from physreason.train.runtime import init_runtime, seed_everything
@@ -101,21 +100,19 @@ class PolicyWorker:
         self.optimizer, self.scheduler, self.autocast = policy.optimizer, policy.scheduler, policy.autocast
         self.dp_group = policy.dp_group  # batch totals are summed over data-parallel ranks (TP ranks share a batch)
         self.update = UpdateSettings.from_config(config)
-        self.output = Path(train_cfg.output_dir)
+        self.checkpointer = Checkpointer(config, policy)
         self.engine_dtype = loading.DTYPES.get(config.model.dtype)
         self.buckets = plan_buckets(weight_manifest(self.model, self.engine_dtype), bucket_bytes)
 
-        trainer_state = None
-        checkpoint = resolve_resume(resume, self.output)
-        if checkpoint is not None:
-            trainer_state = load_checkpoint(checkpoint, self.scorer, self.optimizer, self.scheduler)
-            self.step = int(trainer_state["step"])
-            log.info("policy rank %d resumed from %s at step %d", self.rank, checkpoint, self.step)
+        resumed = self.checkpointer.resume(resume)
+        if resumed is not None:
+            self.step = resumed.step
+            log.info("policy rank %d resumed from %s at step %d", self.rank, resumed.path, self.step)
         if self.rank == 0:
             self.store = dist.TCPStore(node_address(), 0, is_master=True, wait_for_workers=False, timeout=CHANNEL_TIMEOUT)
         return {
-            "trainer_state": trainer_state,
-            "checkpoint": str(checkpoint) if checkpoint else None,
+            "trainer_state": resumed.state if resumed is not None else None,
+            "checkpoint": str(resumed.path) if resumed is not None else None,
             "buckets": self.buckets,
             "store": (node_address(), self.store.port) if self.store is not None else None,
             "gpus": [str(g) for g in ray.get_gpu_ids()],
@@ -195,20 +192,12 @@ class PolicyWorker:
     def save(self, trainer_state: dict[str, Any]) -> dict[str, Any]:
         """Write a DCP checkpoint of this step (every rank), plus a safetensors export when configured."""
         started = time.perf_counter()
-        ckpt = self.config.train.ckpt
-        path = save_checkpoint(
-            self.output, self.step, self.scorer, self.optimizer, self.scheduler, {**trainer_state, "step": self.step},
-            ckpt.max_keep,
-        )
-        export = None
-        if ckpt.export_safetensors:
-            from physreason.models.export import export_safetensors
-
-            export = export_safetensors(
-                self.model, self.config.model.model_name_or_path, self.output / "safetensors" / f"step_{self.step}",
-                self.config.model.dtype,
-            )
-        return {"checkpoint": str(path), "export": str(export) if export else None, "seconds": time.perf_counter() - started}
+        saved = self.checkpointer.save(self.step, trainer_state)
+        return {
+            "checkpoint": str(saved.checkpoint),
+            "export": str(saved.export) if saved.export is not None else None,
+            "seconds": time.perf_counter() - started,
+        }
 
     def shutdown(self) -> None:
         """Leave the process group."""

@@ -32,16 +32,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from physreason.config import Config, dump_config
+from physreason.config import Config
 from physreason.data.mcq import PromptStream, load_mcq_prompts
 from physreason.engines import Engine, create_engine
 from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
 from physreason.models.family import VisionTokens, read_vision_tokens
 from physreason.train.build import TrainingModel, build_training_model
-from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from physreason.train.grpo_loss import masked_sum, policy_loss
-from physreason.train.metrics import MetricLogger
+from physreason.train.loop import Checkpointer, StepLog, checkpoint_due, prepare_output
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_completion_batch, first_vision_token
 from physreason.train.rollout import RolloutBatch, RolloutSettings, collect_rollouts
 from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
@@ -317,10 +316,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     runtime = init_runtime()
     train_cfg, grpo_cfg, rollout_cfg = config.train, config.grpo, config.rollout
     seed_everything(train_cfg.seed)
-    output = Path(train_cfg.output_dir)
-    if runtime.is_main:
-        output.mkdir(parents=True, exist_ok=True)
-        dump_config(config, output / "config.toml")
+    prepare_output(config, runtime)
     tp = config.policy.parallelism.tp_size
     dp_size, dp_rank = runtime.world_size // tp, runtime.rank // tp
     groups = groups_per_rank(config, dp_size)
@@ -351,14 +347,15 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     dp_group = policy.dp_group
     engine_dtype = loading.DTYPES.get(config.model.dtype)
 
+    checkpointer = Checkpointer(config, policy)
+
     result = GRPOResult()
     step = 0
-    resume_from = resolve_resume(train_cfg.resume, output)
-    if resume_from is not None:
-        state = load_checkpoint(resume_from, scorer, optimizer, scheduler)
-        step, stream.cursor = state["step"], state["prompt_cursor"]
+    resumed = checkpointer.resume()
+    if resumed is not None:
+        step, stream.cursor = resumed.step, resumed.state["prompt_cursor"]
         push_weights(engine, model, engine_dtype)
-        log.info("resumed from %s at step %d (prompt draw %d)", resume_from, step, stream.cursor)
+        log.info("resumed from %s at step %d (prompt draw %d)", resumed.path, step, stream.cursor)
     _sleep(engine)
 
     sampling = rollout_cfg.sampling_config.model_copy(
@@ -390,16 +387,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     def all_done(done: bool) -> bool:
         return all_reduce_sum(float(not done), runtime) == 0.0
 
-    metrics_log = MetricLogger(
-        output, config.logging, enabled=runtime.is_main, run_config=config.model_dump(mode="json")
-    )
-    progress = None
-    if runtime.is_main:
-        from tqdm.auto import tqdm
-
-        progress = tqdm(total=total_steps, initial=step, desc="grpo", dynamic_ncols=True)
-    ckpt = train_cfg.ckpt
-    try:
+    with StepLog(config, total_steps, step, "grpo", enabled=runtime.is_main) as step_log:
         while step < total_steps:
             started = time.perf_counter()
             _wake(engine)
@@ -437,7 +425,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                 metrics["rollout/empty_step"] = 1.0
             train_s = time.perf_counter() - train_started
             step += 1
-            save_now = ckpt.enable_checkpoint and (step % ckpt.save_freq == 0 or step == total_steps)
+            save_now = checkpoint_due(config, step, total_steps)
             sync_s = 0.0
             if step % train_cfg.sync_weight_interval == 0 or save_now:
                 sync_started = time.perf_counter()
@@ -459,31 +447,18 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
             )
             result.rewards.append(metrics["reward/total_mean"])
             result.metrics.append(metrics)
-            if progress is not None:
-                progress.set_postfix(
-                    reward=f"{metrics['reward/total_mean']:.3f}",
-                    acc=f"{metrics['rollout/accuracy']:.2f}",
-                    len=f"{metrics['rollout/response_length_mean']:.0f}",
-                )
-                progress.update(1)
-            if step % train_cfg.log_freq == 0 or step == total_steps:
-                metrics_log.log(step, metrics)
+            step_log.step(
+                step,
+                metrics,
+                {
+                    "reward": f"{metrics['reward/total_mean']:.3f}",
+                    "acc": f"{metrics['rollout/accuracy']:.2f}",
+                    "len": f"{metrics['rollout/response_length_mean']:.0f}",
+                },
+            )
             if save_now:
-                state = {"step": step, "prompt_cursor": stream.cursor}
-                result.last_checkpoint = save_checkpoint(
-                    output, step, scorer, optimizer, scheduler, state, ckpt.max_keep
-                )
-                if ckpt.export_safetensors:
-                    from physreason.models.export import export_safetensors
-
-                    result.export_dir = export_safetensors(
-                        model,
-                        config.model.model_name_or_path,
-                        output / "safetensors" / f"step_{step}",
-                        config.model.dtype,
-                    )
-    finally:
-        if progress is not None:
-            progress.close()
-        metrics_log.close()
+                saved = checkpointer.save(step, {"prompt_cursor": stream.cursor})
+                result.last_checkpoint = saved.checkpoint
+                if saved.export is not None:
+                    result.export_dir = saved.export
     return result

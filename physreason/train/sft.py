@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from physreason.config import Config, DatasetConfig, dump_config
+from physreason.config import Config, DatasetConfig
 from physreason.data.collate import SFTBatch, collate_padded
 from physreason.data.loaders import load_records
 from physreason.data.packing import collate_packed
@@ -29,8 +29,7 @@ from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
 from physreason.models.family import read_vision_tokens
 from physreason.train.build import build_training_model
-from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
-from physreason.train.metrics import MetricLogger
+from physreason.train.loop import Checkpointer, StepLog, checkpoint_due, prepare_output
 from physreason.train.model import CausalLMLoss
 from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
 
@@ -221,10 +220,7 @@ def run_sft(config: Config) -> SFTResult:
     runtime = init_runtime()
     train_cfg = config.train
     seed_everything(train_cfg.seed)
-    output = Path(train_cfg.output_dir)
-    if runtime.is_main:
-        output.mkdir(parents=True, exist_ok=True)
-        dump_config(config, output / "config.toml")
+    prepare_output(config, runtime)
 
     tokenizer = loading.load_tokenizer(config.model)
     hf_config = loading.load_model_config(config.model)
@@ -246,33 +242,26 @@ def run_sft(config: Config) -> SFTResult:
     stream = MicroBatches(train_set, sampler, train_cfg.mini_batch, collate, config.data.num_workers)
 
     # Data-parallel ranks may see different mixes of images, videos and text (CausalLMLoss.balance_vision).
-    built = build_training_model(
+    trained = build_training_model(
         config,
         runtime,
         lambda model: CausalLMLoss(model, train_cfg.loss_chunk_size, balance_vision=runtime.distributed),
         total_steps,
     )
-    model, module, optimizer, scheduler = built.model, built.module, built.optimizer, built.scheduler
-    autocast, dp_group = built.autocast, built.dp_group
+    module, optimizer, scheduler = trained.module, trained.optimizer, trained.scheduler
+    autocast, dp_group = trained.autocast, trained.dp_group
+    checkpointer = Checkpointer(config, trained)
 
     result = SFTResult()
     step = 0
-    resume_from = resolve_resume(train_cfg.resume, output)
-    if resume_from is not None:
-        state = load_checkpoint(resume_from, module, optimizer, scheduler)
-        step = state["step"]
-        result.skipped.update(state.get("skipped", {}))
-        log.info("resumed from %s at step %d", resume_from, step)
+    resumed = checkpointer.resume()
+    if resumed is not None:
+        step = resumed.step
+        result.skipped.update(resumed.state.get("skipped", {}))
+        log.info("resumed from %s at step %d", resumed.path, step)
     stream.seek(step)
 
-    metrics = MetricLogger(output, config.logging, enabled=runtime.is_main, run_config=config.model_dump(mode="json"))
-    progress = None
-    if runtime.is_main:
-        from tqdm.auto import tqdm
-
-        progress = tqdm(total=total_steps, initial=step, desc="sft", dynamic_ncols=True)
-    ckpt = train_cfg.ckpt
-    try:
+    with StepLog(config, total_steps, step, "sft", enabled=runtime.is_main) as step_log:
         while step < total_steps:
             started = time.perf_counter()
             micro = stream.take(accumulation)
@@ -286,31 +275,23 @@ def run_sft(config: Config) -> SFTResult:
             step += 1
             elapsed = time.perf_counter() - started
             result.losses.append(loss)
-            if progress is not None:
-                progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens / elapsed:,.0f}")
-                progress.update(1)
-            if step % train_cfg.log_freq == 0 or step == total_steps:
-                skipped = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
-                metrics.log(step, {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm,
-                                   "train/tokens_per_s": tokens / elapsed, **skipped})
+            skipped = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
+            step_log.step(
+                step,
+                {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_s": tokens / elapsed,
+                 **skipped},
+                {"loss": f"{loss:.4f}", "lr": f"{lr:.2e}", "tok_s": f"{tokens / elapsed:,.0f}"},
+            )
             if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):
                 result.val_losses[step] = validation_loss(
                     module, val_set, collate, runtime, train_cfg.mini_batch, autocast, tp, dp_group
                 )
-                metrics.log(step, {"val/loss": result.val_losses[step]})
-            if ckpt.enable_checkpoint and (step % ckpt.save_freq == 0 or step == total_steps):
-                state = {"step": step, "skipped": dict(result.skipped)}
-                result.last_checkpoint = save_checkpoint(output, step, module, optimizer, scheduler, state, ckpt.max_keep)
-                if ckpt.export_safetensors:
-                    from physreason.models.export import export_safetensors
-
-                    result.export_dir = export_safetensors(
-                        model, config.model.model_name_or_path, output / "safetensors" / f"step_{step}", config.model.dtype
-                    )
-    finally:
-        if progress is not None:
-            progress.close()
-        metrics.close()
+                step_log.log(step, {"val/loss": result.val_losses[step]})
+            if checkpoint_due(config, step, total_steps):
+                saved = checkpointer.save(step, {"skipped": dict(result.skipped)})
+                result.last_checkpoint = saved.checkpoint
+                if saved.export is not None:
+                    result.export_dir = saved.export
     if result.skipped and runtime.is_main:
         log.warning("skipped samples: %s", dict(result.skipped))
     return result

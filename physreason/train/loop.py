@@ -1,0 +1,150 @@
+"""The shell every training job runs its steps in: output folder, resume, metrics and progress, checkpoints and exports.
+
+SFT, colocated GRPO and disaggregated GRPO (the Ray controller logs, its policy ranks resume and save)
+share these pieces; each trainer only writes its step. A trainer's run reads:
+
+    prepare_output(config, runtime)                     # the folder and the resolved recipe in it
+    checkpointer = Checkpointer(config, trained)        # [train] resume, [train.ckpt]
+    resumed = checkpointer.resume()                     # trainer state of the latest checkpoint, or None
+    with StepLog(config, total_steps, step, "sft", runtime.is_main) as step_log:
+        while step < total_steps:
+            ...                                         # the trainer's own step
+            step_log.step(step, metrics, postfix)       # progress bar; metrics every log_freq steps
+            if checkpoint_due(config, step, total_steps):
+                saved = checkpointer.save(step, state)  # DCP checkpoint, then the safetensors export
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from physreason.config import Config, dump_config
+from physreason.train.build import TrainingModel
+from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from physreason.train.metrics import MetricLogger
+from physreason.train.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def prepare_output(config: Config, runtime: Runtime | None = None) -> Path:
+    """Create train.output_dir and write the fully resolved recipe there as config.toml (main process only)."""
+    output = Path(config.train.output_dir)
+    if runtime is None or runtime.is_main:
+        output.mkdir(parents=True, exist_ok=True)
+        dump_config(config, output / "config.toml")
+    return output
+
+
+def checkpoint_due(config: Config, step: int, total_steps: int) -> bool:
+    """True when `step` writes a checkpoint: every [train.ckpt] save_freq steps and the last, if checkpoints are on."""
+    ckpt = config.train.ckpt
+    return ckpt.enable_checkpoint and (step % ckpt.save_freq == 0 or step == total_steps)
+
+
+@dataclass
+class Resumed:
+    """The checkpoint a run resumed from and the trainer state saved in it (its "step" and the trainer's own keys)."""
+
+    path: Path
+    state: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+
+@dataclass
+class Saved:
+    """What one save wrote: the DCP checkpoint folder and the safetensors export (None when export is off)."""
+
+    checkpoint: Path
+    export: Path | None = None
+
+
+class Checkpointer:
+    """Resume a trained model from, and save it to, <output_dir>/checkpoints; exports go to <output_dir>/safetensors.
+
+    Every rank calls resume and save (DCP is collective); the files are written once.
+    """
+
+    def __init__(self, config: Config, trained: TrainingModel) -> None:
+        self.config = config
+        self.trained = trained
+        self.output = Path(config.train.output_dir)
+
+    def resume(self, resume: bool | str | None = None) -> Resumed | None:
+        """Load the checkpoint `resume` names ([train] resume when None) into model, optimizer and schedule.
+
+        Returns the checkpoint and its trainer state, or None for a fresh run. RNG states are restored too.
+        """
+        path = resolve_resume(self.config.train.resume if resume is None else resume, self.output)
+        if path is None:
+            return None
+        trained = self.trained
+        state = load_checkpoint(path, trained.module, trained.optimizer, trained.scheduler)
+        return Resumed(path, state)
+
+    def save(self, step: int, state: dict[str, Any]) -> Saved:
+        """Write the checkpoint of `step` with the trainer's state (keeping [train.ckpt] max_keep), then export."""
+        trained, ckpt = self.trained, self.config.train.ckpt
+        checkpoint = save_checkpoint(
+            self.output, step, trained.module, trained.optimizer, trained.scheduler, {"step": step, **state},
+            ckpt.max_keep,
+        )
+        return Saved(checkpoint, self.export(step) if ckpt.export_safetensors else None)
+
+    def export(self, step: int) -> Path:
+        """Write the model of `step` as a Hugging Face safetensors folder that transformers and vLLM load as is."""
+        from physreason.models.export import export_safetensors
+
+        model_cfg = self.config.model
+        return export_safetensors(
+            self.trained.model, model_cfg.model_name_or_path, self.output / "safetensors" / f"step_{step}", model_cfg.dtype
+        )
+
+
+class StepLog:
+    """Each step's progress-bar line, and its metrics to the [logging] sinks every [train] log_freq steps and the last.
+
+    Disabled (enabled=False) on every process but the main one. A context manager: leaving it closes the sinks.
+    """
+
+    def __init__(self, config: Config, total_steps: int, initial_step: int, desc: str, enabled: bool = True) -> None:
+        self.total_steps = total_steps
+        self.log_freq = config.train.log_freq
+        self.metrics = MetricLogger(
+            config.train.output_dir, config.logging, enabled=enabled, run_config=config.model_dump(mode="json")
+        )
+        self.progress = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.progress = tqdm(total=total_steps, initial=initial_step, desc=desc, dynamic_ncols=True)
+
+    def step(self, step: int, metrics: dict[str, float], postfix: dict[str, str]) -> None:
+        """Advance the progress bar by one step showing `postfix`; log `metrics` if `step` is a logging step."""
+        if self.progress is not None:
+            self.progress.set_postfix(**postfix)
+            self.progress.update(1)
+        if step % self.log_freq == 0 or step == self.total_steps:
+            self.metrics.log(step, metrics)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Log metrics of `step` now, whatever the logging frequency (validation results)."""
+        self.metrics.log(step, metrics)
+
+    def close(self) -> None:
+        """Close the progress bar and the metric sinks."""
+        if self.progress is not None:
+            self.progress.close()
+        self.metrics.close()
+
+    def __enter__(self) -> StepLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
