@@ -40,10 +40,21 @@ def _root(
 
 def _register() -> None:
     # Imported here so that `physreason --version` stays fast and each module owns its command.
-    from physreason.cli import config_cmd, data_cmd, demo_cmd, eval_cmd, grpo_cmd, infer_cmd, models_cmd, sft_cmd
+    from physreason.cli import (
+        config_cmd,
+        data_cmd,
+        demo_cmd,
+        eval_cmd,
+        grpo_cmd,
+        infer_cmd,
+        models_cmd,
+        serve_cmd,
+        sft_cmd,
+    )
 
     app.command("demo")(demo_cmd.demo)
     app.command("infer")(infer_cmd.infer)
+    app.command("serve")(serve_cmd.serve)
     app.add_typer(eval_cmd.app, name="eval")
     app.command("sft")(sft_cmd.sft)
     app.command("grpo")(grpo_cmd.grpo)

