@@ -19,8 +19,8 @@ its text as reasoning, an unclosed `<answer>` keeps its text as content.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from physreason.chat.parse import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN
 
@@ -34,8 +34,7 @@ class _Phase(Enum):
     RAW = "raw"  # content exactly as written, to the end
 
 
-@dataclass(frozen=True)
-class Split:
+class Split(NamedTuple):
     """Text to append to the reasoning and to the content (either may be empty)."""
 
     reasoning: str = ""
@@ -59,6 +58,9 @@ class ReasoningSplitter:
     def feed(self, delta: str) -> Split:
         """Take the next piece of the completion; return the reasoning and content it settles."""
         self._pending += delta
+        if self._phase is _Phase.RAW:  # the common case of untagged output: no work at all
+            self._pending = ""
+            return Split("", delta)
         reasoning: list[str] = []
         content: list[str] = []
         while self._step(reasoning, content):
@@ -123,6 +125,13 @@ class ReasoningSplitter:
                 self._pending = ""
                 return False
             self._at_phase_start = False
+        if "<" not in text:  # most tokens: no tag can start here, only trailing blanks are undecided
+            end = len(text)
+            while end > 0 and text[end - 1].isspace():
+                end -= 1
+            out.append(text[:end])
+            self._pending = text[end:]
+            return False
         found = [(text.find(tag), tag) for tag in closers]
         found = [(index, tag) for index, tag in found if index >= 0]
         if found:
