@@ -28,6 +28,7 @@ pytestmark = pytest.mark.cpu_only  # gloo children compared with an in-process r
 
 ANSWER = "<think>\nthe ball falls\n</think>\n\n<answer>\nyes\n</answer>"
 STEPS = 4
+LR = 2e-3
 
 WORKER = textwrap.dedent(
     """
@@ -57,7 +58,7 @@ def _write_data(folder: Path) -> Path:
 def _overrides(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     return [
         f"model.model_name_or_path='{model}'", f"data.dataset.name='{data}'", f"train.output_dir='{out}'",
-        "train.train_batch_per_replica=4", "train.mini_batch=1", f"train.max_steps={STEPS}", "train.optm_lr=2e-3",
+        "train.train_batch_per_replica=4", "train.mini_batch=1", f"train.max_steps={STEPS}", f"train.optm_lr={LR}",
         "train.param_dtype='float32'", "data.num_workers=0", "logging.logger=['jsonl']", "model.dtype='float32'",
         # no clipping: a wrong gradient scale would otherwise hide behind the clip and AdamW's scale invariance
         "train.optm_grad_norm_clip=0", "train.ckpt.save_freq=2", "train.ckpt.max_keep=2", *extra,
@@ -107,9 +108,14 @@ def test_tensor_parallel_export_gathers_the_same_full_weights(runs):
     one = load_file(runs["one"] / "safetensors" / f"step_{STEPS}" / "model.safetensors")
     tp = load_file(runs["tp2"] / "safetensors" / f"step_{STEPS}" / "model.safetensors")
     assert one.keys() == tp.keys()
+    # Adam turns a gradient that is rounding noise (a reduction order apart between 1 process and 2) into a full
+    # +-lr step, so a rare element may differ by up to 2 * lr * steps; a gather in the wrong layout or order
+    # differs almost everywhere.
     for name, tensor in one.items():
         assert tp[name].shape == tensor.shape, name
-        assert torch.allclose(tensor, tp[name], atol=1e-4), name
+        gap = (tensor - tp[name]).abs()
+        assert float(gap.max()) <= 2 * LR * STEPS, name
+        assert int((gap > 1e-4).sum()) <= max(1, tensor.numel() // 1000), name
 
 
 @pytest.mark.slow
