@@ -16,6 +16,31 @@ import torch
 from physreason.errors import ConfigError
 from physreason.models.positions import mrope_position_ids
 from physreason.models.qwen3_vl import QWEN3_VL_MODEL_TYPES, qwen3_vl_position_ids
+from physreason.vision.patches import CLIP_MEAN, CLIP_STD, HALF_MEAN, HALF_STD
+
+
+@dataclass(frozen=True)
+class ProcessorParams:
+    """Patch geometry and normalisation of a Qwen-VL-family processor, and how its videos are written."""
+
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    image_mean: tuple[float, float, float] = CLIP_MEAN
+    image_std: tuple[float, float, float] = CLIP_STD
+    video_timestamps_as_text: bool = False
+    """Qwen3-VL: each temporal patch is its own span after `<t seconds>` text (no second_per_grid_ts)."""
+
+    @property
+    def factor(self) -> int:
+        """Pixels per visual token side: frame sides are multiples of patch_size * merge_size."""
+        return self.patch_size * self.merge_size
+
+
+QWEN2_5_VL_PARAMS = ProcessorParams()
+QWEN3_VL_PARAMS = ProcessorParams(
+    patch_size=16, image_mean=HALF_MEAN, image_std=HALF_STD, video_timestamps_as_text=True
+)
 
 
 @dataclass(frozen=True)
@@ -83,6 +108,8 @@ class ModelFamily:
     # Vision-language families read their vision token layout (ids, merge size, M-RoPE) from the config;
     # None for text-only causal LMs.
     vision_tokens: Callable[[Any], VisionTokens] | None = None
+    # Patch geometry, normalisation and video layout when preprocessor_config.json leaves them out.
+    processor: ProcessorParams | None = None
 
     @property
     def is_vision_language(self) -> bool:
@@ -91,10 +118,26 @@ class ModelFamily:
 
 
 FAMILIES: tuple[ModelFamily, ...] = (
-    ModelFamily("qwen2_5_vl", ("qwen2_5_vl",), ("Qwen2_5_VLForConditionalGeneration",), qwen2_5_vl_vision_tokens),
-    ModelFamily("qwen3_vl", QWEN3_VL_MODEL_TYPES[:1], ("Qwen3VLForConditionalGeneration",), qwen3_vl_vision_tokens),
     ModelFamily(
-        "qwen3_vl_moe", QWEN3_VL_MODEL_TYPES[1:], ("Qwen3VLMoeForConditionalGeneration",), qwen3_vl_vision_tokens
+        "qwen2_5_vl",
+        ("qwen2_5_vl",),
+        ("Qwen2_5_VLForConditionalGeneration",),
+        qwen2_5_vl_vision_tokens,
+        QWEN2_5_VL_PARAMS,
+    ),
+    ModelFamily(
+        "qwen3_vl",
+        QWEN3_VL_MODEL_TYPES[:1],
+        ("Qwen3VLForConditionalGeneration",),
+        qwen3_vl_vision_tokens,
+        QWEN3_VL_PARAMS,
+    ),
+    ModelFamily(
+        "qwen3_vl_moe",
+        QWEN3_VL_MODEL_TYPES[1:],
+        ("Qwen3VLMoeForConditionalGeneration",),
+        qwen3_vl_vision_tokens,
+        QWEN3_VL_PARAMS,
     ),
     ModelFamily("qwen2", ("qwen2",), ("Qwen2ForCausalLM",)),
     ModelFamily("qwen3", ("qwen3",), ("Qwen3ForCausalLM",)),

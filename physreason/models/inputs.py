@@ -13,46 +13,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from physreason.errors import InputError
-from physreason.models.qwen3_vl import QWEN3_VL_MODEL_TYPES, frame_group_seconds, video_placeholder
-from physreason.vision import CLIP_MEAN, CLIP_STD, VideoFrames, num_visual_tokens, patchify
-from physreason.vision.patches import HALF_MEAN, HALF_STD
+from physreason.models.family import QWEN2_5_VL_PARAMS, QWEN3_VL_PARAMS, ProcessorParams, model_family
+from physreason.models.qwen3_vl import frame_group_seconds, video_placeholder
+from physreason.vision import VideoFrames, num_visual_tokens, patchify
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
-
-
-@dataclass(frozen=True)
-class ProcessorParams:
-    """Patch geometry and normalisation of a Qwen-VL-family processor, and how its videos are written."""
-
-    patch_size: int = 14
-    temporal_patch_size: int = 2
-    merge_size: int = 2
-    image_mean: tuple[float, float, float] = CLIP_MEAN
-    image_std: tuple[float, float, float] = CLIP_STD
-    video_timestamps_as_text: bool = False
-    """Qwen3-VL: each temporal patch is its own span after `<t seconds>` text (no second_per_grid_ts)."""
-
-    @property
-    def factor(self) -> int:
-        """Pixels per visual token side: frame sides are multiples of patch_size * merge_size."""
-        return self.patch_size * self.merge_size
-
-
-QWEN2_5_VL_PARAMS = ProcessorParams()
-QWEN3_VL_PARAMS = ProcessorParams(
-    patch_size=16, image_mean=HALF_MEAN, image_std=HALF_STD, video_timestamps_as_text=True
-)
-
-
-def _model_type(model_name_or_path: str, revision: str | None) -> str | None:
-    path = _resolve_file(model_name_or_path, "config.json", revision)
-    return json.loads(path.read_text()).get("model_type") if path is not None else None
 
 
 def _resolve_file(model_name_or_path: str, filename: str, revision: str | None = None) -> Path | None:
@@ -66,13 +38,25 @@ def _resolve_file(model_name_or_path: str, filename: str, revision: str | None =
     return Path(path) if path else None
 
 
+def _family_processor(model_name_or_path: str, revision: str | None) -> ProcessorParams:
+    """The processor defaults of the checkpoint's family (config.json's model_type, else its architectures)."""
+    path = _resolve_file(model_name_or_path, "config.json", revision)
+    if path is None:
+        return QWEN2_5_VL_PARAMS
+    raw = json.loads(path.read_text())
+    config = SimpleNamespace(
+        model_type=raw.get("model_type"), architectures=raw.get("architectures"), _name_or_path=model_name_or_path
+    )
+    return model_family(config).processor or QWEN2_5_VL_PARAMS
+
+
 def load_processor_params(model_name_or_path: str, revision: str | None = None) -> ProcessorParams:
     """Read patch size, temporal patch, merge size and mean/std from a model's preprocessor_config.json.
 
     The video layout and the defaults of absent keys follow the family named by config.json's model_type
     (Qwen3-VL: patch 16, mean/std 0.5, timestamps as text; anything else: Qwen2.5-VL's).
     """
-    family = QWEN3_VL_PARAMS if _model_type(model_name_or_path, revision) in QWEN3_VL_MODEL_TYPES else QWEN2_5_VL_PARAMS
+    family = _family_processor(model_name_or_path, revision)
     path = _resolve_file(model_name_or_path, "preprocessor_config.json", revision)
     if path is None:
         return family
@@ -199,3 +183,17 @@ def expand_vision_placeholders(
             spans = [pad * n for n in counts]
         text = pieces[0] + "".join(span + rest for span, rest in zip(spans, pieces[1:], strict=True))
     return text
+
+
+__all__ = [
+    "IMAGE_PAD",
+    "QWEN2_5_VL_PARAMS",
+    "QWEN3_VL_PARAMS",
+    "VIDEO_PAD",
+    "ProcessorParams",
+    "VisualInputs",
+    "concat_visuals",
+    "encode_visuals",
+    "expand_vision_placeholders",
+    "load_processor_params",
+]
