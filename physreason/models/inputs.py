@@ -71,6 +71,14 @@ def load_processor_params(model_name_or_path: str, revision: str | None = None) 
     )
 
 
+def patch_factor(model_name_or_path: str, revision: str | None = None) -> int:
+    """Pixels per visual-token side of a checkpoint (28 for Qwen2.5-VL, 32 for Qwen3-VL), from its folder's JSON.
+
+    Reads only config.json and preprocessor_config.json, so media can be decoded before the model loads.
+    """
+    return load_processor_params(model_name_or_path, revision).factor
+
+
 @dataclass
 class VisualInputs:
     """Model-ready pixels for one request (or a batch, after `concat_visuals`) and their token counts."""
