@@ -91,8 +91,8 @@ def train_and_record(config: Config, out: Path, rank: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_vl(tmp_path_factory) -> Path:
-    return save_tiny_model("qwen2_5_vl", tmp_path_factory.mktemp("tiny_vl"))
+def tiny_vl(tmp_path_factory, vl_kind) -> Path:
+    return save_tiny_model(vl_kind, tmp_path_factory.mktemp(f"tiny_{vl_kind}"))
 
 
 @pytest.fixture(scope="module")
