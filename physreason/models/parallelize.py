@@ -59,11 +59,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Shard attention heads and MLP columns of each Qwen2/Qwen3-family decoder block over tp_mesh.
 
     q/k/v and gate/up are column-parallel (each rank holds whole heads; Qwen3's per-head q/k norms act on
-    each rank's own heads), o/down row-parallel with an all-reduce; embeddings, norms, lm_head and the vision
+    each rank's own heads, their gradients summed over the ranks), o/down row-parallel with an all-reduce; embeddings, norms, lm_head and the vision
     tower stay replicated. Mixture-of-experts blocks (Qwen3-MoE, Qwen3-VL-MoE) shard their attention only:
     the experts stay replicated.
     """
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
     tp = tp_mesh.size()
     text_config = getattr(model.config, "text_config", model.config)
@@ -81,9 +81,20 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         "mlp.up_proj": ColwiseParallel(),
         "mlp.down_proj": RowwiseParallel(),
     }
+    # Qwen3's q/k RMSNorms (one weight over head_dim, shared by all heads) see only this rank's heads: as
+    # replicated DTensors fed head-sharded inputs, their weight gradients are summed over the TP ranks
+    # (plain replicated weights would each get a partial gradient and drift apart).
+    head_norms = {
+        "self_attn.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+        "self_attn.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+    }
     for block in decoder_layers(model):
-        dense = isinstance(getattr(block.mlp, "gate_proj", None), nn.Linear)
-        parallelize_module(block, tp_mesh, {**attention, **dense_mlp} if dense else attention)
+        plan = dict(attention)
+        if isinstance(getattr(block.mlp, "gate_proj", None), nn.Linear):
+            plan.update(dense_mlp)
+        if hasattr(block.self_attn, "q_norm"):
+            plan.update(head_norms)
+        parallelize_module(block, tp_mesh, plan)
 
 
 def apply_fsdp2(
