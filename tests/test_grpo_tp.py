@@ -75,10 +75,10 @@ def _torchrun(processes: int, overrides: list[str], out: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> dict:
+def setup(tmp_path_factory, vl_kind) -> dict:
     """The model, the prompts, and the single-process reference record."""
     tmp = tmp_path_factory.mktemp("grpo_tp")
-    model = save_tiny_model("qwen2_5_vl", tmp / "model")
+    model = save_tiny_model(vl_kind, tmp / "model")
     (tmp / "data").mkdir()
     data = _write_prompts(tmp / "data")
     (tmp / "one").mkdir()

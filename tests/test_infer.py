@@ -24,6 +24,7 @@ class CountingEngine:
 
     def __init__(self, inner):
         self.inner = inner
+        self.vision_factor = inner.vision_factor
         self.seen: list[str] = []
 
     def generate(self, requests, sampling, *, logprobs=True):

@@ -12,13 +12,22 @@ from physreason.config import ModelConfig
 from physreason.errors import ConfigError
 from physreason.models import loading
 from physreason.models.family import FAMILIES, VisionTokens, model_family, read_vision_tokens
+from physreason.models.kinds import TINY_KINDS, VISION_LANGUAGE_KINDS
 
 
-@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen2", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("kind", TINY_KINDS)
 def test_every_tiny_architecture_is_a_supported_family(tiny_model_dirs, kind):
     family = model_family(AutoConfig.from_pretrained(tiny_model_dirs[kind]))
     assert family.name == kind
-    assert family.is_vision_language == (kind == "qwen2_5_vl")
+    assert family.is_vision_language == (kind in VISION_LANGUAGE_KINDS)
+
+
+def test_qwen3_vl_family_writes_video_time_as_text(tiny_model_dirs):
+    for kind in ("qwen3_vl", "qwen3_vl_moe"):
+        tokens = read_vision_tokens(AutoConfig.from_pretrained(tiny_model_dirs[kind]))
+        assert tokens.video_frame_spans
+        assert model_family(AutoConfig.from_pretrained(tiny_model_dirs[kind])).processor.patch_size == 16
+    assert not read_vision_tokens(AutoConfig.from_pretrained(tiny_model_dirs["qwen2_5_vl"])).video_frame_spans
 
 
 def test_vision_tokens_are_the_configs_ids_and_merge_size(tiny_model_dir):

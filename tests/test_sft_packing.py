@@ -9,16 +9,15 @@ import torch
 from physreason.data.collate import collate_padded
 from physreason.data.packing import collate_packed
 from physreason.data.sft import IGNORE_INDEX, SFTSample
-from physreason.models.family import read_vision_tokens
-from physreason.models.positions import mrope_position_ids
+from physreason.models.family import model_family, read_vision_tokens
 from physreason.models.tiny import build_tiny_model, build_tiny_tokenizer
 from physreason.train.model import CausalLMLoss
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(vl_kind):
     tokenizer = build_tiny_tokenizer()
-    return tokenizer, build_tiny_model("qwen2_5_vl", tokenizer)
+    return tokenizer, build_tiny_model(vl_kind, tokenizer)
 
 
 def _text_sample(ids: list[int], n_prompt: int) -> SFTSample:
@@ -31,15 +30,16 @@ def _text_sample(ids: list[int], n_prompt: int) -> SFTSample:
 def _image_sample(model, ids_before: list[int], ids_after: list[int], n_prompt_after: int) -> SFTSample:
     from physreason.models.inputs import encode_visuals
 
-    image = np.random.default_rng(0).integers(0, 255, (56, 56, 3), dtype=np.uint8)
-    visuals = encode_visuals([image], [])
+    params = model_family(model.config).processor
+    side = 2 * params.factor  # a 2 x 2 grid of visual tokens (56 px for Qwen2.5-VL, 64 px for Qwen3-VL)
+    image = np.random.default_rng(0).integers(0, 255, (side, side, 3), dtype=np.uint8)
+    visuals = encode_visuals([image], [], params)
     spec = read_vision_tokens(model.config)
     ids = ids_before + [spec.image_token_id] * visuals.image_token_counts[0] + ids_after
     input_ids = torch.tensor(ids)
     labels = input_ids.clone()
     labels[: len(ids) - len(ids_after) + n_prompt_after] = IGNORE_INDEX
-    positions = mrope_position_ids(input_ids, spec.image_token_id, spec.video_token_id, visuals.image_grid_thw, None, None,
-                                   spec.spatial_merge_size, spec.tokens_per_second)
+    positions = spec.positions(input_ids, visuals)
     return SFTSample(input_ids, labels, positions, visuals)
 
 

@@ -47,8 +47,8 @@ def _overrides(model: Path, data: Path, out: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_with_fsdp2_match_one_process(tmp_path):
-    model = save_tiny_model("qwen2_5_vl", tmp_path / "model")
+def test_two_gloo_processes_with_fsdp2_match_one_process(tmp_path, vl_kind):
+    model = save_tiny_model(vl_kind, tmp_path / "model")
     records = [{"conversations": [{"role": "user", "content": f"Does it roll {i}?"}, {"role": "assistant", "content": ANSWER}]}
                for i in range(8)]
     data = tmp_path / "train.jsonl"
@@ -73,10 +73,10 @@ def test_two_gloo_processes_with_fsdp2_match_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_one_torchrun_process_trains_a_bf16_vl_model_on_text_only_records(tmp_path):
+def test_one_torchrun_process_trains_a_bf16_vl_model_on_text_only_records(tmp_path, vl_kind):
     """The vision blocks sit out every forward; with bf16 compute and fp32 reduction over several micro-batches
     FSDP2's sync-off accumulation path used to raise AttributeError ('_unsharded_param')."""
-    model = save_tiny_model("qwen2_5_vl", tmp_path / "model")
+    model = save_tiny_model(vl_kind, tmp_path / "model")
     records = [{"conversations": [{"role": "user", "content": f"Does it roll {i}?"}, {"role": "assistant", "content": ANSWER}]}
                for i in range(8)]
     data = tmp_path / "train.jsonl"

@@ -1,4 +1,4 @@
-"""SFT trainer on the tiny Qwen2.5-VL model: it learns, logs, validates and resumes exactly."""
+"""SFT trainer on the tiny Qwen2.5-VL and Qwen3-VL models: it learns, logs, validates and resumes exactly."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ ANSWER = "<think>\nthe ball falls\n</think>\n\n<answer>\nyes\n</answer>"
 
 
 @pytest.fixture(scope="session")
-def tiny_vl(tmp_path_factory) -> Path:
-    return save_tiny_model("qwen2_5_vl", tmp_path_factory.mktemp("tiny_vl"))
+def tiny_vl(tmp_path_factory, vl_kind) -> Path:
+    return save_tiny_model(vl_kind, tmp_path_factory.mktemp(f"tiny_{vl_kind}"))
 
 
 def write_records(folder: Path, count: int = 8) -> Path:

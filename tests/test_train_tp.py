@@ -82,10 +82,10 @@ def _torchrun(tmp: Path, nproc: int, overrides: list[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
+def runs(tmp_path_factory, vl_kind) -> dict[str, Path]:
     """Output folders of the single-process reference and of the 2-process tp_size=2 run (same data, same seed)."""
     tmp = tmp_path_factory.mktemp("tp")
-    model = save_tiny_model("qwen2_5_vl", tmp / "model")
+    model = save_tiny_model(vl_kind, tmp / "model")
     data = _write_data(tmp / "data")
     folders = {"model": model, "data": data, "one": tmp / "one", "tp2": tmp / "tp2"}
     run_sft(load_config(None, _overrides(model, data, folders["one"], "train.ckpt.export_safetensors=true")))

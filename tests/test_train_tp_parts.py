@@ -18,9 +18,9 @@ from physreason.train.sft import batch_layout
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(vl_kind):
     tokenizer = build_tiny_tokenizer()
-    return tokenizer, build_tiny_model("qwen2_5_vl", tokenizer)
+    return tokenizer, build_tiny_model(vl_kind, tokenizer)
 
 
 def _text_batch(tokenizer):
@@ -74,18 +74,20 @@ def test_balanced_vision_runs_the_tower_for_images_and_videos_on_a_text_batch_wi
 
 
 def test_balanced_vision_adds_only_the_missing_kind_to_an_image_batch(tiny):
-    from physreason.models.family import read_vision_tokens
+    from physreason.models.family import model_family, read_vision_tokens
     from physreason.models.inputs import encode_visuals
-    from physreason.models.positions import mrope_position_ids
 
     tokenizer, model = tiny
-    visuals = encode_visuals([np.zeros((56, 56, 3), np.uint8)], [])
+    params = model_family(model.config).processor
+    side = 2 * params.factor
+    visuals = encode_visuals([np.zeros((side, side, 3), np.uint8)], [], params)
     spec = read_vision_tokens(model.config)
     ids = torch.tensor([1, 2] + [spec.image_token_id] * visuals.image_token_counts[0] + list(range(20, 30)))
-    positions = mrope_position_ids(ids, spec.image_token_id, spec.video_token_id, visuals.image_grid_thw, None, None,
-                                   spec.spatial_merge_size, spec.tokens_per_second)
+    positions = spec.positions(ids, visuals)
     batch = collate_padded([SFTSample(ids, ids.clone(), positions, visuals)], tokenizer.pad_token_id, mrope=True)
-    assert len(dummy_vision_features(model, batch.model_inputs(), torch.device("cpu"))) == 1
+    # one dummy video through the tower: its merged features, plus Qwen3-VL's DeepStack taps
+    taps = len(getattr(model.config.vision_config, "deepstack_visual_indexes", None) or [])
+    assert len(dummy_vision_features(model, batch.model_inputs(), torch.device("cpu"))) == 1 + taps
     calls = []
     hook = vision_tower(model).register_forward_hook(lambda *_: calls.append(1))
     try:

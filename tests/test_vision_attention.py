@@ -1,4 +1,4 @@
-"""Grouped Qwen2.5-VL vision attention: same features and gradients as transformers' per-window loop."""
+"""Grouped Qwen2.5-VL / Qwen3-VL vision attention: same features and gradients as transformers' per-segment loop."""
 
 from __future__ import annotations
 
@@ -16,25 +16,33 @@ from physreason.models.vision_attention import group_segments, registered_name, 
 
 # A 2-frame-pair video of 140x196 px (merged grid 5 x 7: windows of 4x4, 4x3, 1x4 and 1x3 units, so 64/48/16/12
 # patches) and a 84x112 image (one 48-patch window): window and full-attention segments both have unequal lengths.
+# (Qwen3-VL: one segment per frame pair and per image, of 140, 140 and 48 patches.)
 GRID_THW = torch.tensor([[2, 10, 14], [1, 6, 8]])
-PATCH_DIM = 3 * 2 * 14 * 14
 
 
 @pytest.fixture(scope="module")
-def tiny_vl() -> torch.nn.Module:
-    # scale 2: vision depth 4 (window, full, window, full), so both kinds of cu_seqlens alternate
-    return build_tiny_model("qwen2_5_vl", build_tiny_tokenizer(), scale=2)
+def tiny_vl(vl_kind) -> torch.nn.Module:
+    # scale 2: vision depth 4 (Qwen2.5-VL: window, full, window, full, so both kinds of cu_seqlens alternate)
+    return build_tiny_model(vl_kind, build_tiny_tokenizer(), scale=2)
+
+
+def patch_dim(tower: torch.nn.Module) -> int:
+    """Values per patch: channels x temporal patch x patch side squared (14 Qwen2.5-VL, 16 Qwen3-VL)."""
+    return 3 * 2 * tower.config.patch_size**2
 
 
 def features_and_grads(tower: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Merged visual features of the fixed inputs and the vision parameters' gradients of a fixed projection."""
     device, dtype = tower.blocks[0].attn.qkv.weight.device, tower.blocks[0].attn.qkv.weight.dtype
     generator = torch.Generator().manual_seed(0)
-    pixels = torch.randn(int(GRID_THW.prod(-1).sum()), PATCH_DIM, generator=generator)  # [patches, C*T*P*P]
+    pixels = torch.randn(int(GRID_THW.prod(-1).sum()), patch_dim(tower), generator=generator)  # [patches, C*T*P*P]
     tower.zero_grad(set_to_none=True)
-    features = tower(pixels.to(device, dtype), grid_thw=GRID_THW.to(device)).pooler_output  # [merged, out_hidden]
+    output = tower(pixels.to(device, dtype), grid_thw=GRID_THW.to(device))
+    features = output.pooler_output  # [merged, out_hidden]
+    # Qwen3-VL's DeepStack taps (merged features of early blocks, each [merged, out_hidden]) are outputs too
+    taps = list(getattr(output, "deepstack_features", None) or [])
     weights = torch.randn(features.shape, generator=generator).to(device)
-    (features.float() * weights).sum().backward()
+    sum((f.float() * weights).sum() for f in [features, *taps]).backward()
     return features.detach().float(), {name: p.grad.float() for name, p in tower.named_parameters()}
 
 
@@ -69,7 +77,7 @@ def test_grouped_tower_matches_per_window_path_in_bf16_on_cuda(tiny_vl):
         torch.testing.assert_close(got_grads[name], grad, rtol=5e-2, atol=5e-2, msg=name)
 
 
-def test_segments_grouped_once_per_cu_seqlens_per_forward(tiny_vl, monkeypatch):
+def test_segments_grouped_once_per_cu_seqlens_per_forward(tiny_vl, vl_kind, monkeypatch):
     tower = copy.deepcopy(tiny_vl.model.visual)
     assert use_grouped_vision_attention(tower)
     seen = []
@@ -80,10 +88,11 @@ def test_segments_grouped_once_per_cu_seqlens_per_forward(tiny_vl, monkeypatch):
 
     monkeypatch.setattr(vision_attention, "group_segments", counting)
     with torch.no_grad():
-        tower(torch.randn(int(GRID_THW.prod(-1).sum()), PATCH_DIM), grid_thw=GRID_THW)
-    # four layers, two distinct cu_seqlens tensors (windows; whole frame pairs and the image)
-    assert len(seen) == 2
-    assert seen[1] == [0, 140, 280, 328]
+        tower(torch.randn(int(GRID_THW.prod(-1).sum()), patch_dim(tower)), grid_thw=GRID_THW)
+    # four layers; Qwen2.5-VL has two distinct cu_seqlens tensors (windows; whole frame pairs and the image),
+    # Qwen3-VL one (frame pairs and the image)
+    assert len(seen) == (2 if vl_kind == "qwen2_5_vl" else 1)
+    assert seen[-1] == [0, 140, 280, 328]
 
 
 def test_group_segments_orders_tokens_by_length_and_restores():
@@ -138,16 +147,16 @@ def test_probe_failure_keeps_transformers_path_with_warning(tiny_vl, monkeypatch
     assert "probe failed" in caplog.text
 
 
-def test_loaded_model_uses_grouped_attention_and_exports_plain_config(tiny_model_dir, tmp_path):
-    model = loading.load_model(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"))
+def test_loaded_model_uses_grouped_attention_and_exports_plain_config(vl_model_dir, tmp_path):
+    model = loading.load_model(ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32"))
     assert model.model.visual.blocks[0].attn.config._attn_implementation == registered_name("sdpa")
     assert model.config.text_config._attn_implementation == "sdpa"
     model.save_pretrained(tmp_path)
     assert "physreason" not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
 
 
-def test_config_can_keep_transformers_per_window_attention(tiny_model_dir):
-    config = ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32", grouped_vision_attention=False)
+def test_config_can_keep_transformers_per_window_attention(vl_model_dir):
+    config = ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32", grouped_vision_attention=False)
     model = loading.load_model(config)
     assert model.model.visual.blocks[0].attn.config._attn_implementation == "sdpa"
 

@@ -12,7 +12,7 @@ from fixtures.vision.media import write_clip
 
 from physreason.config.schema import VisionConfig
 from physreason.errors import InputError
-from physreason.vision import load_video, smart_resize
+from physreason.vision import load_video, pixel_budgets, smart_resize
 from physreason.vision import video as video_module
 from physreason.vision.overlay import BAR_HEIGHT
 
@@ -65,8 +65,10 @@ def test_huge_resolution_is_resized_down_by_the_budget(tmp_path: Path):
     assert video.source_size == (2160, 3840)
     assert video.frames.shape[0] == 4
     height, width = video.frames.shape[1:3]
-    assert height * width <= int(config.min_pixels * 1.05)  # budget share below min_pixels: floor of 1.05x
-    assert (height, width) == smart_resize(2160, 3840, min_pixels=config.min_pixels, max_pixels=int(100352 * 1.05))
+    min_pixels = pixel_budgets(config).min_pixels  # unset: 128 tokens of 28 x 28 pixels
+    assert min_pixels == 128 * 28 * 28
+    assert height * width <= int(min_pixels * 1.05)  # budget share below min_pixels: floor of 1.05x
+    assert (height, width) == smart_resize(2160, 3840, min_pixels=min_pixels, max_pixels=int(100352 * 1.05))
 
 
 def test_one_frame_video_is_duplicated_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture):

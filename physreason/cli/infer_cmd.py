@@ -62,6 +62,7 @@ def infer(
     from physreason.config import load_config
     from physreason.engines import create_engine
     from physreason.infer import build_request, result_record, run_batch
+    from physreason.models.inputs import patch_factor
 
     flags = {
         "model.model_name_or_path": model,
@@ -114,8 +115,9 @@ def infer(
         )
         return
     # Media are decoded before the model loads, so a bad path fails in a second, not after a minute.
+    factor = patch_factor(cfg.model.model_name_or_path, cfg.model.revision)
     request = build_request(
-        question, videos=video, images=image, vision=cfg.vision, reasoning=reasoning, request_id="0"
+        question, videos=video, images=image, vision=cfg.vision, reasoning=reasoning, request_id="0", factor=factor
     )
     generator = create_engine(cfg.model, cfg.engine)
     (result,) = generator.generate([request], cfg.generation, logprobs=False)

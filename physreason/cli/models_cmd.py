@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from physreason.models.kinds import TINY_KINDS
+from physreason.models.kinds import TINY_KINDS, normalize_kind
 
 app = typer.Typer(help="Tiny random models for tests and dry runs.", no_args_is_help=True)
 
@@ -14,13 +14,16 @@ app = typer.Typer(help="Tiny random models for tests and dry runs.", no_args_is_
 @app.command("tiny")
 def tiny(
     out: Path = typer.Argument(..., help="Folder to write the Hugging Face model folder into."),
-    kind: str = typer.Option("qwen2_5_vl", help=f"Architecture: {', '.join(TINY_KINDS)}."),
+    kind: str = typer.Option(
+        "qwen2_5_vl", help=f"Architecture: {', '.join(TINY_KINDS)} ('-' works for '_', e.g. qwen3-vl)."
+    ),
     seed: int = typer.Option(0, help="Seed of the random weights."),
 ) -> None:
     """Write a tiny random model (config, safetensors, tokenizer, processor) that loads like a real one."""
     from physreason.errors import PhysReasonError
     from physreason.models.tiny import save_tiny_model
 
+    kind = normalize_kind(kind)
     if kind not in TINY_KINDS:
         raise PhysReasonError(f"--kind {kind!r} is not a tiny model kind; choose one of {', '.join(TINY_KINDS)}")
     folder = save_tiny_model(kind, out, seed=seed)  # type: ignore[arg-type]

@@ -56,33 +56,51 @@ class SamplingConfig(Section):
 
 
 class VisionConfig(Section):
-    """Frame sampling and pixel budgets (Qwen2.5-VL rules; sides become multiples of 28)."""
+    """Frame sampling and pixel budgets (qwen-vl-utils' rules; sides become multiples of the model's patch factor).
+
+    The pixel budgets default to None: a number of visual tokens times the square of the model's patch factor
+    (patch x spatial merge: 28 for Qwen2.5-VL / Cosmos-Reason1, 32 for Qwen3-VL / Cosmos-Reason2), the
+    defaults of qwen-vl-utils for both families (see physreason.vision.resize.pixel_budgets).
+    """
 
     fps: float = Field(4.0, gt=0.0, description="Frames per second sampled from each video.")
     min_frames: int = Field(4, ge=2, description="Fewest frames sampled from a video (rounded up to even).")
     max_frames: int = Field(768, ge=2, description="Most frames sampled from a video (rounded down to even).")
-    min_pixels: int = Field(
-        128 * 28 * 28, gt=0, description="Smallest area (pixels) of one video frame after resizing."
+    min_pixels: int | None = Field(
+        None, gt=0, description="Smallest area (pixels) of one video frame after resizing; None: 128 tokens' worth."
     )
-    max_pixels: int = Field(768 * 28 * 28, gt=0, description="Largest area (pixels) of one video frame after resizing.")
-    total_pixels: int = Field(
-        8192 * 28 * 28,
+    max_pixels: int | None = Field(
+        None, gt=0, description="Largest area (pixels) of one video frame after resizing; None: 768 tokens' worth."
+    )
+    total_pixels: int | None = Field(
+        None,
         gt=0,
-        description="Pixel budget of a whole video, shared over its frames (8192*28*28 is about 8k visual tokens).",
+        description="Pixel budget of a whole video, shared over its frames; None: 8192 tokens' worth "
+        "(8192*28*28 for Qwen2.5-VL, 8192*32*32 for Qwen3-VL).",
     )
-    image_min_pixels: int = Field(4 * 28 * 28, gt=0, description="Smallest area (pixels) of an image after resizing.")
-    image_max_pixels: int = Field(
-        16384 * 28 * 28, gt=0, description="Largest area (pixels) of an image after resizing."
+    image_min_pixels: int | None = Field(
+        None, gt=0, description="Smallest area (pixels) of an image after resizing; None: 4 tokens' worth."
     )
-    timestamps: bool = Field(False, description="Draw each frame's time under it in a 28-pixel black bar.")
+    image_max_pixels: int | None = Field(
+        None, gt=0, description="Largest area (pixels) of an image after resizing; None: 16384 tokens' worth."
+    )
+    timestamps: bool = Field(
+        False,
+        description="Draw each frame's time under it in a black bar one patch factor high (Cosmos-Reason1's "
+        "overlay); Qwen3-VL models get each frame pair's time as text whatever this says.",
+    )
 
     @model_validator(mode="after")
     def _check_bounds(self) -> VisionConfig:
         if self.min_frames > self.max_frames:
             raise ValueError(f"min_frames ({self.min_frames}) must not exceed max_frames ({self.max_frames})")
-        if self.min_pixels > self.max_pixels:
+        if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
             raise ValueError(f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})")
-        if self.image_min_pixels > self.image_max_pixels:
+        if (
+            self.image_min_pixels is not None
+            and self.image_max_pixels is not None
+            and self.image_min_pixels > self.image_max_pixels
+        ):
             raise ValueError(
                 f"image_min_pixels ({self.image_min_pixels}) must not exceed image_max_pixels ({self.image_max_pixels})"
             )

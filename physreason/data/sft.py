@@ -165,19 +165,31 @@ def conversation_segments(tokenizer: Any, messages: list[dict[str, Any]], where:
 
 
 def tokenize_segments(
-    tokenizer: Any, segments: list[tuple[str, bool]], image_counts: list[int], video_counts: list[int]
+    tokenizer: Any,
+    segments: list[tuple[str, bool]],
+    image_counts: list[int],
+    video_counts: list[int],
+    video_group_seconds: list[list[float]] | None = None,
 ) -> tuple[list[int], list[int]]:
-    """Tokenize pieces one by one, expanding vision placeholders; labels copy ids of label pieces."""
+    """Tokenize pieces one by one, expanding vision placeholders; labels copy ids of label pieces.
+
+    video_group_seconds (Qwen3-VL) writes each video as timestamped spans (expand_vision_placeholders).
+    """
     from physreason.models.inputs import IMAGE_PAD, VIDEO_PAD, expand_vision_placeholders
 
     images, videos = list(image_counts), list(video_counts)
+    groups = list(video_group_seconds) if video_group_seconds is not None else None
     ids: list[int] = []
     labels: list[int] = []
     for text, is_label in segments:
         n_img, n_vid = text.count(IMAGE_PAD), text.count(VIDEO_PAD)
         if n_img or n_vid:
-            text = expand_vision_placeholders(text, images[:n_img], videos[:n_vid])
+            text = expand_vision_placeholders(
+                text, images[:n_img], videos[:n_vid], groups[:n_vid] if groups is not None else None
+            )
             del images[:n_img], videos[:n_vid]
+            if groups is not None:
+                del groups[:n_vid]
         piece = tokenizer(text, add_special_tokens=False)["input_ids"]
         ids += piece
         labels += piece if is_label else [IGNORE_INDEX] * len(piece)
@@ -231,11 +243,13 @@ class SFTDataset(Dataset):
     def _load_visuals(self, media: list[MediaRef], where: str) -> Any:
         from physreason.models.inputs import encode_visuals
         from physreason.vision import load_image, load_video
+        from physreason.vision.resize import PATCH_FACTOR
 
         if self.vision_tokens is None:
             raise InputError(f"{where}: the record has images or videos but the model has no vision tower")
-        images = [load_image(str(m.path), self.vision_config) for m in media if m.kind == "image"]
-        videos = [load_video(str(m.path), self.vision_config) for m in media if m.kind == "video"]
+        factor = self.processor_params.factor if self.processor_params is not None else PATCH_FACTOR
+        images = [load_image(str(m.path), self.vision_config, factor) for m in media if m.kind == "image"]
+        videos = [load_video(str(m.path), self.vision_config, factor) for m in media if m.kind == "video"]
         return encode_visuals(images, videos, self.processor_params)
 
     def __getitem__(self, index: int) -> SFTSample | SkippedSample:
@@ -249,6 +263,7 @@ class SFTDataset(Dataset):
             segments,
             visuals.image_token_counts if visuals else [],
             visuals.video_token_counts if visuals else [],
+            visuals.video_group_seconds if visuals else None,
         )
         keep, reason = truncation_problem(ids, labels, self.max_length, self.vision_tokens)
         if reason is not None:

@@ -12,6 +12,7 @@ import torch
 
 from physreason.config import SamplingConfig
 from physreason.vision import VideoFrames
+from physreason.vision.resize import PATCH_FACTOR
 
 
 @dataclass
@@ -46,6 +47,13 @@ class GenerationResult:
 
 class Engine(abc.ABC):
     """Generates completions for chat requests with images and videos."""
+
+    processor_params = None  # physreason.models.inputs.ProcessorParams of a vision-language model, else None
+
+    @property
+    def vision_factor(self) -> int:
+        """Side multiple the model's frames and images must have (patch x merge; 28 when text-only)."""
+        return self.processor_params.factor if self.processor_params is not None else PATCH_FACTOR
 
     @abc.abstractmethod
     def generate(

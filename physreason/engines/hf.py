@@ -1,4 +1,4 @@
-"""The transformers engine: batched generation for Qwen2.5-VL (video, image, text) on CPU or GPU."""
+"""The transformers engine: batched generation for Qwen2.5-VL and Qwen3-VL (video, image, text) on CPU or GPU."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from physreason.models.inputs import (
     VisualInputs,
     concat_visuals,
     encode_visuals,
-    expand_vision_placeholders,
     load_processor_params,
 )
 
@@ -134,7 +133,7 @@ class HFEngine(Engine):
             raise PhysReasonError(f"request {request.request_id}: {self.video_problem}")
         visuals = encode_visuals(request.images, request.videos, self.processor_params) if self.is_vl else VisualInputs()
         text = self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
-        text = expand_vision_placeholders(text, visuals.image_token_counts, visuals.video_token_counts)
+        text = visuals.expand(text)
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) >= self.max_model_len:
             visual = sum(visuals.image_token_counts) + sum(visuals.video_token_counts)

@@ -1,4 +1,4 @@
-"""The vLLM engine: continuous-batching generation for Qwen2.5-VL video, image and text prompts.
+"""The vLLM engine: continuous-batching generation for Qwen2.5-VL and Qwen3-VL video, image and text prompts.
 
 Frames come from physreason's `vision` layer (already sampled and resized), so vLLM's processor is
 told not to sample or resize again; prompts are rendered with the model's chat template exactly as
@@ -23,6 +23,8 @@ from physreason.errors import PhysReasonError
 from physreason.models import loading
 from physreason.models.family import model_family
 from physreason.models.inputs import IMAGE_PAD, VIDEO_PAD, ProcessorParams, load_processor_params
+from physreason.models.qwen3_vl import frame_group_seconds
+from physreason.vision import VideoFrames
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,15 @@ def _visual_token_count(frames: int, height: int, width: int, params: ProcessorP
     """Tokens one image/video placeholder expands to: (T / temporal patch) x (H / patch) x (W / patch) / merge^2."""
     grid_t = math.ceil(frames / params.temporal_patch_size)
     return grid_t * (height // params.patch_size) * (width // params.patch_size) // params.merge_size**2
+
+
+def _video_text_token_count(video: VideoFrames, params: ProcessorParams, tokenizer: Any) -> int:
+    """Qwen3-VL: text tokens a video adds besides its pads, `<t seconds>` plus span start/end per temporal patch."""
+    if not params.video_timestamps_as_text:
+        return 0
+    seconds = frame_group_seconds(video.indices, video.source_fps, params.temporal_patch_size)
+    stamps = tokenizer([f"<{s:.1f} seconds>" for s in seconds], add_special_tokens=False).input_ids
+    return sum(len(ids) + 2 for ids in stamps)
 
 
 class VLLMEngine(Engine):
@@ -116,8 +127,10 @@ class VLLMEngine(Engine):
         params = self.processor_params
         visual = [_visual_token_count(1, *image.shape[:2], params) for image in request.images]
         visual += [_visual_token_count(*video.frames.shape[:3], params) for video in request.videos]
-        # Each placeholder is one token of the rendered text and becomes `count` tokens.
-        length = len(token_ids) + sum(visual) - len(visual)
+        # Each placeholder is one token of the rendered text and becomes `count` tokens (plus, for Qwen3-VL,
+        # each video's timestamp text and per-patch span markers).
+        stamps = sum(_video_text_token_count(video, params, self.tokenizer) for video in request.videos)
+        length = len(token_ids) + sum(visual) - len(visual) + stamps
         if length >= self.max_model_len:
             fix = "lower --fps or --total-pixels/--max-pixels" if visual else "shorten the question"
             raise PhysReasonError(
@@ -129,10 +142,12 @@ class VLLMEngine(Engine):
         if request.images:
             media["image"] = list(request.images)
         if request.videos:
-            media["video"] = [vllm_compat.video_item(video) for video in request.videos]
+            media["video"] = [
+                vllm_compat.video_item(video, source_timing=params.video_timestamps_as_text) for video in request.videos
+            ]
         if media:
             prompt["multi_modal_data"] = media
-            # Frames and images are already sampled and resized to multiples of 28 by `vision`.
+            # Frames and images are already sampled and resized to multiples of the patch factor by `vision`.
             prompt["mm_processor_kwargs"] = {"do_resize": False, "do_sample_frames": False}
         return prompt, length
 

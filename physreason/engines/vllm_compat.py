@@ -109,14 +109,28 @@ def sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
     return [position[token].logprob for position, token in zip(logprobs, token_ids, strict=True)]
 
 
-def video_item(video: VideoFrames) -> tuple[Any, dict[str, Any]]:
+def video_item(video: VideoFrames, source_timing: bool = False) -> tuple[Any, dict[str, Any]]:
     """A video as vLLM takes already-sampled frames: (uint8 [T, H, W, 3], metadata) with frame sampling off.
 
-    The metadata describes the frames as a clip of their own at the sampled rate, so the processor's
-    `sampled_fps` (len(frames_indices) / total_num_frames * fps) is exactly `video.sample_fps` and the
-    temporal positions (second_per_grid_ts) equal the transformers engine's.
+    Qwen2.5-VL (source_timing False): the metadata describes the frames as a clip of their own at the sampled
+    rate, so the processor's `sampled_fps` (len(frames_indices) / total_num_frames * fps) is exactly
+    `video.sample_fps` and the temporal positions (second_per_grid_ts) equal the transformers engine's.
+    Qwen3-VL (source_timing True): the metadata is the source's (its fps, frame count and the kept frame
+    indices), from which vLLM writes each frame pair's `<t seconds>` exactly as models.qwen3_vl does.
     """
     count = int(video.frames.shape[0])
+    if source_timing:
+        metadata = {
+            "fps": float(video.source_fps),
+            "total_num_frames": int(video.source_num_frames),
+            "frames_indices": list(video.indices),
+            "duration": float(video.duration),
+            "height": int(video.frames.shape[1]),
+            "width": int(video.frames.shape[2]),
+            "video_backend": "physreason",
+            "do_sample_frames": False,
+        }
+        return video.frames, metadata
     metadata = {
         "fps": float(video.sample_fps),
         "total_num_frames": count,

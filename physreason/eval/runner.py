@@ -20,6 +20,7 @@ from physreason.eval.results import finished_in_run, shard_file
 from physreason.eval.scoring import score_completion
 from physreason.infer.batch import truncate_torn_tail
 from physreason.vision import load_video
+from physreason.vision.resize import PATCH_FACTOR
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def shard_samples(samples: list[EvalSample], shard: int, num_shards: int) -> lis
 
 
 def build_eval_request(
-    sample: EvalSample, benchmark: Benchmark, vision: VisionConfig, answer_type: str
+    sample: EvalSample, benchmark: Benchmark, vision: VisionConfig, answer_type: str, factor: int = PATCH_FACTOR
 ) -> GenerationRequest:
     """Decode the sample's clip and build the benchmark's messages; raises PhysReasonError when it cannot.
 
@@ -51,7 +52,7 @@ def build_eval_request(
         raise PhysReasonError(sample.error)
     assert sample.video is not None and sample.options is not None  # guaranteed when error is None
     path = resolve_media_path(benchmark.media_root, sample.video, f"data set {benchmark.name}")
-    frames = load_video(path, vision)
+    frames = load_video(path, vision, factor)
     messages = build_mcq_messages(sample.question, sample.options, videos=[frames], answer_type=answer_type)
     return GenerationRequest(messages=messages, videos=[frames], request_id=sample.id)
 
@@ -83,12 +84,12 @@ def result_line(sample: EvalSample, result: GenerationResult, seed: int | None) 
 
 
 def _requests(
-    samples: list[EvalSample], benchmark: Benchmark, vision: VisionConfig, answer_type: str
+    samples: list[EvalSample], benchmark: Benchmark, vision: VisionConfig, answer_type: str, factor: int
 ) -> Iterator[tuple[EvalSample, GenerationRequest | GenerationResult]]:
     """Yield each sample with its request, or with an error result when its clip or data cannot be used."""
     for sample in samples:
         try:
-            yield sample, build_eval_request(sample, benchmark, vision, answer_type)
+            yield sample, build_eval_request(sample, benchmark, vision, answer_type, factor)
         except PhysReasonError as exc:
             log.warning("sample %s: %s", sample.id, exc)
             yield sample, GenerationResult(request_id=sample.id, error=str(exc))
@@ -141,7 +142,7 @@ def evaluate_shard(
                 write(sample, result)
             batch.clear()
 
-        for sample, item in _requests(pending, benchmark, vision, answer_type):
+        for sample, item in _requests(pending, benchmark, vision, answer_type, engine.vision_factor):
             if isinstance(item, GenerationResult):
                 write(sample, item)
                 continue

@@ -61,7 +61,7 @@ def truncate_torn_tail(out: Path) -> None:
 
 
 def _request_from_record(
-    record: dict[str, Any], request_id: str, root: Path, vision: VisionConfig, reasoning: bool
+    record: dict[str, Any], request_id: str, root: Path, vision: VisionConfig, reasoning: bool, factor: int
 ) -> GenerationRequest:
     where = f"request {request_id}"
     question = record.get("question")
@@ -71,12 +71,12 @@ def _request_from_record(
     images = [resolve_media_path(root, i, where) for i in _as_list(record.get("image"))]
     return build_request(
         question, videos=videos, images=images, vision=vision, reasoning=reasoning,
-        system_prompt=record.get("system_prompt"), request_id=request_id,
+        system_prompt=record.get("system_prompt"), request_id=request_id, factor=factor,
     )
 
 
 def _pending(
-    records: list[dict[str, Any]], done: set[str], root: Path, vision: VisionConfig, reasoning: bool
+    records: list[dict[str, Any]], done: set[str], root: Path, vision: VisionConfig, reasoning: bool, factor: int
 ) -> Iterator[GenerationRequest | GenerationResult]:
     """Yield a request per unfinished record, or an error result for a record whose media cannot be used."""
     for index, record in enumerate(records):
@@ -84,7 +84,7 @@ def _pending(
         if request_id in done:
             continue
         try:
-            yield _request_from_record(record, request_id, root, vision, reasoning)
+            yield _request_from_record(record, request_id, root, vision, reasoning, factor)
         except PhysReasonError as exc:
             yield GenerationResult(request_id=request_id, error=str(exc))
 
@@ -131,7 +131,7 @@ def run_batch(
             progress.advance(task)
 
         batch: list[GenerationRequest] = []
-        for item in _pending(records, done, root, vision, reasoning):
+        for item in _pending(records, done, root, vision, reasoning, engine.vision_factor):
             if isinstance(item, GenerationResult):
                 write(item)
                 continue

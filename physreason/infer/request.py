@@ -11,6 +11,7 @@ from physreason.chat.parse import parse_completion
 from physreason.config import VisionConfig
 from physreason.engines.base import GenerationRequest, GenerationResult
 from physreason.vision import load_image, load_video
+from physreason.vision.resize import PATCH_FACTOR
 
 
 def build_request(
@@ -22,11 +23,15 @@ def build_request(
     reasoning: bool = True,
     system_prompt: str | None = None,
     request_id: str | None = None,
+    factor: int = PATCH_FACTOR,
 ) -> GenerationRequest:
-    """Decode and sample the media and build the Cosmos-Reason1 chat messages for one question."""
+    """Decode and sample the media and build the chat messages for one question.
+
+    factor: the model's patch factor (models.inputs.patch_factor: 28 Qwen2.5-VL, 32 Qwen3-VL).
+    """
     vision = vision or VisionConfig()
-    frames = [load_video(v, vision) for v in videos]
-    pictures = [load_image(i, vision) for i in images]
+    frames = [load_video(v, vision, factor) for v in videos]
+    pictures = [load_image(i, vision, factor) for i in images]
     messages = build_messages(question, videos=frames, images=pictures, reasoning=reasoning, system_prompt=system_prompt)
     return GenerationRequest(messages=messages, images=pictures, videos=frames, request_id=request_id)
 

@@ -1,4 +1,4 @@
-"""The Qwen2.5-VL chat template (ChatML with vision placeholders), used by tiny test models."""
+"""Chat templates of the Qwen-VL families (ChatML with vision placeholders), used by tiny test models."""
 
 QWEN2_5_VL_CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
@@ -18,4 +18,36 @@ QWEN2_5_VL_CHAT_TEMPLATE = (
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
     "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Qwen3-VL-Instruct's template (Cosmos-Reason2 ships it): ChatML with the same vision placeholders, but no
+# default system turn, and list content allowed in every role (text parts joined). Tool calls are left out:
+# physreason sends none.
+QWEN3_VL_CHAT_TEMPLATE = (
+    "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].content is string %}{{- messages[0].content }}"
+    "{%- else %}{%- for content in messages[0].content %}{%- if 'text' in content %}{{- content.text }}{%- endif %}"
+    "{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- set image_count = namespace(value=0) %}{%- set video_count = namespace(value=0) %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.content is string %}{{- message.content }}"
+    "{%- else %}{%- for content in message.content %}"
+    "{%- if content.type == 'image' or 'image' in content or 'image_url' in content %}"
+    "{%- set image_count.value = image_count.value + 1 %}"
+    "{%- if add_vision_id %}{{- 'Picture ' + image_count.value|string + ': ' }}{%- endif %}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif content.type == 'video' or 'video' in content %}"
+    "{%- set video_count.value = video_count.value + 1 %}"
+    "{%- if add_vision_id %}{{- 'Video ' + video_count.value|string + ': ' }}{%- endif %}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- elif 'text' in content %}{{- content.text }}{%- endif %}"
+    "{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if message.content is string %}{{- message.content }}"
+    "{%- else %}{%- for content in message.content %}{%- if 'text' in content %}{{- content.text }}{%- endif %}"
+    "{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )

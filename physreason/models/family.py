@@ -15,6 +15,32 @@ import torch
 
 from physreason.errors import ConfigError
 from physreason.models.positions import mrope_position_ids
+from physreason.models.qwen3_vl import QWEN3_VL_MODEL_TYPES, qwen3_vl_position_ids
+from physreason.vision.patches import CLIP_MEAN, CLIP_STD, HALF_MEAN, HALF_STD
+
+
+@dataclass(frozen=True)
+class ProcessorParams:
+    """Patch geometry and normalisation of a Qwen-VL-family processor, and how its videos are written."""
+
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    image_mean: tuple[float, float, float] = CLIP_MEAN
+    image_std: tuple[float, float, float] = CLIP_STD
+    video_timestamps_as_text: bool = False
+    """Qwen3-VL: each temporal patch is its own span after `<t seconds>` text (no second_per_grid_ts)."""
+
+    @property
+    def factor(self) -> int:
+        """Pixels per visual token side: frame sides are multiples of patch_size * merge_size."""
+        return self.patch_size * self.merge_size
+
+
+QWEN2_5_VL_PARAMS = ProcessorParams()
+QWEN3_VL_PARAMS = ProcessorParams(
+    patch_size=16, image_mean=HALF_MEAN, image_std=HALF_STD, video_timestamps_as_text=True
+)
 
 
 @dataclass(frozen=True)
@@ -25,9 +51,20 @@ class VisionTokens:
     video_token_id: int
     spatial_merge_size: int = 2
     tokens_per_second: float = 2.0
+    video_frame_spans: bool = False
+    """Qwen3-VL: each temporal patch of a video is its own span (positions of a one-frame image, time as text)."""
 
     def positions(self, input_ids: torch.Tensor, visuals: Any) -> torch.Tensor:
         """[3, L] mrope position ids of one sequence with its visual inputs (VisualInputs or None)."""
+        if self.video_frame_spans:
+            return qwen3_vl_position_ids(
+                input_ids,
+                self.image_token_id,
+                self.video_token_id,
+                visuals.image_grid_thw if visuals else None,
+                visuals.video_grid_thw if visuals else None,
+                self.spatial_merge_size,
+            )
         return mrope_position_ids(
             input_ids,
             self.image_token_id,
@@ -51,6 +88,16 @@ def qwen2_5_vl_vision_tokens(config: Any) -> VisionTokens:
     )
 
 
+def qwen3_vl_vision_tokens(config: Any) -> VisionTokens:
+    """Token ids and merge geometry of a Qwen3-VL config (interleaved M-RoPE, video time written as text)."""
+    return VisionTokens(
+        image_token_id=int(config.image_token_id),
+        video_token_id=int(config.video_token_id),
+        spatial_merge_size=int(getattr(config.vision_config, "spatial_merge_size", 2)),
+        video_frame_spans=True,
+    )
+
+
 @dataclass(frozen=True)
 class ModelFamily:
     """One supported architecture: how to recognise its config and the facts training and inference need."""
@@ -61,6 +108,8 @@ class ModelFamily:
     # Vision-language families read their vision token layout (ids, merge size, M-RoPE) from the config;
     # None for text-only causal LMs.
     vision_tokens: Callable[[Any], VisionTokens] | None = None
+    # Patch geometry, normalisation and video layout when preprocessor_config.json leaves them out.
+    processor: ProcessorParams | None = None
 
     @property
     def is_vision_language(self) -> bool:
@@ -69,7 +118,27 @@ class ModelFamily:
 
 
 FAMILIES: tuple[ModelFamily, ...] = (
-    ModelFamily("qwen2_5_vl", ("qwen2_5_vl",), ("Qwen2_5_VLForConditionalGeneration",), qwen2_5_vl_vision_tokens),
+    ModelFamily(
+        "qwen2_5_vl",
+        ("qwen2_5_vl",),
+        ("Qwen2_5_VLForConditionalGeneration",),
+        qwen2_5_vl_vision_tokens,
+        QWEN2_5_VL_PARAMS,
+    ),
+    ModelFamily(
+        "qwen3_vl",
+        QWEN3_VL_MODEL_TYPES[:1],
+        ("Qwen3VLForConditionalGeneration",),
+        qwen3_vl_vision_tokens,
+        QWEN3_VL_PARAMS,
+    ),
+    ModelFamily(
+        "qwen3_vl_moe",
+        QWEN3_VL_MODEL_TYPES[1:],
+        ("Qwen3VLMoeForConditionalGeneration",),
+        qwen3_vl_vision_tokens,
+        QWEN3_VL_PARAMS,
+    ),
     ModelFamily("qwen2", ("qwen2",), ("Qwen2ForCausalLM",)),
     ModelFamily("qwen3", ("qwen3",), ("Qwen3ForCausalLM",)),
     ModelFamily("qwen3_moe", ("qwen3_moe",), ("Qwen3MoeForCausalLM",)),

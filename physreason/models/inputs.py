@@ -1,7 +1,11 @@
-"""Turn chat messages plus sampled frames into Qwen2.5-VL model inputs, without torchvision.
+"""Turn chat messages plus sampled frames into Qwen2.5-VL / Qwen3-VL model inputs, without torchvision.
 
-transformers' Qwen2.5-VL processor needs torchvision for videos; physreason's `vision` layer already
+transformers' Qwen-VL processors need torchvision for videos; physreason's `vision` layer already
 samples and resizes frames, so the remaining steps (patchify, placeholder expansion) live here.
+The two families differ in patch size and normalisation (read from preprocessor_config.json) and in how a
+video is written into the prompt (read from config.json's model_type): Qwen2.5-VL repeats one
+`<|video_pad|>` run and passes the seconds per temporal patch to the model; Qwen3-VL writes each temporal
+patch's time as text before its own span (physreason/models/qwen3_vl.py).
 """
 
 from __future__ import annotations
@@ -9,26 +13,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from physreason.errors import InputError
-from physreason.vision import CLIP_MEAN, CLIP_STD, VideoFrames, num_visual_tokens, patchify
+from physreason.models.family import QWEN2_5_VL_PARAMS, QWEN3_VL_PARAMS, ProcessorParams, model_family
+from physreason.models.qwen3_vl import frame_group_seconds, video_placeholder
+from physreason.vision import VideoFrames, num_visual_tokens, patchify
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
-
-
-@dataclass(frozen=True)
-class ProcessorParams:
-    """Patch geometry and normalisation of a Qwen2-VL-family processor."""
-
-    patch_size: int = 14
-    temporal_patch_size: int = 2
-    merge_size: int = 2
-    image_mean: tuple[float, float, float] = CLIP_MEAN
-    image_std: tuple[float, float, float] = CLIP_STD
 
 
 def _resolve_file(model_name_or_path: str, filename: str, revision: str | None = None) -> Path | None:
@@ -42,19 +38,45 @@ def _resolve_file(model_name_or_path: str, filename: str, revision: str | None =
     return Path(path) if path else None
 
 
+def _family_processor(model_name_or_path: str, revision: str | None) -> ProcessorParams:
+    """The processor defaults of the checkpoint's family (config.json's model_type, else its architectures)."""
+    path = _resolve_file(model_name_or_path, "config.json", revision)
+    if path is None:
+        return QWEN2_5_VL_PARAMS
+    raw = json.loads(path.read_text())
+    config = SimpleNamespace(
+        model_type=raw.get("model_type"), architectures=raw.get("architectures"), _name_or_path=model_name_or_path
+    )
+    return model_family(config).processor or QWEN2_5_VL_PARAMS
+
+
 def load_processor_params(model_name_or_path: str, revision: str | None = None) -> ProcessorParams:
-    """Read patch size, temporal patch, merge size and mean/std from a model's preprocessor_config.json."""
+    """Read patch size, temporal patch, merge size and mean/std from a model's preprocessor_config.json.
+
+    The video layout and the defaults of absent keys follow the family named by config.json's model_type
+    (Qwen3-VL: patch 16, mean/std 0.5, timestamps as text; anything else: Qwen2.5-VL's).
+    """
+    family = _family_processor(model_name_or_path, revision)
     path = _resolve_file(model_name_or_path, "preprocessor_config.json", revision)
     if path is None:
-        return ProcessorParams()
+        return family
     raw = json.loads(path.read_text())
     return ProcessorParams(
-        patch_size=int(raw.get("patch_size", 14)),
-        temporal_patch_size=int(raw.get("temporal_patch_size", 2)),
-        merge_size=int(raw.get("merge_size", 2)),
-        image_mean=tuple(raw.get("image_mean", CLIP_MEAN)),
-        image_std=tuple(raw.get("image_std", CLIP_STD)),
+        patch_size=int(raw.get("patch_size", family.patch_size)),
+        temporal_patch_size=int(raw.get("temporal_patch_size", family.temporal_patch_size)),
+        merge_size=int(raw.get("merge_size", family.merge_size)),
+        image_mean=tuple(raw.get("image_mean", family.image_mean)),
+        image_std=tuple(raw.get("image_std", family.image_std)),
+        video_timestamps_as_text=family.video_timestamps_as_text,
     )
+
+
+def patch_factor(model_name_or_path: str, revision: str | None = None) -> int:
+    """Pixels per visual-token side of a checkpoint (28 for Qwen2.5-VL, 32 for Qwen3-VL), from its folder's JSON.
+
+    Reads only config.json and preprocessor_config.json, so media can be decoded before the model loads.
+    """
+    return load_processor_params(model_name_or_path, revision).factor
 
 
 @dataclass
@@ -65,20 +87,31 @@ class VisualInputs:
     image_grid_thw: torch.Tensor | None = None  # [n_images, 3]
     pixel_values_videos: torch.Tensor | None = None  # [n_video_patches, 3 * temporal_patch * patch^2]
     video_grid_thw: torch.Tensor | None = None  # [n_videos, 3]
-    second_per_grid_ts: torch.Tensor | None = None  # [n_videos] seconds spanned by one temporal patch
+    second_per_grid_ts: torch.Tensor | None = None  # [n_videos] seconds spanned by one temporal patch (Qwen2.5-VL)
     image_token_counts: list[int] = field(default_factory=list)
     video_token_counts: list[int] = field(default_factory=list)
+    video_group_seconds: list[list[float]] | None = None  # Qwen3-VL: per video, the time of each temporal patch
 
     def model_kwargs(self) -> dict[str, torch.Tensor]:
-        """The keyword arguments Qwen2_5_VLForConditionalGeneration.forward takes (only those present)."""
+        """The keyword arguments the Qwen-VL model's forward takes (only those present)."""
         names = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+    def expand(self, text: str) -> str:
+        """The rendered prompt with each vision placeholder expanded to these inputs' tokens, in order."""
+        return expand_vision_placeholders(
+            text, self.image_token_counts, self.video_token_counts, self.video_group_seconds
+        )
 
 
 def encode_visuals(
     images: list[np.ndarray] = (), videos: list[VideoFrames] = (), params: ProcessorParams | None = None
 ) -> VisualInputs:
-    """Patchify resized images ([H, W, 3] uint8) and sampled videos in prompt order."""
+    """Patchify resized images ([H, W, 3] uint8) and sampled videos in prompt order.
+
+    Videos get second_per_grid_ts (Qwen2.5-VL) or, when params.video_timestamps_as_text, the time of each
+    temporal patch for the prompt text (Qwen3-VL).
+    """
     params = params or ProcessorParams()
     geometry = dict(
         patch_size=params.patch_size,
@@ -103,11 +136,17 @@ def encode_visuals(
             pixels, grid = patchify(video.frames, **geometry)
             patches.append(pixels)
             grids.append(grid)
-            seconds.append(params.temporal_patch_size / video.sample_fps)
             out.video_token_counts.append(num_visual_tokens(grid, params.merge_size))
+            if params.video_timestamps_as_text:
+                seconds.append(frame_group_seconds(video.indices, video.source_fps, params.temporal_patch_size))
+            else:
+                seconds.append(params.temporal_patch_size / video.sample_fps)
         out.pixel_values_videos = torch.cat(patches)
         out.video_grid_thw = torch.tensor(grids, dtype=torch.long)
-        out.second_per_grid_ts = torch.tensor(seconds, dtype=torch.float32)
+        if params.video_timestamps_as_text:
+            out.video_group_seconds = seconds
+        else:
+            out.second_per_grid_ts = torch.tensor(seconds, dtype=torch.float32)
     return out
 
 
@@ -120,11 +159,22 @@ def concat_visuals(parts: list[VisualInputs]) -> VisualInputs:
     for p in parts:
         out.image_token_counts += p.image_token_counts
         out.video_token_counts += p.video_token_counts
+        if p.video_group_seconds is not None:
+            out.video_group_seconds = (out.video_group_seconds or []) + p.video_group_seconds
     return out
 
 
-def expand_vision_placeholders(text: str, image_token_counts: list[int], video_token_counts: list[int]) -> str:
-    """Repeat each <|image_pad|> / <|video_pad|> of a rendered prompt to its visual token count, in order."""
+def expand_vision_placeholders(
+    text: str,
+    image_token_counts: list[int],
+    video_token_counts: list[int],
+    video_group_seconds: list[list[float]] | None = None,
+) -> str:
+    """Repeat each <|image_pad|> / <|video_pad|> of a rendered prompt to its visual token count, in order.
+
+    With video_group_seconds (Qwen3-VL), a video's pad becomes one `<t seconds><|vision_start|>` + pads +
+    `<|vision_end|>` span per temporal patch instead of one run (qwen3_vl.video_placeholder).
+    """
     for pad, counts, kind in ((IMAGE_PAD, image_token_counts, "image"), (VIDEO_PAD, video_token_counts, "video")):
         pieces = text.split(pad)
         if len(pieces) - 1 != len(counts):
@@ -132,5 +182,26 @@ def expand_vision_placeholders(text: str, image_token_counts: list[int], video_t
                 f"the prompt has {len(pieces) - 1} {kind} placeholder(s) but {len(counts)} {kind}(s) were given: "
                 f"pass one {kind} per {{'type': '{kind}'}} entry in the message content"
             )
-        text = pieces[0] + "".join(pad * n + rest for n, rest in zip(counts, pieces[1:], strict=True))
+        if kind == "video" and video_group_seconds is not None:
+            spans = [
+                video_placeholder(groups, n // len(groups))
+                for n, groups in zip(counts, video_group_seconds, strict=True)
+            ]
+        else:
+            spans = [pad * n for n in counts]
+        text = pieces[0] + "".join(span + rest for span, rest in zip(spans, pieces[1:], strict=True))
     return text
+
+
+__all__ = [
+    "IMAGE_PAD",
+    "QWEN2_5_VL_PARAMS",
+    "QWEN3_VL_PARAMS",
+    "VIDEO_PAD",
+    "ProcessorParams",
+    "VisualInputs",
+    "concat_visuals",
+    "encode_visuals",
+    "expand_vision_placeholders",
+    "load_processor_params",
+]

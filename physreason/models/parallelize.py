@@ -56,28 +56,44 @@ def enable_activation_checkpointing(model: nn.Module, every: int = 1) -> None:
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Shard attention heads and MLP columns of each Qwen2-family decoder block over tp_mesh.
+    """Shard attention heads and MLP columns of each Qwen2/Qwen3-family decoder block over tp_mesh.
 
-    q/k/v and gate/up are column-parallel (each rank holds whole heads), o/down row-parallel with an
-    all-reduce; embeddings, norms, lm_head and the vision tower stay replicated.
+    q/k/v and gate/up are column-parallel (each rank holds whole heads; Qwen3's per-head q/k norms act on
+    each rank's own heads, their gradients summed over the ranks), o/down row-parallel with an all-reduce; embeddings, norms, lm_head and the vision
+    tower stay replicated. Mixture-of-experts blocks (Qwen3-MoE, Qwen3-VL-MoE) shard their attention only:
+    the experts stay replicated.
     """
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
     tp = tp_mesh.size()
     text_config = getattr(model.config, "text_config", model.config)
     for name in ("num_attention_heads", "num_key_value_heads"):
         if getattr(text_config, name) % tp:
             raise ConfigError(f"tp_size {tp} must divide the model's {name} ({getattr(text_config, name)})")
-    plan = {
+    attention = {
         "self_attn.q_proj": ColwiseParallel(),
         "self_attn.k_proj": ColwiseParallel(),
         "self_attn.v_proj": ColwiseParallel(),
         "self_attn.o_proj": RowwiseParallel(),
+    }
+    dense_mlp = {
         "mlp.gate_proj": ColwiseParallel(),
         "mlp.up_proj": ColwiseParallel(),
         "mlp.down_proj": RowwiseParallel(),
     }
+    # Qwen3's q/k RMSNorms (one weight over head_dim, shared by all heads) see only this rank's heads: as
+    # replicated DTensors fed head-sharded inputs, their weight gradients are summed over the TP ranks
+    # (plain replicated weights would each get a partial gradient and drift apart).
+    head_norms = {
+        "self_attn.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+        "self_attn.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+    }
     for block in decoder_layers(model):
+        plan = dict(attention)
+        if isinstance(getattr(block.mlp, "gate_proj", None), nn.Linear):
+            plan.update(dense_mlp)
+        if hasattr(block.self_attn, "q_norm"):
+            plan.update(head_norms)
         parallelize_module(block, tp_mesh, plan)
 
 
@@ -156,5 +172,8 @@ def dummy_vision_features(model: nn.Module, inputs: Mapping[str, Any], device: t
         if inputs.get(name) is None:
             pixels = torch.zeros(merge * merge, row, device=device)  # [patches, C * T * P * P]
             grid = torch.tensor([[1, merge, merge]], device=device)  # [images, (t, h, w)] in patches
-            features.append(tower(pixels, grid_thw=grid).pooler_output)
+            output = tower(pixels, grid_thw=grid)
+            features.append(output.pooler_output)
+            # Qwen3-VL's DeepStack mergers are tower parameters too: their outputs join the dummy loss
+            features += list(getattr(output, "deepstack_features", None) or [])
     return features

@@ -41,7 +41,11 @@ def mrope_position_ids(
             i = j
             continue
         t, h, w = next(images) if token == image_token_id else next(videos)
-        interval = tokens_per_second * next(seconds) if token == video_token_id else 1.0
+        # transformers takes 1 second per temporal patch when a video comes without second_per_grid_ts
+        if token == video_token_id:
+            interval = tokens_per_second * (next(seconds) if second_per_grid_ts is not None else 1.0)
+        else:
+            interval = 1.0
         gh, gw = h // spatial_merge_size, w // spatial_merge_size
         temporal = (torch.arange(t) * interval).long()  # [t]
         grid = torch.stack(

@@ -14,7 +14,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from physreason.models.chat_template import QWEN2_5_VL_CHAT_TEMPLATE
+from physreason.models.chat_template import QWEN2_5_VL_CHAT_TEMPLATE, QWEN3_VL_CHAT_TEMPLATE
 from physreason.models.kinds import TINY_KINDS, TinyKind
 
 # The Qwen2.5 special tokens, in Qwen's order; their ids in the tiny vocabulary follow the BPE vocab.
@@ -73,8 +73,10 @@ def _trained_bpe(vocab_size: int) -> str:
     return tok.to_str()
 
 
-def build_tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE on an embedded corpus and add the Qwen special tokens and chat template."""
+def build_tiny_tokenizer(
+    vocab_size: int = 512, chat_template: str = QWEN2_5_VL_CHAT_TEMPLATE
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on an embedded corpus and add the Qwen special tokens and a chat template."""
     fast = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(_trained_bpe(vocab_size)),
         bos_token=None,
@@ -84,7 +86,7 @@ def build_tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
         model_max_length=32768,
         clean_up_tokenization_spaces=False,
     )
-    fast.chat_template = QWEN2_5_VL_CHAT_TEMPLATE
+    fast.chat_template = chat_template
     return fast
 
 
@@ -111,7 +113,9 @@ def _text_dims(vocab_size: int, ids: dict[str, int], scale: int) -> dict:
     }
 
 
-def build_tiny_model(kind: TinyKind, tokenizer: PreTrainedTokenizerFast, seed: int = 0, scale: int = 1) -> torch.nn.Module:
+def build_tiny_model(
+    kind: TinyKind, tokenizer: PreTrainedTokenizerFast, seed: int = 0, scale: int = 1
+) -> torch.nn.Module:
     """Build a random-weight model of the given architecture (float32); scale 1 is sized for CPU tests.
 
     `scale` multiplies width, depth and heads (scale 4: hidden 512, 8 layers, vision depth 8), for small
@@ -127,7 +131,10 @@ def build_tiny_model(kind: TinyKind, tokenizer: PreTrainedTokenizerFast, seed: i
     torch.manual_seed(seed)
     if kind == "qwen2_5_vl":
         config = transformers.Qwen2_5_VLConfig(
-            text_config={**text, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]}},
+            text_config={
+                **text,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]},
+            },
             vision_config={
                 "depth": 2 * scale,
                 "hidden_size": 64 * scale,
@@ -148,6 +155,8 @@ def build_tiny_model(kind: TinyKind, tokenizer: PreTrainedTokenizerFast, seed: i
             tie_word_embeddings=False,
         )
         model = transformers.Qwen2_5_VLForConditionalGeneration(config)
+    elif kind in ("qwen3_vl", "qwen3_vl_moe"):
+        model = _tiny_qwen3_vl(kind, text, ids, scale)
     elif kind == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**text))
     elif kind == "qwen3":
@@ -160,6 +169,86 @@ def build_tiny_model(kind: TinyKind, tokenizer: PreTrainedTokenizerFast, seed: i
     else:
         raise ValueError(f"unknown tiny model kind {kind!r}; choose one of {', '.join(TINY_KINDS)}")
     return model.eval()
+
+
+def _tiny_qwen3_vl(kind: TinyKind, text: dict, ids: dict[str, int], scale: int) -> torch.nn.Module:
+    """Qwen3-VL (or its MoE variant): 16-pixel patches, DeepStack taps, interleaved M-RoPE (sections 6/5/5)."""
+    import transformers
+
+    text_config = {
+        **text,
+        "head_dim": 32,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 5000000.0,
+            "mrope_section": [6, 5, 5],
+            "mrope_interleaved": True,
+        },
+    }
+    if kind == "qwen3_vl_moe":
+        text_config.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1)
+    vision_config = {
+        "depth": 2 * scale,
+        "hidden_size": 64 * scale,
+        "intermediate_size": 128 * scale,
+        "num_heads": 4 * scale,
+        "out_hidden_size": text["hidden_size"],
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        # a 16 x 16 grid of learned position embeddings, interpolated to each image's grid
+        "num_position_embeddings": 256,
+        # every vision block feeds one decoder layer (DeepStack), as the first layers do in the real models
+        "deepstack_visual_indexes": list(range(min(2 * scale, text["num_hidden_layers"]))),
+    }
+    common = dict(
+        text_config=text_config,
+        vision_config=vision_config,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    if kind == "qwen3_vl_moe":
+        return transformers.Qwen3VLMoeForConditionalGeneration(transformers.Qwen3VLMoeConfig(**common))
+    return transformers.Qwen3VLForConditionalGeneration(transformers.Qwen3VLConfig(**common))
+
+
+def _save_qwen3_vl_processor(folder: Path) -> None:
+    """Write Qwen3-VL's image and video processor configs (patch 16, mean/std 0.5, its pixel budgets)."""
+    common = {
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "processor_class": "Qwen3VLProcessor",
+    }
+    # Qwen3-VL-Instruct's own budgets: images 64 to 16,384 tokens of 32 x 32 pixels; a video's longest_edge
+    # counts the pixels of all its frames together.
+    image = {
+        **common,
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+        "size": {"shortest_edge": 65536, "longest_edge": 16777216},
+    }
+    video = {
+        **common,
+        "video_processor_type": "Qwen3VLVideoProcessor",
+        "size": {"shortest_edge": 4096, "longest_edge": 25165824},
+        "fps": 2,
+        "min_frames": 4,
+        "max_frames": 768,
+        "do_sample_frames": False,
+    }
+    (folder / "preprocessor_config.json").write_text(json.dumps(image, indent=2))
+    (folder / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
+    (folder / "chat_template.jinja").write_text(QWEN3_VL_CHAT_TEMPLATE)
 
 
 def _save_processor(folder: Path, tokenizer: PreTrainedTokenizerFast) -> None:
@@ -202,7 +291,8 @@ def save_tiny_model(kind: TinyKind, folder: str | Path, seed: int = 0, scale: in
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tiny_tokenizer()
+    qwen3_vl = kind in ("qwen3_vl", "qwen3_vl_moe")
+    tokenizer = build_tiny_tokenizer(chat_template=QWEN3_VL_CHAT_TEMPLATE if qwen3_vl else QWEN2_5_VL_CHAT_TEMPLATE)
     model = build_tiny_model(kind, tokenizer, seed=seed, scale=scale)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
@@ -223,4 +313,6 @@ def save_tiny_model(kind: TinyKind, folder: str | Path, seed: int = 0, scale: in
     ).save_pretrained(folder)
     if kind == "qwen2_5_vl":
         _save_processor(folder, tokenizer)
+    elif qwen3_vl:
+        _save_qwen3_vl_processor(folder)
     return folder

@@ -1,8 +1,10 @@
-"""Qwen2.5-VL vision attention without the per-window loop: one batched kernel call per distinct window length.
+"""Qwen-VL vision attention without the per-segment loop: one batched kernel call per distinct segment length.
 
 transformers' `Qwen2_5_VLVisionAttention`, unless a flash kernel is configured, splits the packed
 sequence at `cu_seqlens` and calls the attention kernel once per window: a 12-frame clip makes
-hundreds of tiny SDPA launches per layer. Here the segments are grouped by length, each group runs
+hundreds of tiny SDPA launches per layer. Qwen3-VL's vision attention (`Qwen3VLVisionAttention`, and the
+MoE model's copy) has no windows but the same loop over `cu_seqlens`, one segment per frame pair and per
+image: a 64-frame clip makes 32 launches per layer, all of one length, which here become one. Here the segments are grouped by length, each group runs
 as one [n_segments, heads, length, head_dim] call of the same kernel (sdpa or eager, whichever was
 configured), and the outputs go back to sequence order. Attention within each segment is unchanged,
 so the result equals transformers' path up to floating-point summation order.
@@ -37,7 +39,7 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-ATTENTION_CLASS = "Qwen2_5_VLVisionAttention"
+ATTENTION_CLASSES = ("Qwen2_5_VLVisionAttention", "Qwen3VLVisionAttention", "Qwen3VLMoeVisionAttention")
 # Kernels the grouped path wraps; flash kernels take cu_seqlens natively and need no grouping.
 WRAPPED_KERNELS = ("sdpa", "eager")
 
@@ -179,13 +181,13 @@ def _probe_matches(attention: nn.Module, native: str, grouped: str) -> bool:
 
 
 def use_grouped_vision_attention(model: nn.Module) -> bool:
-    """Switch a Qwen2.5-VL model's (or bare vision tower's) sdpa/eager vision attention to the grouped path.
+    """Switch a Qwen2.5-VL or Qwen3-VL model's (or bare vision tower's) sdpa/eager vision attention to the grouped path.
 
     Returns True when the vision attention now runs grouped (also when it already did); False, leaving the
-    model untouched, for models without Qwen2.5-VL vision attention, flash or other kernels, and (with a
+    model untouched, for models without such vision attention, flash or other kernels, and (with a
     warning) when this transformers version's module does not behave as expected.
     """
-    attentions = [m for m in model.modules() if type(m).__name__ == ATTENTION_CLASS]
+    attentions = [m for m in model.modules() if type(m).__name__ in ATTENTION_CLASSES]
     if not attentions:
         return False
     configs = list({id(m.config): m.config for m in attentions}.values())

@@ -24,6 +24,7 @@ from physreason.models.inputs import ProcessorParams, VisualInputs, encode_visua
 from physreason.rewards import compute_rewards
 from physreason.train.grpo_advantages import compute_group_advantages
 from physreason.vision import load_image, load_video
+from physreason.vision.resize import PATCH_FACTOR
 
 # Rewards computed for every completion whatever the configured weights (at weight 0 they leave the
 # total unchanged), so accuracy and format rate are always logged.
@@ -58,10 +59,12 @@ class RolloutBatch:
         return len({s.group for s in self.samples})
 
 
-def build_request(prompt: MCQPrompt, vision: VisionConfig, answer_type: AnswerType = "grpo") -> GenerationRequest:
-    """Decode the prompt's media and build its chat request."""
-    videos = [load_video(path, vision) for path in prompt.videos]
-    images = [load_image(path, vision) for path in prompt.images]
+def build_request(
+    prompt: MCQPrompt, vision: VisionConfig, answer_type: AnswerType = "grpo", factor: int = PATCH_FACTOR
+) -> GenerationRequest:
+    """Decode the prompt's media (sides multiples of the model's patch factor) and build its chat request."""
+    videos = [load_video(path, vision, factor) for path in prompt.videos]
+    images = [load_image(path, vision, factor) for path in prompt.images]
     return GenerationRequest(messages=prompt.messages(answer_type), images=images, videos=videos, request_id=prompt.id)
 
 
@@ -143,7 +146,8 @@ def _rollout_round(
     if not prompts:
         return
     started = time.perf_counter()
-    requests = [build_request(prompt, settings.vision, settings.answer_type) for prompt in prompts]
+    factor = settings.processor_params.factor if settings.processor_params is not None else PATCH_FACTOR
+    requests = [build_request(prompt, settings.vision, settings.answer_type, factor) for prompt in prompts]
     results = engine.generate(requests, settings.sampling.model_copy(update={"seed": seed}))
     batch.generate_s += time.perf_counter() - started
     started = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Load an image file as RGB uint8 pixels, resized to the Qwen2.5-VL image pixel budget."""
+"""Load an image file as RGB uint8 pixels, resized to a Qwen-VL model's image pixel budget."""
 
 from __future__ import annotations
 
@@ -10,18 +10,20 @@ from PIL import Image, UnidentifiedImageError
 from physreason.config.schema import VisionConfig
 from physreason.errors import InputError
 from physreason.vision.paths import resolve_media_path
-from physreason.vision.resize import MAX_ASPECT_RATIO, PATCH_FACTOR, smart_resize
+from physreason.vision.resize import MAX_ASPECT_RATIO, PATCH_FACTOR, pixel_budgets, smart_resize
 
 
-def load_image(source: str | Path, config: VisionConfig | None = None) -> np.ndarray:
+def load_image(source: str | Path, config: VisionConfig | None = None, factor: int = PATCH_FACTOR) -> np.ndarray:
     """Return the image at `source` (path or file:// URL; jpg, png, webp, ...) as uint8 [H, W, 3], resized.
 
-    Sides become multiples of 28 with an area in [config.image_min_pixels, config.image_max_pixels]
+    Sides become multiples of `factor` (patch x merge: 28 for Qwen2.5-VL, 32 for Qwen3-VL) with an area in
+    the image budget [config.image_min_pixels, config.image_max_pixels] (pixel_budgets fills unset ones)
     (smart_resize), using PIL's bicubic filter as qwen-vl-utils and transformers' PIL processor do.
     Transparent images are composited on white (as both references do). Raises InputError naming the file
     when it is missing, unreadable or too flat.
     """
     config = config or VisionConfig()
+    budgets = pixel_budgets(config, factor)
     path = resolve_media_path(source, "image")
     try:
         with Image.open(path) as image:
@@ -39,11 +41,11 @@ def load_image(source: str | Path, config: VisionConfig | None = None) -> np.nda
     width, height = rgb.size
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
         raise InputError(
-            f"image {path}: {width}x{height} is flatter than 1:{MAX_ASPECT_RATIO}, which Qwen2.5-VL cannot take; "
+            f"image {path}: {width}x{height} is flatter than 1:{MAX_ASPECT_RATIO}, which Qwen-VL models cannot take; "
             "crop it into pieces"
         )
     new_height, new_width = smart_resize(
-        height, width, PATCH_FACTOR, min_pixels=config.image_min_pixels, max_pixels=config.image_max_pixels
+        height, width, factor, min_pixels=budgets.image_min_pixels, max_pixels=budgets.image_max_pixels
     )
     if (new_height, new_width) != (height, width):
         rgb = rgb.resize((new_width, new_height), Image.Resampling.BICUBIC)

@@ -1,4 +1,4 @@
-"""Timestamp overlay: a 28-pixel black bar under each frame with its time, as Cosmos-Reason1 draws it."""
+"""Timestamp overlay: a black bar (one patch factor high) under each frame with its time, as Cosmos-Reason1 draws it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 logger = logging.getLogger(__name__)
 
-# One patch row (28 px), so overlaid frames keep sides that are multiples of 28.
+# One patch row of Qwen2.5-VL (28 px), so overlaid frames keep sides that are multiples of 28.
 BAR_HEIGHT = 28
 FONT_SIZE = 20
 # The label alternates between the two halves of the bar, one position per frame of a temporal patch, so
@@ -31,27 +31,29 @@ def _label_font() -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
         return ImageFont.load_default(size=FONT_SIZE)
 
 
-def overlay_timestamps(frames: np.ndarray, sample_fps: float) -> np.ndarray:
-    """Return frames uint8 [T, H + 28, W, 3]: each frame above a black bar reading `{i / sample_fps:.2f}s`.
+def overlay_timestamps(frames: np.ndarray, sample_fps: float, bar_height: int = BAR_HEIGHT) -> np.ndarray:
+    """Return frames uint8 [T, H + bar_height, W, 3]: each frame above a black bar reading `{i / sample_fps:.2f}s`.
+
+    bar_height is the model's patch factor (28 for Qwen2.5-VL), so the frames keep sides it accepts.
 
     As in Cosmos-Reason1's inference tool, frame i is labelled i / sample_fps (time on the sampled grid, the
     clock the model was trained with), in white, centred vertically in the bar and horizontally in the left
     half for even i and the right half for odd i.
     """
     num_frames, height, width, channels = frames.shape
-    out = np.zeros((num_frames, height + BAR_HEIGHT, width, channels), dtype=np.uint8)  # [T, H + 28, W, 3]
+    out = np.zeros((num_frames, height + bar_height, width, channels), dtype=np.uint8)  # [T, H + bar, W, 3]
     out[:, :height] = frames
     font = _label_font()
     section_width = width // LABEL_POSITIONS
     for i in range(num_frames):
-        bar = Image.new("RGB", (width, BAR_HEIGHT), "black")
+        bar = Image.new("RGB", (width, bar_height), "black")
         draw = ImageDraw.Draw(bar)
         text = f"{i / sample_fps:.2f}s"
         left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
         text_width, text_height = right - left, bottom - top
         centre = (i % LABEL_POSITIONS) * section_width + section_width // 2
         x = max(0, min(centre - text_width // 2, width - text_width))
-        y = (BAR_HEIGHT - text_height) // 2
+        y = (bar_height - text_height) // 2
         draw.text((x, y), text, fill="white", font=font)
         out[i, height:] = np.asarray(bar)
     return out

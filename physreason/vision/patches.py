@@ -1,4 +1,7 @@
-"""Qwen2.5-VL vision input: uint8 frames -> normalized flat patches and their (t, h, w) grid."""
+"""Qwen-VL vision input: uint8 frames -> normalized flat patches and their (t, h, w) grid.
+
+The layout is shared by Qwen2-VL, Qwen2.5-VL (patch 14, CLIP mean/std) and Qwen3-VL (patch 16, mean/std 0.5).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,9 @@ import torch
 # OpenAI CLIP statistics, the normalization of every Qwen2/2.5-VL processor.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+# ImageNet's "standard" 0.5 statistics, the normalization of Qwen3-VL's processors.
+HALF_MEAN = (0.5, 0.5, 0.5)
+HALF_STD = (0.5, 0.5, 0.5)
 
 
 def _normalization_table(mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:

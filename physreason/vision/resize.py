@@ -1,11 +1,25 @@
-"""Qwen2.5-VL pixel budgets: the "smart resize" rule and a video's per-frame share of its total budget."""
+"""Qwen-VL pixel budgets: the "smart resize" rule, a video's per-frame share of its total budget, and the
+default budgets of a model whose sides are multiples of `factor` (patch x spatial merge)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
-# Patch 14 x spatial merge 2: every side the vision tower accepts is a multiple of this.
+from physreason.errors import ConfigError
+
+# Qwen2.5-VL: patch 14 x spatial merge 2: every side its vision tower accepts is a multiple of this.
+# (Qwen3-VL: patch 16 x merge 2 = 32; callers pass the model's factor.)
 PATCH_FACTOR = 28
+
+# qwen-vl-utils' default budgets in visual tokens, the same for Qwen2.5-VL and Qwen3-VL (one token covers
+# factor**2 pixels); the video total is physreason's and Cosmos-Reason's 8,192 tokens.
+IMAGE_MIN_TOKENS = 4
+IMAGE_MAX_TOKENS = 16384
+VIDEO_MIN_TOKENS = 128
+VIDEO_MAX_TOKENS = 768
+VIDEO_TOTAL_TOKENS = 8192
 # qwen-vl-utils and transformers refuse images flatter than this; so do we.
 MAX_ASPECT_RATIO = 200
 
@@ -60,3 +74,45 @@ def video_frame_max_pixels(
         raise ValueError(f"num_frames must be positive, got {num_frames}")
     share = max(total_pixels / num_frames * temporal_patch_size, int(min_pixels * 1.05))
     return min(max_pixels, share)
+
+
+@dataclass(frozen=True)
+class PixelBudgets:
+    """Resolved pixel budgets of one model family: video frame min/max, video total, image min/max."""
+
+    min_pixels: int
+    max_pixels: int
+    total_pixels: int
+    image_min_pixels: int
+    image_max_pixels: int
+
+
+def pixel_budgets(config: Any, factor: int = PATCH_FACTOR) -> PixelBudgets:
+    """The budgets of a VisionConfig for sides that are multiples of `factor`; None fields get token defaults.
+
+    A budget the config sets is used as it is (pixels); an unset one is qwen-vl-utils' token count times
+    factor**2, so one config serves Qwen2.5-VL (factor 28) and Qwen3-VL (factor 32).
+    Raises ConfigError when a resolved minimum exceeds its maximum.
+    """
+
+    def pick(value: int | None, tokens: int) -> int:
+        return int(value) if value is not None else tokens * factor * factor
+
+    budgets = PixelBudgets(
+        min_pixels=pick(config.min_pixels, VIDEO_MIN_TOKENS),
+        max_pixels=pick(config.max_pixels, VIDEO_MAX_TOKENS),
+        total_pixels=pick(config.total_pixels, VIDEO_TOTAL_TOKENS),
+        image_min_pixels=pick(config.image_min_pixels, IMAGE_MIN_TOKENS),
+        image_max_pixels=pick(config.image_max_pixels, IMAGE_MAX_TOKENS),
+    )
+    if budgets.min_pixels > budgets.max_pixels:
+        raise ConfigError(
+            f"vision.min_pixels ({budgets.min_pixels}) exceeds vision.max_pixels ({budgets.max_pixels}) at patch "
+            f"factor {factor}; set both"
+        )
+    if budgets.image_min_pixels > budgets.image_max_pixels:
+        raise ConfigError(
+            f"vision.image_min_pixels ({budgets.image_min_pixels}) exceeds vision.image_max_pixels "
+            f"({budgets.image_max_pixels}) at patch factor {factor}; set both"
+        )
+    return budgets

@@ -16,7 +16,13 @@ from physreason.config.schema import VisionConfig
 from physreason.errors import InputError
 from physreason.vision.overlay import overlay_timestamps
 from physreason.vision.paths import resolve_media_path
-from physreason.vision.resize import MAX_ASPECT_RATIO, PATCH_FACTOR, smart_resize, video_frame_max_pixels
+from physreason.vision.resize import (
+    MAX_ASPECT_RATIO,
+    PATCH_FACTOR,
+    pixel_budgets,
+    smart_resize,
+    video_frame_max_pixels,
+)
 from physreason.vision.sampling import num_sampled_frames, sample_indices
 
 logger = logging.getLogger(__name__)
@@ -26,10 +32,11 @@ TEMPORAL_PATCH_SIZE = 2
 
 @dataclass
 class VideoFrames:
-    """Frames sampled from one video, ready for the Qwen2.5-VL video processor, with where they came from."""
+    """Frames sampled from one video, ready for a Qwen-VL video processor, with where they came from."""
 
     frames: np.ndarray
-    """uint8 [T, H, W, 3]; T even (temporal patch 2); H and W multiples of 28 (H includes the timestamp bar)."""
+    """uint8 [T, H, W, 3]; T even (temporal patch 2); H and W multiples of the patch factor (28 for Qwen2.5-VL,
+    32 for Qwen3-VL; H includes the timestamp bar)."""
     timestamps: list[float]
     """Seconds of each sampled frame in the source, from its presentation time (first frame = 0)."""
     indices: list[int]
@@ -161,24 +168,26 @@ def _decode_sampled(
     return frames, timestamps
 
 
-def load_video(source: str | Path, config: VisionConfig | None = None) -> VideoFrames:
-    """Return the frames of the video at `source` (path or file:// URL) sampled and resized for Qwen2.5-VL.
+def load_video(source: str | Path, config: VisionConfig | None = None, factor: int = PATCH_FACTOR) -> VideoFrames:
+    """Return the frames of the video at `source` (path or file:// URL) sampled and resized for a Qwen-VL model.
 
     Sampling follows qwen-vl-utils: duration * config.fps frames, within [min_frames, max_frames] and the
     source's count, rounded down to an even number, at evenly spaced indices from the first to the last frame.
-    Each frame is resized by smart_resize within [min_pixels, max_pixels] and its share of total_pixels
-    (a share per pair of frames, see video_frame_max_pixels). With config.timestamps, a 28-pixel bar with
-    each frame's time is added under it (overlay_timestamps).
+    Each frame is resized by smart_resize to sides that are multiples of `factor` (patch x merge: 28 for
+    Qwen2.5-VL, 32 for Qwen3-VL) within [min_pixels, max_pixels] and its share of total_pixels (a share per
+    pair of frames, see video_frame_max_pixels; pixel_budgets fills unset budgets). With config.timestamps,
+    a bar `factor` pixels high with each frame's time is added under it (overlay_timestamps).
     A 1-frame video gives 2 copies of its frame (qwen-vl-utils rejects it); a warning says so.
     Raises InputError naming the file for a missing, corrupt, truncated, frameless or non-video file.
     """
     config = config or VisionConfig()
+    budgets = pixel_budgets(config, factor)
     path = resolve_media_path(source, "video")
     info = _probe(path)
     if max(info.height, info.width) / min(info.height, info.width) > MAX_ASPECT_RATIO:
         raise InputError(
-            f"video {path}: {info.width}x{info.height} is flatter than 1:{MAX_ASPECT_RATIO}, which Qwen2.5-VL "
-            "cannot take; crop it"
+            f"video {path}: {info.width}x{info.height} is flatter than 1:{MAX_ASPECT_RATIO}, which Qwen-VL "
+            "models cannot take; crop it"
         )
 
     num_frames = num_sampled_frames(
@@ -193,17 +202,15 @@ def load_video(source: str | Path, config: VisionConfig | None = None) -> VideoF
         )
     indices = sample_indices(info.num_frames, num_frames)
     max_pixels = video_frame_max_pixels(
-        num_frames, config.min_pixels, config.max_pixels, config.total_pixels, TEMPORAL_PATCH_SIZE
+        num_frames, budgets.min_pixels, budgets.max_pixels, budgets.total_pixels, TEMPORAL_PATCH_SIZE
     )
-    height, width = smart_resize(
-        info.height, info.width, PATCH_FACTOR, min_pixels=config.min_pixels, max_pixels=max_pixels
-    )
+    height, width = smart_resize(info.height, info.width, factor, min_pixels=budgets.min_pixels, max_pixels=max_pixels)
     frames, timestamps = _decode_sampled(path, info, indices, height, width)
 
     duration = info.num_frames / info.fps
     sample_fps = num_frames / duration
     if config.timestamps:
-        frames = overlay_timestamps(frames, sample_fps)
+        frames = overlay_timestamps(frames, sample_fps, bar_height=factor)
     return VideoFrames(
         frames=frames,
         timestamps=timestamps,
