@@ -28,6 +28,9 @@ MOVED_KEYS: dict[str, str] = {
     "train.train_policy.mini_batch": "train.mini_batch",
     "train.train_policy.dataset": "data.dataset",
     "train.train_policy": "the [grpo] and [data] sections",
+    # One source per setting: GRPO sizes its rollouts from these [rollout] keys.
+    "rollout.sampling_config.max_tokens": "rollout.max_response_length (the one completion-length setting of GRPO)",
+    "rollout.sampling_config.n": "rollout.n_generation (the one group-size setting of GRPO)",
 }
 
 
