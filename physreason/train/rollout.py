@@ -59,14 +59,14 @@ class RolloutBatch:
         return len({s.group for s in self.samples})
 
 
-def build_request(prompt: MCQPrompt, vision: VisionConfig, answer_type: AnswerType = "grpo") -> GenerationRequest:
+def mcq_request(prompt: MCQPrompt, vision: VisionConfig, answer_type: AnswerType = "grpo") -> GenerationRequest:
     """Decode the prompt's media and build its chat request."""
     videos = [load_video(path, vision) for path in prompt.videos]
     images = [load_image(path, vision) for path in prompt.images]
     return GenerationRequest(messages=prompt.messages(answer_type), images=images, videos=videos, request_id=prompt.id)
 
 
-def score_completion(text: str, prompt: MCQPrompt, weights: Mapping[str, float]) -> dict[str, float]:
+def completion_rewards(text: str, prompt: MCQPrompt, weights: Mapping[str, float]) -> dict[str, float]:
     """Each configured reward and the diagnostic ones for one completion, plus the weighted "total"."""
     every = {name: 0.0 for name in DIAGNOSTIC_REWARDS} | dict(weights)
     return compute_rewards(text, every, **prompt.reward_fields())
@@ -197,7 +197,7 @@ def _rollout_round(
     if not prompts:
         return
     started = time.perf_counter()
-    requests = [build_request(prompt, settings.vision, settings.answer_type) for prompt in prompts]
+    requests = [mcq_request(prompt, settings.vision, settings.answer_type) for prompt in prompts]
     results = engine.generate(requests, settings.sampling.model_copy(update={"seed": seed}))
     batch.generate_s += time.perf_counter() - started
     started = time.perf_counter()
@@ -207,7 +207,7 @@ def _rollout_round(
         if result.error is not None or len(result.completions) != settings.sampling.n:
             batch.counts["requests_failed"] += 1
             continue
-        rewards = [score_completion(c.text, prompt, settings.reward_weights) for c in result.completions]
+        rewards = [completion_rewards(c.text, prompt, settings.reward_weights) for c in result.completions]
         batch.scored += rewards
         totals = torch.tensor([r["total"] for r in rewards], dtype=torch.float32)  # [n]
         if settings.dynamic_sampling and bool((totals == totals[0]).all()) and settings.sampling.n > 1:

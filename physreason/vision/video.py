@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from physreason.config.schema import VisionConfig
 from physreason.errors import InputError
 from physreason.vision.overlay import overlay_timestamps
-from physreason.vision.paths import resolve_media_path
+from physreason.vision.paths import local_media_file
 from physreason.vision.resize import MAX_ASPECT_RATIO, PATCH_FACTOR, smart_resize, video_frame_max_pixels
 from physreason.vision.sampling import num_sampled_frames, sample_indices
 
@@ -173,7 +173,7 @@ def load_video(source: str | Path, config: VisionConfig | None = None) -> VideoF
     Raises InputError naming the file for a missing, corrupt, truncated, frameless or non-video file.
     """
     config = config or VisionConfig()
-    path = resolve_media_path(source, "video")
+    path = local_media_file(source, "video")
     info = _probe(path)
     if max(info.height, info.width) / min(info.height, info.width) > MAX_ASPECT_RATIO:
         raise InputError(
