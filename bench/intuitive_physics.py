@@ -41,7 +41,7 @@ from pathlib import Path
 
 def parse_args() -> argparse.Namespace:
     """The recipe's knobs; the defaults are the recipe."""
-    from physreason.demo import TASKS
+    from physreason.data.synth.tasks import TASK_NAMES as TASKS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-per-task", type=int, default=2000, help="SFT clips per task")
@@ -99,7 +99,8 @@ def parse_args() -> argparse.Namespace:
 def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> None:
     """The three clip sets of every task and the SFT / RL record files (existing clips are reused)."""
     from physreason.data.synth.generate import generate_task
-    from physreason.demo import TASKS, letter_sft_records, rl_records
+    from physreason.data.synth.tasks import TASK_NAMES as TASKS
+    from physreason.demo import letter_sft_records, rl_records
 
     sets = (
         ("train", "train", 0, args.train_per_task),

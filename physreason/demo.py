@@ -20,9 +20,9 @@ from rich.table import Table
 from physreason.chat.mcq import format_mcq
 from physreason.chat.prompts import MCQ_SYSTEM_PROMPT
 from physreason.config import Config, load_config
+from physreason.data.synth.tasks import TASK_NAMES, TASKS
 from physreason.errors import PhysReasonError
 
-TASKS = ("arrow_of_time", "spatial_puzzle", "object_permanence")
 console = Console()
 
 
@@ -51,7 +51,7 @@ def letter_sft_records(data_root: Path, out_file: Path) -> int:
     """
     count = 0
     with out_file.open("w", encoding="utf-8") as sink:
-        for task in TASKS:
+        for task in TASK_NAMES:
             entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
             for entry in entries:
                 qa = entry["qa_pairs"]
@@ -69,7 +69,7 @@ def rl_records(data_root: Path, out_file: Path) -> int:
     """Join every task's benchmark records under `data_root` into one JSONL of GRPO prompts."""
     count = 0
     with out_file.open("w", encoding="utf-8") as sink:
-        for task in TASKS:
+        for task in TASK_NAMES:
             entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
             for entry in entries:
                 sink.write(json.dumps({**entry, "video": f"{task}/{entry['video']}"}) + "\n")
@@ -81,28 +81,28 @@ def grpo_config(cfg: Config, out: Path, model_dir: Path, sizes: DemoSizes) -> Co
     """GRPO from the fine-tuned model on the training clips: letter prompts, accuracy reward, 4 samples per prompt."""
     recipe = load_config(
         None,
-        [
-            f"data.dataset.name={json.dumps(str(out / 'data' / 'train' / 'rl.jsonl'))}",
-            "data.num_workers=0",
-            f"train.output_dir={json.dumps(str(out / 'grpo'))}",
-            f"train.max_steps={sizes.grpo_steps}",
-            "train.train_batch_per_replica=16",
-            "train.optm_lr=5e-4",
-            "train.optm_decay_type=constant",
-            "train.param_dtype=float32",
-            "train.gradient_checkpointing=false",
-            f"train.ckpt.save_freq={sizes.grpo_steps}",
-            "train.ckpt.max_keep=1",
-            "rollout.n_generation=4",
-            "rollout.batch_size=4",
-            "rollout.max_response_length=4",
-            "rollout.sampling_config.temperature=1.0",
-            "rollout.sampling_config.top_p=1.0",
-            "rollout.sampling_config.repetition_penalty=1.0",
-            "grpo.answer_type=letter",
-            "grpo.reward_function={accuracy = 1.0}",
-            "grpo.mini_batch=8",
-        ],
+        values={
+            "data.dataset.name": str(out / "data" / "train" / "rl.jsonl"),
+            "data.num_workers": 0,
+            "train.output_dir": str(out / "grpo"),
+            "train.max_steps": sizes.grpo_steps,
+            "train.train_batch_per_replica": 16,
+            "train.optm_lr": 5e-4,
+            "train.optm_decay_type": "constant",
+            "train.param_dtype": "float32",
+            "train.gradient_checkpointing": False,
+            "train.ckpt.save_freq": sizes.grpo_steps,
+            "train.ckpt.max_keep": 1,
+            "rollout.n_generation": 4,
+            "rollout.batch_size": 4,
+            "rollout.max_response_length": 4,
+            "rollout.sampling_config.temperature": 1.0,
+            "rollout.sampling_config.top_p": 1.0,
+            "rollout.sampling_config.repetition_penalty": 1.0,
+            "grpo.answer_type": "letter",
+            "grpo.reward_function": {"accuracy": 1.0},
+            "grpo.mini_batch": 8,
+        },
     )
     return recipe.model_copy(
         update={"model": _with_model(cfg, model_dir).model, "engine": cfg.engine, "vision": cfg.vision, "logging": cfg.logging}
@@ -113,37 +113,37 @@ def demo_config(out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
     """One recipe for every stage: small frames, greedy letter answers, a short SFT run."""
     return load_config(
         None,
-        [
-            f"model.model_name_or_path={json.dumps(str(model_dir))}",
-            "model.dtype=float32",
-            "model.model_max_length=4096",
-            "engine.backend=hf",
-            "engine.batch_size=12",
-            "vision.min_pixels=12544",
-            "vision.max_pixels=25088",
-            "vision.total_pixels=200704",
-            "vision.max_frames=12",
-            "generation.temperature=0",
-            "generation.repetition_penalty=1.0",
-            f"generation.max_tokens={sizes.max_tokens}",
-            f"eval.benchmark_root={json.dumps(str(out / 'data' / 'test'))}",
-            f"eval.datasets={json.dumps(list(TASKS))}",
-            "eval.answer_type=letter",
-            f"data.dataset.name={json.dumps(str(out / 'data' / 'train' / 'sft.jsonl'))}",
-            "data.num_workers=0",
-            "data.val_fraction=0",
-            f"train.output_dir={json.dumps(str(out / 'sft'))}",
-            f"train.max_steps={sizes.sft_steps}",
-            "train.train_batch_per_replica=8",
-            "train.mini_batch=4",
-            "train.optm_lr=2e-3",
-            "train.optm_warmup_steps=3",
-            "train.param_dtype=float32",
-            "train.gradient_checkpointing=false",
-            f"train.ckpt.save_freq={sizes.sft_steps}",
-            "train.ckpt.max_keep=1",
-            "logging.logger=['jsonl']",
-        ],
+        values={
+            "model.model_name_or_path": str(model_dir),
+            "model.dtype": "float32",
+            "model.model_max_length": 4096,
+            "engine.backend": "hf",
+            "engine.batch_size": 12,
+            "vision.min_pixels": 12544,
+            "vision.max_pixels": 25088,
+            "vision.total_pixels": 200704,
+            "vision.max_frames": 12,
+            "generation.temperature": 0,
+            "generation.repetition_penalty": 1.0,
+            "generation.max_tokens": sizes.max_tokens,
+            "eval.benchmark_root": str(out / "data" / "test"),
+            "eval.datasets": list(TASK_NAMES),
+            "eval.answer_type": "letter",
+            "data.dataset.name": str(out / "data" / "train" / "sft.jsonl"),
+            "data.num_workers": 0,
+            "data.val_fraction": 0,
+            "train.output_dir": str(out / "sft"),
+            "train.max_steps": sizes.sft_steps,
+            "train.train_batch_per_replica": 8,
+            "train.mini_batch": 4,
+            "train.optm_lr": 2e-3,
+            "train.optm_warmup_steps": 3,
+            "train.param_dtype": "float32",
+            "train.gradient_checkpointing": False,
+            "train.ckpt.save_freq": sizes.sft_steps,
+            "train.ckpt.max_keep": 1,
+            "logging.logger": ["jsonl"],
+        },
     )
 
 
@@ -179,7 +179,7 @@ def run_demo(out: str | Path = "demo-out", sizes: DemoSizes | None = None) -> di
 
     start = _stage("2/7 intuitive-physics clips")
     for split, n in (("train", sizes.train_per_task), ("test", sizes.test_per_task)):
-        for task in TASKS:
+        for task in TASK_NAMES:
             generate_task(task, n, out / "data" / split, split, base_seed=0, workers=2, show_progress=False)
         console.print(f"{split}: {n} clips per task in {out / 'data' / split}")
     letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")
@@ -222,12 +222,11 @@ def run_demo(out: str | Path = "demo-out", sizes: DemoSizes | None = None) -> di
 
 def print_table(table: dict[str, dict[str, float | None]], test_per_task: int) -> None:
     """Accuracy (%) per stage and task, beside chance."""
-    chance = {"arrow_of_time": 50.0, "spatial_puzzle": 25.0, "object_permanence": 50.0}
     view = Table(title=f"held-out accuracy (%), {test_per_task} clips per task")
     view.add_column("model")
-    for task in TASKS:
+    for task in TASK_NAMES:
         view.add_column(task, justify="right")
-    view.add_row("chance", *(f"{chance[t]:.1f}" for t in TASKS))
+    view.add_row("chance", *(f"{100 * TASKS[t].chance:.1f}" for t in TASK_NAMES))
     for stage, scores in table.items():
-        view.add_row(stage, *("-" if scores.get(t) is None else f"{100 * scores[t]:.1f}" for t in TASKS))
+        view.add_row(stage, *("-" if scores.get(t) is None else f"{100 * scores[t]:.1f}" for t in TASK_NAMES))
     console.print(view)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from physreason.demo import TASKS, DemoSizes, letter_sft_records, run_demo
+from physreason.data.synth.tasks import TASK_NAMES as TASKS
+from physreason.demo import DemoSizes, letter_sft_records, run_demo
 
 
 @pytest.mark.slow

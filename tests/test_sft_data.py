@@ -9,7 +9,7 @@ import torch
 
 from physreason.config import DatasetConfig
 from physreason.data.collate import collate_padded, shifted_targets
-from physreason.data.loaders import load_records, resolve_media_path
+from physreason.data.loaders import load_records, media_path_in_root
 from physreason.data.sft import (
     IGNORE_INDEX,
     SFTDataset,
@@ -88,9 +88,9 @@ def test_media_paths_outside_the_data_folder_are_refused(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "secret.png").write_bytes(b"x")
     with pytest.raises(InputError, match="outside the data folder"):
-        resolve_media_path((tmp_path / "data").resolve(), "../secret.png", "record 0")
+        media_path_in_root((tmp_path / "data").resolve(), "../secret.png", "record 0")
     with pytest.raises(InputError, match="outside the data folder"):
-        resolve_media_path((tmp_path / "data").resolve(), str(tmp_path / "secret.png"), "record 0")
+        media_path_in_root((tmp_path / "data").resolve(), str(tmp_path / "secret.png"), "record 0")
 
 
 def test_too_long_sample_is_skipped_when_the_cut_would_split_vision_tokens():

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from physreason.data.synth import spatial_puzzle
-from physreason.data.synth.generate import TASKS, build_sample, generate_task
+from physreason.data.synth.generate import build_sample, generate_task
 from physreason.data.synth.render import render_frames
+from physreason.data.synth.tasks import TASKS
 from physreason.errors import InputError
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import itertools
 import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from physreason.data.synth import arrow_of_time, object_permanence, spatial_puzzle
-from physreason.data.synth.generate import TASKS, build_sample
+from physreason.data.synth.generate import build_sample
 from physreason.data.synth.render import render_frames
 from physreason.data.synth.sample import SPLITS, balanced_slot, scene_seed, split_of_seed
+from physreason.data.synth.tasks import TASKS
+from physreason.demo import DemoSizes
 
 
 @pytest.mark.parametrize("task", list(TASKS))
@@ -157,3 +160,20 @@ def test_assistant_text_has_think_and_single_letter_answer(task):
     assert match and match.group(2) == sample.answer
     assert f"option {sample.answer}" in match.group(1)
     assert sample.user_text().startswith(sample.question)
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_registry_chance_is_one_over_the_options_every_sample_offers(task):
+    for index in range(TASKS[task].n_slots):
+        _, sample = build_sample(task, "train", 0, index)
+        assert len(sample.options) == TASKS[task].n_options
+    assert TASKS[task].chance == 1 / TASKS[task].n_options
+
+
+def test_cli_demo_and_generator_read_the_one_task_registry():
+    from physreason.cli import data_cmd
+    from physreason.data.synth.tasks import TASK_NAMES
+    from physreason.demo import demo_config
+
+    assert data_cmd.TASK_NAMES is TASK_NAMES == tuple(TASKS)
+    assert tuple(demo_config(Path("/tmp/x"), Path("/tmp/m"), DemoSizes()).eval.datasets) == TASK_NAMES

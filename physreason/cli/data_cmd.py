@@ -8,17 +8,17 @@ from typing import Annotated
 
 import typer
 
+from physreason.data.synth.tasks import TASK_NAMES
+
 app = typer.Typer(
     help="Data sets: synthetic intuitive-physics clips with benchmark and SFT records.", no_args_is_help=True
 )
-
-SYNTH_TASKS = ("arrow_of_time", "spatial_puzzle", "object_permanence")
 
 
 @app.command("synth")
 def synth(
     out: Annotated[Path, typer.Option("--out", help="Folder to write into; each task gets its own sub-folder.")],
-    task: Annotated[str, typer.Option("--task", help=f"One of {', '.join(SYNTH_TASKS)}, or all.")] = "all",
+    task: Annotated[str, typer.Option("--task", help=f"One of {', '.join(TASK_NAMES)}, or all.")] = "all",
     n: Annotated[int, typer.Option("--n", help="Samples per task.")] = 100,
     split: Annotated[
         str, typer.Option("--split", help="train, val or test: scene seeds never overlap between splits.")
@@ -39,12 +39,12 @@ def synth(
     from physreason.data.synth.generate import generate_task
     from physreason.errors import InputError
 
-    if task != "all" and task not in SYNTH_TASKS:
-        raise InputError(f"--task {task!r} is not a synthetic task; choose one of {', '.join(SYNTH_TASKS)} or all")
+    if task != "all" and task not in TASK_NAMES:
+        raise InputError(f"--task {task!r} is not a synthetic task; choose one of {', '.join(TASK_NAMES)} or all")
     if workers < 0:
         raise InputError(f"--workers must be >= 0, got {workers}")
     n_workers = workers or min(4, os.cpu_count() or 1)
-    for name in SYNTH_TASKS if task == "all" else (task,):
+    for name in TASK_NAMES if task == "all" else (task,):
         summary = generate_task(name, n, out, split, seed, n_workers, show_progress=progress, option_order=option_order)
         typer.echo(
             f"{name}: {summary.count} samples in {summary.folder} "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -59,8 +58,7 @@ def run(
         "eval.num_gpus": num_gpus,
         "eval.tp_size": tp_size,
     }
-    flag_overrides = [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
-    cfg = load_config(config, [*overrides, *flag_overrides])
+    cfg = load_config(config, overrides, {key: value for key, value in flags.items() if value is not None})
     outcome = run_eval(cfg, show_progress=progress)
     answered = sum(r.answered for r in outcome.runs)
     failed = sum(r.failed for r in outcome.runs)

@@ -84,12 +84,7 @@ def infer(
         "generation.seed": seed,
         "generation.n": n,
     }
-    flag_overrides = [
-        f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}"
-        for k, v in flags.items()
-        if v is not None
-    ]
-    cfg = load_config(config, [*overrides, *flag_overrides])
+    cfg = load_config(config, overrides, {key: value for key, value in flags.items() if value is not None})
     if jsonl is None and question is None:
         raise PhysReasonError("give --question with --video/--image, or --jsonl IN --out OUT for a batch")
     if jsonl is not None and out is None:

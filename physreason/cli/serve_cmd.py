@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -85,12 +84,7 @@ def serve(
         "generation.repetition_penalty": repetition_penalty,
         "generation.max_tokens": max_tokens,
     }
-    flag_overrides = [
-        f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}"
-        for k, v in flags.items()
-        if v is not None
-    ]
-    cfg = load_config(config, [*overrides, *flag_overrides])
+    cfg = load_config(config, overrides, {key: value for key, value in flags.items() if value is not None})
     options = ServeOptions(
         host=host,
         port=port,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,9 @@ MOVED_KEYS: dict[str, str] = {
     "train.train_policy.mini_batch": "train.mini_batch",
     "train.train_policy.dataset": "data.dataset",
     "train.train_policy": "the [grpo] and [data] sections",
+    # One source per setting: GRPO sizes its rollouts from these [rollout] keys.
+    "rollout.sampling_config.max_tokens": "rollout.max_response_length (the one completion-length setting of GRPO)",
+    "rollout.sampling_config.n": "rollout.n_generation (the one group-size setting of GRPO)",
 }
 
 
@@ -168,12 +171,18 @@ def _apply_override(data: dict[str, Any], parts: list[str], value: Any, text: st
     node[parts[-1]] = _merge(node.get(parts[-1]), value, _section_at(parts))
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load a TOML recipe (or the defaults when path is None), apply overrides, validate.
+def load_config(
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    values: Mapping[str, Any] | None = None,
+) -> Config:
+    """Load a TOML recipe (or the defaults when path is None), apply overrides, then typed values, validate.
 
     The file is laid over the defaults and each override over the result, so a key keeps its
     default (or the file's value) unless something names it; tables written for dict-valued
-    fields replace them whole. Raises ConfigError naming the file, the key path and what is allowed.
+    fields replace them whole. `values` maps dotted keys to Python values (command-line options,
+    the demo), applied last without a round trip through text. Raises ConfigError naming the file,
+    the key path and what is allowed.
     """
     data: dict[str, Any] = {}
     source = "the default configuration"
@@ -194,6 +203,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     for text in overrides:
         parts, value = parse_override(text)
         _apply_override(data, parts, value, text)
+    if values:
+        source += " with options " + ", ".join(f"{key}={value!r}" for key, value in values.items())
+    for key, value in (values or {}).items():
+        _apply_override(data, key.split("."), value, f"{key}={value!r}")
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

@@ -43,16 +43,29 @@ class ModelConfig(Section):
     )
 
 
-class SamplingConfig(Section):
-    """Sampling settings; the defaults are Cosmos-Reason1's published inference defaults."""
+class TokenSampling(Section):
+    """How each token is drawn; the defaults are Cosmos-Reason1's published inference defaults."""
 
     temperature: float = Field(0.6, ge=0.0, description="Softmax temperature; 0 means greedy decoding.")
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(-1, ge=-1, description="Keep the k most likely tokens; -1 keeps all.")
     repetition_penalty: float = Field(1.05, gt=0.0, description="Penalty on tokens already present (1.0 = off).")
-    max_tokens: int = Field(4096, gt=0, description="Most new tokens per completion.")
     seed: int | None = Field(None, description="Sampling seed; None draws a fresh one each run.")
+
+
+class SamplingConfig(TokenSampling):
+    """Sampling settings of a generate call: how tokens are drawn, how many, how many completions."""
+
+    max_tokens: int = Field(4096, gt=0, description="Most new tokens per completion.")
     n: int = Field(1, ge=1, description="Completions per request.")
+
+
+class RolloutSamplingConfig(TokenSampling):
+    """[rollout.sampling_config]: how GRPO rollouts draw tokens.
+
+    The group size and the completion length are `[rollout] n_generation` and `max_response_length`
+    (one source each): `n` and `max_tokens` here are errors that name those keys.
+    """
 
 
 class VisionConfig(Section):
@@ -215,8 +228,8 @@ class RolloutConfig(Section):
     n_generation: int = Field(8, ge=1, description="Completions sampled per prompt (the GRPO group size).")
     max_response_length: int = Field(6144, gt=0, description="Most tokens in one completion.")
     batch_size: int = Field(4, ge=1, description="Prompts per rollout batch.")
-    sampling_config: SamplingConfig = Field(
-        default_factory=lambda: SamplingConfig(temperature=1.0, top_p=1.0, repetition_penalty=1.0),
+    sampling_config: RolloutSamplingConfig = Field(
+        default_factory=lambda: RolloutSamplingConfig(temperature=1.0, top_p=1.0, repetition_penalty=1.0),
         description="Rollout sampling; its temperature is also the policy's logit temperature.",
     )
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)

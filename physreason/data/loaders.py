@@ -82,7 +82,7 @@ def load_records(config: DatasetConfig) -> tuple[list[dict[str, Any]], Path]:
     return records, root.resolve()
 
 
-def resolve_media_path(root: Path, relative: str, where: str) -> Path:
+def media_path_in_root(root: Path, relative: str, where: str) -> Path:
     """Join a record's media path to the data root; refuse paths that leave the root (absolute or `..`)."""
     candidate = (root / relative).resolve()
     if not candidate.is_relative_to(root):

@@ -20,7 +20,7 @@ import torch
 from physreason.chat.mcq import AnswerType, lettered_options, shuffle_options
 from physreason.chat.messages import Message, build_mcq_messages
 from physreason.config import DatasetConfig
-from physreason.data.loaders import load_records, resolve_media_path
+from physreason.data.loaders import load_records, media_path_in_root
 from physreason.errors import InputError
 
 
@@ -58,7 +58,7 @@ def _paths(value: Any, root: Path, where: str) -> tuple[Path, ...]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
         raise InputError(f"{where}: media must be a path or a list of paths, got {value!r}")
-    return tuple(resolve_media_path(root, item, where) for item in items)
+    return tuple(media_path_in_root(root, item, where) for item in items)
 
 
 def _prompt(sample_id: str, qa: Any, record: dict[str, Any], root: Path, where: str) -> MCQPrompt:

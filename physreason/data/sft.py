@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import Dataset
 
 from physreason.config import VisionConfig
-from physreason.data.loaders import resolve_media_path
+from physreason.data.loaders import media_path_in_root
 from physreason.errors import InputError
 from physreason.models.family import VisionTokens
 
@@ -129,7 +129,7 @@ def media_of(messages: list[dict[str, Any]], root: Path, where: str) -> list[Med
             for part in message["content"]:
                 if part.get("type") in ("image", "video"):
                     kind = part["type"]
-                    refs.append(MediaRef(kind, resolve_media_path(root, part[kind], where)))
+                    refs.append(MediaRef(kind, media_path_in_root(root, part[kind], where)))
     return refs
 
 

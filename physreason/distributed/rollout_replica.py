@@ -29,7 +29,7 @@ from physreason.engines import Engine, create_engine
 from physreason.errors import PhysReasonError
 from physreason.models import loading
 from physreason.models.family import model_family
-from physreason.train.rollout import RolloutSettings, collect_rollouts
+from physreason.train.rollout import collect_rollouts, rollout_engine_config, rollout_settings
 
 
 @dataclass
@@ -57,25 +57,6 @@ class _AssignedPrompts:
         return drawn
 
 
-def rollout_settings(config: Config, groups: int, processor_params) -> RolloutSettings:
-    """Settings that make collect_rollouts sample, score and group exactly `groups` given prompts in one round."""
-    rollout = config.rollout
-    sampling = rollout.sampling_config.model_copy(update={"n": rollout.n_generation, "max_tokens": rollout.max_response_length})
-    return RolloutSettings(
-        groups_needed=groups,
-        prompts_per_round=groups,
-        sampling=sampling,
-        vision=config.vision,
-        reward_weights=dict(config.grpo.reward_function),
-        advantage=config.grpo.advantage,
-        dynamic_sampling=config.grpo.dynamic_sampling,
-        max_rounds=1,
-        processor_params=processor_params,
-        seed=sampling.seed if sampling.seed is not None else config.train.seed,
-        answer_type=config.grpo.answer_type,
-    )
-
-
 def build_engine(config: Config) -> Engine:
     """The replica's engine on the GPUs Ray gave this actor: `[engine]` with `[rollout.parallelism] tp_size`.
 
@@ -83,9 +64,9 @@ def build_engine(config: Config) -> Engine:
     to another process), local worker processes for several. Left to choose, vLLM inside a Ray actor could
     pick its Ray executor and ask the cluster for GPUs this actor already holds.
     """
-    tp = config.rollout.parallelism.tp_size
-    engine_config = config.engine.model_copy(update={"tensor_parallel_size": tp})
-    return create_engine(config.model, engine_config, vllm_executor="uni" if tp == 1 else "mp")
+    engine_config = rollout_engine_config(config)
+    executor = "uni" if engine_config.tensor_parallel_size == 1 else "mp"
+    return create_engine(config.model, engine_config, vllm_executor=executor)
 
 
 class RolloutReplica:
@@ -154,7 +135,14 @@ class RolloutReplica:
         # prompt is drawn twice in a call (small data sets wrap around within a call).
         prompts = [replace(prompt) for _, prompt in draws]
         draw_of = {id(prompt): draw for prompt, (draw, _) in zip(prompts, draws, strict=True)}
-        settings = rollout_settings(self.config, len(prompts), self.processor_params)
+        # One round of exactly the given prompts: the controller does the drawing and any retries.
+        settings = rollout_settings(
+            self.config,
+            groups_needed=len(prompts),
+            prompts_per_round=len(prompts),
+            max_rounds=1,
+            processor_params=self.processor_params,
+        )
         # Dispatch ids are unique over the run, so they alone make every call's sampling seed distinct.
         batch = collect_rollouts(self.engine, _AssignedPrompts(prompts), settings, step=dispatch)
         out = RolloutOutput(self.replica_id, self.version, scored=batch.scored, counts=batch.counts)

@@ -12,7 +12,7 @@ from typing import Any
 from physreason.chat.messages import build_mcq_messages
 from physreason.chat.parse import parse_completion
 from physreason.config import SamplingConfig, VisionConfig
-from physreason.data.loaders import resolve_media_path
+from physreason.data.loaders import media_path_in_root
 from physreason.engines.base import Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
 from physreason.eval.benchmark import Benchmark, EvalSample
@@ -51,7 +51,7 @@ def build_eval_request(
     if sample.error is not None:
         raise PhysReasonError(sample.error)
     assert sample.video is not None and sample.options is not None  # guaranteed when error is None
-    path = resolve_media_path(benchmark.media_root, sample.video, f"data set {benchmark.name}")
+    path = media_path_in_root(benchmark.media_root, sample.video, f"data set {benchmark.name}")
     frames = load_video(path, vision, factor)
     messages = build_mcq_messages(sample.question, sample.options, videos=[frames], answer_type=answer_type)
     return GenerationRequest(messages=messages, videos=[frames], request_id=sample.id)

@@ -13,7 +13,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from physreason.config import DatasetConfig, SamplingConfig, VisionConfig
-from physreason.data.loaders import load_records, resolve_media_path
+from physreason.data.loaders import load_records, media_path_in_root
 from physreason.engines.base import Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
 from physreason.infer.request import build_request, result_record
@@ -67,8 +67,8 @@ def _request_from_record(
     question = record.get("question")
     if not isinstance(question, str):
         raise PhysReasonError(f"{where}: no 'question' text; each JSONL line needs \"question\" and \"video\" or \"image\"")
-    videos = [resolve_media_path(root, v, where) for v in _as_list(record.get("video"))]
-    images = [resolve_media_path(root, i, where) for i in _as_list(record.get("image"))]
+    videos = [media_path_in_root(root, v, where) for v in _as_list(record.get("video"))]
+    images = [media_path_in_root(root, i, where) for i in _as_list(record.get("image"))]
     return build_request(
         question, videos=videos, images=images, vision=vision, reasoning=reasoning,
         system_prompt=record.get("system_prompt"), request_id=request_id, factor=factor,

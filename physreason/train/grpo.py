@@ -42,7 +42,7 @@ from physreason.train.build import TrainingModel, build_training_model
 from physreason.train.grpo_loss import masked_sum, policy_loss
 from physreason.train.loop import Checkpointer, StepLog, checkpoint_due, prepare_output
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_completion_batch, first_vision_token
-from physreason.train.rollout import RolloutBatch, RolloutSettings, collect_rollouts
+from physreason.train.rollout import RolloutBatch, collect_rollouts, rollout_engine_config, rollout_settings
 from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
 from physreason.train.weight_sync import push_weights
 
@@ -311,7 +311,7 @@ def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Training
 def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     """Train config.model with GRPO on the multiple-choice prompts of config.data; returns the run's record.
 
-    `engine` defaults to `create_engine(config.model, config.engine)`; pass one to share it (tests, the demo).
+    `engine` defaults to the recipe's rollout engine (`rollout_engine_config`); pass one to share it (tests, the demo).
     """
     runtime = init_runtime()
     train_cfg, grpo_cfg, rollout_cfg = config.train, config.grpo, config.rollout
@@ -340,7 +340,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     total_steps = train_cfg.max_steps or train_cfg.epoch * (len(prompts) // prompts_per_step)
 
     if engine is None:
-        engine = create_engine(config.model, config.engine)
+        engine = create_engine(config.model, rollout_engine_config(config))
     policy = build_policy(config, runtime, total_steps)
     model, scorer, reference = policy.model, policy.module, policy.reference
     optimizer, scheduler, autocast = policy.optimizer, policy.scheduler, policy.autocast
@@ -358,27 +358,19 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
         log.info("resumed from %s at step %d (prompt draw %d)", resumed.path, step, stream.cursor)
     _sleep(engine)
 
-    sampling = rollout_cfg.sampling_config.model_copy(
-        update={"n": rollout_cfg.n_generation, "max_tokens": rollout_cfg.max_response_length}
+    settings = rollout_settings(
+        config,
+        groups_needed=groups,
+        prompts_per_round=rollout_cfg.batch_size,
+        max_rounds=grpo_cfg.max_dynamic_sampling_rounds,
+        processor_params=processor_params,
     )
+    sampling = settings.sampling
     if sampling.top_p < 1.0 or sampling.top_k > 0 or sampling.repetition_penalty != 1.0:
         log.warning(
             "rollout.sampling_config has top_p/top_k/repetition_penalty set: completions are then not drawn from the "
             "policy's tempered distribution that the GRPO ratio assumes"
         )
-    settings = RolloutSettings(
-        groups_needed=groups,
-        prompts_per_round=rollout_cfg.batch_size,
-        sampling=sampling,
-        vision=config.vision,
-        reward_weights=dict(grpo_cfg.reward_function),
-        advantage=grpo_cfg.advantage,
-        dynamic_sampling=grpo_cfg.dynamic_sampling,
-        max_rounds=grpo_cfg.max_dynamic_sampling_rounds,
-        processor_params=processor_params,
-        seed=sampling.seed if sampling.seed is not None else train_cfg.seed,
-        answer_type=grpo_cfg.answer_type,
-    )
     update = UpdateSettings.from_config(config)
     reward_names = sorted(set(grpo_cfg.reward_function) | {"accuracy", "format"}) + ["total"]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 import torch
 
 from physreason.chat.mcq import AnswerType
-from physreason.config import SamplingConfig, VisionConfig
+from physreason.config import Config, EngineConfig, SamplingConfig, VisionConfig
 from physreason.data.mcq import MCQPrompt, PromptStream
 from physreason.engines import Completion, Engine, GenerationRequest
+from physreason.errors import ConfigError
 from physreason.models.inputs import ProcessorParams, VisualInputs, encode_visuals
 from physreason.rewards import compute_rewards
 from physreason.train.grpo_advantages import compute_group_advantages
@@ -59,7 +60,7 @@ class RolloutBatch:
         return len({s.group for s in self.samples})
 
 
-def build_request(
+def mcq_request(
     prompt: MCQPrompt, vision: VisionConfig, answer_type: AnswerType = "grpo", factor: int = PATCH_FACTOR
 ) -> GenerationRequest:
     """Decode the prompt's media (sides multiples of the model's patch factor) and build its chat request."""
@@ -68,7 +69,7 @@ def build_request(
     return GenerationRequest(messages=prompt.messages(answer_type), images=images, videos=videos, request_id=prompt.id)
 
 
-def score_completion(text: str, prompt: MCQPrompt, weights: Mapping[str, float]) -> dict[str, float]:
+def completion_rewards(text: str, prompt: MCQPrompt, weights: Mapping[str, float]) -> dict[str, float]:
     """Each configured reward and the diagnostic ones for one completion, plus the weighted "total"."""
     every = {name: 0.0 for name in DIAGNOSTIC_REWARDS} | dict(weights)
     return compute_rewards(text, every, **prompt.reward_fields())
@@ -94,6 +95,59 @@ class RolloutSettings:
     processor_params: ProcessorParams | None = None  # set for vision-language policies
     seed: int = 0
     answer_type: AnswerType = "grpo"  # prompt wording: the RL recipe's, or the benchmark's reasoning/letter
+
+
+def rollout_sampling(config: Config) -> SamplingConfig:
+    """The rollout's sampling: [rollout.sampling_config] with n = [rollout] n_generation, max_tokens = max_response_length."""
+    rollout = config.rollout
+    return SamplingConfig(
+        **rollout.sampling_config.model_dump(), n=rollout.n_generation, max_tokens=rollout.max_response_length
+    )
+
+
+def rollout_settings(
+    config: Config,
+    *,
+    groups_needed: int,
+    prompts_per_round: int,
+    max_rounds: int,
+    processor_params: ProcessorParams | None,
+) -> RolloutSettings:
+    """The settings `collect_rollouts` runs with, read from the recipe; both GRPO modes build theirs here.
+
+    The callers decide only how many groups one call must return, how many prompts one generate call
+    takes and how many rounds dynamic sampling may try.
+    """
+    sampling = rollout_sampling(config)
+    grpo = config.grpo
+    return RolloutSettings(
+        groups_needed=groups_needed,
+        prompts_per_round=prompts_per_round,
+        sampling=sampling,
+        vision=config.vision,
+        reward_weights=dict(grpo.reward_function),
+        advantage=grpo.advantage,
+        dynamic_sampling=grpo.dynamic_sampling,
+        max_rounds=max_rounds,
+        processor_params=processor_params,
+        seed=sampling.seed if sampling.seed is not None else config.train.seed,
+        answer_type=grpo.answer_type,
+    )
+
+
+def rollout_engine_config(config: Config) -> EngineConfig:
+    """The rollout engine's settings: [engine] with [rollout.parallelism] tp_size GPUs per engine.
+
+    Raises ConfigError when engine.tensor_parallel_size says otherwise (left at 1 it defers to the rollout's).
+    """
+    tp = config.rollout.parallelism.tp_size
+    if config.engine.tensor_parallel_size not in (1, tp):
+        raise ConfigError(
+            f"engine.tensor_parallel_size = {config.engine.tensor_parallel_size} but rollout.parallelism.tp_size = {tp}: "
+            "GRPO sizes its rollout engines by rollout.parallelism.tp_size; set that key and leave "
+            "engine.tensor_parallel_size at 1"
+        )
+    return config.engine.model_copy(update={"tensor_parallel_size": tp})
 
 
 def collect_rollouts(
@@ -147,7 +201,7 @@ def _rollout_round(
         return
     started = time.perf_counter()
     factor = settings.processor_params.factor if settings.processor_params is not None else PATCH_FACTOR
-    requests = [build_request(prompt, settings.vision, settings.answer_type, factor) for prompt in prompts]
+    requests = [mcq_request(prompt, settings.vision, settings.answer_type, factor) for prompt in prompts]
     results = engine.generate(requests, settings.sampling.model_copy(update={"seed": seed}))
     batch.generate_s += time.perf_counter() - started
     started = time.perf_counter()
@@ -157,7 +211,7 @@ def _rollout_round(
         if result.error is not None or len(result.completions) != settings.sampling.n:
             batch.counts["requests_failed"] += 1
             continue
-        rewards = [score_completion(c.text, prompt, settings.reward_weights) for c in result.completions]
+        rewards = [completion_rewards(c.text, prompt, settings.reward_weights) for c in result.completions]
         batch.scored += rewards
         totals = torch.tensor([r["total"] for r in rewards], dtype=torch.float32)  # [n]
         if settings.dynamic_sampling and bool((totals == totals[0]).all()) and settings.sampling.n > 1:

@@ -9,7 +9,7 @@ from PIL import Image, UnidentifiedImageError
 
 from physreason.config.schema import VisionConfig
 from physreason.errors import InputError
-from physreason.vision.paths import resolve_media_path
+from physreason.vision.paths import local_media_file
 from physreason.vision.resize import MAX_ASPECT_RATIO, PATCH_FACTOR, pixel_budgets, smart_resize
 
 
@@ -24,7 +24,7 @@ def load_image(source: str | Path, config: VisionConfig | None = None, factor: i
     """
     config = config or VisionConfig()
     budgets = pixel_budgets(config, factor)
-    path = resolve_media_path(source, "image")
+    path = local_media_file(source, "image")
     try:
         with Image.open(path) as image:
             image.load()

@@ -8,7 +8,7 @@ from urllib.parse import unquote, urlparse
 from physreason.errors import InputError
 
 
-def resolve_media_path(source: str | Path, kind: str) -> Path:
+def local_media_file(source: str | Path, kind: str) -> Path:
     """Return the local file that `source` names; raise InputError if it is a remote URL or does not exist.
 
     `kind` ("video" or "image") only words the error messages.

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from physreason.config.schema import VisionConfig
 from physreason.errors import InputError
 from physreason.vision.overlay import overlay_timestamps
-from physreason.vision.paths import resolve_media_path
+from physreason.vision.paths import local_media_file
 from physreason.vision.resize import (
     MAX_ASPECT_RATIO,
     PATCH_FACTOR,
@@ -182,7 +182,7 @@ def load_video(source: str | Path, config: VisionConfig | None = None, factor: i
     """
     config = config or VisionConfig()
     budgets = pixel_budgets(config, factor)
-    path = resolve_media_path(source, "video")
+    path = local_media_file(source, "video")
     info = _probe(path)
     if max(info.height, info.width) / min(info.height, info.width) > MAX_ASPECT_RATIO:
         raise InputError(

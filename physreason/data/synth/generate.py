@@ -17,7 +17,7 @@ import json
 import multiprocessing
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,28 +25,13 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from physreason.data.synth import arrow_of_time, object_permanence, spatial_puzzle
 from physreason.data.synth.sample import OPTION_ORDERS, SPLITS, Sample, balanced_slot, scene_seed
 from physreason.data.synth.scenarios import FPS, HEIGHT_PX, N_FRAMES, WIDTH_PX
+from physreason.data.synth.tasks import TASKS
 from physreason.data.synth.video import write_mp4
 from physreason.errors import InputError
 
 GENERATOR_VERSION = "1"
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """A task's sample builder and how many (class, letter) slots one balanced block has."""
-
-    make_sample: Callable[[int, int, str], Sample]
-    n_slots: int
-
-
-TASKS: dict[str, TaskSpec] = {
-    arrow_of_time.TASK: TaskSpec(arrow_of_time.make_sample, arrow_of_time.N_SLOTS),
-    spatial_puzzle.TASK: TaskSpec(spatial_puzzle.make_sample, spatial_puzzle.N_SLOTS),
-    object_permanence.TASK: TaskSpec(object_permanence.make_sample, object_permanence.N_SLOTS),
-}
 
 
 @dataclass
