@@ -53,6 +53,13 @@ class SamplingConfig(Section):
     max_tokens: int = Field(4096, gt=0, description="Most new tokens per completion.")
     seed: int | None = Field(None, description="Sampling seed; None draws a fresh one each run.")
     n: int = Field(1, ge=1, description="Completions per request.")
+    ignore_eos: bool = Field(
+        False,
+        description=(
+            "Every completion runs to max_tokens (benchmarks): vLLM samples on past end-of-sequence tokens, "
+            "the hf engine never samples them."
+        ),
+    )
 
 
 class VisionConfig(Section):
