@@ -143,3 +143,23 @@ def test_grpo_command_runs_a_recipe_and_writes_checkpoint_and_export(tiny_text, 
     assert "finished 2 steps" in outcome.output
     assert (tmp_path / "checkpoints" / "step_2" / ".metadata").is_file()
     assert (tmp_path / "safetensors" / "step_2" / "config.json").is_file()
+
+
+def test_ignore_eos_fills_every_completion_and_the_prompt_length_is_logged(tiny_text, mcq_file, tmp_path):
+    from physreason.config import DatasetConfig
+    from physreason.data.mcq import load_mcq_prompts
+    from physreason.models import loading
+
+    config = grpo_config(
+        tiny_text, mcq_file, tmp_path, "train.max_steps=1", "train.ckpt.enable_checkpoint=false",
+        "rollout.sampling_config.ignore_eos=true", "grpo.shuffle_options=false",
+    )
+    (metrics,) = run_grpo(config).metrics
+    assert metrics["rollout/response_length_mean"] == 6.0 and metrics["rollout/truncated_frac"] == 1.0
+    tokenizer = loading.load_tokenizer(config.model)
+    texts = [
+        tokenizer.apply_chat_template(p.messages("grpo"), tokenize=False, add_generation_prompt=True)
+        for p in load_mcq_prompts(DatasetConfig(name=str(mcq_file)))
+    ]
+    lengths = {len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids}
+    assert min(lengths) <= metrics["rollout/prompt_length_mean"] <= max(lengths)

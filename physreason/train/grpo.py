@@ -276,6 +276,8 @@ def rollout_metrics(
     out["rollout/format_rate"] = out.get("reward/format_mean", 0.0)
     lengths = [float(len(s.completion.token_ids)) for s in batch.samples]
     out["rollout/response_length_mean"], _ = stats.mean_std(lengths)
+    # Prompt tokens after vision placeholders expand: with the response length, the step's token throughput.
+    out["rollout/prompt_length_mean"], _ = stats.mean_std([float(len(s.prompt_ids)) for s in batch.samples])
     truncated = [float(s.completion.finish_reason == "length") for s in batch.samples]
     out["rollout/truncated_frac"], _ = stats.mean_std(truncated)
     cut = [float(first_vision_token(s.completion.token_ids, vision) is not None) for s in batch.samples]
