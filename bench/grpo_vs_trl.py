@@ -70,18 +70,20 @@ each under 10 minutes):
 CPU:  python bench/grpo_vs_trl.py --tiny    (tiny models, hf engine / transformers generate: checks the script)
 
 Packages needed beyond the GPU image (torch 2.11+cu130, torchvision 0.26, transformers 5.17 or the carried 5.24,
-accelerate 1.15, vLLM 0.26 with its set in ../shared/gpu/vllm-gpu-requirements.txt, which holds dill 0.4.1);
-wheels for Python 3.12 manylinux, installed with `pip install --no-index --no-deps --target /tmp/site`:
-  trl==1.16.0
-  datasets==5.2.0
-  pyarrow==26.0.1
-  pandas==3.1.1
-  multiprocess==0.70.19
-  xxhash==4.1.0
-  fsspec==2026.9.0
-  python-dateutil==2.9.0.post0
-  tzdata==2026.6
-  av==19.0.2            (physreason's video decode and `data synth`; not in the GPU image)
+accelerate 1.15, vLLM 0.26 with its set in ../shared/gpu/vllm-gpu-requirements.txt, which holds dill 0.4.1): these
+pins, each checked to exist as a Python 3.12 manylinux / pure wheel with `pip download --no-deps --only-binary=:all:
+--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 ...` (about 105 MiB in all, pyarrow 55
+MiB and av 35 MiB of it), installed with `pip install --no-index --no-deps --target /tmp/site`:
+  trl==1.16.0             GRPOTrainer; its own needs beyond these are in the image (accelerate, jinja2, psutil, ...)
+  datasets==5.2.0         TRL's dataset type
+  pyarrow==26.0.1         datasets
+  pandas==3.1.1           datasets and trl
+  multiprocess==0.70.19   datasets (needs dill, in the vLLM set)
+  xxhash==4.1.0           datasets
+  fsspec==2026.9.0        datasets
+  python-dateutil==4.0.0  pandas
+  tzdata==2026.6          pandas, python-dateutil
+  av==19.0.2              physreason's video decode and `data synth` (PyAV is not in the GPU image)
 """
 
 from __future__ import annotations
