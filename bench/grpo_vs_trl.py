@@ -225,7 +225,12 @@ def prepare_data(work: Path, model: Path, clips: int, text_words: int, tiny: boo
     video_frames = image_size = None
     for index, record in enumerate(qa):
         pair = record["qa_pairs"]
-        flat = {"id": f"clip-{index}", "question": pair["question"], "options": pair["index2ans"], "answer": pair["answer"]}
+        flat = {
+            "id": f"clip-{index}",
+            "question": pair["question"],
+            "options": pair["index2ans"],
+            "answer": pair["answer"],
+        }
         clip = task_dir / record["video"]
         frames = load_video(clip, vision).frames  # [T, H, W, 3] as the engine and the policy get them
         sheet = sheets / f"{clip.stem}.png"

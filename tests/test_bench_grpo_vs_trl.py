@@ -80,8 +80,16 @@ def test_workloads_ask_the_same_questions_and_the_sheet_matches_the_clip_tokens(
 
 def test_summary_takes_medians_after_warmup_and_shares_of_the_step(bench):
     def step(seconds, generate):
-        return {"step_s": seconds, "generate_s": generate, "score_s": 0.0, "train_s": seconds - generate - 0.5,
-                "sync_s": 0.5, "samples": 8, "prompt_tokens": 800.0, "completion_tokens": 160.0}
+        return {
+            "step_s": seconds,
+            "generate_s": generate,
+            "score_s": 0.0,
+            "train_s": seconds - generate - 0.5,
+            "sync_s": 0.5,
+            "samples": 8,
+            "prompt_tokens": 800.0,
+            "completion_tokens": 160.0,
+        }
 
     summary = bench.summarise([step(100.0, 90.0), step(4.0, 1.0), step(2.0, 1.0), step(3.0, 1.0)], warmup=1)
     assert summary["step_s"] == 3.0 and summary["samples_per_s"] == pytest.approx(8 / 3)
@@ -123,8 +131,19 @@ def test_trl_reward_is_physreasons_accuracy_plus_format(bench):
 
 def test_physreason_config_sets_the_shared_recipe(bench, prepared, tmp_path):
     _, data = prepared
-    spec = {"model": "m", "engine": "hf", "bf16": False, "gpu_memory": 0.3, "data": data, "prompts": 2, "n": 4,
-            "response_len": 16, "mini_batch": 4, "steps": 2, "warmup": 1}
+    spec = {
+        "model": "m",
+        "engine": "hf",
+        "bf16": False,
+        "gpu_memory": 0.3,
+        "data": data,
+        "prompts": 2,
+        "n": 4,
+        "response_len": 16,
+        "mini_batch": 4,
+        "steps": 2,
+        "warmup": 1,
+    }
     config = bench.physreason_config(spec, "video", tmp_path)
     assert config.rollout.sampling_config.ignore_eos and config.rollout.max_response_length == 16
     assert config.train.train_batch_per_replica == 8 and config.train.max_steps == 3
