@@ -235,7 +235,23 @@ class GRPOConfig(Section):
         "token-mean", description="How per-token losses are reduced."
     )
     mu_iterations: int = Field(1, ge=1, description="Optimizer passes over each rollout batch.")
-    mini_batch: int = Field(4, ge=1, description="Samples per forward pass in the policy update.")
+    mini_batch: int = Field(4, ge=1, description="Most completions per forward pass in the policy update.")
+    mini_batch_tokens: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Most tokens per forward pass in the policy update (rows x longest row, padding included); "
+            "0 = no token bound. A row longer than this gets a pass of its own."
+        ),
+    )
+    pack_completions: bool = Field(
+        False,
+        description=(
+            "Policy update: one row per prompt holding the prompt once and then its completions, each "
+            "completion attending to the prompt and itself (same log-probs as one padded row each; needs sdpa "
+            "or eager attention)."
+        ),
+    )
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and draw more prompts.")
     max_dynamic_sampling_rounds: int = Field(
         8, ge=1, description="Most extra prompt draws per step with dynamic sampling."
