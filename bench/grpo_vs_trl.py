@@ -3,6 +3,13 @@
 Both sides train the same model on the same prompts with the same recipe, one after the other on one GPU, each
 run in its own subprocess (so the GPU memory of one is free before the next starts), interleaved: every round
 runs each workload's TRL and physreason runs back to back, the first side alternating between rounds.
+Sides (--sides):
+  trl                TRL's GRPOTrainer, micro-batches of --mini-batch completions, one padded row each;
+  physreason         physreason's colocated GRPO with packed rows (`[grpo] pack_completions`: a prompt once, then
+                     its completions, each attending to the prompt and itself: the same log-probs) and passes sized
+                     by tokens (`[grpo] mini_batch_tokens` = --mini-batch-tokens, no bound on completions per pass);
+  physreason-padded  physreason as before packing: micro-batches of --mini-batch completions, one padded row each
+                     (the same layout as TRL's; not run unless named).
 
 Model: the Qwen2.5-VL-3B shape with random bf16 weights and the tiny tokenizer and processor of
 physreason.models.tiny (bench/grpo_step.py's `build_model`, written once under --work): the vocabulary, and so the
@@ -61,12 +68,12 @@ run's process (vLLM's weights and KV cache included).
 Output: a table on stdout; JSON to $OUT/grpo_vs_trl.json when OUT is set (per run: every step's figures, the
 medians, the run's log tail when it failed). Each run's log is under --work/logs.
 
-GPU (one H200: the 3B policy with fp32 AdamW state and a 0.3 vLLM share needs about 90 GB; one run per command,
-each under 10 minutes):
+GPU (one H200: the 3B policy with fp32 AdamW state and a 0.3 vLLM share needs about 90 GB; a few runs per command,
+each command under 10 minutes):
   export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=/usr/local/cuda VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
-  python3 bench/grpo_vs_trl.py --workloads image --rounds 1     # TRL and physreason, images (the comparison)
-  python3 bench/grpo_vs_trl.py --workloads text --rounds 1      # TRL and physreason, text
-  python3 bench/grpo_vs_trl.py --workloads video --rounds 1     # physreason alone (TRL cannot take video)
+  python3 bench/grpo_vs_trl.py --workloads image                              # TRL vs physreason on images
+  python3 bench/grpo_vs_trl.py --workloads text                               # TRL vs physreason on text
+  python3 bench/grpo_vs_trl.py --workloads video --sides physreason,physreason-padded   # TRL cannot take video
 CPU:  python bench/grpo_vs_trl.py --tiny    (tiny models, hf engine / transformers generate: checks the script)
 
 Packages needed beyond the GPU image (torch 2.11+cu130, torchvision 0.26, transformers 5.17 or the carried 5.24,
@@ -105,7 +112,8 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 WORKLOADS = ("video", "image", "text")
-SIDES = ("trl", "physreason")
+SIDES = ("trl", "physreason", "physreason-padded")
+DEFAULT_SIDES = ("trl", "physreason")
 TRL_WORKLOADS = ("image", "text")
 TRL_VIDEO = (
     "TRL 1.16 cannot train Qwen2.5-VL on video: its prompts carry only image parts, its vLLM generation takes only "
@@ -121,6 +129,7 @@ SIZES = {
     "n": (8, 2),
     "response_len": (256, 8),
     "mini_batch": (8, 2),
+    "mini_batch_tokens": (8192, 512),
     "steps": (3, 1),
     "warmup": (1, 0),
     "text_words": (200, 20),
@@ -131,11 +140,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; sizes left out take the GPU defaults, or the small --tiny ones."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: video, image, text")
-    parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated: trl, physreason")
+    parser.add_argument("--sides", default=",".join(DEFAULT_SIDES), help=f"comma-separated: {', '.join(SIDES)}")
     parser.add_argument("--prompts", type=int, help="prompts per step [8; tiny 2]")
     parser.add_argument("--n", type=int, help="completions per prompt (group size) [8; tiny 2]")
     parser.add_argument("--response-len", type=int, help="new tokens in every completion [256; tiny 8]")
-    parser.add_argument("--mini-batch", type=int, help="completions per forward pass [8; tiny 2]")
+    parser.add_argument("--mini-batch", type=int, help="completions per forward pass, TRL and padded [8; tiny 2]")
+    parser.add_argument("--mini-batch-tokens", type=int, help="physreason's tokens per forward pass [8192; tiny 512]")
     parser.add_argument("--steps", type=int, help="timed optimizer steps per run [3; tiny 1]")
     parser.add_argument("--warmup", type=int, help="untimed first steps per run [1; tiny 0]")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of TRL and physreason runs per workload")
@@ -155,8 +165,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, name, tiny if args.tiny else gpu)
     args.workloads = _choices(parser, "--workloads", args.workloads, WORKLOADS)
     args.sides = _choices(parser, "--sides", args.sides, SIDES)
-    if min(args.prompts, args.mini_batch, args.response_len, args.steps, args.rounds) < 1 or args.warmup < 0:
-        parser.error("--prompts, --mini-batch, --response-len, --steps and --rounds must be >= 1, --warmup >= 0")
+    sizes = (args.prompts, args.mini_batch, args.mini_batch_tokens, args.response_len, args.steps, args.rounds)
+    if min(sizes) < 1 or args.warmup < 0:
+        parser.error(
+            "--prompts, --mini-batch, --mini-batch-tokens, --response-len, --steps and --rounds must be >= 1, "
+            "--warmup >= 0"
+        )
     if args.n < 2:
         parser.error("--n must be >= 2: GRPO needs at least two completions per prompt (TRL refuses fewer)")
     if (args.prompts * args.n) % args.mini_batch:
@@ -296,8 +310,8 @@ def _peak_gib() -> float | None:
 # physreason run (child process)
 
 
-def physreason_config(spec: dict[str, Any], workload: str, output: Path):
-    """The bench's GRPO recipe as a physreason Config (see the module docstring)."""
+def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed: bool = True):
+    """The bench's GRPO recipe as a physreason Config (see the module docstring); packed: the `physreason` side."""
     from physreason.config import load_config
 
     bf16 = spec["bf16"]
@@ -327,7 +341,9 @@ def physreason_config(spec: dict[str, Any], workload: str, output: Path):
         "rollout.sampling_config.top_p=1.0",
         "rollout.sampling_config.repetition_penalty=1.0",
         "rollout.sampling_config.ignore_eos=true",
-        f"grpo.mini_batch={spec['mini_batch']}",
+        f"grpo.mini_batch={completions if packed else spec['mini_batch']}",
+        f"grpo.mini_batch_tokens={spec['mini_batch_tokens'] if packed else 0}",
+        f"grpo.pack_completions={'true' if packed else 'false'}",
         "grpo.loss_agg_mode='token-mean'",
         "grpo.epsilon_low=0.2",
         "grpo.epsilon_high=0.2",
@@ -341,12 +357,13 @@ def physreason_config(spec: dict[str, Any], workload: str, output: Path):
     return load_config(None, overrides)
 
 
-def run_physreason(spec: dict[str, Any], workload: str) -> dict[str, Any]:
-    """One physreason GRPO run of the workload; per-step figures from its metrics."""
+def run_physreason(spec: dict[str, Any], workload: str, packed: bool = True) -> dict[str, Any]:
+    """One physreason GRPO run of the workload (packed rows, or padded ones); per-step figures from its metrics."""
     from physreason.train.grpo import run_grpo
 
     started = time.perf_counter()
-    config = physreason_config(spec, workload, Path(spec["work"]) / "runs" / f"physreason-{workload}-{time.time_ns()}")
+    output = Path(spec["work"]) / "runs" / f"physreason-{'packed' if packed else 'padded'}-{workload}-{time.time_ns()}"
+    config = physreason_config(spec, workload, output, packed)
     result = run_grpo(config)
     steps = []
     for metrics in result.metrics:
@@ -630,13 +647,30 @@ def run_child(side: str, workload: str, spec_path: Path, work: Path, timeout: in
 def child_main(args: argparse.Namespace) -> None:
     """Entry point of a run's process: run one side on one workload, write its result, exit at once."""
     spec = json.loads(args.spec.read_text())
-    run = run_trl if args.child == "trl" else run_physreason
-    result = run(spec, args.workload)
+    if args.child == "trl":
+        result = run_trl(spec, args.workload)
+    else:
+        result = run_physreason(spec, args.workload, packed=args.child == "physreason")
     args.result.write_text(json.dumps(result))
     sys.stdout.flush()
     sys.stderr.flush()
     # vLLM's engine threads can hold a finished process open; the result is written.
     os._exit(0)
+
+
+def samples_per_s_ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """samples/s of each physreason side over TRL's on the same workload (physreason's video over TRL's image, the
+    workload with as many visual tokens that TRL can take), and packed over padded physreason."""
+    table = {(r["workload"], r["side"]): r["summary"] for r in rows if r.get("summary")}
+    ratios = {}
+    pairs = [(w, side, w, "trl") for w in WORKLOADS for side in SIDES[1:]]
+    pairs += [("video", side, "image", "trl") for side in SIDES[1:]]
+    pairs += [(w, "physreason", w, "physreason-padded") for w in WORKLOADS]
+    for workload, side, base_workload, base_side in pairs:
+        if (workload, side) in table and (base_workload, base_side) in table:
+            name = f"{side} {workload} / {base_side} {base_workload}"
+            ratios[name] = table[workload, side]["samples_per_s"] / table[base_workload, base_side]["samples_per_s"]
+    return ratios
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -687,7 +721,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "bf16": not args.tiny and torch.cuda.is_available(),
         "gpu_memory": args.gpu_memory,
         "data": data,
-        **{name: getattr(args, name) for name in ("prompts", "n", "response_len", "mini_batch", "steps", "warmup")},
+        **{
+            name: getattr(args, name)
+            for name in ("prompts", "n", "response_len", "mini_batch", "mini_batch_tokens", "steps", "warmup")
+        },
     }
     spec_path = work / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
@@ -728,21 +765,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             else:
                 row["error"] = mine[0].get("error", "not run") if mine else "not run"
             rows.append(row)
-    ratios = {}
-    for workload in args.workloads:
-        by_side = {r["side"]: r.get("summary") for r in rows if r["workload"] == workload}
-        if by_side.get("trl") and by_side.get("physreason"):
-            ratios[workload] = by_side["physreason"]["samples_per_s"] / by_side["trl"]["samples_per_s"]
-    if "video" in args.workloads and "image" in args.workloads:
-        video = next(r.get("summary") for r in rows if r["workload"] == "video" and r["side"] == "physreason")
-        trl_image = next((r.get("summary") for r in rows if r["workload"] == "image" and r["side"] == "trl"), None)
-        if video and trl_image:
-            ratios["physreason_video_vs_trl_image"] = video["samples_per_s"] / trl_image["samples_per_s"]
+    ratios = samples_per_s_ratios(rows)
 
     print(f"\nGRPO step, physreason vs TRL on {device} (medians of {args.steps} steps x {args.rounds} rounds)\n")
     print(format_table(rows))
     for name, value in ratios.items():
-        print(f"physreason / TRL samples/s, {name}: {value:.2f}x")
+        print(f"samples/s ratio, {name}: {value:.2f}x")
     if "video" in args.workloads and "trl" in args.sides:
         print(f"TRL on video: {TRL_VIDEO}")
     payload = {

@@ -141,6 +141,7 @@ def test_physreason_config_sets_the_shared_recipe(bench, prepared, tmp_path):
         "n": 4,
         "response_len": 16,
         "mini_batch": 4,
+        "mini_batch_tokens": 300,
         "steps": 2,
         "warmup": 1,
     }
@@ -149,6 +150,23 @@ def test_physreason_config_sets_the_shared_recipe(bench, prepared, tmp_path):
     assert config.train.train_batch_per_replica == 8 and config.train.max_steps == 3
     assert (config.grpo.loss_agg_mode, config.grpo.kl_beta, config.grpo.mu_iterations) == ("token-mean", 0.0, 1)
     assert config.vision.fps == data["vision"]["fps"] and config.data.dataset.name == data["files"]["video"]
+    assert (config.grpo.pack_completions, config.grpo.mini_batch, config.grpo.mini_batch_tokens) == (True, 8, 300)
+    padded = bench.physreason_config(spec, "video", tmp_path, packed=False)
+    assert (padded.grpo.pack_completions, padded.grpo.mini_batch, padded.grpo.mini_batch_tokens) == (False, 4, 0)
+
+
+def test_ratios_compare_each_physreason_side_with_trl_and_video_with_trl_images(bench):
+    def row(workload, side, samples_per_s):
+        return {"workload": workload, "side": side, "summary": {"samples_per_s": samples_per_s}}
+
+    rows = [row("video", "physreason", 6.0), row("video", "physreason-padded", 3.0), row("image", "trl", 2.0)]
+    rows += [row("image", "physreason", 8.0), {"workload": "text", "side": "trl", "error": "exit code 1"}]
+    assert bench.samples_per_s_ratios(rows) == {
+        "physreason image / trl image": 4.0,
+        "physreason video / trl image": 3.0,
+        "physreason-padded video / trl image": 1.5,
+        "physreason video / physreason-padded video": 2.0,
+    }
 
 
 @pytest.mark.slow
