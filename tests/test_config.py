@@ -175,3 +175,10 @@ def test_shipped_recipe_loads(path):
 
 def test_recipes_are_shipped():
     assert len(CONFIGS) >= 2
+
+
+def test_packed_policy_rows_need_an_attention_kernel_that_takes_a_mask():
+    packed = load_config(None, ["grpo.pack_completions=true", "grpo.mini_batch_tokens=4096"])
+    assert packed.grpo.pack_completions and packed.grpo.mini_batch_tokens == 4096
+    with pytest.raises(ConfigError, match="pack_completions needs a 4D attention mask.*flash_attention_2"):
+        load_config(None, ["grpo.pack_completions=true", "model.attn_implementation='flash_attention_2'"])

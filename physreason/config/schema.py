@@ -351,3 +351,12 @@ class Config(Section):
                 "and the policy divides its logits by this same temperature"
             )
         return rollout
+
+    @model_validator(mode="after")
+    def _packing_needs_a_mask_kernel(self) -> Config:
+        if self.grpo.pack_completions and self.model.attn_implementation.startswith("flash"):
+            raise ValueError(
+                f"grpo.pack_completions needs a 4D attention mask, which model.attn_implementation = "
+                f"'{self.model.attn_implementation}' cannot take: use 'sdpa' or 'eager', or grpo.pack_completions = false"
+            )
+        return self
