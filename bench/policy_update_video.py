@@ -15,7 +15,9 @@ Settings, all on the same model and weights, one warm-up update each, then --run
   a  per-row      every completion holds its own copy of its prompt's VisualInputs, so the vision tower runs once
                   per completion (the cost before visuals were shared), with transformers' per-window attention;
   b  shared       the completions of a prompt share its visuals (the tower runs once per prompt), per-window attention;
-  c  grouped      shared visuals and grouped vision attention (physreason.models.vision_attention; load_model's default).
+  c  grouped      shared visuals and grouped vision attention (physreason.models.vision_attention; load_model's default);
+  d  packed       c with packed rows ([grpo] pack_completions: each prompt once per row, then its completions) in
+                  passes of at most --mini-batch-tokens tokens (build_micro_batches; no bound on completions per pass).
 Seconds per update time `update_policy` alone (synchronised); building the micro-batches (collation on the CPU and
 the copy to the GPU) is timed apart. The learning rate is 0 (the schedule's base rates are zeroed after build_policy),
 so the weights never change and every update starts from the same weights: AdamW still runs its full step, and the
@@ -50,6 +52,7 @@ SETTINGS = {
     "a": "per-row visuals, per-window attention",
     "b": "shared visuals, per-window attention",
     "c": "shared visuals, grouped attention",
+    "d": "c + packed rows, passes sized by tokens",
 }
 # The arrow-of-time clips of `physreason data synth` (physreason/data/synth/scenarios.py): 24 frames at 8 fps.
 CLIP_SECONDS, CLIP_FPS, CLIP_HEIGHT, CLIP_WIDTH = 3.0, 8.0, 192, 256
@@ -210,6 +213,9 @@ def main() -> None:
     parser.add_argument("--response-len", type=int, default=256, help="tokens per completion")
     parser.add_argument("--runs", type=int, default=3, help="timed rounds of a, b, c (after one warm-up each)")
     parser.add_argument("--mini-batch", type=int, default=8, help="samples per forward pass ([grpo] mini_batch)")
+    parser.add_argument(
+        "--mini-batch-tokens", type=int, default=8192, help="tokens per forward pass of setting d ([grpo] mini_batch_tokens)"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-grpo-bench"), help="model folder parent")
     parser.add_argument("--tiny", action="store_true", help="tiny float32 model and clip on CPU (checks the script)")
     args = parser.parse_args()
@@ -219,7 +225,7 @@ def main() -> None:
     from physreason.models import loading
     from physreason.models.family import read_vision_tokens
     from physreason.train.grpo import UpdateSettings, build_policy, update_policy
-    from physreason.train.policy import build_completion_batch
+    from physreason.train.policy import build_completion_batch, build_micro_batches
     from physreason.train.runtime import init_runtime, seed_everything
 
     args.work.mkdir(parents=True, exist_ok=True)
@@ -239,10 +245,10 @@ def main() -> None:
     attention = VisionAttentionSwitch(policy.model)
     update = UpdateSettings.from_config(config)
     shared = build_rollout(config, tokenizer, vision_settings(args.tiny), args)
-    rollouts = {"a": per_row_copies(shared), "b": shared, "c": shared}
-    settings = [s for s in SETTINGS if s != "c" or attention.grouped is not None]
+    rollouts = {"a": per_row_copies(shared), "b": shared, "c": shared, "d": shared}
+    settings = [s for s in SETTINGS if s not in ("c", "d") or attention.grouped is not None]
     if attention.grouped is None:
-        print(f"grouped vision attention is not applied ({attention.native}): setting c is left out", flush=True)
+        print(f"grouped vision attention is not applied ({attention.native}): settings c and d are left out", flush=True)
     visuals = shared[0].visuals
     grid = visuals.video_grid_thw[0].tolist()
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
@@ -255,16 +261,20 @@ def main() -> None:
     )
 
     def one_update(setting: str) -> dict[str, Any]:
-        attention.set(grouped=setting == "c")
+        attention.set(grouped=setting in ("c", "d"))
         samples = rollouts[setting]
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        batches = [
-            build_completion_batch(samples[i : i + update.mini_batch], pad_id, vision_tokens).to(runtime.device)
-            for i in range(0, len(samples), update.mini_batch)
-        ]
+        if setting == "d":
+            packed = build_micro_batches(samples, pad_id, vision_tokens, len(samples), args.mini_batch_tokens, pack=True)
+            batches = [batch.to(runtime.device) for batch in packed]
+        else:
+            batches = [
+                build_completion_batch(samples[i : i + update.mini_batch], pad_id, vision_tokens).to(runtime.device)
+                for i in range(0, len(samples), update.mini_batch)
+            ]
         if cuda:
             torch.cuda.synchronize()
         t1 = time.perf_counter()

@@ -189,3 +189,10 @@ def test_typed_values_reach_the_config_without_a_round_trip_through_text():
 def test_a_bad_typed_value_names_its_key():
     with pytest.raises(ConfigError, match="eval.num_gpus"):
         load_config(None, values={"eval.num_gpus": 0})
+
+
+def test_packed_policy_rows_need_an_attention_kernel_that_takes_a_mask():
+    packed = load_config(None, ["grpo.pack_completions=true", "grpo.mini_batch_tokens=4096"])
+    assert packed.grpo.pack_completions and packed.grpo.mini_batch_tokens == 4096
+    with pytest.raises(ConfigError, match="pack_completions needs a 4D attention mask.*flash_attention_2"):
+        load_config(None, ["grpo.pack_completions=true", "model.attn_implementation='flash_attention_2'"])

@@ -196,3 +196,17 @@ def test_without_logprobs_the_tokens_are_the_same_and_no_logprobs_are_returned(e
         assert a.completions[0].token_ids == b.completions[0].token_ids
         assert a.completions[0].finish_reason == b.completions[0].finish_reason
         assert b.completions[0].logprobs == [] and len(a.completions[0].logprobs) == len(a.completions[0].token_ids)
+
+
+def test_ignore_eos_runs_every_completion_to_max_tokens(engine, media, monkeypatch):
+    request = requests(media)[3:]
+    (plain,) = engine.generate(request, GREEDY)
+    # Make the first greedy token an end-of-sequence token: the plain run now stops after it.
+    monkeypatch.setattr(engine, "eos_token_ids", engine.eos_token_ids | {plain.completions[0].token_ids[0]})
+    (stopped,) = engine.generate(request, GREEDY)
+    assert stopped.completions[0].finish_reason == "stop" and len(stopped.completions[0].token_ids) == 1
+    (forced,) = engine.generate(request, GREEDY.model_copy(update={"ignore_eos": True}))
+    completion = forced.completions[0]
+    assert completion.finish_reason == "length"
+    assert len(completion.token_ids) == len(completion.logprobs) == GREEDY.max_tokens
+    assert not set(completion.token_ids) & engine.eos_token_ids

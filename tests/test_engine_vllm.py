@@ -226,3 +226,12 @@ def test_under_torchrun_each_rank_engine_gets_the_external_launcher(monkeypatch,
         VLLMEngine(ModelConfig(model_name_or_path=str(tiny_model_dir)), EngineConfig())
     assert seen["model"] == str(tiny_model_dir)
     assert seen.get("distributed_executor_backend") == executor
+
+
+def test_ignore_eos_sampling_params_drop_every_stop():
+    from physreason.engines import vllm_compat
+
+    plain = vllm_compat.sampling_params(GREEDY, 12, [7, 9])
+    assert not plain.ignore_eos and set(plain.stop_token_ids) == {7, 9}
+    forced = vllm_compat.sampling_params(GREEDY.model_copy(update={"ignore_eos": True}), 12, [7, 9])
+    assert forced.ignore_eos and not forced.stop_token_ids

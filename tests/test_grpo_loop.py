@@ -143,3 +143,49 @@ def test_grpo_command_runs_a_recipe_and_writes_checkpoint_and_export(tiny_text, 
     assert "finished 2 steps" in outcome.output
     assert (tmp_path / "checkpoints" / "step_2" / ".metadata").is_file()
     assert (tmp_path / "safetensors" / "step_2" / "config.json").is_file()
+
+
+def test_ignore_eos_fills_every_completion_and_the_prompt_length_is_logged(tiny_text, mcq_file, tmp_path):
+    from physreason.config import DatasetConfig
+    from physreason.data.mcq import load_mcq_prompts
+    from physreason.models import loading
+
+    config = grpo_config(
+        tiny_text, mcq_file, tmp_path, "train.max_steps=1", "train.ckpt.enable_checkpoint=false",
+        "rollout.sampling_config.ignore_eos=true", "grpo.shuffle_options=false",
+    )
+    (metrics,) = run_grpo(config).metrics
+    assert metrics["rollout/response_length_mean"] == 6.0 and metrics["rollout/truncated_frac"] == 1.0
+    tokenizer = loading.load_tokenizer(config.model)
+    texts = [
+        tokenizer.apply_chat_template(p.messages("grpo"), tokenize=False, add_generation_prompt=True)
+        for p in load_mcq_prompts(DatasetConfig(name=str(mcq_file)))
+    ]
+    lengths = {len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids}
+    assert min(lengths) <= metrics["rollout/prompt_length_mean"] <= max(lengths)
+
+
+def test_packed_token_sized_micro_batches_train_like_padded_ones(tiny_text, mcq_file, tmp_path, monkeypatch):
+    import physreason.train.grpo as grpo_module
+
+    shapes = []  # (samples, rows, tokens) of every policy batch
+    build = grpo_module.build_micro_batches
+
+    def recorded(*args, **kwargs):
+        batches = build(*args, **kwargs)
+        shapes.append([(len(b.advantages), b.model_batch.input_ids.shape[0], b.num_tokens) for b in batches])
+        return batches
+
+    monkeypatch.setattr(grpo_module, "build_micro_batches", recorded)
+    runs = []
+    for name, extra in (("padded", ()), ("packed", ("grpo.pack_completions=true", "grpo.mini_batch_tokens=200"))):
+        config = grpo_config(tiny_text, mcq_file, tmp_path / name, "train.max_steps=2",
+                             "train.ckpt.enable_checkpoint=false", *extra)
+        runs.append(run_grpo(config))
+    padded, packed = runs
+    assert shapes[0] == shapes[1] and all(rows == samples == 8 for samples, rows, _ in shapes[0])
+    assert all(rows == 1 and samples == 8 and tokens <= 200 for step in shapes[2:] for samples, rows, tokens in step)
+    assert packed.rewards == padded.rewards  # same rollouts: the first update moved the weights alike
+    for step_padded, step_packed in zip(padded.metrics, packed.metrics, strict=True):
+        for key in ("loss", "policy/grad_norm", "policy/entropy", "rollout/logprob_mismatch"):
+            assert step_packed[key] == pytest.approx(step_padded[key], rel=1e-4, abs=1e-6), key

@@ -13,6 +13,9 @@ What of TRL runs: a real ``trl.GRPOTrainer`` (trl 1.16) is built on the tiny Qwe
   model and scoring with a reward function that returns the rewards we chose, so TRL's group
   mean, ``scale_rewards`` std (its ``nanstd``, Bessel-corrected) and ``+ 1e-4`` run as shipped.
 - ``trl.trainer.utils.selective_log_softmax`` and ``entropy_from_logits`` for token log-probs.
+- end to end on the model: ``_compute_loss`` with TRL's own forward of left-padded prompts and right-padded
+  completions (its fused log-prob head) against physreason's packed policy rows (a prompt once, then its
+  completions) and ``policy_loss``: the loss and the gradient of every parameter.
 
 Mapping of names: TRL ``grpo`` = our ``seq-mean-token-mean``; ``bnpo`` and ``dapo`` (one process)
 = ``token-mean``; ``dr_grpo`` = ``seq-mean-token-sum-norm`` with norm_length = max_completion_length.
@@ -201,3 +204,65 @@ def test_token_logprobs_and_entropy_equal_trl_utils(temperature):
     expected = selective_log_softmax(logits, tokens, temperature=temperature)
     torch.testing.assert_close(token_logprobs(logits, tokens, temperature), expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(entropy_from_logits(logits / temperature), trl_entropy(logits / temperature))
+
+
+def test_packed_policy_loss_and_gradients_equal_trls_own_forward(trainer, monkeypatch):
+    """TRL's _compute_loss with its own padded forward of the model vs physreason's packed rows + policy_loss."""
+    import contextlib
+
+    from physreason.engines import Completion
+    from physreason.train.policy import PolicyScorer, build_completion_batch
+    from physreason.train.rollout import RolloutSample
+
+    # Earlier cases put a stand-in for the log-prob forward on the instance: TRL's own method runs here.
+    monkeypatch.delitem(trainer.__dict__, "_get_per_token_logps_and_entropies", raising=False)
+    # GRPOConfig defaults to bf16, which TRL applies as CPU autocast around its forward: both sides run float32 here.
+    monkeypatch.setattr(trainer.accelerator, "autocast", lambda *args, **kwargs: contextlib.nullcontext())
+    for name, value in (("loss_type", "dapo"), ("beta", 0.0), ("epsilon_low", 0.2), ("epsilon_high", 0.28),
+                        ("importance_sampling_level", "token"), ("temperature", 1.0)):
+        monkeypatch.setattr(trainer, name, value)
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(5, 400, (5,), generator=generator).tolist(),
+               torch.randint(5, 400, (8,), generator=generator).tolist()]
+    lengths = [6, 3, 1, 5, 6, 2, 4, 6]
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.2, 0.9, 0.1])
+    advantages = compute_group_advantages(rewards, GROUP, "grpo", eps=TRL_ADVANTAGE_EPS)  # [B]
+    samples = []
+    for index, length in enumerate(lengths):
+        tokens = torch.randint(5, 400, (length,), generator=generator).tolist()
+        samples.append(RolloutSample(index // GROUP, None, prompts[index // GROUP],
+                                     Completion("-", tokens, [0.0] * length, "length"), {}, None,
+                                     float(advantages[index])))
+    model = trainer.model
+
+    # TRL: left-padded prompts, right-padded completions, as _generate_and_score_completions lays them out.
+    pad = 0
+    width = max(len(p) for p in prompts)
+    prompt_ids = torch.tensor([[pad] * (width - len(s.prompt_ids)) + s.prompt_ids for s in samples])
+    prompt_mask = (torch.arange(width)[None] >= torch.tensor([width - len(s.prompt_ids) for s in samples])[:, None])
+    completion_ids = torch.tensor([s.completion.token_ids + [pad] * (MAX_COMPLETION - n)
+                                   for s, n in zip(samples, lengths, strict=True)])
+    completion_mask = (torch.arange(MAX_COMPLETION)[None] < torch.tensor(lengths)[:, None]).long()
+    inputs = {
+        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask.long(), "completion_ids": completion_ids,
+        "completion_mask": completion_mask, "advantages": advantages, "old_per_token_logps": None,
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    model.zero_grad(set_to_none=True)
+    trl_loss = trainer._compute_loss(model, inputs)
+    trl_loss.backward()
+    trl_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    model.zero_grad(set_to_none=True)
+    batch = build_completion_batch(samples, pad, None, pack=True)
+    assert batch.model_batch.input_ids.shape[0] == 2  # one packed row per prompt
+    logprobs = PolicyScorer(model)(batch, 1.0).logprobs  # [B, T]
+    loss, _ = policy_loss(logprobs, logprobs.detach(), batch.advantages, batch.mask, 0.2, 0.28, None, "token-mean")
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    torch.testing.assert_close(loss.detach(), trl_loss.detach(), rtol=1e-5, atol=1e-7)
+    assert set(grads) == set(trl_grads) and grads
+    for name, trl_grad in trl_grads.items():
+        scale = float(trl_grad.abs().max()) + 1e-12
+        assert float((grads[name] - trl_grad).abs().max()) <= 1e-4 * scale, name

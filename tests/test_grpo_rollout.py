@@ -132,7 +132,7 @@ def test_policy_scores_of_a_video_prompt_equal_the_model_with_its_own_mrope(tiny
         pixels = concat_visuals([s.visuals for s in batch.samples]).model_kwargs()  # every row's own copy
         logits = model(input_ids=ids, attention_mask=inputs.attention_mask, mm_token_type_ids=token_types,
                        **pixels).logits  # [B, L, V]
-    picked = logits.gather(1, completion_batch.positions[..., None].expand(-1, -1, logits.shape[-1]))  # [B, T, V]
+    picked = logits.reshape(-1, logits.shape[-1])[completion_batch.positions]  # [B, T, V]: positions index the rows
     tokens = completion_batch.tokens[..., None]
     mask = completion_batch.mask
     expected_raw = torch.log_softmax(picked, -1).gather(-1, tokens)[..., 0]

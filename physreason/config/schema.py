@@ -58,6 +58,13 @@ class SamplingConfig(TokenSampling):
 
     max_tokens: int = Field(4096, gt=0, description="Most new tokens per completion.")
     n: int = Field(1, ge=1, description="Completions per request.")
+    ignore_eos: bool = Field(
+        False,
+        description=(
+            "Every completion runs to max_tokens (benchmarks): vLLM samples on past end-of-sequence tokens, "
+            "the hf engine never samples them."
+        ),
+    )
 
 
 class RolloutSamplingConfig(TokenSampling):
@@ -259,7 +266,23 @@ class GRPOConfig(Section):
         "token-mean", description="How per-token losses are reduced."
     )
     mu_iterations: int = Field(1, ge=1, description="Optimizer passes over each rollout batch.")
-    mini_batch: int = Field(4, ge=1, description="Samples per forward pass in the policy update.")
+    mini_batch: int = Field(4, ge=1, description="Most completions per forward pass in the policy update.")
+    mini_batch_tokens: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Most tokens per forward pass in the policy update (rows x longest row, padding included); "
+            "0 = no token bound. A row longer than this gets a pass of its own."
+        ),
+    )
+    pack_completions: bool = Field(
+        False,
+        description=(
+            "Policy update: one row per prompt holding the prompt once and then its completions, each "
+            "completion attending to the prompt and itself (same log-probs as one padded row each; needs sdpa "
+            "or eager attention)."
+        ),
+    )
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and draw more prompts.")
     max_dynamic_sampling_rounds: int = Field(
         8, ge=1, description="Most extra prompt draws per step with dynamic sampling."
@@ -359,3 +382,12 @@ class Config(Section):
                 "and the policy divides its logits by this same temperature"
             )
         return rollout
+
+    @model_validator(mode="after")
+    def _packing_needs_a_mask_kernel(self) -> Config:
+        if self.grpo.pack_completions and self.model.attn_implementation.startswith("flash"):
+            raise ValueError(
+                f"grpo.pack_completions needs a 4D attention mask, which model.attn_implementation = "
+                f"'{self.model.attn_implementation}' cannot take: use 'sdpa' or 'eager', or grpo.pack_completions = false"
+            )
+        return self

@@ -31,7 +31,6 @@ from physreason.models import loading
 from physreason.models.family import read_vision_tokens
 from physreason.train.grpo import UpdateSettings, build_policy, update_policy
 from physreason.train.loop import Checkpointer
-from physreason.train.policy import build_completion_batch
 from physreason.train.rollout import RolloutSample
 from physreason.train.runtime import init_runtime, seed_everything
 from physreason.train.weight_sync import full_named_parameters
@@ -134,11 +133,7 @@ class PolicyWorker:
         """One GRPO update over this data-parallel rank's share of the step's groups; returns the step's metrics."""
         started = time.perf_counter()
         lr = self.scheduler.get_last_lr()[0]
-        mini = self.update.mini_batch
-        batches = [
-            build_completion_batch(samples[i : i + mini], self.pad_id, self.vision_tokens).to(self.runtime.device)
-            for i in range(0, len(samples), mini)
-        ]
+        batches = self.update.micro_batches(samples, self.pad_id, self.vision_tokens, self.runtime.device)
         metrics = update_policy(
             self.scorer, batches, self.optimizer, self.scheduler, self.update, self.runtime, self.dp_size,
             self.autocast, self.reference, dp_group=self.dp_group,

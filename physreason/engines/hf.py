@@ -208,6 +208,9 @@ class HFEngine(Engine):
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
         )
+        if sampling.ignore_eos:
+            # transformers has no "sample past EOS": masking EOS until max_new tokens gives the same lengths.
+            common["min_new_tokens"] = max_new
         if self.static_cache:
             recorder = SampledLogprobs() if want_logprobs else None
             processors = LogitsProcessorList([recorder] if recorder else [])
@@ -233,7 +236,7 @@ class HFEngine(Engine):
         grouped: list[list[Completion]] = []
         for row in range(new_tokens.shape[0]):
             tokens = new_tokens[row].tolist()
-            end = next((k + 1 for k, t in enumerate(tokens) if t in self.eos_token_ids), None)
+            end = None if sampling.ignore_eos else next((k + 1 for k, t in enumerate(tokens) if t in self.eos_token_ids), None)
             finish = "stop" if end is not None else "length"
             tokens = tokens[: end if end is not None else len(tokens)]
             completion = Completion(

@@ -68,6 +68,8 @@ def sampling_params(sampling: SamplingConfig, max_tokens: int, stop_token_ids: S
 
     vLLM means "all tokens" by top_k = 0 (0.26+; -1 is still accepted but deprecated); physreason uses -1.
     `flat_logprobs` (0.26+) returns log-probs as flat lists, far fewer Python objects for long rollouts.
+    With `sampling.ignore_eos` no token stops a completion: vLLM's ignore_eos covers the tokenizer's EOS,
+    and the stop ids are dropped.
     """
     from vllm import SamplingParams
 
@@ -80,7 +82,8 @@ def sampling_params(sampling: SamplingConfig, max_tokens: int, stop_token_ids: S
         repetition_penalty=sampling.repetition_penalty,
         max_tokens=max_tokens,
         seed=sampling.seed,
-        stop_token_ids=list(stop_token_ids),
+        stop_token_ids=[] if sampling.ignore_eos else list(stop_token_ids),
+        ignore_eos=sampling.ignore_eos,
         logprobs=0 if logprobs else None,
         skip_special_tokens=True,
     )

@@ -41,8 +41,14 @@ from physreason.models.family import VisionTokens, read_vision_tokens
 from physreason.train.build import TrainingModel, build_training_model
 from physreason.train.grpo_loss import masked_sum, policy_loss
 from physreason.train.loop import Checkpointer, StepLog, checkpoint_due, prepare_output
-from physreason.train.policy import CompletionBatch, PolicyScorer, build_completion_batch, first_vision_token
-from physreason.train.rollout import RolloutBatch, collect_rollouts, rollout_engine_config, rollout_settings
+from physreason.train.policy import CompletionBatch, PolicyScorer, build_micro_batches, first_vision_token
+from physreason.train.rollout import (
+    RolloutBatch,
+    RolloutSample,
+    collect_rollouts,
+    rollout_engine_config,
+    rollout_settings,
+)
 from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
 from physreason.train.weight_sync import push_weights
 
@@ -137,6 +143,8 @@ class UpdateSettings:
     kl_importance_correction: bool
     importance_sampling_level: str
     grad_clip: float
+    mini_batch_tokens: int = 0
+    pack: bool = False
 
     @classmethod
     def from_config(cls, config: Config) -> UpdateSettings:
@@ -154,7 +162,16 @@ class UpdateSettings:
             kl_importance_correction=grpo.kl_importance_correction,
             importance_sampling_level=grpo.importance_sampling_level,
             grad_clip=config.train.optm_grad_norm_clip,
+            mini_batch_tokens=grpo.mini_batch_tokens,
+            pack=grpo.pack_completions,
         )
+
+    def micro_batches(
+        self, samples: list[RolloutSample], pad_token_id: int, vision: VisionTokens | None, device: torch.device
+    ) -> list[CompletionBatch]:
+        """The step's samples as policy batches on `device`, sized by mini_batch and mini_batch_tokens."""
+        batches = build_micro_batches(samples, pad_token_id, vision, self.mini_batch, self.mini_batch_tokens, self.pack)
+        return [batch.to(device) for batch in batches]
 
 
 def update_policy(
@@ -276,6 +293,8 @@ def rollout_metrics(
     out["rollout/format_rate"] = out.get("reward/format_mean", 0.0)
     lengths = [float(len(s.completion.token_ids)) for s in batch.samples]
     out["rollout/response_length_mean"], _ = stats.mean_std(lengths)
+    # Prompt tokens after vision placeholders expand: with the response length, the step's token throughput.
+    out["rollout/prompt_length_mean"], _ = stats.mean_std([float(len(s.prompt_ids)) for s in batch.samples])
     truncated = [float(s.completion.finish_reason == "length") for s in batch.samples]
     out["rollout/truncated_frac"], _ = stats.mean_std(truncated)
     cut = [float(first_vision_token(s.completion.token_ids, vision) is not None) for s in batch.samples]
@@ -390,10 +409,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
             samples = rollouts.samples
             metrics = rollout_metrics(rollouts, stats, reward_names, vision_tokens)
             if all_reduce_sum(float(len(samples)), runtime) > 0:
-                batches = [
-                    build_completion_batch(samples[i : i + update.mini_batch], pad_id, vision_tokens).to(runtime.device)
-                    for i in range(0, len(samples), update.mini_batch)
-                ]
+                batches = update.micro_batches(samples, pad_id, vision_tokens, runtime.device)
                 metrics.update(
                     _rename_diagnostics(
                         update_policy(

@@ -8,6 +8,14 @@ The completions of one prompt share its pixels (one `VisualInputs` object per pr
 `rollout.RolloutSample`), so a batch keeps each distinct prompt visual once (`SharedVisuals`): the
 vision tower runs once per distinct visual, not once per completion, and its features are repeated
 into every row that shows it.
+
+Packed rows (`pack=True`): the completions of one prompt share a single row, the prompt once and then each
+completion, with a [L, L] attention mask under which the prompt attends causally to itself and each
+completion to the whole prompt and causally to itself only. Each completion keeps the positions (mrope
+included) it has in its own padded row, and its first token is predicted by the prompt's last position,
+so its log-probs equal the padded row's while the prompt's tokens run once per row instead of once per
+completion. Log-probs are gathered from the flattened [rows * L] hidden states, so downstream tensors
+stay [samples, T] in both layouts.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from torch import nn
 
 from physreason.data.collate import SFTBatch, collate_padded
 from physreason.data.sft import IGNORE_INDEX, SFTSample
-from physreason.errors import PhysReasonError
+from physreason.errors import ConfigError, PhysReasonError
 from physreason.models.family import VisionTokens
 from physreason.models.inputs import VisualInputs, concat_visuals
 from physreason.models.parallelize import dummy_vision_features
@@ -96,13 +104,14 @@ class CompletionBatch:
     from `visuals`, each distinct visual once. Without it, `model_batch` is everything the model needs.
     """
 
-    model_batch: SFTBatch  # prompt + completion, right-padded [B, L]
-    positions: torch.Tensor  # [B, T] sequence position predicting each completion token (0 on padding)
+    model_batch: SFTBatch  # rows [R, L], right-padded: prompt + completion, or (packed) prompt + its completions
+    positions: torch.Tensor  # [B, T] index into the flattened [R * L] rows predicting each completion token
     tokens: torch.Tensor  # [B, T] completion token ids (0 on padding)
     mask: torch.Tensor  # [B, T] bool, True on completion tokens
     engine_logprobs: torch.Tensor  # [B, T] the engine's raw-model log-probs of the tokens (0 on padding)
     advantages: torch.Tensor  # [B]
     visuals: SharedVisuals | None = None  # the rows' pixels, each distinct prompt visual once
+    attention: torch.Tensor | None = None  # [R, 1, L, L] bool, True where a query may see a key (packed rows only)
 
     def to(self, device: torch.device) -> CompletionBatch:
         """Move every tensor to `device`."""
@@ -114,7 +123,13 @@ class CompletionBatch:
             self.engine_logprobs.to(device),
             self.advantages.to(device),
             self.visuals.to(device) if self.visuals is not None else None,
+            self.attention.to(device) if self.attention is not None else None,
         )
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the model's forward pass, padding included (rows x longest row)."""
+        return self.model_batch.input_ids.numel()
 
 
 def first_vision_token(token_ids: list[int], vision: VisionTokens | None) -> int | None:
@@ -157,32 +172,159 @@ def _sequence(sample: RolloutSample, vision: VisionTokens | None, pad_token_id: 
 
 
 def build_completion_batch(
-    samples: list[RolloutSample], pad_token_id: int, vision: VisionTokens | None
+    samples: list[RolloutSample], pad_token_id: int, vision: VisionTokens | None, pack: bool = False
 ) -> CompletionBatch:
-    """Collate rollout samples into one policy batch (see the module docstring).
+    """Collate rollout samples into one policy batch (see the module docstring): one row each, or packed rows.
 
     A completion that sampled an image/video placeholder token is scored up to that token only.
     Samples holding the same `visuals` object (the completions of one prompt) share its pixels.
+    pack: consecutive samples of the same prompt (same ids, same visuals object) share one row.
     """
     sequences = [_sequence(s, vision, pad_token_id) for s in samples]
+    if pack:
+        return _packed_batch(samples, sequences, pad_token_id, vision)
     model_batch = collate_padded(sequences, pad_token_id, mrope=vision is not None)
     target_mask = model_batch.targets != IGNORE_INDEX  # [B, L]
-    longest = max(1, int(target_mask.sum(dim=1).max()))
+    width = model_batch.targets.shape[1]
+    where = [target_mask[row].nonzero().squeeze(-1) + row * width for row in range(len(samples))]
+    targets = [model_batch.targets[row, w - row * width] for row, w in enumerate(where)]
+    visuals = share_visuals([s.visuals for s in samples]) if vision is not None else None
+    return _completion_batch(model_batch, samples, where, targets, visuals)
+
+
+def _completion_batch(
+    model_batch: SFTBatch,
+    samples: list[RolloutSample],
+    where: list[torch.Tensor],
+    targets: list[torch.Tensor],
+    visuals: SharedVisuals | None,
+    attention: torch.Tensor | None = None,
+) -> CompletionBatch:
+    """Lay out each sample's predicting indexes `where` and target tokens as [B, T] tensors around the rows."""
+    longest = max([1, *(len(w) for w in where)])
     batch = len(samples)
     positions = torch.zeros(batch, longest, dtype=torch.long)  # [B, T]
     tokens = torch.zeros(batch, longest, dtype=torch.long)  # [B, T]
     mask = torch.zeros(batch, longest, dtype=torch.bool)  # [B, T]
     engine_logprobs = torch.zeros(batch, longest, dtype=torch.float32)  # [B, T]
     for row, sample in enumerate(samples):
-        where = target_mask[row].nonzero().squeeze(-1)  # [n]
-        n = len(where)
-        positions[row, :n] = where
-        tokens[row, :n] = model_batch.targets[row, where]
+        n = len(where[row])
+        positions[row, :n] = where[row]
+        tokens[row, :n] = targets[row]
         mask[row, :n] = True
         engine_logprobs[row, :n] = torch.tensor(sample.completion.logprobs[:n], dtype=torch.float32)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # [B]
-    visuals = share_visuals([s.visuals for s in samples]) if vision is not None else None
-    return CompletionBatch(model_batch, positions, tokens, mask, engine_logprobs, advantages, visuals)
+    return CompletionBatch(model_batch, positions, tokens, mask, engine_logprobs, advantages, visuals, attention)
+
+
+def prompt_rows(samples: list[RolloutSample]) -> list[list[int]]:
+    """Indexes of the samples each packed row holds: runs of consecutive samples with the same prompt and visuals."""
+    rows: list[list[int]] = []
+    for index, sample in enumerate(samples):
+        if rows:
+            first = samples[rows[-1][0]]
+            same_ids = first.prompt_ids is sample.prompt_ids or first.prompt_ids == sample.prompt_ids
+            if same_ids and first.visuals is sample.visuals:
+                rows[-1].append(index)
+                continue
+        rows.append([index])
+    return rows
+
+
+def _packed_batch(
+    samples: list[RolloutSample], sequences: list[SFTSample], pad_token_id: int, vision: VisionTokens | None
+) -> CompletionBatch:
+    """One row per prompt: the prompt, then each completion, with the attention mask of the module docstring."""
+    rows = prompt_rows(samples)
+    pieces = []  # per row: (input ids [L], positions [3, L], completion spans)
+    for members in rows:
+        prompt = len(samples[members[0]].prompt_ids)
+        head = sequences[members[0]]
+        ids, places, spans = [head.input_ids[:prompt]], [head.position_ids[:, :prompt]], []
+        start = prompt
+        for index in members:
+            sequence = sequences[index]
+            ids.append(sequence.input_ids[prompt:])
+            places.append(sequence.position_ids[:, prompt:])
+            spans.append((index, start, sequence.labels[prompt:]))
+            start += len(sequence.input_ids) - prompt
+        pieces.append((torch.cat(ids), torch.cat(places, dim=1), prompt, spans))
+    width = max(len(ids) for ids, _, _, _ in pieces)
+    count = len(rows)
+    input_ids = torch.full((count, width), pad_token_id, dtype=torch.long)  # [R, L]
+    position_ids = torch.zeros(3, count, width, dtype=torch.long)  # [3, R, L]
+    # Every query sees at least itself (padding included), so no softmax row is empty.
+    attention = torch.eye(width, dtype=torch.bool).repeat(count, 1, 1, 1)  # [R, 1, L, L]
+    where: list[torch.Tensor] = [torch.zeros(0, dtype=torch.long)] * len(samples)
+    targets: list[torch.Tensor] = [torch.zeros(0, dtype=torch.long)] * len(samples)
+    for row, (ids, places, prompt, spans) in enumerate(pieces):
+        input_ids[row, : len(ids)] = ids
+        position_ids[:, row, : len(ids)] = places
+        attention[row, 0, :prompt, :prompt] = torch.ones(prompt, prompt, dtype=torch.bool).tril()
+        for index, start, labels in spans:
+            end = start + len(labels)
+            attention[row, 0, start:end, :prompt] = True
+            attention[row, 0, start:end, start:end] = torch.ones(len(labels), len(labels), dtype=torch.bool).tril()
+            # Token k of the completion is predicted by the prompt's last position (k = 0) or by token k - 1.
+            predicting = torch.cat([torch.tensor([prompt - 1]), torch.arange(start, end - 1)])  # [n]
+            where[index] = predicting + row * width
+            targets[index] = labels
+    model_batch = SFTBatch(
+        input_ids,
+        torch.full_like(input_ids, IGNORE_INDEX),  # unused: the completion tokens travel in CompletionBatch.tokens
+        position_ids if vision is not None else position_ids[0],
+        None,
+        {},
+        len(samples),
+    )
+    visuals = share_visuals([samples[members[0]].visuals for members in rows]) if vision is not None else None
+    return _completion_batch(model_batch, samples, where, targets, visuals, attention)
+
+
+def build_micro_batches(
+    samples: list[RolloutSample],
+    pad_token_id: int,
+    vision: VisionTokens | None,
+    mini_batch: int,
+    mini_batch_tokens: int = 0,
+    pack: bool = False,
+) -> list[CompletionBatch]:
+    """Split a step's samples, in order, into policy batches of at most `mini_batch` completions each and, when
+    `mini_batch_tokens` > 0, at most that many tokens per forward pass (rows x longest row, padding included).
+
+    A row (one completion, or with `pack` a prompt and as many of its completions as fit) that alone exceeds
+    the token budget gets a batch of its own. Batches are built on the CPU; move them with `.to(device)`.
+    """
+    if mini_batch < 1 or mini_batch_tokens < 0:
+        raise ValueError(f"mini_batch must be >= 1 and mini_batch_tokens >= 0, got {mini_batch}, {mini_batch_tokens}")
+    budget = mini_batch_tokens or None
+
+    def length(indexes: list[int]) -> int:  # tokens of one row holding these samples (one prompt, their completions)
+        return len(samples[indexes[0]].prompt_ids) + sum(len(samples[i].completion.token_ids) for i in indexes)
+
+    rows: list[list[int]] = []
+    groups = prompt_rows(samples) if pack else [[i] for i in range(len(samples))]
+    for members in groups:
+        row: list[int] = []
+        for index in members:
+            if row and (len(row) == mini_batch or (budget and length([*row, index]) > budget)):
+                rows.append(row)
+                row = []
+            row.append(index)
+        rows.append(row)
+    batches: list[list[int]] = []
+    current: list[list[int]] = []
+    for row in rows:
+        widest = max([length(r) for r in current] + [length(row)])
+        too_many = sum(len(r) for r in current) + len(row) > mini_batch
+        too_long = budget is not None and widest * (len(current) + 1) > budget
+        if current and (too_many or too_long):
+            batches.append([i for r in current for i in r])
+            current = []
+        current.append(row)
+    if current:
+        batches.append([i for r in current for i in r])
+    return [build_completion_batch([samples[i] for i in b], pad_token_id, vision, pack) for b in batches]
 
 
 @dataclass
@@ -239,17 +381,20 @@ class PolicyScorer(nn.Module):
         device = batch.tokens.device
         pixels = shared.kwargs if shared is not None else model_batch.visual_kwargs
         dummies = dummy_vision_features(self.model, pixels, device) if self.balance_vision else []
+        attention = model_batch.attention_mask if batch.attention is None else self._packed_mask(batch.attention)
         if shared is None:
-            hidden = self.model.model(**model_batch.model_inputs(), use_cache=False).last_hidden_state  # [B, L, H]
+            inputs = model_batch.model_inputs()
+            if attention is not None:
+                inputs["attention_mask"] = attention
+            hidden = self.model.model(**inputs, use_cache=False).last_hidden_state  # [R, L, H]
         else:
             hidden = self.model.model(
                 inputs_embeds=self._embed_with_shared_visuals(model_batch.input_ids, shared),
                 position_ids=model_batch.position_ids,
-                attention_mask=model_batch.attention_mask,
+                attention_mask=attention,
                 use_cache=False,
-            ).last_hidden_state  # [B, L, H]
-        index = batch.positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [B, T, H]
-        selected = hidden.gather(1, index)  # [B, T, H]
+            ).last_hidden_state  # [R, L, H]
+        selected = hidden.reshape(-1, hidden.shape[-1])[batch.positions]  # [B, T, H]
         weight = self.model.lm_head.weight  # [V, H]
         rows, entropies, raws = [], [], []
         for b in range(selected.shape[0]):
@@ -275,6 +420,23 @@ class PolicyScorer(nn.Module):
             logprobs,
             torch.cat(entropies) if diagnostics else None,
             torch.cat(raws) if diagnostics else None,
+        )
+
+    def _packed_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """The [R, 1, L, L] mask of packed rows in the form the language model's attention takes it.
+
+        transformers passes a 4D mask through unchanged: sdpa reads booleans (True = attend), eager adds it
+        to the scores. Flash-attention kernels take no such mask.
+        """
+        kind = self.model.config.get_text_config()._attn_implementation
+        if kind == "sdpa":
+            return allowed
+        if kind == "eager":
+            blocked = torch.finfo(torch.float32).min
+            return torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, blocked)
+        raise ConfigError(
+            f"[grpo] pack_completions needs sdpa or eager attention, but the model runs {kind!r}: set "
+            "model.attn_implementation = 'sdpa' or grpo.pack_completions = false"
         )
 
     def _embed_with_shared_visuals(self, input_ids: torch.Tensor, shared: SharedVisuals) -> torch.Tensor:

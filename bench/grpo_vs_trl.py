@@ -1,0 +1,794 @@
+"""GRPO end to end, physreason against TRL's GRPOTrainer on the same GPU: samples/s, tokens/s, where each step goes.
+
+Both sides train the same model on the same prompts with the same recipe, one after the other on one GPU, each
+run in its own subprocess (so the GPU memory of one is free before the next starts), interleaved: every round
+runs each workload's TRL and physreason runs back to back, the first side alternating between rounds.
+Sides (--sides):
+  trl                TRL's GRPOTrainer, micro-batches of --mini-batch completions, one padded row each;
+  physreason         physreason's colocated GRPO with packed rows (`[grpo] pack_completions`: a prompt once, then
+                     its completions, each attending to the prompt and itself: the same log-probs) and passes sized
+                     by tokens (`[grpo] mini_batch_tokens` = --mini-batch-tokens, no bound on completions per pass);
+  physreason-padded  physreason as before packing: micro-batches of --mini-batch completions, one padded row each
+                     (the same layout as TRL's; not run unless named).
+
+Model: the Qwen2.5-VL-3B shape with random bf16 weights and the tiny tokenizer and processor of
+physreason.models.tiny (bench/grpo_step.py's `build_model`, written once under --work): the vocabulary, and so the
+lm_head, is the tiny one (about 530 rows, not Qwen's 151,936), on both sides alike.
+
+Workloads (each prompt a multiple-choice question of `physreason data synth --task arrow_of_time` clips, asked
+with physreason's GRPO prompt wording, options in their file order):
+  video  each prompt holds its clip, sampled and resized by physreason.vision under the [vision] defaults
+         (4 fps; a 3 s 256x192 clip becomes 12 frames of 280x392, 840 video tokens);
+  image  each prompt holds one contact-sheet image of its clip: the first frame of every temporal patch (2 frames)
+         tiled in a grid, so the image has exactly as many patches and visual tokens as the clip (840); PNG files;
+  text   the question alone, after --text-words words of scene description.
+TRL 1.16 cannot train Qwen2.5-VL on video, so the video workload runs physreason alone and its TRL column says
+why; the image workload is the comparison at the video workload's visual token count. What in TRL 1.16 stops
+video (trl/trainer/grpo_trainer.py, trl/generation/vllm_generation.py):
+  - `_tokenize_prompts` collects only `{"type": "image"}` message parts, and `_generate_and_score_completions`
+    reads media only from the dataset's "image"/"images" columns;
+  - `VLLMGeneration.generate(prompts, images, ...)` passes `multi_modal_data={"image": ...}` only: no video
+    reaches vLLM;
+  - `_get_per_token_logps_and_entropies` takes `pixel_values`/`image_grid_thw` but has no `pixel_values_videos`/
+    `video_grid_thw` parameter, and the forward kwargs come from `processing_class(images=..., text=...)`: the
+    policy forward never sees video features. A `{"type": "video"}` part would reach the chat template only,
+    leaving video placeholder tokens scored as plain text.
+
+Recipe, the same on both sides: --prompts prompts x --n completions per optimizer step (one generate call, then
+micro-batches of --mini-batch completions with gradient accumulation over the step), exactly --response-len new
+tokens per completion (EOS ignored: physreason `[rollout.sampling_config] ignore_eos`, TRL
+`generation_kwargs={"ignore_eos": True}` for vLLM, `{"min_new_tokens": R}` for transformers generate), temperature
+1, top_p 1, no repetition penalty; the clipped token-level loss with epsilon 0.2 / 0.2, no KL (beta 0), one
+iteration (mu 1), token-mean over the step's completion tokens (physreason `loss_agg_mode = "token-mean"`, TRL
+`loss_type="dapo"`: both divide by the step's token count; tests/test_grpo_math_trl.py checks the two losses and
+gradients are equal on the same tensors), group advantages (r - mean) / (std + eps); rewards: physreason's
+accuracy + format rule rewards on both sides (TRL gets them as its reward function). TRL's vLLM importance-sampling
+correction is off (`vllm_importance_sampling_correction=False`): physreason does not apply one, and with it on TRL
+would run an extra no-grad forward per step. Policy: fp32 master weights, bf16 autocast, fused AdamW (lr 1e-5,
+weight decay 0.01), gradient-norm clip 1.0, activation checkpointing (TRL: `model_init_kwargs={"dtype":
+"float32"}`, `bf16=True`, `optim="adamw_torch_fused"`, `gradient_checkpointing=True`). Engine: vLLM on the same
+GPU, CUDA graphs on, `gpu_memory_utilization` --gpu-memory, context 8192, no sleep mode; TRL's colocate mode
+(`use_vllm=True, vllm_mode="colocate"`; it fixes `max_num_batched_tokens=4096` itself), physreason's VLLMEngine.
+Weights are pushed to the engine once per step on both sides.
+
+What is timed (per optimizer step, after --warmup steps; medians over --steps steps):
+  step      wall time of one optimizer step (physreason `time/step_s`; TRL: between consecutive `on_step_end`);
+  generate  physreason `time/generate_s` (media decode, prompt rendering, vLLM); TRL `_generate` (prompt rendering
+            and image processing, vLLM, decoding), less the weight sync inside it;
+  score     physreason `time/score_s` (rewards, advantages, pixels for the policy); TRL
+            `_generate_and_score_completions` less `_generate` (padding, image processing for the policy forward,
+            rewards, advantages);
+  sync      physreason `time/sync_s`; TRL `VLLMGeneration.sync_weights`;
+  train     the rest of the step (policy forward, backward, optimizer step, data loading, bookkeeping).
+TRL's sections are timed by wrapping those methods (a CUDA synchronize at each edge) and a TrainerCallback.
+samples/s = completions per step / step s; tokens/s counts prompt tokens (visual tokens included) plus
+completion tokens per step; everything is per GPU (one GPU). Peak memory is torch's max_memory_allocated of the
+run's process (vLLM's weights and KV cache included).
+
+Output: a table on stdout; JSON to $OUT/grpo_vs_trl.json when OUT is set (per run: every step's figures, the
+medians, the run's log tail when it failed). Each run's log is under --work/logs.
+
+GPU (one H200: the 3B policy with fp32 AdamW state and a 0.3 vLLM share needs about 90 GB; a few runs per command,
+each command under 10 minutes):
+  export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=/usr/local/cuda VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
+  python3 bench/grpo_vs_trl.py --workloads image                              # TRL vs physreason on images
+  python3 bench/grpo_vs_trl.py --workloads text                               # TRL vs physreason on text
+  python3 bench/grpo_vs_trl.py --workloads video --sides physreason,physreason-padded   # TRL cannot take video
+CPU:  python bench/grpo_vs_trl.py --tiny    (tiny models, hf engine / transformers generate: checks the script)
+
+Packages needed beyond the GPU image (torch 2.11+cu130, torchvision 0.26, transformers 5.17 or the carried 5.24,
+accelerate 1.15, vLLM 0.26 with its set in ../shared/gpu/vllm-gpu-requirements.txt, which holds dill 0.4.1): these
+pins, each checked to exist as a Python 3.12 manylinux / pure wheel with `pip download --no-deps --only-binary=:all:
+--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 ...` (about 105 MiB in all, pyarrow 55
+MiB and av 35 MiB of it), installed with `pip install --no-index --no-deps --target /tmp/site`:
+  trl==1.16.0             GRPOTrainer; its own needs beyond these are in the image (accelerate, jinja2, psutil, ...)
+  datasets==5.2.0         TRL's dataset type
+  pyarrow==26.0.1         datasets
+  pandas==3.1.1           datasets and trl
+  multiprocess==0.70.19   datasets (needs dill, in the vLLM set)
+  xxhash==4.1.0           datasets
+  fsspec==2026.9.0        datasets
+  python-dateutil==4.0.0  pandas
+  tzdata==2026.6          pandas, python-dateutil
+  av==19.0.2              physreason's video decode and `data synth` (PyAV is not in the GPU image)
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+WORKLOADS = ("video", "image", "text")
+SIDES = ("trl", "physreason", "physreason-padded")
+DEFAULT_SIDES = ("trl", "physreason")
+TRL_WORKLOADS = ("image", "text")
+TRL_VIDEO = (
+    "TRL 1.16 cannot train Qwen2.5-VL on video: its prompts carry only image parts, its vLLM generation takes only "
+    "images and its policy forward has no pixel_values_videos/video_grid_thw (see the docstring)"
+)
+PARTS = ("generate", "score", "train", "sync")
+REWARD_WEIGHTS = {"accuracy": 1.0, "format": 1.0}
+SYNTH_TASK = "arrow_of_time"
+SCENE = "the ball rolls down the slope, bounces off the wall and slides along the floor past the red box"
+# Sizes when a flag is not given: (GPU run, --tiny CPU run).
+SIZES = {
+    "prompts": (8, 2),
+    "n": (8, 2),
+    "response_len": (256, 8),
+    "mini_batch": (8, 2),
+    "mini_batch_tokens": (8192, 512),
+    "steps": (3, 1),
+    "warmup": (1, 0),
+    "text_words": (200, 20),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; sizes left out take the GPU defaults, or the small --tiny ones."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: video, image, text")
+    parser.add_argument("--sides", default=",".join(DEFAULT_SIDES), help=f"comma-separated: {', '.join(SIDES)}")
+    parser.add_argument("--prompts", type=int, help="prompts per step [8; tiny 2]")
+    parser.add_argument("--n", type=int, help="completions per prompt (group size) [8; tiny 2]")
+    parser.add_argument("--response-len", type=int, help="new tokens in every completion [256; tiny 8]")
+    parser.add_argument("--mini-batch", type=int, help="completions per forward pass, TRL and padded [8; tiny 2]")
+    parser.add_argument("--mini-batch-tokens", type=int, help="physreason's tokens per forward pass [8192; tiny 512]")
+    parser.add_argument("--steps", type=int, help="timed optimizer steps per run [3; tiny 1]")
+    parser.add_argument("--warmup", type=int, help="untimed first steps per run [1; tiny 0]")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of TRL and physreason runs per workload")
+    parser.add_argument("--text-words", type=int, help="scene words before each text question [200; tiny 20]")
+    parser.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto", help="auto: vLLM when installed")
+    parser.add_argument("--gpu-memory", type=float, default=0.3, help="vLLM gpu_memory_utilization, both sides")
+    parser.add_argument("--run-timeout", type=int, default=900, help="seconds one run may take")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-grpo-bench"), help="models, data, logs")
+    parser.add_argument("--tiny", action="store_true", help="tiny models on CPU, few small steps (checks the script)")
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--workload", choices=WORKLOADS, help=argparse.SUPPRESS)
+    parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name, (gpu, tiny) in SIZES.items():
+        if getattr(args, name) is None:
+            setattr(args, name, tiny if args.tiny else gpu)
+    args.workloads = _choices(parser, "--workloads", args.workloads, WORKLOADS)
+    args.sides = _choices(parser, "--sides", args.sides, SIDES)
+    sizes = (args.prompts, args.mini_batch, args.mini_batch_tokens, args.response_len, args.steps, args.rounds)
+    if min(sizes) < 1 or args.warmup < 0:
+        parser.error(
+            "--prompts, --mini-batch, --mini-batch-tokens, --response-len, --steps and --rounds must be >= 1, "
+            "--warmup >= 0"
+        )
+    if args.n < 2:
+        parser.error("--n must be >= 2: GRPO needs at least two completions per prompt (TRL refuses fewer)")
+    if (args.prompts * args.n) % args.mini_batch:
+        parser.error(f"--mini-batch {args.mini_batch} must divide --prompts x --n = {args.prompts * args.n}")
+    return args
+
+
+def _choices(parser: argparse.ArgumentParser, flag: str, value: str, known: tuple[str, ...]) -> list[str]:
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    unknown = [item for item in items if item not in known]
+    if unknown or not items:
+        parser.error(f"{flag}: {unknown or value!r} not among {', '.join(known)}")
+    return items
+
+
+def vision_settings(tiny: bool):
+    """[vision]: the defaults, or with --tiny a 2 fps, 56x84 budget so the tiny tower's grids stay small."""
+    from physreason.config import VisionConfig
+
+    if not tiny:
+        return VisionConfig()
+    return VisionConfig(fps=2.0, min_frames=2, min_pixels=28 * 28, max_pixels=56 * 84, total_pixels=56 * 84 * 8)
+
+
+def contact_sheet(frames, temporal_patch: int = 2):
+    """[rows*H, cols*W, 3] uint8: the first frame of each temporal patch of [T, H, W, 3] frames, tiled in a grid.
+
+    Qwen2.5-VL merges `temporal_patch` frames into one grid step, so a clip of T frames of H x W has
+    ceil(T / temporal_patch) x (H / 14) x (W / 14) patches; the sheet has ceil(T / temporal_patch) tiles of H x W,
+    hence the same number of patches and of visual tokens. The grid is as square as the tile count allows without
+    blank tiles (which would add tokens).
+    """
+    import numpy as np
+
+    tiles = np.asarray(frames[::temporal_patch])  # [k, H, W, 3]
+    count, height, width = tiles.shape[:3]
+    cols = next(d for d in range(math.ceil(math.sqrt(count)), count + 1) if count % d == 0)
+    rows = count // cols
+    grid = tiles.reshape(rows, cols, height, width, 3).transpose(0, 2, 1, 3, 4)  # [rows, H, cols, W, 3]
+    return np.ascontiguousarray(grid.reshape(rows * height, cols * width, 3))
+
+
+def scene_words(count: int) -> str:
+    """`count` words of scene description (the text workload's prompt length)."""
+    words = SCENE.split()
+    return " ".join(words[i % len(words)] for i in range(count))
+
+
+def prepare_data(work: Path, model: Path, clips: int, text_words: int, tiny: bool, workers: int) -> dict[str, Any]:
+    """Synthetic clips, their contact sheets and one MCQ JSONL per workload under `work`; facts about the prompts."""
+    from PIL import Image
+
+    from physreason.data.synth.generate import generate_task
+    from physreason.models.inputs import load_processor_params
+    from physreason.vision import load_image, load_video
+
+    synth = work / "synth"
+    generate_task(SYNTH_TASK, clips, synth, "train", 0, workers, show_progress=False, option_order="fixed")
+    task_dir = synth / SYNTH_TASK
+    qa = json.loads((task_dir / f"{SYNTH_TASK}_benchmark_qa_pairs.json").read_text())
+    vision = vision_settings(tiny)
+    sheets = work / "sheets"
+    sheets.mkdir(parents=True, exist_ok=True)
+    files = {name: work / f"mcq_{name}.jsonl" for name in WORKLOADS}
+    lines: dict[str, list[str]] = {name: [] for name in WORKLOADS}
+    video_frames = image_size = None
+    for index, record in enumerate(qa):
+        pair = record["qa_pairs"]
+        flat = {
+            "id": f"clip-{index}",
+            "question": pair["question"],
+            "options": pair["index2ans"],
+            "answer": pair["answer"],
+        }
+        clip = task_dir / record["video"]
+        frames = load_video(clip, vision).frames  # [T, H, W, 3] as the engine and the policy get them
+        sheet = sheets / f"{clip.stem}.png"
+        if not sheet.is_file():
+            Image.fromarray(contact_sheet(frames)).save(sheet)
+        video_frames = list(frames.shape[:3])
+        image_size = list(load_image(sheet, vision).shape[:2])  # after physreason's image resizing (a no-op here)
+        lines["video"].append(json.dumps({**flat, "video": str(clip.relative_to(work))}))
+        lines["image"].append(json.dumps({**flat, "image": str(sheet.relative_to(work))}))
+        text = f"{scene_words(text_words)}. {pair['question']}" if text_words else pair["question"]
+        lines["text"].append(json.dumps({**flat, "question": text}))
+    for name, path in files.items():
+        path.write_text("\n".join(lines[name]) + "\n")
+    params = load_processor_params(str(model))
+    patch, merge = params.patch_size, params.merge_size
+    frames_t, height, width = video_frames
+    video_tokens = math.ceil(frames_t / params.temporal_patch_size) * (height // patch) * (width // patch) // merge**2
+    image_tokens = (image_size[0] // patch) * (image_size[1] // patch) // merge**2
+    return {
+        "files": {name: str(path) for name, path in files.items()},
+        "clips": len(qa),
+        "video_frames_thw": video_frames,
+        "video_tokens": video_tokens,
+        "image_hw": image_size,
+        "image_tokens": image_tokens,
+        "vision": vision.model_dump(),
+    }
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages the two sides run on (absent ones are named so)."""
+    from importlib import metadata
+
+    out = {}
+    for name in ("torch", "transformers", "vllm", "trl", "accelerate", "datasets"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    try:
+        out["physreason_commit"] = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        out["physreason_commit"] = "unknown"
+    return out
+
+
+def _cuda_sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _peak_gib() -> float | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# physreason run (child process)
+
+
+def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed: bool = True):
+    """The bench's GRPO recipe as a physreason Config (see the module docstring); packed: the `physreason` side."""
+    from physreason.config import load_config
+
+    bf16 = spec["bf16"]
+    dtype = "bfloat16" if bf16 else "float32"
+    completions = spec["prompts"] * spec["n"]
+    overrides = [
+        f"model.model_name_or_path='{spec['model']}'",
+        f"model.dtype='{dtype}'",
+        "model.model_max_length=8192",
+        f"engine.backend='{spec['engine']}'",
+        f"engine.gpu_memory_utilization={spec['gpu_memory']}",
+        f"engine.batch_size={completions}",
+        f"data.dataset.name='{spec['data']['files'][workload]}'",
+        f"train.output_dir='{output}'",
+        f"train.max_steps={spec['warmup'] + spec['steps']}",
+        f"train.train_batch_per_replica={completions}",
+        f"train.param_dtype='{dtype}'",
+        f"train.gradient_checkpointing={'true' if bf16 else 'false'}",
+        "train.optm_lr=1e-5",
+        "train.optm_weight_decay=0.01",
+        "train.optm_grad_norm_clip=1.0",
+        "train.ckpt.enable_checkpoint=false",
+        f"rollout.n_generation={spec['n']}",
+        f"rollout.batch_size={spec['prompts']}",
+        f"rollout.max_response_length={spec['response_len']}",
+        "rollout.sampling_config.temperature=1.0",
+        "rollout.sampling_config.top_p=1.0",
+        "rollout.sampling_config.repetition_penalty=1.0",
+        "rollout.sampling_config.ignore_eos=true",
+        f"grpo.mini_batch={completions if packed else spec['mini_batch']}",
+        f"grpo.mini_batch_tokens={spec['mini_batch_tokens'] if packed else 0}",
+        f"grpo.pack_completions={'true' if packed else 'false'}",
+        "grpo.loss_agg_mode='token-mean'",
+        "grpo.epsilon_low=0.2",
+        "grpo.epsilon_high=0.2",
+        "grpo.kl_beta=0.0",
+        "grpo.mu_iterations=1",
+        "grpo.shuffle_options=false",
+        f"grpo.reward_function={{accuracy = {REWARD_WEIGHTS['accuracy']}, format = {REWARD_WEIGHTS['format']}}}",
+        "logging.logger=['jsonl']",
+    ]
+    overrides += [f"vision.{key}={json.dumps(value)}" for key, value in spec["data"]["vision"].items()]
+    return load_config(None, overrides)
+
+
+def run_physreason(spec: dict[str, Any], workload: str, packed: bool = True) -> dict[str, Any]:
+    """One physreason GRPO run of the workload (packed rows, or padded ones); per-step figures from its metrics."""
+    from physreason.train.grpo import run_grpo
+
+    started = time.perf_counter()
+    output = Path(spec["work"]) / "runs" / f"physreason-{'packed' if packed else 'padded'}-{workload}-{time.time_ns()}"
+    config = physreason_config(spec, workload, output, packed)
+    result = run_grpo(config)
+    steps = []
+    for metrics in result.metrics:
+        samples = round(metrics["perf/samples_per_s"] * metrics["time/step_s"])
+        parts = {part: metrics[f"time/{part}_s"] for part in ("generate", "score", "sync")}
+        steps.append(
+            {
+                "step_s": metrics["time/step_s"],
+                **{f"{part}_s": value for part, value in parts.items()},
+                "train_s": metrics["time/step_s"] - sum(parts.values()),
+                "own_train_s": metrics["time/train_s"],
+                "samples": samples,
+                "prompt_tokens": metrics["rollout/prompt_length_mean"] * samples,
+                "completion_tokens": metrics["rollout/response_length_mean"] * samples,
+            }
+        )
+    total = time.perf_counter() - started
+    return {"steps": steps, "run_s": total, "setup_s": total - sum(s["step_s"] for s in steps), "peak_gib": _peak_gib()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# TRL run (child process)
+
+
+class Sections:
+    """Exclusive wall time per named section: a wrapped call's time, less that of wrapped calls inside it."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+        self._inner: list[float] = []
+
+    def wrap(self, owner: Any, method: str, section: str, after: Callable[[Any], None] | None = None) -> None:
+        """Replace owner.method by a timed call that adds to `section`; `after(result)` sees each result."""
+        original = getattr(owner, method)
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            _cuda_sync()
+            start = time.perf_counter()
+            self._inner.append(0.0)
+            try:
+                result = original(*args, **kwargs)
+                _cuda_sync()
+            finally:
+                elapsed = time.perf_counter() - start
+                inner = self._inner.pop()
+                self.totals[section] += elapsed - inner
+                if self._inner:
+                    self._inner[-1] += elapsed
+            if after is not None:
+                after(result)
+            return result
+
+        setattr(owner, method, timed)
+
+
+def mcq_total_reward(completions: list, answer: list[str], options: list[str], **_: Any) -> list[float]:
+    """physreason's accuracy + format rewards of each completion (the total run_grpo trains on), for TRL."""
+    from physreason.rewards import compute_rewards
+
+    totals = []
+    for completion, letter, options_json in zip(completions, answer, options, strict=True):
+        text = completion[-1]["content"] if isinstance(completion, list) else completion
+        rewards = compute_rewards(text, REWARD_WEIGHTS, answer=letter, options=json.loads(options_json))
+        totals.append(rewards["total"])
+    return totals
+
+
+def trl_dataset(spec: dict[str, Any], workload: str):
+    """The workload's prompts as a TRL conversational dataset: the same messages physreason renders, images apart."""
+    from datasets import Dataset
+    from PIL import Image
+
+    from physreason.config import DatasetConfig
+    from physreason.data.mcq import load_mcq_prompts
+
+    rows: dict[str, list] = defaultdict(list)
+    for prompt in load_mcq_prompts(DatasetConfig(name=spec["data"]["files"][workload])):
+        system, user = prompt.messages("grpo")
+        # String contents: TRL's prepare_multimodal_messages puts one image part before the text of the first user
+        # message, the layout physreason's messages have.
+        text = "".join(part["text"] for part in user["content"] if part["type"] == "text")
+        rows["prompt"].append([system, {"role": "user", "content": text}])
+        rows["answer"].append(prompt.answer)
+        rows["options"].append(json.dumps(prompt.options))
+        if prompt.images:
+            rows["image"].append(Image.open(prompt.images[0]).convert("RGB"))
+    return Dataset.from_dict(dict(rows))
+
+
+def trl_processor(model: str):
+    """None (TRL loads the model's processor) when torchvision is installed; else the processor without its video half.
+
+    transformers builds Qwen2.5-VL's video processor only with torchvision (absent on CPU machines here); TRL never
+    calls it, so on CPU the processor is built from the image processor and tokenizer alone.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return None
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen2_5_VLProcessor
+
+    class ImageOnlyProcessor(Qwen2_5_VLProcessor):
+        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+            if argument_name != "video_processor":
+                return super().check_argument_for_proper_class(argument_name, argument)
+            return None
+
+    return ImageOnlyProcessor(
+        image_processor=AutoImageProcessor.from_pretrained(model),
+        tokenizer=AutoTokenizer.from_pretrained(model),
+        video_processor=None,
+        chat_template=Path(model, "chat_template.jinja").read_text(),
+    )
+
+
+def trl_config(spec: dict[str, Any], output: Path):
+    """The bench's GRPO recipe as a TRL GRPOConfig (see the module docstring)."""
+    from trl import GRPOConfig
+
+    vllm = spec["engine"] == "vllm"
+    completions = spec["prompts"] * spec["n"]
+    return GRPOConfig(
+        output_dir=str(output),
+        max_steps=spec["warmup"] + spec["steps"],
+        per_device_train_batch_size=spec["mini_batch"],
+        gradient_accumulation_steps=completions // spec["mini_batch"],
+        num_generations=spec["n"],
+        max_completion_length=spec["response_len"],
+        temperature=1.0,
+        top_p=1.0,
+        repetition_penalty=1.0,
+        generation_kwargs={"ignore_eos": True} if vllm else {"min_new_tokens": spec["response_len"]},
+        loss_type="dapo",
+        epsilon=0.2,
+        epsilon_high=0.2,
+        beta=0.0,
+        num_iterations=1,
+        scale_rewards="group",
+        mask_truncated_completions=False,
+        learning_rate=1e-5,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        optim="adamw_torch_fused" if spec["bf16"] else "adamw_torch",
+        model_init_kwargs={"dtype": "float32"},
+        bf16=spec["bf16"],
+        use_cpu=not spec["bf16"],
+        gradient_checkpointing=spec["bf16"],
+        use_vllm=vllm,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=spec["gpu_memory"],
+        vllm_max_model_length=8192,
+        vllm_enable_sleep_mode=False,
+        vllm_importance_sampling_correction=False,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=42,
+        dataloader_num_workers=0,
+    )
+
+
+def run_trl(spec: dict[str, Any], workload: str) -> dict[str, Any]:
+    """One TRL GRPOTrainer run of the workload, its sections timed (see the module docstring)."""
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    started = time.perf_counter()
+    sections = Sections()
+    counts: list[dict[str, float]] = []
+    steps: list[dict[str, Any]] = []
+
+    def count_tokens(batch: dict[str, Any]) -> None:
+        counts.append(
+            {
+                "samples": int(batch["completion_ids"].shape[0]),
+                "prompt_tokens": float(batch["prompt_mask"].sum()),
+                "completion_tokens": float(batch["completion_mask"].sum()),
+            }
+        )
+
+    class StepClock(TrainerCallback):
+        """Per optimizer step: wall time and the sections' time since the previous step ended."""
+
+        def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
+            _cuda_sync()
+            self.last = time.perf_counter()
+            self.seen = dict(sections.totals)
+
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            _cuda_sync()
+            now = time.perf_counter()
+            parts = {p: sections.totals.get(p, 0.0) - self.seen.get(p, 0.0) for p in ("generate", "score", "sync")}
+            produced = {k: sum(c[k] for c in counts) for k in ("samples", "prompt_tokens", "completion_tokens")}
+            counts.clear()
+            step_s = now - self.last
+            steps.append(
+                {
+                    "step_s": step_s,
+                    **{f"{part}_s": value for part, value in parts.items()},
+                    "train_s": step_s - sum(parts.values()),
+                    **produced,
+                }
+            )
+            self.last, self.seen = now, dict(sections.totals)
+
+    output = Path(spec["work"]) / "runs" / f"trl-{workload}-{time.time_ns()}"
+    trainer = GRPOTrainer(
+        model=spec["model"],
+        reward_funcs=mcq_total_reward,
+        args=trl_config(spec, output),
+        train_dataset=trl_dataset(spec, workload),
+        processing_class=trl_processor(spec["model"]),
+        callbacks=[StepClock()],
+    )
+    sections.wrap(trainer, "_generate_and_score_completions", "score", after=count_tokens)
+    sections.wrap(trainer, "_generate", "generate")
+    if getattr(trainer, "vllm_generation", None) is not None:
+        sections.wrap(trainer.vllm_generation, "sync_weights", "sync")
+    trainer.train()
+    total = time.perf_counter() - started
+    return {"steps": steps, "run_s": total, "setup_s": total - sum(s["step_s"] for s in steps), "peak_gib": _peak_gib()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# parent: data, runs, summary
+
+
+def summarise(steps: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """Medians over the timed steps: step seconds, samples/s, tokens/s and each part's share of the step."""
+    timed = steps[warmup:]
+    if not timed:
+        raise ValueError(f"no timed step: the run made {len(steps)} steps with {warmup} warm-up")
+    step_s = statistics.median(s["step_s"] for s in timed)
+    samples = statistics.median(s["samples"] for s in timed)
+    prompt_tokens = statistics.median(s["prompt_tokens"] for s in timed)
+    completion_tokens = statistics.median(s["completion_tokens"] for s in timed)
+    parts = {part: statistics.median(s[f"{part}_s"] for s in timed) for part in PARTS}
+    return {
+        "step_s": step_s,
+        "samples_per_step": samples,
+        "samples_per_s": samples / step_s,
+        "tokens_per_s": (prompt_tokens + completion_tokens) / step_s,
+        "completion_tokens_per_s": completion_tokens / step_s,
+        "prompt_tokens_per_sample": prompt_tokens / max(samples, 1),
+        "completion_tokens_per_sample": completion_tokens / max(samples, 1),
+        **{f"{part}_s": value for part, value in parts.items()},
+        **{f"{part}_share": value / step_s for part, value in parts.items()},
+    }
+
+
+def run_child(side: str, workload: str, spec_path: Path, work: Path, timeout: int) -> dict[str, Any]:
+    """Run one side on one workload in a fresh process; its result, or why it failed with its log's tail."""
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%H%M%S")
+    log_path, result_path = logs / f"{side}-{workload}-{stamp}.log", logs / f"{side}-{workload}-{stamp}.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--workload", workload]
+    command += ["--spec", str(spec_path), "--result", str(result_path)]
+    print(f"run: {side} on {workload} ...", flush=True)
+    started = time.perf_counter()
+    with log_path.open("w") as log:
+        try:
+            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    wall = time.perf_counter() - started
+    if code == 0 and result_path.is_file():
+        result = json.loads(result_path.read_text())
+        print(f"run: {side} on {workload} done in {wall:.0f} s", flush=True)
+        return {"ok": True, "log": str(log_path), **result}
+    tail = log_path.read_text(errors="replace")[-4000:]
+    reason = f"timed out after {timeout} s" if code is None else f"exit code {code}"
+    print(f"run: {side} on {workload} FAILED ({reason}); log {log_path}\n{tail[-1500:]}", flush=True)
+    return {"ok": False, "error": reason, "log": str(log_path), "log_tail": tail}
+
+
+def child_main(args: argparse.Namespace) -> None:
+    """Entry point of a run's process: run one side on one workload, write its result, exit at once."""
+    spec = json.loads(args.spec.read_text())
+    if args.child == "trl":
+        result = run_trl(spec, args.workload)
+    else:
+        result = run_physreason(spec, args.workload, packed=args.child == "physreason")
+    args.result.write_text(json.dumps(result))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # vLLM's engine threads can hold a finished process open; the result is written.
+    os._exit(0)
+
+
+def samples_per_s_ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """samples/s of each physreason side over TRL's on the same workload (physreason's video over TRL's image, the
+    workload with as many visual tokens that TRL can take), and packed over padded physreason."""
+    table = {(r["workload"], r["side"]): r["summary"] for r in rows if r.get("summary")}
+    ratios = {}
+    pairs = [(w, side, w, "trl") for w in WORKLOADS for side in SIDES[1:]]
+    pairs += [("video", side, "image", "trl") for side in SIDES[1:]]
+    pairs += [(w, "physreason", w, "physreason-padded") for w in WORKLOADS]
+    for workload, side, base_workload, base_side in pairs:
+        if (workload, side) in table and (base_workload, base_side) in table:
+            name = f"{side} {workload} / {base_side} {base_workload}"
+            ratios[name] = table[workload, side]["samples_per_s"] / table[base_workload, base_side]["samples_per_s"]
+    return ratios
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A markdown table of the summaries, one row per (workload, side)."""
+    head = "| workload | side | step s | samples/s | tokens/s | completion tok/s | generate | score | train | sync | peak GiB |"
+    lines = [head, "|" + "---|" * 11]
+    for row in rows:
+        if not row.get("summary"):
+            lines.append(f"| {row['workload']} | {row['side']} | {row.get('error', 'n/a')} |" + " |" * 8)
+            continue
+        s = row["summary"]
+        peak = f"{row['peak_gib']:.1f}" if row.get("peak_gib") is not None else "n/a"
+        shares = " | ".join(f"{s[f'{part}_share']:.0%}" for part in PARTS)
+        lines.append(
+            f"| {row['workload']} | {row['side']} | {s['step_s']:.2f} | {s['samples_per_s']:.2f} | "
+            f"{s['tokens_per_s']:.0f} | {s['completion_tokens_per_s']:.0f} | {shares} | {peak} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    """Prepare the model and data, run the sides interleaved, print the table and write the JSON."""
+    args = parse_args(argv)
+    if args.child:
+        child_main(args)
+        return None
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(BENCH))
+    sys.path.insert(0, str(REPO))
+    import importlib.util
+
+    import torch
+    from grpo_step import build_model
+
+    engine = args.engine
+    if engine == "auto":
+        engine = "vllm" if importlib.util.find_spec("vllm") is not None and not args.tiny else "hf"
+    work = args.work / ("tiny" if args.tiny else "3b")
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    model = build_model(work / ("model-tiny" if args.tiny else "model-3b"), args.tiny)
+    clips = min(64, args.prompts * (args.warmup + args.steps))
+    data = prepare_data(work, model, clips, args.text_words, args.tiny, workers=min(4, os.cpu_count() or 1))
+    spec = {
+        "model": str(model),
+        "work": str(work),
+        "engine": engine,
+        "bf16": not args.tiny and torch.cuda.is_available(),
+        "gpu_memory": args.gpu_memory,
+        "data": data,
+        **{
+            name: getattr(args, name)
+            for name in ("prompts", "n", "response_len", "mini_batch", "mini_batch_tokens", "steps", "warmup")
+        },
+    }
+    spec_path = work / "spec.json"
+    spec_path.write_text(json.dumps(spec, indent=2))
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print(
+        f"{device}, engine {engine}: {args.prompts} prompts x {args.n} completions of {args.response_len} tokens per "
+        f"step, micro-batch {args.mini_batch}; clip {data['video_frames_thw']} frames -> {data['video_tokens']} video "
+        f"tokens, contact sheet {data['image_hw']} -> {data['image_tokens']} image tokens; setup "
+        f"{time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
+    have_trl = importlib.util.find_spec("trl") is not None
+    runs: list[dict[str, Any]] = []
+    for round_index in range(args.rounds):
+        order = list(args.sides) if round_index % 2 == 0 else list(reversed(args.sides))
+        for workload in args.workloads:
+            for side in order:
+                record: dict[str, Any] = {"workload": workload, "side": side, "round": round_index}
+                if side == "trl" and workload not in TRL_WORKLOADS:
+                    record.update(ok=False, error="TRL cannot take video", reason=TRL_VIDEO)
+                elif side == "trl" and not have_trl:
+                    record.update(ok=False, error="trl is not installed")
+                else:
+                    record.update(run_child(side, workload, spec_path, work, args.run_timeout))
+                runs.append(record)
+
+    rows = []
+    for workload in args.workloads:
+        for side in args.sides:
+            mine = [r for r in runs if r["workload"] == workload and r["side"] == side]
+            done = [r for r in mine if r.get("ok")]
+            row: dict[str, Any] = {"workload": workload, "side": side}
+            if done:
+                steps = [s for r in done for s in r["steps"][args.warmup :]]
+                row["summary"] = summarise(steps, 0)
+                row["peak_gib"] = max((r["peak_gib"] for r in done if r["peak_gib"] is not None), default=None)
+                row["setup_s"] = statistics.median(r["setup_s"] for r in done)
+            else:
+                row["error"] = mine[0].get("error", "not run") if mine else "not run"
+            rows.append(row)
+    ratios = samples_per_s_ratios(rows)
+
+    print(f"\nGRPO step, physreason vs TRL on {device} (medians of {args.steps} steps x {args.rounds} rounds)\n")
+    print(format_table(rows))
+    for name, value in ratios.items():
+        print(f"samples/s ratio, {name}: {value:.2f}x")
+    if "video" in args.workloads and "trl" in args.sides:
+        print(f"TRL on video: {TRL_VIDEO}")
+    payload = {
+        "device": device,
+        "engine": engine,
+        "versions": versions(),
+        "args": {k: str(v) for k, v in vars(args).items() if k not in ("child", "workload", "spec", "result")},
+        "data": data,
+        "rows": rows,
+        "ratios_samples_per_s": ratios,
+        "runs": runs,
+        "trl_video": TRL_VIDEO,
+    }
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        Path(os.environ["OUT"], "grpo_vs_trl.json").write_text(json.dumps(payload, indent=2))
+    return payload
+
+
+if __name__ == "__main__":
+    main()

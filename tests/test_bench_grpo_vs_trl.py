@@ -1,0 +1,200 @@
+"""bench/grpo_vs_trl.py on CPU: its arguments, the prompts both sides get, its timers and summary.
+
+The script's own `--tiny` dry run (five runs in fresh processes, TRL among them) takes one to two minutes on two
+cores, too long for a unit test; these tests cover what it computes before and after the runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from physreason.config import DatasetConfig, ModelConfig
+from physreason.data.mcq import load_mcq_prompts
+
+BENCH_FILE = Path(__file__).resolve().parents[1] / "bench" / "grpo_vs_trl.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("grpo_vs_trl", BENCH_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def prepared(bench, tiny_model_dir, tmp_path_factory):
+    work = tmp_path_factory.mktemp("grpo-vs-trl")
+    return work, bench.prepare_data(work, tiny_model_dir, clips=2, text_words=12, tiny=True, workers=1)
+
+
+def test_sizes_default_to_the_gpu_or_tiny_run_and_flags_win(bench):
+    gpu = bench.parse_args([])
+    assert (gpu.prompts, gpu.n, gpu.response_len, gpu.mini_batch, gpu.steps) == (8, 8, 256, 8, 3)
+    assert gpu.workloads == ["video", "image", "text"] and gpu.sides == ["trl", "physreason"]
+    tiny = bench.parse_args(["--tiny", "--response-len", "5", "--workloads", "text"])
+    assert (tiny.prompts, tiny.n, tiny.response_len, tiny.warmup) == (2, 2, 5, 0)
+    assert tiny.workloads == ["text"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--workloads", "audio"], ["--sides", "verl"], ["--n", "1"], ["--prompts", "3", "--mini-batch", "5"]],
+)
+def test_bad_arguments_are_usage_errors(bench, argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("frames", [12, 7])
+def test_contact_sheet_has_one_tile_per_temporal_patch(bench, frames):
+    clip = np.arange(frames, dtype=np.uint8)[:, None, None, None] * np.ones((1, 56, 84, 3), dtype=np.uint8)
+    sheet = bench.contact_sheet(clip)  # [rows*56, cols*84, 3]
+    tiles = -(-frames // 2)
+    rows, cols = sheet.shape[0] // 56, sheet.shape[1] // 84
+    assert rows * cols == tiles and sheet.shape[0] % 56 == 0 and sheet.shape[1] % 84 == 0
+    firsts = sorted(int(sheet[r * 56, c * 84, 0]) for r in range(rows) for c in range(cols))
+    assert firsts == list(range(0, frames, 2))  # each temporal patch's first frame, once
+
+
+def test_workloads_ask_the_same_questions_and_the_sheet_matches_the_clip_tokens(prepared):
+    work, data = prepared
+    assert data["clips"] == 2
+    assert data["image_tokens"] == data["video_tokens"] > 0
+    by_workload = {name: load_mcq_prompts(DatasetConfig(name=path)) for name, path in data["files"].items()}
+    video, image, text = by_workload["video"], by_workload["image"], by_workload["text"]
+    assert [len(p.videos) for p in video] == [1, 1] and [len(p.images) for p in image] == [1, 1]
+    assert not any(p.videos or p.images for p in text)
+    for v, i, t in zip(video, image, text, strict=True):
+        assert v.question == i.question and t.question.endswith(". " + v.question)
+        assert v.options == i.options == t.options and v.answer == i.answer == t.answer
+        assert v.videos[0].is_relative_to(work) and i.images[0].is_relative_to(work)
+
+
+def test_summary_takes_medians_after_warmup_and_shares_of_the_step(bench):
+    def step(seconds, generate):
+        return {
+            "step_s": seconds,
+            "generate_s": generate,
+            "score_s": 0.0,
+            "train_s": seconds - generate - 0.5,
+            "sync_s": 0.5,
+            "samples": 8,
+            "prompt_tokens": 800.0,
+            "completion_tokens": 160.0,
+        }
+
+    summary = bench.summarise([step(100.0, 90.0), step(4.0, 1.0), step(2.0, 1.0), step(3.0, 1.0)], warmup=1)
+    assert summary["step_s"] == 3.0 and summary["samples_per_s"] == pytest.approx(8 / 3)
+    assert summary["tokens_per_s"] == pytest.approx(960 / 3)
+    assert summary["completion_tokens_per_sample"] == 20.0
+    assert summary["generate_share"] == pytest.approx(1 / 3) and summary["sync_share"] == pytest.approx(0.5 / 3)
+    with pytest.raises(ValueError, match="no timed step"):
+        bench.summarise([step(1.0, 0.5)], warmup=1)
+
+
+def test_sections_count_each_wrapped_call_without_its_wrapped_callees(bench, monkeypatch):
+    clock = iter(float(t) for t in range(100))
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+
+    class Trainer:
+        def outer(self):
+            return self.inner() + 1
+
+        def inner(self):
+            return 1
+
+    trainer, sections, seen = Trainer(), bench.Sections(), []
+    sections.wrap(trainer, "outer", "score", after=seen.append)
+    sections.wrap(trainer, "inner", "generate")
+    assert trainer.outer() == 2 and seen == [2]
+    # outer runs from t=0 to t=3, inner from t=1 to t=2: score gets 3 - 1, generate 1.
+    assert dict(sections.totals) == {"generate": 1.0, "score": 2.0}
+
+
+def test_trl_reward_is_physreasons_accuracy_plus_format(bench):
+    good = "<think>\nit rolls back\n</think>\n\n<answer>\nA\n</answer>"
+    rewards = bench.mcq_total_reward(
+        [[{"role": "assistant", "content": good}], [{"role": "assistant", "content": "B"}]],
+        answer=["A", "A"],
+        options=[json.dumps({"A": "forwards", "B": "backwards"})] * 2,
+    )
+    assert rewards == [2.0, 0.0]
+
+
+def test_physreason_config_sets_the_shared_recipe(bench, prepared, tmp_path):
+    _, data = prepared
+    spec = {
+        "model": "m",
+        "engine": "hf",
+        "bf16": False,
+        "gpu_memory": 0.3,
+        "data": data,
+        "prompts": 2,
+        "n": 4,
+        "response_len": 16,
+        "mini_batch": 4,
+        "mini_batch_tokens": 300,
+        "steps": 2,
+        "warmup": 1,
+    }
+    config = bench.physreason_config(spec, "video", tmp_path)
+    assert config.rollout.sampling_config.ignore_eos and config.rollout.max_response_length == 16
+    assert config.train.train_batch_per_replica == 8 and config.train.max_steps == 3
+    assert (config.grpo.loss_agg_mode, config.grpo.kl_beta, config.grpo.mu_iterations) == ("token-mean", 0.0, 1)
+    assert config.vision.fps == data["vision"]["fps"] and config.data.dataset.name == data["files"]["video"]
+    assert (config.grpo.pack_completions, config.grpo.mini_batch, config.grpo.mini_batch_tokens) == (True, 8, 300)
+    padded = bench.physreason_config(spec, "video", tmp_path, packed=False)
+    assert (padded.grpo.pack_completions, padded.grpo.mini_batch, padded.grpo.mini_batch_tokens) == (False, 4, 0)
+
+
+def test_ratios_compare_each_physreason_side_with_trl_and_video_with_trl_images(bench):
+    def row(workload, side, samples_per_s):
+        return {"workload": workload, "side": side, "summary": {"samples_per_s": samples_per_s}}
+
+    rows = [row("video", "physreason", 6.0), row("video", "physreason-padded", 3.0), row("image", "trl", 2.0)]
+    rows += [row("image", "physreason", 8.0), {"workload": "text", "side": "trl", "error": "exit code 1"}]
+    assert bench.samples_per_s_ratios(rows) == {
+        "physreason image / trl image": 4.0,
+        "physreason video / trl image": 3.0,
+        "physreason-padded video / trl image": 1.5,
+        "physreason video / physreason-padded video": 2.0,
+    }
+
+
+@pytest.mark.slow
+def test_trl_gets_the_prompt_tokens_physreason_renders(bench, prepared, tiny_model_dir):
+    pytest.importorskip("trl")
+    from trl.data_utils import prepare_multimodal_messages
+
+    from physreason.models import loading
+    from physreason.models.inputs import encode_visuals, expand_vision_placeholders, load_processor_params
+    from physreason.train.rollout import build_request
+
+    _, data = prepared
+    spec = {"data": data}
+    processor = bench.trl_processor(str(tiny_model_dir))
+    tokenizer = loading.load_tokenizer(ModelConfig(model_name_or_path=str(tiny_model_dir)))
+    params = load_processor_params(str(tiny_model_dir))
+    vision = bench.vision_settings(tiny=True)
+    for workload in ("image", "text"):
+        rows = bench.trl_dataset(spec, workload)
+        prompts = load_mcq_prompts(DatasetConfig(name=data["files"][workload]))
+        for row, prompt in zip(rows, prompts, strict=True):
+            images = [row["image"]] if "image" in row else []
+            messages = prepare_multimodal_messages(row["prompt"], images=images)
+            theirs = processor.apply_chat_template(
+                [messages], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"][0]
+            request = build_request(prompt, vision)
+            visuals = encode_visuals(request.images, request.videos, params)
+            text = tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
+            text = expand_vision_placeholders(text, visuals.image_token_counts, visuals.video_token_counts)
+            assert list(theirs) == tokenizer(text, add_special_tokens=False).input_ids
