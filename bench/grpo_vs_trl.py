@@ -353,7 +353,7 @@ def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed:
         f"grpo.reward_function={{accuracy = {REWARD_WEIGHTS['accuracy']}, format = {REWARD_WEIGHTS['format']}}}",
         "logging.logger=['jsonl']",
     ]
-    overrides += [f"vision.{key}={json.dumps(value)}" for key, value in spec["data"]["vision"].items()]
+    overrides += [f"vision.{key}={json.dumps(value)}" for key, value in spec["data"]["vision"].items() if value is not None]
     return load_config(None, overrides)
 
 
@@ -432,9 +432,33 @@ def mcq_total_reward(completions: list, answer: list[str], options: list[str], *
     return totals
 
 
+def _dataset_from_dict(rows: dict[str, list]):
+    """`datasets.Dataset.from_dict`, with a random fingerprint where datasets cannot hash the new table.
+
+    On the GPU machine (Python 3.12, pyarrow 26, datasets 5.2) the dill-based hasher raises PicklingError on
+    pyarrow's MonthDayNano type while fingerprinting an in-memory table, and the TRL run never starts. The
+    fingerprint only names cache files, which this bench never reuses; transforms already fall back the same way.
+    """
+    import datasets.arrow_dataset as arrow_dataset
+    from datasets.fingerprint import generate_random_fingerprint
+
+    original = arrow_dataset.generate_fingerprint
+
+    def fingerprint(dataset) -> str:
+        try:
+            return original(dataset)
+        except Exception:  # PicklingError from dill, or whatever else the hasher meets
+            return generate_random_fingerprint()
+
+    arrow_dataset.generate_fingerprint = fingerprint
+    try:
+        return arrow_dataset.Dataset.from_dict(rows)
+    finally:
+        arrow_dataset.generate_fingerprint = original
+
+
 def trl_dataset(spec: dict[str, Any], workload: str):
     """The workload's prompts as a TRL conversational dataset: the same messages physreason renders, images apart."""
-    from datasets import Dataset
     from PIL import Image
 
     from physreason.config import DatasetConfig
@@ -451,7 +475,7 @@ def trl_dataset(spec: dict[str, Any], workload: str):
         rows["options"].append(json.dumps(prompt.options))
         if prompt.images:
             rows["image"].append(Image.open(prompt.images[0]).convert("RGB"))
-    return Dataset.from_dict(dict(rows))
+    return _dataset_from_dict(dict(rows))
 
 
 def trl_processor(model: str):

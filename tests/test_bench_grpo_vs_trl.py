@@ -176,7 +176,7 @@ def test_trl_gets_the_prompt_tokens_physreason_renders(bench, prepared, tiny_mod
 
     from physreason.models import loading
     from physreason.models.inputs import encode_visuals, expand_vision_placeholders, load_processor_params
-    from physreason.train.rollout import build_request
+    from physreason.train.rollout import mcq_request
 
     _, data = prepared
     spec = {"data": data}
@@ -193,7 +193,7 @@ def test_trl_gets_the_prompt_tokens_physreason_renders(bench, prepared, tiny_mod
             theirs = processor.apply_chat_template(
                 [messages], add_generation_prompt=True, tokenize=True, return_dict=True
             )["input_ids"][0]
-            request = build_request(prompt, vision)
+            request = mcq_request(prompt, vision)
             visuals = encode_visuals(request.images, request.videos, params)
             text = tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
             text = expand_vision_placeholders(text, visuals.image_token_counts, visuals.video_token_counts)

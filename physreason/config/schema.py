@@ -51,13 +51,6 @@ class TokenSampling(Section):
     top_k: int = Field(-1, ge=-1, description="Keep the k most likely tokens; -1 keeps all.")
     repetition_penalty: float = Field(1.05, gt=0.0, description="Penalty on tokens already present (1.0 = off).")
     seed: int | None = Field(None, description="Sampling seed; None draws a fresh one each run.")
-
-
-class SamplingConfig(TokenSampling):
-    """Sampling settings of a generate call: how tokens are drawn, how many, how many completions."""
-
-    max_tokens: int = Field(4096, gt=0, description="Most new tokens per completion.")
-    n: int = Field(1, ge=1, description="Completions per request.")
     ignore_eos: bool = Field(
         False,
         description=(
@@ -65,6 +58,13 @@ class SamplingConfig(TokenSampling):
             "the hf engine never samples them."
         ),
     )
+
+
+class SamplingConfig(TokenSampling):
+    """Sampling settings of a generate call: how tokens are drawn, how many, how many completions."""
+
+    max_tokens: int = Field(4096, gt=0, description="Most new tokens per completion.")
+    n: int = Field(1, ge=1, description="Completions per request.")
 
 
 class RolloutSamplingConfig(TokenSampling):
