@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 
+import pytest
 from typer.testing import CliRunner
 
 import physreason
@@ -53,3 +56,34 @@ def test_models_tiny_writes_loadable_folder(tmp_path):
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "m" / "model.safetensors").is_file()
     assert run_cli("models", "tiny", str(tmp_path / "x"), "--kind", "llama").returncode == 2
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("infer", "--no-such-flag"),
+        ("sft", "--no-such-flag"),
+        ("eval", "report"),
+        ("config", "show", "a.toml", "b.toml"),
+    ],
+)
+def test_usage_error_prints_short_message_and_exits_2(args):
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Error:" in result.stderr and f"physreason {args[0]}" in result.stderr
+
+
+def test_ctrl_c_exits_130_with_a_message(tmp_path):
+    out = tmp_path / "synth"
+    command = [sys.executable, "-m", "physreason", "data", "synth", "--out", str(out), "--n", "100000", "--workers", "1",
+               "--no-progress"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    records = out / "arrow_of_time" / "records"
+    deadline = time.monotonic() + 60
+    while not (records.is_dir() and any(records.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr

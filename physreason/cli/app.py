@@ -66,22 +66,51 @@ def _register() -> None:
 _register()
 
 
-def main() -> None:
-    """Entry point: run the app; user-fixable errors print one clear line instead of a traceback."""
+def _click_exception_types() -> tuple[type[Exception], ...]:
+    """The usage-error classes the installed typer raises: its own copy of click's (typer >= 0.22) and click's."""
+    found: list[type[Exception]] = []
     try:
-        app(standalone_mode=False)
+        from typer._click.exceptions import ClickException as TyperClickException
+
+        found.append(TyperClickException)
+    except ImportError:
+        pass
+    try:
+        from click import ClickException
+
+        found.append(ClickException)
+    except ImportError:
+        pass
+    return tuple(found)
+
+
+def _exit_interrupted() -> None:
+    # Result files are flushed line by line; say so, and exit like a shell does on SIGINT so `cmd && next` stops.
+    sys.stdout.flush()
+    err_console.print("interrupted: results written so far are kept; rerun the same command to continue")
+    sys.exit(130)
+
+
+def main() -> None:
+    """Entry point: run the app; user-fixable errors print one clear line instead of a traceback.
+
+    Exit codes: 0 success, 1 a command's own failure, 2 a usage or user-fixable error, 130 Ctrl-C.
+    """
+    try:
+        # Without standalone mode typer returns the code of a typer.Exit (130 for Ctrl-C) instead of exiting.
+        code = app(standalone_mode=False)
     except PhysReasonError as exc:
         err_console.print(Text.assemble(("error: ", "bold red"), str(exc)), highlight=False, soft_wrap=True)
         sys.exit(2)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
     except typer.Abort:
         err_console.print("aborted")
-        sys.exit(130)
-    except Exception as exc:  # click usage errors carry their own exit code and message
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+        sys.exit(1)
+    except KeyboardInterrupt:
+        _exit_interrupted()
+    except _click_exception_types() as exc:
+        exc.show()  # type: ignore[attr-defined]
+        sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+    if code == 130:
+        _exit_interrupted()
+    if isinstance(code, int) and code:
+        sys.exit(code)
