@@ -128,6 +128,13 @@ def test_records_load_from_json_jsonl_and_load_from_disk(tmp_path):
     assert load_records(DatasetConfig(name=str(tmp_path / "d.json")))[1] == tmp_path.resolve()
 
 
+def test_json_list_item_that_is_not_an_object_is_named_by_index(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([_record(), ["not", "a", "record"]]))
+    with pytest.raises(InputError, match=r"d.json: record 1 of the list is a JSON list, not an object"):
+        load_records(DatasetConfig(name=str(path)))
+
+
 def test_mrope_positions_match_transformers_get_rope_index(tokenizer):
     model = build_tiny_model("qwen2_5_vl", tokenizer)
     config = model.config

@@ -10,6 +10,12 @@ from physreason.config import DatasetConfig
 from physreason.errors import InputError
 
 
+def _json_kind(value: Any) -> str:
+    """The JSON name of a decoded value's type, for messages about records that are not objects."""
+    names = {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
 def _read_json(path: Path) -> list[dict[str, Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -22,6 +28,12 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
         data = lists[0]
     if not isinstance(data, list):
         raise InputError(f"{path} must hold a JSON list of records, found {type(data).__name__}")
+    for index, record in enumerate(data):
+        if not isinstance(record, dict):
+            raise InputError(
+                f"{path}: record {index} of the list is a JSON {_json_kind(record)}, not an object: "
+                'each record must be an object such as {"question": ..., "video": ...}'
+            )
     return data
 
 
@@ -32,9 +44,15 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{path}:{number} is not valid JSON ({exc}): write one JSON record per line") from exc
+            if not isinstance(record, dict):
+                raise InputError(
+                    f"{path}:{number} is a JSON {_json_kind(record)}, not an object: "
+                    'write one JSON object per line, such as {"question": ..., "video": ...}'
+                )
+            records.append(record)
     return records
 
 
