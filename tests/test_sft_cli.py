@@ -44,3 +44,21 @@ def test_jsonl_line_that_is_not_an_object_is_named_by_file_and_line(tiny_vl, tmp
     assert result.returncode == 2, result.stderr
     assert f"{data}:4 is a JSON" in result.stderr and "not an object" in result.stderr
     assert "Traceback" not in result.stderr and "do not fill one batch" not in result.stderr
+
+
+def test_parquet_data_file_trains(tiny_vl, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    data = tmp_path / "train.parquet"
+    datasets.Dataset.from_list([conversation(i) for i in range(8)]).to_parquet(str(data))
+    result = run_sft_cli(tiny_vl, data, tmp_path / "out", "train.max_steps=1", "train.ckpt.enable_checkpoint=false",
+                         "train.ckpt.export_safetensors=false")
+    assert result.returncode == 0, result.stderr
+    assert "finished 1 steps" in result.stdout
+
+
+def test_file_that_is_not_parquet_is_refused_with_its_name(tiny_vl, tmp_path):
+    data = tmp_path / "train.parquet"
+    data.write_text("not parquet\n")
+    result = run_sft_cli(tiny_vl, data, tmp_path / "out", "train.max_steps=1")
+    assert result.returncode == 2, result.stderr
+    assert f"{data} cannot be read as parquet" in result.stderr and "Traceback" not in result.stderr

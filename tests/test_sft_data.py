@@ -116,13 +116,14 @@ def test_targets_are_shifted_within_the_sample():
     assert shifted_targets(labels).tolist() == [IGNORE_INDEX, 5, 6, IGNORE_INDEX]
 
 
-def test_records_load_from_json_jsonl_and_load_from_disk(tmp_path):
+def test_records_load_from_json_jsonl_parquet_and_load_from_disk(tmp_path):
     records = [_record(), _record("second")]
     (tmp_path / "d.json").write_text(json.dumps(records))
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in records))
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_list(records).save_to_disk(str(tmp_path / "hf"))
-    for name in ("d.json", "d.jsonl", "hf"):
+    datasets.Dataset.from_list(records).to_parquet(str(tmp_path / "d.parquet"))
+    for name in ("d.json", "d.jsonl", "hf", "d.parquet"):
         loaded, root = load_records(DatasetConfig(name=str(tmp_path / name)))
         assert [r["conversations"][0]["content"] for r in loaded] == ["Is the ball falling?", "second"]
     assert load_records(DatasetConfig(name=str(tmp_path / "d.json")))[1] == tmp_path.resolve()

@@ -147,9 +147,9 @@ class EngineConfig(Section):
 
 
 class DatasetConfig(Section):
-    """Where a data set lives: a JSON/JSONL file, a load_from_disk folder, or a hub name."""
+    """Where a data set lives: a JSON/JSONL/parquet file, a load_from_disk folder, or a hub name."""
 
-    name: str = Field("", description="Path to a JSON/JSONL file or dataset folder, or a Hugging Face dataset name.")
+    name: str = Field("", description="Path to a JSON/JSONL/parquet file or dataset folder, or a Hugging Face dataset name.")
     subset: str | None = Field(None, description="Dataset configuration name (hub datasets).")
     split: str = Field("train", description="Split to read.")
     media_root: str | None = Field(

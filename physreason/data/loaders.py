@@ -1,4 +1,4 @@
-"""Read data records from JSON, JSONL, a `datasets.load_from_disk` folder or the Hub, and resolve media paths safely."""
+"""Read data records from JSON, JSONL, parquet, a `datasets.load_from_disk` folder or the Hub, and resolve media paths safely."""
 
 from __future__ import annotations
 
@@ -56,6 +56,17 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    """Rows of one parquet file, read with `datasets` as the Hub's parquet data sets are."""
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset("parquet", data_files=str(path), split="train")
+    except (ValueError, OSError, datasets.exceptions.DatasetGenerationError) as exc:  # pyarrow's errors are ValueErrors
+        raise InputError(f"{path} cannot be read as parquet ({type(exc).__name__}: {exc})") from exc
+    return [dict(row) for row in loaded]
+
+
 def _read_datasets(name: str, config: DatasetConfig) -> list[dict[str, Any]]:
     try:
         import datasets
@@ -76,8 +87,8 @@ def _read_datasets(name: str, config: DatasetConfig) -> list[dict[str, Any]]:
 def load_records(config: DatasetConfig) -> tuple[list[dict[str, Any]], Path]:
     """Return the records of a data set and the folder its media paths are relative to.
 
-    A `.json` file holds a list of records, `.jsonl` one record per line; a folder is read with
-    `datasets.load_from_disk`; any other name is a Hugging Face Hub data set.
+    A `.json` file holds a list of records, `.jsonl` one record per line, `.parquet` one per row (read with
+    `datasets`); a folder is read with `datasets.load_from_disk`; any other name is a Hugging Face Hub data set.
     """
     if not config.name:
         raise InputError("no data set given: set data.dataset.name to a JSON/JSONL file or a dataset folder")
@@ -88,8 +99,12 @@ def load_records(config: DatasetConfig) -> tuple[list[dict[str, Any]], Path]:
             records = _read_jsonl(path)
         elif suffix == ".json":
             records = _read_json(path)
+        elif suffix == ".parquet":
+            records = _read_parquet(path)
         else:
-            raise InputError(f"{path}: unknown data file type {suffix!r}; use .json, .jsonl or a load_from_disk folder")
+            raise InputError(
+                f"{path}: unknown data file type {suffix!r}; use .json, .jsonl, .parquet or a load_from_disk folder"
+            )
         default_root = path.parent
     elif path.is_dir() or not path.suffix:
         records = _read_datasets(config.name, config)
