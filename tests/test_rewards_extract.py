@@ -50,6 +50,26 @@ MULTIPLE_CHOICE_CASES = [
     ("<think>x</think>\n\nB</answer>", "B"),  # stray closing tag
     ("<think>\nMaybe B? Maybe C?\n</think>", None),  # two candidate letters, no commitment
     ("So I pick B", "B"),  # pronoun "I" followed by a word is no letter
+    # Hedges: an answer naming two different options commits to neither.
+    (WELL_FORMED.format("A or B"), None),
+    (WELL_FORMED.format("A, C"), None),
+    (WELL_FORMED.format("A and B"), None),
+    (WELL_FORMED.format("(A) or (C)"), None),
+    (WELL_FORMED.format("B/D"), None),
+    (WELL_FORMED.format("B & D"), None),
+    (WELL_FORMED.format("either A or B"), None),
+    (WELL_FORMED.format("A, B, C or D"), None),
+    (WELL_FORMED.format("The answer is B or C."), None),
+    (WELL_FORMED.format("The answer is (b) or (d)"), None),
+    (WELL_FORMED.format("Option C or option D"), None),
+    (WELL_FORMED.format("The answer is C or option D"), None),
+    # Not hedges: one option, the other excluded, or a word that only looks like a letter.
+    (WELL_FORMED.format("The answer is A, not B"), "A"),
+    (WELL_FORMED.format("B, because the cup is lighter"), "B"),
+    (WELL_FORMED.format("B or a ball"), "B"),
+    (WELL_FORMED.format("Answer: B. A is wrong because it rolls"), "B"),
+    ("<think>It is A or B.</think>\n\n<answer>B</answer>", "B"),  # hesitation while thinking is fine
+    ("It is between A and B. The answer is B.", "B"),  # no tags: the answer phrase decides
 ]
 
 
@@ -91,3 +111,16 @@ def test_extract_reports_whether_the_answer_came_from_tags() -> None:
 
 def test_normalize_answer_equates_case_whitespace_and_trailing_punctuation() -> None:
     assert normalize_answer("  Answer:  The\tRed CAR!! ") == normalize_answer("the red car")
+
+
+@pytest.mark.parametrize("hedge", ["A or B", "A, C", "A and B", "The answer is B or C"])
+def test_hedged_answer_scores_zero_in_rewards_and_eval_alike(hedge: str) -> None:
+    from physreason.eval.benchmark import EvalSample
+    from physreason.eval.scoring import score_completion
+    from physreason.rewards import accuracy_reward
+
+    completion = WELL_FORMED.format(hedge)
+    for answer in ("A", "B", "C"):
+        assert accuracy_reward(completion, answer=answer, options=OPTIONS) == 0.0
+        score = score_completion(completion, EvalSample(id="v#0", video="v.mp4", options=OPTIONS, answer=answer))
+        assert score.prediction is None and not score.is_correct

@@ -36,6 +36,12 @@ _STANDALONE_CAPITAL = re.compile(r"(?<![A-Za-z0-9])([A-Z])(?![A-Za-z0-9'’])")
 # "A" and "I" are also English words: followed by a lower-case word they are an article or a pronoun.
 _WORD_LETTERS = frozenset("AI")
 _FOLLOWED_BY_WORD = re.compile(r"\s+[a-z]")
+# A second letter joined to the one just read ("A or B", "A, C", "(A) and (C)", "A/B", "B & D"): a hedge.
+_COORDINATED_LETTER = re.compile(
+    r"[)\]]?\s*(?:,|/|&|\bor\b|\band\b|\bnor\b)\s*(?:(?:or|and)\s+)?(?:option\s+|choice\s+)?"
+    r"(?:[(\[]([A-Za-z])[)\]]|([A-Za-z])(?![A-Za-z0-9'’]))",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,8 @@ def extract(
     completion. Multiple choice (when `options` are given, or `multiple_choice` is True, then any
     letter A-Z counts) reads, in order: a bare letter, a letter opening the answer with a delimiter,
     an option's full text, "answer is X", "option X", and finally a single capital letter standing
-    alone; a letter that is not an option is ignored.
+    alone; a letter that is not an option is ignored. A hedge that names two different options
+    ("A or B", "A, C", "the answer is A and B") is no answer (None).
     """
     parsed = parse_completion(text)
     tagged = parsed.answer is not None
@@ -122,7 +129,7 @@ def _option_letter(region: str, options: dict[str, str] | None) -> str | None:
         if match:
             letter = _group_letter(match).upper()
             if letter in valid:
-                return letter
+                return None if _hedged(cleaned, _letter_end(match), letter, valid) else letter
 
     if options is not None:
         wanted = normalize_answer(cleaned)
@@ -131,31 +138,59 @@ def _option_letter(region: str, options: dict[str, str] | None) -> str | None:
                 return letter
 
     for pattern in (_ANSWER_LETTER, _OPTION_LETTER):
-        named = [letter for letter in _phrase_letters(pattern, cleaned) if letter in valid]
+        named = [(letter, end) for letter, end in _phrase_letters(pattern, cleaned) if letter in valid]
         if named:
-            return named[-1]
+            letter, end = named[-1]
+            # "option C or option D" names D last, but the phrase before it joined C to it.
+            joined_to_last = len(named) > 1 and _joined_letter_end(cleaned, named[-2][1], named[-2][0], valid) == end
+            return None if joined_to_last or _hedged(cleaned, end, letter, valid) else letter
 
-    standalone = {
-        match.group(1)
-        for match in _STANDALONE_CAPITAL.finditer(cleaned)
-        if match.group(1) in valid and not _is_english_word(cleaned, match)
-    }
+    capitals = [match for match in _STANDALONE_CAPITAL.finditer(cleaned) if match.group(1) in valid]
+    if any(_hedged(cleaned, match.end(1), match.group(1), valid) for match in capitals):
+        return None  # "A and B", "either A or B": the article rule below would otherwise keep only B
+    standalone = {match.group(1) for match in capitals if not _is_english_word(cleaned, match)}
     return standalone.pop() if len(standalone) == 1 else None
 
 
-def _phrase_letters(pattern: re.Pattern[str], text: str) -> list[str]:
-    """Letters named by keyword phrases, in order; an unbracketed letter that reads as a word is skipped."""
+def _phrase_letters(pattern: re.Pattern[str], text: str) -> list[tuple[str, int]]:
+    """(letter, end offset) named by keyword phrases, in order; an unbracketed letter that reads as a word is skipped."""
     letters = []
     for match in pattern.finditer(text):
         bracketed, plain = match.group(1), match.group(2)
         if bracketed:
-            letters.append(bracketed.upper())
+            letters.append((bracketed.upper(), match.end(1)))
         elif plain.isupper() and not _is_english_word(text, match, group=2):
-            letters.append(plain)
+            letters.append((plain, match.end(2)))
         elif plain.islower() and not _FOLLOWED_BY_WORD.match(text, match.end(2)):
             # "the answer is b." names an option; "the answer is a ball" does not.
-            letters.append(plain.upper())
+            letters.append((plain.upper(), match.end(2)))
     return letters
+
+
+def _hedged(text: str, end: int, letter: str, valid: set[str]) -> bool:
+    """True when the letter ending at `end` is joined by "or"/"and"/","/"/" to another valid option letter.
+
+    An answer naming two options ("A or B", "A, C") commits to neither, so it scores as no answer
+    instead of crediting whichever letter a rule happens to read first or last.
+    """
+    return _joined_letter_end(text, end, letter, valid) is not None
+
+
+def _joined_letter_end(text: str, end: int, letter: str, valid: set[str]) -> int | None:
+    """End offset of a different valid option letter joined to the letter ending at `end`, else None."""
+    match = _COORDINATED_LETTER.match(text, end)
+    if match is None:
+        return None
+    bracketed, plain = match.group(1), match.group(2)
+    if plain and (plain.islower() or plain in _WORD_LETTERS) and _FOLLOWED_BY_WORD.match(text, match.end(2)):
+        return None  # "B or a ball": the article, not option A
+    other = (bracketed or plain).upper()
+    return match.end(1 if bracketed else 2) if other in valid and other != letter else None
+
+
+def _letter_end(match: re.Match[str]) -> int:
+    """End offset of the letter itself in a one-or-two-group letter pattern's match."""
+    return next(match.end(i) for i in range(1, len(match.groups()) + 1) if match.group(i))
 
 
 def _is_english_word(text: str, match: re.Match[str], group: int = 1) -> bool:
