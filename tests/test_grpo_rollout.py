@@ -156,3 +156,16 @@ def test_policy_scores_equal_the_engine_logprobs_on_text_prompts(tiny_model_dirs
     gap = (scores.raw_logprobs - completion_batch.engine_logprobs).abs()[completion_batch.mask]
     assert float(gap.max()) < 1e-4
     assert torch.equal(scores.logprobs, scores.raw_logprobs)  # temperature 1: the same distribution
+
+
+def test_a_nan_reward_stops_the_rollout_naming_the_reward_and_the_sample(monkeypatch):
+    from physreason.errors import InputError
+    from physreason.rewards import registry
+
+    monkeypatch.setattr(registry, "_REWARDS", dict(registry._REWARDS))
+    registry.register_reward("test_nan")(lambda completion, **sample: float("nan"))
+    rollout = settings(1, dynamic=False)
+    rollout.reward_weights = {"accuracy": 1.0, "test_nan": 0.1}
+    stream = PromptStream(prompts("mixed"), seed=0, shuffle=False, shuffle_options=False)
+    with pytest.raises(InputError, match=r"sample 'mixed-0': Reward 'test_nan' .* returned nan"):
+        collect_rollouts(ScriptedEngine(), stream, rollout, step=0)

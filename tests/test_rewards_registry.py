@@ -62,3 +62,13 @@ def test_registered_custom_reward_joins_the_sum() -> None:
 def test_register_reward_refuses_taken_or_reserved_names(name: str) -> None:
     with pytest.raises(ConfigError, match=repr(name)):
         registry.register_reward(name)(format_reward)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_reward_that_returns_a_non_finite_value_is_an_error_naming_it(isolated_registry, bad: float) -> None:
+    @registry.register_reward("broken")
+    def broken_reward(completion: str, **sample: object) -> float:
+        return bad
+
+    with pytest.raises(InputError, match=r"Reward 'broken' \(.*broken_reward\) returned (nan|inf|-inf) for the completion"):
+        compute_rewards(GOOD, {"accuracy": 1.0, "broken": 0.5}, answer="B")

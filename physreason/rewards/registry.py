@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,7 +53,8 @@ def compute_rewards(completion: str, weights: Mapping[str, float], **sample: Any
     """Return each named reward of `completion` and their weighted sum under the key "total".
 
     Every reward in `weights` is computed, zero weights included, so logs show it. The sample's
-    fields go to every reward as keywords; InputError names a field a reward needs and lacks.
+    fields go to every reward as keywords; InputError names a field a reward needs and lacks, or a
+    reward that returned NaN or infinity.
     """
     values: dict[str, float] = {}
     for name in weights:
@@ -63,9 +65,21 @@ def compute_rewards(completion: str, weights: Mapping[str, float], **sample: Any
                 f"Reward {name!r} needs sample field(s) {missing}; the sample has {sorted(sample)}. "
                 "Add them to the data records or drop the reward from the weights."
             )
-        values[name] = float(fn(completion, **sample))
+        value = float(fn(completion, **sample))
+        if not math.isfinite(value):
+            # One NaN would turn its whole group's advantages, and then the loss, into NaN.
+            raise InputError(
+                f"Reward {name!r} ({fn.__module__}.{fn.__qualname__}) returned {value} for the completion "
+                f"{_preview(completion)}; a reward must return a finite number: fix the reward function"
+            )
+        values[name] = value
     values[TOTAL_KEY] = sum(weights[name] * values[name] for name in weights)
     return values
+
+
+def _preview(text: str, limit: int = 80) -> str:
+    """The start of a completion, quoted, for error messages."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def _missing_fields(fn: RewardFn, sample: Mapping[str, Any]) -> list[str]:

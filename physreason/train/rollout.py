@@ -20,7 +20,7 @@ from physreason.chat.mcq import AnswerType
 from physreason.config import Config, EngineConfig, SamplingConfig, VisionConfig
 from physreason.data.mcq import MCQPrompt, PromptStream
 from physreason.engines import Completion, Engine, GenerationRequest
-from physreason.errors import ConfigError
+from physreason.errors import ConfigError, InputError
 from physreason.models.inputs import ProcessorParams, VisualInputs, encode_visuals
 from physreason.rewards import compute_rewards
 from physreason.train.grpo_advantages import compute_group_advantages
@@ -72,7 +72,10 @@ def mcq_request(
 def completion_rewards(text: str, prompt: MCQPrompt, weights: Mapping[str, float]) -> dict[str, float]:
     """Each configured reward and the diagnostic ones for one completion, plus the weighted "total"."""
     every = {name: 0.0 for name in DIAGNOSTIC_REWARDS} | dict(weights)
-    return compute_rewards(text, every, **prompt.reward_fields())
+    try:
+        return compute_rewards(text, every, **prompt.reward_fields())
+    except InputError as exc:
+        raise InputError(f"sample {prompt.id!r}: {exc}") from exc
 
 
 def rollout_seed(base: int, step: int, round_index: int, rank: int) -> int:
