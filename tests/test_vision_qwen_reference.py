@@ -2,7 +2,8 @@
 
 Matches, in every case of fixtures/vision/qwen_reference.py (short and long clips, 25 and 30 fps, the
 min_frames floor, the max_frames cap, a 3-frame clip, a tight total_pixels budget, a budget share below
-min_pixels, upscaling to min_pixels, HD frames capped by max_pixels): the kept frame indices, the frame size,
+min_pixels, upscaling to min_pixels, HD frames capped by max_pixels, video_start/video_end ranges, a fixed
+nframes, odd nframes rounded to even): the kept frame indices, the frame size,
 the reported sample fps and source fps/frame count, and the pixels themselves (identical when run live; the
 recorded per-frame channel means agree within half a level, which leaves room for other FFmpeg builds).
 Deliberate differences, not exercised here: a 1-frame video gives 2 copies of its frame (qwen-vl-utils raises);

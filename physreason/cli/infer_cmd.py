@@ -22,7 +22,7 @@ def infer(
     image: list[Path] = typer.Option([], "--image", "-i", help="Image file: jpg, png, webp (repeatable)."),
     question: str | None = typer.Option(None, "--question", "-q", help="What to ask about the media."),
     jsonl: Path | None = typer.Option(
-        None, "--jsonl", help='Batch input: one {"id", "question", "video"|"image"} per line.'
+        None, "--jsonl", help='Batch input: one {"id", "question", "video"|"image", "video_start"?, "video_end"?} per line.'
     ),
     out: Path | None = typer.Option(None, "--out", help="Batch output JSONL; rerunning skips ids already there."),
     media_root: Path | None = typer.Option(
@@ -36,6 +36,15 @@ def infer(
     ),
     engine: str | None = typer.Option(None, help="Engine: auto (vLLM when installed), vllm or hf."),
     fps: float | None = typer.Option(None, help="Frames per second sampled from videos [default: 4]."),
+    nframes: int | None = typer.Option(
+        None, help="Sample this many frames per video instead of --fps (rounded to even, as qwen-vl-utils does)."
+    ),
+    video_start: float | None = typer.Option(
+        None, help="Seconds: sample videos from this time on (a --jsonl line's video_start wins)."
+    ),
+    video_end: float | None = typer.Option(
+        None, help="Seconds: sample videos up to this time (a --jsonl line's video_end wins)."
+    ),
     max_pixels: int | None = typer.Option(None, help="Largest pixels per frame after resizing."),
     total_pixels: int | None = typer.Option(None, help="Pixel budget of a whole video, shared over its frames."),
     timestamps: bool | None = typer.Option(
@@ -64,6 +73,8 @@ def infer(
     from physreason.infer import build_request, result_record, run_batch
     from physreason.models.inputs import patch_factor
 
+    if fps is not None and nframes is not None:
+        raise typer.BadParameter("give --fps or --nframes, not both", param_hint="'--nframes'")
     flags = {
         "model.model_name_or_path": model,
         "model.dtype": dtype,
@@ -73,6 +84,9 @@ def infer(
         "engine.max_model_len": max_model_len,
         "engine.enforce_eager": enforce_eager,
         "vision.fps": fps,
+        "vision.nframes": nframes,
+        "vision.video_start": video_start,
+        "vision.video_end": video_end,
         "vision.max_pixels": max_pixels,
         "vision.total_pixels": total_pixels,
         "vision.timestamps": timestamps,

@@ -109,9 +109,23 @@ class VisionConfig(Section):
         description="Draw each frame's time under it in a black bar one patch factor high (Cosmos-Reason1's "
         "overlay); Qwen3-VL models get each frame pair's time as text whatever this says.",
     )
+    nframes: int | None = Field(
+        None,
+        ge=2,
+        description="Fixed number of frames per video, rounded to even as qwen-vl-utils does; when set, fps, "
+        "min_frames and max_frames are not used.",
+    )
+    video_start: float | None = Field(
+        None, ge=0.0, description="Seconds: sample frames from this time on (a data record's video_start wins)."
+    )
+    video_end: float | None = Field(
+        None, gt=0.0, description="Seconds: sample frames up to this time (a data record's video_end wins)."
+    )
 
     @model_validator(mode="after")
     def _check_bounds(self) -> VisionConfig:
+        if self.video_start is not None and self.video_end is not None and self.video_start >= self.video_end:
+            raise ValueError(f"video_start ({self.video_start}) must be before video_end ({self.video_end})")
         if self.min_frames > self.max_frames:
             raise ValueError(f"min_frames ({self.min_frames}) must not exceed max_frames ({self.max_frames})")
         if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:

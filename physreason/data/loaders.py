@@ -16,7 +16,7 @@ def _json_kind(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _read_json(path: Path) -> list[dict[str, Any]]:
+def _read_json(path: Path, require_objects: bool) -> list[Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -29,7 +29,7 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
     if not isinstance(data, list):
         raise InputError(f"{path} must hold a JSON list of records, found {type(data).__name__}")
     for index, record in enumerate(data):
-        if not isinstance(record, dict):
+        if require_objects and not isinstance(record, dict):
             raise InputError(
                 f"{path}: record {index} of the list is a JSON {_json_kind(record)}, not an object: "
                 'each record must be an object such as {"question": ..., "video": ...}'
@@ -37,7 +37,7 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
     return data
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, require_objects: bool) -> list[Any]:
     records = []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
@@ -47,7 +47,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{path}:{number} is not valid JSON ({exc}): write one JSON record per line") from exc
-            if not isinstance(record, dict):
+            if require_objects and not isinstance(record, dict):
                 raise InputError(
                     f"{path}:{number} is a JSON {_json_kind(record)}, not an object: "
                     'write one JSON object per line, such as {"question": ..., "video": ...}'
@@ -84,11 +84,13 @@ def _read_datasets(name: str, config: DatasetConfig) -> list[dict[str, Any]]:
     return [dict(row) for row in loaded]
 
 
-def load_records(config: DatasetConfig) -> tuple[list[dict[str, Any]], Path]:
+def load_records(config: DatasetConfig, *, require_objects: bool = True) -> tuple[list[Any], Path]:
     """Return the records of a data set and the folder its media paths are relative to.
 
     A `.json` file holds a list of records, `.jsonl` one record per line, `.parquet` one per row (read with
     `datasets`); a folder is read with `datasets.load_from_disk`; any other name is a Hugging Face Hub data set.
+    A JSON(L) record that is not an object is an InputError naming the file and line (or list index), unless
+    `require_objects` is False: then the caller handles such records itself.
     """
     if not config.name:
         raise InputError("no data set given: set data.dataset.name to a JSON/JSONL file or a dataset folder")
@@ -96,9 +98,9 @@ def load_records(config: DatasetConfig) -> tuple[list[dict[str, Any]], Path]:
     if path.is_file():
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
-            records = _read_jsonl(path)
+            records = _read_jsonl(path, require_objects)
         elif suffix == ".json":
-            records = _read_json(path)
+            records = _read_json(path, require_objects)
         elif suffix == ".parquet":
             records = _read_parquet(path)
         else:

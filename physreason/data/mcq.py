@@ -11,7 +11,7 @@ Media paths are relative to the data root and may not leave it.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from physreason.chat.mcq import AnswerType, lettered_options, shuffle_options
 from physreason.chat.messages import Message, build_mcq_messages
 from physreason.config import DatasetConfig
 from physreason.data.loaders import load_records, media_path_in_root
+from physreason.data.video_range import record_video_range
 from physreason.errors import InputError
 
 
@@ -34,6 +35,7 @@ class MCQPrompt:
     answer: str  # the correct option's letter
     videos: tuple[Path, ...] = ()
     images: tuple[Path, ...] = ()
+    video_range: dict[str, float] = field(default_factory=dict)  # the record's video_start / video_end, seconds
 
     def messages(self, answer_type: AnswerType = "grpo") -> list[Message]:
         """Chat messages as Cosmos-Reason1 builds them (media first); "grpo" is its RL recipe's wording."""
@@ -81,6 +83,7 @@ def _prompt(sample_id: str, qa: Any, record: dict[str, Any], root: Path, where: 
         answer=answer.strip(),
         videos=_paths(record.get("video"), root, where),
         images=_paths(record.get("image"), root, where),
+        video_range=record_video_range(record, where),
     )
 
 

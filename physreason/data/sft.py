@@ -5,6 +5,7 @@ Accepted record layouts (the conversation key is data.conversation_column_name):
   media go where the user text has `<video>` / `<image>`, else in front of the first user message;
 - the LLaVA / Cosmos-Reason1 SFT style with `{"from": "human"|"gpt", "value": ...}` turns;
 - list-of-parts content: `[{"type": "video", "video": "clip.mp4"}, {"type": "text", "text": ...}]`.
+A record's `video_start` / `video_end` (seconds) select the part of its videos that is sampled.
 Labels are the token ids of each assistant reply through its `<|im_end|>`; every other token,
 vision pads included, is -100.
 """
@@ -22,6 +23,7 @@ from torch.utils.data import Dataset
 
 from physreason.config import VisionConfig
 from physreason.data.loaders import media_path_in_root
+from physreason.data.video_range import record_video_range
 from physreason.errors import InputError
 from physreason.models.family import VisionTokens
 
@@ -240,7 +242,7 @@ class SFTDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
-    def _load_visuals(self, media: list[MediaRef], where: str) -> Any:
+    def _load_visuals(self, media: list[MediaRef], record: dict[str, Any], where: str) -> Any:
         from physreason.models.inputs import encode_visuals
         from physreason.vision import load_image, load_video
         from physreason.vision.resize import PATCH_FACTOR
@@ -248,15 +250,16 @@ class SFTDataset(Dataset):
         if self.vision_tokens is None:
             raise InputError(f"{where}: the record has images or videos but the model has no vision tower")
         factor = self.processor_params.factor if self.processor_params is not None else PATCH_FACTOR
+        clip = self.vision_config.model_copy(update=record_video_range(record, where))
         images = [load_image(str(m.path), self.vision_config, factor) for m in media if m.kind == "image"]
-        videos = [load_video(str(m.path), self.vision_config, factor) for m in media if m.kind == "video"]
+        videos = [load_video(str(m.path), clip, factor) for m in media if m.kind == "video"]
         return encode_visuals(images, videos, self.processor_params)
 
     def __getitem__(self, index: int) -> SFTSample | SkippedSample:
         where = f"{self.source} record {index}"
         messages = normalize_conversation(self.records[index], self.column, where)
         media = media_of(messages, self.root, where)
-        visuals = self._load_visuals(media, where) if media else None
+        visuals = self._load_visuals(media, self.records[index], where) if media else None
         segments = conversation_segments(self.tokenizer, messages, where)
         ids, labels = tokenize_segments(
             self.tokenizer,

@@ -2,19 +2,21 @@
 
 Layout (the reference benchmark): `<benchmark_root>/<name>/<name>_benchmark_qa_pairs.json`, a list of
 `{"video": "clips/x.mp4", "qa_pairs": {"question", "index2ans": {"A": ...}, "answer" | "correct_answer"}}`
-where `qa_pairs` may also be a list. A JSON or JSONL file with the same records works too; its media
+where `qa_pairs` may also be a list, and `video_start` / `video_end` (seconds) may select part of the
+clip. A JSON or JSONL file with the same records works too; its media
 paths are relative to its own folder.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from physreason.config import DatasetConfig
 from physreason.data.loaders import load_records
+from physreason.data.video_range import record_video_range
 from physreason.errors import InputError
 
 _DATA_SUFFIXES = (".json", ".jsonl")
@@ -30,6 +32,7 @@ class EvalSample:
     options: dict[str, str] | None = None
     answer: str = ""
     error: str | None = None
+    video_range: dict[str, float] = field(default_factory=dict)  # the record's video_start / video_end, seconds
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ def load_benchmark(spec: str, benchmark_root: str | Path) -> Benchmark:
             f"data set {spec!r}: {path} does not exist; set eval.benchmark_root to the folder holding "
             f"<name>/<name>_benchmark_qa_pairs.json, or list a JSON/JSONL file in eval.datasets"
         )
-    records, media_root = load_records(DatasetConfig(name=str(path)))
+    # A record that is not an object becomes a failed sample below, counted like any other malformed one.
+    records, media_root = load_records(DatasetConfig(name=str(path)), require_objects=False)
     return Benchmark(name=name, media_root=media_root, samples=expand_qa_pairs(records, str(path)))
 
 
@@ -85,7 +89,13 @@ def expand_qa_pairs(records: list[Any], source: str) -> list[EvalSample]:
         for qa in pairs:
             sample_id = f"{key}#{asked[key]}"
             asked[key] += 1
-            samples.append(_sample(sample_id, video, qa, f"{where} ({sample_id})"))
+            sample = _sample(sample_id, video, qa, f"{where} ({sample_id})")
+            if sample.error is None:
+                try:
+                    sample = replace(sample, video_range=record_video_range(record, f"{where} ({sample_id})"))
+                except InputError as exc:
+                    sample = replace(sample, error=str(exc))
+            samples.append(sample)
     return samples
 
 

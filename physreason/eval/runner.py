@@ -52,7 +52,7 @@ def build_eval_request(
         raise PhysReasonError(sample.error)
     assert sample.video is not None and sample.options is not None  # guaranteed when error is None
     path = media_path_in_root(benchmark.media_root, sample.video, f"data set {benchmark.name}")
-    frames = load_video(path, vision, factor)
+    frames = load_video(path, vision.model_copy(update=sample.video_range), factor)
     messages = build_mcq_messages(sample.question, sample.options, videos=[frames], answer_type=answer_type)
     return GenerationRequest(messages=messages, videos=[frames], request_id=sample.id)
 

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from physreason.config import DatasetConfig, SamplingConfig, VisionConfig
 from physreason.data.loaders import load_records, media_path_in_root
+from physreason.data.video_range import record_video_range
 from physreason.engines.base import Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
 from physreason.infer.request import build_request, result_record
@@ -69,6 +70,7 @@ def _request_from_record(
         raise PhysReasonError(f"{where}: no 'question' text; each JSONL line needs \"question\" and \"video\" or \"image\"")
     videos = [media_path_in_root(root, v, where) for v in _as_list(record.get("video"))]
     images = [media_path_in_root(root, i, where) for i in _as_list(record.get("image"))]
+    vision = vision.model_copy(update=record_video_range(record, where))
     return build_request(
         question, videos=videos, images=images, vision=vision, reasoning=reasoning,
         system_prompt=record.get("system_prompt"), request_id=request_id, factor=factor,
@@ -103,7 +105,8 @@ def run_batch(
 ) -> BatchSummary:
     """Answer every JSONL request not yet in `out_path`, appending one result line each as it finishes.
 
-    Each input line is {"id"?, "question", "video"?: path or list, "image"?: path or list, "system_prompt"?};
+    Each input line is {"id"?, "question", "video"?: path or list, "image"?: path or list, "system_prompt"?,
+    "video_start"?, "video_end"? (seconds; they replace vision.video_start/video_end for that line)};
     media paths are relative to the JSONL's folder (or media_root) and may not leave it. Failures are
     recorded as {"id", "error"} lines and the batch goes on; rerunning skips ids already written.
     """

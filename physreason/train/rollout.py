@@ -64,7 +64,8 @@ def mcq_request(
     prompt: MCQPrompt, vision: VisionConfig, answer_type: AnswerType = "grpo", factor: int = PATCH_FACTOR
 ) -> GenerationRequest:
     """Decode the prompt's media (sides multiples of the model's patch factor) and build its chat request."""
-    videos = [load_video(path, vision, factor) for path in prompt.videos]
+    clip = vision.model_copy(update=prompt.video_range)  # the record's own video_start / video_end
+    videos = [load_video(path, clip, factor) for path in prompt.videos]
     images = [load_image(path, vision, factor) for path in prompt.images]
     return GenerationRequest(messages=prompt.messages(answer_type), images=images, videos=videos, request_id=prompt.id)
 

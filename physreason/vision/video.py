@@ -23,7 +23,7 @@ from physreason.vision.resize import (
     smart_resize,
     video_frame_max_pixels,
 )
-from physreason.vision.sampling import num_sampled_frames, sample_indices
+from physreason.vision.sampling import fixed_num_frames, frame_range, num_sampled_frames, sample_indices
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,8 @@ class VideoFrames:
     source_fps: float
     """Average frame rate of the source stream."""
     source_num_frames: int
-    """Frames in the source stream."""
+    """Frames sampled from: the whole stream, or the frames within video_start..video_end (as qwen-vl-utils
+    reports `total_num_frames`)."""
     duration: float
     """Seconds: source_num_frames / source_fps."""
     source_size: tuple[int, int]
@@ -172,13 +173,15 @@ def load_video(source: str | Path, config: VisionConfig | None = None, factor: i
     """Return the frames of the video at `source` (path or file:// URL) sampled and resized for a Qwen-VL model.
 
     Sampling follows qwen-vl-utils: duration * config.fps frames, within [min_frames, max_frames] and the
-    source's count, rounded down to an even number, at evenly spaced indices from the first to the last frame.
+    source's count, rounded down to an even number (or config.nframes rounded to even), at evenly spaced
+    indices from the first to the last frame of the video, or of config.video_start..video_end (seconds).
     Each frame is resized by smart_resize to sides that are multiples of `factor` (patch x merge: 28 for
     Qwen2.5-VL, 32 for Qwen3-VL) within [min_pixels, max_pixels] and its share of total_pixels (a share per
     pair of frames, see video_frame_max_pixels; pixel_budgets fills unset budgets). With config.timestamps,
     a bar `factor` pixels high with each frame's time is added under it (overlay_timestamps).
     A 1-frame video gives 2 copies of its frame (qwen-vl-utils rejects it); a warning says so.
-    Raises InputError naming the file for a missing, corrupt, truncated, frameless or non-video file.
+    Raises InputError naming the file for a missing, corrupt, truncated, frameless or non-video file, a time
+    range with fewer than two frames, or an nframes above the frames available.
     """
     config = config or VisionConfig()
     budgets = pixel_budgets(config, factor)
@@ -190,24 +193,38 @@ def load_video(source: str | Path, config: VisionConfig | None = None, factor: i
             "models cannot take; crop it"
         )
 
-    num_frames = num_sampled_frames(
-        info.num_frames, info.fps, config.fps, config.min_frames, config.max_frames, TEMPORAL_PATCH_SIZE
-    )
-    if info.num_frames < TEMPORAL_PATCH_SIZE:
+    try:
+        first, last = frame_range(info.num_frames, info.fps, config.video_start, config.video_end)
+    except ValueError as error:
+        raise InputError(f"video {path}: video_start/video_end select too little: {error}; widen the range") from error
+    available = last - first + 1
+    if config.nframes is not None:
+        try:
+            num_frames = fixed_num_frames(config.nframes, available, TEMPORAL_PATCH_SIZE)
+        except ValueError as error:
+            raise InputError(
+                f"video {path}: {error} (frames in the video or its video_start..video_end range); "
+                "lower vision.nframes or leave it unset to sample by fps"
+            ) from error
+    else:
+        num_frames = num_sampled_frames(
+            available, info.fps, config.fps, config.min_frames, config.max_frames, TEMPORAL_PATCH_SIZE
+        )
+    if available < TEMPORAL_PATCH_SIZE:
         logger.warning(
             "video %s has %d frame(s); repeating to %d frames, the least Qwen2.5-VL takes (a temporal patch)",
             path,
-            info.num_frames,
+            available,
             num_frames,
         )
-    indices = sample_indices(info.num_frames, num_frames)
+    indices = sample_indices(available, num_frames, first)
     max_pixels = video_frame_max_pixels(
         num_frames, budgets.min_pixels, budgets.max_pixels, budgets.total_pixels, TEMPORAL_PATCH_SIZE
     )
     height, width = smart_resize(info.height, info.width, factor, min_pixels=budgets.min_pixels, max_pixels=max_pixels)
     frames, timestamps = _decode_sampled(path, info, indices, height, width)
 
-    duration = info.num_frames / info.fps
+    duration = available / info.fps
     sample_fps = num_frames / duration
     if config.timestamps:
         frames = overlay_timestamps(frames, sample_fps, bar_height=factor)
@@ -217,7 +234,7 @@ def load_video(source: str | Path, config: VisionConfig | None = None, factor: i
         indices=indices,
         sample_fps=sample_fps,
         source_fps=info.fps,
-        source_num_frames=info.num_frames,
+        source_num_frames=available,
         duration=duration,
         source_size=(info.height, info.width),
         path=str(path),
