@@ -72,10 +72,13 @@ def run(
 @app.command("report")
 def report(
     results_dir: Path = typer.Argument(..., help="An eval.results_dir, or any folder below it."),
-    out: Path | None = typer.Option(None, help="Folder for report.md and report.csv [default: RESULTS_DIR]."),
+    out: Path | None = typer.Option(
+        None, help="Folder for report.md, report.csv and accuracy.png [default: RESULTS_DIR]."
+    ),
 ) -> None:
-    """Print per-data-set accuracy (mean ± std over repeats, samples, failures); write report.md and report.csv."""
+    """Print per-data-set accuracy (mean ± std over repeats, samples, failures); write report.md, .csv and a chart."""
     from physreason.eval import collect_reports, csv_text, markdown_table, report_rows, rich_table
+    from physreason.plots import accuracy_chart
 
     rows = report_rows(collect_reports(results_dir))
     console.print(rich_table(rows, title=f"accuracy: {results_dir}"))
@@ -83,4 +86,9 @@ def report(
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(markdown_table(rows), encoding="utf-8")
     (folder / "report.csv").write_text(csv_text(rows), encoding="utf-8")
-    console.print(f"wrote {folder / 'report.md'} and {folder / 'report.csv'}")
+    written = [folder / "report.md", folder / "report.csv"]
+    if any(row.mean is not None for row in rows):
+        written.append(accuracy_chart(rows, folder / "accuracy.png"))
+    else:
+        console.print("[yellow]no scored sample yet: no accuracy.png[/]")
+    console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)  # paths unbroken, to copy
