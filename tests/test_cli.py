@@ -87,3 +87,10 @@ def test_ctrl_c_exits_130_with_a_message(tmp_path):
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "interrupted" in stderr and "Traceback" not in stderr
+
+
+def test_models_tiny_vision_model_warns_nothing_about_torchvision(tmp_path):
+    result = run_cli("models", "tiny", str(tmp_path / "vl"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "vl" / "preprocessor_config.json").is_file()
+    assert "torchvision" not in result.stderr

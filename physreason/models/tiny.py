@@ -253,7 +253,11 @@ def _save_qwen3_vl_processor(folder: Path) -> None:
 
 def _save_processor(folder: Path, tokenizer: PreTrainedTokenizerFast) -> None:
     """Write image/video processor configs the Qwen2.5-VL processor classes read (no torchvision needed)."""
-    from transformers import Qwen2VLImageProcessor
+    import transformers
+
+    # The PIL class writes the same preprocessor_config.json; asking for the torchvision one on a machine
+    # without torchvision makes transformers warn about a fallback users need not care about.
+    image_processor = getattr(transformers, "Qwen2VLImageProcessorPil", None) or transformers.Qwen2VLImageProcessor
 
     common = {
         "patch_size": 14,
@@ -262,7 +266,7 @@ def _save_processor(folder: Path, tokenizer: PreTrainedTokenizerFast) -> None:
         "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711],
     }
-    image = Qwen2VLImageProcessor(min_pixels=4 * 28 * 28, max_pixels=16384 * 28 * 28, **common)
+    image = image_processor(min_pixels=4 * 28 * 28, max_pixels=16384 * 28 * 28, **common)
     image.save_pretrained(folder)
     video = {
         **common,
