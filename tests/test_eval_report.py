@@ -6,6 +6,9 @@ import csv
 import io
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,3 +186,19 @@ def test_model_slug_of_a_local_folder_is_its_name(tmp_path):
     folder = tmp_path / "checkpoints" / "step_100"
     folder.mkdir(parents=True)
     assert model_slug(str(folder) + "/") == "step_100"
+
+
+def test_report_table_fits_80_columns_without_cutting_names(tmp_path):
+    results = tmp_path / "results"
+    for model in ("nvidia--Cosmos-Reason1-7B", "my-finetune-step-1200"):
+        write_run(results / model / "reasoning", "object_permanence", 1, correct=1, wrong=2, failed=1, total=4)
+        write_run(results / model / "reasoning", "spatial_puzzle", 1, correct=2, wrong=2, total=5)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    result = subprocess.run([sys.executable, "-m", "physreason", "eval", "report", str(results)], capture_output=True,
+                            text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    table_lines = [line for line in result.stdout.splitlines() if not line.startswith("wrote ")]
+    assert max(len(line) for line in table_lines) <= 80
+    for name in ("nvidia--Cosmos-Reason1-7B (reasoning)", "my-finetune-step-1200 (reasoning)", "object_permanence",
+                 "spatial_puzzle", "33.33", "missing"):
+        assert name in result.stdout

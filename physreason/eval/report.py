@@ -15,7 +15,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from physreason.errors import InputError
 from physreason.eval.results import MERGED_FILE, RUN_FILE, read_run, read_run_info
@@ -199,6 +201,8 @@ def _count(value: int | None) -> str:
 
 
 _DISPLAY_COLUMNS = ("model", "answer type", "dataset", "repeats", "samples", "failed", "missing", "accuracy %")
+# The terminal table names model and answer type once per table, so each table fits 80 columns.
+_TERMINAL_COLUMNS = _DISPLAY_COLUMNS[2:]
 
 
 def _display_cells(row: ReportRow) -> list[str]:
@@ -214,21 +218,31 @@ def _display_cells(row: ReportRow) -> list[str]:
     ]
 
 
-def rich_table(rows: list[ReportRow], title: str) -> Table:
-    """The report as a rich table (accuracy as mean ± std in percent); failures and missing results are highlighted."""
-    table = Table(title=title)
-    for name in _DISPLAY_COLUMNS:
-        text_column = name in ("model", "answer type", "dataset")
-        # Names fold onto more lines rather than being cut: a truncated data set name is ambiguous.
-        table.add_column(name, justify="left" if text_column else "right", no_wrap=not text_column, overflow="fold")
+def rich_table(rows: list[ReportRow], title: str) -> Group:
+    """The report for a terminal: `title`, then one table per model and answer type (accuracy as mean ± std in %).
+
+    Each table names its model and answer type in its title, so its columns fit an 80-column terminal;
+    failures and missing results are highlighted.
+    """
+    tables: list[Table] = []
+    groups: dict[tuple[str, str], list[ReportRow]] = defaultdict(list)
     for row in rows:
-        cells = _display_cells(row)
-        if row.failed:
-            cells[5] = f"[red]{cells[5]}[/]"
-        if row.missing:
-            cells[6] = f"[yellow]{cells[6]}[/]"
-        table.add_row(*cells, style="bold" if row.dataset == AVERAGE else None)
-    return table
+        groups[(row.model, row.answer_type)].append(row)
+    for (model, answer_type), group in groups.items():
+        table = Table(title=f"{model} ({answer_type})", title_justify="left")
+        for name in _TERMINAL_COLUMNS:
+            text_column = name == "dataset"
+            # A long data set name folds onto more lines rather than being cut: a truncated name is ambiguous.
+            table.add_column(name, justify="left" if text_column else "right", no_wrap=not text_column, overflow="fold")
+        for row in group:
+            cells = _display_cells(row)[2:]
+            if row.failed:
+                cells[3] = f"[red]{cells[3]}[/]"
+            if row.missing:
+                cells[4] = f"[yellow]{cells[4]}[/]"
+            table.add_row(*cells, style="bold" if row.dataset == AVERAGE else None)
+        tables.append(table)
+    return Group(Text(title, style="bold"), *tables)
 
 
 def markdown_table(rows: list[ReportRow]) -> str:
