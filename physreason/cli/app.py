@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -98,6 +99,9 @@ def main() -> None:
 
     Exit codes: 0 success, 1 a command's own failure, 2 a usage or user-fixable error, 130 Ctrl-C.
     """
+    if not sys.stderr.isatty():
+        # transformers' and the Hub's tqdm bars write every redraw into a log; physreason's own bars print lines.
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         # Without standalone mode typer returns the code of a typer.Exit (130 for Ctrl-C) instead of exiting.
         code = app(standalone_mode=False)

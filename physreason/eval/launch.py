@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
 from physreason.config import Config, EngineConfig, SamplingConfig, dump_config
 from physreason.errors import ConfigError, PhysReasonError
 from physreason.eval.benchmark import Benchmark, load_benchmark
@@ -32,6 +30,7 @@ from physreason.eval.results import (
     write_run_info,
 )
 from physreason.eval.runner import ShardCounts, evaluate_shard, shard_samples
+from physreason.progress import LoggedProgress, progress_display
 
 # Settings that change what a model answers: a resumed run must not mix results made under others.
 _RESULT_SETTINGS = ("generation", "vision", "model.model_name_or_path", "model.revision", "model.dtype")
@@ -193,15 +192,8 @@ def _engine_config(cfg: Config) -> EngineConfig:
     return cfg.engine.model_copy(update={"tensor_parallel_size": cfg.eval.tp_size})
 
 
-def _progress(show: bool) -> Progress:
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    return Progress(*columns, disable=not show)
+def _progress(show: bool) -> LoggedProgress:
+    return progress_display(disable=not show)
 
 
 def shard_devices(shard: int, tp_size: int, num_gpus: int, visible: str | None) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from physreason.config import DatasetConfig, SamplingConfig, VisionConfig
 from physreason.data.loaders import load_records, media_path_in_root
@@ -18,6 +18,7 @@ from physreason.data.video_range import record_video_range
 from physreason.engines.base import Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
 from physreason.infer.request import build_request, result_record
+from physreason.progress import LoggedProgress
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def run_batch(
     done = finished_ids(out) & set(ids)
     summary = BatchSummary(total=len(records), skipped=len(done), done=0, failed=0)
     columns = (TextColumn("infer"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, disable=not show_progress) as progress, out.open("a", encoding="utf-8") as sink:
+    with LoggedProgress(*columns, disable=not show_progress) as progress, out.open("a", encoding="utf-8") as sink:
         task = progress.add_task("infer", total=len(records) - len(done))
 
         def write(result: GenerationResult) -> None:

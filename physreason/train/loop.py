@@ -119,11 +119,11 @@ class StepLog:
         self.metrics = MetricLogger(
             config.train.output_dir, config.logging, enabled=enabled, run_config=config.model_dump(mode="json")
         )
-        self.progress = None
+        self.progress: Any = None
         if enabled:
-            from tqdm.auto import tqdm
+            from physreason.progress import StepBar
 
-            self.progress = tqdm(total=total_steps, initial=initial_step, desc=desc, dynamic_ncols=True)
+            self.progress = StepBar(total_steps, initial=initial_step, desc=desc)
 
     def step(self, step: int, metrics: dict[str, float], postfix: dict[str, str]) -> None:
         """Advance the progress bar by one step showing `postfix`; log `metrics` if `step` is a logging step."""

@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from physreason.data.synth.sample import OPTION_ORDERS, SPLITS, Sample, balanced_slot, scene_seed
 from physreason.data.synth.scenarios import FPS, HEIGHT_PX, N_FRAMES, WIDTH_PX
 from physreason.data.synth.tasks import TASKS
 from physreason.data.synth.video import write_mp4
 from physreason.errors import InputError
+from physreason.progress import LoggedProgress
 
 GENERATOR_VERSION = "1"
 
@@ -186,7 +187,7 @@ def generate_task(
     reused = len(records)
 
     columns = (TextColumn(f"[bold]{task}[/]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, disable=not show_progress, transient=False) as progress:
+    with LoggedProgress(*columns, disable=not show_progress, transient=False) as progress:
         bar = progress.add_task(task, total=n, completed=reused)
         for record in _run(task, split, base_seed, todo, folder, workers, option_order):
             records[record["index"]] = record
