@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,7 +89,8 @@ def test_resume_continues_the_reward_curve_exactly(tiny_text, mcq_file, tmp_path
     assert saved.rewards == straight.rewards
     assert [p.name for p in checkpoint_dirs(tmp_path / "b")] == ["step_2", "step_4"]
     step_2 = tmp_path / "b" / "checkpoints" / "step_2"
-    resumed = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path / "c", *extra, f"train.resume='{step_2}'"))
+    resumed = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path / "c", *extra, f"train.resume='{step_2}'",
+                                  "train.trust_checkpoint=true"))
     assert len(resumed.rewards) == 2
     assert resumed.rewards == straight.rewards[2:]
     assert [m["loss"] for m in resumed.metrics] == [m["loss"] for m in straight.metrics[2:]]
@@ -189,3 +192,28 @@ def test_packed_token_sized_micro_batches_train_like_padded_ones(tiny_text, mcq_
     for step_padded, step_packed in zip(padded.metrics, packed.metrics, strict=True):
         for key in ("loss", "policy/grad_norm", "policy/entropy", "rollout/logprob_mismatch"):
             assert step_packed[key] == pytest.approx(step_padded[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_grpo_rerun_into_its_run_folder_is_refused_until_resumed(tiny_text, mcq_file, tmp_path):
+    def grpo_cli(*extra: str) -> subprocess.CompletedProcess:
+        sets = [f"model.model_name_or_path='{tiny_text}'", f"data.dataset.name='{mcq_file}'",
+                f"train.output_dir='{tmp_path}'", "train.ckpt.save_freq=1", "train.log_freq=1",
+                "rollout.max_response_length=4", "logging.logger=['jsonl']", "train.ckpt.export_safetensors=false",
+                *extra]
+        command = [sys.executable, "-m", "physreason", "grpo", "--config", str(REPO / "configs" / "grpo_tiny.toml")]
+        for item in sets:
+            command += ["--set", item]
+        return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+    def steps() -> list[int]:
+        return [json.loads(line)["step"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+
+    assert grpo_cli("train.max_steps=1").returncode == 0
+    again = grpo_cli("train.max_steps=1")
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert "already holds checkpoints of an earlier run (step_1)" in again.stderr and "train.resume=true" in again.stderr
+    assert steps() == [1]
+    resumed = grpo_cli("train.max_steps=2", "train.resume=true")
+    assert resumed.returncode == 0, resumed.stderr
+    assert steps() == [1, 2]

@@ -1,4 +1,4 @@
-"""`physreason sft` as a person types it: bad data files are refused up front with the file and line named."""
+"""`physreason sft` as a person types it: bad data refused up front, reruns refused until resumed, trusted resumes."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def run_sft_cli(model: Path, data: Path, out: Path, *overrides: str) -> subproce
             "data.val_fraction=0", *overrides]
     command = [sys.executable, "-m", "physreason", "sft", "--config", str(RECIPE)]
     for item in sets:
-        command += ["--set", item]
+        command += [item] if item.startswith("--") else ["--set", item]
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
@@ -62,3 +62,51 @@ def test_file_that_is_not_parquet_is_refused_with_its_name(tiny_vl, tmp_path):
     result = run_sft_cli(tiny_vl, data, tmp_path / "out", "train.max_steps=1")
     assert result.returncode == 2, result.stderr
     assert f"{data} cannot be read as parquet" in result.stderr and "Traceback" not in result.stderr
+
+
+def metric_steps(out: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_rerun_into_a_run_folder_is_refused_until_resumed_and_exports_are_rotated(tiny_vl, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(8)))
+    out = tmp_path / "run"
+    keep = ("train.ckpt.save_freq=1", "train.ckpt.max_keep=2", "train.log_freq=1", "train.validation_freq=100")
+    first = run_sft_cli(tiny_vl, data, out, "train.max_steps=3", *keep)
+    assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2", "step_3"]
+    assert sorted(p.name for p in (out / "safetensors").iterdir()) == ["step_2", "step_3"]  # max_keep rotates exports
+    assert "torch.distributed is disabled" not in first.stderr  # DCP's single-process warning
+    assert metric_steps(out) == [1, 2, 3]
+
+    again = run_sft_cli(tiny_vl, data, out, "train.max_steps=3", *keep)
+    assert again.returncode == 2, again.stderr
+    assert "already holds checkpoints of an earlier run (step_2, step_3)" in again.stderr
+    assert "train.resume=true" in again.stderr and "new or empty folder" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert metric_steps(out) == [1, 2, 3]  # nothing appended
+
+    resumed = run_sft_cli(tiny_vl, data, out, "train.max_steps=4", "train.resume=true", *keep)
+    assert resumed.returncode == 0, resumed.stderr
+    assert metric_steps(out) == [1, 2, 3, 4]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_3", "step_4"]
+    assert sorted(p.name for p in (out / "safetensors").iterdir()) == ["step_3", "step_4"]
+
+    elsewhere = f"train.resume={out / 'checkpoints' / 'step_4'}"
+    refused = run_sft_cli(tiny_vl, data, tmp_path / "other", "train.max_steps=5", elsewhere)
+    assert refused.returncode == 2, refused.stderr
+    assert "outside train.output_dir" in refused.stderr and "--trust-checkpoint" in refused.stderr
+    assert not (tmp_path / "other" / "logs").exists()
+    trusted = run_sft_cli(tiny_vl, data, tmp_path / "other", "train.max_steps=5", elsewhere, "--trust-checkpoint")
+    assert trusted.returncode == 0, trusted.stderr
+    assert "finished 1 steps" in trusted.stdout
+
+
+def test_help_says_resuming_loads_pickle_and_names_the_trust_flag():
+    for command in ("sft", "grpo"):
+        result = subprocess.run([sys.executable, "-m", "physreason", command, "--help"], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0
+        assert "pickle" in result.stdout and "--trust-checkpoint" in result.stdout

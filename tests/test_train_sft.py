@@ -74,7 +74,8 @@ def test_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path):
     assert [p.name for p in checkpoint_dirs(tmp_path / "b")] == ["step_3", "step_6"]
     # Throw away the end of the run, then resume from step 3 in a fresh run.
     resumed = run_sft(tiny_config(tiny_vl, data, tmp_path / "c", "train.max_steps=6",
-                                  f"train.resume='{tmp_path / 'b' / 'checkpoints' / 'step_3'}'"))
+                                  f"train.resume='{tmp_path / 'b' / 'checkpoints' / 'step_3'}'",
+                                  "train.trust_checkpoint=true"))
     assert first.losses == straight.losses
     assert resumed.losses == straight.losses[3:]
 

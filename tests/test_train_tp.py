@@ -122,7 +122,8 @@ def test_tensor_parallel_export_gathers_the_same_full_weights(runs):
 def test_tensor_parallel_checkpoint_resumes_in_one_process(runs, tmp_path):
     checkpoint = runs["tp2"] / "checkpoints" / "step_2"
     resumed = run_sft(load_config(None, _overrides(runs["model"], runs["data"], tmp_path / "resumed",
-                                                   f"train.resume='{checkpoint}'", "train.ckpt.enable_checkpoint=false")))
+                                                   f"train.resume='{checkpoint}'", "train.trust_checkpoint=true",
+                                                   "train.ckpt.enable_checkpoint=false")))
     assert torch.allclose(torch.tensor(resumed.losses), torch.tensor(_metrics(runs["one"], "train/loss")[2:]), rtol=1e-5)
 
 
@@ -132,8 +133,8 @@ def test_data_and_tensor_parallel_2d_mesh_resumes_a_single_process_checkpoint(ru
     checkpoint = runs["one"] / "checkpoints" / "step_2"
     # a clip far above the norm runs the clipping path over both meshes without changing the update
     _torchrun(tmp_path, 4, _overrides(runs["model"], runs["data"], out, "policy.parallelism.tp_size=2",
-                                      f"train.resume='{checkpoint}'", "train.ckpt.enable_checkpoint=false",
-                                      "train.optm_grad_norm_clip=1e6"))
+                                      f"train.resume='{checkpoint}'", "train.trust_checkpoint=true",
+                                      "train.ckpt.enable_checkpoint=false", "train.optm_grad_norm_clip=1e6"))
     one_loss, one_norm = _metrics(runs["one"], "train/loss")[2:], _metrics(runs["one"], "train/grad_norm")[2:]
     assert torch.allclose(torch.tensor(_metrics(out, "train/loss")), torch.tensor(one_loss), rtol=1e-5, atol=1e-6)
     assert torch.allclose(torch.tensor(_metrics(out, "train/grad_norm")), torch.tensor(one_norm), rtol=1e-4)

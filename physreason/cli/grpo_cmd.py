@@ -13,15 +13,26 @@ import typer
 def grpo(
     config: Path = typer.Option(..., "--config", "-c", help="TOML recipe (see configs/grpo_tiny.toml)."),
     overrides: list[str] = typer.Option([], "--set", help="Override a key, e.g. --set grpo.kl_beta=0.01 (repeatable)."),
+    trust_checkpoint: bool = typer.Option(
+        False,
+        "--trust-checkpoint",
+        help="Allow --set train.resume=PATH outside train.output_dir. Resuming unpickles the checkpoint's DCP "
+        ".metadata, which can run code: only for checkpoint folders you trust as you trust code.",
+    ),
 ) -> None:
-    """Train a model with GRPO on multiple-choice prompts: colocated (shared GPUs) or disaggregated on Ray."""
+    """Train a model with GRPO on multiple-choice prompts: colocated (shared GPUs) or disaggregated on Ray.
+
+    A rerun into a train.output_dir that has checkpoints is refused: continue it with --set train.resume=true,
+    or choose a new or empty folder. Resuming loads a checkpoint with pickle (it can run code): a checkpoint
+    folder outside output_dir needs --trust-checkpoint.
+    """
     import torch.distributed as dist
 
     from physreason.config import load_config
     from physreason.train.grpo import run_grpo
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    recipe = load_config(config, overrides)
+    recipe = load_config(config, [*overrides, *(["train.trust_checkpoint=true"] if trust_checkpoint else [])])
     try:
         if recipe.grpo.mode == "disaggregated":
             from physreason.distributed.controller import run_disaggregated

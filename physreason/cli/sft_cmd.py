@@ -13,15 +13,26 @@ def sft(
     overrides: list[str] = typer.Option(
         [], "--set", help="Override a key, e.g. --set train.optm_lr=2e-6 (repeatable)."
     ),
+    trust_checkpoint: bool = typer.Option(
+        False,
+        "--trust-checkpoint",
+        help="Allow --set train.resume=PATH outside train.output_dir. Resuming unpickles the checkpoint's DCP "
+        ".metadata, which can run code: only for checkpoint folders you trust as you trust code.",
+    ),
 ) -> None:
-    """Fine-tune a model on conversation records; launch with torchrun for FSDP2 over several GPUs."""
+    """Fine-tune a model on conversation records; launch with torchrun for FSDP2 over several GPUs.
+
+    A rerun into a train.output_dir that has checkpoints is refused: continue it with --set train.resume=true,
+    or choose a new or empty folder. Resuming loads a checkpoint with pickle (it can run code): a checkpoint
+    folder outside output_dir needs --trust-checkpoint.
+    """
     import torch.distributed as dist
 
     from physreason.config import load_config
     from physreason.train.sft import run_sft
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    recipe = load_config(config, overrides)
+    recipe = load_config(config, [*overrides, *(["train.trust_checkpoint=true"] if trust_checkpoint else [])])
     try:
         result = run_sft(recipe)
     finally:

@@ -191,7 +191,7 @@ class CheckpointConfig(Section):
 
     enable_checkpoint: bool = Field(True, description="Write checkpoints.")
     save_freq: int = Field(100, gt=0, description="Steps between checkpoints.")
-    max_keep: int = Field(2, ge=1, description="Checkpoints kept; older ones are deleted.")
+    max_keep: int = Field(2, ge=1, description="Checkpoints, and safetensors exports, kept; older ones are deleted.")
     export_safetensors: bool = Field(True, description="Also export a Hugging Face safetensors folder at each save.")
 
 
@@ -208,7 +208,15 @@ class TrainConfig(Section):
 
     output_dir: str = Field("./outputs", description="Folder for checkpoints, logs and exports.")
     resume: bool | str = Field(
-        False, description="true resumes from the latest checkpoint in output_dir; a path resumes from it."
+        False,
+        description="true resumes from the latest checkpoint in output_dir; a path resumes from it. Loading a "
+        "checkpoint unpickles its DCP metadata, which can run code: a folder outside output_dir needs "
+        "trust_checkpoint.",
+    )
+    trust_checkpoint: bool = Field(
+        False,
+        description="Allow train.resume to name a checkpoint folder outside output_dir. Only for folders you "
+        "trust as you trust code: resuming unpickles the checkpoint's .metadata.",
     )
     seed: int = Field(42, description="Seed for data order, initialisation and sampling.")
     epoch: int = Field(1, ge=1, description="Passes over the training data.")

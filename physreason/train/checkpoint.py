@@ -4,12 +4,18 @@ Layout: <output_dir>/checkpoints/step_<n>/ holds the DCP shards of model + optim
 one `trainer_rank<r>.pt` per rank (data position, RNG states). A save goes to `step_<n>.tmp` and is
 renamed only when every rank has finished, so a crash never leaves a checkpoint that looks complete.
 DCP reshards on load, so a run can resume on another number of processes.
+
+Trust: DCP reads a checkpoint's `.metadata` with pickle, so loading a checkpoint can run code that was put
+in it. A run resumes from its own output_dir; a folder elsewhere needs `train.trust_checkpoint = true`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +70,11 @@ def checkpoint_dirs(output_dir: str | Path) -> list[Path]:
     return sorted(done, key=lambda p: int(p.name[len(_PREFIX) :]))
 
 
-def resolve_resume(resume: bool | str, output_dir: str | Path) -> Path | None:
-    """The checkpoint to resume from: None for a fresh run, the latest for `true`, else the given path."""
+def resolve_resume(resume: bool | str, output_dir: str | Path, trust: bool = False) -> Path | None:
+    """The checkpoint to resume from: None for a fresh run, the latest for `true`, else the given path.
+
+    A path outside output_dir is refused (ConfigError) unless `trust`: loading it unpickles its metadata.
+    """
     if resume is False:
         return None
     if resume is True:
@@ -74,7 +83,49 @@ def resolve_resume(resume: bool | str, output_dir: str | Path) -> Path | None:
     path = Path(resume)
     if not (path / ".metadata").is_file():
         raise ConfigError(f"train.resume = {resume!r} is not a complete checkpoint folder (no .metadata inside)")
+    if not trust and not path.resolve().is_relative_to(Path(output_dir).resolve()):
+        raise ConfigError(
+            f"train.resume = {resume!r} is outside train.output_dir ({output_dir}). Loading a checkpoint unpickles "
+            "its .metadata, which can run any code put there: if you trust that folder as you would trust code, "
+            "set train.trust_checkpoint = true (--trust-checkpoint); else copy the run into output_dir yourself"
+        )
     return path
+
+
+def refuse_stale_checkpoints(output_dir: str | Path, resume: bool | str) -> None:
+    """Raise ConfigError when a fresh run (train.resume false) would write into a folder that has checkpoints.
+
+    Such a run would start again from step 0, append duplicate steps to logs/metrics.jsonl and rotate
+    the earlier run's checkpoints together with its own.
+    """
+    found = checkpoint_dirs(output_dir)
+    if resume is not False or not found:
+        return
+    names = ", ".join(p.name for p in found)
+    raise ConfigError(
+        f"train.output_dir {output_dir} already holds checkpoints of an earlier run ({names}). Continue that run "
+        "with --set train.resume=true, or start a new one in a new or empty folder with --set train.output_dir=..."
+    )
+
+
+def prune_step_dirs(root: Path, max_keep: int, keep: Path) -> None:
+    """Delete all but the newest `max_keep` step_<n> folders under `root`; never `keep`, the one just written."""
+    steps = [
+        p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit()
+    ] if root.is_dir() else []
+    steps.sort(key=lambda p: int(p.name[len(_PREFIX) :]))
+    for old in steps[:-max_keep]:
+        if old.resolve() != keep.resolve():
+            shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """Silence DCP's warning that it assumes one process, when there is no process group: that is the intent."""
+    with warnings.catch_warnings():
+        if not dist.is_initialized():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
 
 
 def save_checkpoint(
@@ -89,14 +140,14 @@ def save_checkpoint(
         staging.mkdir(parents=True)
     _barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}, checkpoint_id=staging)
+    with _single_process_quiet():
+        dcp.save({"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}, checkpoint_id=staging)
     torch.save({**trainer_state, "rng": rng_state()}, staging / f"trainer_rank{_rank()}.pt")
     _barrier()
     if _rank() == 0:
         shutil.rmtree(final, ignore_errors=True)
         staging.rename(final)
-        for old in checkpoint_dirs(output_dir)[:-max_keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune_step_dirs(root, max_keep, keep=final)
     _barrier()
     return final
 
@@ -105,12 +156,14 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler) -> dict[
     """Load model, optimizer and scheduler in place and restore RNG; returns the saved trainer state."""
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "scheduler": scheduler.state_dict()}
-    dcp.load(state, checkpoint_id=path)
+    with _single_process_quiet():
+        dcp.load(state, checkpoint_id=path)
     # Parameters that never received a gradient (e.g. an unused vision tower) have no AdamW state in
     # the checkpoint; the fresh optimizer's zero state for them is equivalent, so the optimizer part
     # may be partial while model weights must be complete.
     optim = {"optim": optim_state}
-    dcp.load(optim, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
+    with _single_process_quiet():
+        dcp.load(optim, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim["optim"])
     scheduler.load_state_dict(state["scheduler"])
     own = path / f"trainer_rank{_rank()}.pt"

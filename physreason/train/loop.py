@@ -23,7 +23,13 @@ from typing import Any
 
 from physreason.config import Config, dump_config
 from physreason.train.build import TrainingModel
-from physreason.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from physreason.train.checkpoint import (
+    load_checkpoint,
+    prune_step_dirs,
+    refuse_stale_checkpoints,
+    resolve_resume,
+    save_checkpoint,
+)
 from physreason.train.metrics import MetricLogger
 from physreason.train.runtime import Runtime
 
@@ -31,8 +37,14 @@ log = logging.getLogger(__name__)
 
 
 def prepare_output(config: Config, runtime: Runtime | None = None) -> Path:
-    """Create train.output_dir and write the fully resolved recipe there as config.toml (main process only)."""
+    """Create train.output_dir and write the fully resolved recipe there as config.toml (main process only).
+
+    Raises ConfigError, before anything is written, when a fresh run would reuse a folder holding
+    checkpoints, and when train.resume names a checkpoint it may not load (see resolve_resume).
+    """
     output = Path(config.train.output_dir)
+    refuse_stale_checkpoints(output, config.train.resume)
+    resolve_resume(config.train.resume, output, config.train.trust_checkpoint)
     if runtime is None or runtime.is_main:
         output.mkdir(parents=True, exist_ok=True)
         dump_config(config, output / "config.toml")
@@ -81,7 +93,8 @@ class Checkpointer:
 
         Returns the checkpoint and its trainer state, or None for a fresh run. RNG states are restored too.
         """
-        path = resolve_resume(self.config.train.resume if resume is None else resume, self.output)
+        train = self.config.train
+        path = resolve_resume(train.resume if resume is None else resume, self.output, train.trust_checkpoint)
         if path is None:
             return None
         trained = self.trained
@@ -98,13 +111,20 @@ class Checkpointer:
         return Saved(checkpoint, self.export(step) if ckpt.export_safetensors else None)
 
     def export(self, step: int) -> Path:
-        """Write the model of `step` as a Hugging Face safetensors folder that transformers and vLLM load as is."""
+        """Write the model of `step` as a Hugging Face safetensors folder that transformers and vLLM load as is.
+
+        Older exports beyond [train.ckpt] max_keep are deleted, as checkpoints are.
+        """
+        import torch.distributed as dist
+
         from physreason.models.export import export_safetensors
 
         model_cfg = self.config.model
-        return export_safetensors(
-            self.trained.model, model_cfg.model_name_or_path, self.output / "safetensors" / f"step_{step}", model_cfg.dtype
-        )
+        exports = self.output / "safetensors"
+        folder = export_safetensors(self.trained.model, model_cfg.model_name_or_path, exports / f"step_{step}", model_cfg.dtype)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            prune_step_dirs(exports, self.config.train.ckpt.max_keep, keep=folder)
+        return folder
 
 
 class StepLog:
