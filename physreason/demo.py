@@ -162,6 +162,12 @@ def _evaluate(cfg: Config, label: str, results_dir: Path) -> dict[str, float | N
     return {r.dataset: r.mean_std()[0] for r in collect_reports(cfg.eval.results_dir)}
 
 
+def _finished_export(output_dir: Path, steps: int) -> Path | None:
+    """The safetensors export of a training run that reached `steps` (an earlier demo's), or None."""
+    folder = output_dir / "safetensors" / f"step_{steps}"
+    return folder if (folder / "config.json").is_file() else None
+
+
 def run_demo(out: str | Path = "demo-out", sizes: DemoSizes | None = None) -> dict[str, dict[str, float | None]]:
     """Run every stage under `out` (reruns reuse finished stages) and return accuracy per stage and task."""
     from physreason.data.synth.generate import generate_task
@@ -193,27 +199,37 @@ def run_demo(out: str | Path = "demo-out", sizes: DemoSizes | None = None) -> di
     console.print(f"({time.perf_counter() - start:.1f} s)")
 
     start = _stage("4/7 supervised fine-tuning (letter answers)")
-    result = run_sft(cfg)
-    first, last = result.losses[0], result.losses[-1]
-    console.print(f"SFT loss {first:.3f} -> {last:.3f} over {len(result.losses)} steps ({time.perf_counter() - start:.1f} s)")
-    if result.export_dir is None:
-        raise PhysReasonError("the SFT run exported no model; check train.ckpt.export_safetensors")
+    sft_export = _finished_export(Path(cfg.train.output_dir), sizes.sft_steps)
+    if sft_export is None:
+        cfg.train.resume = True  # a demo stopped during SFT continues from its last checkpoint
+        result = run_sft(cfg)
+        if result.losses:
+            first, last = result.losses[0], result.losses[-1]
+            console.print(f"SFT loss {first:.3f} -> {last:.3f} over {len(result.losses)} steps")
+        if result.export_dir is None:
+            raise PhysReasonError("the SFT run exported no model; check train.ckpt.export_safetensors")
+        sft_export = result.export_dir
+    console.print(f"fine-tuned model: {sft_export} ({time.perf_counter() - start:.1f} s)")
 
     start = _stage("5/7 evaluate the fine-tuned model")
-    table["after SFT"] = _evaluate(_with_model(cfg, result.export_dir), "sft", out / "results")
+    table["after SFT"] = _evaluate(_with_model(cfg, sft_export), "sft", out / "results")
     console.print(f"({time.perf_counter() - start:.1f} s)")
 
     start = _stage("6/7 GRPO from the fine-tuned model (accuracy reward)")
-    rl = run_grpo(grpo_config(cfg, out, result.export_dir, sizes))
-    console.print(
-        f"mean reward {rl.rewards[0]:.3f} -> {rl.rewards[-1]:.3f} over {len(rl.rewards)} steps "
-        f"({time.perf_counter() - start:.1f} s)"
-    )
-    if rl.export_dir is None:
-        raise PhysReasonError("the GRPO run exported no model; check train.ckpt.export_safetensors")
+    rl_cfg = grpo_config(cfg, out, sft_export, sizes)
+    rl_export = _finished_export(Path(rl_cfg.train.output_dir), sizes.grpo_steps)
+    if rl_export is None:
+        rl_cfg.train.resume = True
+        rl = run_grpo(rl_cfg)
+        if rl.rewards:
+            console.print(f"mean reward {rl.rewards[0]:.3f} -> {rl.rewards[-1]:.3f} over {len(rl.rewards)} steps")
+        if rl.export_dir is None:
+            raise PhysReasonError("the GRPO run exported no model; check train.ckpt.export_safetensors")
+        rl_export = rl.export_dir
+    console.print(f"GRPO model: {rl_export} ({time.perf_counter() - start:.1f} s)")
 
     start = _stage("7/7 evaluate the GRPO model")
-    table["after SFT+GRPO"] = _evaluate(_with_model(cfg, rl.export_dir), "grpo", out / "results")
+    table["after SFT+GRPO"] = _evaluate(_with_model(cfg, rl_export), "grpo", out / "results")
     console.print(f"({time.perf_counter() - start:.1f} s)")
 
     print_table(table, sizes.test_per_task)

@@ -23,11 +23,12 @@ def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
     assert len(records) == 4 * len(TASKS)
     prompts = (train / "rl.jsonl").read_text().splitlines()
     assert len(prompts) == 4 * len(TASKS) and json.loads(prompts[0])["video"].startswith(f"{TASKS[0]}/")
-    # a rerun reuses the model and the clips instead of regenerating them
+    # a rerun reuses the model, the clips and the trained models instead of making them again
     clip = train / "arrow_of_time" / records[0]["video"].split("/", 1)[1]
-    stamp = clip.stat().st_mtime_ns
-    run_demo(tmp_path / "demo", sizes)
-    assert clip.stat().st_mtime_ns == stamp
+    exports = [tmp_path / "demo" / "sft" / "safetensors" / "step_2", tmp_path / "demo" / "grpo" / "safetensors" / "step_1"]
+    stamps = [path.stat().st_mtime_ns for path in (clip, *(e / "config.json" for e in exports))]
+    assert run_demo(tmp_path / "demo", sizes) == table
+    assert [path.stat().st_mtime_ns for path in (clip, *(e / "config.json" for e in exports))] == stamps
 
 
 def test_letter_records_answer_with_the_benchmark_letter(tmp_path):
