@@ -110,3 +110,21 @@ def test_help_says_resuming_loads_pickle_and_names_the_trust_flag():
                                 timeout=60)
         assert result.returncode == 0
         assert "pickle" in result.stdout and "--trust-checkpoint" in result.stdout
+
+
+def test_bad_media_paths_are_all_reported_by_file_line_before_training(tiny_vl, tmp_path):
+    from media import write_clip
+
+    write_clip(tmp_path / "clips" / "ok.mp4")
+    records = [{**conversation(i), "video": "clips/ok.mp4"} for i in range(10)]
+    records[6]["video"] = "clips/missing.mp4"  # line 7
+    records[8]["video"] = "../outside.mp4"  # line 9
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = run_sft_cli(tiny_vl, data, tmp_path / "out", "train.max_steps=1", "data.val_fraction=0.2")
+    assert result.returncode == 2, result.stderr
+    assert "2 of 10 SFT records cannot be used" in result.stderr  # one check over the train and held-out splits
+    assert f"{data}:7: media file" in result.stderr and "missing.mp4 does not exist" in result.stderr
+    assert f"{data}:9: media path '../outside.mp4' leads outside the data folder" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out" / "logs").exists()  # refused before the model was built or a step ran

@@ -37,8 +37,10 @@ def _read_json(path: Path, require_objects: bool) -> list[Any]:
     return data
 
 
-def _read_jsonl(path: Path, require_objects: bool) -> list[Any]:
+def _read_jsonl(path: Path, require_objects: bool) -> tuple[list[Any], list[str]]:
+    """The records of a JSONL file and where each is ("file:line"), blank lines skipped."""
     records = []
+    locations = []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -53,7 +55,8 @@ def _read_jsonl(path: Path, require_objects: bool) -> list[Any]:
                     'write one JSON object per line, such as {"question": ..., "video": ...}'
                 )
             records.append(record)
-    return records
+            locations.append(f"{path}:{number}")
+    return records, locations
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
@@ -85,7 +88,18 @@ def _read_datasets(name: str, config: DatasetConfig) -> list[dict[str, Any]]:
 
 
 def load_records(config: DatasetConfig, *, require_objects: bool = True) -> tuple[list[Any], Path]:
-    """Return the records of a data set and the folder its media paths are relative to.
+    """Return the records of a data set and the folder its media paths are relative to (see load_located_records)."""
+    records, root, _ = load_located_records(config, require_objects=require_objects)
+    return records, root
+
+
+def load_located_records(
+    config: DatasetConfig, *, require_objects: bool = True
+) -> tuple[list[Any], Path, list[str]]:
+    """Return the records of a data set, the folder its media paths are relative to, and where each record is.
+
+    A location names the record as a person finds it: "data.jsonl:12" (line 12), "data.json record 3"
+    (0-based list index) or "name row 3" (parquet files and `datasets` folders).
 
     A `.json` file holds a list of records, `.jsonl` one record per line, `.parquet` one per row (read with
     `datasets`); a folder is read with `datasets.load_from_disk`; any other name is a Hugging Face Hub data set.
@@ -98,11 +112,13 @@ def load_records(config: DatasetConfig, *, require_objects: bool = True) -> tupl
     if path.is_file():
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
-            records = _read_jsonl(path, require_objects)
+            records, locations = _read_jsonl(path, require_objects)
         elif suffix == ".json":
             records = _read_json(path, require_objects)
+            locations = [f"{path} record {index}" for index in range(len(records))]
         elif suffix == ".parquet":
             records = _read_parquet(path)
+            locations = [f"{path} row {index}" for index in range(len(records))]
         else:
             raise InputError(
                 f"{path}: unknown data file type {suffix!r}; use .json, .jsonl, .parquet or a load_from_disk folder"
@@ -110,11 +126,12 @@ def load_records(config: DatasetConfig, *, require_objects: bool = True) -> tupl
         default_root = path.parent
     elif path.is_dir() or not path.suffix:
         records = _read_datasets(config.name, config)
+        locations = [f"{config.name} row {index}" for index in range(len(records))]
         default_root = path if path.is_dir() else Path.cwd()
     else:
         raise InputError(f"data file {path} does not exist: check data.dataset.name")
     root = Path(config.media_root).expanduser() if config.media_root else default_root
-    return records, root.resolve()
+    return records, root.resolve(), locations
 
 
 def media_path_in_root(root: Path, relative: str, where: str) -> Path:

@@ -228,6 +228,7 @@ class SFTDataset(Dataset):
         processor_params: Any = None,
         conversation_column: str = "conversations",
         source: str = "data set",
+        locations: list[str] | None = None,
     ) -> None:
         self.records = records
         self.root = Path(root).resolve()
@@ -238,9 +239,34 @@ class SFTDataset(Dataset):
         self.processor_params = processor_params
         self.column = conversation_column
         self.source = source
+        # Where each record is in its file ("data.jsonl:12"), so messages name the line, not a shuffled index.
+        self.locations = locations
 
     def __len__(self) -> int:
         return len(self.records)
+
+    def where(self, index: int) -> str:
+        """The record's place in its file when known ("data.jsonl:12"), else "<source> record <index>"."""
+        return self.locations[index] if self.locations is not None else f"{self.source} record {index}"
+
+    def record_problems(self) -> list[str]:
+        """Why each unusable record cannot be used: layout, video range and media paths, checked without decoding.
+
+        Cheap enough to run over every record before training, so a bad path fails at once instead of when
+        the loader reaches its record, minutes in.
+        """
+        problems = []
+        for index, record in enumerate(self.records):
+            where = self.where(index)
+            try:
+                media = media_of(normalize_conversation(record, self.column, where), self.root, where)
+                if media and self.vision_tokens is None:
+                    raise InputError(f"{where}: the record has images or videos but the model has no vision tower")
+                if media:
+                    record_video_range(record, where)
+            except InputError as exc:
+                problems.append(str(exc))
+        return problems
 
     def _load_visuals(self, media: list[MediaRef], record: dict[str, Any], where: str) -> Any:
         from physreason.models.inputs import encode_visuals
@@ -256,7 +282,7 @@ class SFTDataset(Dataset):
         return encode_visuals(images, videos, self.processor_params)
 
     def __getitem__(self, index: int) -> SFTSample | SkippedSample:
-        where = f"{self.source} record {index}"
+        where = self.where(index)
         messages = normalize_conversation(self.records[index], self.column, where)
         media = media_of(messages, self.root, where)
         visuals = self._load_visuals(media, self.records[index], where) if media else None

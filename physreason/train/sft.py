@@ -21,11 +21,11 @@ from torch.utils.data import DataLoader
 
 from physreason.config import Config, DatasetConfig
 from physreason.data.collate import SFTBatch, collate_padded
-from physreason.data.loaders import load_records
+from physreason.data.loaders import load_located_records
 from physreason.data.packing import collate_packed
 from physreason.data.sampler import StepSampler
 from physreason.data.sft import SFTDataset
-from physreason.errors import ConfigError
+from physreason.errors import ConfigError, InputError
 from physreason.models import loading, parallelize
 from physreason.models.family import read_vision_tokens
 from physreason.train.build import build_training_model
@@ -48,19 +48,24 @@ class SFTResult:
 
 
 def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTDataset, SFTDataset | None]:
-    """Train and validation sets (a held-out fraction of train when no val_dataset is given)."""
-    records, root = load_records(config.data.dataset)
+    """Train and validation sets (a held-out fraction of train when no val_dataset is given).
+
+    Every record's layout and media paths are checked here, before any model is built (InputError names
+    the file and line of each bad record).
+    """
+    records, root, where = load_located_records(config.data.dataset)
     if config.data.max_samples:
-        records = records[: config.data.max_samples]
+        records, where = records[: config.data.max_samples], where[: config.data.max_samples]
     val_records: list[dict] = []
+    val_where: list[str] = []
     val_root = root
     if config.data.val_dataset is not None:
-        val_records, val_root = load_records(config.data.val_dataset)
+        val_records, val_root, val_where = load_located_records(config.data.val_dataset)
     elif config.data.val_fraction > 0:
         order = torch.randperm(len(records), generator=torch.Generator().manual_seed(config.train.seed)).tolist()
         n_val = max(1, int(len(records) * config.data.val_fraction))
-        val_records = [records[i] for i in order[-n_val:]]
-        records = [records[i] for i in order[:-n_val]]
+        val_records, val_where = [records[i] for i in order[-n_val:]], [where[i] for i in order[-n_val:]]
+        records, where = [records[i] for i in order[:-n_val]], [where[i] for i in order[:-n_val]]
     vision_tokens = read_vision_tokens(hf_config)
     params = None
     if vision_tokens is not None:
@@ -76,9 +81,18 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
         processor_params=params,
         conversation_column=config.data.conversation_column_name,
     )
-    train = make(records, root, source=config.data.dataset.name)
+    train = make(records, root, source=config.data.dataset.name, locations=where)
     val_name = (config.data.val_dataset or DatasetConfig(name=f"{config.data.dataset.name} (held out)")).name
-    return train, (make(val_records, val_root, source=val_name) if val_records else None)
+    val = make(val_records, val_root, source=val_name, locations=val_where) if val_records else None
+    problems = [p for dataset in (train, val) if dataset is not None for p in dataset.record_problems()]
+    if problems:
+        shown, total = 5, len(records) + len(val_records)
+        more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
+        raise InputError(
+            f"{len(problems)} of {total} SFT records cannot be used: " + "; ".join(problems[:shown]) + more
+            + ". Fix or remove them"
+        )
+    return train, val
 
 
 def batch_layout(config: Config, world_size: int, tp_size: int) -> tuple[int, int]:
