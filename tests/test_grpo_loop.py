@@ -63,6 +63,7 @@ def grpo_config(model: Path, data: Path, out: Path, *extra: str):
         "train.gradient_checkpointing=false",
         "train.ckpt.export_safetensors=false",
         "logging.logger=['jsonl', 'tensorboard']",
+        "train.log_freq=1",
         *extra,
     ])
 

@@ -48,6 +48,7 @@ def recipe_factory(tmp_path_factory, ray_session):
                 "param_dtype": "float32",
                 "gradient_checkpointing": False,
                 "ckpt": {"save_freq": 2, "max_keep": 2, "export_safetensors": False},
+                "log_freq": 1,  # the tests read every step's metrics
                 **train,
             },
             "rollout": {

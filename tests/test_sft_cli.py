@@ -128,3 +128,16 @@ def test_bad_media_paths_are_all_reported_by_file_line_before_training(tiny_vl, 
     assert f"{data}:9: media path '../outside.mp4' leads outside the data folder" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out" / "logs").exists()  # refused before the model was built or a step ran
+
+
+def test_a_log_shows_one_metrics_line_per_log_freq_and_progress_lines_not_a_bar(tiny_vl, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(8)))
+    result = run_sft_cli(tiny_vl, data, tmp_path / "out", "train.max_steps=3", "train.ckpt.enable_checkpoint=false",
+                         "train.ckpt.export_safetensors=false", "train.validation_freq=100")
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    metric_lines = [line for line in output.splitlines() if "physreason.train.metrics: step" in line]
+    assert [line.split(": step ")[1].split()[0] for line in metric_lines] == ["3"]  # log_freq 10: the last step only
+    assert "sft: 3/3 (100%)" in output and "\r" not in output  # the bar became a plain line
+    assert metric_steps(tmp_path / "out") == [3]

@@ -61,7 +61,7 @@ def _overrides(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
         "train.train_batch_per_replica=4", "train.mini_batch=1", f"train.max_steps={STEPS}", f"train.optm_lr={LR}",
         "train.param_dtype='float32'", "data.num_workers=0", "logging.logger=['jsonl']", "model.dtype='float32'",
         # no clipping: a wrong gradient scale would otherwise hide behind the clip and AdamW's scale invariance
-        "train.optm_grad_norm_clip=0", "train.ckpt.save_freq=2", "train.ckpt.max_keep=2", *extra,
+        "train.optm_grad_norm_clip=0", "train.ckpt.save_freq=2", "train.ckpt.max_keep=2", "train.log_freq=1", *extra,
     ]
 
 

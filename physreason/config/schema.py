@@ -245,7 +245,12 @@ class TrainConfig(Section):
     loss_chunk_size: int = Field(
         0, ge=0, description="Tokens per lm_head + cross-entropy chunk (full logits never materialise); 0 = one piece."
     )
-    log_freq: int = Field(1, gt=0, description="Steps between metric log lines.")
+    log_freq: int = Field(
+        10,
+        gt=0,
+        description="Steps between metric logs (a console line and a JSONL/TensorBoard/wandb point; the last step "
+        "always logs); the progress bar shows every step.",
+    )
     validation_freq: int = Field(100, gt=0, description="Steps between validation-loss evaluations.")
     sync_weight_interval: int = Field(1, gt=0, description="GRPO: steps between weight pushes to the rollout engine.")
     ckpt: CheckpointConfig = Field(default_factory=CheckpointConfig)
