@@ -32,7 +32,7 @@ def grpo(
     from physreason.train.grpo import run_grpo
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    recipe = load_config(config, [*overrides, *(["train.trust_checkpoint=true"] if trust_checkpoint else [])])
+    recipe = load_config(config, overrides, {"train.trust_checkpoint": True} if trust_checkpoint else None)
     try:
         if recipe.grpo.mode == "disaggregated":
             from physreason.distributed.controller import run_disaggregated

@@ -32,7 +32,7 @@ def sft(
     from physreason.train.sft import run_sft
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    recipe = load_config(config, [*overrides, *(["train.trust_checkpoint=true"] if trust_checkpoint else [])])
+    recipe = load_config(config, overrides, {"train.trust_checkpoint": True} if trust_checkpoint else None)
     try:
         result = run_sft(recipe)
     finally:
