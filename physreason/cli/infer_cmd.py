@@ -35,6 +35,9 @@ def infer(
         [], "--set", help="Override a config key: --set generation.top_p=0.9 (repeatable)."
     ),
     engine: str | None = typer.Option(None, help="Engine: auto (vLLM when installed), vllm or hf."),
+    lora: Path | None = typer.Option(
+        None, "--lora", help="PEFT LoRA adapter folder served on top of --model (e.g. <run>/safetensors/step_N/adapter)."
+    ),
     fps: float | None = typer.Option(None, help="Frames per second sampled from videos [default: 4]."),
     max_pixels: int | None = typer.Option(None, help="Largest pixels per frame after resizing."),
     total_pixels: int | None = typer.Option(None, help="Pixel budget of a whole video, shared over its frames."),
@@ -68,6 +71,7 @@ def infer(
         "model.model_name_or_path": model,
         "model.dtype": dtype,
         "engine.backend": engine,
+        "engine.lora": str(lora) if lora is not None else None,
         "engine.tensor_parallel_size": tensor_parallel_size,
         "engine.gpu_memory_utilization": gpu_memory_utilization,
         "engine.max_model_len": max_model_len,

@@ -144,6 +144,11 @@ class EngineConfig(Section):
     hf_static_cache: bool = Field(
         False, description="hf engine: static KV cache + torch.compile on GPU (compiles once per batch shape)."
     )
+    lora: str | None = Field(
+        None,
+        description="A PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) served on top of "
+        "the model: vLLM loads it as a runtime adapter, the hf engine merges it in when loading. None: the model alone.",
+    )
 
 
 class DatasetConfig(Section):

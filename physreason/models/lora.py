@@ -75,6 +75,22 @@ def target_pattern(model: nn.Module, lora: LoraConfig) -> str:
     return pattern
 
 
+def read_adapter_config(path: str | Path) -> dict[str, Any]:
+    """The adapter_config.json of a PEFT adapter folder; ConfigError naming the folder when it is not one."""
+    import json
+
+    file = Path(path) / "adapter_config.json"
+    if not file.is_file():
+        raise ConfigError(
+            f"LoRA adapter {path} has no adapter_config.json: pass a PEFT adapter folder, such as "
+            "<output_dir>/safetensors/step_<n>/adapter of a [train.lora] run"
+        )
+    config = json.loads(file.read_text(encoding="utf-8"))
+    if config.get("peft_type") != "LORA":
+        raise ConfigError(f"{file} describes a {config.get('peft_type')!r} adapter; only LoRA adapters are served")
+    return config
+
+
 def apply_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
     """Inject LoRA adapters into `model` in place (PEFT) and freeze every other weight; returns the PeftModel.
 
