@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,36 @@ def test_lora_vision_adds_adapters_to_the_vision_blocks(tiny_vl, tmp_path):
     vision = {n.split(".")[-4] for n, p in trained.model.named_parameters() if p.requires_grad and ".visual." in n}
     assert vision == {"qkv", "proj", "gate_proj", "up_proj", "down_proj"}
     assert not any(".merger." in n for n, p in trained.model.named_parameters() if p.requires_grad)
+
+
+def infer_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "physreason", "infer", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+def test_infer_lora_serves_an_adapter_like_its_merged_export(tiny_vl, tmp_path):
+    from physreason.config import LoraConfig, ModelConfig
+    from physreason.models.export import export_safetensors
+    from physreason.models.lora import apply_lora, lora_layers, merged_named_tensors, save_adapter
+
+    model = loading.load_model(ModelConfig(model_name_or_path=str(tiny_vl)), dtype=torch.float32)
+    peft_model = apply_lora(model, LoraConfig(enable=True, rank=8))
+    torch.manual_seed(3)
+    for layer in lora_layers(model).values():
+        torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.5)
+    adapter = save_adapter(peft_model, tmp_path / "adapter")
+    merged = export_safetensors(model, str(tiny_vl), tmp_path / "merged", "float32", state=dict(merged_named_tensors(model)))
+    flags = ("--engine", "hf", "--dtype", "float32", "--question", "Does the box slide?", "--temperature", "0",
+             "--max-tokens", "8", "--json")
+
+    def answer(*args: str) -> str:
+        done = infer_cli(*args, *flags)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    served = answer("--model", str(tiny_vl), "--lora", str(adapter))
+    assert served == answer("--model", str(merged))
+    assert served != answer("--model", str(tiny_vl))
+    missing = infer_cli("--model", str(tiny_vl), "--lora", str(tmp_path / "nope"), *flags)
+    assert missing.returncode == 2 and "adapter_config.json" in missing.stderr and "Traceback" not in missing.stderr
