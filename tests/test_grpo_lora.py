@@ -124,3 +124,4 @@ def test_policy_sync_sends_only_the_adapter_to_an_engine_that_serves_adapters(ti
     assert not Path(second).exists()
     # Vision or fully trained modules cannot ride on vLLM's runtime adapters: merged weights instead.
     assert PolicySync(engine, model, peft_model, LoraConfig(enable=True, modules_to_save=["lm_head"]), None).mode == "merged"
+    assert PolicySync(engine, model, peft_model, LoraConfig(enable=True, sync="merged"), None).mode == "merged"

@@ -223,6 +223,12 @@ class LoraConfig(Section):
         default_factory=list,
         description="Modules trained in full beside the adapters and saved with them (e.g. 'lm_head'); none by default.",
     )
+    sync: Literal["auto", "merged"] = Field(
+        "auto",
+        description="GRPO weight sync to the rollout engine: 'auto' sends the adapter alone where the engine serves "
+        "runtime adapters (vLLM; language-block adapters without modules_to_save), merged weights elsewhere; "
+        "'merged' always sends base + adapters merged (the engine then runs without LoRA kernels).",
+    )
 
 
 class TrainConfig(Section):

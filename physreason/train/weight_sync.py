@@ -54,9 +54,9 @@ def adapter_push_supported(lora: LoraConfig) -> bool:
     """Whether an adapter of these settings can go to vLLM as a runtime adapter: language-block adapters only.
 
     vLLM's runtime LoRA covers the language model's linear layers; vision-tower adapters and fully trained
-    modules (modules_to_save) go to the engine merged instead.
+    modules (modules_to_save) go to the engine merged instead, as they do when `lora.sync` is "merged".
     """
-    return not lora.vision and not lora.modules_to_save
+    return lora.sync == "auto" and not lora.vision and not lora.modules_to_save
 
 
 class PolicySync:
