@@ -125,3 +125,13 @@ def test_policy_sync_sends_only_the_adapter_to_an_engine_that_serves_adapters(ti
     # Vision or fully trained modules cannot ride on vLLM's runtime adapters: merged weights instead.
     assert PolicySync(engine, model, peft_model, LoraConfig(enable=True, modules_to_save=["lm_head"]), None).mode == "merged"
     assert PolicySync(engine, model, peft_model, LoraConfig(enable=True, sync="merged"), None).mode == "merged"
+
+
+def test_grpo_refuses_a_fixed_inference_adapter_on_its_engine(tiny_text, mcq_file, tmp_path):
+    from physreason.errors import ConfigError
+    from physreason.train.grpo import build_policy
+    from physreason.train.runtime import init_runtime
+
+    config = grpo_config(tiny_text, mcq_file, tmp_path, f"engine.lora='{tmp_path}'")
+    with pytest.raises(ConfigError, match="unset engine.lora"):
+        build_policy(config, init_runtime(), 1)

@@ -42,8 +42,10 @@ def create_engine(
             from physreason.engines.vllm import VLLMEngine
         except ImportError as exc:
             raise ConfigError(f"the vllm engine is not available in this build of physreason ({exc}); use --engine hf") from exc
-        overrides = {"distributed_executor_backend": vllm_executor} if vllm_executor is not None else {}
-        return VLLMEngine(model, engine, lora_rank=lora_rank, **overrides)
+        overrides: dict = {"distributed_executor_backend": vllm_executor} if vllm_executor is not None else {}
+        if lora_rank is not None:
+            overrides["lora_rank"] = lora_rank
+        return VLLMEngine(model, engine, **overrides)
     from physreason.engines.hf import HFEngine
 
     return HFEngine(model, engine, static_cache=engine.hf_static_cache)

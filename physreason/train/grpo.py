@@ -312,6 +312,12 @@ def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Training
     The schedule spans total_steps x mu_iterations optimizer steps.
     """
     grpo_cfg = config.grpo
+    if config.engine.lora is not None:
+        # The engine would add that fixed adapter on top of every policy version it is sent.
+        raise ConfigError(
+            f"engine.lora = {config.engine.lora!r} serves a fixed adapter for inference; GRPO sends the engine its own "
+            "policy: unset engine.lora (train.lora trains adapters; start from an adapter's merged export as model)"
+        )
     reference = None
     if grpo_cfg.kl_beta > 0:
         reference = config.model.model_copy(
