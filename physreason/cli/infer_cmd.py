@@ -35,6 +35,9 @@ def infer(
         [], "--set", help="Override a config key: --set generation.top_p=0.9 (repeatable)."
     ),
     engine: str | None = typer.Option(None, help="Engine: auto (vLLM when installed), vllm or hf."),
+    lora: Path | None = typer.Option(
+        None, "--lora", help="PEFT LoRA adapter folder served on top of --model (e.g. <run>/safetensors/step_N/adapter)."
+    ),
     fps: float | None = typer.Option(None, help="Frames per second sampled from videos [default: 4]."),
     nframes: int | None = typer.Option(
         None, help="Sample this many frames per video instead of --fps (rounded to even, as qwen-vl-utils does)."
@@ -79,6 +82,7 @@ def infer(
         "model.model_name_or_path": model,
         "model.dtype": dtype,
         "engine.backend": engine,
+        "engine.lora": str(lora) if lora is not None else None,
         "engine.tensor_parallel_size": tensor_parallel_size,
         "engine.gpu_memory_utilization": gpu_memory_utilization,
         "engine.max_model_len": max_model_len,

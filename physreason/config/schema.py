@@ -158,6 +158,11 @@ class EngineConfig(Section):
     hf_static_cache: bool = Field(
         False, description="hf engine: static KV cache + torch.compile on GPU (compiles once per batch shape)."
     )
+    lora: str | None = Field(
+        None,
+        description="A PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) served on top of "
+        "the model: vLLM loads it as a runtime adapter, the hf engine merges it in when loading. None: the model alone.",
+    )
 
 
 class DatasetConfig(Section):
@@ -201,6 +206,43 @@ class ParallelismConfig(Section):
     tp_size: int = Field(1, ge=1, description="Tensor-parallel degree.")
     dp_shard_size: int = Field(-1, ge=-1, description="FSDP shard degree; -1 uses all remaining GPUs.")
     n_init_replicas: int = Field(1, ge=1, description="Replicas started at launch (disaggregated RL).")
+
+
+class LoraConfig(Section):
+    """[train.lora]: train low-rank adapters (PEFT LoRA) instead of the full model; the base weights stay frozen."""
+
+    enable: bool = Field(False, description="Train LoRA adapters; every base weight is frozen and only adapters train.")
+    rank: int = Field(16, ge=1, description="Rank r of each adapter's A [r, in] and B [out, r] matrices.")
+    alpha: float = Field(
+        32.0, gt=0.0, description="Scale numerator: an adapter adds (alpha / rank) x B A to its layer's weight."
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout on each adapter's input in training; 0 keeps GRPO's policy log-probs deterministic.",
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+        description="Linear layers (last name part) that get adapters inside the language model's decoder blocks.",
+    )
+    vision: bool = Field(False, description="Also put adapters on the vision tower's blocks (vision_target_modules).")
+    vision_target_modules: list[str] = Field(
+        default_factory=lambda: ["qkv", "proj", "gate_proj", "up_proj", "down_proj", "linear_fc1", "linear_fc2"],
+        description="Linear layers (last name part) of the vision blocks that get adapters when vision = true "
+        "(Qwen2.5-VL: qkv, proj, gate/up/down_proj; Qwen3-VL: qkv, proj, linear_fc1/2); names a family lacks are skipped.",
+    )
+    modules_to_save: list[str] = Field(
+        default_factory=list,
+        description="Modules trained in full beside the adapters and saved with them (e.g. 'lm_head'); none by default.",
+    )
+    sync: Literal["auto", "merged"] = Field(
+        "auto",
+        description="GRPO weight sync to the rollout engine: 'auto' sends the adapter alone where the engine serves "
+        "runtime adapters (vLLM; language-block adapters without modules_to_save), merged weights elsewhere; "
+        "'merged' always sends base + adapters merged (the engine then runs without LoRA kernels).",
+    )
 
 
 class TrainConfig(Section):
@@ -254,6 +296,7 @@ class TrainConfig(Section):
     validation_freq: int = Field(100, gt=0, description="Steps between validation-loss evaluations.")
     sync_weight_interval: int = Field(1, gt=0, description="GRPO: steps between weight pushes to the rollout engine.")
     ckpt: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
 class RolloutConfig(Section):

@@ -55,11 +55,20 @@ class Bucket:
 
 
 def weight_manifest(model: nn.Module, dtype: torch.dtype | None = None) -> list[TensorSpec]:
-    """The specs of every parameter of a plain, FSDP2 or TP model, in `named_parameters` order (full shapes)."""
-    return [
-        TensorSpec(name, tuple(parameter.shape), dtype if dtype is not None else parameter.dtype)
-        for name, parameter in model.named_parameters()
-    ]
+    """The specs of every parameter of a plain, FSDP2 or TP model, in `named_parameters` order (full shapes).
+
+    A LoRA model is published merged (train/weight_sync.py: full_named_parameters): its specs carry the plain
+    Hugging Face names and shapes of the base weights, without the adapters' own tensors.
+    """
+    from physreason.models.lora import has_lora, hf_name
+
+    lora = has_lora(model)
+    specs = []
+    for name, parameter in model.named_parameters():
+        target = hf_name(name) if lora else name
+        if target is not None:
+            specs.append(TensorSpec(target, tuple(parameter.shape), dtype if dtype is not None else parameter.dtype))
+    return specs
 
 
 def plan_buckets(manifest: list[TensorSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from physreason.config import SamplingConfig
+from physreason.errors import PhysReasonError
 from physreason.vision import VideoFrames
 from physreason.vision.resize import PATCH_FACTOR
 
@@ -68,3 +69,18 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new weights (Hugging Face parameter names) into the running engine and drop stale caches."""
+
+    @property
+    def serves_adapters(self) -> bool:
+        """True when `load_adapter` can swap LoRA adapters at run time (vLLM built with LoRA slots)."""
+        return False
+
+    def load_adapter(self, path: str) -> None:
+        """Serve the PEFT LoRA adapter in folder `path` on top of the base weights from the next generate on.
+
+        Replaces the adapter served before. Engines without runtime adapters raise; push merged weights
+        with `update_weights` to them instead.
+        """
+        raise PhysReasonError(
+            f"the {type(self).__name__} cannot load LoRA adapters at run time: push merged weights with update_weights"
+        )

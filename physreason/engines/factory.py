@@ -23,12 +23,17 @@ def resolve_backend(engine: EngineConfig) -> Literal["vllm", "hf"]:
 
 
 def create_engine(
-    model: ModelConfig, engine: EngineConfig, *, vllm_executor: Literal["uni", "mp"] | None = None
+    model: ModelConfig,
+    engine: EngineConfig,
+    *,
+    vllm_executor: Literal["uni", "mp"] | None = None,
+    lora_rank: int | None = None,
 ) -> Engine:
     """Build the configured engine; 'auto' picks vLLM when it is importable, else transformers.
 
     vllm_executor: vLLM's distributed executor backend ("uni": in this process, "mp": local worker
-    processes); None leaves the choice to vLLM. Ignored by the hf engine.
+    processes); None leaves the choice to vLLM. Ignored by the hf engine. lora_rank: give a vLLM engine a
+    runtime LoRA adapter slot of this rank (GRPO pushes its adapters there); the hf engine takes merged weights.
     """
     if resolve_backend(engine) == "vllm":
         if not vllm_installed():
@@ -37,7 +42,9 @@ def create_engine(
             from physreason.engines.vllm import VLLMEngine
         except ImportError as exc:
             raise ConfigError(f"the vllm engine is not available in this build of physreason ({exc}); use --engine hf") from exc
-        overrides = {"distributed_executor_backend": vllm_executor} if vllm_executor is not None else {}
+        overrides: dict = {"distributed_executor_backend": vllm_executor} if vllm_executor is not None else {}
+        if lora_rank is not None:
+            overrides["lora_rank"] = lora_rank
         return VLLMEngine(model, engine, **overrides)
     from physreason.engines.hf import HFEngine
 

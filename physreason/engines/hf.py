@@ -78,6 +78,19 @@ class SampledLogprobs(LogitsProcessor):
         return torch.stack(self.steps, dim=1)
 
 
+def merge_adapter(model: torch.nn.Module, path: str) -> torch.nn.Module:
+    """The transformers model with the PEFT LoRA adapter in `path` merged into its weights (PEFT's merge_and_unload).
+
+    Generation then runs at the base model's speed, with the same parameter names, so weight pushes still apply.
+    """
+    from physreason.models.lora import read_adapter_config
+
+    read_adapter_config(path)
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, path).merge_and_unload().eval()
+
+
 class HFEngine(Engine):
     """Generation with transformers `generate`; one batch of `engine.batch_size` requests at a time.
 
@@ -102,6 +115,8 @@ class HFEngine(Engine):
         hf_config = loading.load_model_config(model)
         self.is_vl = model_family(hf_config).is_vision_language
         self.model = loading.load_model(model, device=self.device).eval()
+        if engine.lora is not None:
+            self.model = merge_adapter(self.model, engine.lora)
         self.tokenizer = loading.load_tokenizer(model)
         self.tokenizer.padding_side = "left"
         self.processor_params = load_processor_params(source, model.revision) if self.is_vl else None

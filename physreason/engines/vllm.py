@@ -47,7 +47,11 @@ def _video_text_token_count(video: VideoFrames, params: ProcessorParams, tokeniz
 class VLLMEngine(Engine):
     """Generation with `vllm.LLM`; all requests of a call are scheduled together (continuous batching)."""
 
-    def __init__(self, model: ModelConfig, engine: EngineConfig, **llm_overrides: Any) -> None:
+    def __init__(
+        self, model: ModelConfig, engine: EngineConfig, lora_rank: int | None = None, **llm_overrides: Any
+    ) -> None:
+        """lora_rank: give the engine a runtime LoRA slot of at least this rank (GRPO with [train.lora] pushes
+        adapters there); `engine.lora` serves that adapter from the start (its rank counts too)."""
         # The engine core runs in this process, so `update_weights` hands tensors to the model
         # without serialising them to another process (the RL weight-sync path). Export
         # VLLM_ENABLE_V1_MULTIPROCESSING=1 to get vLLM's separate engine-core process back.
@@ -79,6 +83,16 @@ class VLLMEngine(Engine):
         )
         if self.is_vl:
             kwargs["limit_mm_per_prompt"] = dict(engine.limit_mm_per_prompt)
+        ranks = [lora_rank] if lora_rank is not None else []
+        if engine.lora is not None:
+            from physreason.models.lora import read_adapter_config
+
+            ranks.append(int(read_adapter_config(engine.lora)["r"]))
+        if ranks:
+            kwargs.update(vllm_compat.lora_engine_kwargs(max(ranks)))
+        self._adapter_slot = bool(ranks)
+        self._adapter: Any = None  # the LoRARequest every generate call uses, or None
+        self._adapter_versions = 0
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and engine.tensor_parallel_size == 1:
             # Under torchrun (colocated GRPO on several GPUs) every rank builds its own engine. vLLM's default
             # in-process executor would put each rank's engine on cuda:0; the external launcher takes the rank's
@@ -90,6 +104,8 @@ class VLLMEngine(Engine):
         self.tokenizer = self.llm.get_tokenizer()
         self.processor_params = load_processor_params(source, model.revision) if self.is_vl else None
         self.stop_token_ids = sorted(self._stop_token_ids(source, model.revision))
+        if engine.lora is not None:
+            self.load_adapter(engine.lora)
 
     def _stop_token_ids(self, source: str, revision: str | None) -> set[int]:
         """The generation config's eos ids plus the tokenizer's, as the transformers engine stops on."""
@@ -181,7 +197,9 @@ class VLLMEngine(Engine):
         if not prompts:
             return results
         try:
-            outputs = self.llm.generate(prompts, params[0] if len(by_max_tokens) == 1 else params, use_tqdm=False)
+            outputs = self.llm.generate(
+                prompts, params[0] if len(by_max_tokens) == 1 else params, use_tqdm=False, lora_request=self._adapter
+            )
         except ValueError:
             # vLLM validates a whole call up front; run one at a time so only the bad request fails.
             outputs = [self._generate_one(prompt, param, results[i]) for prompt, param, i in zip(prompts, params, indices)]
@@ -194,7 +212,7 @@ class VLLMEngine(Engine):
 
     def _generate_one(self, prompt: dict[str, Any], params: Any, result: GenerationResult) -> Any:
         try:
-            return self.llm.generate([prompt], params, use_tqdm=False)[0]
+            return self.llm.generate([prompt], params, use_tqdm=False, lora_request=self._adapter)[0]
         except ValueError as exc:
             result.error = f"request {result.request_id}: vLLM refused the request: {exc}"
             return None
@@ -233,3 +251,24 @@ class VLLMEngine(Engine):
             )
         vllm_compat.reload_weights(self.llm, weights)
         vllm_compat.reset_caches(self.llm)
+
+    @property
+    def serves_adapters(self) -> bool:
+        """True when the engine was built with a LoRA slot (lora_rank or engine.lora)."""
+        return self._adapter_slot
+
+    def load_adapter(self, path: str) -> None:
+        """Serve the PEFT adapter in `path` from the next generate on; the previous one is dropped from vLLM's cache.
+
+        Each call is a new adapter version under a new id (vLLM caches adapters by id).
+        """
+        if not self.serves_adapters:
+            raise PhysReasonError(
+                "this vLLM engine was built without a LoRA slot: create it with lora_rank (or engine.lora) to load adapters"
+            )
+        self._adapter_versions += 1
+        request = vllm_compat.lora_request(f"adapter-{self._adapter_versions}", self._adapter_versions, str(path))
+        vllm_compat.add_lora(self.llm, request)
+        if self._adapter is not None:
+            vllm_compat.remove_lora(self.llm, self._adapter.lora_int_id)
+        self._adapter = request

@@ -15,6 +15,7 @@ import torch
 from packaging.version import Version
 
 from physreason.config import SamplingConfig
+from physreason.errors import ConfigError, PhysReasonError
 from physreason.vision import VideoFrames
 
 SUPPORTED = (Version("0.26"), Version("0.33"))  # [lowest, first unsupported)
@@ -201,3 +202,36 @@ def release_distributed() -> None:
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     cleanup_dist_env_and_memory()
+
+
+# LoRA slots vLLM accepts for max_lora_rank: 8 to 512 in every supported release (0.32 also takes 1).
+_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_engine_kwargs(rank: int) -> dict[str, Any]:
+    """`vllm.LLM` keyword arguments that let it serve one runtime LoRA adapter of rank up to `rank`."""
+    slot = next((r for r in _LORA_RANKS if r >= rank), None)
+    if slot is None:
+        raise ConfigError(f"LoRA rank {rank} is above the largest vLLM serves ({_LORA_RANKS[-1]}): lower train.lora.rank")
+    return {"enable_lora": True, "max_lora_rank": slot, "max_loras": 1}
+
+
+def lora_request(name: str, int_id: int, path: str) -> Any:
+    """A `LoRARequest` for the adapter folder `path`; vLLM caches adapters by int_id, so each new version needs a new id.
+
+    0.32 also has `load_inplace` (reload under the same id); 0.26 does not, so physreason always uses new ids.
+    """
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=name, lora_int_id=int_id, lora_path=path)
+
+
+def add_lora(llm: Any, request: Any) -> None:
+    """Load an adapter into every worker now (not at the first request that names it), so its load time is measurable."""
+    if not llm.llm_engine.add_lora(request):
+        raise PhysReasonError(f"vLLM did not load the LoRA adapter {request.lora_path}")
+
+
+def remove_lora(llm: Any, int_id: int) -> None:
+    """Drop an adapter from vLLM's cache (its slot is needed for the next version)."""
+    llm.llm_engine.remove_lora(int_id)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -39,15 +41,25 @@ def _side_file(source: str, name: str) -> Path | None:
     return Path(found) if found else None
 
 
-def export_safetensors(model: nn.Module, source: str, out_dir: str | Path, dtype: str = "bfloat16") -> Path:
+def export_safetensors(
+    model: nn.Module,
+    source: str,
+    out_dir: str | Path,
+    dtype: str = "bfloat16",
+    state: dict[str, torch.Tensor] | None = None,
+    extra: Callable[[Path], None] | None = None,
+) -> Path:
     """Gather full weights on rank 0 and write safetensors + config, copying tokenizer/processor files from source.
 
     Every rank must call this (the gather is collective); only rank 0 writes. dtype is the saved
-    parameter dtype ('auto' keeps the training dtype). The folder is written under a temporary name
-    and renamed when complete.
+    parameter dtype ('auto' keeps the training dtype). state: the full Hugging Face-named weights to
+    write instead of the model's own (a LoRA model's merged weights; read on rank 0 only). extra: called on
+    rank 0 with the staging folder to add more files (a PEFT adapter subfolder). The folder is written
+    under a temporary name and renamed when complete.
     """
     out_dir = Path(out_dir)
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if state is None:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0:
         target = DTYPES.get(dtype)
@@ -68,6 +80,8 @@ def export_safetensors(model: nn.Module, source: str, out_dir: str | Path, dtype
             path = _side_file(source, name)
             if path is not None:
                 shutil.copy2(path, staging / name)
+        if extra is not None:
+            extra(staging)
         shutil.rmtree(out_dir, ignore_errors=True)
         staging.rename(out_dir)
     if dist.is_initialized():

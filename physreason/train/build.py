@@ -1,4 +1,4 @@
-"""Build the model a training job optimises: load, freeze, checkpoint activations, shard (TP, FSDP2), compile, optimizer.
+"""Build the model a training job optimises: load, freeze, LoRA, checkpoint activations, shard (TP, FSDP2), compile, optimizer.
 
 SFT, colocated GRPO and the Ray policy ranks build their model here; they differ only in the wrapper
 around the transformers model (the loss module or the policy scorer) and in the number of optimizer
@@ -18,6 +18,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from physreason.config import Config, ModelConfig, TrainConfig
+from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
 from physreason.train.runtime import Runtime, autocast_context
 from physreason.train.schedule import build_optimizer
@@ -38,16 +39,43 @@ class TrainingModel:
     autocast: Any  # the context every forward of `module` runs in
     dp_group: dist.ProcessGroup | None = None  # the data-parallel group under torchrun (None in one process)
     reference: nn.Module | None = None  # a frozen copy wrapped the same way (GRPO's KL reference), or None
+    peft: nn.Module | None = None  # with [train.lora]: the PeftModel around `model` (adapter saves), else None
 
 
-def load_trainable(model_config: ModelConfig, train: TrainConfig) -> nn.Module:
-    """Load fp32 master weights, freeze the vision tower and turn on activation checkpointing as configured."""
+def check_lora(config: Config) -> None:
+    """Reject [train.lora] combinations that cannot work, naming the keys to change."""
+    lora = config.train.lora
+    if not lora.enable:
+        return
+    if config.policy.parallelism.tp_size > 1:
+        raise ConfigError(
+            "train.lora.enable = true with policy.parallelism.tp_size > 1: LoRA layers are not tensor-parallel here; "
+            "use tp_size = 1 (FSDP2 shards the frozen base over the data-parallel ranks)"
+        )
+    if lora.vision and config.train.freeze_vision_tower:
+        raise ConfigError(
+            "train.lora.vision = true puts trainable adapters on the vision tower, which train.freeze_vision_tower = "
+            "true freezes: set one of them to false"
+        )
+
+
+def load_trainable(model_config: ModelConfig, train: TrainConfig) -> tuple[nn.Module, nn.Module | None]:
+    """Load fp32 master weights, freeze the vision tower, inject LoRA and turn on activation checkpointing as configured.
+
+    Returns the transformers model and, with [train.lora] enabled, the PeftModel around it (else None). With LoRA
+    only the adapters (and lora.modules_to_save) train; the base weights are frozen.
+    """
     model = loading.load_model(model_config, dtype=torch.float32)
     if train.freeze_vision_tower:
         parallelize.freeze_vision_tower(model)
+    peft_model = None
+    if train.lora.enable:
+        from physreason.models.lora import apply_lora
+
+        peft_model = apply_lora(model, train.lora)
     if train.gradient_checkpointing:
         parallelize.enable_activation_checkpointing(model)
-    return model
+    return model, peft_model
 
 
 def load_frozen(model_config: ModelConfig) -> nn.Module:
@@ -84,7 +112,8 @@ def build_training_model(
     the same way and sharded like the policy (GRPO's KL reference); None loads none.
     """
     train = config.train
-    model = load_trainable(config.model, train)
+    check_lora(config)
+    model, peft_model = load_trainable(config.model, train)
     module = wrap(model)
     frozen = wrap(load_frozen(reference)).eval() if reference is not None else None
     mesh = None
@@ -105,4 +134,5 @@ def build_training_model(
         autocast_context(runtime, runtime.distributed, loading.DTYPES[train.param_dtype]),
         mesh["dp"].get_group() if mesh is not None else None,
         frozen,
+        peft_model,
     )

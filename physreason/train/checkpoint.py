@@ -7,6 +7,8 @@ DCP reshards on load, so a run can resume on another number of processes.
 
 Trust: DCP reads a checkpoint's `.metadata` with pickle, so loading a checkpoint can run code that was put
 in it. A run resumes from its own output_dir; a folder elsewhere needs `train.trust_checkpoint = true`.
+With `trainable_only` (LoRA) the checkpoint holds the trained tensors (adapters) and their optimizer
+state only: the frozen base is the model the run loads from model.model_name_or_path.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import DefaultLoadPlanner
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from physreason.errors import ConfigError
 
@@ -129,9 +132,19 @@ def _single_process_quiet() -> Iterator[None]:
 
 
 def save_checkpoint(
-    output_dir: str | Path, step: int, model: nn.Module, optimizer, scheduler, trainer_state: dict[str, Any], max_keep: int
+    output_dir: str | Path,
+    step: int,
+    model: nn.Module,
+    optimizer,
+    scheduler,
+    trainer_state: dict[str, Any],
+    max_keep: int,
+    trainable_only: bool = False,
 ) -> Path:
-    """Save every rank's shards to step_<n>.tmp, rename when complete, delete all but the newest max_keep."""
+    """Save every rank's shards to step_<n>.tmp, rename when complete, delete all but the newest max_keep.
+
+    trainable_only: save only parameters that require gradients (LoRA adapters), not the frozen base.
+    """
     root = Path(output_dir) / "checkpoints"
     final = root / f"{_PREFIX}{step}"
     staging = root / f"{_PREFIX}{step}.tmp"
@@ -139,7 +152,9 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
     _barrier()
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(
+        model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only)
+    )
     with _single_process_quiet():
         dcp.save({"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}, checkpoint_id=staging)
     torch.save({**trainer_state, "rng": rng_state()}, staging / f"trainer_rank{_rank()}.pt")
@@ -152,19 +167,42 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler) -> dict[str, Any]:
-    """Load model, optimizer and scheduler in place and restore RNG; returns the saved trainer state."""
-    model_state, optim_state = get_state_dict(model, optimizer)
+def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, trainable_only: bool = False) -> dict[str, Any]:
+    """Load model, optimizer and scheduler in place and restore RNG; returns the saved trainer state.
+
+    trainable_only: the checkpoint holds only the parameters that require gradients (save_checkpoint's flag);
+    frozen ones keep the values they were loaded with.
+    """
+    model_state, optim_state = get_state_dict(
+        model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only)
+    )
     state = {"model": model_state, "scheduler": scheduler.state_dict()}
-    with _single_process_quiet():
-        dcp.load(state, checkpoint_id=path)
+    try:
+        with _single_process_quiet():
+            dcp.load(state, checkpoint_id=path)
+    except (RuntimeError, CheckpointException) as exc:  # one process raises the first, several the second
+        if "Missing key" not in str(exc):
+            raise
+        kind = "LoRA adapters" if trainable_only else "full model weights"
+        missing = str(exc)[str(exc).index("Missing key") :].splitlines()[0]
+        raise ConfigError(
+            f"checkpoint {path} does not hold the {kind} this run trains ({missing}): resume a checkpoint written with "
+            "the same [train.lora] settings (enable, rank, target modules), or start a fresh output_dir"
+        ) from exc
     # Parameters that never received a gradient (e.g. an unused vision tower) have no AdamW state in
     # the checkpoint; the fresh optimizer's zero state for them is equivalent, so the optimizer part
     # may be partial while model weights must be complete.
     optim = {"optim": optim_state}
     with _single_process_quiet():
         dcp.load(optim, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim["optim"])
+    # strict=False lets the frozen base keep its loaded values; every trained tensor was read above (DCP is strict).
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=optim["optim"],
+        options=StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only),
+    )
     scheduler.load_state_dict(state["scheduler"])
     own = path / f"trainer_rank{_rank()}.pt"
     trainer_file = own if own.is_file() else path / "trainer_rank0.pt"

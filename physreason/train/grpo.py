@@ -50,7 +50,7 @@ from physreason.train.rollout import (
     rollout_settings,
 )
 from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
-from physreason.train.weight_sync import push_weights
+from physreason.train.weight_sync import PolicySync, adapter_push_supported
 
 log = logging.getLogger(__name__)
 
@@ -312,6 +312,12 @@ def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Training
     The schedule spans total_steps x mu_iterations optimizer steps.
     """
     grpo_cfg = config.grpo
+    if config.engine.lora is not None:
+        # The engine would add that fixed adapter on top of every policy version it is sent.
+        raise ConfigError(
+            f"engine.lora = {config.engine.lora!r} serves a fixed adapter for inference; GRPO sends the engine its own "
+            "policy: unset engine.lora (train.lora trains adapters; start from an adapter's merged export as model)"
+        )
     reference = None
     if grpo_cfg.kl_beta > 0:
         reference = config.model.model_copy(
@@ -358,13 +364,19 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
         )
     total_steps = train_cfg.max_steps or train_cfg.epoch * (len(prompts) // prompts_per_step)
 
+    lora = train_cfg.lora
     if engine is None:
-        engine = create_engine(config.model, rollout_engine_config(config))
+        # With LoRA a vLLM engine gets an adapter slot, so each sync sends the adapter alone (PolicySync).
+        wants_slot = lora.enable and adapter_push_supported(lora)
+        engine = create_engine(config.model, rollout_engine_config(config), lora_rank=lora.rank if wants_slot else None)
     policy = build_policy(config, runtime, total_steps)
     model, scorer, reference = policy.model, policy.module, policy.reference
     optimizer, scheduler, autocast = policy.optimizer, policy.scheduler, policy.autocast
     dp_group = policy.dp_group
     engine_dtype = loading.DTYPES.get(config.model.dtype)
+    sync = PolicySync(engine, model, policy.peft, lora, engine_dtype)
+    if lora.enable:
+        log.info("LoRA policy: the rollout engine gets %s weights at each sync", sync.mode)
 
     checkpointer = Checkpointer(config, policy)
 
@@ -373,7 +385,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     resumed = checkpointer.resume()
     if resumed is not None:
         step, stream.cursor = resumed.step, resumed.state["prompt_cursor"]
-        push_weights(engine, model, engine_dtype)
+        sync.push()
         log.info("resumed from %s at step %d (prompt draw %d)", resumed.path, step, stream.cursor)
     _sleep(engine)
 
@@ -438,7 +450,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
             if step % train_cfg.sync_weight_interval == 0 or save_now:
                 sync_started = time.perf_counter()
                 _wake(engine)
-                push_weights(engine, model, engine_dtype)
+                sync.push()
                 sync_s = time.perf_counter() - sync_started
             elapsed = time.perf_counter() - started
             completions = all_reduce_sum(float(len(samples)), runtime, dp_group)
@@ -469,4 +481,5 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                 result.last_checkpoint = saved.checkpoint
                 if saved.export is not None:
                     result.export_dir = saved.export
+    sync.close()
     return result

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from physreason.config import Config, dump_config
 from physreason.train.build import TrainingModel
 from physreason.train.checkpoint import (
@@ -71,10 +73,11 @@ class Resumed:
 
 @dataclass
 class Saved:
-    """What one save wrote: the DCP checkpoint folder and the safetensors export (None when export is off)."""
+    """What one save wrote: the DCP checkpoint folder, the safetensors export and its PEFT adapter (None when off)."""
 
     checkpoint: Path
     export: Path | None = None
+    adapter: Path | None = None  # with [train.lora]: <export>/adapter, the PEFT adapter folder
 
 
 class Checkpointer:
@@ -98,7 +101,9 @@ class Checkpointer:
         if path is None:
             return None
         trained = self.trained
-        state = load_checkpoint(path, trained.module, trained.optimizer, trained.scheduler)
+        state = load_checkpoint(
+            path, trained.module, trained.optimizer, trained.scheduler, trainable_only=trained.peft is not None
+        )
         return Resumed(path, state)
 
     def save(self, step: int, state: dict[str, Any]) -> Saved:
@@ -106,24 +111,46 @@ class Checkpointer:
         trained, ckpt = self.trained, self.config.train.ckpt
         checkpoint = save_checkpoint(
             self.output, step, trained.module, trained.optimizer, trained.scheduler, {"step": step, **state},
-            ckpt.max_keep,
+            ckpt.max_keep, trainable_only=trained.peft is not None,
         )
-        return Saved(checkpoint, self.export(step) if ckpt.export_safetensors else None)
+        saved = Saved(checkpoint)
+        if ckpt.export_safetensors:
+            saved.export = self.export(step)
+            if trained.peft is not None:
+                saved.adapter = saved.export / "adapter"
+        return saved
 
     def export(self, step: int) -> Path:
         """Write the model of `step` as a Hugging Face safetensors folder that transformers and vLLM load as is.
 
+        With [train.lora] the folder holds the merged model (base + adapters, under the plain Hugging Face names)
+        and, in its `adapter` subfolder, the PEFT adapter alone (adapter_config.json + adapter_model.safetensors).
         Older exports beyond [train.ckpt] max_keep are deleted, as checkpoints are.
         """
-        import torch.distributed as dist
-
         from physreason.models.export import export_safetensors
 
-        model_cfg = self.config.model
-        exports = self.output / "safetensors"
-        folder = export_safetensors(self.trained.model, model_cfg.model_name_or_path, exports / f"step_{step}", model_cfg.dtype)
+        model_cfg, trained = self.config.model, self.trained
+        out_dir = self.output / "safetensors" / f"step_{step}"
+        merged, extra = None, None
+        if trained.peft is not None:
+            from physreason.models.lora import adapter_state, merged_named_tensors, save_adapter
+
+            # Gathered one tensor at a time on every rank (collective); kept on rank 0 alone.
+            main = not dist.is_initialized() or dist.get_rank() == 0
+            merged = {}
+            for name, tensor in merged_named_tensors(trained.model):
+                if main:
+                    merged[name] = tensor.cpu()
+            adapter = adapter_state(trained.peft)
+
+            def extra(folder: Path) -> None:
+                save_adapter(trained.peft, folder / "adapter", adapter)
+
+        folder = export_safetensors(
+            trained.model, model_cfg.model_name_or_path, out_dir, model_cfg.dtype, state=merged, extra=extra
+        )
         if not dist.is_initialized() or dist.get_rank() == 0:
-            prune_step_dirs(exports, self.config.train.ckpt.max_keep, keep=folder)
+            prune_step_dirs(out_dir.parent, self.config.train.ckpt.max_keep, keep=folder)
         return folder
 
 

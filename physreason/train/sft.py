@@ -143,12 +143,15 @@ class MicroBatches:
                 # frame resize after an evaluation had decoded videos in the parent. Persistent, so the start-up
                 # (importing torch in each worker) is paid once, not every epoch.
                 workers = {"multiprocessing_context": "spawn", "persistent_workers": True}
+            # Each new iterator draws its workers' base seed from `generator`; from the global generator that draw
+            # would shift the training RNG (LoRA dropout) whenever a resumed run opens its first pass mid-epoch.
             self._loader = DataLoader(
                 self.dataset,
                 batch_size=self.mini_batch,
                 sampler=self.sampler,
                 collate_fn=self.collate,
                 num_workers=self.workers,
+                generator=torch.Generator().manual_seed(self.sampler.seed),
                 **workers,
             )
         return iter(self._loader)

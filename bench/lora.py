@@ -1,0 +1,298 @@
+"""LoRA against full fine-tuning on one GPU, in the same run: SFT peak memory and tokens/s; GRPO sync and step time.
+
+SFT: the Qwen2.5-VL-7B language-model shape with random weights (built on the GPU, no download), rows of --seq-len
+text tokens, trained as physreason's trainer trains (models/lora.py's apply_lora, activation checkpointing on every
+block, CausalLMLoss, FSDP2 over one GPU with fp32 masters and bf16 compute, AdamW over the trainable parameters).
+Rows: full SFT with --full-layers decoder layers (7B full SFT, 28 layers, needs about 8 B x 16 bytes = 130 GB for fp32
+masters, gradients and AdamW state: more than one H100 or H200 holds), LoRA with the same layers (the like-for-like
+ratio), and LoRA with all 28 layers (the 7B model itself). tokens/s counts every token of an optimizer step.
+
+GRPO (--grpo): colocated GRPO steps (physreason.train.grpo.run_grpo) of the 7B shape with LoRA, once with
+`[train.lora] sync = "auto"` (vLLM gets the adapter alone, as a runtime LoRA adapter) and once with "merged" (base +
+adapters merged and pushed through update_weights), each in its own process; reports the median time/sync_s and
+time/step_s. The model folder (random 7B weights in bf16, tiny tokenizer, so the tiny vocabulary) is written once
+under --work. With the hf engine only "merged" runs.
+
+Run (one GPU):  python bench/lora.py                         (SFT rows)
+                python bench/lora.py --grpo --engine vllm    (GRPO rows)
+CPU check:      python bench/lora.py --tiny [--grpo --engine hf]
+JSON goes to $OUT/lora.json (SFT) and $OUT/lora_grpo.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+PEAK_BF16_FLOPS = 989e12  # H100/H200 SXM dense bf16, DESIGN.md's MFU convention
+SYNC_TIMES = ("time/sync_s", "time/generate_s", "time/train_s", "time/step_s")
+
+
+def qwen25_vl_7b_config(tiny: bool, layers: int | None = None):
+    """The Qwen2.5-VL-7B-Instruct architecture with `layers` decoder layers (None: its 28), or a tiny stand-in."""
+    from transformers import Qwen2_5_VLConfig
+
+    text = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=128000, rms_norm_eps=1e-6,
+                tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]})
+    vision = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+                  fullatt_block_indexes=[7, 15, 23, 31])
+    if tiny:
+        text.update(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]})
+        vision.update(depth=1, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=128,
+                      fullatt_block_indexes=[0])
+    if layers is not None:
+        text["num_hidden_layers"] = layers
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    config.text_config._attn_implementation = "sdpa"
+    return config
+
+
+def train_flops_per_token(config, seq_len: int) -> float:
+    """6 x matmul parameters of the language model (lm_head included) + causal attention flops (as sft_throughput)."""
+    t = config.text_config
+    head_dim = t.hidden_size // t.num_attention_heads
+    kv = t.num_key_value_heads * head_dim
+    per_layer = t.hidden_size * (2 * t.hidden_size + 2 * kv) + 3 * t.hidden_size * t.intermediate_size
+    return 6 * (t.num_hidden_layers * per_layer + t.vocab_size * t.hidden_size) + 6 * t.num_hidden_layers * seq_len * t.hidden_size
+
+
+def sft_row(config, lora_rank: int | None, args, device, mesh) -> dict:
+    """Peak memory and throughput of physreason's SFT step: full (lora_rank None) or LoRA of that rank."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from physreason.config import LoraConfig
+    from physreason.models.lora import apply_lora
+    from physreason.models.parallelize import apply_fsdp2, clip_grad_norm, enable_activation_checkpointing
+    from physreason.train.model import CausalLMLoss
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2_5_VLForConditionalGeneration(config)  # fp32 masters, as the trainer loads them
+    if lora_rank is not None:
+        apply_lora(model, LoraConfig(enable=True, rank=lora_rank, alpha=2 * lora_rank))
+    enable_activation_checkpointing(model)
+    module = CausalLMLoss(model)
+    compute = torch.bfloat16 if device.type == "cuda" else torch.float32
+    apply_fsdp2(module, model, mesh, compute, torch.float32)
+    module.train()
+    parameters = [p for p in module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=1e-5, fused=device.type == "cuda")
+    ids = torch.randint(0, config.text_config.vocab_size, (1, args.seq_len), device=device)
+    from physreason.data.collate import collate_padded
+    from physreason.data.sft import SFTSample
+
+    batch = collate_padded([SFTSample(ids[0].cpu(), ids[0].cpu(), torch.arange(args.seq_len).expand(3, -1))], 0,
+                           mrope=True).to(device)
+
+    def step() -> None:
+        loss = module(batch) / batch.num_targets
+        loss.backward()
+        clip_grad_norm(parameters, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = (time.perf_counter() - started) / args.steps
+    trainable = sum(p.numel() for p in parameters)
+    total = sum(p.numel() for p in module.parameters())
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
+    tokens_per_s = args.seq_len / seconds
+    return {
+        "layers": config.text_config.num_hidden_layers,
+        "trainable_params": trainable,
+        "params": total,
+        "seconds_per_step": seconds,
+        "tokens_per_s": tokens_per_s,
+        "mfu": tokens_per_s * train_flops_per_token(config, args.seq_len) / PEAK_BF16_FLOPS,
+        "peak_gib": peak,
+    }
+
+
+def measure(run, *extra) -> dict:
+    """A row's figures, or its OOM so the other rows still run."""
+    error = None
+    try:
+        result = run(*extra)
+    except torch.cuda.OutOfMemoryError:
+        error = "OOM"
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return {"error": error} if error else result
+
+
+def run_sft_rows(args) -> None:
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as probe:  # a free port: other jobs on the machine may hold any fixed one
+            probe.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("dp",))
+    full_layers = 2 if args.tiny else args.full_layers
+    rows = {
+        f"full SFT, {full_layers} layers": (qwen25_vl_7b_config(args.tiny, full_layers), None),
+        f"LoRA r{args.rank}, {full_layers} layers": (qwen25_vl_7b_config(args.tiny, full_layers), args.rank),
+        f"LoRA r{args.rank}, all layers (7B)": (qwen25_vl_7b_config(args.tiny), args.rank),
+    }
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    report = {"device": name, "date": time.strftime("%Y-%m-%d"), "args": vars(args), "rows": {}}
+    print(f"SFT on {name}, one row of {args.seq_len} tokens per step, mean of {args.steps} steps after {args.warmup} untimed")
+    print(f"{'row':<32}{'trainable':>14}{'peak GiB':>10}{'tok/s':>10}{'MFU':>7}")
+    for label, (config, rank) in rows.items():
+        row = measure(sft_row, config, rank, args, device, mesh)
+        report["rows"][label] = row
+        if "error" in row:
+            print(f"{label:<32}{row['error']:>14}")
+        else:
+            print(f"{label:<32}{row['trainable_params']:>14,}{row['peak_gib']:>10.1f}{row['tokens_per_s']:>10,.0f}"
+                  f"{row['mfu']:>7.1%}")
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], "lora.json").write_text(json.dumps(report, indent=2, default=str))
+    dist.destroy_process_group()
+
+
+def build_model_folder(folder: Path, tiny: bool) -> Path:
+    """A Qwen2.5-VL folder: the tiny tokenizer/processor and random 7B-shape weights in bf16 (tiny: the tiny model)."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from physreason.models.tiny import save_tiny_model
+
+    if (folder / "DONE").is_file():
+        return folder
+    save_tiny_model("qwen2_5_vl", folder)
+    if not tiny:
+        small = json.loads((folder / "config.json").read_text())
+        config = qwen25_vl_7b_config(tiny=False)
+        config.text_config.vocab_size = small["text_config"]["vocab_size"]
+        for key in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
+            setattr(config, key, small[key])
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            setattr(config.text_config, key, small["text_config"][key])
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            model = Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16)
+        model.save_pretrained(folder, safe_serialization=True)
+        del model
+    (folder / "DONE").write_text("ok")
+    return folder
+
+
+def grpo_child(args) -> None:
+    """One colocated GRPO run with LoRA in `args.sync` mode; prints its medians as one JSON line."""
+    from physreason.config import load_config
+    from physreason.train.grpo import run_grpo
+
+    model = build_model_folder(args.work / ("model-tiny" if args.tiny else "model-7b"), args.tiny)
+    records = [{"question": f"Which way does ball {i} move next?", "options": ["left", "right", "up", "down"],
+                "answer": "A"} for i in range(args.prompts * (args.warmup + args.steps))]
+    data = args.work / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in records))
+    bf16 = not args.tiny and torch.cuda.is_available()
+    config = load_config(None, [
+        f"model.model_name_or_path='{model}'", f"model.dtype='{'bfloat16' if bf16 else 'float32'}'",
+        "model.model_max_length=4096", f"engine.backend='{args.engine}'", f"engine.gpu_memory_utilization={args.gpu_memory}",
+        f"engine.batch_size={args.prompts * args.n}", f"data.dataset.name='{data}'",
+        f"train.output_dir='{args.work / f'run-{args.sync}-{int(time.time())}'}'",
+        f"train.max_steps={args.warmup + args.steps}", f"train.train_batch_per_replica={args.prompts * args.n}",
+        f"train.param_dtype='{'bfloat16' if bf16 else 'float32'}'", "train.gradient_checkpointing=true",
+        "train.ckpt.enable_checkpoint=false", f"rollout.n_generation={args.n}", f"rollout.batch_size={args.prompts}",
+        f"rollout.max_response_length={args.response_len}", f"grpo.mini_batch={args.mini_batch}",
+        "logging.logger=['jsonl']", "train.lora.enable=true", f"train.lora.rank={args.rank}",
+        f"train.lora.alpha={2 * args.rank}", f"train.lora.sync='{args.sync}'",
+    ])
+    result = run_grpo(config)
+    timed = result.metrics[args.warmup:]
+    row = {key: statistics.median(m[key] for m in timed) for key in SYNC_TIMES}
+    print("ROW " + json.dumps(row))
+
+
+def run_grpo_rows(args) -> None:
+    """Each sync mode in its own process (each builds its own engine and policy), then one table."""
+    modes = ["merged"] if args.engine == "hf" else ["auto", "merged"]
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    report = {"device": name, "date": time.strftime("%Y-%m-%d"), "args": {k: str(v) for k, v in vars(args).items()},
+              "rows": {}}
+    args.work.mkdir(parents=True, exist_ok=True)
+    for mode in modes:
+        command = [sys.executable, __file__, "--grpo-child", "--sync", mode, *sys.argv[1:]]
+        done = subprocess.run(command, capture_output=True, text=True)
+        rows = [line[4:] for line in done.stdout.splitlines() if line.startswith("ROW ")]
+        report["rows"][mode] = json.loads(rows[-1]) if rows else {"error": done.stderr[-2000:]}
+    label = {"auto": "adapter sync", "merged": "merged sync"}
+    print(f"GRPO with LoRA r{args.rank} on {name}, engine {args.engine}, {args.prompts} prompts x {args.n}, "
+          f"{args.response_len} new tokens max (median of {args.steps} steps)")
+    print(f"{'row':<16}" + "".join(f"{k.split('/')[1]:>12}" for k in SYNC_TIMES))
+    for mode, row in report["rows"].items():
+        if "error" in row:
+            print(f"{label[mode]:<16}error: {row['error'].strip().splitlines()[-1] if row['error'].strip() else '?'}")
+        else:
+            print(f"{label[mode]:<16}" + "".join(f"{row[k]:>12.3f}" for k in SYNC_TIMES))
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "lora_grpo.json").write_text(json.dumps(report, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq-len", type=int, default=4096, help="SFT: tokens per step (one row)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha = 2 x rank)")
+    parser.add_argument("--full-layers", type=int, default=8,
+                        help="SFT: decoder layers of the full-SFT baseline (and the like-for-like LoRA row)")
+    parser.add_argument("--grpo", action="store_true", help="run the GRPO sync rows instead of the SFT rows")
+    parser.add_argument("--engine", choices=("vllm", "hf"), default="vllm", help="GRPO: the rollout engine")
+    parser.add_argument("--prompts", type=int, default=8, help="GRPO: prompts per step")
+    parser.add_argument("--n", type=int, default=8, help="GRPO: completions per prompt")
+    parser.add_argument("--response-len", type=int, default=256, help="GRPO: most new tokens per completion")
+    parser.add_argument("--mini-batch", type=int, default=8, help="GRPO: completions per policy forward")
+    parser.add_argument("--gpu-memory", type=float, default=0.3, help="GRPO: vLLM gpu_memory_utilization")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-lora-bench"), help="GRPO: model folder")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes on CPU, to check the script")
+    parser.add_argument("--grpo-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sync", choices=("auto", "merged"), default="auto", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.tiny:
+        args.seq_len, args.steps, args.warmup = min(args.seq_len, 128), min(args.steps, 2), min(args.warmup, 1)
+        args.prompts, args.n, args.response_len, args.mini_batch = 2, 4, 8, 4
+    if args.grpo_child:
+        grpo_child(args)
+    elif args.grpo:
+        with contextlib.suppress(KeyboardInterrupt):
+            run_grpo_rows(args)
+    else:
+        run_sft_rows(args)
+
+
+if __name__ == "__main__":
+    main()

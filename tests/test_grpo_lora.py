@@ -1,0 +1,137 @@
+"""GRPO with [train.lora]: merged pushes to the hf engine, adapter pushes to engines with runtime adapters."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from physreason.config import EngineConfig, LoraConfig, ModelConfig, load_config
+from physreason.engines.hf import HFEngine
+from physreason.models import loading
+from physreason.models.tiny import save_tiny_model
+from physreason.rewards import register_reward
+from physreason.train.grpo import run_grpo
+from physreason.train.weight_sync import PolicySync
+
+pytest.importorskip("peft")
+
+
+@register_reward("test_lora_mentions_b")
+def mentions_b(completion: str, **sample) -> float:
+    return 1.0 if "B" in completion else 0.0
+
+
+@pytest.fixture(scope="module")
+def tiny_text(tmp_path_factory) -> Path:
+    return save_tiny_model("qwen2", tmp_path_factory.mktemp("tiny_qwen2_lora"))
+
+
+@pytest.fixture(scope="module")
+def mcq_file(tmp_path_factory) -> Path:
+    records = [{"question": f"Which way does ball {i} go?", "options": ["up", "down", "left", "right"], "answer": "B"}
+               for i in range(8)]
+    path = tmp_path_factory.mktemp("mcq_lora") / "mcq.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    return path
+
+
+def grpo_config(model: Path, data: Path, out: Path, *extra: str):
+    return load_config(None, [
+        f"model.model_name_or_path='{model}'", "model.dtype='float32'", f"data.dataset.name='{data}'",
+        f"train.output_dir='{out}'", "engine.backend='hf'", "engine.batch_size=16",
+        "train.train_batch_per_replica=16", "rollout.n_generation=8", "rollout.batch_size=2",
+        "rollout.max_response_length=6", "grpo.mini_batch=8", "grpo.reward_function={test_lora_mentions_b = 1.0}",
+        "train.optm_lr=5e-2", "train.optm_weight_decay=0", "train.optm_decay_type='constant'",
+        "train.param_dtype='float32'", "logging.logger=['jsonl']",
+        "train.lora.enable=true", "train.lora.rank=8", *extra,
+    ])
+
+
+def next_token_logprobs(engine: HFEngine) -> torch.Tensor:
+    ids = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Which way does ball 1 go?"}], add_generation_prompt=True, tokenize=True,
+        return_dict=False,
+    )
+    with torch.no_grad():
+        logits = engine.model(input_ids=torch.tensor([ids])).logits[0, -1]  # [vocab]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+@pytest.mark.slow
+def test_lora_grpo_pushes_merged_weights_that_move_the_engine(tiny_text, mcq_file, tmp_path):
+    engine = HFEngine(ModelConfig(model_name_or_path=str(tiny_text), dtype="float32"), EngineConfig(batch_size=16))
+    before = next_token_logprobs(engine)
+    lm_head = engine.model.lm_head.weight.detach().clone()
+    config = grpo_config(tiny_text, mcq_file, tmp_path / "out", "train.max_steps=2", "train.ckpt.save_freq=2",
+                         "train.ckpt.export_safetensors=true")
+    result = run_grpo(config, engine=engine)
+    assert len(result.rewards) == 2 and "time/sync_s" in result.metrics[-1]
+    after = next_token_logprobs(engine)
+    kl = torch.sum(before.exp() * (before - after))
+    assert kl > 1e-4  # the pushed weights changed the engine's distribution
+    assert torch.equal(engine.model.lm_head.weight, lm_head)  # only adapter-carrying layers moved
+    # What the engine holds is the policy merged: the export of the same step, tensor for tensor.
+    exported = exported_weights(result.export_dir)
+    for name, parameter in engine.model.named_parameters():
+        assert torch.allclose(parameter, exported[name], atol=1e-6), name
+    assert (result.export_dir / "adapter" / "adapter_config.json").is_file()
+
+
+def exported_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The exported model's parameters under its module names (the file may store some under older names)."""
+    model = loading.load_model(ModelConfig(model_name_or_path=str(folder), dtype="float32"))
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+class AdapterEngine:
+    """An engine that serves runtime adapters: records each folder it is told to load, and what was in it."""
+
+    serves_adapters = True
+
+    def __init__(self) -> None:
+        self.loaded: list[tuple[str, dict[str, torch.Tensor]]] = []
+
+    def load_adapter(self, path: str) -> None:
+        self.loaded.append((path, load_file(Path(path) / "adapter_model.safetensors")))
+
+    def update_weights(self, named_tensors) -> None:
+        raise AssertionError("an adapter-serving engine gets the adapter, not merged weights")
+
+
+def test_policy_sync_sends_only_the_adapter_to_an_engine_that_serves_adapters(tiny_text):
+    from physreason.models.lora import apply_lora, lora_layers
+
+    model = loading.load_model(ModelConfig(model_name_or_path=str(tiny_text)), dtype=torch.float32)
+    settings = LoraConfig(enable=True, rank=4)
+    peft_model = apply_lora(model, settings)
+    engine = AdapterEngine()
+    sync = PolicySync(engine, model, peft_model, settings, torch.bfloat16)
+    assert sync.mode == "adapter"
+    sync.push()
+    for layer in lora_layers(model).values():
+        torch.nn.init.normal_(layer.lora_B["default"].weight)
+    sync.push()
+    (first, _), (second, tensors) = engine.loaded
+    assert first != second and not Path(first).exists()  # a new folder per version; the old one is gone
+    assert all(".lora_A." in k or ".lora_B." in k for k in tensors)
+    layer_b = model.model.layers[0].self_attn.q_proj.lora_B["default"].weight
+    assert torch.equal(tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"], layer_b)
+    sync.close()
+    assert not Path(second).exists()
+    # Vision or fully trained modules cannot ride on vLLM's runtime adapters: merged weights instead.
+    assert PolicySync(engine, model, peft_model, LoraConfig(enable=True, modules_to_save=["lm_head"]), None).mode == "merged"
+    assert PolicySync(engine, model, peft_model, LoraConfig(enable=True, sync="merged"), None).mode == "merged"
+
+
+def test_grpo_refuses_a_fixed_inference_adapter_on_its_engine(tiny_text, mcq_file, tmp_path):
+    from physreason.errors import ConfigError
+    from physreason.train.grpo import build_policy
+    from physreason.train.runtime import init_runtime
+
+    config = grpo_config(tiny_text, mcq_file, tmp_path, f"engine.lora='{tmp_path}'")
+    with pytest.raises(ConfigError, match="unset engine.lora"):
+        build_policy(config, init_runtime(), 1)
