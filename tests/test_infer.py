@@ -12,7 +12,7 @@ from media import write_clip, write_image
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig, VisionConfig
 from physreason.engines.hf import HFEngine
 from physreason.infer import run_batch
-from physreason.infer.batch import finished_ids
+from physreason.infer.results import finished_ids
 
 SMALL = VisionConfig(min_pixels=28 * 28 * 4, max_pixels=56 * 84, total_pixels=56 * 84 * 8, image_max_pixels=56 * 84)
 GREEDY = SamplingConfig(temperature=0.0, repetition_penalty=1.0, max_tokens=4)
@@ -120,7 +120,7 @@ def test_cli_json_and_batch(tiny_model_dir, batch_dir):
     result = cli("infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--jsonl", str(batch_dir / "requests.jsonl"),
                  "--out", str(batch_dir / "o.jsonl"), "--max-tokens", "3", "--temperature", "0", *SMALL_FLAGS)
     assert result.returncode == 0, result.stderr
-    assert "6 answered (3 failed)" in result.stdout
+    assert "3 answered, 3 failed, 0 already in" in result.stdout
     assert len(read_out(batch_dir / "o.jsonl")) == 6
 
 
@@ -133,3 +133,51 @@ def test_cli_missing_video_is_one_clear_error(tiny_model_dir, tmp_path):
 def test_cli_needs_question_or_jsonl(tiny_model_dir):
     result = cli("infer", "--model", str(tiny_model_dir))
     assert result.returncode == 2 and "--question" in result.stderr
+
+
+@pytest.mark.parametrize("ray_flags", [[], ["--num-gpus", "2"]], ids=["one-process", "ray"])
+def test_cli_jsonl_line_that_is_not_an_object_names_file_and_line(tiny_model_dir, tmp_path, ray_flags):
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text('{"id": "a", "question": "q"}\n["not", "an", "object"]\n')
+    result = cli("infer", "--model", str(tiny_model_dir), "--jsonl", str(requests), "--out", str(tmp_path / "o.jsonl"),
+                 *ray_flags)
+    assert result.returncode == 2, result.stderr
+    assert f"{requests}:2 holds a JSON list, not an object" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_cli_retry_failed_answers_failed_requests_once(tiny_model_dir, tmp_path):
+    write_clip(tmp_path / "a.mp4")
+    lines = [
+        {"id": "a", "question": "Is it falling?", "video": "a.mp4"},
+        {"id": "late", "question": "Is it falling?", "video": "late.mp4"},  # missing on the first run
+        {"id": "text", "question": "What falls faster?"},
+    ]
+    requests, out = tmp_path / "requests.jsonl", tmp_path / "o.jsonl"
+    requests.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    args = ["infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--jsonl", str(requests), "--out", str(out),
+            "--max-tokens", "3", "--temperature", "0", *SMALL_FLAGS]
+    first = cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert "2 answered, 1 failed, 0 already in" in first.stdout and "--retry-failed" in first.stdout
+    write_clip(tmp_path / "late.mp4", seed=3)
+    again = cli(*args)  # without the flag a failure counts as done
+    assert "0 answered, 0 failed, 3 already in" in again.stdout
+    retried = cli(*args, "--retry-failed")
+    assert retried.returncode == 0, retried.stderr
+    assert "1 answered, 0 failed, 2 already in" in retried.stdout
+    records = read_out(out)
+    assert sorted(r["id"] for r in records) == ["a", "late", "text"]
+    assert all("error" not in r for r in records)
+
+
+def test_cli_ray_batch_with_a_missing_model_fails_before_ray_starts(tmp_path):
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text('{"id": "a", "question": "q"}\n')
+    result = cli("infer", "--model", str(tmp_path / "no-model"), "--jsonl", str(requests), "--out",
+                 str(tmp_path / "o.jsonl"), "--num-gpus", "1")
+    assert result.returncode == 2, result.stderr
+    assert "no-model" in result.stderr and "Traceback" not in result.stderr
+    assert "Started a local Ray instance" not in result.stderr

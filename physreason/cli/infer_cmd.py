@@ -1,4 +1,4 @@
-"""`physreason infer`: ask a model about videos or images, or run a resumable JSONL batch."""
+"""`physreason infer`: ask a model about videos or images, or run a resumable batch (one process or Ray Data)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,22 @@ def infer(
     jsonl: Path | None = typer.Option(
         None, "--jsonl", help='Batch input: one {"id", "question", "video"|"image", "video_start"?, "video_end"?} per line.'
     ),
-    out: Path | None = typer.Option(None, "--out", help="Batch output JSONL; rerunning skips ids already there."),
+    parquet: Path | None = typer.Option(
+        None, "--parquet", help="Batch input: a Parquet file or folder with columns id, question, video|image."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Batch output: JSONL file, or a folder of Parquet parts if it ends in .parquet; "
+        "rerunning skips ids already there."
+    ),
+    retry_failed: bool | None = typer.Option(
+        None, "--retry-failed", help="Batch: run the requests whose earlier result is an error again."
+    ),
+    num_gpus: int | None = typer.Option(
+        None, "--num-gpus", help="Batch on Ray Data: num_gpus / tp engine replicas [default: one engine, this process]."
+    ),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="Ray cluster to join (auto or host:port) [default: RAY_ADDRESS, else start one]."
+    ),
     media_root: Path | None = typer.Option(
         None, help="Folder batch media paths are relative to (default: the JSONL's folder)."
     ),
@@ -64,7 +79,9 @@ def infer(
     seed: int | None = typer.Option(None, help="Sampling seed."),
     n: int | None = typer.Option(None, "-n", help="Completions per request."),
     dtype: str | None = typer.Option(None, help="bfloat16, float16, float32 or auto."),
-    tensor_parallel_size: int | None = typer.Option(None, help="GPUs per engine (vLLM)."),
+    tensor_parallel_size: int | None = typer.Option(
+        None, "--tensor-parallel-size", "--tp", help="GPUs per engine (vLLM)."
+    ),
     gpu_memory_utilization: float | None = typer.Option(None, help="GPU memory fraction vLLM may use."),
     max_model_len: int | None = typer.Option(None, help="Engine context length."),
     enforce_eager: bool | None = typer.Option(None, "--enforce-eager/--cuda-graphs", help="vLLM: disable CUDA graphs."),
@@ -73,7 +90,7 @@ def infer(
     """Ask a model about videos/images; prints the reasoning and the answer."""
     from physreason.config import load_config
     from physreason.engines import create_engine
-    from physreason.infer import build_request, result_record, run_batch
+    from physreason.infer import build_request, result_record, run_batch, run_ray_batch
     from physreason.models.inputs import patch_factor
 
     if fps is not None and nframes is not None:
@@ -101,31 +118,38 @@ def infer(
         "generation.max_tokens": max_tokens,
         "generation.seed": seed,
         "generation.n": n,
+        "infer.num_gpus": num_gpus,
+        "infer.ray_address": ray_address,
+        "infer.retry_failed": retry_failed,
     }
     cfg = load_config(config, overrides, {key: value for key, value in flags.items() if value is not None})
-    if jsonl is None and question is None:
-        raise PhysReasonError("give --question with --video/--image, or --jsonl IN --out OUT for a batch")
-    if jsonl is not None and out is None:
-        raise PhysReasonError("--jsonl needs --out: the file results are appended to (and resumed from)")
-    if jsonl is None and not video and not image:
+    if jsonl is not None and parquet is not None:
+        raise PhysReasonError("give --jsonl or --parquet, not both")
+    batch = jsonl if jsonl is not None else parquet
+    if batch is None and question is None:
+        raise PhysReasonError("give --question with --video/--image, or --jsonl|--parquet IN --out OUT for a batch")
+    if batch is not None and out is None:
+        flag = "--jsonl" if jsonl is not None else "--parquet"
+        raise PhysReasonError(f"{flag} needs --out: the file results are appended to (and resumed from)")
+    if batch is None and not video and not image:
         console.print("[yellow]no --video or --image given: asking a text-only question[/]")
 
-    if jsonl is not None:
-        generator = create_engine(cfg.model, cfg.engine)
-        summary = run_batch(
-            generator,
-            jsonl,
-            out,
-            sampling=cfg.generation,
-            vision=cfg.vision,
-            reasoning=reasoning,
-            media_root=media_root,
-            batch_size=cfg.engine.batch_size,
-        )
-        console.print(
-            f"{summary.done} answered ({summary.failed} failed), {summary.skipped} already in {out}, "
-            f"{summary.total} in all"
-        )
+    if batch is not None:
+        if cfg.infer.num_gpus is not None:
+            summary = run_ray_batch(cfg, batch, out, reasoning=reasoning, media_root=media_root)
+        else:
+            summary = run_batch(
+                lambda: create_engine(cfg.model, cfg.engine),
+                batch,
+                out,
+                sampling=cfg.generation,
+                vision=cfg.vision,
+                reasoning=reasoning,
+                media_root=media_root,
+                batch_size=cfg.engine.batch_size,
+                retry_failed=cfg.infer.retry_failed,
+            )
+        console.print(summary.describe(out), soft_wrap=True, highlight=False)
         return
     # Media are decoded before the model loads, so a bad path fails in a second, not after a minute.
     factor = patch_factor(cfg.model.model_name_or_path, cfg.model.revision)

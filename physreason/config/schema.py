@@ -423,6 +423,44 @@ class EvalConfig(Section):
         return self
 
 
+class InferConfig(Section):
+    """[infer]: batch inference (`physreason infer --jsonl|--parquet IN --out OUT`)."""
+
+    num_gpus: int | None = Field(
+        None,
+        ge=1,
+        description="GPUs of a Ray Data run: num_gpus / engine.tensor_parallel_size engine replicas, media decoded "
+        "on CPU workers. None answers the batch with one engine in this process.",
+    )
+    device: Literal["auto", "gpu", "cpu"] = Field(
+        "auto",
+        description="Where Ray Data replicas run: 'gpu' needs num_gpus GPUs in the cluster; 'cpu' runs the same "
+        "number of replicas without GPUs (tests, CPU clusters); 'auto' is 'gpu' when the cluster has any GPU.",
+    )
+    ray_address: str | None = Field(
+        None,
+        description="Ray cluster to join ('auto' or host:port of `ray start --head`); None uses RAY_ADDRESS when "
+        "set, else starts Ray on this machine.",
+    )
+    cpus_per_replica: float = Field(1.0, ge=0.0, description="CPUs each engine replica reserves in Ray.")
+    decode_cpus: float = Field(1.0, gt=0.0, description="CPUs each media-decoding task reserves in Ray.")
+    max_task_retries: int = Field(
+        2,
+        ge=0,
+        description="Times a batch is retried on its restarted replica after the replica died (killed, out of "
+        "memory); its items are then recorded as failed, to retry with --retry-failed.",
+    )
+    retry_failed: bool = Field(
+        False, description="Run the requests whose earlier result is an error again (the error records are removed)."
+    )
+    parquet_rows_per_file: int = Field(
+        1000, ge=1, description="Parquet output: results per part file (a killed run redoes at most these)."
+    )
+    parquet_flush_s: float = Field(
+        60.0, gt=0.0, description="Parquet output: most seconds a finished result waits before its part file is written."
+    )
+
+
 class Config(Section):
     """The whole recipe; each job reads the sections it needs."""
 
@@ -437,6 +475,7 @@ class Config(Section):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    infer: InferConfig = Field(default_factory=InferConfig)
 
     @property
     def policy_temperature(self) -> float:

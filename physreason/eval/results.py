@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from physreason.errors import InputError
-from physreason.infer.batch import finished_ids
+from physreason.infer.results import finished_ids
 
 MERGED_FILE = "results.jsonl"
 RUN_FILE = "run.json"

@@ -18,7 +18,7 @@ from physreason.errors import PhysReasonError
 from physreason.eval.benchmark import Benchmark, EvalSample
 from physreason.eval.results import finished_in_run, shard_file
 from physreason.eval.scoring import score_completion
-from physreason.infer.batch import truncate_torn_tail
+from physreason.infer.results import truncate_torn_tail
 from physreason.vision import load_video
 from physreason.vision.resize import PATCH_FACTOR
 

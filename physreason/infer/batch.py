@@ -1,23 +1,38 @@
-"""Resumable batch inference: JSONL requests in, one JSONL result line per request out, as each finishes."""
+"""Resumable batch inference: JSONL or Parquet requests in, one result record per request out, as each finishes.
+
+The planning half (read the requests, see what the output already holds, decide what to run) and the
+result files are shared with the Ray Data path (`physreason.infer.ray_pipeline`); this module also runs
+one engine in this process.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
 
 from physreason.config import DatasetConfig, SamplingConfig, VisionConfig
 from physreason.data.loaders import load_records, media_path_in_root
 from physreason.data.video_range import record_video_range
-from physreason.engines.base import Engine, GenerationRequest, GenerationResult
-from physreason.errors import PhysReasonError
+from physreason.engines import Engine, GenerationRequest, GenerationResult
+from physreason.errors import InputError, PhysReasonError
 from physreason.infer.request import build_request, result_record
+from physreason.infer.results import ResultSink, drop_results, is_parquet, open_sink, result_status
 from physreason.progress import LoggedProgress
 
 log = logging.getLogger(__name__)
@@ -27,10 +42,36 @@ log = logging.getLogger(__name__)
 class BatchSummary:
     """Counts of one batch run."""
 
-    total: int
+    total: int  # requests in the input
     skipped: int  # already in the output from an earlier run
-    done: int
-    failed: int
+    done: int  # written by this run, failures included
+    failed: int  # of `done`, records with an error
+
+    @property
+    def answered(self) -> int:
+        """Requests this run answered without an error."""
+        return self.done - self.failed
+
+    def describe(self, out: str | Path) -> str:
+        """One line for people: '4 answered, 2 failed, 3 already in OUT, 9 in all' (+ how to retry failures)."""
+        line = f"{self.answered} answered, {self.failed} failed, {self.skipped} already in {out}, {self.total} in all"
+        if self.failed:
+            line += "; rerun with --retry-failed to try the failed ones again"
+        return line
+
+
+@dataclass
+class BatchPlan:
+    """What a batch run has to do: the requests not yet in the output, in input order."""
+
+    pending: list[tuple[str, dict[str, Any]]]  # (request id, input record)
+    root: Path  # media paths are relative to this folder
+    total: int
+    skipped: int
+
+    def summary(self) -> BatchSummary:
+        """A summary with nothing done yet."""
+        return BatchSummary(total=self.total, skipped=self.skipped, done=0, failed=0)
 
 
 def _as_list(value: Any) -> list[str]:
@@ -39,61 +80,168 @@ def _as_list(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
-def finished_ids(out: Path) -> set[str]:
-    """Ids already written to a result file; a torn last line (killed run) is ignored and redone."""
-    done: set[str] = set()
-    if not out.is_file():
-        return done
-    with out.open(encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                done.add(str(json.loads(line)["id"]))
-            except (json.JSONDecodeError, KeyError, TypeError):
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises several types for unreadable input
+        raise InputError(f"{path} cannot be read as Parquet ({exc}): give a Parquet file or a folder of them") from exc
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """One request object per line; a line that is not a JSON object is an error naming the file and line."""
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
                 continue
-    return done
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{number} is not valid JSON ({exc}): write one JSON object per line") from exc
+            if not isinstance(record, dict):
+                raise InputError(
+                    f"{path}:{number} holds a JSON {type(record).__name__}, not an object: write one request per "
+                    'line as {"id": ..., "question": ..., "video": ...}'
+                )
+            records.append(record)
+    return records
 
 
-def truncate_torn_tail(out: Path) -> None:
-    """Drop a partial last line left by a killed run, so appended records start on a fresh line."""
-    if not out.is_file() or out.stat().st_size == 0:
-        return
-    data = out.read_bytes()
-    if not data.endswith(b"\n"):
-        out.write_bytes(data[: data.rfind(b"\n") + 1])
+def read_requests(path: str | Path, media_root: str | Path | None = None) -> tuple[list[dict[str, Any]], Path]:
+    """Return the request records of a JSONL/JSON file or a Parquet file/folder, and their media folder.
+
+    Every record is an object; ids (the "id" field, else the record's position) must be unique, since
+    resuming matches results to requests by id.
+    """
+    path = Path(path)
+    root = Path(media_root).expanduser() if media_root else None
+    if is_parquet(path) or (path.is_dir() and any(path.glob("*.parquet"))):
+        if not path.exists():
+            raise InputError(f"request file {path} does not exist")
+        records = _read_parquet(path)
+        root = (root or (path if path.is_dir() else path.parent)).resolve()
+    elif path.suffix.lower() == ".jsonl" and path.is_file():
+        records = _read_jsonl(path)
+        root = (root or path.parent).resolve()
+    else:
+        records, root = load_records(
+            DatasetConfig(name=str(path), media_root=str(media_root) if media_root else None)
+        )
+        for number, record in enumerate(records, start=1):
+            if not isinstance(record, dict):
+                raise InputError(f"{path}: request {number} is a JSON {type(record).__name__}, not an object")
+    ids = [request_id(record, index) for index, record in enumerate(records)]
+    duplicate, times = Counter(ids).most_common(1)[0] if ids else (None, 0)
+    if times > 1:
+        raise InputError(f"{path}: id {duplicate!r} appears more than once; ids must be unique to resume")
+    return records, root
 
 
-def _request_from_record(
-    record: dict[str, Any], request_id: str, root: Path, vision: VisionConfig, reasoning: bool, factor: int
+def request_id(record: dict[str, Any], index: int) -> str:
+    """The id results carry: the record's "id", else its position in the input."""
+    value = record.get("id")
+    return str(index if value is None else value)
+
+
+def plan_batch(
+    requests_path: str | Path, out: Path, *, retry_failed: bool = False, media_root: str | Path | None = None
+) -> BatchPlan:
+    """Read the requests and the output so far: what is left to run.
+
+    Ids already in the output are skipped. With `retry_failed`, the failed ones are first removed from the
+    output (each file rewritten atomically) and run again, so every id stays in the output once.
+    """
+    records, root = read_requests(requests_path, media_root)
+    status = result_status(out)
+    if retry_failed:
+        failed = {i for i, answered in status.items() if not answered}
+        drop_results(out, failed)
+        status = {i: ok for i, ok in status.items() if i not in failed}
+    pending = []
+    for index, record in enumerate(records):
+        rid = request_id(record, index)
+        if rid not in status:
+            pending.append((rid, record))
+    return BatchPlan(pending=pending, root=root, total=len(records), skipped=len(records) - len(pending))
+
+
+def request_from_record(
+    record: dict[str, Any], rid: str, root: Path, vision: VisionConfig, reasoning: bool, factor: int
 ) -> GenerationRequest:
-    where = f"request {request_id}"
+    """Decode a record's media and build its request; a record that cannot be used raises PhysReasonError.
+
+    factor: the model's patch factor (Engine.vision_factor, models.inputs.patch_factor).
+    """
+    where = f"request {rid}"
     question = record.get("question")
     if not isinstance(question, str):
-        raise PhysReasonError(f"{where}: no 'question' text; each JSONL line needs \"question\" and \"video\" or \"image\"")
+        raise InputError(f"{where}: no 'question' text; each request needs \"question\" and \"video\" or \"image\"")
     videos = [media_path_in_root(root, v, where) for v in _as_list(record.get("video"))]
     images = [media_path_in_root(root, i, where) for i in _as_list(record.get("image"))]
     vision = vision.model_copy(update=record_video_range(record, where))
     return build_request(
         question, videos=videos, images=images, vision=vision, reasoning=reasoning,
-        system_prompt=record.get("system_prompt"), request_id=request_id, factor=factor,
+        system_prompt=record.get("system_prompt"), request_id=rid, factor=factor,
     )
 
 
-def _pending(
-    records: list[dict[str, Any]], done: set[str], root: Path, vision: VisionConfig, reasoning: bool, factor: int
+def _requests(
+    plan: BatchPlan, vision: VisionConfig, reasoning: bool, factor: int
 ) -> Iterator[GenerationRequest | GenerationResult]:
-    """Yield a request per unfinished record, or an error result for a record whose media cannot be used."""
-    for index, record in enumerate(records):
-        request_id = str(record.get("id", index))
-        if request_id in done:
-            continue
+    """Yield a request per pending record, or an error result for a record whose media cannot be used."""
+    for rid, record in plan.pending:
         try:
-            yield _request_from_record(record, request_id, root, vision, reasoning, factor)
+            yield request_from_record(record, rid, plan.root, vision, reasoning, factor)
         except PhysReasonError as exc:
-            yield GenerationResult(request_id=request_id, error=str(exc))
+            yield GenerationResult(request_id=rid, error=str(exc))
+
+
+def _rate(task: Task) -> float | None:
+    """Items per second since the task started: results arrive in bursts, so a short window would jump."""
+    elapsed = task.finished_time if task.finished else task.elapsed
+    return task.completed / elapsed if elapsed and task.completed else None
+
+
+class RateColumn(ProgressColumn):
+    """Items per second of a progress task, averaged since it started."""
+
+    def render(self, task: Task) -> Text:
+        """'12.30 items/s', or '- items/s' before the first item."""
+        rate = _rate(task)
+        return Text("- items/s" if rate is None else f"{rate:.2f} items/s", style="progress.data.speed")
+
+
+class EtaColumn(ProgressColumn):
+    """Time left at the average rate so far."""
+
+    def render(self, task: Task) -> Text:
+        """'ETA 0:01:23', or 'ETA -:--:--' before the first item."""
+        rate = _rate(task)
+        if task.finished:
+            return Text("ETA 0:00:00", style="progress.remaining")
+        if rate is None or task.total is None:
+            return Text("ETA -:--:--", style="progress.remaining")
+        seconds = int((task.total - task.completed) / rate)
+        return Text(f"ETA {seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}", style="progress.remaining")
+
+
+def batch_progress(show: bool) -> Progress:
+    """The progress bar of a batch run: done / total, items/s, elapsed time and ETA."""
+    columns = (TextColumn("infer"), BarColumn(), MofNCompleteColumn(), RateColumn(), TimeElapsedColumn(), EtaColumn())
+    return LoggedProgress(*columns, disable=not show)
+
+
+def record_to(sink: ResultSink, summary: BatchSummary, record: dict[str, Any]) -> None:
+    """Write one result record and count it."""
+    sink.write(record)
+    summary.done += 1
+    summary.failed += record.get("error") is not None
 
 
 def run_batch(
-    engine: Engine,
+    engine: Engine | Callable[[], Engine],
     requests_path: str | Path,
     out_path: str | Path,
     *,
@@ -102,49 +250,47 @@ def run_batch(
     reasoning: bool = True,
     media_root: str | Path | None = None,
     batch_size: int = 8,
+    retry_failed: bool = False,
     show_progress: bool = True,
 ) -> BatchSummary:
-    """Answer every JSONL request not yet in `out_path`, appending one result line each as it finishes.
+    """Answer every request not yet in `out_path` with one engine here, writing one result each as it finishes.
 
-    Each input line is {"id"?, "question", "video"?: path or list, "image"?: path or list, "system_prompt"?,
-    "video_start"?, "video_end"? (seconds; they replace vision.video_start/video_end for that line)};
-    media paths are relative to the JSONL's folder (or media_root) and may not leave it. Failures are
-    recorded as {"id", "error"} lines and the batch goes on; rerunning skips ids already written.
+    Each input record is {"id"?, "question", "video"?: path or list, "image"?: path or list, "system_prompt"?,
+    "video_start"?, "video_end"? (seconds; they replace vision.video_start/video_end for that record)}
+    (JSONL/JSON lines or Parquet rows); media paths are relative to the input's folder (or media_root) and may
+    not leave it. Failures are recorded as {"id", "error"} and the batch goes on; rerunning skips ids already
+    written, and with `retry_failed` runs the failed ones again. `engine` may be a function that builds the
+    engine: it is called after the requests are read, so a bad input fails before a model loads.
     """
-    records, root = load_records(
-        DatasetConfig(name=str(requests_path), media_root=str(media_root) if media_root else None)
-    )
-    ids = [str(r.get("id", i)) for i, r in enumerate(records)]
-    duplicate, times = Counter(ids).most_common(1)[0] if ids else (None, 0)
-    if times > 1:
-        raise PhysReasonError(f"{requests_path}: id {duplicate!r} appears more than once; ids must be unique to resume")
     out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    truncate_torn_tail(out)
-    done = finished_ids(out) & set(ids)
-    summary = BatchSummary(total=len(records), skipped=len(done), done=0, failed=0)
-    columns = (TextColumn("infer"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    with LoggedProgress(*columns, disable=not show_progress) as progress, out.open("a", encoding="utf-8") as sink:
-        task = progress.add_task("infer", total=len(records) - len(done))
+    plan = plan_batch(requests_path, out, retry_failed=retry_failed, media_root=media_root)
+    summary = plan.summary()
+    if not plan.pending:
+        return summary
+    if not hasattr(engine, "generate"):
+        engine = engine()
+    sink = open_sink(out)
+    try:
+        with batch_progress(show_progress) as progress:
+            task = progress.add_task("infer", total=len(plan.pending))
 
-        def write(result: GenerationResult) -> None:
-            sink.write(json.dumps(result_record(result), ensure_ascii=False) + "\n")
-            sink.flush()
-            summary.done += 1
-            summary.failed += result.error is not None
-            progress.advance(task)
+            def write(result: GenerationResult) -> None:
+                record_to(sink, summary, result_record(result))
+                progress.advance(task)
 
-        batch: list[GenerationRequest] = []
-        for item in _pending(records, done, root, vision, reasoning, engine.vision_factor):
-            if isinstance(item, GenerationResult):
-                write(item)
-                continue
-            batch.append(item)
-            if len(batch) == batch_size:
+            batch: list[GenerationRequest] = []
+            for item in _requests(plan, vision, reasoning, engine.vision_factor):
+                if isinstance(item, GenerationResult):
+                    write(item)
+                    continue
+                batch.append(item)
+                if len(batch) == batch_size:
+                    for result in engine.generate(batch, sampling, logprobs=False):
+                        write(result)
+                    batch = []
+            if batch:
                 for result in engine.generate(batch, sampling, logprobs=False):
                     write(result)
-                batch = []
-        if batch:
-            for result in engine.generate(batch, sampling, logprobs=False):
-                write(result)
+    finally:
+        sink.close()
     return summary

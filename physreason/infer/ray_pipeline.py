@@ -1,0 +1,323 @@
+"""Corpus-scale batch inference on Ray Data: CPU tasks decode media, engine replicas on GPUs answer, the driver writes.
+
+The pipeline, one Ray Data dataset streamed through three stages:
+
+1. the driver reads the requests and the output so far (`plan_batch`: the same resume rules as the
+   single-process path) and hands the pending records to Ray Data;
+2. a CPU map stage decodes and samples each record's video frames and images (`physreason.vision`) and
+   builds its chat request, so engine replicas never wait on decoding; Ray Data's streaming executor
+   keeps this stage ahead of the engines within its memory budget;
+3. a `map_batches` stage runs num_gpus / tp engine replicas as a fixed actor pool, tp GPUs each (none on a
+   cluster without GPUs), each building the configured engine once.
+
+The driver iterates the results as they finish (in no fixed order) and appends each to the output
+(`physreason.infer.results`): a JSONL line flushed per result, or Parquet part files. Only the driver
+writes, and it skips an id it has written already, so a rerun after kill -9 at any point (driver or
+workers) gives every id exactly once. A replica that dies is restarted by Ray and its in-flight batches
+are retried on it up to `infer.max_task_retries` times; a batch that fails more often is recorded as
+failed per item and retried by a rerun with --retry-failed. Errors of one item (missing file, corrupt
+video, an exception while decoding or generating) become that item's error record.
+
+Runs unchanged on a multi-node cluster: with `infer.ray_address` (--ray-address) or RAY_ADDRESS set it
+joins that cluster, else it starts Ray on this machine (docs/ray-inference.md).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import math
+import os
+import pickle
+import warnings
+from pathlib import Path
+from typing import Any
+
+from physreason.config import Config, EngineConfig, ModelConfig, SamplingConfig, VisionConfig
+from physreason.engines import Engine, GenerationResult, create_engine
+from physreason.errors import ConfigError, PhysReasonError
+from physreason.infer.batch import BatchSummary, batch_progress, plan_batch, record_to, request_from_record
+from physreason.infer.request import result_record
+from physreason.infer.results import open_sink
+from physreason.models import loading
+from physreason.models.inputs import patch_factor
+
+log = logging.getLogger(__name__)
+
+# Input blocks hold one engine batch each: decoding spreads over many tasks, and a replica's task (the
+# unit Ray retries or loses) is one batch. Past this many blocks they grow instead, to bound the driver's
+# bookkeeping on corpora of many millions.
+MAX_BLOCKS = 100_000
+TASKS_IN_FLIGHT = 2
+LOST_ERROR = (
+    "no result: the engine replica answering it died (killed, out of memory or crashed) more times than "
+    "infer.max_task_retries allows; rerun with --retry-failed to try it again"
+)
+
+
+def replica_layout(num_gpus: int, tp: int, device: str, cluster_gpus: float) -> tuple[int, int]:
+    """(engine replicas, GPUs per replica) for `num_gpus` GPUs at `tp` GPUs per engine on a cluster with `cluster_gpus`.
+
+    device 'cpu' runs num_gpus / tp replicas without GPUs (a test or CPU-only cluster); 'gpu' needs the GPUs;
+    'auto' is 'gpu' when the cluster has any GPU, else 'cpu'.
+    """
+    if num_gpus < 1:
+        raise ConfigError(f"infer.num_gpus = {num_gpus}: give at least 1 (--num-gpus), or leave it unset for one process")
+    if num_gpus % tp:
+        raise ConfigError(
+            f"infer.num_gpus ({num_gpus}) is not a multiple of engine.tensor_parallel_size ({tp}): "
+            "each replica takes tp GPUs; change --num-gpus or --tp"
+        )
+    replicas = num_gpus // tp
+    if device == "cpu" or (device == "auto" and cluster_gpus == 0):
+        return replicas, 0
+    if cluster_gpus < num_gpus:
+        raise ConfigError(
+            f"--num-gpus {num_gpus} but the Ray cluster has {cluster_gpus:g} GPUs: add nodes "
+            "(ray start --address=...), lower --num-gpus, or set infer.device = 'cpu'"
+        )
+    return replicas, tp
+
+
+def check_cpus(replicas: int, cpus_per_replica: float, decode_cpus: float, cluster_cpus: float) -> None:
+    """Refuse a layout whose replicas leave no CPU for a decoding task: Ray Data would wait forever."""
+    needed = replicas * cpus_per_replica + decode_cpus
+    if cluster_cpus < needed:
+        raise ConfigError(
+            f"{replicas} engine replicas reserve {replicas * cpus_per_replica:g} CPUs and a decoding task "
+            f"{decode_cpus:g}, but the Ray cluster has {cluster_cpus:g}: lower infer.cpus_per_replica or "
+            "infer.decode_cpus, use fewer replicas, or add nodes"
+        )
+
+
+def replica_engine(model: ModelConfig, engine: EngineConfig) -> Engine:
+    """The engine of one replica, on the GPUs Ray gave its actor.
+
+    vLLM is told its executor: in-process for one GPU, local worker processes for several. Left to choose
+    inside a Ray actor, it could pick its Ray executor and ask the cluster for GPUs this actor already holds.
+    """
+    return create_engine(model, engine, vllm_executor="uni" if engine.tensor_parallel_size == 1 else "mp")
+
+
+def decode_row(
+    row: dict[str, Any], *, root: str, vision: VisionConfig, reasoning: bool, factor: int
+) -> dict[str, Any]:
+    """CPU stage: one input row {"id", "record"} -> {"id", "request": pickled request, "error"}.
+
+    A record that cannot be used (missing or corrupt media, no question) yields its error instead of raising,
+    so one bad clip does not stop the corpus; "" stands for none so every block has the same column types.
+    """
+    rid = row["id"]
+    try:
+        request = request_from_record(json.loads(row["record"]), rid, Path(root), vision, reasoning, factor)
+    except PhysReasonError as exc:
+        return {"id": rid, "request": b"", "error": str(exc)}
+    except Exception as exc:  # a decoder bug on one clip is recorded against that clip, not the run
+        log.exception("decoding request %s failed", rid)
+        return {"id": rid, "request": b"", "error": f"decoding failed: {type(exc).__name__}: {exc}"}
+    return {"id": rid, "request": pickle.dumps(request, protocol=5), "error": ""}
+
+
+class EngineReplica:
+    """GPU stage: one engine (tp GPUs) answering batches of decoded requests; rows {"id", "record": JSON text}."""
+
+    def __init__(self, model: ModelConfig, engine: EngineConfig, sampling: SamplingConfig) -> None:
+        self.engine = replica_engine(model, engine)
+        self.sampling = sampling
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
+        """Answer the decodable requests of a batch; carry decoding errors through as error records."""
+        ids = [str(i) for i in batch["id"]]
+        results: dict[str, GenerationResult] = {}
+        requests = []
+        for rid, blob, error in zip(ids, batch["request"], batch["error"], strict=True):
+            if error:
+                results[rid] = GenerationResult(request_id=rid, error=str(error))
+            else:
+                requests.append(pickle.loads(blob))  # written by decode_row in this same job
+        if requests:
+            try:
+                answered = self.engine.generate(requests, self.sampling, logprobs=False)
+            except Exception as exc:  # the engine failing a whole batch fails its items, not the run
+                log.exception("generate failed for a batch of %d", len(requests))
+                message = f"generation failed: {type(exc).__name__}: {exc}"
+                answered = [GenerationResult(request_id=r.request_id, error=message) for r in requests]
+            for result in answered:
+                results[str(result.request_id)] = result
+        return {"id": ids, "record": [json.dumps(result_record(results[rid]), ensure_ascii=False) for rid in ids]}
+
+
+def _import_ray():
+    try:
+        import ray
+        import ray.data
+    except ImportError as exc:
+        raise ConfigError("--num-gpus runs on Ray Data, which is not installed: pip install 'physreason[ray]'") from exc
+    return ray
+
+
+def _connect(ray, address: str | None) -> bool:
+    """Join the cluster at `address` (or RAY_ADDRESS), else start Ray here; True when this call started it."""
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    try:
+        # Worker logs stay in the session's log folder (/tmp/ray/session_latest/logs) instead of
+        # interleaving with the progress bar; errors come back to the driver as exceptions.
+        ray.init(address=address, log_to_driver=False)
+    except ConnectionError as exc:
+        raise ConfigError(
+            f"cannot reach the Ray cluster at {address!r} ({exc}): start it with `ray start --head` or fix --ray-address"
+        ) from exc
+    return address is None
+
+
+def _user_error(exc: BaseException) -> PhysReasonError | None:
+    """The PhysReasonError a remote failure carries (an engine that cannot load its model), if any.
+
+    Ray re-raises a remote exception as a RayTaskError subclass of the original's type that also holds
+    the original as `.cause`; the original is returned, not the wrapper (whose text is the remote traceback).
+    """
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, PhysReasonError) and getattr(current, "cause", None) is None:
+            return current
+        stack += [getattr(current, "cause", None), current.__cause__, current.__context__]
+    return None
+
+
+def _block_count(rows: int, batch_size: int) -> int:
+    """Input blocks of one engine batch each, so a replica task is one batch; coarser past MAX_BLOCKS blocks."""
+    return max(1, min(math.ceil(rows / batch_size), MAX_BLOCKS))
+
+
+def run_ray_batch(
+    cfg: Config,
+    requests_path: str | Path,
+    out_path: str | Path,
+    *,
+    reasoning: bool = True,
+    media_root: str | Path | None = None,
+    show_progress: bool = True,
+) -> BatchSummary:
+    """Answer every request not yet in `out_path` with `[infer] num_gpus / [engine] tensor_parallel_size` replicas.
+
+    Same inputs, outputs and resume rules as `run_batch` (which uses one engine in this process), with
+    `[infer]` choosing the cluster, the devices, retries and Parquet part sizes.
+    """
+    infer = cfg.infer
+    if infer.num_gpus is None:
+        raise ConfigError("run_ray_batch needs infer.num_gpus (--num-gpus); without it use run_batch")
+    out = Path(out_path)
+    plan = plan_batch(requests_path, out, retry_failed=infer.retry_failed, media_root=media_root)
+    summary = plan.summary()
+    if not plan.pending:
+        return summary
+    # A model folder or hub id that does not resolve fails here in a second, not in every replica; the
+    # decoding tasks size frames by the model's patch factor, read from its JSON files alone.
+    loading.load_model_config(cfg.model)
+    factor = patch_factor(cfg.model.model_name_or_path, cfg.model.revision)
+    ray = _import_ray()
+    started_here = _connect(ray, infer.ray_address)
+    try:
+        resources = ray.cluster_resources()
+        replicas, gpus_each = replica_layout(
+            infer.num_gpus, cfg.engine.tensor_parallel_size, infer.device, resources.get("GPU", 0)
+        )
+        check_cpus(replicas, infer.cpus_per_replica, infer.decode_cpus, resources.get("CPU", 0))
+        if gpus_each == 0:
+            log.warning("running %d engine replicas without GPUs (infer.device = %r)", replicas, infer.device)
+        # No local name holds the dataset, so it can be collected below with the run's actor handles.
+        _drain(
+            _build_dataset(ray, cfg, plan, replicas, gpus_each, reasoning, factor), plan, summary, out, infer, show_progress
+        )
+    finally:
+        # Ray Data drops its handles to replicas whose tasks failed when they died, but Ray restarts those
+        # actors; the remaining handles sit in reference cycles (exception tracebacks), and the actors keep
+        # their CPUs and GPUs, until a collection. A later run in this process could wait for them forever.
+        gc.collect()
+        if started_here:
+            ray.shutdown()
+    return summary
+
+
+def _build_dataset(ray, cfg: Config, plan, replicas: int, gpus_each: int, reasoning: bool, factor: int):
+    from ray.data import DataContext
+
+    context = DataContext.get_current()
+    context.enable_progress_bars = False  # the driver draws its own bar of written results
+    # A block whose replica died more than max_task_retries times must not stop the corpus: its rows come
+    # back missing and the driver records them as failed.
+    context.max_errored_blocks = -1
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    # default=str: extra Parquet columns (timestamps, decimals) need not be JSON types; decoding reads only the known keys
+    rows = [{"id": rid, "record": json.dumps(record, ensure_ascii=False, default=str)} for rid, record in plan.pending]
+    dataset = ray.data.from_items(rows, override_num_blocks=_block_count(len(rows), cfg.engine.batch_size))
+    dataset = dataset.map(
+        decode_row,
+        fn_kwargs={"root": str(plan.root), "vision": cfg.vision, "reasoning": reasoning, "factor": factor},
+        num_cpus=cfg.infer.decode_cpus,
+    )
+    with warnings.catch_warnings():
+        # max_restarts / max_task_retries still pass through map_batches' **ray_remote_args, which Ray
+        # deprecates for 2.64 (ray-project/ray#65227); pyproject keeps ray below 2.64 until they move.
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        return _engine_stage(dataset, cfg, replicas, gpus_each)
+
+
+def _engine_stage(dataset, cfg: Config, replicas: int, gpus_each: int):
+    from ray.data import ActorPoolStrategy
+
+    return dataset.map_batches(
+        EngineReplica,
+        fn_constructor_kwargs={"model": cfg.model, "engine": cfg.engine, "sampling": cfg.generation},
+        # One batch generating and one waiting per replica: the engine never idles between batches, and a
+        # replica that dies has at most TASKS_IN_FLIGHT batches (of engine.batch_size items) in flight.
+        compute=ActorPoolStrategy(size=replicas, max_tasks_in_flight_per_actor=TASKS_IN_FLIGHT),
+        batch_size=cfg.engine.batch_size,
+        batch_format="numpy",
+        num_cpus=cfg.infer.cpus_per_replica,
+        num_gpus=gpus_each,
+        # Restart a dead replica for as long as the job runs; retry its in-flight batches a bounded
+        # number of times, so an item that kills every replica it reaches cannot loop forever.
+        max_restarts=-1,
+        max_task_retries=cfg.infer.max_task_retries,
+    )
+
+
+def _drain(dataset, plan, summary: BatchSummary, out: Path, infer, show_progress: bool) -> None:
+    """Write results as Ray Data yields them; at the end, record the pending ids that got none as failed."""
+    sink = open_sink(out, rows_per_file=infer.parquet_rows_per_file, flush_s=infer.parquet_flush_s)
+    written: set[str] = set()
+    try:
+        with batch_progress(show_progress) as progress:
+            task = progress.add_task("infer", total=len(plan.pending))
+            try:
+                for row in dataset.iter_rows():
+                    rid = str(row["id"])
+                    if rid in written:  # a retried batch answered twice: the first answer stays
+                        log.warning("request %s came back twice; keeping the first result", rid)
+                        continue
+                    written.add(rid)
+                    record_to(sink, summary, json.loads(row["record"]))
+                    progress.advance(task)
+            except Exception as exc:
+                cause = _user_error(exc)
+                if cause is not None:
+                    raise type(cause)(str(cause)) from exc
+                raise PhysReasonError(
+                    f"the Ray Data pipeline stopped ({type(exc).__name__}: {exc}); the {len(written)} results "
+                    f"written are kept in {out}: fix the cause and rerun the same command to resume"
+                ) from exc
+            for rid, _ in plan.pending:
+                if rid not in written:
+                    record_to(sink, summary, {"id": rid, "error": LOST_ERROR})
+                    progress.advance(task)
+    finally:
+        sink.close()

@@ -1,0 +1,206 @@
+"""Batch result files, JSONL or Parquet: append results as they finish, read back what is done, drop failures.
+
+A JSONL output is one file, one record per line, flushed per record: a killed run loses at most the
+line being written, which the next run cuts off and redoes. A Parquet output (`--out NAME.parquet`) is a
+folder of part files `part-NNNNN.parquet`; each is written under a hidden temporary name and renamed
+when complete, so a killed run loses only the results not yet written to a part (they are redone).
+Either way a rerun skips every id already written, so each id is in the output once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from physreason.errors import InputError
+
+PARQUET_SUFFIX = ".parquet"
+_PART_GLOB = "part-*.parquet"
+
+
+def is_parquet(path: str | Path) -> bool:
+    """Whether an input or output path names Parquet (a `.parquet` file or folder)."""
+    return Path(path).suffix.lower() == PARQUET_SUFFIX
+
+
+def _parquet_schema():
+    import pyarrow as pa
+
+    output = pa.struct([
+        ("text", pa.string()),
+        ("reasoning", pa.string()),
+        ("answer", pa.string()),
+        ("format_problems", pa.list_(pa.string())),
+        ("finish_reason", pa.string()),
+        ("completion_tokens", pa.int64()),
+    ])
+    return pa.schema([
+        ("id", pa.string()),
+        ("error", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("outputs", pa.list_(output)),
+    ])
+
+
+class ResultSink(Protocol):
+    """Where a batch writes its result records."""
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Add one result record ({"id", "outputs", ...} or {"id", "error"})."""
+
+    def close(self) -> None:
+        """Make every record written so far durable."""
+
+
+class JsonlSink:
+    """Appends one JSON line per record and flushes it at once."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        truncate_torn_tail(path)
+        self._handle = path.open("a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append the record as one line and flush it to the operating system."""
+        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self._handle.close()
+
+
+class ParquetSink:
+    """Buffers records and writes a new part file every `rows_per_file` records or `flush_s` seconds."""
+
+    def __init__(self, folder: Path, rows_per_file: int, flush_s: float) -> None:
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"{folder} is a file: a Parquet output is a folder of part files; give a new name")
+        folder.mkdir(parents=True, exist_ok=True)
+        for unfinished in folder.glob(".part-*.tmp"):  # a part file a killed run was writing: its rows are redone
+            unfinished.unlink()
+        self.folder = folder
+        self.rows_per_file = rows_per_file
+        self.flush_s = flush_s
+        self._rows: list[dict[str, Any]] = []
+        self._since = time.monotonic()
+        self._next = 1 + max((int(p.stem.split("-")[1]) for p in _part_files(folder)), default=-1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Buffer the record; write a part file when the buffer is full or old enough."""
+        self._rows.append(record)
+        if len(self._rows) >= self.rows_per_file or time.monotonic() - self._since >= self.flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered records as the next part file (temporary name, then an atomic rename)."""
+        if self._rows:
+            _write_parquet(self.folder / f"part-{self._next:05d}{PARQUET_SUFFIX}", self._rows)
+            self._next += 1
+            self._rows = []
+        self._since = time.monotonic()
+
+    def close(self) -> None:
+        """Write what is still buffered."""
+        self.flush()
+
+
+def _write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # A leading dot hides the unfinished file from readers (pyarrow skips '.' and '_' names).
+    temporary = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.Table.from_pylist(rows, schema=_parquet_schema()), temporary)
+    with temporary.open("rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def _part_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob(_PART_GLOB))
+
+
+def open_sink(out: Path, *, rows_per_file: int = 1000, flush_s: float = 60.0) -> ResultSink:
+    """A sink for `out`: Parquet part files in a folder when it ends in .parquet, else one JSONL file."""
+    if is_parquet(out):
+        return ParquetSink(out, rows_per_file, flush_s)
+    return JsonlSink(out)
+
+
+def truncate_torn_tail(out: Path) -> None:
+    """Drop a partial last line left by a killed run, so appended records start on a fresh line."""
+    if not out.is_file() or out.stat().st_size == 0:
+        return
+    data = out.read_bytes()
+    if not data.endswith(b"\n"):
+        out.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def _jsonl_status(out: Path) -> Iterator[tuple[str, bool]]:
+    with out.open(encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+                yield str(record["id"]), record.get("error") is None
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+                continue  # a torn last line of a killed run: its request is redone
+
+
+def _parquet_status(folder: Path) -> Iterator[tuple[str, bool]]:
+    import pyarrow.parquet as pq
+
+    for part in _part_files(folder):
+        try:
+            table = pq.read_table(part, columns=["id", "error"])
+        except Exception as exc:  # pyarrow raises several types for an unreadable file
+            raise InputError(f"{part} cannot be read as Parquet ({exc}): delete it and rerun to redo its ids") from exc
+        yield from zip(table["id"].to_pylist(), (e is None for e in table["error"].to_pylist()))
+
+
+def finished_ids(out: Path) -> set[str]:
+    """Ids already written to a JSONL result file, failed or not; a torn last line (killed run) is ignored."""
+    return {request_id for request_id, _ in _jsonl_status(out)} if out.is_file() else set()
+
+
+def result_status(out: Path) -> dict[str, bool]:
+    """Ids already in a result file or folder, each mapped to whether it was answered (False: it failed)."""
+    if is_parquet(out):
+        return dict(_parquet_status(out)) if out.is_dir() else {}
+    return dict(_jsonl_status(out)) if out.is_file() else {}
+
+
+def drop_results(out: Path, ids: set[str]) -> None:
+    """Remove the records of `ids` from a result file or folder, each file rewritten atomically."""
+    if not ids:
+        return
+    if is_parquet(out):
+        import pyarrow.parquet as pq
+
+        for part in _part_files(out):
+            table = pq.read_table(part)
+            rows = [row for row in table.to_pylist() if row["id"] not in ids]
+            if len(rows) == table.num_rows:
+                continue
+            if rows:
+                _write_parquet(part, rows)
+            else:
+                part.unlink()
+        return
+    truncate_torn_tail(out)
+    temporary = out.with_name(f".{out.name}.tmp")
+    with out.open(encoding="utf-8") as source, temporary.open("w", encoding="utf-8") as target:
+        for line in source:
+            try:
+                drop = str(json.loads(line)["id"]) in ids
+            except (json.JSONDecodeError, KeyError, TypeError):
+                drop = False
+            if not drop:
+                target.write(line)
+        target.flush()
+        os.fsync(target.fileno())
+    os.replace(temporary, out)

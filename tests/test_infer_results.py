@@ -1,0 +1,115 @@
+"""Batch result files and planning without an engine: Parquet parts, resume status, --retry-failed, replica layouts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from physreason.errors import ConfigError, InputError
+from physreason.infer.batch import BatchSummary, plan_batch, read_requests
+from physreason.infer.ray_pipeline import check_cpus, replica_layout
+from physreason.infer.results import ParquetSink, drop_results, open_sink, result_status
+
+
+def answered(rid: str) -> dict:
+    output = {
+        "text": "<answer>A</answer>", "reasoning": None, "answer": "A", "format_problems": [],
+        "finish_reason": "stop", "completion_tokens": 3,
+    }
+    return {"id": rid, "prompt_tokens": 7, "outputs": [output]}
+
+
+def test_parquet_sink_writes_whole_part_files_and_reads_back_status(tmp_path):
+    out = tmp_path / "out.parquet"
+    sink = ParquetSink(out, rows_per_file=2, flush_s=3600)
+    for rid in "abc":
+        sink.write(answered(rid))
+    assert [p.name for p in sorted(out.iterdir())] == ["part-00000.parquet"]  # "c" still buffered
+    assert result_status(out) == {"a": True, "b": True}
+    sink.write({"id": "d", "error": "media file missing"})
+    sink.close()
+    assert result_status(out) == {"a": True, "b": True, "c": True, "d": False}
+    # a second run numbers its parts after the existing ones and clears a part a killed run left unfinished
+    (out / ".part-00002.parquet.tmp").write_bytes(b"half a file")
+    resumed = open_sink(out, rows_per_file=5, flush_s=3600)
+    resumed.write(answered("e"))
+    resumed.close()
+    assert sorted(p.name for p in out.iterdir()) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(out).to_pylist()
+    assert sorted(r["id"] for r in rows) == ["a", "b", "c", "d", "e"]
+    assert next(r for r in rows if r["id"] == "a")["outputs"][0]["answer"] == "A"
+
+
+def test_parquet_sink_writes_a_part_when_results_wait_too_long(tmp_path):
+    out = tmp_path / "o.parquet"
+    sink = ParquetSink(out, rows_per_file=1000, flush_s=0.0)
+    sink.write(answered("a"))
+    assert result_status(out) == {"a": True}
+
+
+def test_unreadable_parquet_part_is_named(tmp_path):
+    out = tmp_path / "o.parquet"
+    out.mkdir()
+    (out / "part-00000.parquet").write_bytes(b"not parquet")
+    with pytest.raises(InputError, match="part-00000.parquet cannot be read"):
+        result_status(out)
+
+
+@pytest.mark.parametrize("name", ["out.jsonl", "out.parquet"])
+def test_retry_failed_plans_failures_again_and_drops_their_records(tmp_path, name):
+    requests = tmp_path / "r.jsonl"
+    requests.write_text("".join(json.dumps({"id": i, "question": "q"}) + "\n" for i in "abcd"))
+    out = tmp_path / name
+    sink = open_sink(out, rows_per_file=2, flush_s=3600)
+    for record in [answered("a"), {"id": "b", "error": "broken"}, answered("c")]:
+        sink.write(record)
+    sink.close()
+    plain = plan_batch(requests, out)
+    assert [rid for rid, _ in plain.pending] == ["d"] and plain.skipped == 3
+    retry = plan_batch(requests, out, retry_failed=True)
+    assert [rid for rid, _ in retry.pending] == ["b", "d"] and retry.skipped == 2
+    assert result_status(out) == {"a": True, "c": True}  # the failed record is gone, the others kept
+
+
+def test_drop_results_keeps_other_lines_and_cuts_a_torn_tail(tmp_path):
+    out = tmp_path / "o.jsonl"
+    out.write_text('{"id": "a"}\n{"id": "b", "error": "x"}\n{"id": "c"}\n{"id": "d", "err')
+    drop_results(out, {"b"})
+    assert out.read_text() == '{"id": "a"}\n{"id": "c"}\n'
+
+
+def test_parquet_requests_are_read_with_their_folder_as_media_root(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"id": "x", "question": "q", "video": "a.mp4"}]), tmp_path / "r.parquet")
+    records, root = read_requests(tmp_path / "r.parquet")
+    assert records == [{"id": "x", "question": "q", "video": "a.mp4"}] and root == tmp_path.resolve()
+
+
+def test_summary_counts_answered_and_failed_apart():
+    line = BatchSummary(total=9, skipped=3, done=6, failed=2).describe("o.jsonl")
+    assert line.startswith("4 answered, 2 failed, 3 already in o.jsonl, 9 in all")
+    assert "--retry-failed" in line
+    assert "--retry-failed" not in BatchSummary(total=1, skipped=0, done=1, failed=0).describe("o.jsonl")
+
+
+def test_replica_layout():
+    assert replica_layout(8, 2, "auto", cluster_gpus=8) == (4, 2)
+    assert replica_layout(2, 1, "auto", cluster_gpus=0) == (2, 0)  # no GPU in the cluster: CPU replicas
+    assert replica_layout(2, 1, "cpu", cluster_gpus=8) == (2, 0)
+    with pytest.raises(ConfigError, match="not a multiple"):
+        replica_layout(3, 2, "auto", cluster_gpus=8)
+    with pytest.raises(ConfigError, match="has 4 GPUs"):
+        replica_layout(8, 1, "auto", cluster_gpus=4)
+    with pytest.raises(ConfigError, match="has 0 GPUs"):
+        replica_layout(1, 1, "gpu", cluster_gpus=0)
+
+
+def test_replicas_must_leave_a_cpu_for_decoding():
+    check_cpus(2, 1.0, 1.0, cluster_cpus=3)
+    with pytest.raises(ConfigError, match="reserve 2 CPUs and a decoding task 1, but the Ray cluster has 2"):
+        check_cpus(2, 1.0, 1.0, cluster_cpus=2)
