@@ -1,4 +1,7 @@
-"""LoRA SFT ([train.lora]) on the tiny Qwen2.5-VL model: adapters learn, the base stays bit-exact, exports and resume."""
+"""LoRA SFT ([train.lora]) on the tiny VL models: adapters learn, the base stays bit-exact, exports, resume, infer --lora.
+
+Tests taking `vl_model_dir` run once per vision-language family (Qwen2.5-VL and Qwen3-VL, conftest.py).
+"""
 
 from __future__ import annotations
 
@@ -62,11 +65,11 @@ def lora_config(model: Path, data: Path, out: Path, *extra: str):
     ])
 
 
-def test_lora_sft_lowers_the_loss_while_the_base_weights_stay_bit_exact(tiny_vl, tmp_path):
+def test_lora_sft_lowers_the_loss_while_the_base_weights_stay_bit_exact(vl_model_dir, tmp_path):
     from physreason.models.lora import hf_name
     from physreason.train.sft import _collate_fn, build_datasets, train_step
 
-    config = lora_config(tiny_vl, write_records(tmp_path, 4), tmp_path / "out", "train.optm_decay_type='constant'",
+    config = lora_config(vl_model_dir, write_records(tmp_path, 4), tmp_path / "out", "train.optm_decay_type='constant'",
                          "train.optm_lr=1e-2")
     runtime = init_runtime()
     torch.manual_seed(0)
@@ -100,7 +103,8 @@ def test_lora_sft_lowers_the_loss_while_the_base_weights_stay_bit_exact(tiny_vl,
 
 
 @pytest.mark.slow
-def test_lora_export_merges_to_the_same_logits_as_base_plus_adapter(tiny_vl, tmp_path):
+def test_lora_export_merges_to_the_same_logits_as_base_plus_adapter(vl_model_dir, tmp_path):
+    tiny_vl = vl_model_dir
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
 
@@ -169,11 +173,12 @@ def test_lora_rejects_settings_that_cannot_work(tiny_vl, tmp_path):
         load_config(None, ["train.lora.rnk=4"])
 
 
-def test_lora_vision_adds_adapters_to_the_vision_blocks(tiny_vl, tmp_path):
-    config = lora_config(tiny_vl, write_records(tmp_path, 4), tmp_path / "o", "train.lora.vision=true")
+def test_lora_vision_adds_adapters_to_the_vision_blocks(vl_model_dir, vl_kind, tmp_path):
+    config = lora_config(vl_model_dir, write_records(tmp_path, 4), tmp_path / "o", "train.lora.vision=true")
     trained = build_training_model(config, init_runtime(), CausalLMLoss, 1)
     vision = {n.split(".")[-4] for n, p in trained.model.named_parameters() if p.requires_grad and ".visual." in n}
-    assert vision == {"qkv", "proj", "gate_proj", "up_proj", "down_proj"}
+    mlp = {"qwen2_5_vl": {"gate_proj", "up_proj", "down_proj"}, "qwen3_vl": {"linear_fc1", "linear_fc2"}}[vl_kind]
+    assert vision == {"qkv", "proj"} | mlp
     assert not any(".merger." in n for n, p in trained.model.named_parameters() if p.requires_grad)
 
 
