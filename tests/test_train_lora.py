@@ -146,7 +146,7 @@ def test_lora_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path):
     straight = run_sft(lora_config(tiny_vl, data, tmp_path / "a", *extra, "train.ckpt.save_freq=100"))
     first = run_sft(lora_config(tiny_vl, data, tmp_path / "b", *extra, "train.ckpt.save_freq=3"))
     resumed = run_sft(lora_config(tiny_vl, data, tmp_path / "c", *extra,
-                                  f"train.resume='{tmp_path / 'b' / 'checkpoints' / 'step_3'}'"))
+                                  f"train.resume='{tmp_path / 'b' / 'checkpoints' / 'step_3'}'", "train.trust_checkpoint=true"))
     assert first.losses == straight.losses
     assert resumed.losses == straight.losses[3:]
 
@@ -157,7 +157,7 @@ def test_resuming_a_full_checkpoint_with_lora_names_the_mismatch(tiny_vl, tmp_pa
     run_sft(full)
     with pytest.raises(ConfigError, match=r"\[train.lora\]"):
         run_sft(lora_config(tiny_vl, data, tmp_path / "c", "train.max_steps=2",
-                            f"train.resume='{tmp_path / 'full' / 'checkpoints' / 'step_1'}'"))
+                            f"train.resume='{tmp_path / 'full' / 'checkpoints' / 'step_1'}'", "train.trust_checkpoint=true"))
 
 
 def test_lora_rejects_settings_that_cannot_work(tiny_vl, tmp_path):
