@@ -38,7 +38,10 @@ Recipe, the same on both sides: --prompts prompts x --n completions per optimize
 micro-batches of --mini-batch completions with gradient accumulation over the step), exactly --response-len new
 tokens per completion (EOS ignored: physreason `[rollout.sampling_config] ignore_eos`, TRL
 `generation_kwargs={"ignore_eos": True}` for vLLM, `{"min_new_tokens": R}` for transformers generate), temperature
-1, top_p 1, no repetition penalty; the clipped token-level loss with epsilon 0.2 / 0.2, no KL (beta 0), one
+1, top_p 1, no repetition penalty, the vision placeholder and delimiter tokens never sampled (physreason
+`[rollout.sampling_config] suppress_vision_tokens`, TRL a -100 `logit_bias` for vLLM, `suppress_tokens` for
+transformers: a random policy otherwise samples image pads, and TRL's policy forward then fails with "Image features
+and image tokens do not match"); the clipped token-level loss with epsilon 0.2 / 0.2, no KL (beta 0), one
 iteration (mu 1), token-mean over the step's completion tokens (physreason `loss_agg_mode = "token-mean"`, TRL
 `loss_type="dapo"`: both divide by the step's token count; tests/test_grpo_math_trl.py checks the two losses and
 gradients are equal on the same tensors), group advantages (r - mean) / (std + eps); rewards: physreason's
@@ -341,6 +344,7 @@ def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed:
         "rollout.sampling_config.top_p=1.0",
         "rollout.sampling_config.repetition_penalty=1.0",
         "rollout.sampling_config.ignore_eos=true",
+        "rollout.sampling_config.suppress_vision_tokens=true",
         f"grpo.mini_batch={completions if packed else spec['mini_batch']}",
         f"grpo.mini_batch_tokens={spec['mini_batch_tokens'] if packed else 0}",
         f"grpo.pack_completions={'true' if packed else 'false'}",
@@ -520,7 +524,11 @@ def trl_config(spec: dict[str, Any], output: Path):
         temperature=1.0,
         top_p=1.0,
         repetition_penalty=1.0,
-        generation_kwargs={"ignore_eos": True} if vllm else {"min_new_tokens": spec["response_len"]},
+        generation_kwargs=(
+            {"ignore_eos": True, "logit_bias": {token: -100.0 for token in spec["vision_token_ids"]}}
+            if vllm
+            else {"min_new_tokens": spec["response_len"], "suppress_tokens": spec["vision_token_ids"]}
+        ),
         loss_type="dapo",
         epsilon=0.2,
         epsilon_high=0.2,
@@ -738,8 +746,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     model = build_model(work / ("model-tiny" if args.tiny else "model-3b"), args.tiny)
     clips = min(64, args.prompts * (args.warmup + args.steps))
     data = prepare_data(work, model, clips, args.text_words, args.tiny, workers=min(4, os.cpu_count() or 1))
+    from transformers import AutoConfig
+
+    from physreason.models.family import vision_special_token_ids
+
     spec = {
         "model": str(model),
+        "vision_token_ids": vision_special_token_ids(AutoConfig.from_pretrained(model)),
         "work": str(work),
         "engine": engine,
         "bf16": not args.tiny and torch.cuda.is_available(),

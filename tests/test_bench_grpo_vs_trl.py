@@ -147,6 +147,7 @@ def test_physreason_config_sets_the_shared_recipe(bench, prepared, tmp_path):
     }
     config = bench.physreason_config(spec, "video", tmp_path)
     assert config.rollout.sampling_config.ignore_eos and config.rollout.max_response_length == 16
+    assert config.rollout.sampling_config.suppress_vision_tokens
     assert config.train.train_batch_per_replica == 8 and config.train.max_steps == 3
     assert (config.grpo.loss_agg_mode, config.grpo.kl_beta, config.grpo.mu_iterations) == ("token-mean", 0.0, 1)
     assert config.vision.fps == data["vision"]["fps"] and config.data.dataset.name == data["files"]["video"]
@@ -198,3 +199,19 @@ def test_trl_gets_the_prompt_tokens_physreason_renders(bench, prepared, tiny_mod
             text = tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
             text = expand_vision_placeholders(text, visuals.image_token_counts, visuals.video_token_counts)
             assert list(theirs) == tokenizer(text, add_special_tokens=False).input_ids
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed")
+@pytest.mark.parametrize("engine", ["vllm", "hf"])
+def test_trl_never_samples_the_vision_tokens_physreason_suppresses(bench, prepared, tmp_path, engine):
+    _, data = prepared
+    spec = {
+        "model": "m", "work": str(tmp_path), "engine": engine, "bf16": False, "gpu_memory": 0.3, "data": data,
+        "prompts": 2, "n": 2, "response_len": 16, "mini_batch": 2, "steps": 1, "warmup": 0,
+        "vision_token_ids": [3, 5],
+    }  # fmt: skip
+    kwargs = bench.trl_config(spec, tmp_path).generation_kwargs
+    if engine == "vllm":
+        assert kwargs == {"ignore_eos": True, "logit_bias": {3: -100.0, 5: -100.0}}
+    else:
+        assert kwargs == {"min_new_tokens": 16, "suppress_tokens": [3, 5]}

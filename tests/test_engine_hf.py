@@ -210,3 +210,41 @@ def test_ignore_eos_runs_every_completion_to_max_tokens(engine, media, monkeypat
     assert completion.finish_reason == "length"
     assert len(completion.token_ids) == len(completion.logprobs) == GREEDY.max_tokens
     assert not set(completion.token_ids) & engine.eos_token_ids
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_suppress_vision_tokens_never_samples_a_placeholder_and_reports_raw_logprobs(vl_model_dir, media, static):
+    from physreason.models.family import vision_special_token_ids
+
+    chosen = HFEngine(
+        ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32"), EngineConfig(batch_size=4), static_cache=static
+    )
+    request = requests(media)[:1]
+    vision_ids = vision_special_token_ids(chosen.model.config)
+    assert chosen.model.config.video_token_id in vision_ids and len(vision_ids) == 4
+    # Make the video pad every step's most likely token: its output row becomes the hidden state's direction.
+    head = chosen.model.get_output_embeddings().weight
+    with torch.no_grad():
+        head[chosen.model.config.video_token_id] = 0.0
+        (plain,) = chosen.generate(request, GREEDY)
+        first = plain.completions[0].token_ids[0]
+        head[chosen.model.config.video_token_id] = 20.0 * head[first]
+    (drawn,) = chosen.generate(request, GREEDY)
+    assert drawn.completions[0].token_ids[0] == chosen.model.config.video_token_id  # without the option: a pad
+    (kept,) = chosen.generate(request, GREEDY.model_copy(update={"suppress_vision_tokens": True}))
+    completion = kept.completions[0]
+    assert completion.token_ids[0] == first and not set(completion.token_ids) & set(vision_ids)
+    # The log-probabilities are the raw ones: the pad's share of the mass is not given back to the rest.
+    visuals = concat_visuals([chosen._encode(request[0])[1]])
+    ids = torch.tensor([kept.prompt_token_ids + completion.token_ids], device=chosen.device)
+    kwargs = {k: v.to(chosen.device) for k, v in visuals.model_kwargs().items()}
+    positions, _ = chosen.model.model.get_rope_index(
+        ids, video_grid_thw=visuals.video_grid_thw, second_per_grid_ts=visuals.second_per_grid_ts,
+        attention_mask=torch.ones_like(ids), mm_token_type_ids=chosen.mm_token_type_ids(ids),
+    )
+    with torch.no_grad():
+        logits = chosen.model(input_ids=ids, position_ids=positions, **kwargs).logits[0].float()
+    start = len(kept.prompt_token_ids)
+    raw = torch.log_softmax(logits[start - 1 : -1], dim=-1).gather(-1, ids[0, start:, None])[:, 0].cpu()
+    assert completion.logprobs == pytest.approx(raw.tolist(), abs=1e-4)
+    assert completion.logprobs[0] < -1.0  # the pad took most of the first step's mass

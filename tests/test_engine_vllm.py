@@ -235,3 +235,33 @@ def test_ignore_eos_sampling_params_drop_every_stop():
     assert not plain.ignore_eos and set(plain.stop_token_ids) == {7, 9}
     forced = vllm_compat.sampling_params(GREEDY.model_copy(update={"ignore_eos": True}), 12, [7, 9])
     assert forced.ignore_eos and not forced.stop_token_ids
+
+
+def test_suppressed_tokens_get_a_logit_bias_that_no_sampler_draws():
+    from physreason.engines import vllm_compat
+
+    assert vllm_compat.sampling_params(GREEDY, 12, [7]).logit_bias is None
+    params = vllm_compat.sampling_params(GREEDY, 12, [7], suppressed_token_ids=[5, 3])
+    assert params.logit_bias == {5: -100.0, 3: -100.0}
+
+
+def test_suppress_vision_tokens_keeps_a_likely_pad_out_of_vllm_samples(engine, hf_engine, media):
+    from physreason.models.family import vision_special_token_ids
+
+    requests = image_requests(media)[2:]
+    config = hf_engine.model.config
+    name, head = next((n, p) for n, p in hf_engine.model.named_parameters() if n.endswith("lm_head.weight"))
+    (plain,) = engine.generate(requests, GREEDY)
+    boosted = head.detach().clone()
+    boosted[config.video_token_id] = 20.0 * boosted[plain.completions[0].token_ids[0]]  # the pad now wins step 1
+    engine.update_weights([(name, boosted)])
+    try:
+        (drawn,) = engine.generate(requests, GREEDY)
+        assert drawn.completions[0].token_ids[0] == config.video_token_id
+        (kept,) = engine.generate(requests, GREEDY.model_copy(update={"suppress_vision_tokens": True}))
+        tokens = kept.completions[0].token_ids
+        assert tokens[0] == plain.completions[0].token_ids[0]
+        assert not set(tokens) & set(vision_special_token_ids(config))
+        assert kept.completions[0].logprobs[0] < -1.0  # raw log-probability: the pad kept most of the mass
+    finally:
+        engine.update_weights([(name, head.detach().clone())])

@@ -58,6 +58,13 @@ class TokenSampling(Section):
             "the hf engine never samples them."
         ),
     )
+    suppress_vision_tokens: bool = Field(
+        False,
+        description=(
+            "Never sample the image/video placeholder tokens (a vision-language model's pads, vision start and end): "
+            "for models trained from random weights and benchmarks. Log-probabilities stay those of the raw logits."
+        ),
+    )
 
 
 class SamplingConfig(TokenSampling):

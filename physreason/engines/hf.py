@@ -19,7 +19,7 @@ from physreason.config import EngineConfig, ModelConfig, SamplingConfig
 from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
 from physreason.models import loading
-from physreason.models.family import model_family
+from physreason.models.family import model_family, vision_special_token_ids
 from physreason.models.inputs import (
     VisualInputs,
     concat_visuals,
@@ -76,6 +76,17 @@ class SampledLogprobs(LogitsProcessor):
             return torch.zeros(last_tokens.shape[0], 0)
         self.steps.append(self.previous.gather(-1, last_tokens[:, None].to(self.previous.device))[:, 0])
         return torch.stack(self.steps, dim=1)
+
+
+class SuppressTokens(LogitsProcessor):
+    """Sets the scores of the given token ids to -inf, so sampling never draws them (placed after the recorder)."""
+
+    def __init__(self, token_ids: list[int]) -> None:
+        self.token_ids = token_ids
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        # Out of place: generate keeps the raw logits it returns in the very tensor it hands the processors.
+        return scores.index_fill(-1, torch.tensor(self.token_ids, device=scores.device), float("-inf"))
 
 
 def merge_adapter(model: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -226,11 +237,14 @@ class HFEngine(Engine):
         if sampling.ignore_eos:
             # transformers has no "sample past EOS": masking EOS until max_new tokens gives the same lengths.
             common["min_new_tokens"] = max_new
+        suppressed = vision_special_token_ids(self.model.config) if sampling.suppress_vision_tokens else []
         if self.static_cache:
             recorder = SampledLogprobs() if want_logprobs else None
             processors = LogitsProcessorList([recorder] if recorder else [])
             if sampling.repetition_penalty != 1.0:  # after the recorder, so it records the raw distribution
                 processors.append(RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
+            if suppressed:
+                processors.append(SuppressTokens(suppressed))
             out = self.model.generate(
                 **common, repetition_penalty=1.0, logits_processor=processors, cache_implementation="static"
             )
@@ -240,7 +254,10 @@ class HFEngine(Engine):
         else:
             # Per-step logits only when asked: [B * n, new, vocab] would dominate memory for long generations.
             out = self.model.generate(
-                **common, repetition_penalty=sampling.repetition_penalty, output_logits=want_logprobs
+                **common,
+                repetition_penalty=sampling.repetition_penalty,
+                output_logits=want_logprobs,
+                logits_processor=LogitsProcessorList([SuppressTokens(suppressed)] if suppressed else []),
             )
             new_tokens = out.sequences[:, width:].cpu()  # [B * n, new]
             logprobs = None

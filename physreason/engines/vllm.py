@@ -21,7 +21,7 @@ from physreason.engines import vllm_compat
 from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
 from physreason.models import loading
-from physreason.models.family import model_family
+from physreason.models.family import model_family, vision_special_token_ids
 from physreason.models.inputs import IMAGE_PAD, VIDEO_PAD, ProcessorParams, load_processor_params
 from physreason.models.qwen3_vl import frame_group_seconds
 from physreason.vision import VideoFrames
@@ -190,7 +190,10 @@ class VLLMEngine(Engine):
                 continue
             max_tokens = min(sampling.max_tokens, self.max_model_len - length)
             if max_tokens not in by_max_tokens:
-                by_max_tokens[max_tokens] = vllm_compat.sampling_params(sampling, max_tokens, self.stop_token_ids, logprobs)
+                suppressed = vision_special_token_ids(self.hf_config) if sampling.suppress_vision_tokens else ()
+                by_max_tokens[max_tokens] = vllm_compat.sampling_params(
+                    sampling, max_tokens, self.stop_token_ids, logprobs, suppressed
+                )
             prompts.append(prompt)
             params.append(by_max_tokens[max_tokens])
             indices.append(i)

@@ -64,13 +64,25 @@ def _sampling_field_names() -> frozenset[str]:
     )
 
 
-def sampling_params(sampling: SamplingConfig, max_tokens: int, stop_token_ids: Sequence[int], logprobs: bool = True):
+# vLLM's OpenAI server clamps a logit bias to [-100, 100]; -100 puts a token e^-100 below the rest, which no
+# sampler in float32 ever draws.
+SUPPRESS_BIAS = -100.0
+
+
+def sampling_params(
+    sampling: SamplingConfig,
+    max_tokens: int,
+    stop_token_ids: Sequence[int],
+    logprobs: bool = True,
+    suppressed_token_ids: Sequence[int] = (),
+):
     """Build `vllm.SamplingParams`: n samples, seed, stop ids, and (if asked) the logprob of each sampled token.
 
     vLLM means "all tokens" by top_k = 0 (0.26+; -1 is still accepted but deprecated); physreason uses -1.
     `flat_logprobs` (0.26+) returns log-probs as flat lists, far fewer Python objects for long rollouts.
     With `sampling.ignore_eos` no token stops a completion: vLLM's ignore_eos covers the tokenizer's EOS,
-    and the stop ids are dropped.
+    and the stop ids are dropped. `suppressed_token_ids` get a -100 logit bias (never sampled); the returned
+    log-probabilities are the raw ones (vLLM's logprobs mode), as the policy computes them.
     """
     from vllm import SamplingParams
 
@@ -88,6 +100,8 @@ def sampling_params(sampling: SamplingConfig, max_tokens: int, stop_token_ids: S
         logprobs=0 if logprobs else None,
         skip_special_tokens=True,
     )
+    if suppressed_token_ids:
+        kwargs["logit_bias"] = {int(token): SUPPRESS_BIAS for token in suppressed_token_ids}
     if logprobs and "flat_logprobs" in _sampling_field_names():
         kwargs["flat_logprobs"] = True
     return SamplingParams(**kwargs)

@@ -77,6 +77,16 @@ class VisionTokens:
         )
 
 
+def vision_special_token_ids(config: Any) -> list[int]:
+    """The placeholder and delimiter token ids of a vision-language config (image/video pads, vision start/end).
+
+    Text configs have none. A sampled pad would ask the model for pixels nobody gave it; `[*sampling]
+    suppress_vision_tokens` keeps engines from drawing any of these.
+    """
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return sorted({int(value) for name in names if (value := getattr(config, name, None)) is not None})
+
+
 def qwen2_5_vl_vision_tokens(config: Any) -> VisionTokens:
     """Token ids and merge geometry of a Qwen2.5-VL config (3D M-RoPE, absolute time in video positions)."""
     vision = config.vision_config
