@@ -49,6 +49,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--test-per-task", type=int, default=500, help="held-out clips per task")
     parser.add_argument("--option-order", choices=("fixed", "shuffled"), default="fixed")
     parser.add_argument("--scale", type=int, default=2, help="model size multiplier of the tiny architecture")
+    parser.add_argument(
+        "--family",
+        choices=("qwen2_5_vl", "qwen3_vl"),
+        default="qwen2_5_vl",
+        help="architecture of the from-scratch model: Cosmos-Reason1's Qwen2.5-VL or Cosmos-Reason2's Qwen3-VL",
+    )
+    parser.add_argument(
+        "--temporal-patch",
+        type=int,
+        default=2,
+        help="frames per temporal patch of the vision tower (2 in the released models; 12 puts a whole 12-frame "
+        "clip into each patch)",
+    )
     parser.add_argument("--max-pixels", type=int, default=12544, help="largest frame area fed to the model")
     parser.add_argument("--sft-steps", type=int, default=2000)
     parser.add_argument("--sft-batch", type=int, default=16)
@@ -83,7 +96,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--loader-workers", type=int, default=None, help="SFT data-loader processes (default: --workers)"
     )
-    parser.add_argument("--stop-after", choices=("sft", "grpo"), default="grpo", help="last stage to run")
+    parser.add_argument(
+        "--stop-after",
+        choices=("data", "sft", "grpo"),
+        default="grpo",
+        help="last stage to run (data: only generate the clips and records, e.g. for variants sharing them)",
+    )
     parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-intuitive-physics"))
     args = parser.parse_args()
     if (
@@ -94,6 +112,13 @@ def parse_args() -> argparse.Namespace:
             f"--grpo-name {args.grpo_name!r}: use a plain folder name other than data, results, sft, rl, rl-sft"
         )
     return args
+
+
+def model_folder_name(args: argparse.Namespace) -> str:
+    """The random-init model's folder under --out: one per architecture, scale and temporal patch."""
+    family = "" if args.family == "qwen2_5_vl" else f"-{args.family}"
+    patch = "" if args.temporal_patch == 2 else f"-tp{args.temporal_patch}"
+    return f"model-scale{args.scale}{family}{patch}"
 
 
 def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> None:
@@ -170,11 +195,14 @@ def main() -> None:
     out = args.out.resolve() / args.option_order
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    model_dir = out / f"model-scale{args.scale}"
+    model_dir = out / model_folder_name(args)
     if not (model_dir / "model.safetensors").is_file():
-        save_tiny_model("qwen2_5_vl", model_dir, scale=args.scale)
+        save_tiny_model(args.family, model_dir, scale=args.scale, temporal_patch_size=args.temporal_patch)
     generate(out, args, timings)
     timings["data_s"] = time.perf_counter() - started
+    if args.stop_after == "data":
+        print({k: round(v, 1) for k, v in timings.items()})
+        return
 
     sizes = DemoSizes(args.train_per_task, args.test_per_task, args.sft_steps, args.grpo_steps, max_tokens=4)
     cfg = demo_config(out, model_dir, sizes).model_copy(deep=True)

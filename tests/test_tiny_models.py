@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
+from physreason.config import SamplingConfig
 from physreason.models.tiny import QWEN_SPECIAL_TOKENS, build_tiny_model, build_tiny_tokenizer
 
 
@@ -85,3 +86,35 @@ def test_same_seed_same_weights_different_seed_different():
     c = build_tiny_model("qwen2", tok, seed=4).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_longer_temporal_patch_reaches_the_processor_the_engine_and_the_policy_positions(kind, tmp_path):
+    from media import write_clip
+
+    from physreason.config import EngineConfig, ModelConfig, VisionConfig
+    from physreason.engines.hf import HFEngine
+    from physreason.infer import build_request
+    from physreason.models.family import model_family
+    from physreason.models.inputs import load_processor_params, patch_factor
+    from physreason.models.tiny import save_tiny_model
+
+    folder = save_tiny_model(kind, tmp_path / kind, temporal_patch_size=4)
+    assert load_processor_params(str(folder)).temporal_patch_size == 4
+    clip = write_clip(tmp_path / "clip.mp4", n_frames=24)  # 3 s at 8 fps: 12 frames at 4 fps
+    vision = VisionConfig(fps=4.0, min_pixels=56 * 84, max_pixels=64 * 96)
+    request = build_request("Forward or reversed?", videos=[clip], vision=vision, factor=patch_factor(str(folder)))
+    engine = HFEngine(ModelConfig(model_name_or_path=str(folder), dtype="float32"), EngineConfig())
+    ids, visuals = engine._encode(request)
+    assert visuals.video_grid_thw[0, 0].item() == 3  # 12 frames in temporal patches of 4
+    assert visuals.pixel_values_videos.shape[1] == 3 * 4 * engine.model.config.vision_config.patch_size ** 2
+    (result,) = engine.generate([request], SamplingConfig(temperature=0.0, max_tokens=3))
+    assert result.error is None and len(result.completions[0].token_ids) == 3
+    # The policy's positions (SFT and GRPO) are transformers' own for this layout.
+    input_ids = torch.tensor(ids)
+    ours = model_family(engine.model.config).vision_tokens(engine.model.config).positions(input_ids, visuals)
+    theirs, _ = engine.model.model.get_rope_index(
+        input_ids[None], video_grid_thw=visuals.video_grid_thw, second_per_grid_ts=visuals.second_per_grid_ts,
+        attention_mask=torch.ones_like(input_ids)[None], mm_token_type_ids=engine.mm_token_type_ids(input_ids[None]),
+    )
+    assert torch.equal(ours, theirs[:, 0])

@@ -114,7 +114,7 @@ def _text_dims(vocab_size: int, ids: dict[str, int], scale: int) -> dict:
 
 
 def build_tiny_model(
-    kind: TinyKind, tokenizer: PreTrainedTokenizerFast, seed: int = 0, scale: int = 1
+    kind: TinyKind, tokenizer: PreTrainedTokenizerFast, seed: int = 0, scale: int = 1, temporal_patch_size: int = 2
 ) -> torch.nn.Module:
     """Build a random-weight model of the given architecture (float32); scale 1 is sized for CPU tests.
 
@@ -125,6 +125,8 @@ def build_tiny_model(
 
     if scale < 1:
         raise ValueError(f"scale must be >= 1, got {scale}")
+    if temporal_patch_size < 1:
+        raise ValueError(f"temporal_patch_size must be >= 1, got {temporal_patch_size}")
     ids = _token_ids(tokenizer)
     vocab = len(tokenizer)
     text = _text_dims(vocab, ids, scale)
@@ -143,7 +145,7 @@ def build_tiny_model(
                 "out_hidden_size": text["hidden_size"],
                 "patch_size": 14,
                 "spatial_merge_size": 2,
-                "temporal_patch_size": 2,
+                "temporal_patch_size": temporal_patch_size,
                 "window_size": 112,
                 "fullatt_block_indexes": list(range(1, 2 * scale, 2)),
                 "tokens_per_second": 2,
@@ -156,7 +158,7 @@ def build_tiny_model(
         )
         model = transformers.Qwen2_5_VLForConditionalGeneration(config)
     elif kind in ("qwen3_vl", "qwen3_vl_moe"):
-        model = _tiny_qwen3_vl(kind, text, ids, scale)
+        model = _tiny_qwen3_vl(kind, text, ids, scale, temporal_patch_size)
     elif kind == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**text))
     elif kind == "qwen3":
@@ -171,7 +173,9 @@ def build_tiny_model(
     return model.eval()
 
 
-def _tiny_qwen3_vl(kind: TinyKind, text: dict, ids: dict[str, int], scale: int) -> torch.nn.Module:
+def _tiny_qwen3_vl(
+    kind: TinyKind, text: dict, ids: dict[str, int], scale: int, temporal_patch_size: int = 2
+) -> torch.nn.Module:
     """Qwen3-VL (or its MoE variant): 16-pixel patches, DeepStack taps, interleaved M-RoPE (sections 6/5/5)."""
     import transformers
 
@@ -195,7 +199,7 @@ def _tiny_qwen3_vl(kind: TinyKind, text: dict, ids: dict[str, int], scale: int) 
         "out_hidden_size": text["hidden_size"],
         "patch_size": 16,
         "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
+        "temporal_patch_size": temporal_patch_size,
         # a 16 x 16 grid of learned position embeddings, interpolated to each image's grid
         "num_position_embeddings": 256,
         # every vision block feeds one decoder layer (DeepStack), as the first layers do in the real models
@@ -215,11 +219,11 @@ def _tiny_qwen3_vl(kind: TinyKind, text: dict, ids: dict[str, int], scale: int) 
     return transformers.Qwen3VLForConditionalGeneration(transformers.Qwen3VLConfig(**common))
 
 
-def _save_qwen3_vl_processor(folder: Path) -> None:
+def _save_qwen3_vl_processor(folder: Path, temporal_patch_size: int = 2) -> None:
     """Write Qwen3-VL's image and video processor configs (patch 16, mean/std 0.5, its pixel budgets)."""
     common = {
         "patch_size": 16,
-        "temporal_patch_size": 2,
+        "temporal_patch_size": temporal_patch_size,
         "merge_size": 2,
         "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5],
@@ -251,7 +255,7 @@ def _save_qwen3_vl_processor(folder: Path) -> None:
     (folder / "chat_template.jinja").write_text(QWEN3_VL_CHAT_TEMPLATE)
 
 
-def _save_processor(folder: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+def _save_processor(folder: Path, tokenizer: PreTrainedTokenizerFast, temporal_patch_size: int = 2) -> None:
     """Write image/video processor configs the Qwen2.5-VL processor classes read (no torchvision needed)."""
     import transformers
 
@@ -261,7 +265,7 @@ def _save_processor(folder: Path, tokenizer: PreTrainedTokenizerFast) -> None:
 
     common = {
         "patch_size": 14,
-        "temporal_patch_size": 2,
+        "temporal_patch_size": temporal_patch_size,
         "merge_size": 2,
         "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711],
@@ -289,15 +293,21 @@ def _save_processor(folder: Path, tokenizer: PreTrainedTokenizerFast) -> None:
     (folder / "chat_template.jinja").write_text(QWEN2_5_VL_CHAT_TEMPLATE)
 
 
-def save_tiny_model(kind: TinyKind, folder: str | Path, seed: int = 0, scale: int = 1) -> Path:
-    """Build a tiny model and save it as a complete Hugging Face folder; returns the folder."""
+def save_tiny_model(
+    kind: TinyKind, folder: str | Path, seed: int = 0, scale: int = 1, temporal_patch_size: int = 2
+) -> Path:
+    """Build a tiny model and save it as a complete Hugging Face folder; returns the folder.
+
+    `temporal_patch_size`: frames per temporal patch of the vision tower (2 in every released Qwen-VL); larger
+    values let one patch see motion over more frames (the intuitive-physics bench's from-scratch models).
+    """
     from transformers import GenerationConfig
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     qwen3_vl = kind in ("qwen3_vl", "qwen3_vl_moe")
     tokenizer = build_tiny_tokenizer(chat_template=QWEN3_VL_CHAT_TEMPLATE if qwen3_vl else QWEN2_5_VL_CHAT_TEMPLATE)
-    model = build_tiny_model(kind, tokenizer, seed=seed, scale=scale)
+    model = build_tiny_model(kind, tokenizer, seed=seed, scale=scale, temporal_patch_size=temporal_patch_size)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     # Name Qwen's own tokenizer class, so loaders that special-case Qwen (vLLM) treat it as one.
@@ -316,7 +326,7 @@ def save_tiny_model(kind: TinyKind, folder: str | Path, seed: int = 0, scale: in
         repetition_penalty=1.05,
     ).save_pretrained(folder)
     if kind == "qwen2_5_vl":
-        _save_processor(folder, tokenizer)
+        _save_processor(folder, tokenizer, temporal_patch_size)
     elif qwen3_vl:
-        _save_qwen3_vl_processor(folder)
+        _save_qwen3_vl_processor(folder, temporal_patch_size)
     return folder
