@@ -63,6 +63,14 @@ def parse_args() -> argparse.Namespace:
         "clip into each patch)",
     )
     parser.add_argument("--max-pixels", type=int, default=12544, help="largest frame area fed to the model")
+    parser.add_argument(
+        "--tower-steps",
+        type=int,
+        default=0,
+        help="pre-train the vision tower on the SFT clips for this many steps before SFT "
+        "(bench/intuitive_physics_tower.py; 0: no pre-training)",
+    )
+    parser.add_argument("--tower-lr", type=float, default=1e-3)
     parser.add_argument("--sft-steps", type=int, default=2000)
     parser.add_argument("--sft-batch", type=int, default=16)
     parser.add_argument("--sft-lr", type=float, default=1e-3)
@@ -223,6 +231,19 @@ def main() -> None:
     t = time.perf_counter()
     table["untrained model"] = _evaluate(cfg, "base", out / "results")  # resumable: finished clips are kept
     timings["eval_base_s"] = time.perf_counter() - t
+    tower: dict | None = None
+    if args.tower_steps:
+        from intuitive_physics_tower import pretrain_tower
+
+        t = time.perf_counter()
+        tower_dir = out / f"{model_dir.name}-tower{args.tower_steps}"
+        done = tower_dir / "tower_pretraining.json"
+        tower = json.loads(done.read_text()) if done.is_file() else pretrain_tower(
+            model_dir, out / "data" / "train", tower_dir, cfg.vision.model_dump(), args.tower_steps, args.tower_lr,
+            workers=cfg.data.num_workers,
+        )  # fmt: skip
+        cfg = _with_model(cfg, tower_dir)
+        timings["tower_s"] = time.perf_counter() - t
     t = time.perf_counter()
     sft_dir = finished_export(Path(cfg.train.output_dir), args.sft_steps) or run_sft(cfg).export_dir
     timings["sft_s"] = time.perf_counter() - t
@@ -295,6 +316,8 @@ def main() -> None:
     print(f"SFT loss, mean of the {window} steps before:", curve)
     print("GRPO mean reward, mean of the 10 steps before:", reward_curve)
     print({k: round(v, 1) for k, v in timings.items()})
+    if tower:
+        print("vision tower pre-training:", {k: tower[k] for k in ("train_accuracy", "heldout_accuracy", "loss_curve")})
     print_table(table, args.test_per_task)
     payload = {
         "device": device,
@@ -303,6 +326,7 @@ def main() -> None:
         "sft_losses": losses,
         "grpo_rewards": rewards,
         "table": table,
+        "tower_pretraining": tower,
         "timings": timings,
         "exports": {"sft": str(sft_dir), "grpo": str(grpo_dir) if grpo_dir else None},
     }
