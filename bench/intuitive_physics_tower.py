@@ -32,6 +32,15 @@ from typing import Any
 LETTERS = "ABCDEFGH"
 
 
+def _one_thread() -> None:
+    """Decode workers run torch on one thread each, as DataLoader workers do: otherwise N workers each start a thread
+    per core. The first GPU run (two runs of 7-8 workers on 16 cores) had not finished decoding 6,000 clips after
+    nine minutes; this is the likely cause, not yet confirmed by a rerun there."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def _decode(args: tuple[str, dict[str, Any], str]) -> tuple[Any, list[int]]:
     """One clip's patchified pixels ([patches, 3 * temporal * patch^2], float16) and its [t, h, w] grid."""
     from physreason.config import VisionConfig
@@ -63,7 +72,7 @@ def load_clips(data_root: Path, model_dir: Path, vision: dict[str, Any], workers
         task_ids.append(tasks.index(task))
         answers.append(LETTERS.index(letter))
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context, initializer=_one_thread) as pool:
         decoded = list(pool.map(_decode, jobs, chunksize=16))
     grids = {tuple(grid) for _, grid in decoded}
     if len(grids) != 1:

@@ -74,18 +74,31 @@ def test_usage_error_prints_short_message_and_exits_2(args):
     assert "Error:" in result.stderr and f"physreason {args[0]}" in result.stderr
 
 
+def _sigint_as_in_a_terminal() -> None:
+    # A command started in the background by a non-interactive shell (`.ci/run &`) inherits SIGINT ignored, and
+    # Python then installs no KeyboardInterrupt handler; a person's Ctrl-C reaches a foreground process.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_130_with_a_message(tmp_path):
     out = tmp_path / "synth"
     command = [sys.executable, "-m", "physreason", "data", "synth", "--out", str(out), "--n", "100000", "--workers", "1",
                "--no-progress"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    records = out / "arrow_of_time" / "records"
-    # Generous bounds: on a loaded CI machine start-up alone can take a minute; they only cost time on failure.
-    deadline = time.monotonic() + 180
-    while not (records.is_dir() and any(records.iterdir())) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=180)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_in_a_terminal
+    )
+    try:
+        records = out / "arrow_of_time" / "records"
+        # Generous bounds: on a loaded CI machine start-up alone can take a minute; they only cost time on failure.
+        deadline = time.monotonic() + 180
+        while not (records.is_dir() and any(records.iterdir())) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:  # never leave a 100,000-sample generator running after a failure
+            process.kill()
+            process.wait()
     assert process.returncode == 130, stderr
     assert "interrupted" in stderr and "Traceback" not in stderr
 
