@@ -24,6 +24,10 @@ Several GRPO variants can start from one SFT stage: each `--grpo-name` has its o
 evaluation under the same --out (`--grpo-tasks spatial_puzzle --grpo-name grpo-spatial`).
 `--sft-control` adds the control row: SFT continued from the SFT export on the same RL clips (letter answers),
 with GRPO's prompts per step, steps and learning rate, so a GRPO gain can be told from more supervised data.
+Architecture experiments: `--family qwen3_vl` (Cosmos-Reason2's layout), `--temporal-patch N` (frames per temporal
+patch of the vision tower; the released models use 2), `--tower-steps N` (pre-train the vision tower on the SFT
+clips with a dense per-task loss before SFT: bench/intuitive_physics_tower.py). `--stop-after data` only writes the
+clips, so variants run under their own --out can share one `data` folder (a symlink).
 Prints the table and writes JSON to $OUT/intuitive_physics.json when OUT is set (and to <out>/table.json).
 Run: python bench/intuitive_physics.py
      python bench/intuitive_physics.py --train-per-task 4 --rl-per-task 4 --test-per-task 2 --sft-steps 2 \
