@@ -14,7 +14,11 @@ trained tower is saved as a new Hugging Face folder, which SFT then starts from 
 
 Used by bench/intuitive_physics.py (`--tower-steps`); run alone:
   python bench/intuitive_physics_tower.py MODEL_DIR DATA_ROOT OUT_DIR [--steps 1500]
-where DATA_ROOT holds `sft.jsonl` (letter-answer records) and the clips they name.
+where DATA_ROOT holds `sft.jsonl` (letter-answer records) and the clips they name. With `--generate TASK --clips N`
+it first writes N clips of one task (train split, seed 0, options in fixed order) and their records there, and with
+`--new-model` it first builds the random scale-2 Qwen2.5-VL at MODEL_DIR (`--temporal-patch`), e.g. on CPU:
+  python bench/intuitive_physics_tower.py /tmp/tw/model /tmp/tw/data /tmp/tw/out --new-model \
+      --generate arrow_of_time --clips 1000 --steps 800 --workers 2
 """
 
 from __future__ import annotations
@@ -176,7 +180,7 @@ def pretrain_tower(
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         schedule.step()
-        window.append(float(loss))
+        window.append(loss.item())
         if (step + 1) % max(1, steps // 10) == 0:
             curve.append({"step": step + 1, "loss": round(sum(window) / len(window), 4)})
             print(f"tower step {step + 1}/{steps}: loss {curve[-1]['loss']}", flush=True)
@@ -204,6 +208,25 @@ def pretrain_tower(
     return result
 
 
+def write_task_records(task: str, clips: int, data_root: Path, workers: int) -> None:
+    """Generate `clips` clips of `task` under data_root (reusing finished ones) and its letter-answer sft.jsonl."""
+    from physreason.chat.mcq import format_mcq
+    from physreason.chat.prompts import MCQ_SYSTEM_PROMPT
+    from physreason.data.synth.generate import generate_task
+
+    generate_task(task, clips, data_root, "train", 0, workers=workers, show_progress=False, option_order="fixed")
+    entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text())
+    with (data_root / "sft.jsonl").open("w", encoding="utf-8") as sink:
+        for entry in entries:
+            qa = entry["qa_pairs"]
+            conversation = [
+                {"role": "system", "content": MCQ_SYSTEM_PROMPT},
+                {"role": "user", "content": format_mcq(qa["question"], qa["index2ans"], "letter")},
+                {"role": "assistant", "content": qa["answer"]},
+            ]
+            sink.write(json.dumps({"video": f"{task}/{entry['video']}", "conversations": conversation}) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path)
@@ -214,7 +237,17 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--max-pixels", type=int, default=12544)
+    parser.add_argument("--generate", metavar="TASK", help="first write --clips clips of this task and sft.jsonl")
+    parser.add_argument("--clips", type=int, default=1000)
+    parser.add_argument("--new-model", action="store_true", help="first build a random scale-2 model at MODEL_DIR")
+    parser.add_argument("--temporal-patch", type=int, default=2)
     args = parser.parse_args()
+    if args.generate:
+        write_task_records(args.generate, args.clips, args.data_root, args.workers)
+    if args.new_model and not (args.model_dir / "model.safetensors").is_file():
+        from physreason.models.tiny import save_tiny_model
+
+        save_tiny_model("qwen2_5_vl", args.model_dir, scale=2, temporal_patch_size=args.temporal_patch)
     vision = {"min_pixels": min(12544, args.max_pixels), "max_pixels": args.max_pixels, "max_frames": 12}
     pretrain_tower(args.model_dir, args.data_root, args.out_dir, vision, args.steps, args.lr, args.batch, args.workers)
 
