@@ -210,21 +210,11 @@ def pretrain_tower(
 
 def write_task_records(task: str, clips: int, data_root: Path, workers: int) -> None:
     """Generate `clips` clips of `task` under data_root (reusing finished ones) and its letter-answer sft.jsonl."""
-    from physreason.chat.mcq import format_mcq
-    from physreason.chat.prompts import MCQ_SYSTEM_PROMPT
     from physreason.data.synth.generate import generate_task
+    from physreason.demo import letter_sft_records
 
     generate_task(task, clips, data_root, "train", 0, workers=workers, show_progress=False, option_order="fixed")
-    entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text())
-    with (data_root / "sft.jsonl").open("w", encoding="utf-8") as sink:
-        for entry in entries:
-            qa = entry["qa_pairs"]
-            conversation = [
-                {"role": "system", "content": MCQ_SYSTEM_PROMPT},
-                {"role": "user", "content": format_mcq(qa["question"], qa["index2ans"], "letter")},
-                {"role": "assistant", "content": qa["answer"]},
-            ]
-            sink.write(json.dumps({"video": f"{task}/{entry['video']}", "conversations": conversation}) + "\n")
+    letter_sft_records(data_root, data_root / "sft.jsonl", tasks=[task])
 
 
 def main() -> None:

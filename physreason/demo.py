@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def _stage(title: str) -> float:
     return time.perf_counter()
 
 
-def letter_sft_records(data_root: Path, out_file: Path) -> int:
+def letter_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = TASK_NAMES) -> int:
     """Write one SFT file of letter-answer conversations from every task's benchmark records under `data_root`.
 
     A tiny model on CPU cannot write the generated reasoning traces (hundreds of tokens each) in a
@@ -51,7 +52,7 @@ def letter_sft_records(data_root: Path, out_file: Path) -> int:
     """
     count = 0
     with out_file.open("w", encoding="utf-8") as sink:
-        for task in TASK_NAMES:
+        for task in tasks:
             entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
             for entry in entries:
                 qa = entry["qa_pairs"]

@@ -44,3 +44,6 @@ def test_letter_records_answer_with_the_benchmark_letter(tmp_path):
     assert roles == ["system", "user", "assistant"]
     assert first["conversations"][2]["content"] == "B"
     assert "(A) up\n(B) down" in first["conversations"][1]["content"]
+    # One task's records alone (the tower pre-training bench writes a single task's file).
+    assert letter_sft_records(tmp_path, tmp_path / "one.jsonl", tasks=[TASKS[1]]) == 1
+    assert json.loads((tmp_path / "one.jsonl").read_text())["video"] == f"{TASKS[1]}/clips/x.mp4"
