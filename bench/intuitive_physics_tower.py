@@ -45,15 +45,14 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def _decode(args: tuple[str, dict[str, Any], str]) -> tuple[Any, list[int]]:
+def _decode(args: tuple[str, dict[str, Any], Any, int]) -> tuple[Any, list[int]]:
     """One clip's patchified pixels ([patches, 3 * temporal * patch^2], float16) and its [t, h, w] grid."""
     from physreason.config import VisionConfig
-    from physreason.models.inputs import encode_visuals, load_processor_params, patch_factor
+    from physreason.models.inputs import encode_visuals
     from physreason.vision import load_video
 
-    path, vision, model_dir = args
-    params = load_processor_params(model_dir)
-    video = load_video(path, VisionConfig(**vision), factor=patch_factor(model_dir))
+    path, vision, params, factor = args
+    video = load_video(path, VisionConfig(**vision), factor=factor)
     visuals = encode_visuals(videos=[video], params=params)
     return visuals.pixel_values_videos.half().numpy(), visuals.video_grid_thw[0].tolist()
 
@@ -63,8 +62,10 @@ def load_clips(data_root: Path, model_dir: Path, vision: dict[str, Any], workers
     import numpy as np
 
     from physreason.data.synth.tasks import TASKS
+    from physreason.models.inputs import load_processor_params, patch_factor
 
     tasks = list(TASKS)
+    params, factor = load_processor_params(str(model_dir)), patch_factor(str(model_dir))  # read once, not per clip
     rows = [json.loads(line) for line in (data_root / "sft.jsonl").read_text().splitlines() if line.strip()]
     jobs, task_ids, answers = [], [], []
     for row in rows:
@@ -72,7 +73,7 @@ def load_clips(data_root: Path, model_dir: Path, vision: dict[str, Any], workers
         letter = row["conversations"][-1]["content"].strip()
         if task not in TASKS or letter not in LETTERS[: TASKS[task].n_options]:
             raise ValueError(f"{data_root / 'sft.jsonl'}: record for {row['video']} has task {task!r}, answer {letter!r}")
-        jobs.append((str(data_root / row["video"]), vision, str(model_dir)))
+        jobs.append((str(data_root / row["video"]), vision, params, factor))
         task_ids.append(tasks.index(task))
         answers.append(LETTERS.index(letter))
     context = multiprocessing.get_context("spawn")

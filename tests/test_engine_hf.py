@@ -52,26 +52,34 @@ def test_batched_greedy_equals_one_at_a_time(engine, media):
         assert b.completions[0].logprobs == pytest.approx(s.completions[0].logprobs, abs=1e-4)
 
 
-def test_logprobs_match_a_forward_pass_of_the_full_sequence(engine, media):
-    request = requests(media)[0]
-    (result,) = engine.generate([request], GREEDY)
+def reference_forward(engine, request, result):
+    """(logits [new, vocab] before each completion token, its raw log-probs [new], the [3, L] positions) from one
+    forward pass of prompt + completion, with transformers' own 3D rope index."""
     completion = result.completions[0]
     visuals = concat_visuals([engine._encode(request)[1]])
     ids = torch.tensor([result.prompt_token_ids + completion.token_ids], device=engine.device)
-    # the reference forward gets the family's 3D positions from transformers' own rope index
     positions, _ = engine.model.model.get_rope_index(
         ids, video_grid_thw=visuals.video_grid_thw, second_per_grid_ts=visuals.second_per_grid_ts,
         attention_mask=torch.ones_like(ids), mm_token_type_ids=engine.mm_token_type_ids(ids),
     )
-    assert not torch.equal(positions[:, 0], torch.arange(ids.shape[1]).expand(3, -1))  # real 3D positions
     with torch.no_grad():
         kwargs = {k: v.to(engine.device) for k, v in visuals.model_kwargs().items()}
-        logits = engine.model(input_ids=ids, position_ids=positions, **kwargs).logits[0].cpu()  # [L, vocab]
-    prompt_len = len(result.prompt_token_ids)
-    expected = torch.log_softmax(logits[prompt_len - 1 : -1], -1).gather(-1, ids[0, prompt_len:, None].cpu())[:, 0]
+        logits = engine.model(input_ids=ids, position_ids=positions, **kwargs).logits[0].float().cpu()  # [L, vocab]
+    start = len(result.prompt_token_ids)
+    logits = logits[start - 1 : -1]
+    raw = torch.log_softmax(logits, -1).gather(-1, ids[0, start:, None].cpu())[:, 0]
+    return logits, raw, positions[:, 0]
+
+
+def test_logprobs_match_a_forward_pass_of_the_full_sequence(engine, media):
+    request = requests(media)[0]
+    (result,) = engine.generate([request], GREEDY)
+    completion = result.completions[0]
+    logits, expected, positions = reference_forward(engine, request, result)
+    assert not torch.equal(positions, torch.arange(positions.shape[1]).expand(3, -1))  # real 3D positions
     assert completion.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
     # greedy picks the argmax at every step
-    assert completion.token_ids == logits[prompt_len - 1 : -1].argmax(-1).tolist()
+    assert completion.token_ids == logits.argmax(-1).tolist()
 
 
 def test_n_samples_and_seed_reproducibility(engine, media):
@@ -235,16 +243,6 @@ def test_suppress_vision_tokens_never_samples_a_placeholder_and_reports_raw_logp
     completion = kept.completions[0]
     assert completion.token_ids[0] == first and not set(completion.token_ids) & set(vision_ids)
     # The log-probabilities are the raw ones: the pad's share of the mass is not given back to the rest.
-    visuals = concat_visuals([chosen._encode(request[0])[1]])
-    ids = torch.tensor([kept.prompt_token_ids + completion.token_ids], device=chosen.device)
-    kwargs = {k: v.to(chosen.device) for k, v in visuals.model_kwargs().items()}
-    positions, _ = chosen.model.model.get_rope_index(
-        ids, video_grid_thw=visuals.video_grid_thw, second_per_grid_ts=visuals.second_per_grid_ts,
-        attention_mask=torch.ones_like(ids), mm_token_type_ids=chosen.mm_token_type_ids(ids),
-    )
-    with torch.no_grad():
-        logits = chosen.model(input_ids=ids, position_ids=positions, **kwargs).logits[0].float()
-    start = len(kept.prompt_token_ids)
-    raw = torch.log_softmax(logits[start - 1 : -1], dim=-1).gather(-1, ids[0, start:, None])[:, 0].cpu()
+    _, raw, _ = reference_forward(chosen, request[0], kept)
     assert completion.logprobs == pytest.approx(raw.tolist(), abs=1e-4)
     assert completion.logprobs[0] < -1.0  # the pad took most of the first step's mass
