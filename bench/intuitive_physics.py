@@ -26,9 +26,12 @@ evaluation under the same --out (`--grpo-tasks spatial_puzzle --grpo-name grpo-s
 with GRPO's prompts per step, steps and learning rate, so a GRPO gain can be told from more supervised data.
 Architecture experiments: `--family qwen3_vl` (Cosmos-Reason2's layout), `--temporal-patch N` (frames per temporal
 patch of the vision tower; the released models use 2), `--tower-steps N` (pre-train the vision tower on the SFT
-clips with a dense per-task loss before SFT: bench/intuitive_physics_tower.py). `--stop-after data` only writes the
-clips, so variants run under their own --out can share one `data` folder (a symlink).
-Prints the table and writes JSON to $OUT/intuitive_physics.json when OUT is set (and to <out>/table.json).
+clips with a dense per-task loss before SFT: bench/intuitive_physics_tower.py), `--sft-freeze-tower` (SFT, GRPO and
+the control keep that tower fixed). A variant's SFT, GRPO and control folders and evaluations carry its name
+(`sft-tower3000-frozen`, `grpo-tower3000-frozen`, ...), so variants can share one --out and its clips, untrained
+evaluation and pre-trained tower: `--stop-after data` only writes the clips, `--stop-after tower` also evaluates the
+untrained model and pre-trains the tower, after which SFT variants can run side by side.
+Prints the table and writes JSON to $OUT/intuitive_physics.json when OUT is set (and to <out>/table<variant>.json).
 Run: python bench/intuitive_physics.py
      python bench/intuitive_physics.py --train-per-task 4 --rl-per-task 4 --test-per-task 2 --sft-steps 2 \
          --grpo-steps 1 --grpo-prompts 2 --scale 1 --sft-batch 4 --ckpt-every 1  (CPU check)
@@ -75,6 +78,11 @@ def parse_args() -> argparse.Namespace:
         "(bench/intuitive_physics_tower.py; 0: no pre-training)",
     )
     parser.add_argument("--tower-lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--sft-freeze-tower",
+        action="store_true",
+        help="keep the vision tower (and its merger) fixed during SFT, e.g. the one --tower-steps pre-trained",
+    )
     parser.add_argument("--sft-steps", type=int, default=2000)
     parser.add_argument("--sft-batch", type=int, default=16)
     parser.add_argument("--sft-lr", type=float, default=1e-3)
@@ -83,6 +91,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--grpo-prompts", type=int, default=16, help="prompts per GRPO step")
     parser.add_argument("--grpo-n", type=int, default=8, help="completions per prompt")
     parser.add_argument("--grpo-lr", type=float, default=1e-4)
+    parser.add_argument(
+        "--grpo-dynamic-sampling",
+        action="store_true",
+        help="drop prompt groups whose completions all score the same and draw more prompts (grpo.dynamic_sampling)",
+    )
     parser.add_argument(
         "--grpo-tasks",
         nargs="+",
@@ -110,9 +123,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--stop-after",
-        choices=("data", "sft", "grpo"),
+        choices=("data", "tower", "sft", "grpo"),
         default="grpo",
-        help="last stage to run (data: only generate the clips and records, e.g. for variants sharing them)",
+        help="last stage to run (data: only generate the clips and records, e.g. for variants sharing them; "
+        "tower: also evaluate the untrained model and pre-train its tower, for SFT variants that share it)",
     )
     parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-intuitive-physics"))
     args = parser.parse_args()
@@ -126,11 +140,27 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def model_folder_name(args: argparse.Namespace) -> str:
-    """The random-init model's folder under --out: one per architecture, scale and temporal patch."""
+def architecture_tag(args: argparse.Namespace) -> str:
+    """The random-init model's scale, family and temporal patch, e.g. scale2, scale2-qwen3_vl, scale2-tp12."""
     family = "" if args.family == "qwen2_5_vl" else f"-{args.family}"
     patch = "" if args.temporal_patch == 2 else f"-tp{args.temporal_patch}"
-    return f"model-scale{args.scale}{family}{patch}"
+    return f"scale{args.scale}{family}{patch}"
+
+
+def model_folder_name(args: argparse.Namespace) -> str:
+    """The random-init model's folder under --out: one per architecture, scale and temporal patch."""
+    return f"model-{architecture_tag(args)}"
+
+
+def variant_suffix(args: argparse.Namespace) -> str:
+    """What tells this run's trained stages apart from other variants' under the same --out ("" for the recipe):
+    the architecture when not the recipe's, the tower pre-training and a frozen tower. The SFT folder, its
+    evaluation and the GRPO / control folders carry it, so a variant never reuses another's finished stage."""
+    tag = architecture_tag(args)
+    model = "" if tag == "scale2" else f"-{tag}"
+    tower = f"-tower{args.tower_steps}" if args.tower_steps else ""
+    frozen = "-frozen" if args.sft_freeze_tower else ""
+    return f"{model}{tower}{frozen}"
 
 
 def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> None:
@@ -230,6 +260,10 @@ def main() -> None:
     cfg.train.log_freq = 1
     cfg.train.resume = True
     cfg.train.ckpt.save_freq = args.ckpt_every
+    cfg.train.freeze_vision_tower = args.sft_freeze_tower
+    suffix = variant_suffix(args)
+    cfg.train.output_dir = str(out / f"sft{suffix}")
+    grpo_name = f"{args.grpo_name}{suffix}"
 
     table: dict[str, dict[str, float | None]] = {}
     t = time.perf_counter()
@@ -248,18 +282,22 @@ def main() -> None:
         )  # fmt: skip
         cfg = _with_model(cfg, tower_dir)
         timings["tower_s"] = time.perf_counter() - t
+    if args.stop_after == "tower":
+        print({k: round(v, 1) for k, v in timings.items()})
+        return
     t = time.perf_counter()
     sft_dir = finished_export(Path(cfg.train.output_dir), args.sft_steps) or run_sft(cfg).export_dir
     timings["sft_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    table["after SFT"] = _evaluate(_with_model(cfg, sft_dir), "sft", out / "results")
+    table["after SFT"] = _evaluate(_with_model(cfg, sft_dir), f"sft{suffix}", out / "results")
     timings["eval_sft_s"] = time.perf_counter() - t
     grpo_dir = None
     if args.stop_after == "grpo":
         t = time.perf_counter()
         rl_cfg = grpo_config(cfg, out, sft_dir, sizes)
         rl_cfg.data.dataset.name = str(grpo_prompts(out, args))
-        rl_cfg.train.output_dir = str(out / args.grpo_name)
+        rl_cfg.train.output_dir = str(out / grpo_name)
+        rl_cfg.train.freeze_vision_tower = args.sft_freeze_tower  # as SFT trained it, and as the control continues
         rl_cfg.train.optm_lr = args.grpo_lr
         rl_cfg.train.train_batch_per_replica = args.grpo_prompts * args.grpo_n
         rl_cfg.train.resume = True
@@ -268,18 +306,19 @@ def main() -> None:
         rl_cfg.rollout.n_generation = args.grpo_n
         rl_cfg.rollout.batch_size = args.grpo_prompts
         rl_cfg.grpo.mini_batch = 64
+        rl_cfg.grpo.dynamic_sampling = args.grpo_dynamic_sampling
         # The SFT prompts list options in the generated order; reshuffling them would ask a new question.
         rl_cfg.grpo.shuffle_options = args.option_order == "shuffled"
         grpo_dir = finished_export(Path(rl_cfg.train.output_dir), args.grpo_steps) or run_grpo(rl_cfg).export_dir
         timings["grpo_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        table["after SFT+GRPO"] = _evaluate(_with_model(cfg, grpo_dir), args.grpo_name, out / "results")
+        table["after SFT+GRPO"] = _evaluate(_with_model(cfg, grpo_dir), grpo_name, out / "results")
         timings["eval_grpo_s"] = time.perf_counter() - t
         if args.sft_control:
             t = time.perf_counter()
             ctl_cfg = _with_model(cfg, sft_dir).model_copy(deep=True)
             ctl_cfg.data.dataset.name = str(control_records(out, args))
-            ctl_cfg.train.output_dir = str(out / f"{args.grpo_name}-sft-control")
+            ctl_cfg.train.output_dir = str(out / f"{grpo_name}-sft-control")
             ctl_cfg.train.max_steps = args.grpo_steps
             ctl_cfg.train.train_batch_per_replica = args.grpo_prompts
             ctl_cfg.train.mini_batch = args.grpo_prompts
@@ -292,7 +331,7 @@ def main() -> None:
             )
             timings["sft_control_s"] = time.perf_counter() - t
             t = time.perf_counter()
-            label = f"{args.grpo_name}-sft-control"
+            label = f"{grpo_name}-sft-control"
             table["after SFT+SFT (control)"] = _evaluate(_with_model(cfg, control_dir), label, out / "results")
             timings["eval_sft_control_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
@@ -302,7 +341,7 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     params = sum(p.numel() for p in load_file(model_dir / "model.safetensors").values())
     losses = logged(Path(cfg.train.output_dir), "train/loss")
-    rewards = logged(out / args.grpo_name, "reward/total_mean")
+    rewards = logged(out / grpo_name, "reward/total_mean")
     window = 50
     curve = {
         step: round(sum(losses[step - window : step]) / window, 4)
@@ -334,7 +373,7 @@ def main() -> None:
         "timings": timings,
         "exports": {"sft": str(sft_dir), "grpo": str(grpo_dir) if grpo_dir else None},
     }
-    (out / "table.json").write_text(json.dumps(payload, indent=2))
+    (out / f"table{suffix}.json").write_text(json.dumps(payload, indent=2))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "intuitive_physics.json").write_text(json.dumps(payload, indent=2))
 
