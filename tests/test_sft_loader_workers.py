@@ -43,3 +43,18 @@ def test_spawned_workers_give_the_same_batches_across_an_epoch_end_and_a_seek():
         assert torch.equal(expected, got)
     loader = spawned._loader
     assert loader.multiprocessing_context.get_start_method() == "spawn" and loader.persistent_workers
+
+
+def test_close_stops_the_worker_processes_and_a_later_take_starts_new_ones():
+    import multiprocessing
+
+    others = {p.pid for p in multiprocessing.active_children()}
+    stream = _stream(2)
+    first = _ids(stream, 2)
+    workers = {p.pid for p in multiprocessing.active_children()} - others
+    assert len(workers) == 2
+    stream.close()  # run_sft calls this when training ends or fails
+    assert not workers & {p.pid for p in multiprocessing.active_children()}
+    stream.seek(0)
+    for expected, got in zip(first, _ids(stream, 2), strict=True):
+        assert torch.equal(expected, got)
