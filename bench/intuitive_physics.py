@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The recipe's knobs; the defaults are the recipe."""
     from physreason.data.synth.tasks import TASK_NAMES as TASKS
 
@@ -136,7 +136,7 @@ def parse_args() -> argparse.Namespace:
         "tower: also evaluate the untrained model and pre-train its tower, for SFT variants that share it)",
     )
     parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-intuitive-physics"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.sft_freeze_tower is None:
         args.sft_freeze_tower = args.tower_steps > 0
     if (

@@ -57,6 +57,23 @@ def _decode(args: tuple[str, dict[str, Any], Any, int]) -> tuple[Any, list[int]]
     return visuals.pixel_values_videos.half().numpy(), visuals.video_grid_thw[0].tolist()
 
 
+def own_task_loss(logits: Any, task: Any, answer: Any, bounds: Any) -> tuple[Any, Any]:
+    """Mean cross-entropy of each row over its own task's columns only, and whether its top column is the answer.
+
+    logits: [rows, all tasks' options]; task, answer: [rows] (answer indexes the task's options); bounds: the
+    first column of every task and the end, [tasks + 1]. The other tasks' columns are masked out, so each row is a
+    softmax over its 2 or 4 options, as if every task had its own head.
+    """
+    import torch
+
+    columns = torch.arange(logits.shape[1], device=logits.device)
+    low, high = bounds[task], bounds[task + 1]
+    own = (columns >= low[:, None]) & (columns < high[:, None])
+    scores = logits.masked_fill(~own, float("-inf"))
+    target = low + answer
+    return torch.nn.functional.cross_entropy(scores, target), (scores.argmax(1) == target).float()
+
+
 def load_clips(data_root: Path, model_dir: Path, vision: dict[str, Any], workers: int) -> dict[str, Any]:
     """Decode every clip of `data_root/sft.jsonl` once: pixels, grids, task index and answer index per clip."""
     import numpy as np
@@ -136,7 +153,6 @@ def pretrain_tower(
     task = torch.from_numpy(clips["task"]).to(device)
     answer = torch.from_numpy(clips["answer"]).to(device)
     bounds = torch.from_numpy(offsets).to(device)
-    columns = torch.arange(int(offsets[-1]), device=device)
     generator = np.random.default_rng(seed)
     order = generator.permutation(len(pixels))
     n_val = max(len(pixels) // 10, 1)
@@ -152,14 +168,8 @@ def pretrain_tower(
             return head(pooled.flatten(1)).float()  # [B, options of all tasks]
 
     def loss_and_hits(index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-entropy over each clip's own task's options (the other tasks' columns masked out), and hits."""
-        logits = logits_of(index)
         rows = torch.from_numpy(index).to(device)
-        low, high = bounds[task[rows]], bounds[task[rows] + 1]
-        own = (columns >= low[:, None]) & (columns < high[:, None])
-        scores = logits.masked_fill(~own, float("-inf"))
-        target = low + answer[rows]
-        return torch.nn.functional.cross_entropy(scores, target), (scores.argmax(1) == target).float()
+        return own_task_loss(logits_of(index), task[rows], answer[rows], bounds)
 
     def accuracy(index: np.ndarray) -> dict[str, float]:
         tower.eval()
