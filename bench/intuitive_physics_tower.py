@@ -38,8 +38,8 @@ LETTERS = "ABCDEFGH"
 
 def _one_thread() -> None:
     """Decode workers run torch on one thread each, as DataLoader workers do: otherwise N workers each start a thread
-    per core. The first GPU run (two runs of 7-8 workers on 16 cores) had not finished decoding 6,000 clips after
-    nine minutes; this is the likely cause, not yet confirmed by a rerun there."""
+    per core. Without it, two runs of 7-8 workers on 16 cores had not decoded 6,000 clips after nine minutes; with it,
+    15 workers decode them in 16-19 s (one H200 machine, bench/RESULTS.md)."""
     import torch
 
     torch.set_num_threads(1)

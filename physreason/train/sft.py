@@ -6,6 +6,7 @@ ranks), so gradient accumulation, packing and the process count leave the object
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -284,40 +285,38 @@ def run_sft(config: Config) -> SFTResult:
         log.info("resumed from %s at step %d", resumed.path, step)
     stream.seek(step)
 
-    try:
-        with StepLog(config, total_steps, step, "sft", enabled=runtime.is_main) as step_log:
-            while step < total_steps:
-                started = time.perf_counter()
-                micro = stream.take(accumulation)
-                for batch in micro:
-                    result.skipped.update(batch.skipped)
-                lr = scheduler.get_last_lr()[0]
-                tokens = all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime, dp_group)
-                loss, norm = train_step(
-                    module, micro, optimizer, scheduler, runtime, dp_size, train_cfg.optm_grad_norm_clip, autocast, dp_group
+    # closing: the loader's worker processes stop when training ends or fails, not when the garbage collector gets there
+    with StepLog(config, total_steps, step, "sft", enabled=runtime.is_main) as step_log, contextlib.closing(stream):
+        while step < total_steps:
+            started = time.perf_counter()
+            micro = stream.take(accumulation)
+            for batch in micro:
+                result.skipped.update(batch.skipped)
+            lr = scheduler.get_last_lr()[0]
+            tokens = all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime, dp_group)
+            loss, norm = train_step(
+                module, micro, optimizer, scheduler, runtime, dp_size, train_cfg.optm_grad_norm_clip, autocast, dp_group
+            )
+            step += 1
+            elapsed = time.perf_counter() - started
+            result.losses.append(loss)
+            skipped = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
+            step_log.step(
+                step,
+                {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_s": tokens / elapsed,
+                 **skipped},
+                {"loss": f"{loss:.4f}", "lr": f"{lr:.2e}", "tok_s": f"{tokens / elapsed:,.0f}"},
+            )
+            if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):
+                result.val_losses[step] = validation_loss(
+                    module, val_set, collate, runtime, train_cfg.mini_batch, autocast, tp, dp_group
                 )
-                step += 1
-                elapsed = time.perf_counter() - started
-                result.losses.append(loss)
-                skipped = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
-                step_log.step(
-                    step,
-                    {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_s": tokens / elapsed,
-                     **skipped},
-                    {"loss": f"{loss:.4f}", "lr": f"{lr:.2e}", "tok_s": f"{tokens / elapsed:,.0f}"},
-                )
-                if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):
-                    result.val_losses[step] = validation_loss(
-                        module, val_set, collate, runtime, train_cfg.mini_batch, autocast, tp, dp_group
-                    )
-                    step_log.log(step, {"val/loss": result.val_losses[step]})
-                if checkpoint_due(config, step, total_steps):
-                    saved = checkpointer.save(step, {"skipped": dict(result.skipped)})
-                    result.last_checkpoint = saved.checkpoint
-                    if saved.export is not None:
-                        result.export_dir = saved.export
-    finally:
-        stream.close()
+                step_log.log(step, {"val/loss": result.val_losses[step]})
+            if checkpoint_due(config, step, total_steps):
+                saved = checkpointer.save(step, {"skipped": dict(result.skipped)})
+                result.last_checkpoint = saved.checkpoint
+                if saved.export is not None:
+                    result.export_dir = saved.export
     if result.skipped and runtime.is_main:
         log.warning("skipped samples: %s", dict(result.skipped))
     return result
