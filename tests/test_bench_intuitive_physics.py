@@ -71,7 +71,8 @@ def test_own_task_loss_is_each_rows_cross_entropy_over_its_own_tasks_options(tow
 
 
 @pytest.mark.slow
-def test_pretrain_tower_changes_only_the_vision_tower_and_saves_a_loadable_model(tower, tmp_path, monkeypatch):
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_pretrain_tower_changes_only_the_vision_tower_and_saves_a_loadable_model(tower, tmp_path, monkeypatch, family):
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
@@ -85,7 +86,7 @@ def test_pretrain_tower_changes_only_the_vision_tower_and_saves_a_loadable_model
     for task in TASK_NAMES:
         generate_task(task, 3, data, "train", 0, workers=1, show_progress=False, option_order="fixed")
     letter_sft_records(data, data / "sft.jsonl")
-    save_tiny_model("qwen2_5_vl", model_dir)
+    save_tiny_model(family, model_dir)
     vision = {"min_pixels": 12544, "max_pixels": 12544, "max_frames": 12}
     result = tower.pretrain_tower(model_dir, data, out, vision, steps=3, batch=4, workers=1)
 
