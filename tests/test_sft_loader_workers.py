@@ -11,7 +11,7 @@ from physreason.data.collate import collate_padded
 from physreason.data.sampler import StepSampler
 from physreason.data.sft import SFTDataset
 from physreason.models.tiny import build_tiny_tokenizer
-from physreason.train.sft import MicroBatches
+from physreason.train.sft import MicroBatches, _exit_without_finalising
 
 pytestmark = pytest.mark.slow  # spawning worker processes imports torch in each (several seconds on 2 cores)
 
@@ -58,3 +58,26 @@ def test_close_stops_the_worker_processes_and_a_later_take_starts_new_ones():
     stream.seek(0)
     for expected, got in zip(first, _ids(stream, 2), strict=True):
         assert torch.equal(expected, got)
+
+
+def test_loader_workers_leave_at_exit_before_the_interpreter_finalises():
+    # The worker-side hook that keeps a feeder thread's send from being force-unwound at shutdown (see
+    # _exit_without_finalising): at exit the process ends at once, status 0, its output flushed.
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('finaliser ran'))\n"  # registered earlier, so it would run later: it must not
+        "from physreason.train.sft import _exit_without_finalising\n"
+        "_exit_without_finalising(0)\n"
+        "print('flushed', end='')\n"
+        "sys.exit(3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "flushed"
+    stream = _stream(2)
+    assert len(_ids(stream, 1)) == 1  # spawned workers accept the hook (a module-level, picklable function)
+    assert stream._loader.worker_init_fn is _exit_without_finalising
+    stream.close()

@@ -120,6 +120,27 @@ def _collate_fn(config: Config, pad_id: int, mrope: bool):
     return functools.partial(collate_padded, pad_token_id=pad_id, mrope=mrope)
 
 
+def _exit_without_finalising(_worker_id: int) -> None:
+    """In each loader worker: end the process at exit before the interpreter finalises.
+
+    A worker stopped while its result queue's feeder thread is still sending a prefetched batch (torch shares the
+    tensor's storage with the GIL released) is torn down mid-send: PyTorch's worker loop does not wait for that
+    thread, the finalising interpreter force-unwinds it through C++ frames, and the worker dies by SIGABRT
+    ("terminate called without an active exception", then a RuntimeError in the trainer's process). The batch in
+    flight is one nobody will read; exiting here, after flushing output, ends the worker before that race.
+    """
+    import atexit
+    import os
+    import sys
+
+    def leave() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    atexit.register(leave)
+
+
 class MicroBatches:
     """Endless stream of micro-batches for this rank, positioned by optimizer step (resumable)."""
 
@@ -143,7 +164,11 @@ class MicroBatches:
                 # whatever state they were, and on a 16-core GPU machine 14 forked workers hung in their first
                 # frame resize after an evaluation had decoded videos in the parent. Persistent, so the start-up
                 # (importing torch in each worker) is paid once, not every epoch.
-                workers = {"multiprocessing_context": "spawn", "persistent_workers": True}
+                workers = {
+                    "multiprocessing_context": "spawn",
+                    "persistent_workers": True,
+                    "worker_init_fn": _exit_without_finalising,
+                }
             # Each new iterator draws its workers' base seed from `generator`; from the global generator that draw
             # would shift the training RNG (LoRA dropout) whenever a resumed run opens its first pass mid-epoch.
             self._loader = DataLoader(
