@@ -159,17 +159,18 @@ def pretrain_tower(
     val, train = order[:n_val], order[n_val:]
     grid = torch.tensor([clips["grid"]], dtype=torch.long)
 
-    def logits_of(index: np.ndarray) -> torch.Tensor:
-        rows = pixels[torch.from_numpy(index).to(device)].float()  # [B, patches, dim]
-        grids = grid.repeat(len(index), 1).to(device)
+    def logits_of(rows: torch.Tensor) -> torch.Tensor:
+        """rows: clip indices on the device; returns [B, options of all tasks]."""
+        frames = pixels[rows].float()  # [B, patches, dim]
+        grids = grid.repeat(len(rows), 1).to(device)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
-            merged = tower(rows.flatten(0, 1), grid_thw=grids).pooler_output  # [B * tokens, width]
-            pooled = merged.float().view(len(index), grid_t, per_group, width).mean(2)  # [B, grid_t, width]
-            return head(pooled.flatten(1)).float()  # [B, options of all tasks]
+            merged = tower(frames.flatten(0, 1), grid_thw=grids).pooler_output  # [B * tokens, width]
+            pooled = merged.float().view(len(rows), grid_t, per_group, width).mean(2)  # [B, grid_t, width]
+            return head(pooled.flatten(1)).float()
 
     def loss_and_hits(index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.from_numpy(index).to(device)
-        return own_task_loss(logits_of(index), task[rows], answer[rows], bounds)
+        rows = torch.from_numpy(index).to(device)  # once per batch, for the pixels and the labels
+        return own_task_loss(logits_of(rows), task[rows], answer[rows], bounds)
 
     def accuracy(index: np.ndarray) -> dict[str, float]:
         tower.eval()
