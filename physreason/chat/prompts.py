@@ -49,3 +49,14 @@ REASONING_ADDON = (
 
 # prompts/addons/english.txt: the addon scripts/inference.py puts first in every system prompt.
 ENGLISH_ADDON = "Always respond in English."
+
+# Cosmos-Reason2 (nvidia-cosmos/cosmos-reason2 at commit a3b4a1d, cosmos_reason2_utils/text.py): the system
+# prompt of every conversation its inference script and post-training examples build, Qwen's own default.
+REASON2_SYSTEM_PROMPT = "You are a helpful assistant."
+
+# Same file, REASONING_PROMPT: reasoning is opt-in; script/inference.py appends this to the user text after a
+# blank line when --reasoning is given. The answer follows </think> directly, with no <answer> tags.
+REASON2_REASONING_INSTRUCTION = (
+    "Answer the question using the following format:\n\n<think>\nYour reasoning.\n</think>\n\n"
+    "Write your final answer immediately after the </think> tag."
+)

@@ -81,6 +81,11 @@ def _leaf_keys(prefix: str, value: Any) -> list[str]:
     return [key for name, child in value.items() for key in _leaf_keys(f"{prefix}.{name}", child)]
 
 
+def _leaf_keys_of(tree: Mapping[str, Any]) -> list[str]:
+    """Every dotted key a (possibly nested) recipe table names, down to its plain values."""
+    return [key for name, value in tree.items() for key in _leaf_keys(name, value)]
+
+
 def _moved_hints(key: str, value: Any) -> list[str]:
     hints = []
     for leaf in _leaf_keys(key, value):
@@ -197,18 +202,21 @@ def load_config(
             raise ConfigError(f"{file} is not valid TOML: {exc}") from exc
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{file} is not UTF-8 text: {exc}") from exc
+    explicit = set(_leaf_keys_of(data))
     data = _merge(Config().model_dump(), data, Config)
     if overrides:
         source += " with overrides " + " ".join(overrides)
     for text in overrides:
         parts, value = parse_override(text)
         _apply_override(data, parts, value, text)
+        explicit.update(_leaf_keys_of({".".join(parts): value}))
     if values:
         source += " with options " + ", ".join(f"{key}={value!r}" for key, value in values.items())
     for key, value in (values or {}).items():
         _apply_override(data, key.split("."), value, f"{key}={value!r}")
+        explicit.update(_leaf_keys_of({key: value}))
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(data).with_explicit_keys(frozenset(explicit))
     except ValidationError as exc:
         raise _explain(exc, source) from None
 

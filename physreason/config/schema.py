@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -49,7 +49,22 @@ class TokenSampling(Section):
     temperature: float = Field(0.6, ge=0.0, description="Softmax temperature; 0 means greedy decoding.")
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(-1, ge=-1, description="Keep the k most likely tokens; -1 keeps all.")
-    repetition_penalty: float = Field(1.05, gt=0.0, description="Penalty on tokens already present (1.0 = off).")
+    repetition_penalty: float = Field(
+        1.05, gt=0.0, description="Divides positive logits (multiplies negative) of tokens in the prompt or output (1.0 = off)."
+    )
+    presence_penalty: float = Field(
+        0.0,
+        ge=-2.0,
+        le=2.0,
+        description="Subtracted from the logit of every token already in the completion (vLLM/OpenAI semantics; "
+        "0 = off; Cosmos-Reason2's non-reasoning default is 1.5).",
+    )
+    frequency_penalty: float = Field(
+        0.0,
+        ge=-2.0,
+        le=2.0,
+        description="Subtracted from a token's logit once per time it occurs in the completion (vLLM/OpenAI; 0 = off).",
+    )
     seed: int | None = Field(None, description="Sampling seed; None draws a fresh one each run.")
     ignore_eos: bool = Field(
         False,
@@ -146,6 +161,31 @@ class VisionConfig(Section):
                 f"image_min_pixels ({self.image_min_pixels}) must not exceed image_max_pixels ({self.image_max_pixels})"
             )
         return self
+
+
+class PromptConfig(Section):
+    """[prompt]: how questions are put to the model: the prompt style of its generation and the reasoning switch.
+
+    One setting for every job that builds a prompt (infer, batch and Ray inference, eval, SFT rendering, GRPO
+    prompts, serve). Generation settings a recipe leaves out take the style's defaults for the mode.
+    """
+
+    style: Literal["auto", "reason1", "reason2"] = Field(
+        "auto",
+        description="'reason1': Cosmos-Reason1's prompts (reasoning format in the system prompt, <answer> tags); "
+        "'reason2': Cosmos-Reason2's (system 'You are a helpful assistant.', reasoning instruction appended to the "
+        "user text, answer right after </think>); 'auto' reads the checkpoint's config: Qwen3-VL -> reason2, "
+        "anything else -> reason1.",
+    )
+    reasoning: bool | None = Field(
+        None,
+        description="Ask for <think> reasoning before the answer; None takes the style's default (reason1: on, "
+        "reason2: off, as cosmos-reason2's inference script).",
+    )
+    system_prompt: str | None = Field(
+        None,
+        description="Replace the style's system prompt for inference, eval and serve; '' sends no system message.",
+    )
 
 
 class EngineConfig(Section):
@@ -472,6 +512,7 @@ class Config(Section):
     """The whole recipe; each job reads the sections it needs."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
     vision: VisionConfig = Field(default_factory=VisionConfig)
     generation: SamplingConfig = Field(default_factory=SamplingConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -483,6 +524,26 @@ class Config(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     infer: InferConfig = Field(default_factory=InferConfig)
+
+    # Dotted keys a recipe file, --set or an option named (load_config fills it): generation settings left out
+    # take the prompt style's defaults (physreason.chat.style.resolve_sampling); the rest keep the defaults above.
+    _explicit_keys: frozenset[str] = PrivateAttr(default_factory=frozenset)
+
+    @property
+    def explicit_keys(self) -> frozenset[str]:
+        """Dotted keys the recipe, --set or options named; empty for a Config built in code."""
+        return self._explicit_keys
+
+    def __eq__(self, other: object) -> bool:
+        """Two configs are equal when their settings are; which keys a source named is not a setting."""
+        return isinstance(other, Config) and self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like every pydantic model
+
+    def with_explicit_keys(self, keys: frozenset[str]) -> Config:
+        """This config, recording `keys` as the ones its source named (load_config calls it)."""
+        self._explicit_keys = frozenset(keys)
+        return self
 
     @property
     def policy_temperature(self) -> float:
