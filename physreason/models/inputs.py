@@ -18,8 +18,10 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from physreason.chat.style import Prompting, resolve_prompting, resolve_sampling
+from physreason.config.schema import Config, SamplingConfig
 from physreason.errors import InputError
-from physreason.models.family import QWEN2_5_VL_PARAMS, QWEN3_VL_PARAMS, ProcessorParams, model_family
+from physreason.models.family import QWEN2_5_VL_PARAMS, QWEN3_VL_PARAMS, ModelFamily, ProcessorParams, model_family
 from physreason.models.qwen3_vl import frame_group_seconds, video_placeholder
 from physreason.vision import VideoFrames, num_visual_tokens, patchify
 
@@ -38,16 +40,35 @@ def _resolve_file(model_name_or_path: str, filename: str, revision: str | None =
     return Path(path) if path else None
 
 
-def _family_processor(model_name_or_path: str, revision: str | None) -> ProcessorParams:
-    """The processor defaults of the checkpoint's family (config.json's model_type, else its architectures)."""
+def checkpoint_family(model_name_or_path: str, revision: str | None = None) -> ModelFamily | None:
+    """The family of a checkpoint from its config.json alone (model_type, else architectures); None without one.
+
+    Reads one small file, so prompts and media can be prepared before the model loads.
+    """
     path = _resolve_file(model_name_or_path, "config.json", revision)
     if path is None:
-        return QWEN2_5_VL_PARAMS
+        return None
     raw = json.loads(path.read_text())
     config = SimpleNamespace(
         model_type=raw.get("model_type"), architectures=raw.get("architectures"), _name_or_path=model_name_or_path
     )
-    return model_family(config).processor or QWEN2_5_VL_PARAMS
+    return model_family(config)
+
+
+def _family_processor(model_name_or_path: str, revision: str | None) -> ProcessorParams:
+    """The processor defaults of the checkpoint's family (config.json's model_type, else its architectures)."""
+    family = checkpoint_family(model_name_or_path, revision)
+    return (family.processor if family is not None else None) or QWEN2_5_VL_PARAMS
+
+
+def prompting_for(config: Config) -> tuple[Prompting, SamplingConfig]:
+    """The recipe's prompt style and mode for its checkpoint, and its generation settings for that mode.
+
+    `[prompt] style = "auto"` reads the checkpoint's config.json (Qwen3-VL: reason2, else reason1).
+    """
+    family = checkpoint_family(config.model.model_name_or_path, config.model.revision)
+    prompting = resolve_prompting(config, family.name if family is not None else "")
+    return prompting, resolve_sampling(config, prompting)
 
 
 def load_processor_params(model_name_or_path: str, revision: str | None = None) -> ProcessorParams:
