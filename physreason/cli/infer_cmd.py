@@ -68,15 +68,30 @@ def infer(
     timestamps: bool | None = typer.Option(
         None, "--timestamps/--no-timestamps", help="Draw each frame's time under it."
     ),
-    reasoning: bool = typer.Option(
-        True, "--reasoning/--no-reasoning", help="Ask for <think> reasoning before the answer."
+    reasoning: bool | None = typer.Option(
+        None,
+        "--reasoning/--no-reasoning",
+        help="Ask for <think> reasoning before the answer [default: the prompt style's: on for Cosmos-Reason1, "
+        "off for Cosmos-Reason2].",
     ),
-    temperature: float | None = typer.Option(None, help="Sampling temperature; 0 is greedy [default: 0.6]."),
-    top_p: float | None = typer.Option(None, help="Nucleus mass [default: 0.95]."),
-    top_k: int | None = typer.Option(None, help="Keep the k likeliest tokens; -1 keeps all."),
-    repetition_penalty: float | None = typer.Option(None, help="Repetition penalty [default: 1.05]."),
+    prompt_style: str | None = typer.Option(
+        None,
+        "--prompt-style",
+        help="reason1, reason2 or auto: the prompts of Cosmos-Reason1 or Cosmos-Reason2 [default: auto, from the "
+        "checkpoint's family: Qwen3-VL is reason2].",
+    ),
+    temperature: float | None = typer.Option(
+        None, help="Sampling temperature; 0 is greedy [default: the style's: 0.6; Reason2 without reasoning 0.7]."
+    ),
+    top_p: float | None = typer.Option(None, help="Nucleus mass [default: 0.95; Reason2 without reasoning 0.8]."),
+    top_k: int | None = typer.Option(None, help="Keep the k likeliest tokens; -1 keeps all [default: -1; Reason2 20]."),
+    repetition_penalty: float | None = typer.Option(None, help="Repetition penalty [default: 1.05; Reason2 1.0]."),
+    presence_penalty: float | None = typer.Option(
+        None, help="Penalty on tokens already in the completion [default: 0; Reason2 without reasoning 1.5]."
+    ),
+    frequency_penalty: float | None = typer.Option(None, help="Penalty per repeat of a token in the completion."),
     max_tokens: int | None = typer.Option(None, help="Most new tokens [default: 4096]."),
-    seed: int | None = typer.Option(None, help="Sampling seed."),
+    seed: int | None = typer.Option(None, help="Sampling seed [default: none; Reason2 1234 / 3407 by mode]."),
     n: int | None = typer.Option(None, "-n", help="Completions per request."),
     dtype: str | None = typer.Option(None, help="bfloat16, float16, float32 or auto."),
     tensor_parallel_size: int | None = typer.Option(
@@ -91,7 +106,7 @@ def infer(
     from physreason.config import load_config
     from physreason.engines import create_engine
     from physreason.infer import build_request, result_record, run_batch, run_ray_batch
-    from physreason.models.inputs import patch_factor
+    from physreason.models.inputs import patch_factor, prompting_for
 
     if fps is not None and nframes is not None:
         raise typer.BadParameter("give --fps or --nframes, not both", param_hint="'--nframes'")
@@ -115,6 +130,10 @@ def infer(
         "generation.top_p": top_p,
         "generation.top_k": top_k,
         "generation.repetition_penalty": repetition_penalty,
+        "generation.presence_penalty": presence_penalty,
+        "generation.frequency_penalty": frequency_penalty,
+        "prompt.reasoning": reasoning,
+        "prompt.style": prompt_style,
         "generation.max_tokens": max_tokens,
         "generation.seed": seed,
         "generation.n": n,
@@ -136,15 +155,16 @@ def infer(
 
     if batch is not None:
         if cfg.infer.num_gpus is not None:
-            summary = run_ray_batch(cfg, batch, out, reasoning=reasoning, media_root=media_root)
+            summary = run_ray_batch(cfg, batch, out, media_root=media_root)
         else:
+            prompting, sampling = prompting_for(cfg)
             summary = run_batch(
                 lambda: create_engine(cfg.model, cfg.engine),
                 batch,
                 out,
-                sampling=cfg.generation,
+                sampling=sampling,
                 vision=cfg.vision,
-                reasoning=reasoning,
+                prompting=prompting,
                 media_root=media_root,
                 batch_size=cfg.engine.batch_size,
                 retry_failed=cfg.infer.retry_failed,
@@ -153,12 +173,13 @@ def infer(
         return
     # Media are decoded before the model loads, so a bad path fails in a second, not after a minute.
     factor = patch_factor(cfg.model.model_name_or_path, cfg.model.revision)
+    prompting, sampling = prompting_for(cfg)
     request = build_request(
-        question, videos=video, images=image, vision=cfg.vision, reasoning=reasoning, request_id="0", factor=factor
+        question, videos=video, images=image, vision=cfg.vision, prompting=prompting, request_id="0", factor=factor
     )
     generator = create_engine(cfg.model, cfg.engine)
-    (result,) = generator.generate([request], cfg.generation, logprobs=False)
-    record = result_record(result)
+    (result,) = generator.generate([request], sampling, logprobs=False)
+    record = result_record(result, prompting.style)
     if as_json:
         typer.echo(json.dumps(record, ensure_ascii=False, indent=2))
     elif result.error:

@@ -19,6 +19,7 @@ import torch
 
 from physreason.chat.mcq import AnswerType, lettered_options, shuffle_options
 from physreason.chat.messages import Message, build_mcq_messages
+from physreason.chat.style import StyleName
 from physreason.config import DatasetConfig
 from physreason.data.loaders import load_records, media_path_in_root
 from physreason.data.video_range import record_video_range
@@ -37,10 +38,10 @@ class MCQPrompt:
     images: tuple[Path, ...] = ()
     video_range: dict[str, float] = field(default_factory=dict)  # the record's video_start / video_end, seconds
 
-    def messages(self, answer_type: AnswerType = "grpo") -> list[Message]:
-        """Chat messages as Cosmos-Reason1 builds them (media first); "grpo" is its RL recipe's wording."""
+    def messages(self, answer_type: AnswerType = "grpo", style: StyleName = "reason1") -> list[Message]:
+        """Chat messages in the given prompt style (media first); "grpo" is Cosmos-Reason1's RL recipe's wording."""
         return build_mcq_messages(
-            self.question, self.options, videos=self.videos, images=self.images, answer_type=answer_type
+            self.question, self.options, videos=self.videos, images=self.images, answer_type=answer_type, style=style
         )
 
     def reward_fields(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from physreason.chat.style import Prompting
 from physreason.config import DatasetConfig, SamplingConfig, VisionConfig
 from physreason.data.loaders import load_records, media_path_in_root
 from physreason.data.video_range import record_video_range
@@ -168,7 +169,7 @@ def plan_batch(
 
 
 def request_from_record(
-    record: dict[str, Any], rid: str, root: Path, vision: VisionConfig, reasoning: bool, factor: int
+    record: dict[str, Any], rid: str, root: Path, vision: VisionConfig, prompting: Prompting, factor: int
 ) -> GenerationRequest:
     """Decode a record's media and build its request; a record that cannot be used raises PhysReasonError.
 
@@ -182,18 +183,18 @@ def request_from_record(
     images = [media_path_in_root(root, i, where) for i in _as_list(record.get("image"))]
     vision = vision.model_copy(update=record_video_range(record, where))
     return build_request(
-        question, videos=videos, images=images, vision=vision, reasoning=reasoning,
+        question, videos=videos, images=images, vision=vision, prompting=prompting,
         system_prompt=record.get("system_prompt"), request_id=rid, factor=factor,
     )
 
 
 def _requests(
-    plan: BatchPlan, vision: VisionConfig, reasoning: bool, factor: int
+    plan: BatchPlan, vision: VisionConfig, prompting: Prompting, factor: int
 ) -> Iterator[GenerationRequest | GenerationResult]:
     """Yield a request per pending record, or an error result for a record whose media cannot be used."""
     for rid, record in plan.pending:
         try:
-            yield request_from_record(record, rid, plan.root, vision, reasoning, factor)
+            yield request_from_record(record, rid, plan.root, vision, prompting, factor)
         except PhysReasonError as exc:
             yield GenerationResult(request_id=rid, error=str(exc))
 
@@ -247,7 +248,7 @@ def run_batch(
     *,
     sampling: SamplingConfig,
     vision: VisionConfig,
-    reasoning: bool = True,
+    prompting: Prompting | None = None,
     media_root: str | Path | None = None,
     batch_size: int = 8,
     retry_failed: bool = False,
@@ -263,6 +264,7 @@ def run_batch(
     engine: it is called after the requests are read, so a bad input fails before a model loads.
     """
     out = Path(out_path)
+    prompting = prompting or Prompting()
     plan = plan_batch(requests_path, out, retry_failed=retry_failed, media_root=media_root)
     summary = plan.summary()
     if not plan.pending:
@@ -275,11 +277,11 @@ def run_batch(
             task = progress.add_task("infer", total=len(plan.pending))
 
             def write(result: GenerationResult) -> None:
-                record_to(sink, summary, result_record(result))
+                record_to(sink, summary, result_record(result, prompting.style))
                 progress.advance(task)
 
             batch: list[GenerationRequest] = []
-            for item in _requests(plan, vision, reasoning, engine.vision_factor):
+            for item in _requests(plan, vision, prompting, engine.vision_factor):
                 if isinstance(item, GenerationResult):
                     write(item)
                     continue

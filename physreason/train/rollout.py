@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 import torch
 
 from physreason.chat.mcq import AnswerType
+from physreason.chat.style import StyleName
 from physreason.config import Config, EngineConfig, SamplingConfig, VisionConfig
 from physreason.data.mcq import MCQPrompt, PromptStream
 from physreason.engines import Completion, Engine, GenerationRequest
 from physreason.errors import ConfigError, InputError
-from physreason.models.inputs import ProcessorParams, VisualInputs, encode_visuals
+from physreason.models.inputs import ProcessorParams, VisualInputs, encode_visuals, prompting_for
 from physreason.rewards import compute_rewards
 from physreason.train.grpo_advantages import compute_group_advantages
 from physreason.vision import load_image, load_video
@@ -61,20 +62,30 @@ class RolloutBatch:
 
 
 def mcq_request(
-    prompt: MCQPrompt, vision: VisionConfig, answer_type: AnswerType = "grpo", factor: int = PATCH_FACTOR
+    prompt: MCQPrompt,
+    vision: VisionConfig,
+    answer_type: AnswerType = "grpo",
+    factor: int = PATCH_FACTOR,
+    style: StyleName = "reason1",
 ) -> GenerationRequest:
     """Decode the prompt's media (sides multiples of the model's patch factor) and build its chat request."""
     clip = vision.model_copy(update=prompt.video_range)  # the record's own video_start / video_end
     videos = [load_video(path, clip, factor) for path in prompt.videos]
     images = [load_image(path, vision, factor) for path in prompt.images]
-    return GenerationRequest(messages=prompt.messages(answer_type), images=images, videos=videos, request_id=prompt.id)
+    messages = prompt.messages(answer_type, style)
+    return GenerationRequest(messages=messages, images=images, videos=videos, request_id=prompt.id)
 
 
-def completion_rewards(text: str, prompt: MCQPrompt, weights: Mapping[str, float]) -> dict[str, float]:
-    """Each configured reward and the diagnostic ones for one completion, plus the weighted "total"."""
+def completion_rewards(
+    text: str, prompt: MCQPrompt, weights: Mapping[str, float], style: StyleName = "reason1"
+) -> dict[str, float]:
+    """Each configured reward and the diagnostic ones for one completion, plus the weighted "total".
+
+    Rewards also get `prompt_style`, so the format reward checks the layout the prompt asked for.
+    """
     every = {name: 0.0 for name in DIAGNOSTIC_REWARDS} | dict(weights)
     try:
-        return compute_rewards(text, every, **prompt.reward_fields())
+        return compute_rewards(text, every, prompt_style=style, **prompt.reward_fields())
     except InputError as exc:
         raise InputError(f"sample {prompt.id!r}: {exc}") from exc
 
@@ -99,6 +110,7 @@ class RolloutSettings:
     processor_params: ProcessorParams | None = None  # set for vision-language policies
     seed: int = 0
     answer_type: AnswerType = "grpo"  # prompt wording: the RL recipe's, or the benchmark's reasoning/letter
+    prompt_style: StyleName = "reason1"  # the checkpoint's generation ([prompt] style, 'auto' from its family)
 
 
 def rollout_sampling(config: Config) -> SamplingConfig:
@@ -136,6 +148,7 @@ def rollout_settings(
         processor_params=processor_params,
         seed=sampling.seed if sampling.seed is not None else config.train.seed,
         answer_type=grpo.answer_type,
+        prompt_style=prompting_for(config)[0].style,
     )
 
 
@@ -205,7 +218,9 @@ def _rollout_round(
         return
     started = time.perf_counter()
     factor = settings.processor_params.factor if settings.processor_params is not None else PATCH_FACTOR
-    requests = [mcq_request(prompt, settings.vision, settings.answer_type, factor) for prompt in prompts]
+    requests = [
+        mcq_request(prompt, settings.vision, settings.answer_type, factor, settings.prompt_style) for prompt in prompts
+    ]
     results = engine.generate(requests, settings.sampling.model_copy(update={"seed": seed}))
     batch.generate_s += time.perf_counter() - started
     started = time.perf_counter()
@@ -215,7 +230,10 @@ def _rollout_round(
         if result.error is not None or len(result.completions) != settings.sampling.n:
             batch.counts["requests_failed"] += 1
             continue
-        rewards = [completion_rewards(c.text, prompt, settings.reward_weights) for c in result.completions]
+        rewards = [
+            completion_rewards(c.text, prompt, settings.reward_weights, settings.prompt_style)
+            for c in result.completions
+        ]
         batch.scored += rewards
         totals = torch.tensor([r["total"] for r in rewards], dtype=torch.float32)  # [n]
         if settings.dynamic_sampling and bool((totals == totals[0]).all()) and settings.sampling.n > 1:
