@@ -7,8 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from physreason.chat.style import Prompting, StyleName
 from physreason.chat.parse import parse_completion
+from physreason.chat.style import Prompting, StyleName
 from physreason.config import VisionConfig
 from physreason.engines.base import GenerationRequest, GenerationResult
 from physreason.vision import load_image, load_video
