@@ -265,3 +265,14 @@ def test_suppress_vision_tokens_keeps_a_likely_pad_out_of_vllm_samples(engine, h
         assert kept.completions[0].logprobs[0] < -1.0  # raw log-probability: the pad kept most of the mass
     finally:
         engine.update_weights([(name, head.detach().clone())])
+
+
+@pytest.mark.parametrize(("presence", "frequency"), [(2.0, 0.0), (0.0, 1.5)])
+def test_presence_and_frequency_penalties_pick_the_hf_engines_tokens(engine, hf_engine, media, presence, frequency):
+    # Both engines penalise the tokens already in the completion the same way (vLLM/OpenAI semantics).
+    sampling = GREEDY.model_copy(update={"presence_penalty": presence, "frequency_penalty": frequency})
+    request = video_request(media)
+    (ours,) = engine.generate([request], sampling)
+    (plain,) = engine.generate([request], GREEDY)
+    assert ours.completions[0].token_ids != plain.completions[0].token_ids  # the penalty acted
+    assert_same_greedy([ours], hf_engine.generate([request], sampling))

@@ -89,6 +89,27 @@ class SuppressTokens(LogitsProcessor):
         return scores.index_fill(-1, torch.tensor(self.token_ids, device=scores.device), float("-inf"))
 
 
+class OutputPenalties(LogitsProcessor):
+    """vLLM's presence and frequency penalties: logit -= frequency x count + presence x (count > 0).
+
+    Counted over the tokens generated so far only (the columns after the left-padded prompt of
+    `prompt_width`), as vLLM and the OpenAI API define them; the repetition penalty, which also counts the
+    prompt, is transformers' own processor.
+    """
+
+    def __init__(self, presence: float, frequency: float, prompt_width: int) -> None:
+        self.presence = presence
+        self.frequency = frequency
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        generated = input_ids[:, self.prompt_width :]  # [B, steps so far]
+        counts = torch.zeros_like(scores).scatter_add_(
+            -1, generated, torch.ones_like(generated, dtype=scores.dtype)
+        )  # [B, vocab]
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
 def merge_adapter(model: torch.nn.Module, path: str) -> torch.nn.Module:
     """The transformers model with the PEFT LoRA adapter in `path` merged into its weights (PEFT's merge_and_unload).
 
@@ -238,11 +259,15 @@ class HFEngine(Engine):
             # transformers has no "sample past EOS": masking EOS until max_new tokens gives the same lengths.
             common["min_new_tokens"] = max_new
         suppressed = vision_special_token_ids(self.model.config) if sampling.suppress_vision_tokens else []
+        penalties: list[LogitsProcessor] = []
+        if sampling.presence_penalty or sampling.frequency_penalty:
+            penalties.append(OutputPenalties(sampling.presence_penalty, sampling.frequency_penalty, width))
         if self.static_cache:
             recorder = SampledLogprobs() if want_logprobs else None
             processors = LogitsProcessorList([recorder] if recorder else [])
             if sampling.repetition_penalty != 1.0:  # after the recorder, so it records the raw distribution
                 processors.append(RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
+            processors.extend(penalties)
             if suppressed:
                 processors.append(SuppressTokens(suppressed))
             out = self.model.generate(
@@ -257,7 +282,7 @@ class HFEngine(Engine):
                 **common,
                 repetition_penalty=sampling.repetition_penalty,
                 output_logits=want_logprobs,
-                logits_processor=LogitsProcessorList([SuppressTokens(suppressed)] if suppressed else []),
+                logits_processor=LogitsProcessorList(penalties + ([SuppressTokens(suppressed)] if suppressed else [])),
             )
             new_tokens = out.sequences[:, width:].cpu()  # [B * n, new]
             logprobs = None

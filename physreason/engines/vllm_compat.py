@@ -93,6 +93,8 @@ def sampling_params(
         top_p=1.0 if greedy else sampling.top_p,
         top_k=0 if greedy or sampling.top_k < 0 else sampling.top_k,
         repetition_penalty=sampling.repetition_penalty,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
         max_tokens=max_tokens,
         seed=sampling.seed,
         stop_token_ids=[] if sampling.ignore_eos else list(stop_token_ids),
