@@ -34,15 +34,33 @@ def serve(
         None, help="Model name clients send in requests [default: the --model value]."
     ),
     system_prompt: str | None = typer.Option(
-        None, help="System prompt for requests that send none [default: the Cosmos-Reason reasoning prompt]."
+        None, help="System prompt for requests that send none [default: the prompt style's for the mode]."
+    ),
+    reasoning: bool | None = typer.Option(
+        None,
+        "--reasoning/--no-reasoning",
+        help="Default mode of requests (each may send chat_template_kwargs {\"reasoning\": ...}) [default: the "
+        "prompt style's: on for Cosmos-Reason1, off for Cosmos-Reason2].",
+    ),
+    prompt_style: str | None = typer.Option(
+        None, "--prompt-style", help="reason1, reason2 or auto [default: auto, from the checkpoint's family]."
     ),
     chat_template: Path | None = typer.Option(
         None, help="Jinja chat template file to use instead of the model's own (it gets the default system prompt too)."
     ),
     fps: float | None = typer.Option(None, help="Frames per second sampled from videos [default: 4]."),
-    temperature: float | None = typer.Option(None, help="Default sampling temperature [default: 0.6]."),
-    top_p: float | None = typer.Option(None, help="Default nucleus mass [default: 0.95]."),
-    repetition_penalty: float | None = typer.Option(None, help="Default repetition penalty [default: 1.05]."),
+    temperature: float | None = typer.Option(
+        None, help="Default sampling temperature [default: the style's: 0.6; Reason2 without reasoning 0.7]."
+    ),
+    top_p: float | None = typer.Option(
+        None, help="Default nucleus mass [default: the style's: 0.95; Reason2 without reasoning 0.8]."
+    ),
+    repetition_penalty: float | None = typer.Option(
+        None, help="Default repetition penalty [default: the style's: 1.05; Reason2 1.0]."
+    ),
+    presence_penalty: float | None = typer.Option(
+        None, help="Default presence penalty [default: the style's: 0; Reason2 without reasoning 1.5]."
+    ),
     max_tokens: int | None = typer.Option(None, help="Default most new tokens [default: 4096]."),
     dtype: str | None = typer.Option(None, help="bfloat16, float16, float32 or auto."),
     tensor_parallel_size: int | None = typer.Option(None, help="GPUs the model spans."),
@@ -58,6 +76,7 @@ def serve(
 ) -> None:
     """Serve a model over vLLM's OpenAI-compatible API: <think> text in `reasoning`, the <answer> in `content`."""
     from physreason.config import load_config
+    from physreason.models.inputs import prompting_for
     from physreason.serve.server import (
         ServeOptions,
         build_server_command,
@@ -66,7 +85,7 @@ def serve(
         model_chat_template,
         resolve_media_root,
         vllm_missing_message,
-        with_default_system_prompt,
+        with_prompt_style,
     )
 
     if not print_command and (missing := vllm_missing_message()):
@@ -82,16 +101,21 @@ def serve(
         "generation.temperature": temperature,
         "generation.top_p": top_p,
         "generation.repetition_penalty": repetition_penalty,
+        "generation.presence_penalty": presence_penalty,
         "generation.max_tokens": max_tokens,
+        "prompt.reasoning": reasoning,
+        "prompt.style": prompt_style,
+        "prompt.system_prompt": system_prompt,
     }
     cfg = load_config(config, overrides, {key: value for key, value in flags.items() if value is not None})
+    prompting, sampling = prompting_for(cfg)
     options = ServeOptions(
         host=host,
         port=port,
         served_model_name=served_model_name,
         api_key=api_key or None,
         media_root=resolve_media_root(media_root),
-        **({"system_prompt": system_prompt} if system_prompt is not None else {}),
+        prompting=prompting,
         extra_args=tuple(vllm_args or ()),
     )
     if chat_template is not None:
@@ -100,8 +124,8 @@ def serve(
         template = chat_template.read_text()
     else:
         template = model_chat_template(cfg)
-    template_path = chat_template_file(with_default_system_prompt(template, options.system_prompt))
-    command = build_server_command(cfg, options, template_path)
+    template_path = chat_template_file(with_prompt_style(template, prompting))
+    command = build_server_command(cfg, options, template_path, sampling)
     if print_command:
         typer.echo(command.shown())
         return

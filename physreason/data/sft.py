@@ -229,6 +229,7 @@ class SFTDataset(Dataset):
         conversation_column: str = "conversations",
         source: str = "data set",
         locations: list[str] | None = None,
+        default_system_prompt: str | None = None,
     ) -> None:
         self.records = records
         self.root = Path(root).resolve()
@@ -241,6 +242,9 @@ class SFTDataset(Dataset):
         self.source = source
         # Where each record is in its file ("data.jsonl:12"), so messages name the line, not a shuffled index.
         self.locations = locations
+        # The prompt style's system turn for records that bring none (None: the chat template's own default),
+        # so a model is trained on the prompt it is served with.
+        self.default_system_prompt = default_system_prompt
 
     def __len__(self) -> int:
         return len(self.records)
@@ -284,6 +288,8 @@ class SFTDataset(Dataset):
     def __getitem__(self, index: int) -> SFTSample | SkippedSample:
         where = self.where(index)
         messages = normalize_conversation(self.records[index], self.column, where)
+        if self.default_system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": self.default_system_prompt})
         media = media_of(messages, self.root, where)
         visuals = self._load_visuals(media, self.records[index], where) if media else None
         segments = conversation_segments(self.tokenizer, messages, where)

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from physreason.chat.prompts import REASON2_SYSTEM_PROMPT
+from physreason.chat.style import resolve_prompting
 from physreason.config import Config, DatasetConfig
 from physreason.data.collate import SFTBatch, collate_padded
 from physreason.data.loaders import load_located_records
@@ -28,7 +30,7 @@ from physreason.data.sampler import StepSampler
 from physreason.data.sft import SFTDataset
 from physreason.errors import ConfigError, InputError
 from physreason.models import loading, parallelize
-from physreason.models.family import read_vision_tokens
+from physreason.models.family import model_family, read_vision_tokens
 from physreason.train.build import build_training_model
 from physreason.train.loop import Checkpointer, StepLog, checkpoint_due, prepare_output
 from physreason.train.model import CausalLMLoss
@@ -46,6 +48,18 @@ class SFTResult:
     skipped: Counter = field(default_factory=Counter)
     last_checkpoint: Path | None = None
     export_dir: Path | None = None
+
+
+def sft_system_prompt(config: Config, hf_config: Any) -> str | None:
+    """The system turn given to SFT records that bring none: the prompt style's, as inference sends it.
+
+    reason2: "You are a helpful assistant." (Qwen3-VL's template adds no system turn itself); reason1: None,
+    Qwen2.5-VL's template inserts that same default. `[prompt] system_prompt` replaces either; "" adds none.
+    """
+    prompting = resolve_prompting(config, model_family(hf_config).name)
+    if prompting.system_prompt is not None:
+        return prompting.system_prompt or None
+    return REASON2_SYSTEM_PROMPT if prompting.style == "reason2" else None
 
 
 def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTDataset, SFTDataset | None]:
@@ -81,6 +95,7 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
         vision_config=config.vision,
         processor_params=params,
         conversation_column=config.data.conversation_column_name,
+        default_system_prompt=sft_system_prompt(config, hf_config),
     )
     train = make(records, root, source=config.data.dataset.name, locations=where)
     val_name = (config.data.val_dataset or DatasetConfig(name=f"{config.data.dataset.name} (held out)")).name
