@@ -15,7 +15,7 @@ from physreason.chat.mcq import format_mcq
 from physreason.cli.data_cmd import app as data_app
 from physreason.data.synth.generate import build_sample, generate_task
 from physreason.data.synth.sample import split_of_seed
-from physreason.data.synth.tasks import LETTER_TASK_NAMES, TASKS
+from physreason.data.synth.tasks import LETTER_TASK_NAMES
 from physreason.errors import InputError
 
 runner = CliRunner()
