@@ -6,17 +6,13 @@ import json
 
 import pytest
 
+from physreason.chat.structured import Box, Span, format_time, parse_json, parse_time
 from physreason.errors import InputError
 from physreason.rewards import compute_rewards
 from physreason.rewards.localization import (
-    Box,
-    Span,
     box_iou,
     box_iou_reward,
-    format_time,
     json_format_reward,
-    parse_json,
-    parse_time,
     point_in_box_reward,
     score_localization,
     span_iou,

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from physreason.chat.prompts import GROUNDING_PROMPT, TEMPORAL_LOCALIZATION_PROMPT
+from physreason.chat.structured import format_time
 from physreason.data.synth.generate import build_sample, generate_task
 from physreason.data.synth.tasks import JSON_TASK_NAMES, TASKS
-from physreason.rewards.localization import answer_item, format_time, json_format_reward, score_localization
+from physreason.rewards.localization import answer_item, json_format_reward, score_localization
 
 GROUNDING_INDICES = range(8)
 
@@ -71,7 +72,9 @@ def test_temporal_spans_are_the_simulations_events(index):
     item = answer_item(sample.answer)
     start, end = sample.facts["start_s"], sample.facts["end_s"]
     assert end - start >= 0.25 and end <= 23 / 8
-    assert item["caption"] in sample.question and sample.question.endswith(TEMPORAL_LOCALIZATION_PROMPT.split(". ", 1)[1])
+    assert item["caption"] in sample.question and sample.question.endswith(
+        TEMPORAL_LOCALIZATION_PROMPT.split(". ", 1)[1]
+    )
     if sample.label == "fall":
         assert start == 0.0
     if sample.label == "hidden":  # no pixel of the body shows from the span's first frame to its last

@@ -32,7 +32,9 @@ class Completion:
 
     text: str
     token_ids: list[int]
-    logprobs: list[float]  # log-probability of each sampled token under the unmodified model distribution; [] if not asked
+    logprobs: list[
+        float
+    ]  # log-probability of each sampled token under the unmodified model distribution; [] if not asked
     finish_reason: Literal["stop", "length"]
 
 

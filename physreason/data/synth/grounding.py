@@ -13,12 +13,12 @@ import json
 import numpy as np
 
 from physreason.chat.prompts import GROUNDING_PROMPT, POINT_GROUNDING_PROMPT
+from physreason.chat.structured import COORD_MAX, format_time
 from physreason.data.synth.render import render_frames
 from physreason.data.synth.sample import LOCALIZATION_STREAM, Sample
 from physreason.data.synth.scenarios import FPS, N_FRAMES, build_collide, build_drop, build_slide
 from physreason.data.synth.scene import Scene
 from physreason.data.synth.simulate import Trajectory, simulate
-from physreason.rewards.localization import COORD_MAX, format_time
 
 TASK = "grounding"
 VARIANTS = ("box_2d", "point_2d")
@@ -100,6 +100,12 @@ def make_sample(seed: int, slot: int, option_order: str = "shuffled") -> Sample:
         answer=answer,
         label=variant,
         reasoning=reasoning,
-        facts={"body": body, "colour": list(scene.bodies[body].colour), "frame": frame, "box_2d": box, "point_2d": point},
+        facts={
+            "body": body,
+            "colour": list(scene.bodies[body].colour),
+            "frame": frame,
+            "box_2d": box,
+            "point_2d": point,
+        },
         reference=reference,
     )

@@ -68,7 +68,9 @@ def scene_seed(base_seed: int, split: str, task: str, index: int) -> int:
 def seed_rule(task: str) -> str:
     """The scene-seed rule of `task`'s family, as meta.json records it."""
     if task in TASK_IDS:
-        return "((base_seed * 3 + task_id) * 2**32 + index) * 3 + split_id; seed % 3 is the split (train 0, val 1, test 2)"
+        return (
+            "((base_seed * 3 + task_id) * 2**32 + index) * 3 + split_id; seed % 3 is the split (train 0, val 1, test 2)"
+        )
     return (
         "((base_seed * 2 + task_id) * 2**32 + index) * 3 + split_id, task_id grounding 0, temporal_localization 1; "
         f"scenes drawn from numpy default_rng([seed, {LOCALIZATION_STREAM}]); seed % 3 is the split (train 0, val 1, "

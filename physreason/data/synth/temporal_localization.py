@@ -18,13 +18,13 @@ import json
 import numpy as np
 
 from physreason.chat.prompts import NAMED_EVENT_PROMPT
+from physreason.chat.structured import format_time
 from physreason.data.synth.object_permanence import find_occlusion
 from physreason.data.synth.render import render_frames
 from physreason.data.synth.sample import LOCALIZATION_STREAM, Sample
 from physreason.data.synth.scenarios import FPS, N_FRAMES, build_collide, build_drop, build_occlusion
 from physreason.data.synth.scene import Scene
 from physreason.data.synth.simulate import Trajectory, simulate
-from physreason.rewards.localization import format_time
 
 TASK = "temporal_localization"
 EVENTS = ("fall", "settle", "struck", "hidden")
