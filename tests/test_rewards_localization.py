@@ -175,3 +175,13 @@ def test_score_localization_counts_hits_at_iou_one_half():
     assert (span.kind, span.hit) == ("time_span", True) and span.iou == pytest.approx(0.6)
     point = score_localization(reason2('{"point_2d": [150, 250]}'), POINT_REF, box_2d=[100, 200, 300, 400])
     assert (point.kind, point.iou, point.hit) == ("point_2d", 1.0, True)
+
+
+def test_localization_reward_follows_each_references_layout():
+    from physreason.rewards.localization import localization_reward
+
+    assert localization_reward(reason2(BOX_REF), answer=BOX_REF) == 1.0
+    assert (
+        localization_reward(reason2('{"point_2d": [150, 250]}'), answer=POINT_REF, box_2d=[100, 200, 300, 400]) == 1.0
+    )
+    assert localization_reward(reason2('{"start": "00:01.50", "end": "00:02.00"}'), answer=SPAN_REF) == 0.5

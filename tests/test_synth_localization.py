@@ -100,3 +100,26 @@ def test_generate_task_writes_json_answers_with_ground_truth_and_resumes(tmp_pat
     assert {e["qa_pairs"].get("box_2d") is not None for e in qa} == {True, False}  # one point, one box question
     assert meta["answer_balance"] == {} and sum(meta["class_balance"].values()) == 2
     assert "grounding 0" in meta["scene_seeds"]["rule"]
+
+
+def test_eval_and_grpo_read_the_json_tasks_and_score_them_by_iou(tmp_path):
+    from physreason.config.schema import DatasetConfig
+    from physreason.data.mcq import load_mcq_prompts
+    from physreason.eval import load_benchmark
+    from physreason.eval.scoring import score_completion
+    from physreason.rewards.rules import format_reward
+
+    generate_task("grounding", 2, tmp_path, "test", show_progress=False)
+    benchmark = load_benchmark("grounding", tmp_path)
+    prompts = load_mcq_prompts(DatasetConfig(name=str(tmp_path / "grounding" / "grounding_benchmark_qa_pairs.json")))
+    for sample, prompt in zip(benchmark.samples, prompts, strict=True):
+        assert sample.structured and sample.error is None and prompt.options == {}
+        perfect = f"<think>\nlooking\n</think>\n\n{sample.answer}"
+        assert score_completion(perfect, sample).iou == 1.0 and score_completion(perfect, sample).is_correct
+        assert score_completion("<think>\n.\n</think>\n\nno idea", sample).iou == 0.0
+        messages = prompt.messages("letter")
+        assert messages[0]["content"] == "You are a helpful assistant."
+        assert messages[1]["content"][-1]["text"] == sample.question  # Cosmos-Reason2's prompt, as written
+        fields = prompt.reward_fields()
+        assert fields["answer"] == sample.answer and ("box_2d" in fields) == ("point_2d" in sample.answer)
+        assert format_reward(perfect) == 0.0  # the Reason1 format reward does not apply: json_format does

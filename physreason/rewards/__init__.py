@@ -1,7 +1,8 @@
 """Rewards layer: the one answer extractor, format and accuracy rewards, and a reward registry.
 
 Importing the package registers the built-in rewards ("format", "accuracy" alias "single_choice") and the
-structured-answer rewards of `localization` ("box_iou", "point_in_box", "temporal_iou", "json_format").
+structured-answer rewards of `localization` ("box_iou", "point_in_box", "temporal_iou",
+"localization", "json_format").
 """
 
 from physreason.rewards import localization

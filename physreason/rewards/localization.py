@@ -117,3 +117,9 @@ def score_localization(completion: str, answer: str, box_2d: list[float] | None 
     else:
         iou = temporal_iou_reward(completion, answer=answer)
     return LocalizationScore(kind, iou, iou >= IOU_HIT)
+
+
+@register_reward("localization")
+def localization_reward(completion: str, *, answer: str, box_2d: list[float] | None = None, **sample: Any) -> float:
+    """The IoU the reference's layout calls for: box IoU, point in box, or temporal IoU (for files that mix them)."""
+    return score_localization(completion, answer, box_2d).iou
