@@ -106,12 +106,7 @@ def grpo_config(cfg: Config, out: Path, model_dir: Path, sizes: DemoSizes) -> Co
         },
     )
     return recipe.model_copy(
-        update={
-            "model": _with_model(cfg, model_dir).model,
-            "engine": cfg.engine,
-            "vision": cfg.vision,
-            "logging": cfg.logging,
-        }
+        update={"model": _with_model(cfg, model_dir).model, "engine": cfg.engine, "vision": cfg.vision, "logging": cfg.logging}
     )
 
 

@@ -69,9 +69,7 @@ def accuracy_figure(rows: list[ReportRow]) -> Any:
         label = model if len({s[1] for s in series}) == 1 else f"{model} ({answer_type})"
         axes.bar(positions, heights, width, yerr=errors, capsize=3, label=label)
         if iou_positions:
-            axes.errorbar(
-                iou_positions, iou_heights, yerr=iou_errors, fmt="D", color="black", capsize=2, label=iou_label
-            )
+            axes.errorbar(iou_positions, iou_heights, yerr=iou_errors, fmt="D", color="black", capsize=2, label=iou_label)
             iou_label = "_"  # one legend entry for every series' diamonds
     axes.set_xticks(range(len(datasets)), datasets, rotation=20, ha="right")
     axes.set_ylabel("accuracy %")
@@ -133,7 +131,9 @@ def curves_figure(metrics: dict[str, list[tuple[int, float]]], source: str) -> t
     """
     from matplotlib.figure import Figure
 
-    panels = {name: sorted(key for key in metrics if wanted(key)) for name, wanted in CURVE_PANELS.items()}
+    panels = {
+        name: sorted(key for key in metrics if wanted(key)) for name, wanted in CURVE_PANELS.items()
+    }
     panels = {name: keys for name, keys in panels.items() if keys}
     if not panels:
         raise InputError(

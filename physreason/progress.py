@@ -84,9 +84,9 @@ class LoggedProgress(Progress):
             left = ", done" if task.finished else f", {_clock(self._time_left(task))} left"
             postfix = task.fields.get("postfix")
             line = f"{task.description}: {done}{percent}, {_clock(task.elapsed)} elapsed{left}"
-            self.console.print(
-                line + (f", {postfix}" if postfix else ""), markup=False, highlight=False, soft_wrap=True
-            )
+            self.console.print(line + (f", {postfix}" if postfix else ""), markup=False, highlight=False,
+                               soft_wrap=True)
+
 
     def _time_left(self, task: Task) -> float | None:
         """Seconds left at the average pace since the task was added; rich's own estimate needs a step per 30 s."""
@@ -119,13 +119,7 @@ class StepBar:
     """Progress of a training loop's steps with its latest metrics (tqdm's update / set_postfix / close API)."""
 
     def __init__(
-        self,
-        total: int,
-        *,
-        initial: int = 0,
-        desc: str,
-        interval_s: float | None = None,
-        console: Console | None = None,
+        self, total: int, *, initial: int = 0, desc: str, interval_s: float | None = None, console: Console | None = None
     ) -> None:
         self._progress = progress_display(postfix=True, interval_s=interval_s, console=console)
         self._task = self._progress.add_task(desc, total=total, completed=initial, postfix="")

@@ -82,20 +82,8 @@ def _sigint_as_in_a_terminal() -> None:
 
 def test_ctrl_c_exits_130_with_a_message(tmp_path):
     out = tmp_path / "synth"
-    command = [
-        sys.executable,
-        "-m",
-        "physreason",
-        "data",
-        "synth",
-        "--out",
-        str(out),
-        "--n",
-        "100000",
-        "--workers",
-        "1",
-        "--no-progress",
-    ]
+    command = [sys.executable, "-m", "physreason", "data", "synth", "--out", str(out), "--n", "100000", "--workers", "1",
+               "--no-progress"]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_in_a_terminal
     )

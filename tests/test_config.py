@@ -181,9 +181,7 @@ def test_typed_values_reach_the_config_without_a_round_trip_through_text():
     # A path outside the Basic Multilingual Plane: as a JSON-escaped "k=v" string it was not valid TOML
     # and reached the config with its quotes and escapes.
     path = "/data/models/run-\U0001f680/ckpt"
-    config = load_config(
-        None, ["train.optm_lr=2e-6"], {"model.model_name_or_path": path, "eval.datasets": ["a b", "c"]}
-    )
+    config = load_config(None, ["train.optm_lr=2e-6"], {"model.model_name_or_path": path, "eval.datasets": ["a b", "c"]})
     assert config.model.model_name_or_path == path
     assert config.eval.datasets == ["a b", "c"] and config.train.optm_lr == 2e-6
 

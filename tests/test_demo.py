@@ -25,10 +25,7 @@ def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
     assert len(prompts) == 4 * len(TASKS) and json.loads(prompts[0])["video"].startswith(f"{TASKS[0]}/")
     # a rerun reuses the model, the clips and the trained models instead of making them again
     clip = train / "arrow_of_time" / records[0]["video"].split("/", 1)[1]
-    exports = [
-        tmp_path / "demo" / "sft" / "safetensors" / "step_2",
-        tmp_path / "demo" / "grpo" / "safetensors" / "step_1",
-    ]
+    exports = [tmp_path / "demo" / "sft" / "safetensors" / "step_2", tmp_path / "demo" / "grpo" / "safetensors" / "step_1"]
     stamps = [path.stat().st_mtime_ns for path in (clip, *(e / "config.json" for e in exports))]
     assert run_demo(tmp_path / "demo", sizes) == table
     assert [path.stat().st_mtime_ns for path in (clip, *(e / "config.json" for e in exports))] == stamps
@@ -38,10 +35,7 @@ def test_letter_records_answer_with_the_benchmark_letter(tmp_path):
     for task in TASKS:
         folder = tmp_path / task
         folder.mkdir()
-        entry = {
-            "video": "clips/x.mp4",
-            "qa_pairs": {"question": "Which?", "index2ans": {"A": "up", "B": "down"}, "answer": "B"},
-        }
+        entry = {"video": "clips/x.mp4", "qa_pairs": {"question": "Which?", "index2ans": {"A": "up", "B": "down"}, "answer": "B"}}
         (folder / f"{task}_benchmark_qa_pairs.json").write_text(json.dumps([entry]))
     assert letter_sft_records(tmp_path, tmp_path / "sft.jsonl") == len(TASKS)
     first = json.loads((tmp_path / "sft.jsonl").read_text().splitlines()[0])

@@ -36,9 +36,7 @@ def requests(media):
     return [
         build_request("Is the square falling?", videos=[media["clip"]], request_id="video", **small),
         build_request("Describe the picture in detail please.", images=[media["image"]], request_id="image", **small),
-        build_request(
-            "Which clip is longer?", videos=[media["clip2"]], images=[media["image"]], request_id="both", **small
-        ),
+        build_request("Which clip is longer?", videos=[media["clip2"]], images=[media["image"]], request_id="both", **small),
         build_request("Say hello.", request_id="text", **small),
     ]
 
@@ -61,11 +59,8 @@ def reference_forward(engine, request, result):
     visuals = concat_visuals([engine._encode(request)[1]])
     ids = torch.tensor([result.prompt_token_ids + completion.token_ids], device=engine.device)
     positions, _ = engine.model.model.get_rope_index(
-        ids,
-        video_grid_thw=visuals.video_grid_thw,
-        second_per_grid_ts=visuals.second_per_grid_ts,
-        attention_mask=torch.ones_like(ids),
-        mm_token_type_ids=engine.mm_token_type_ids(ids),
+        ids, video_grid_thw=visuals.video_grid_thw, second_per_grid_ts=visuals.second_per_grid_ts,
+        attention_mask=torch.ones_like(ids), mm_token_type_ids=engine.mm_token_type_ids(ids),
     )
     with torch.no_grad():
         kwargs = {k: v.to(engine.device) for k, v in visuals.model_kwargs().items()}
@@ -92,9 +87,7 @@ def test_n_samples_and_seed_reproducibility(engine, media):
     first = engine.generate(requests(media)[:2], sampling)
     second = engine.generate(requests(media)[:2], sampling)
     assert [len(r.completions) for r in first] == [3, 3]
-    assert [[c.token_ids for c in r.completions] for r in first] == [
-        [c.token_ids for c in r.completions] for r in second
-    ]
+    assert [[c.token_ids for c in r.completions] for r in first] == [[c.token_ids for c in r.completions] for r in second]
     assert len({tuple(c.token_ids) for c in first[0].completions}) > 1
 
 
@@ -111,9 +104,7 @@ def test_prompt_longer_than_context_is_a_per_request_error(engine, vl_model_dir,
     lengths = {r.request_id: len(engine._encode(r)[0]) for r in requests(media)}
     assert lengths["text"] + 4 < lengths["video"]
     context = lengths["text"] + 4
-    short = HFEngine(
-        ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32", model_max_length=context), EngineConfig()
-    )
+    short = HFEngine(ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32", model_max_length=context), EngineConfig())
     results = short.generate(requests(media), GREEDY)
     video = results[0]
     assert video.completions == [] and "lower --fps or --total-pixels" in video.error
@@ -165,9 +156,7 @@ def test_text_only_model_refuses_media(tiny_model_dirs, media):
 @pytest.fixture(scope="module")
 def static_engine(vl_model_dir) -> HFEngine:
     return HFEngine(
-        ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32"),
-        EngineConfig(batch_size=4),
-        static_cache=True,
+        ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32"), EngineConfig(batch_size=4), static_cache=True
     )
 
 
@@ -198,9 +187,7 @@ def test_static_cache_path_samples_n_per_request_reproducibly(static_engine, med
     first = static_engine.generate(requests(media)[:2], sampling)
     second = static_engine.generate(requests(media)[:2], sampling)
     assert [len(r.completions) for r in first] == [3, 3]
-    assert [[c.token_ids for c in r.completions] for r in first] == [
-        [c.token_ids for c in r.completions] for r in second
-    ]
+    assert [[c.token_ids for c in r.completions] for r in first] == [[c.token_ids for c in r.completions] for r in second]
     for completion in first[0].completions:
         assert len(completion.logprobs) == len(completion.token_ids)
         assert all(lp <= 0.0 for lp in completion.logprobs)
@@ -238,9 +225,7 @@ def test_suppress_vision_tokens_never_samples_a_placeholder_and_reports_raw_logp
     from physreason.models.family import vision_special_token_ids
 
     chosen = HFEngine(
-        ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32"),
-        EngineConfig(batch_size=4),
-        static_cache=static,
+        ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32"), EngineConfig(batch_size=4), static_cache=static
     )
     request = requests(media)[:1]
     vision_ids = vision_special_token_ids(chosen.model.config)

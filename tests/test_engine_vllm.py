@@ -41,9 +41,7 @@ def engine(vl_model_dir):
 
 @pytest.fixture(scope="module")
 def hf_engine(vl_model_dir) -> HFEngine:
-    return HFEngine(
-        ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32", model_max_length=2048), EngineConfig()
-    )
+    return HFEngine(ModelConfig(model_name_or_path=str(vl_model_dir), dtype="float32", model_max_length=2048), EngineConfig())
 
 
 @pytest.fixture(scope="module")
@@ -100,9 +98,7 @@ def test_n_samples_are_distinct_and_a_seed_reproduces_them(engine, media):
     first = engine.generate(image_requests(media)[:2], sampling)
     second = engine.generate(image_requests(media)[:2], sampling)
     assert [len(r.completions) for r in first] == [3, 3]
-    assert [[c.token_ids for c in r.completions] for r in first] == [
-        [c.token_ids for c in r.completions] for r in second
-    ]
+    assert [[c.token_ids for c in r.completions] for r in first] == [[c.token_ids for c in r.completions] for r in second]
     assert len({tuple(c.token_ids) for c in first[0].completions}) > 1
     for completion in first[0].completions:
         assert len(completion.logprobs) == len(completion.token_ids)
@@ -125,9 +121,7 @@ def test_sampled_logprobs_are_the_unmodified_model_distribution(engine, hf_engin
 
 
 def test_stop_token_ends_with_stop_and_max_tokens_ends_with_length(engine, media):
-    results = engine.generate(
-        image_requests(media), SamplingConfig(temperature=0.0, repetition_penalty=1.0, max_tokens=3)
-    )
+    results = engine.generate(image_requests(media), SamplingConfig(temperature=0.0, repetition_penalty=1.0, max_tokens=3))
     for result in results:
         completion = result.completions[0]
         if completion.finish_reason == "length":

@@ -60,9 +60,7 @@ def test_vllm_serves_runtime_adapters_like_transformers_merges_them(tiny_model_d
     engine = VLLMEngine(model_config(tiny_model_dir), EngineConfig(enforce_eager=True, lora=str(first)))
     assert engine.serves_adapters
     with_first = tokens(engine.generate(REQUESTS, GREEDY))
-    assert with_first == tokens(
-        HFEngine(model_config(tiny_model_dir), EngineConfig(lora=str(first))).generate(REQUESTS, GREEDY)
-    )
+    assert with_first == tokens(HFEngine(model_config(tiny_model_dir), EngineConfig(lora=str(first))).generate(REQUESTS, GREEDY))
     assert with_first != tokens(HFEngine(model_config(tiny_model_dir), EngineConfig()).generate(REQUESTS, GREEDY))
 
     engine.load_adapter(str(second))  # the next version, as a GRPO sync pushes it

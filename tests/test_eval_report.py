@@ -194,22 +194,11 @@ def test_report_table_fits_80_columns_without_cutting_names(tmp_path):
         write_run(results / model / "reasoning", "object_permanence", 1, correct=1, wrong=2, failed=1, total=4)
         write_run(results / model / "reasoning", "spatial_puzzle", 1, correct=2, wrong=2, total=5)
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    result = subprocess.run(
-        [sys.executable, "-m", "physreason", "eval", "report", str(results)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    result = subprocess.run([sys.executable, "-m", "physreason", "eval", "report", str(results)], capture_output=True,
+                            text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     table_lines = [line for line in result.stdout.splitlines() if not line.startswith("wrote ")]
     assert max(len(line) for line in table_lines) <= 80
-    for name in (
-        "nvidia--Cosmos-Reason1-7B (reasoning)",
-        "my-finetune-step-1200 (reasoning)",
-        "object_permanence",
-        "spatial_puzzle",
-        "33.33",
-        "missing",
-    ):
+    for name in ("nvidia--Cosmos-Reason1-7B (reasoning)", "my-finetune-step-1200 (reasoning)", "object_permanence",
+                 "spatial_puzzle", "33.33", "missing"):
         assert name in result.stdout

@@ -12,9 +12,8 @@ RECIPE = Path(__file__).resolve().parent.parent / "configs" / "eval_tiny.toml"
 
 
 def run_in(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, "-m", "physreason", *args], cwd=folder, capture_output=True, text=True, timeout=600
-    )
+    result = subprocess.run([sys.executable, "-m", "physreason", *args], cwd=folder, capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 0, f"physreason {' '.join(args)}:\n{result.stderr}"
     return result
 
@@ -22,9 +21,7 @@ def run_in(folder: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_eval_tiny_recipe_runs_on_data_synth_output(tmp_path):
     header = [line[1:].strip() for line in RECIPE.read_text().splitlines() if line.startswith("#   physreason ")]
-    assert (
-        header[1].startswith("physreason data synth") and header[2] == "physreason eval --config configs/eval_tiny.toml"
-    )
+    assert header[1].startswith("physreason data synth") and header[2] == "physreason eval --config configs/eval_tiny.toml"
     run_in(tmp_path, "models", "tiny", "./tiny-vl")
     synth = header[1].split()[1:]
     synth[synth.index("--n") + 1] = "1"  # one clip per task keeps the test short; the layout is the same

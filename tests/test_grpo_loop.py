@@ -35,63 +35,48 @@ def tiny_text(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def mcq_file(tmp_path_factory) -> Path:
-    records = [
-        {"question": f"Which way does ball {i} go?", "options": ["up", "down", "left", "right"], "answer": "B"}
-        for i in range(8)
-    ]
+    records = [{"question": f"Which way does ball {i} go?", "options": ["up", "down", "left", "right"], "answer": "B"}
+               for i in range(8)]
     path = tmp_path_factory.mktemp("mcq") / "mcq.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in records))
     return path
 
 
 def grpo_config(model: Path, data: Path, out: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            f"model.model_name_or_path='{model}'",
-            "model.dtype='float32'",
-            f"data.dataset.name='{data}'",
-            f"train.output_dir='{out}'",
-            "engine.backend='hf'",
-            "engine.batch_size=16",
-            "train.train_batch_per_replica=16",
-            "rollout.n_generation=8",
-            "rollout.batch_size=2",
-            "rollout.max_response_length=6",
-            "grpo.mini_batch=8",
-            "grpo.reward_function={test_mentions_b = 1.0}",
-            "train.optm_lr=2e-2",
-            "train.optm_weight_decay=0",
-            "train.optm_decay_type='constant'",
-            "train.param_dtype='float32'",
-            "train.gradient_checkpointing=false",
-            "train.ckpt.export_safetensors=false",
-            "logging.logger=['jsonl', 'tensorboard']",
-            "train.log_freq=1",
-            *extra,
-        ],
-    )
+    return load_config(None, [
+        f"model.model_name_or_path='{model}'",
+        "model.dtype='float32'",
+        f"data.dataset.name='{data}'",
+        f"train.output_dir='{out}'",
+        "engine.backend='hf'",
+        "engine.batch_size=16",
+        "train.train_batch_per_replica=16",
+        "rollout.n_generation=8",
+        "rollout.batch_size=2",
+        "rollout.max_response_length=6",
+        "grpo.mini_batch=8",
+        "grpo.reward_function={test_mentions_b = 1.0}",
+        "train.optm_lr=2e-2",
+        "train.optm_weight_decay=0",
+        "train.optm_decay_type='constant'",
+        "train.param_dtype='float32'",
+        "train.gradient_checkpointing=false",
+        "train.ckpt.export_safetensors=false",
+        "logging.logger=['jsonl', 'tensorboard']",
+        "train.log_freq=1",
+        *extra,
+    ])
 
 
 @pytest.mark.slow
 def test_grpo_raises_the_mean_reward_on_a_trivial_task(tiny_text, mcq_file, tmp_path):
-    result = run_grpo(
-        grpo_config(tiny_text, mcq_file, tmp_path, "train.max_steps=12", "train.ckpt.enable_checkpoint=false")
-    )
+    result = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path, "train.max_steps=12", "train.ckpt.enable_checkpoint=false"))
     first, last = sum(result.rewards[:3]) / 3, sum(result.rewards[-3:]) / 3
     assert last > first + 0.4, result.rewards
     logged = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in logged] == list(range(1, 13))
-    for key in (
-        "reward/test_mentions_b_mean",
-        "reward/accuracy_std",
-        "rollout/format_rate",
-        "policy/entropy",
-        "policy/clip_frac_high",
-        "rollout/logprob_mismatch",
-        "time/generate_s",
-        "time/sync_s",
-    ):
+    for key in ("reward/test_mentions_b_mean", "reward/accuracy_std", "rollout/format_rate", "policy/entropy",
+                "policy/clip_frac_high", "rollout/logprob_mismatch", "time/generate_s", "time/sync_s"):
         assert key in logged[-1]
     assert logged[0]["rollout/logprob_mismatch"] < 1e-4  # engine and policy agree before any update
     assert any((tmp_path / "logs" / "tensorboard").rglob("events.*"))
@@ -105,11 +90,8 @@ def test_resume_continues_the_reward_curve_exactly(tiny_text, mcq_file, tmp_path
     assert saved.rewards == straight.rewards
     assert [p.name for p in checkpoint_dirs(tmp_path / "b")] == ["step_2", "step_4"]
     step_2 = tmp_path / "b" / "checkpoints" / "step_2"
-    resumed = run_grpo(
-        grpo_config(
-            tiny_text, mcq_file, tmp_path / "c", *extra, f"train.resume='{step_2}'", "train.trust_checkpoint=true"
-        )
-    )
+    resumed = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path / "c", *extra, f"train.resume='{step_2}'",
+                                  "train.trust_checkpoint=true"))
     assert len(resumed.rewards) == 2
     assert resumed.rewards == straight.rewards[2:]
     assert [m["loss"] for m in resumed.metrics] == [m["loss"] for m in straight.metrics[2:]]
@@ -126,15 +108,8 @@ def test_weights_reach_the_engine_only_at_the_sync_interval(tiny_text, mcq_file,
     engine = HFEngine(ModelConfig(model_name_or_path=str(tiny_text), dtype="float32"), EngineConfig(batch_size=16))
     before = greedy_answer(engine)
     lm_head = engine.model.lm_head.weight.detach().clone()
-    config = grpo_config(
-        tiny_text,
-        mcq_file,
-        tmp_path / "a",
-        "train.max_steps=1",
-        "train.sync_weight_interval=2",
-        "train.ckpt.enable_checkpoint=false",
-        "train.optm_lr=0.2",
-    )
+    config = grpo_config(tiny_text, mcq_file, tmp_path / "a", "train.max_steps=1", "train.sync_weight_interval=2",
+                         "train.ckpt.enable_checkpoint=false", "train.optm_lr=0.2")
     run_grpo(config, engine=engine)
     assert torch.equal(engine.model.lm_head.weight, lm_head)  # one step < interval: nothing pushed
     config.train.sync_weight_interval = 1
@@ -161,15 +136,9 @@ def test_grpo_command_runs_a_recipe_and_writes_checkpoint_and_export(tiny_text, 
     app = typer.Typer()
     app.command("grpo")(grpo)
     app.command("other")(lambda: None)  # two commands, so typer keeps the subcommand name
-    overrides = [
-        f"model.model_name_or_path='{tiny_text}'",
-        f"data.dataset.name='{mcq_file}'",
-        f"train.output_dir='{tmp_path}'",
-        "train.max_steps=2",
-        "train.ckpt.save_freq=2",
-        "rollout.max_response_length=4",
-        "logging.logger=['jsonl']",
-    ]
+    overrides = [f"model.model_name_or_path='{tiny_text}'", f"data.dataset.name='{mcq_file}'",
+                 f"train.output_dir='{tmp_path}'", "train.max_steps=2", "train.ckpt.save_freq=2",
+                 "rollout.max_response_length=4", "logging.logger=['jsonl']"]
     args = ["grpo", "--config", str(REPO / "configs" / "grpo_tiny.toml")]
     for item in overrides:
         args += ["--set", item]
@@ -186,13 +155,8 @@ def test_ignore_eos_fills_every_completion_and_the_prompt_length_is_logged(tiny_
     from physreason.models import loading
 
     config = grpo_config(
-        tiny_text,
-        mcq_file,
-        tmp_path,
-        "train.max_steps=1",
-        "train.ckpt.enable_checkpoint=false",
-        "rollout.sampling_config.ignore_eos=true",
-        "grpo.shuffle_options=false",
+        tiny_text, mcq_file, tmp_path, "train.max_steps=1", "train.ckpt.enable_checkpoint=false",
+        "rollout.sampling_config.ignore_eos=true", "grpo.shuffle_options=false",
     )
     (metrics,) = run_grpo(config).metrics
     assert metrics["rollout/response_length_mean"] == 6.0 and metrics["rollout/truncated_frac"] == 1.0
@@ -219,9 +183,8 @@ def test_packed_token_sized_micro_batches_train_like_padded_ones(tiny_text, mcq_
     monkeypatch.setattr(grpo_module, "build_micro_batches", recorded)
     runs = []
     for name, extra in (("padded", ()), ("packed", ("grpo.pack_completions=true", "grpo.mini_batch_tokens=200"))):
-        config = grpo_config(
-            tiny_text, mcq_file, tmp_path / name, "train.max_steps=2", "train.ckpt.enable_checkpoint=false", *extra
-        )
+        config = grpo_config(tiny_text, mcq_file, tmp_path / name, "train.max_steps=2",
+                             "train.ckpt.enable_checkpoint=false", *extra)
         runs.append(run_grpo(config))
     padded, packed = runs
     assert shapes[0] == shapes[1] and all(rows == samples == 8 for samples, rows, _ in shapes[0])
@@ -235,17 +198,10 @@ def test_packed_token_sized_micro_batches_train_like_padded_ones(tiny_text, mcq_
 @pytest.mark.slow
 def test_grpo_rerun_into_its_run_folder_is_refused_until_resumed(tiny_text, mcq_file, tmp_path):
     def grpo_cli(*extra: str) -> subprocess.CompletedProcess:
-        sets = [
-            f"model.model_name_or_path='{tiny_text}'",
-            f"data.dataset.name='{mcq_file}'",
-            f"train.output_dir='{tmp_path}'",
-            "train.ckpt.save_freq=1",
-            "train.log_freq=1",
-            "rollout.max_response_length=4",
-            "logging.logger=['jsonl']",
-            "train.ckpt.export_safetensors=false",
-            *extra,
-        ]
+        sets = [f"model.model_name_or_path='{tiny_text}'", f"data.dataset.name='{mcq_file}'",
+                f"train.output_dir='{tmp_path}'", "train.ckpt.save_freq=1", "train.log_freq=1",
+                "rollout.max_response_length=4", "logging.logger=['jsonl']", "train.ckpt.export_safetensors=false",
+                *extra]
         command = [sys.executable, "-m", "physreason", "grpo", "--config", str(REPO / "configs" / "grpo_tiny.toml")]
         for item in sets:
             command += ["--set", item]
@@ -257,9 +213,7 @@ def test_grpo_rerun_into_its_run_folder_is_refused_until_resumed(tiny_text, mcq_
     assert grpo_cli("train.max_steps=1").returncode == 0
     again = grpo_cli("train.max_steps=1")
     assert again.returncode == 2 and "Traceback" not in again.stderr
-    assert (
-        "already holds checkpoints of an earlier run (step_1)" in again.stderr and "train.resume=true" in again.stderr
-    )
+    assert "already holds checkpoints of an earlier run (step_1)" in again.stderr and "train.resume=true" in again.stderr
     assert steps() == [1]
     resumed = grpo_cli("train.max_steps=2", "train.resume=true")
     assert resumed.returncode == 0, resumed.stderr

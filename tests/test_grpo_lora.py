@@ -32,48 +32,28 @@ def tiny_text(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def mcq_file(tmp_path_factory) -> Path:
-    records = [
-        {"question": f"Which way does ball {i} go?", "options": ["up", "down", "left", "right"], "answer": "B"}
-        for i in range(8)
-    ]
+    records = [{"question": f"Which way does ball {i} go?", "options": ["up", "down", "left", "right"], "answer": "B"}
+               for i in range(8)]
     path = tmp_path_factory.mktemp("mcq_lora") / "mcq.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in records))
     return path
 
 
 def grpo_config(model: Path, data: Path, out: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            f"model.model_name_or_path='{model}'",
-            "model.dtype='float32'",
-            f"data.dataset.name='{data}'",
-            f"train.output_dir='{out}'",
-            "engine.backend='hf'",
-            "engine.batch_size=16",
-            "train.train_batch_per_replica=16",
-            "rollout.n_generation=8",
-            "rollout.batch_size=2",
-            "rollout.max_response_length=6",
-            "grpo.mini_batch=8",
-            "grpo.reward_function={test_lora_mentions_b = 1.0}",
-            "train.optm_lr=5e-2",
-            "train.optm_weight_decay=0",
-            "train.optm_decay_type='constant'",
-            "train.param_dtype='float32'",
-            "logging.logger=['jsonl']",
-            "train.lora.enable=true",
-            "train.lora.rank=8",
-            *extra,
-        ],
-    )
+    return load_config(None, [
+        f"model.model_name_or_path='{model}'", "model.dtype='float32'", f"data.dataset.name='{data}'",
+        f"train.output_dir='{out}'", "engine.backend='hf'", "engine.batch_size=16",
+        "train.train_batch_per_replica=16", "rollout.n_generation=8", "rollout.batch_size=2",
+        "rollout.max_response_length=6", "grpo.mini_batch=8", "grpo.reward_function={test_lora_mentions_b = 1.0}",
+        "train.optm_lr=5e-2", "train.optm_weight_decay=0", "train.optm_decay_type='constant'",
+        "train.param_dtype='float32'", "logging.logger=['jsonl']",
+        "train.lora.enable=true", "train.lora.rank=8", *extra,
+    ])
 
 
 def next_token_logprobs(engine: HFEngine) -> torch.Tensor:
     ids = engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Which way does ball 1 go?"}],
-        add_generation_prompt=True,
-        tokenize=True,
+        [{"role": "user", "content": "Which way does ball 1 go?"}], add_generation_prompt=True, tokenize=True,
         return_dict=False,
     )
     with torch.no_grad():
@@ -86,14 +66,8 @@ def test_lora_grpo_pushes_merged_weights_that_move_the_engine(tiny_text, mcq_fil
     engine = HFEngine(ModelConfig(model_name_or_path=str(tiny_text), dtype="float32"), EngineConfig(batch_size=16))
     before = next_token_logprobs(engine)
     lm_head = engine.model.lm_head.weight.detach().clone()
-    config = grpo_config(
-        tiny_text,
-        mcq_file,
-        tmp_path / "out",
-        "train.max_steps=2",
-        "train.ckpt.save_freq=2",
-        "train.ckpt.export_safetensors=true",
-    )
+    config = grpo_config(tiny_text, mcq_file, tmp_path / "out", "train.max_steps=2", "train.ckpt.save_freq=2",
+                         "train.ckpt.export_safetensors=true")
     result = run_grpo(config, engine=engine)
     assert len(result.rewards) == 2 and "time/sync_s" in result.metrics[-1]
     after = next_token_logprobs(engine)
@@ -149,10 +123,7 @@ def test_policy_sync_sends_only_the_adapter_to_an_engine_that_serves_adapters(ti
     sync.close()
     assert not Path(second).exists()
     # Vision or fully trained modules cannot ride on vLLM's runtime adapters: merged weights instead.
-    assert (
-        PolicySync(engine, model, peft_model, LoraConfig(enable=True, modules_to_save=["lm_head"]), None).mode
-        == "merged"
-    )
+    assert PolicySync(engine, model, peft_model, LoraConfig(enable=True, modules_to_save=["lm_head"]), None).mode == "merged"
     assert PolicySync(engine, model, peft_model, LoraConfig(enable=True, sync="merged"), None).mode == "merged"
 
 

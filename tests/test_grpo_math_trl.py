@@ -218,55 +218,34 @@ def test_packed_policy_loss_and_gradients_equal_trls_own_forward(trainer, monkey
     monkeypatch.delitem(trainer.__dict__, "_get_per_token_logps_and_entropies", raising=False)
     # GRPOConfig defaults to bf16, which TRL applies as CPU autocast around its forward: both sides run float32 here.
     monkeypatch.setattr(trainer.accelerator, "autocast", lambda *args, **kwargs: contextlib.nullcontext())
-    for name, value in (
-        ("loss_type", "dapo"),
-        ("beta", 0.0),
-        ("epsilon_low", 0.2),
-        ("epsilon_high", 0.28),
-        ("importance_sampling_level", "token"),
-        ("temperature", 1.0),
-    ):
+    for name, value in (("loss_type", "dapo"), ("beta", 0.0), ("epsilon_low", 0.2), ("epsilon_high", 0.28),
+                        ("importance_sampling_level", "token"), ("temperature", 1.0)):
         monkeypatch.setattr(trainer, name, value)
     generator = torch.Generator().manual_seed(3)
-    prompts = [
-        torch.randint(5, 400, (5,), generator=generator).tolist(),
-        torch.randint(5, 400, (8,), generator=generator).tolist(),
-    ]
+    prompts = [torch.randint(5, 400, (5,), generator=generator).tolist(),
+               torch.randint(5, 400, (8,), generator=generator).tolist()]
     lengths = [6, 3, 1, 5, 6, 2, 4, 6]
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.2, 0.9, 0.1])
     advantages = compute_group_advantages(rewards, GROUP, "grpo", eps=TRL_ADVANTAGE_EPS)  # [B]
     samples = []
     for index, length in enumerate(lengths):
         tokens = torch.randint(5, 400, (length,), generator=generator).tolist()
-        samples.append(
-            RolloutSample(
-                index // GROUP,
-                None,
-                prompts[index // GROUP],
-                Completion("-", tokens, [0.0] * length, "length"),
-                {},
-                None,
-                float(advantages[index]),
-            )
-        )
+        samples.append(RolloutSample(index // GROUP, None, prompts[index // GROUP],
+                                     Completion("-", tokens, [0.0] * length, "length"), {}, None,
+                                     float(advantages[index])))
     model = trainer.model
 
     # TRL: left-padded prompts, right-padded completions, as _generate_and_score_completions lays them out.
     pad = 0
     width = max(len(p) for p in prompts)
     prompt_ids = torch.tensor([[pad] * (width - len(s.prompt_ids)) + s.prompt_ids for s in samples])
-    prompt_mask = torch.arange(width)[None] >= torch.tensor([width - len(s.prompt_ids) for s in samples])[:, None]
-    completion_ids = torch.tensor(
-        [s.completion.token_ids + [pad] * (MAX_COMPLETION - n) for s, n in zip(samples, lengths, strict=True)]
-    )
+    prompt_mask = (torch.arange(width)[None] >= torch.tensor([width - len(s.prompt_ids) for s in samples])[:, None])
+    completion_ids = torch.tensor([s.completion.token_ids + [pad] * (MAX_COMPLETION - n)
+                                   for s, n in zip(samples, lengths, strict=True)])
     completion_mask = (torch.arange(MAX_COMPLETION)[None] < torch.tensor(lengths)[:, None]).long()
     inputs = {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": prompt_mask.long(),
-        "completion_ids": completion_ids,
-        "completion_mask": completion_mask,
-        "advantages": advantages,
-        "old_per_token_logps": None,
+        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask.long(), "completion_ids": completion_ids,
+        "completion_mask": completion_mask, "advantages": advantages, "old_per_token_logps": None,
         "num_items_in_batch": completion_mask.sum(),
     }
     model.zero_grad(set_to_none=True)

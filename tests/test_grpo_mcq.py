@@ -51,15 +51,10 @@ def test_stream_without_shuffling_keeps_order_and_options():
 
 def test_benchmark_layout_and_flat_records_load_with_media_inside_the_root(tmp_path):
     write_clip(tmp_path / "clips" / "a.mp4", n_frames=4)
-    bench = [
-        {
-            "video": "clips/a.mp4",
-            "qa_pairs": [
-                {"question": "Is it falling?", "index2ans": {"A": "yes", "B": "no"}, "answer": "A"},
-                {"question": "Is it red?", "index2ans": {"A": "yes", "B": "no"}, "correct_answer": "B"},
-            ],
-        }
-    ]
+    bench = [{"video": "clips/a.mp4", "qa_pairs": [
+        {"question": "Is it falling?", "index2ans": {"A": "yes", "B": "no"}, "answer": "A"},
+        {"question": "Is it red?", "index2ans": {"A": "yes", "B": "no"}, "correct_answer": "B"},
+    ]}]
     (tmp_path / "bench.json").write_text(json.dumps(bench))
     loaded = load_mcq_prompts(DatasetConfig(name=str(tmp_path / "bench.json")))
     assert [(p.id, p.answer) for p in loaded] == [("clips/a.mp4#0", "A"), ("clips/a.mp4#1", "B")]

@@ -28,9 +28,7 @@ class ScriptedEngine(Engine):
         results = []
         for request in requests:
             kind = request.request_id.split("-")[0]
-            letters = {"right": ["A"] * sampling.n, "wrong": ["B"] * sampling.n}.get(
-                kind, ["A", "B"] * (sampling.n // 2)
-            )
+            letters = {"right": ["A"] * sampling.n, "wrong": ["B"] * sampling.n}.get(kind, ["A", "B"] * (sampling.n // 2))
             completions = [Completion(f"<answer>{x}</answer>", [1, 2], [-0.5, -0.5], "stop") for x in letters]
             results.append(GenerationResult(request.request_id, [7, 8, 9], completions))
         return results
@@ -41,12 +39,8 @@ class ScriptedEngine(Engine):
 
 def settings(groups: int, dynamic: bool) -> RolloutSettings:
     return RolloutSettings(
-        groups_needed=groups,
-        prompts_per_round=2,
-        sampling=SAMPLED,
-        vision=VisionConfig(),
-        reward_weights={"accuracy": 1.0},
-        dynamic_sampling=dynamic,
+        groups_needed=groups, prompts_per_round=2, sampling=SAMPLED, vision=VisionConfig(),
+        reward_weights={"accuracy": 1.0}, dynamic_sampling=dynamic,
     )
 
 
@@ -55,9 +49,8 @@ def prompts(*kinds: str) -> list[MCQPrompt]:
 
 
 def test_dynamic_sampling_drops_equal_reward_groups_and_draws_more_prompts():
-    stream = PromptStream(
-        prompts("right", "mixed", "wrong", "mixed", "right", "mixed"), seed=0, shuffle=False, shuffle_options=False
-    )
+    stream = PromptStream(prompts("right", "mixed", "wrong", "mixed", "right", "mixed"), seed=0, shuffle=False,
+                          shuffle_options=False)
     batch = collect_rollouts(ScriptedEngine(), stream, settings(3, dynamic=True), step=0)
     assert batch.num_groups == 3
     assert {s.prompt.id.split("-")[0] for s in batch.samples} == {"mixed"}
@@ -123,12 +116,8 @@ def test_policy_scores_of_a_video_prompt_equal_the_model_with_its_own_mrope(tiny
     engine = HFEngine(model_config, EngineConfig(batch_size=4))
     vision = VisionConfig(min_pixels=28 * 28 * 4, max_pixels=56 * 84, total_pixels=56 * 84 * 8)
     rollout = RolloutSettings(
-        groups_needed=2,
-        prompts_per_round=2,
-        sampling=SAMPLED.model_copy(update={"n": 2}),
-        vision=vision,
-        reward_weights={"accuracy": 1.0},
-        processor_params=load_processor_params(str(tiny_model_dir)),
+        groups_needed=2, prompts_per_round=2, sampling=SAMPLED.model_copy(update={"n": 2}), vision=vision,
+        reward_weights={"accuracy": 1.0}, processor_params=load_processor_params(str(tiny_model_dir)),
     )
     stream = PromptStream([MCQPrompt("p", "Is the square falling?", dict(OPTIONS), "A", videos=(clip,))], seed=0)
     batch = collect_rollouts(engine, stream, rollout, step=0)
@@ -141,9 +130,8 @@ def test_policy_scores_of_a_video_prompt_equal_the_model_with_its_own_mrope(tiny
         ids = inputs.input_ids
         token_types = (ids == vision_tokens.image_token_id).long() + 2 * (ids == vision_tokens.video_token_id).long()
         pixels = concat_visuals([s.visuals for s in batch.samples]).model_kwargs()  # every row's own copy
-        logits = model(
-            input_ids=ids, attention_mask=inputs.attention_mask, mm_token_type_ids=token_types, **pixels
-        ).logits  # [B, L, V]
+        logits = model(input_ids=ids, attention_mask=inputs.attention_mask, mm_token_type_ids=token_types,
+                       **pixels).logits  # [B, L, V]
     picked = logits.reshape(-1, logits.shape[-1])[completion_batch.positions]  # [B, T, V]: positions index the rows
     tokens = completion_batch.tokens[..., None]
     mask = completion_batch.mask

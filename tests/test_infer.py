@@ -86,19 +86,14 @@ def test_rerun_skips_finished_requests_and_redoes_a_torn_line(engine, batch_dir)
     assert sorted(ids) == sorted({"a", "img", "broken", "escape", "missing", "b"})  # nothing lost, nothing twice
     assert summary.skipped == 2 and not kept & set(second.seen)
     third = CountingEngine(engine)
-    assert (
-        run_batch(third, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False).done
-        == 0
-    )
+    assert run_batch(third, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False).done == 0
     assert third.seen == []
 
 
 def test_duplicate_ids_are_refused(engine, tmp_path):
     (tmp_path / "r.jsonl").write_text('{"id": 1, "question": "a"}\n{"id": 1, "question": "b"}\n')
     with pytest.raises(Exception, match="appears more than once"):
-        run_batch(
-            engine, tmp_path / "r.jsonl", tmp_path / "o.jsonl", sampling=GREEDY, vision=SMALL, show_progress=False
-        )
+        run_batch(engine, tmp_path / "r.jsonl", tmp_path / "o.jsonl", sampling=GREEDY, vision=SMALL, show_progress=False)
 
 
 def test_finished_ids_ignores_garbage_lines(tmp_path):
@@ -114,44 +109,16 @@ def cli(*args):
 @pytest.mark.slow
 def test_cli_single_clip_prints_answer_panel(tiny_model_dir, tmp_path):
     clip = write_clip(tmp_path / "c.mp4")
-    result = cli(
-        "infer",
-        "--model",
-        str(tiny_model_dir),
-        "--dtype",
-        "float32",
-        "--video",
-        str(clip),
-        "--question",
-        "Is it falling?",
-        "--max-tokens",
-        "4",
-        "--seed",
-        "0",
-        *SMALL_FLAGS,
-    )
+    result = cli("infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--video", str(clip),
+                 "--question", "Is it falling?", "--max-tokens", "4", "--seed", "0", *SMALL_FLAGS)
     assert result.returncode == 0, result.stderr
     assert "answer" in result.stdout
 
 
 @pytest.mark.slow
 def test_cli_json_and_batch(tiny_model_dir, batch_dir):
-    result = cli(
-        "infer",
-        "--model",
-        str(tiny_model_dir),
-        "--dtype",
-        "float32",
-        "--jsonl",
-        str(batch_dir / "requests.jsonl"),
-        "--out",
-        str(batch_dir / "o.jsonl"),
-        "--max-tokens",
-        "3",
-        "--temperature",
-        "0",
-        *SMALL_FLAGS,
-    )
+    result = cli("infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--jsonl", str(batch_dir / "requests.jsonl"),
+                 "--out", str(batch_dir / "o.jsonl"), "--max-tokens", "3", "--temperature", "0", *SMALL_FLAGS)
     assert result.returncode == 0, result.stderr
     assert "3 answered, 3 failed, 0 already in" in result.stdout
     assert len(read_out(batch_dir / "o.jsonl")) == 6
@@ -172,16 +139,8 @@ def test_cli_needs_question_or_jsonl(tiny_model_dir):
 def test_cli_jsonl_line_that_is_not_an_object_names_file_and_line(tiny_model_dir, tmp_path, ray_flags):
     requests = tmp_path / "requests.jsonl"
     requests.write_text('{"id": "a", "question": "q"}\n["not", "an", "object"]\n')
-    result = cli(
-        "infer",
-        "--model",
-        str(tiny_model_dir),
-        "--jsonl",
-        str(requests),
-        "--out",
-        str(tmp_path / "o.jsonl"),
-        *ray_flags,
-    )
+    result = cli("infer", "--model", str(tiny_model_dir), "--jsonl", str(requests), "--out", str(tmp_path / "o.jsonl"),
+                 *ray_flags)
     assert result.returncode == 2, result.stderr
     assert f"{requests}:2 holds a JSON list, not an object" in result.stderr
     assert "Traceback" not in result.stderr
@@ -198,22 +157,8 @@ def test_cli_retry_failed_answers_failed_requests_once(tiny_model_dir, tmp_path)
     ]
     requests, out = tmp_path / "requests.jsonl", tmp_path / "o.jsonl"
     requests.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    args = [
-        "infer",
-        "--model",
-        str(tiny_model_dir),
-        "--dtype",
-        "float32",
-        "--jsonl",
-        str(requests),
-        "--out",
-        str(out),
-        "--max-tokens",
-        "3",
-        "--temperature",
-        "0",
-        *SMALL_FLAGS,
-    ]
+    args = ["infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--jsonl", str(requests), "--out", str(out),
+            "--max-tokens", "3", "--temperature", "0", *SMALL_FLAGS]
     first = cli(*args)
     assert first.returncode == 0, first.stderr
     assert "2 answered, 1 failed, 0 already in" in first.stdout and "--retry-failed" in first.stdout
@@ -231,17 +176,8 @@ def test_cli_retry_failed_answers_failed_requests_once(tiny_model_dir, tmp_path)
 def test_cli_ray_batch_with_a_missing_model_fails_before_ray_starts(tmp_path):
     requests = tmp_path / "requests.jsonl"
     requests.write_text('{"id": "a", "question": "q"}\n')
-    result = cli(
-        "infer",
-        "--model",
-        str(tmp_path / "no-model"),
-        "--jsonl",
-        str(requests),
-        "--out",
-        str(tmp_path / "o.jsonl"),
-        "--num-gpus",
-        "1",
-    )
+    result = cli("infer", "--model", str(tmp_path / "no-model"), "--jsonl", str(requests), "--out",
+                 str(tmp_path / "o.jsonl"), "--num-gpus", "1")
     assert result.returncode == 2, result.stderr
     assert "no-model" in result.stderr and "Traceback" not in result.stderr
     assert "Started a local Ray instance" not in result.stderr

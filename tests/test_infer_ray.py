@@ -67,15 +67,13 @@ def write_requests(folder: Path, n: int) -> Path:
 
 
 def make_config(model_dir: Path, batch_size: int = 2, max_tokens: int = 4, **infer) -> Config:
-    return Config.model_validate(
-        {
-            "model": {"model_name_or_path": str(model_dir), "dtype": "float32"},
-            "engine": {"backend": "hf", "batch_size": batch_size},
-            "vision": VISION,
-            "generation": {**GREEDY, "max_tokens": max_tokens},
-            "infer": {"num_gpus": 2, "device": "cpu", **infer},
-        }
-    )
+    return Config.model_validate({
+        "model": {"model_name_or_path": str(model_dir), "dtype": "float32"},
+        "engine": {"backend": "hf", "batch_size": batch_size},
+        "vision": VISION,
+        "generation": {**GREEDY, "max_tokens": max_tokens},
+        "infer": {"num_gpus": 2, "device": "cpu", **infer},
+    })
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -151,9 +149,7 @@ def test_killed_replicas_cost_only_their_in_flight_items(ray_address, media, tin
     cfg = make_config(tiny_model_dir, max_tokens=48, max_task_retries=retries)
     outcome = {}
     before = set(replica_pids())  # replicas of earlier runs that have not exited yet
-    run = threading.Thread(
-        target=lambda: outcome.update(summary=run_ray_batch(cfg, requests, out, show_progress=False))
-    )
+    run = threading.Thread(target=lambda: outcome.update(summary=run_ray_batch(cfg, requests, out, show_progress=False)))
     run.start()
     wait_for(lambda: out.is_file() and len(out.read_text().splitlines()) >= 4)
     victims = [pid for pid in replica_pids() if pid not in before]
@@ -169,12 +165,8 @@ def test_killed_replicas_cost_only_their_in_flight_items(ray_address, media, tin
     assert all(r["error"] == LOST_ERROR for r in failed), failed
     if retries == 0:  # the batches in flight on the killed replicas are lost, no more
         assert 1 <= len(failed) <= 2 * TASKS_IN_FLIGHT * cfg.engine.batch_size, [r["id"] for r in failed]
-        retried = run_ray_batch(
-            cfg.model_copy(update={"infer": cfg.infer.model_copy(update={"retry_failed": True})}),
-            requests,
-            out,
-            show_progress=False,
-        )
+        retried = run_ray_batch(cfg.model_copy(update={"infer": cfg.infer.model_copy(update={"retry_failed": True})}),
+                                requests, out, show_progress=False)
         assert (retried.done, retried.failed) == (len(failed), 0)
         assert all(result_status(out).values()) and len(read_jsonl(out)) == 40
     else:  # Ray restarts the replicas and runs their batches again
@@ -183,9 +175,8 @@ def test_killed_replicas_cost_only_their_in_flight_items(ray_address, media, tin
 
 
 def cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "physreason", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    return subprocess.Popen([sys.executable, "-m", "physreason", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def count_results(out: Path) -> int:
@@ -197,32 +188,9 @@ def test_driver_killed_at_random_points_resumes_exactly_once(ray_address, media,
     n = 30
     requests = write_requests(media, n)
     out = tmp_path / name
-    args = [
-        "infer",
-        "--model",
-        str(tiny_model_dir),
-        "--dtype",
-        "float32",
-        "--engine",
-        "hf",
-        "--jsonl",
-        str(requests),
-        "--out",
-        str(out),
-        "--num-gpus",
-        "2",
-        "--ray-address",
-        ray_address,
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "4",
-        "--set",
-        "engine.batch_size=2",
-        "--set",
-        "infer.parquet_rows_per_file=3",
-        *SMALL_FLAGS,
-    ]
+    args = ["infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--engine", "hf", "--jsonl", str(requests),
+            "--out", str(out), "--num-gpus", "2", "--ray-address", ray_address, "--temperature", "0", "--max-tokens",
+            "4", "--set", "engine.batch_size=2", "--set", "infer.parquet_rows_per_file=3", *SMALL_FLAGS]
     rng = random.Random(name)
     killed = 0
     for _ in range(kills):
@@ -250,12 +218,10 @@ def test_one_vllm_replica_answers_the_batch(ray_address, media, tiny_model_dir, 
     pytest.importorskip("vllm")
     requests = write_requests(media, 6)
     cfg = make_config(tiny_model_dir, batch_size=4, num_gpus=1)
-    cfg = cfg.model_copy(
-        update={
-            "model": cfg.model.model_copy(update={"model_max_length": 2048}),
-            "engine": cfg.engine.model_copy(update={"backend": "vllm", "enforce_eager": True}),
-        }
-    )
+    cfg = cfg.model_copy(update={
+        "model": cfg.model.model_copy(update={"model_max_length": 2048}),
+        "engine": cfg.engine.model_copy(update={"backend": "vllm", "enforce_eager": True}),
+    })
     out = tmp_path / "out.jsonl"
     summary = run_ray_batch(cfg, requests, out, show_progress=False)
     records = read_jsonl(out)

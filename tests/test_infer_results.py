@@ -14,12 +14,8 @@ from physreason.infer.results import ParquetSink, drop_results, open_sink, resul
 
 def answered(rid: str) -> dict:
     output = {
-        "text": "<answer>A</answer>",
-        "reasoning": None,
-        "answer": "A",
-        "format_problems": [],
-        "finish_reason": "stop",
-        "completion_tokens": 3,
+        "text": "<answer>A</answer>", "reasoning": None, "answer": "A", "format_problems": [],
+        "finish_reason": "stop", "completion_tokens": 3,
     }
     return {"id": rid, "prompt_tokens": 7, "outputs": [output]}
 

@@ -34,9 +34,7 @@ def test_vision_tokens_are_the_configs_ids_and_merge_size(tiny_model_dir):
     config = AutoConfig.from_pretrained(tiny_model_dir)
     tokens = read_vision_tokens(config)
     assert tokens == VisionTokens(
-        config.image_token_id,
-        config.video_token_id,
-        config.vision_config.spatial_merge_size,
+        config.image_token_id, config.video_token_id, config.vision_config.spatial_merge_size,
         float(config.vision_config.tokens_per_second),
     )
 

@@ -57,21 +57,8 @@ def write_metrics(run: Path, lines: list[dict]) -> Path:
 
 def test_plot_command_draws_loss_reward_lr_and_accuracy_curves(tmp_path):
     run = tmp_path / "run"
-    write_metrics(
-        run,
-        [
-            {
-                "step": s,
-                "time": 0.0,
-                "loss": 1.0 / s,
-                "reward/total_mean": 0.1 * s,
-                "train/lr": 1e-3,
-                "rollout/accuracy": 0.2 * s,
-                "rollout/queue": 3,
-            }
-            for s in range(1, 5)
-        ],
-    )
+    write_metrics(run, [{"step": s, "time": 0.0, "loss": 1.0 / s, "reward/total_mean": 0.1 * s, "train/lr": 1e-3,
+                         "rollout/accuracy": 0.2 * s, "rollout/queue": 3} for s in range(1, 5)])
     result = cli("plot", str(run))
     assert result.returncode == 0, result.stderr
     assert (run / "curves.png").read_bytes().startswith(PNG_MAGIC)
@@ -79,15 +66,8 @@ def test_plot_command_draws_loss_reward_lr_and_accuracy_curves(tmp_path):
 
 
 def test_curves_keep_the_last_value_of_a_step_logged_twice(tmp_path):
-    path = write_metrics(
-        tmp_path / "run",
-        [
-            {"step": 1, "train/loss": 5.0},
-            {"step": 2, "train/loss": 4.0},
-            {"step": 2, "train/loss": 3.0},
-            {"step": 3, "val/loss": 3.5},
-        ],
-    )
+    path = write_metrics(tmp_path / "run", [{"step": 1, "train/loss": 5.0}, {"step": 2, "train/loss": 4.0},
+                                            {"step": 2, "train/loss": 3.0}, {"step": 3, "val/loss": 3.5}])
     metrics = read_metrics(path)
     assert metrics["train/loss"] == [(1, 5.0), (2, 3.0)]
     figure, panels = curves_figure(metrics, str(path))

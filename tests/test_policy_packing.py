@@ -102,9 +102,7 @@ def test_packed_prompt_runs_once_and_attention_keeps_completions_apart(vision):
     assert ids.tolist() == samples[0].prompt_ids + [t for s in samples for t in s.completion.token_ids]
     allowed = packed.attention[0, 0]  # [L, L]
     first_start, second_start = prompt, prompt + lengths[0]
-    assert bool(allowed[second_start, :prompt].all()) and not bool(
-        allowed[second_start, first_start:second_start].any()
-    )
+    assert bool(allowed[second_start, :prompt].all()) and not bool(allowed[second_start, first_start:second_start].any())
     # Each completion's first token is predicted by the prompt's last position.
     assert packed.positions[:, 0].tolist() == [prompt - 1] * 3
 
@@ -139,18 +137,9 @@ def test_micro_batches_respect_the_count_and_token_budgets_in_order(vision):
 
 def update_settings(**changes) -> UpdateSettings:
     values = dict(
-        temperature=0.7,
-        mu_iterations=1,
-        mini_batch=4,
-        epsilon_low=0.2,
-        epsilon_high=0.2,
-        dual_clip=None,
-        agg_mode="token-mean",
-        norm_length=8,
-        kl_beta=0.0,
-        kl_importance_correction=False,
-        importance_sampling_level="token",
-        grad_clip=1.0,
+        temperature=0.7, mu_iterations=1, mini_batch=4, epsilon_low=0.2, epsilon_high=0.2, dual_clip=None,
+        agg_mode="token-mean", norm_length=8, kl_beta=0.0, kl_importance_correction=False,
+        importance_sampling_level="token", grad_clip=1.0,
     )
     return UpdateSettings(**{**values, **changes})
 
@@ -171,13 +160,7 @@ def test_update_over_packed_token_sized_batches_equals_the_padded_update(tiny_mo
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         batches = build_micro_batches(samples, 0, vision, mini, tokens, pack)
         metrics = update_policy(
-            scorer,
-            batches,
-            optimizer,
-            scheduler,
-            update_settings(agg_mode=agg_mode),
-            init_runtime(),
-            1,
+            scorer, batches, optimizer, scheduler, update_settings(agg_mode=agg_mode), init_runtime(), 1,
             torch.autocast("cpu", enabled=False),
         )
         results.append((len(batches), metrics, {n: p.detach() - before[n] for n, p in model.named_parameters()}))

@@ -38,15 +38,15 @@ def image(height: int, width: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
 
 
-def group(name: str, visuals: VisualInputs | None, n: int, vision: VisionTokens, seed: int) -> list[RolloutSample]:
+def group(
+    name: str, visuals: VisualInputs | None, n: int, vision: VisionTokens, seed: int
+) -> list[RolloutSample]:
     """n completions of one prompt; every sample holds the same `visuals` object, as a rollout gives them."""
     rng = np.random.default_rng(seed)
     prompt_ids = [int(t) for t in rng.integers(10, 500, size=5)]
     if visuals is not None:
-        for token_id, counts in (
-            (vision.image_token_id, visuals.image_token_counts),
-            (vision.video_token_id, visuals.video_token_counts),
-        ):
+        for token_id, counts in ((vision.image_token_id, visuals.image_token_counts),
+                                 (vision.video_token_id, visuals.video_token_counts)):
             for count in counts:
                 prompt_ids += [521] + [token_id] * count + [522] + [int(rng.integers(10, 500))]
     samples = []

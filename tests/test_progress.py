@@ -61,29 +61,12 @@ def test_on_a_terminal_the_bar_is_drawn():
 
 
 def test_data_synth_in_a_log_prints_lines_not_a_bar_and_library_bars_stay_quiet(tmp_path):
-    command = [
-        sys.executable,
-        "-m",
-        "physreason",
-        "data",
-        "synth",
-        "--task",
-        "arrow_of_time",
-        "--n",
-        "2",
-        "--workers",
-        "1",
-        "--out",
-        str(tmp_path),
-    ]
+    command = [sys.executable, "-m", "physreason", "data", "synth", "--task", "arrow_of_time", "--n", "2",
+               "--workers", "1", "--out", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "arrow_of_time: 2/2 (100%)" in result.stdout
     assert "━" not in result.stdout and "\r" not in result.stdout
-    tiny = subprocess.run(
-        [sys.executable, "-m", "physreason", "models", "tiny", str(tmp_path / "m")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    tiny = subprocess.run([sys.executable, "-m", "physreason", "models", "tiny", str(tmp_path / "m")],
+                          capture_output=True, text=True, timeout=300)
     assert tiny.returncode == 0 and "\r" not in tiny.stderr  # transformers' "Writing model shards" bar

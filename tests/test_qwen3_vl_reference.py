@@ -76,12 +76,7 @@ def test_image_pixel_values_identical_to_transformers_processor(
     pixels, grid = patchify(load_image(path, config, params.factor), 16, mean=params.image_mean, std=params.image_std)
 
     reference = Qwen2VLImageProcessorPil(
-        patch_size=16,
-        merge_size=2,
-        image_mean=[0.5] * 3,
-        image_std=[0.5] * 3,
-        min_pixels=min_pixels,
-        max_pixels=max_pixels,
+        patch_size=16, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3, min_pixels=min_pixels, max_pixels=max_pixels
     )
     with Image.open(path) as original:
         expected = reference(images=[original], return_tensors="pt")
@@ -212,10 +207,8 @@ def test_video_prompt_logprobs_match_transformers_forward(tmp_path: Path, qwen3_
         ours = model(input_ids=ids, position_ids=sample.position_ids[:, None], **visual).logits
         flat = model(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None], **visual).logits
     targets = ids[0, 1:]
-
     def logprobs(logits):
         return torch.log_softmax(logits[0, :-1].float(), -1).gather(-1, targets[:, None])[:, 0]
-
     torch.testing.assert_close(logprobs(ours), logprobs(reference), rtol=0, atol=1e-5)
     # the positions matter: 1D positions give other log-probabilities on the text after the video
     assert (logprobs(flat) - logprobs(reference)).abs().max() > 1e-3

@@ -30,44 +30,37 @@ def recipe_factory(tmp_path_factory, ray_session):
     model = save_tiny_model("qwen2", root / "tiny-qwen2")
     data = root / "mcq.jsonl"
     records = [
-        {
-            "id": f"q{i}",
-            "question": f"Which word is number {i}?",
-            "options": ["one", "two", "three"],
-            "answer": "ABC"[i % 3],
-        }
+        {"id": f"q{i}", "question": f"Which word is number {i}?", "options": ["one", "two", "three"], "answer": "ABC"[i % 3]}
         for i in range(12)
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
 
     def make(name: str, **train) -> Config:
-        return Config.model_validate(
-            {
-                "model": {"model_name_or_path": str(model), "model_max_length": 256, "dtype": "float32"},
-                "engine": {"backend": "hf", "batch_size": 8},
-                "data": {"dataset": {"name": str(data)}, "num_workers": 0},
-                "train": {
-                    "output_dir": str(root / name),
-                    "train_batch_per_replica": 8,  # 2 prompt groups of 4 completions per step
-                    "optm_lr": 1e-3,
-                    "optm_decay_type": "constant",
-                    "param_dtype": "float32",
-                    "gradient_checkpointing": False,
-                    "ckpt": {"save_freq": 2, "max_keep": 2, "export_safetensors": False},
-                    "log_freq": 1,  # the tests read every step's metrics
-                    **train,
-                },
-                "rollout": {
-                    "n_generation": 4,
-                    "max_response_length": 12,
-                    "batch_size": 2,
-                    "sampling_config": {"temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0},
-                    "parallelism": {"n_init_replicas": 2},
-                },
-                "grpo": {"mode": "disaggregated", "allowed_outdated_steps": 1, "mini_batch": 8},
-                "logging": {"logger": ["jsonl"]},
-            }
-        )
+        return Config.model_validate({
+            "model": {"model_name_or_path": str(model), "model_max_length": 256, "dtype": "float32"},
+            "engine": {"backend": "hf", "batch_size": 8},
+            "data": {"dataset": {"name": str(data)}, "num_workers": 0},
+            "train": {
+                "output_dir": str(root / name),
+                "train_batch_per_replica": 8,  # 2 prompt groups of 4 completions per step
+                "optm_lr": 1e-3,
+                "optm_decay_type": "constant",
+                "param_dtype": "float32",
+                "gradient_checkpointing": False,
+                "ckpt": {"save_freq": 2, "max_keep": 2, "export_safetensors": False},
+                "log_freq": 1,  # the tests read every step's metrics
+                **train,
+            },
+            "rollout": {
+                "n_generation": 4,
+                "max_response_length": 12,
+                "batch_size": 2,
+                "sampling_config": {"temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0},
+                "parallelism": {"n_init_replicas": 2},
+            },
+            "grpo": {"mode": "disaggregated", "allowed_outdated_steps": 1, "mini_batch": 8},
+            "logging": {"logger": ["jsonl"]},
+        })
 
     return make
 

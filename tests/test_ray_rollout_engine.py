@@ -23,13 +23,11 @@ def test_vllm_rollout_engine_runs_in_process_on_one_gpu_and_in_local_workers_on_
 
     monkeypatch.setattr(vllm_engine, "VLLMEngine", RecordingEngine)
     monkeypatch.setattr(factory, "vllm_installed", lambda: True)
-    config = Config.model_validate(
-        {
-            "model": {"model_name_or_path": "unused"},
-            "engine": {"backend": "vllm"},
-            "rollout": {"parallelism": {"tp_size": tp}},
-        }
-    )
+    config = Config.model_validate({
+        "model": {"model_name_or_path": "unused"},
+        "engine": {"backend": "vllm"},
+        "rollout": {"parallelism": {"tp_size": tp}},
+    })
 
     engine = rollout_replica.build_engine(config)
 

@@ -19,9 +19,7 @@ from physreason.distributed.weight_transfer import (
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Embedding(50, 8), torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 50)
-    )
+    return torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 50))
 
 
 def test_buckets_keep_manifest_order_respect_the_size_limit_and_align_offsets():

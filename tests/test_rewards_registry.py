@@ -23,10 +23,8 @@ def test_builtin_rewards_are_registered_under_cosmos_rl_names() -> None:
 
 
 def test_unknown_reward_error_names_it_and_the_registered_ones() -> None:
-    with pytest.raises(
-        ConfigError,
-        match=r"'formatt'.*accuracy, box_iou, format, json_format, localization, point_in_box, single_choice",
-    ):
+    registered = "accuracy, box_iou, format, json_format, localization, point_in_box, single_choice"
+    with pytest.raises(ConfigError, match=rf"'formatt'.*{registered}"):
         get_reward("formatt")
 
 
@@ -73,7 +71,5 @@ def test_a_reward_that_returns_a_non_finite_value_is_an_error_naming_it(isolated
     def broken_reward(completion: str, **sample: object) -> float:
         return bad
 
-    with pytest.raises(
-        InputError, match=r"Reward 'broken' \(.*broken_reward\) returned (nan|inf|-inf) for the completion"
-    ):
+    with pytest.raises(InputError, match=r"Reward 'broken' \(.*broken_reward\) returned (nan|inf|-inf) for the completion"):
         compute_rewards(GOOD, {"accuracy": 1.0, "broken": 0.5}, answer="B")

@@ -12,10 +12,8 @@ from physreason.train.rollout import rollout_engine_config, rollout_sampling, ro
 
 @pytest.mark.parametrize(
     ("key", "use"),
-    [
-        ("rollout.sampling_config.max_tokens=512", "rollout.max_response_length"),
-        ("rollout.sampling_config.n=4", "rollout.n_generation"),
-    ],
+    [("rollout.sampling_config.max_tokens=512", "rollout.max_response_length"),
+     ("rollout.sampling_config.n=4", "rollout.n_generation")],
 )
 def test_rollout_sampling_length_and_group_size_are_refused_naming_the_rollout_key(key, use):
     with pytest.raises(ConfigError, match=use):
@@ -30,15 +28,8 @@ def test_rollout_sampling_length_in_a_recipe_file_is_refused(tmp_path):
 
 
 def test_rollout_samples_n_generation_completions_of_max_response_length():
-    config = load_config(
-        None,
-        [
-            "rollout.n_generation=3",
-            "rollout.max_response_length=77",
-            "rollout.sampling_config.temperature=0.7",
-            "train.seed=5",
-        ],
-    )
+    config = load_config(None, ["rollout.n_generation=3", "rollout.max_response_length=77",
+                                "rollout.sampling_config.temperature=0.7", "train.seed=5"])
     sampling = rollout_sampling(config)
     assert (sampling.n, sampling.max_tokens, sampling.temperature) == (3, 77, 0.7)
     settings = rollout_settings(config, groups_needed=2, prompts_per_round=4, max_rounds=1, processor_params=None)
@@ -47,9 +38,7 @@ def test_rollout_samples_n_generation_completions_of_max_response_length():
 
 @pytest.mark.parametrize(("engine_tp", "rollout_tp"), [(1, 2), (2, 2), (1, 1)])
 def test_rollout_engine_spans_the_rollout_tp_size(engine_tp, rollout_tp):
-    config = load_config(
-        None, [f"engine.tensor_parallel_size={engine_tp}", f"rollout.parallelism.tp_size={rollout_tp}"]
-    )
+    config = load_config(None, [f"engine.tensor_parallel_size={engine_tp}", f"rollout.parallelism.tp_size={rollout_tp}"])
     assert rollout_engine_config(config).tensor_parallel_size == rollout_tp
 
 
@@ -61,14 +50,7 @@ def test_engine_tp_that_disagrees_with_the_rollout_tp_is_refused_naming_the_roll
 
 
 def test_disaggregated_rollout_replica_refuses_a_conflicting_engine_tp_before_loading_anything():
-    config = load_config(
-        None,
-        [
-            "model.model_name_or_path='unused'",
-            "engine.backend='hf'",
-            "engine.tensor_parallel_size=2",
-            "rollout.parallelism.tp_size=1",
-        ],
-    )
+    config = load_config(None, ["model.model_name_or_path='unused'", "engine.backend='hf'",
+                                "engine.tensor_parallel_size=2", "rollout.parallelism.tp_size=1"])
     with pytest.raises(ConfigError, match="rollout.parallelism.tp_size"):
         rollout_replica.build_engine(config)

@@ -45,7 +45,7 @@ def test_server_binds_loopback_with_cosmos_sampling_defaults_and_the_physreason_
 
 
 def test_recipe_and_options_reach_the_command_and_the_key_stays_off_the_command_line(tmp_path):
-    cfg = load_config(None, ["generation.temperature=0.2", "vision.fps=2", 'model.model_name_or_path="/m"'])
+    cfg = load_config(None, ["generation.temperature=0.2", "vision.fps=2", "model.model_name_or_path=\"/m\""])
     options = ServeOptions(host="0.0.0.0", api_key="s3cret", media_root=tmp_path, extra_args=("--max-num-seqs", "8"))
     command = build_server_command(cfg, options, tmp_path / "t.jinja")
     assert arg(command.argv, "--model") == "/m" and arg(command.argv, "--host") == "0.0.0.0"
@@ -123,15 +123,10 @@ async def call_middleware(body: dict, env: dict, monkeypatch, headers=()) -> tup
 def test_middleware_answers_a_missing_file_with_a_400_and_passes_good_requests_on(tmp_path, monkeypatch):
     (tmp_path / "clip.mp4").write_bytes(b"x")
     env = {MEDIA_ROOT_ENV: str(tmp_path)}
-    status, error, reached = asyncio.run(
-        call_middleware(video_request(f"file://{tmp_path}/gone.mp4"), env, monkeypatch)
-    )
+    status, error, reached = asyncio.run(call_middleware(video_request(f"file://{tmp_path}/gone.mp4"), env, monkeypatch))
     assert (status, reached) == (400, False)
     assert error["error"]["code"] == 400 and "no such file" in error["error"]["message"]
-    assert asyncio.run(call_middleware(video_request(f"file://{tmp_path}/clip.mp4"), env, monkeypatch))[::2] == (
-        200,
-        True,
-    )
+    assert asyncio.run(call_middleware(video_request(f"file://{tmp_path}/clip.mp4"), env, monkeypatch))[::2] == (200, True)
 
 
 def test_middleware_leaves_callers_without_the_api_key_to_vllms_401(tmp_path, monkeypatch):
@@ -152,15 +147,7 @@ def test_serve_help_names_the_options():
 def test_print_command_shows_the_vllm_command_for_a_local_model(tiny_model_dir, tmp_path):
     env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     result = run_cli(
-        "serve",
-        "-m",
-        str(tiny_model_dir),
-        "--media-root",
-        str(tmp_path),
-        "--print-command",
-        "--",
-        "--max-num-seqs",
-        "4",
+        "serve", "-m", str(tiny_model_dir), "--media-root", str(tmp_path), "--print-command", "--", "--max-num-seqs", "4",
         env=env,
     )
     assert result.returncode == 0, result.stderr

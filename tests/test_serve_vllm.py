@@ -52,9 +52,7 @@ def stream_through(parser, text: str, prompt_ids: list[int], tokenizer) -> tuple
     reasoning, content, previous = "", "", ""
     for k in range(len(ids)):
         current = tokenizer.decode(ids[: k + 1])
-        delta = parser.extract_reasoning_streaming(
-            previous, current, current[len(previous) :], ids[:k], ids[: k + 1], ids[k : k + 1]
-        )
+        delta = parser.extract_reasoning_streaming(previous, current, current[len(previous) :], ids[:k], ids[: k + 1], ids[k : k + 1])
         assert not parser.is_reasoning_end_streaming(ids[: k + 1], ids[k : k + 1])
         if delta is not None:
             reasoning += delta.reasoning or ""

@@ -21,22 +21,13 @@ def tiny_vl(tmp_path_factory) -> Path:
 
 
 def conversation(i: int) -> dict:
-    return {
-        "conversations": [
-            {"role": "user", "content": f"Does the box slide {i}?"},
-            {"role": "assistant", "content": ANSWER},
-        ]
-    }
+    return {"conversations": [{"role": "user", "content": f"Does the box slide {i}?"},
+                              {"role": "assistant", "content": ANSWER}]}
 
 
 def run_sft_cli(model: Path, data: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    sets = [
-        f"model.model_name_or_path={model}",
-        f"data.dataset.name={data}",
-        f"train.output_dir={out}",
-        "data.val_fraction=0",
-        *overrides,
-    ]
+    sets = [f"model.model_name_or_path={model}", f"data.dataset.name={data}", f"train.output_dir={out}",
+            "data.val_fraction=0", *overrides]
     command = [sys.executable, "-m", "physreason", "sft", "--config", str(RECIPE)]
     for item in sets:
         command += [item] if item.startswith("--") else ["--set", item]
@@ -59,14 +50,8 @@ def test_parquet_data_file_trains(tiny_vl, tmp_path):
     datasets = pytest.importorskip("datasets")
     data = tmp_path / "train.parquet"
     datasets.Dataset.from_list([conversation(i) for i in range(8)]).to_parquet(str(data))
-    result = run_sft_cli(
-        tiny_vl,
-        data,
-        tmp_path / "out",
-        "train.max_steps=1",
-        "train.ckpt.enable_checkpoint=false",
-        "train.ckpt.export_safetensors=false",
-    )
+    result = run_sft_cli(tiny_vl, data, tmp_path / "out", "train.max_steps=1", "train.ckpt.enable_checkpoint=false",
+                         "train.ckpt.export_safetensors=false")
     assert result.returncode == 0, result.stderr
     assert "finished 1 steps" in result.stdout
 
@@ -121,9 +106,8 @@ def test_rerun_into_a_run_folder_is_refused_until_resumed_and_exports_are_rotate
 
 def test_help_says_resuming_loads_pickle_and_names_the_trust_flag():
     for command in ("sft", "grpo"):
-        result = subprocess.run(
-            [sys.executable, "-m", "physreason", command, "--help"], capture_output=True, text=True, timeout=60
-        )
+        result = subprocess.run([sys.executable, "-m", "physreason", command, "--help"], capture_output=True, text=True,
+                                timeout=60)
         assert result.returncode == 0
         assert "pickle" in result.stdout and "--trust-checkpoint" in result.stdout
 
@@ -149,15 +133,8 @@ def test_bad_media_paths_are_all_reported_by_file_line_before_training(tiny_vl, 
 def test_a_log_shows_one_metrics_line_per_log_freq_and_progress_lines_not_a_bar(tiny_vl, tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(8)))
-    result = run_sft_cli(
-        tiny_vl,
-        data,
-        tmp_path / "out",
-        "train.max_steps=3",
-        "train.ckpt.enable_checkpoint=false",
-        "train.ckpt.export_safetensors=false",
-        "train.validation_freq=100",
-    )
+    result = run_sft_cli(tiny_vl, data, tmp_path / "out", "train.max_steps=3", "train.ckpt.enable_checkpoint=false",
+                         "train.ckpt.export_safetensors=false", "train.validation_freq=100")
     assert result.returncode == 0, result.stderr
     output = result.stdout + result.stderr
     metric_lines = [line for line in output.splitlines() if "physreason.train.metrics: step" in line]

@@ -49,33 +49,25 @@ def test_labels_are_exactly_the_assistant_reply_and_its_end_token(tokenizer):
 
 
 def test_every_assistant_turn_of_a_multi_turn_conversation_is_labelled(tokenizer):
-    record = {
-        "conversations": [
-            {"from": "human", "value": "first?"},
-            {"from": "gpt", "value": "one"},
-            {"from": "human", "value": "second?"},
-            {"from": "gpt", "value": "two"},
-        ]
-    }
+    record = {"conversations": [
+        {"from": "human", "value": "first?"}, {"from": "gpt", "value": "one"},
+        {"from": "human", "value": "second?"}, {"from": "gpt", "value": "two"},
+    ]}
     sample = SFTDataset([record], ".", tokenizer, max_length=512)[0]
     labelled = tokenizer.decode(sample.input_ids[sample.labels != IGNORE_INDEX])
     assert labelled == "one<|im_end|>two<|im_end|>"
 
 
 def test_top_level_video_replaces_placeholder_in_user_text():
-    record = {
-        "video": "clip.mp4",
-        "conversations": [{"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "it falls"}],
-    }
+    record = {"video": "clip.mp4", "conversations": [
+        {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "it falls"}]}
     messages = normalize_conversation(record, "conversations", "r0")
     assert messages[0]["content"] == [{"type": "video", "video": "clip.mp4"}, {"type": "text", "text": "What happens?"}]
 
 
 def test_media_without_placeholder_goes_before_the_first_user_text():
-    record = {
-        "image": ["a.png"],
-        "conversations": [{"role": "user", "content": "Describe."}, {"role": "assistant", "content": "a box"}],
-    }
+    record = {"image": ["a.png"], "conversations": [
+        {"role": "user", "content": "Describe."}, {"role": "assistant", "content": "a box"}]}
     messages = normalize_conversation(record, "conversations", "r0")
     assert messages[0]["content"][0] == {"type": "image", "image": "a.png"}
 
@@ -153,9 +145,7 @@ def test_mrope_positions_match_transformers_get_rope_index(tokenizer):
     video_grid = torch.tensor([[2, 4, 4]])
     seconds = torch.tensor([0.5])
     spec = read_vision_tokens(config)
-    ours = mrope_position_ids(
-        ids, img, vid, image_grid, video_grid, seconds, spec.spatial_merge_size, spec.tokens_per_second
-    )
+    ours = mrope_position_ids(ids, img, vid, image_grid, video_grid, seconds, spec.spatial_merge_size, spec.tokens_per_second)
     types = torch.zeros_like(ids)
     types[ids == img] = 1
     types[ids == vid] = 2

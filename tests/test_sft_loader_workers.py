@@ -18,12 +18,8 @@ pytestmark = pytest.mark.slow  # spawning worker processes imports torch in each
 
 def _stream(workers: int) -> MicroBatches:
     records = [
-        {
-            "conversations": [
-                {"role": "user", "content": f"question {k} " * (1 + k % 3)},
-                {"role": "assistant", "content": f"answer {k}"},
-            ]
-        }
+        {"conversations": [{"role": "user", "content": f"question {k} " * (1 + k % 3)},
+                           {"role": "assistant", "content": f"answer {k}"}]}
         for k in range(10)
     ]
     dataset = SFTDataset(records, ".", build_tiny_tokenizer(), max_length=128)

@@ -46,11 +46,7 @@ def _image_sample(model, ids_before: list[int], ids_after: list[int], n_prompt_a
 def test_packed_loss_equals_unpacked_loss(tiny):
     tokenizer, model = tiny
     module = CausalLMLoss(model)
-    samples = [
-        _text_sample(list(range(10, 40)), 12),
-        _text_sample(list(range(50, 62)), 4),
-        _text_sample(list(range(70, 95)), 20),
-    ]
+    samples = [_text_sample(list(range(10, 40)), 12), _text_sample(list(range(50, 62)), 4), _text_sample(list(range(70, 95)), 20)]
     padded = collate_padded(samples, tokenizer.pad_token_id, mrope=True)
     packed = collate_packed(samples, mrope=True)
     assert packed.input_ids.shape == (1, 30 + 12 + 25)
@@ -65,10 +61,7 @@ def test_packed_samples_with_images_restart_mrope_positions(tiny):
     tokenizer, model = tiny
     pytest.importorskip("physreason.vision")
     module = CausalLMLoss(model)
-    samples = [
-        _image_sample(model, [1, 2, 3], list(range(20, 35)), 3),
-        _image_sample(model, [4, 5], list(range(40, 52)), 2),
-    ]
+    samples = [_image_sample(model, [1, 2, 3], list(range(20, 35)), 3), _image_sample(model, [4, 5], list(range(40, 52)), 2)]
     packed = collate_packed(samples, mrope=True)
     first = len(samples[0].input_ids)
     assert packed.position_ids.shape == (4, 1, packed.input_ids.shape[1])

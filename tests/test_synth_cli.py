@@ -117,19 +117,8 @@ def test_parallel_workers_write_the_same_records_as_one_process(tmp_path):
 
 
 def test_cli_option_order_fixed_reaches_the_records(tmp_path):
-    result = _cli(
-        "--out",
-        str(tmp_path),
-        "--task",
-        "arrow_of_time",
-        "--n",
-        "4",
-        "--workers",
-        "1",
-        "--no-progress",
-        "--option-order",
-        "fixed",
-    )
+    result = _cli("--out", str(tmp_path), "--task", "arrow_of_time", "--n", "4", "--workers", "1", "--no-progress",
+                  "--option-order", "fixed")
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "arrow_of_time" / "meta.json").read_text())["option_order"] == "fixed"
     pairs = json.loads((tmp_path / "arrow_of_time" / "arrow_of_time_benchmark_qa_pairs.json").read_text())
@@ -138,18 +127,7 @@ def test_cli_option_order_fixed_reaches_the_records(tmp_path):
 
 
 def test_cli_unknown_option_order_is_refused(tmp_path):
-    result = _cli(
-        "--out",
-        str(tmp_path),
-        "--task",
-        "arrow_of_time",
-        "--n",
-        "1",
-        "--workers",
-        "1",
-        "--no-progress",
-        "--option-order",
-        "sorted",
-    )
+    result = _cli("--out", str(tmp_path), "--task", "arrow_of_time", "--n", "1", "--workers", "1", "--no-progress",
+                  "--option-order", "sorted")
     assert result.exit_code != 0
     assert "sorted" in str(result.exception) + result.output

@@ -38,16 +38,8 @@ def test_chat_template_is_qwen2_5_vl(tiny_model_dir):
 
 def test_vl_folder_is_complete(tiny_model_dir):
     names = {p.name for p in tiny_model_dir.iterdir()}
-    expected = {
-        "config.json",
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "generation_config.json",
-        "preprocessor_config.json",
-        "video_preprocessor_config.json",
-        "chat_template.jinja",
-    }
+    expected = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                "preprocessor_config.json", "video_preprocessor_config.json", "chat_template.jinja"}
     assert expected <= names
     config = json.loads((tiny_model_dir / "config.json").read_text())
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -115,17 +107,14 @@ def test_a_longer_temporal_patch_reaches_the_processor_the_engine_and_the_policy
     engine = HFEngine(ModelConfig(model_name_or_path=str(folder), dtype="float32"), EngineConfig())
     ids, visuals = engine._encode(request)
     assert visuals.video_grid_thw[0, 0].item() == 3  # 12 frames in temporal patches of 4
-    assert visuals.pixel_values_videos.shape[1] == 3 * 4 * engine.model.config.vision_config.patch_size**2
+    assert visuals.pixel_values_videos.shape[1] == 3 * 4 * engine.model.config.vision_config.patch_size ** 2
     (result,) = engine.generate([request], SamplingConfig(temperature=0.0, max_tokens=3))
     assert result.error is None and len(result.completions[0].token_ids) == 3
     # The policy's positions (SFT and GRPO) are transformers' own for this layout.
     input_ids = torch.tensor(ids)
     ours = model_family(engine.model.config).vision_tokens(engine.model.config).positions(input_ids, visuals)
     theirs, _ = engine.model.model.get_rope_index(
-        input_ids[None],
-        video_grid_thw=visuals.video_grid_thw,
-        second_per_grid_ts=visuals.second_per_grid_ts,
-        attention_mask=torch.ones_like(input_ids)[None],
-        mm_token_type_ids=engine.mm_token_type_ids(input_ids[None]),
+        input_ids[None], video_grid_thw=visuals.video_grid_thw, second_per_grid_ts=visuals.second_per_grid_ts,
+        attention_mask=torch.ones_like(input_ids)[None], mm_token_type_ids=engine.mm_token_type_ids(input_ids[None]),
     )
     assert torch.equal(ours, theirs[:, 0])

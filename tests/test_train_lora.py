@@ -37,12 +37,7 @@ def tiny_vl(tmp_path_factory) -> Path:
 
 def write_records(folder: Path, count: int = 8) -> Path:
     records = [
-        {
-            "conversations": [
-                {"role": "user", "content": f"Does the box slide {i}?"},
-                {"role": "assistant", "content": ANSWER},
-            ]
-        }
+        {"conversations": [{"role": "user", "content": f"Does the box slide {i}?"}, {"role": "assistant", "content": ANSWER}]}
         for i in range(count)
     ]
     path = folder / "train.jsonl"
@@ -51,39 +46,31 @@ def write_records(folder: Path, count: int = 8) -> Path:
 
 
 def lora_config(model: Path, data: Path, out: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            f"model.model_name_or_path='{model}'",
-            f"data.dataset.name='{data}'",
-            f"train.output_dir='{out}'",
-            "train.train_batch_per_replica=4",
-            "train.mini_batch=2",
-            "train.optm_lr=1e-2",
-            "train.optm_warmup_steps=1",
-            "train.param_dtype='float32'",
-            "data.num_workers=0",
-            "logging.logger=['jsonl']",
-            "train.lora.enable=true",
-            "train.lora.rank=8",
-            "train.lora.alpha=16",
-            "train.ckpt.export_safetensors=false",
-            *extra,
-        ],
-    )
+    return load_config(None, [
+        f"model.model_name_or_path='{model}'",
+        f"data.dataset.name='{data}'",
+        f"train.output_dir='{out}'",
+        "train.train_batch_per_replica=4",
+        "train.mini_batch=2",
+        "train.optm_lr=1e-2",
+        "train.optm_warmup_steps=1",
+        "train.param_dtype='float32'",
+        "data.num_workers=0",
+        "logging.logger=['jsonl']",
+        "train.lora.enable=true",
+        "train.lora.rank=8",
+        "train.lora.alpha=16",
+        "train.ckpt.export_safetensors=false",
+        *extra,
+    ])
 
 
 def test_lora_sft_lowers_the_loss_while_the_base_weights_stay_bit_exact(vl_model_dir, tmp_path):
     from physreason.models.lora import hf_name
     from physreason.train.sft import _collate_fn, build_datasets, train_step
 
-    config = lora_config(
-        vl_model_dir,
-        write_records(tmp_path, 4),
-        tmp_path / "out",
-        "train.optm_decay_type='constant'",
-        "train.optm_lr=1e-2",
-    )
+    config = lora_config(vl_model_dir, write_records(tmp_path, 4), tmp_path / "out", "train.optm_decay_type='constant'",
+                         "train.optm_lr=1e-2")
     runtime = init_runtime()
     torch.manual_seed(0)
     trained = build_training_model(config, runtime, lambda m: CausalLMLoss(m), 10)
@@ -93,15 +80,7 @@ def test_lora_sft_lowers_the_loss_while_the_base_weights_stay_bit_exact(vl_model
     assert optimized == {id(p) for p in trained.model.parameters() if p.requires_grad}
     # Only the language blocks' projections get adapters by default, not the vision tower's same-named MLP.
     assert not any(".visual." in n for n in trainable)
-    assert {n.split(".")[-4] for n in trainable} == {
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    }
+    assert {n.split(".")[-4] for n in trainable} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
     tokenizer = loading.load_tokenizer(config.model)
     train_set, _ = build_datasets(config, tokenizer, loading.load_model_config(config.model))
@@ -130,18 +109,9 @@ def test_lora_export_merges_to_the_same_logits_as_base_plus_adapter(vl_model_dir
     from transformers import AutoModelForImageTextToText
 
     data = write_records(tmp_path, 4)
-    result = run_sft(
-        lora_config(
-            tiny_vl,
-            data,
-            tmp_path / "out",
-            "train.max_steps=3",
-            "train.ckpt.save_freq=3",
-            "train.ckpt.export_safetensors=true",
-            "model.dtype='float32'",
-            "train.lora.modules_to_save=['lm_head']",
-        )
-    )
+    result = run_sft(lora_config(tiny_vl, data, tmp_path / "out", "train.max_steps=3", "train.ckpt.save_freq=3",
+                                 "train.ckpt.export_safetensors=true", "model.dtype='float32'",
+                                 "train.lora.modules_to_save=['lm_head']"))
     export = result.export_dir
     assert export == tmp_path / "out" / "safetensors" / "step_3"
     merged_keys = set(load_file(export / "model.safetensors"))
@@ -175,16 +145,8 @@ def test_lora_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path):
     extra = ("train.max_steps=6", "train.lora.dropout=0.1")  # dropout: the restored RNG matters too
     straight = run_sft(lora_config(tiny_vl, data, tmp_path / "a", *extra, "train.ckpt.save_freq=100"))
     first = run_sft(lora_config(tiny_vl, data, tmp_path / "b", *extra, "train.ckpt.save_freq=3"))
-    resumed = run_sft(
-        lora_config(
-            tiny_vl,
-            data,
-            tmp_path / "c",
-            *extra,
-            f"train.resume='{tmp_path / 'b' / 'checkpoints' / 'step_3'}'",
-            "train.trust_checkpoint=true",
-        )
-    )
+    resumed = run_sft(lora_config(tiny_vl, data, tmp_path / "c", *extra,
+                                  f"train.resume='{tmp_path / 'b' / 'checkpoints' / 'step_3'}'", "train.trust_checkpoint=true"))
     assert first.losses == straight.losses
     assert resumed.losses == straight.losses[3:]
 
@@ -194,16 +156,8 @@ def test_resuming_a_full_checkpoint_with_lora_names_the_mismatch(tiny_vl, tmp_pa
     full = lora_config(tiny_vl, data, tmp_path / "full", "train.max_steps=1", "train.lora.enable=false")
     run_sft(full)
     with pytest.raises(ConfigError, match=r"\[train.lora\]"):
-        run_sft(
-            lora_config(
-                tiny_vl,
-                data,
-                tmp_path / "c",
-                "train.max_steps=2",
-                f"train.resume='{tmp_path / 'full' / 'checkpoints' / 'step_1'}'",
-                "train.trust_checkpoint=true",
-            )
-        )
+        run_sft(lora_config(tiny_vl, data, tmp_path / "c", "train.max_steps=2",
+                            f"train.resume='{tmp_path / 'full' / 'checkpoints' / 'step_1'}'", "train.trust_checkpoint=true"))
 
 
 def test_lora_rejects_settings_that_cannot_work(tiny_vl, tmp_path):
@@ -213,9 +167,8 @@ def test_lora_rejects_settings_that_cannot_work(tiny_vl, tmp_path):
         config = lora_config(tiny_vl, data, tmp_path / "o", "train.lora.vision=true", "train.freeze_vision_tower=true")
         build_training_model(config, runtime, CausalLMLoss, 1)
     with pytest.raises(ConfigError, match="target_modules"):
-        build_training_model(
-            lora_config(tiny_vl, data, tmp_path / "o", "train.lora.target_modules=['nope']"), runtime, CausalLMLoss, 1
-        )
+        build_training_model(lora_config(tiny_vl, data, tmp_path / "o", "train.lora.target_modules=['nope']"),
+                             runtime, CausalLMLoss, 1)
     with pytest.raises(ConfigError, match=r"train.lora.rnk: unknown key"):
         load_config(None, ["train.lora.rnk=4"])
 
@@ -230,9 +183,8 @@ def test_lora_vision_adds_adapters_to_the_vision_blocks(vl_model_dir, vl_kind, t
 
 
 def infer_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "physreason", "infer", *args], capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([sys.executable, "-m", "physreason", "infer", *args], capture_output=True, text=True,
+                          timeout=300)
 
 
 @pytest.mark.slow
@@ -247,22 +199,9 @@ def test_infer_lora_serves_an_adapter_like_its_merged_export(tiny_vl, tmp_path):
     for layer in lora_layers(model).values():
         torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.5)
     adapter = save_adapter(peft_model, tmp_path / "adapter")
-    merged = export_safetensors(
-        model, str(tiny_vl), tmp_path / "merged", "float32", state=dict(merged_named_tensors(model))
-    )
-    flags = (
-        "--engine",
-        "hf",
-        "--dtype",
-        "float32",
-        "--question",
-        "Does the box slide?",
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "8",
-        "--json",
-    )
+    merged = export_safetensors(model, str(tiny_vl), tmp_path / "merged", "float32", state=dict(merged_named_tensors(model)))
+    flags = ("--engine", "hf", "--dtype", "float32", "--question", "Does the box slide?", "--temperature", "0",
+             "--max-tokens", "8", "--json")
 
     def answer(*args: str) -> str:
         done = infer_cli(*args, *flags)

@@ -38,33 +38,19 @@ WORKER = textwrap.dedent(
 
 def _overrides(model: Path, data: Path, out: Path) -> list[str]:
     return [
-        f"model.model_name_or_path='{model}'",
-        f"data.dataset.name='{data}'",
-        f"train.output_dir='{out}'",
-        "train.train_batch_per_replica=4",
-        "train.mini_batch=1",
-        "train.max_steps=3",
-        "train.optm_lr=1e-2",
-        "train.param_dtype='float32'",
-        "data.num_workers=0",
-        "logging.logger=['jsonl']",
-        "model.dtype='float32'",
-        "train.ckpt.save_freq=3",
-        "train.ckpt.export_safetensors=true",
-        "train.ckpt.max_keep=1",
-        "train.lora.enable=true",
-        "train.lora.rank=4",
-        "train.lora.vision=true",
+        f"model.model_name_or_path='{model}'", f"data.dataset.name='{data}'", f"train.output_dir='{out}'",
+        "train.train_batch_per_replica=4", "train.mini_batch=1", "train.max_steps=3", "train.optm_lr=1e-2",
+        "train.param_dtype='float32'", "data.num_workers=0", "logging.logger=['jsonl']", "model.dtype='float32'",
+        "train.ckpt.save_freq=3", "train.ckpt.export_safetensors=true", "train.ckpt.max_keep=1",
+        "train.lora.enable=true", "train.lora.rank=4", "train.lora.vision=true",
     ]
 
 
 @pytest.mark.slow
 def test_two_gloo_processes_train_lora_like_one_process(tmp_path):
     model = save_tiny_model("qwen2_5_vl", tmp_path / "model")
-    records = [
-        {"conversations": [{"role": "user", "content": f"Does it roll {i}?"}, {"role": "assistant", "content": ANSWER}]}
-        for i in range(8)
-    ]
+    records = [{"conversations": [{"role": "user", "content": f"Does it roll {i}?"}, {"role": "assistant", "content": ANSWER}]}
+               for i in range(8)]
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in records))
     single = run_sft(load_config(None, _overrides(model, data, tmp_path / "one")))
@@ -72,18 +58,8 @@ def test_two_gloo_processes_train_lora_like_one_process(tmp_path):
     script.write_text(WORKER)
     losses_file = tmp_path / "losses.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        "29533",
-        str(script),
-        json.dumps(_overrides(model, data, tmp_path / "two")),
-        str(losses_file),
-    ]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+               str(script), json.dumps(_overrides(model, data, tmp_path / "two")), str(losses_file)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     two = json.loads(losses_file.read_text())

@@ -22,12 +22,7 @@ def tiny_vl(tmp_path_factory, vl_kind) -> Path:
 
 def write_records(folder: Path, count: int = 8) -> Path:
     records = [
-        {
-            "conversations": [
-                {"role": "user", "content": f"Does the box slide {i}?"},
-                {"role": "assistant", "content": ANSWER},
-            ]
-        }
+        {"conversations": [{"role": "user", "content": f"Does the box slide {i}?"}, {"role": "assistant", "content": ANSWER}]}
         for i in range(count)
     ]
     path = folder / "train.jsonl"
@@ -36,31 +31,26 @@ def write_records(folder: Path, count: int = 8) -> Path:
 
 
 def tiny_config(model: Path, data: Path, out: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            f"model.model_name_or_path='{model}'",
-            f"data.dataset.name='{data}'",
-            f"train.output_dir='{out}'",
-            "train.train_batch_per_replica=4",
-            "train.mini_batch=2",
-            "train.optm_lr=2e-3",
-            "train.optm_warmup_steps=1",
-            "train.param_dtype='float32'",
-            "data.num_workers=0",
-            "logging.logger=['jsonl', 'tensorboard']",
-            "train.ckpt.export_safetensors=false",
-            *extra,
-        ],
-    )
+    return load_config(None, [
+        f"model.model_name_or_path='{model}'",
+        f"data.dataset.name='{data}'",
+        f"train.output_dir='{out}'",
+        "train.train_batch_per_replica=4",
+        "train.mini_batch=2",
+        "train.optm_lr=2e-3",
+        "train.optm_warmup_steps=1",
+        "train.param_dtype='float32'",
+        "data.num_workers=0",
+        "logging.logger=['jsonl', 'tensorboard']",
+        "train.ckpt.export_safetensors=false",
+        *extra,
+    ])
 
 
 @pytest.mark.slow
 def test_loss_falls_when_overfitting_a_few_samples(tiny_vl, tmp_path):
     data = write_records(tmp_path, 4)
-    result = run_sft(
-        tiny_config(tiny_vl, data, tmp_path / "out", "train.max_steps=12", "train.ckpt.enable_checkpoint=false")
-    )
+    result = run_sft(tiny_config(tiny_vl, data, tmp_path / "out", "train.max_steps=12", "train.ckpt.enable_checkpoint=false"))
     assert result.losses[-1] < 0.5 * result.losses[0]
     lines = (tmp_path / "out" / "logs" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["step"] == 12
@@ -69,15 +59,8 @@ def test_loss_falls_when_overfitting_a_few_samples(tiny_vl, tmp_path):
 
 def test_validation_loss_is_reported_on_the_held_out_split(tiny_vl, tmp_path):
     data = write_records(tmp_path, 10)
-    config = tiny_config(
-        tiny_vl,
-        data,
-        tmp_path / "out",
-        "train.max_steps=2",
-        "data.val_fraction=0.2",
-        "train.validation_freq=1",
-        "train.ckpt.enable_checkpoint=false",
-    )
+    config = tiny_config(tiny_vl, data, tmp_path / "out", "train.max_steps=2", "data.val_fraction=0.2",
+                         "train.validation_freq=1", "train.ckpt.enable_checkpoint=false")
     result = run_sft(config)
     assert sorted(result.val_losses) == [1, 2]
     assert result.val_losses[2] < result.val_losses[1]
@@ -90,16 +73,9 @@ def test_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path):
     first = run_sft(tiny_config(tiny_vl, data, tmp_path / "b", "train.max_steps=6", "train.ckpt.save_freq=3"))
     assert [p.name for p in checkpoint_dirs(tmp_path / "b")] == ["step_3", "step_6"]
     # Throw away the end of the run, then resume from step 3 in a fresh run.
-    resumed = run_sft(
-        tiny_config(
-            tiny_vl,
-            data,
-            tmp_path / "c",
-            "train.max_steps=6",
-            f"train.resume='{tmp_path / 'b' / 'checkpoints' / 'step_3'}'",
-            "train.trust_checkpoint=true",
-        )
-    )
+    resumed = run_sft(tiny_config(tiny_vl, data, tmp_path / "c", "train.max_steps=6",
+                                  f"train.resume='{tmp_path / 'b' / 'checkpoints' / 'step_3'}'",
+                                  "train.trust_checkpoint=true"))
     assert first.losses == straight.losses
     assert resumed.losses == straight.losses[3:]
 
@@ -107,11 +83,7 @@ def test_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path):
 @pytest.mark.slow
 def test_checkpoints_are_rotated_and_never_left_half_written(tiny_vl, tmp_path):
     data = write_records(tmp_path, 8)
-    run_sft(
-        tiny_config(
-            tiny_vl, data, tmp_path / "out", "train.max_steps=4", "train.ckpt.save_freq=1", "train.ckpt.max_keep=2"
-        )
-    )
+    run_sft(tiny_config(tiny_vl, data, tmp_path / "out", "train.max_steps=4", "train.ckpt.save_freq=1", "train.ckpt.max_keep=2"))
     names = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())
     assert names == ["step_3", "step_4"]
     assert (tmp_path / "out" / "checkpoints" / "step_4" / ".metadata").is_file()

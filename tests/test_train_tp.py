@@ -45,12 +45,7 @@ WORKER = textwrap.dedent(
 def _write_data(folder: Path) -> Path:
     records = []
     for i in range(8):
-        record = {
-            "conversations": [
-                {"role": "user", "content": f"Does it roll {i}?"},
-                {"role": "assistant", "content": ANSWER},
-            ]
-        }
+        record = {"conversations": [{"role": "user", "content": f"Does it roll {i}?"}, {"role": "assistant", "content": ANSWER}]}
         if i % 2 == 0:
             write_image(folder / f"img{i}.png", seed=i)
             record["image"] = f"img{i}.png"
@@ -62,23 +57,11 @@ def _write_data(folder: Path) -> Path:
 
 def _overrides(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     return [
-        f"model.model_name_or_path='{model}'",
-        f"data.dataset.name='{data}'",
-        f"train.output_dir='{out}'",
-        "train.train_batch_per_replica=4",
-        "train.mini_batch=1",
-        f"train.max_steps={STEPS}",
-        f"train.optm_lr={LR}",
-        "train.param_dtype='float32'",
-        "data.num_workers=0",
-        "logging.logger=['jsonl']",
-        "model.dtype='float32'",
+        f"model.model_name_or_path='{model}'", f"data.dataset.name='{data}'", f"train.output_dir='{out}'",
+        "train.train_batch_per_replica=4", "train.mini_batch=1", f"train.max_steps={STEPS}", f"train.optm_lr={LR}",
+        "train.param_dtype='float32'", "data.num_workers=0", "logging.logger=['jsonl']", "model.dtype='float32'",
         # no clipping: a wrong gradient scale would otherwise hide behind the clip and AdamW's scale invariance
-        "train.optm_grad_norm_clip=0",
-        "train.ckpt.save_freq=2",
-        "train.ckpt.max_keep=2",
-        "train.log_freq=1",
-        *extra,
+        "train.optm_grad_norm_clip=0", "train.ckpt.save_freq=2", "train.ckpt.max_keep=2", "train.log_freq=1", *extra,
     ]
 
 
@@ -91,16 +74,8 @@ def _torchrun(tmp: Path, nproc: int, overrides: list[str]) -> None:
     script = tmp / "worker.py"
     script.write_text(WORKER)
     # --standalone picks a free port: other test runs may share this machine
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        str(script),
-        json.dumps(overrides),
-    ]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               str(script), json.dumps(overrides)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -114,11 +89,8 @@ def runs(tmp_path_factory, vl_kind) -> dict[str, Path]:
     data = _write_data(tmp / "data")
     folders = {"model": model, "data": data, "one": tmp / "one", "tp2": tmp / "tp2"}
     run_sft(load_config(None, _overrides(model, data, folders["one"], "train.ckpt.export_safetensors=true")))
-    _torchrun(
-        tmp,
-        2,
-        _overrides(model, data, folders["tp2"], "policy.parallelism.tp_size=2", "train.ckpt.export_safetensors=true"),
-    )
+    _torchrun(tmp, 2, _overrides(model, data, folders["tp2"], "policy.parallelism.tp_size=2",
+                                        "train.ckpt.export_safetensors=true"))
     return folders
 
 
@@ -149,22 +121,10 @@ def test_tensor_parallel_export_gathers_the_same_full_weights(runs):
 @pytest.mark.slow
 def test_tensor_parallel_checkpoint_resumes_in_one_process(runs, tmp_path):
     checkpoint = runs["tp2"] / "checkpoints" / "step_2"
-    resumed = run_sft(
-        load_config(
-            None,
-            _overrides(
-                runs["model"],
-                runs["data"],
-                tmp_path / "resumed",
-                f"train.resume='{checkpoint}'",
-                "train.trust_checkpoint=true",
-                "train.ckpt.enable_checkpoint=false",
-            ),
-        )
-    )
-    assert torch.allclose(
-        torch.tensor(resumed.losses), torch.tensor(_metrics(runs["one"], "train/loss")[2:]), rtol=1e-5
-    )
+    resumed = run_sft(load_config(None, _overrides(runs["model"], runs["data"], tmp_path / "resumed",
+                                                   f"train.resume='{checkpoint}'", "train.trust_checkpoint=true",
+                                                   "train.ckpt.enable_checkpoint=false")))
+    assert torch.allclose(torch.tensor(resumed.losses), torch.tensor(_metrics(runs["one"], "train/loss")[2:]), rtol=1e-5)
 
 
 @pytest.mark.slow
@@ -172,20 +132,9 @@ def test_data_and_tensor_parallel_2d_mesh_resumes_a_single_process_checkpoint(ru
     out = tmp_path / "dp2tp2"
     checkpoint = runs["one"] / "checkpoints" / "step_2"
     # a clip far above the norm runs the clipping path over both meshes without changing the update
-    _torchrun(
-        tmp_path,
-        4,
-        _overrides(
-            runs["model"],
-            runs["data"],
-            out,
-            "policy.parallelism.tp_size=2",
-            f"train.resume='{checkpoint}'",
-            "train.trust_checkpoint=true",
-            "train.ckpt.enable_checkpoint=false",
-            "train.optm_grad_norm_clip=1e6",
-        ),
-    )
+    _torchrun(tmp_path, 4, _overrides(runs["model"], runs["data"], out, "policy.parallelism.tp_size=2",
+                                      f"train.resume='{checkpoint}'", "train.trust_checkpoint=true",
+                                      "train.ckpt.enable_checkpoint=false", "train.optm_grad_norm_clip=1e6"))
     one_loss, one_norm = _metrics(runs["one"], "train/loss")[2:], _metrics(runs["one"], "train/grad_norm")[2:]
     assert torch.allclose(torch.tensor(_metrics(out, "train/loss")), torch.tensor(one_loss), rtol=1e-5, atol=1e-6)
     assert torch.allclose(torch.tensor(_metrics(out, "train/grad_norm")), torch.tensor(one_norm), rtol=1e-4)

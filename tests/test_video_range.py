@@ -37,24 +37,8 @@ def clip(tmp_path) -> Path:
 
 
 def infer_prompt_tokens(model: Path, clip: Path, *flags: str) -> int:
-    result = cli(
-        "infer",
-        "--model",
-        str(model),
-        "--dtype",
-        "float32",
-        "--video",
-        str(clip),
-        "--question",
-        "Falling?",
-        "--max-tokens",
-        "1",
-        "--temperature",
-        "0",
-        "--json",
-        *SMALL_FLAGS,
-        *flags,
-    )
+    result = cli("infer", "--model", str(model), "--dtype", "float32", "--video", str(clip), "--question", "Falling?",
+                 "--max-tokens", "1", "--temperature", "0", "--json", *SMALL_FLAGS, *flags)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["prompt_tokens"]
 
@@ -93,20 +77,8 @@ def test_jsonl_lines_carry_their_own_time_range(tiny_model_dir, clip, tmp_path):
     requests = tmp_path / "requests.jsonl"
     requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "out.jsonl"
-    result = cli(
-        "infer",
-        "--model",
-        str(tiny_model_dir),
-        "--dtype",
-        "float32",
-        "--jsonl",
-        str(requests),
-        "--out",
-        str(out),
-        "--max-tokens",
-        "1",
-        *SMALL_FLAGS,
-    )
+    result = cli("infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--jsonl", str(requests), "--out",
+                 str(out), "--max-tokens", "1", *SMALL_FLAGS)
     assert result.returncode == 0, result.stderr
     records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert records["second"]["prompt_tokens"] < records["whole"]["prompt_tokens"]
@@ -121,11 +93,8 @@ def test_record_range_replaces_the_configured_one(clip):
 
 @pytest.mark.parametrize(
     ("record", "message"),
-    [
-        ({"video_start": -1}, "video_start must be a number"),
-        ({"video_end": True}, "video_end must be a number"),
-        ({"video_start": 2, "video_end": 2}, r"video_start \(2.0\) must be before video_end"),
-    ],
+    [({"video_start": -1}, "video_start must be a number"), ({"video_end": True}, "video_end must be a number"),
+     ({"video_start": 2, "video_end": 2}, r"video_start \(2.0\) must be before video_end")],
 )
 def test_bad_record_range_names_the_record(record, message):
     with pytest.raises(InputError, match=f"data.jsonl:3: {message}"):
@@ -138,14 +107,8 @@ def test_config_refuses_an_empty_time_range():
 
 
 def test_grpo_prompts_sample_their_record_range(clip):
-    records = [
-        {
-            "video": "clip.mp4",
-            "video_start": 1.0,
-            "video_end": 2.0,
-            "qa_pairs": {"question": "Falling?", "index2ans": {"A": "yes", "B": "no"}, "answer": "A"},
-        }
-    ]
+    records = [{"video": "clip.mp4", "video_start": 1.0, "video_end": 2.0,
+                "qa_pairs": {"question": "Falling?", "index2ans": {"A": "yes", "B": "no"}, "answer": "A"}}]
     (prompt,) = parse_mcq_records(records, clip.parent, "mcq.json")
     request = mcq_request(prompt, SMALL)
     assert request.videos[0].indices == [8, 11, 13, 16]  # frames 8..16 (1 s to 2 s), 4 of them
@@ -153,10 +116,8 @@ def test_grpo_prompts_sample_their_record_range(clip):
 
 def test_benchmark_samples_sample_their_record_range_and_count_a_bad_one_as_failed(clip):
     qa = {"question": "Falling?", "index2ans": {"A": "yes", "B": "no"}, "answer": "A"}
-    records = [
-        {"video": "clip.mp4", "video_end": 1.0, "qa_pairs": qa},
-        {"video": "clip.mp4", "video_start": "later", "qa_pairs": qa},
-    ]
+    records = [{"video": "clip.mp4", "video_end": 1.0, "qa_pairs": qa},
+               {"video": "clip.mp4", "video_start": "later", "qa_pairs": qa}]
     ranged, bad = expand_qa_pairs(records, "bench.json")
     assert "video_start must be a number" in bad.error
     request = build_eval_request(ranged, Benchmark("bench", clip.parent, [ranged, bad]), SMALL, "reasoning")

@@ -22,18 +22,14 @@ def infer(
     image: list[Path] = typer.Option([], "--image", "-i", help="Image file: jpg, png, webp (repeatable)."),
     question: str | None = typer.Option(None, "--question", "-q", help="What to ask about the media."),
     jsonl: Path | None = typer.Option(
-        None,
-        "--jsonl",
-        help='Batch input: one {"id", "question", "video"|"image", "video_start"?, "video_end"?} per line.',
+        None, "--jsonl", help='Batch input: one {"id", "question", "video"|"image", "video_start"?, "video_end"?} per line.'
     ),
     parquet: Path | None = typer.Option(
         None, "--parquet", help="Batch input: a Parquet file or folder with columns id, question, video|image."
     ),
     out: Path | None = typer.Option(
-        None,
-        "--out",
-        help="Batch output: JSONL file, or a folder of Parquet parts if it ends in .parquet; "
-        "rerunning skips ids already there.",
+        None, "--out", help="Batch output: JSONL file, or a folder of Parquet parts if it ends in .parquet; "
+        "rerunning skips ids already there."
     ),
     retry_failed: bool | None = typer.Option(
         None, "--retry-failed", help="Batch: run the requests whose earlier result is an error again."
@@ -55,9 +51,7 @@ def infer(
     ),
     engine: str | None = typer.Option(None, help="Engine: auto (vLLM when installed), vllm or hf."),
     lora: Path | None = typer.Option(
-        None,
-        "--lora",
-        help="PEFT LoRA adapter folder served on top of --model (e.g. <run>/safetensors/step_N/adapter).",
+        None, "--lora", help="PEFT LoRA adapter folder served on top of --model (e.g. <run>/safetensors/step_N/adapter)."
     ),
     fps: float | None = typer.Option(None, help="Frames per second sampled from videos [default: 4]."),
     nframes: int | None = typer.Option(

@@ -8,12 +8,8 @@ import typer
 
 
 def plot(
-    run_dir: Path = typer.Argument(
-        ..., help="A run's train.output_dir (reads logs/metrics.jsonl), or a metrics.jsonl."
-    ),
-    out: Path | None = typer.Option(
-        None, help="PNG to write [default: RUN_DIR/curves.png, beside a metrics.jsonl given]."
-    ),
+    run_dir: Path = typer.Argument(..., help="A run's train.output_dir (reads logs/metrics.jsonl), or a metrics.jsonl."),
+    out: Path | None = typer.Option(None, help="PNG to write [default: RUN_DIR/curves.png, beside a metrics.jsonl given]."),
 ) -> None:
     """Draw loss, reward, learning-rate and accuracy curves from a run's metrics.jsonl into a PNG."""
     from physreason.plots import training_curves

@@ -106,8 +106,6 @@ def serve(
         typer.echo(command.shown())
         return
     if host not in ("127.0.0.1", "localhost", "::1") and not options.api_key:
-        err_console.print(
-            f"[yellow]warning: serving on {host} without --api-key: anyone who can reach it may use it[/]"
-        )
+        err_console.print(f"[yellow]warning: serving on {host} without --api-key: anyone who can reach it may use it[/]")
     err_console.print(f"starting: {command.shown()}", highlight=False, soft_wrap=True)
     exec_server(command)

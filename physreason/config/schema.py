@@ -175,9 +175,7 @@ class EngineConfig(Section):
 class DatasetConfig(Section):
     """Where a data set lives: a JSON/JSONL/parquet file, a load_from_disk folder, or a hub name."""
 
-    name: str = Field(
-        "", description="Path to a JSON/JSONL/parquet file or dataset folder, or a Hugging Face dataset name."
-    )
+    name: str = Field("", description="Path to a JSON/JSONL/parquet file or dataset folder, or a Hugging Face dataset name.")
     subset: str | None = Field(None, description="Dataset configuration name (hub datasets).")
     split: str = Field("train", description="Split to read.")
     media_root: str | None = Field(
@@ -484,9 +482,7 @@ class InferConfig(Section):
         1000, ge=1, description="Parquet output: results per part file (a killed run redoes at most these)."
     )
     parquet_flush_s: float = Field(
-        60.0,
-        gt=0.0,
-        description="Parquet output: most seconds a finished result waits before its part file is written.",
+        60.0, gt=0.0, description="Parquet output: most seconds a finished result waits before its part file is written."
     )
 
 

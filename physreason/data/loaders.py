@@ -20,9 +20,7 @@ def _read_json(path: Path, require_objects: bool) -> list[Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{path} is not valid JSON ({exc}): write a list of records, or use .jsonl with one per line"
-        ) from exc
+        raise InputError(f"{path} is not valid JSON ({exc}): write a list of records, or use .jsonl with one per line") from exc
     if isinstance(data, dict):
         lists = [v for v in data.values() if isinstance(v, list)]
         if len(lists) != 1:
@@ -95,7 +93,9 @@ def load_records(config: DatasetConfig, *, require_objects: bool = True) -> tupl
     return records, root
 
 
-def load_located_records(config: DatasetConfig, *, require_objects: bool = True) -> tuple[list[Any], Path, list[str]]:
+def load_located_records(
+    config: DatasetConfig, *, require_objects: bool = True
+) -> tuple[list[Any], Path, list[str]]:
     """Return the records of a data set, the folder its media paths are relative to, and where each record is.
 
     A location names the record as a person finds it: "data.jsonl:12" (line 12), "data.json record 3"

@@ -68,11 +68,7 @@ class PolicyWorker:
         return node_address(), free_port()
 
     def setup(
-        self,
-        master: tuple[str, int] | None,
-        total_steps: int,
-        resume: bool | str,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        self, master: tuple[str, int] | None, total_steps: int, resume: bool | str, bucket_bytes: int = DEFAULT_BUCKET_BYTES
     ) -> dict[str, Any]:
         """Join the group at `master` (rank 0's address()), build model, optimizer and schedule, resume if asked.
 
@@ -83,15 +79,13 @@ class PolicyWorker:
 
         config, train_cfg = self.config, self.config.train
         if self.world_size > 1 and master is not None:
-            os.environ.update(
-                {
-                    "RANK": str(self.rank),
-                    "WORLD_SIZE": str(self.world_size),
-                    "LOCAL_RANK": "0",  # Ray shows each actor only its own GPUs
-                    "MASTER_ADDR": master[0],
-                    "MASTER_PORT": str(master[1]),
-                }
-            )
+            os.environ.update({
+                "RANK": str(self.rank),
+                "WORLD_SIZE": str(self.world_size),
+                "LOCAL_RANK": "0",  # Ray shows each actor only its own GPUs
+                "MASTER_ADDR": master[0],
+                "MASTER_PORT": str(master[1]),
+            })
         self.runtime = runtime = init_runtime()
         seed_everything(train_cfg.seed)
         tp = config.policy.parallelism.tp_size
@@ -114,9 +108,7 @@ class PolicyWorker:
             self.step = resumed.step
             log.info("policy rank %d resumed from %s at step %d", self.rank, resumed.path, self.step)
         if self.rank == 0:
-            self.store = dist.TCPStore(
-                node_address(), 0, is_master=True, wait_for_workers=False, timeout=CHANNEL_TIMEOUT
-            )
+            self.store = dist.TCPStore(node_address(), 0, is_master=True, wait_for_workers=False, timeout=CHANNEL_TIMEOUT)
         return {
             "trainer_state": resumed.state if resumed is not None else None,
             "checkpoint": str(resumed.path) if resumed is not None else None,
@@ -128,9 +120,7 @@ class PolicyWorker:
     def open_channel(self, replica: int, channel_id: str) -> str | None:
         """Rank 0: open the weight channel to a rollout replica (which calls connect at the same time); None or the error."""
         try:
-            self.channels[replica] = WeightChannel(
-                "", 0, channel_id, rank=0, device=self.runtime.device, store=self.store
-            )
+            self.channels[replica] = WeightChannel("", 0, channel_id, rank=0, device=self.runtime.device, store=self.store)
         except (RuntimeError, dist.DistError) as exc:
             return f"{type(exc).__name__}: {exc}"
         return None
@@ -145,16 +135,8 @@ class PolicyWorker:
         lr = self.scheduler.get_last_lr()[0]
         batches = self.update.micro_batches(samples, self.pad_id, self.vision_tokens, self.runtime.device)
         metrics = update_policy(
-            self.scorer,
-            batches,
-            self.optimizer,
-            self.scheduler,
-            self.update,
-            self.runtime,
-            self.dp_size,
-            self.autocast,
-            self.reference,
-            dp_group=self.dp_group,
+            self.scorer, batches, self.optimizer, self.scheduler, self.update, self.runtime, self.dp_size,
+            self.autocast, self.reference, dp_group=self.dp_group,
         )
         self.step += 1
         # update_policy's *_sum diagnostics are already divided by the step's token count: token means.
@@ -216,3 +198,4 @@ class PolicyWorker:
         """Leave the process group."""
         if dist.is_initialized():
             dist.destroy_process_group()
+

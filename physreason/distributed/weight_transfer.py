@@ -177,7 +177,5 @@ class WeightChannel:
         for bucket in buckets:
             buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=self.device)  # [nbytes]
             self._broadcast(buffer)
-            tensors += [
-                (name, t.to("cpu", copy=self.device.type != "cpu")) for name, t in unpack_bucket(bucket, buffer)
-            ]
+            tensors += [(name, t.to("cpu", copy=self.device.type != "cpu")) for name, t in unpack_bucket(bucket, buffer)]
         return version, tensors

@@ -32,9 +32,7 @@ class Completion:
 
     text: str
     token_ids: list[int]
-    logprobs: list[
-        float
-    ]  # log-probability of each sampled token under the unmodified model distribution; [] if not asked
+    logprobs: list[float]  # log-probability of each sampled token under the unmodified model distribution; [] if not asked
     finish_reason: Literal["stop", "length"]
 
 

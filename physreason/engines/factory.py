@@ -41,9 +41,7 @@ def create_engine(
         try:
             from physreason.engines.vllm import VLLMEngine
         except ImportError as exc:
-            raise ConfigError(
-                f"the vllm engine is not available in this build of physreason ({exc}); use --engine hf"
-            ) from exc
+            raise ConfigError(f"the vllm engine is not available in this build of physreason ({exc}); use --engine hf") from exc
         overrides: dict = {"distributed_executor_backend": vllm_executor} if vllm_executor is not None else {}
         if lora_rank is not None:
             overrides["lora_rank"] = lora_rank

@@ -157,9 +157,7 @@ class HFEngine(Engine):
             )
         if request.videos and self.video_problem:
             raise PhysReasonError(f"request {request.request_id}: {self.video_problem}")
-        visuals = (
-            encode_visuals(request.images, request.videos, self.processor_params) if self.is_vl else VisualInputs()
-        )
+        visuals = encode_visuals(request.images, request.videos, self.processor_params) if self.is_vl else VisualInputs()
         text = self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
         text = visuals.expand(text)
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
@@ -190,14 +188,12 @@ class HFEngine(Engine):
         for start in range(0, len(encoded), size):
             batch = encoded[start : start + size]
             try:
-                outputs = self._generate_batch(
-                    [ids for _, ids, _ in batch], [v for _, _, v in batch], sampling, logprobs
-                )
+                outputs = self._generate_batch([ids for _, ids, _ in batch], [v for _, _, v in batch], sampling, logprobs)
             except torch.OutOfMemoryError as exc:
                 for index, _, _ in batch:
-                    results[
-                        index
-                    ].error = f"out of memory while generating ({exc}): lower engine.batch_size, --total-pixels or --max-tokens"
+                    results[index].error = (
+                        f"out of memory while generating ({exc}): lower engine.batch_size, --total-pixels or --max-tokens"
+                    )
                 continue
             for (index, _, _), completions in zip(batch, outputs, strict=True):
                 results[index].completions = completions
@@ -272,11 +268,7 @@ class HFEngine(Engine):
         grouped: list[list[Completion]] = []
         for row in range(new_tokens.shape[0]):
             tokens = new_tokens[row].tolist()
-            end = (
-                None
-                if sampling.ignore_eos
-                else next((k + 1 for k, t in enumerate(tokens) if t in self.eos_token_ids), None)
-            )
+            end = None if sampling.ignore_eos else next((k + 1 for k, t in enumerate(tokens) if t in self.eos_token_ids), None)
             finish = "stop" if end is not None else "length"
             tokens = tokens[: end if end is not None else len(tokens)]
             completion = Completion(

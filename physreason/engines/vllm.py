@@ -205,9 +205,7 @@ class VLLMEngine(Engine):
             )
         except ValueError:
             # vLLM validates a whole call up front; run one at a time so only the bad request fails.
-            outputs = [
-                self._generate_one(prompt, param, results[i]) for prompt, param, i in zip(prompts, params, indices)
-            ]
+            outputs = [self._generate_one(prompt, param, results[i]) for prompt, param, i in zip(prompts, params, indices)]
         for i, output in zip(indices, outputs, strict=True):
             if output is None:
                 continue

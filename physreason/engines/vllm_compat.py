@@ -226,9 +226,7 @@ def lora_engine_kwargs(rank: int) -> dict[str, Any]:
     """`vllm.LLM` keyword arguments that let it serve one runtime LoRA adapter of rank up to `rank`."""
     slot = next((r for r in _LORA_RANKS if r >= rank), None)
     if slot is None:
-        raise ConfigError(
-            f"LoRA rank {rank} is above the largest vLLM serves ({_LORA_RANKS[-1]}): lower train.lora.rank"
-        )
+        raise ConfigError(f"LoRA rank {rank} is above the largest vLLM serves ({_LORA_RANKS[-1]}): lower train.lora.rank")
     return {"enable_lora": True, "max_lora_rank": slot, "max_loras": 1}
 
 

@@ -84,9 +84,7 @@ def plan_eval(cfg: Config) -> EvalPlan:
     names = [b.name for b in benchmarks]
     if len(set(names)) != len(names):
         raise ConfigError(f"eval.datasets names the same data set twice ({names}); each needs its own results folder")
-    base = answer_type_dir(
-        cfg.eval.results_dir, cfg.eval.model_name or cfg.model.model_name_or_path, cfg.eval.answer_type
-    )
+    base = answer_type_dir(cfg.eval.results_dir, cfg.eval.model_name or cfg.model.model_name_or_path, cfg.eval.answer_type)
     seeds = [cfg.eval.seed + k for k in range(cfg.eval.num_repeats)]
     return EvalPlan(base=base, benchmarks=benchmarks, seeds=seeds)
 

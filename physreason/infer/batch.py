@@ -126,7 +126,9 @@ def read_requests(path: str | Path, media_root: str | Path | None = None) -> tup
         records = _read_jsonl(path)
         root = (root or path.parent).resolve()
     else:
-        records, root = load_records(DatasetConfig(name=str(path), media_root=str(media_root) if media_root else None))
+        records, root = load_records(
+            DatasetConfig(name=str(path), media_root=str(media_root) if media_root else None)
+        )
         for number, record in enumerate(records, start=1):
             if not isinstance(record, dict):
                 raise InputError(f"{path}: request {number} is a JSON {type(record).__name__}, not an object")
@@ -175,19 +177,13 @@ def request_from_record(
     where = f"request {rid}"
     question = record.get("question")
     if not isinstance(question, str):
-        raise InputError(f'{where}: no \'question\' text; each request needs "question" and "video" or "image"')
+        raise InputError(f"{where}: no 'question' text; each request needs \"question\" and \"video\" or \"image\"")
     videos = [media_path_in_root(root, v, where) for v in _as_list(record.get("video"))]
     images = [media_path_in_root(root, i, where) for i in _as_list(record.get("image"))]
     vision = vision.model_copy(update=record_video_range(record, where))
     return build_request(
-        question,
-        videos=videos,
-        images=images,
-        vision=vision,
-        reasoning=reasoning,
-        system_prompt=record.get("system_prompt"),
-        request_id=rid,
-        factor=factor,
+        question, videos=videos, images=images, vision=vision, reasoning=reasoning,
+        system_prompt=record.get("system_prompt"), request_id=rid, factor=factor,
     )
 
 

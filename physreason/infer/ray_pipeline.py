@@ -63,9 +63,7 @@ def replica_layout(num_gpus: int, tp: int, device: str, cluster_gpus: float) -> 
     'auto' is 'gpu' when the cluster has any GPU, else 'cpu'.
     """
     if num_gpus < 1:
-        raise ConfigError(
-            f"infer.num_gpus = {num_gpus}: give at least 1 (--num-gpus), or leave it unset for one process"
-        )
+        raise ConfigError(f"infer.num_gpus = {num_gpus}: give at least 1 (--num-gpus), or leave it unset for one process")
     if num_gpus % tp:
         raise ConfigError(
             f"infer.num_gpus ({num_gpus}) is not a multiple of engine.tensor_parallel_size ({tp}): "
@@ -102,7 +100,9 @@ def replica_engine(model: ModelConfig, engine: EngineConfig) -> Engine:
     return create_engine(model, engine, vllm_executor="uni" if engine.tensor_parallel_size == 1 else "mp")
 
 
-def decode_row(row: dict[str, Any], *, root: str, vision: VisionConfig, reasoning: bool, factor: int) -> dict[str, Any]:
+def decode_row(
+    row: dict[str, Any], *, root: str, vision: VisionConfig, reasoning: bool, factor: int
+) -> dict[str, Any]:
     """CPU stage: one input row {"id", "record"} -> {"id", "request": pickled request, "error"}.
 
     A record that cannot be used (missing or corrupt media, no question) yields its error instead of raising,
@@ -235,12 +235,7 @@ def run_ray_batch(
             log.warning("running %d engine replicas without GPUs (infer.device = %r)", replicas, infer.device)
         # No local name holds the dataset, so it can be collected below with the run's actor handles.
         _drain(
-            _build_dataset(ray, cfg, plan, replicas, gpus_each, reasoning, factor),
-            plan,
-            summary,
-            out,
-            infer,
-            show_progress,
+            _build_dataset(ray, cfg, plan, replicas, gpus_each, reasoning, factor), plan, summary, out, infer, show_progress
         )
     finally:
         # Ray Data drops its handles to replicas whose tasks failed when they died, but Ray restarts those

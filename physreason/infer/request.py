@@ -32,9 +32,7 @@ def build_request(
     vision = vision or VisionConfig()
     frames = [load_video(v, vision, factor) for v in videos]
     pictures = [load_image(i, vision, factor) for i in images]
-    messages = build_messages(
-        question, videos=frames, images=pictures, reasoning=reasoning, system_prompt=system_prompt
-    )
+    messages = build_messages(question, videos=frames, images=pictures, reasoning=reasoning, system_prompt=system_prompt)
     return GenerationRequest(messages=messages, images=pictures, videos=frames, request_id=request_id)
 
 

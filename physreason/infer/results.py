@@ -30,24 +30,20 @@ def is_parquet(path: str | Path) -> bool:
 def _parquet_schema():
     import pyarrow as pa
 
-    output = pa.struct(
-        [
-            ("text", pa.string()),
-            ("reasoning", pa.string()),
-            ("answer", pa.string()),
-            ("format_problems", pa.list_(pa.string())),
-            ("finish_reason", pa.string()),
-            ("completion_tokens", pa.int64()),
-        ]
-    )
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("error", pa.string()),
-            ("prompt_tokens", pa.int64()),
-            ("outputs", pa.list_(output)),
-        ]
-    )
+    output = pa.struct([
+        ("text", pa.string()),
+        ("reasoning", pa.string()),
+        ("answer", pa.string()),
+        ("format_problems", pa.list_(pa.string())),
+        ("finish_reason", pa.string()),
+        ("completion_tokens", pa.int64()),
+    ])
+    return pa.schema([
+        ("id", pa.string()),
+        ("error", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("outputs", pa.list_(output)),
+    ])
 
 
 class ResultSink(Protocol):

@@ -33,7 +33,9 @@ def _require_peft() -> Any:
     try:
         import peft
     except ImportError as exc:
-        raise ConfigError("train.lora.enable = true (or --lora) needs PEFT: pip install 'peft>=0.21,<0.22'") from exc
+        raise ConfigError(
+            "train.lora.enable = true (or --lora) needs PEFT: pip install 'peft>=0.21,<0.22'"
+        ) from exc
     return peft
 
 

@@ -48,9 +48,9 @@ def mrope_position_ids(
             interval = 1.0
         gh, gw = h // spatial_merge_size, w // spatial_merge_size
         temporal = (torch.arange(t) * interval).long()  # [t]
-        grid = torch.stack(torch.meshgrid(temporal, torch.arange(gh), torch.arange(gw), indexing="ij")).reshape(
-            3, -1
-        )  # [3, t*gh*gw]
+        grid = torch.stack(
+            torch.meshgrid(temporal, torch.arange(gh), torch.arange(gw), indexing="ij")
+        ).reshape(3, -1)  # [3, t*gh*gw]
         pieces.append(grid + current)
         current += max(gh, gw)
         i += grid.shape[1]

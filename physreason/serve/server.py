@@ -84,9 +84,7 @@ def model_chat_template(cfg: Config) -> str:
             name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
         )
     except OSError as exc:
-        raise InputError(
-            f"cannot load the tokenizer of {name}: {exc}; check --model (a local folder or hub id)"
-        ) from exc
+        raise InputError(f"cannot load the tokenizer of {name}: {exc}; check --model (a local folder or hub id)") from exc
     template = tokenizer.chat_template
     if isinstance(template, dict):  # several named templates: the default one serves chat
         template = template.get("default")

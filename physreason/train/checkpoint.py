@@ -113,11 +113,9 @@ def refuse_stale_checkpoints(output_dir: str | Path, resume: bool | str) -> None
 
 def prune_step_dirs(root: Path, max_keep: int, keep: Path) -> None:
     """Delete all but the newest `max_keep` step_<n> folders under `root`; never `keep`, the one just written."""
-    steps = (
-        [p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit()]
-        if root.is_dir()
-        else []
-    )
+    steps = [
+        p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit()
+    ] if root.is_dir() else []
     steps.sort(key=lambda p: int(p.name[len(_PREFIX) :]))
     for old in steps[:-max_keep]:
         if old.resolve() != keep.resolve():
@@ -158,9 +156,7 @@ def save_checkpoint(
         model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only)
     )
     with _single_process_quiet():
-        dcp.save(
-            {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}, checkpoint_id=staging
-        )
+        dcp.save({"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}, checkpoint_id=staging)
     torch.save({**trainer_state, "rng": rng_state()}, staging / f"trainer_rank{_rank()}.pt")
     _barrier()
     if _rank() == 0:

@@ -110,14 +110,8 @@ class Checkpointer:
         """Write the checkpoint of `step` with the trainer's state (keeping [train.ckpt] max_keep), then export."""
         trained, ckpt = self.trained, self.config.train.ckpt
         checkpoint = save_checkpoint(
-            self.output,
-            step,
-            trained.module,
-            trained.optimizer,
-            trained.scheduler,
-            {"step": step, **state},
-            ckpt.max_keep,
-            trainable_only=trained.peft is not None,
+            self.output, step, trained.module, trained.optimizer, trained.scheduler, {"step": step, **state},
+            ckpt.max_keep, trainable_only=trained.peft is not None,
         )
         saved = Saved(checkpoint)
         if ckpt.export_safetensors:

@@ -16,9 +16,7 @@ log = logging.getLogger(__name__)
 class MetricLogger:
     """Write scalar metrics per step to every configured sink; a no-op on ranks other than 0."""
 
-    def __init__(
-        self, output_dir: str | Path, config: LoggingConfig, enabled: bool = True, run_config: Any = None
-    ) -> None:
+    def __init__(self, output_dir: str | Path, config: LoggingConfig, enabled: bool = True, run_config: Any = None) -> None:
         self.enabled = enabled
         self.sinks = set(config.logger)
         self.name = config.experiment_name or time.strftime("sft-%Y%m%d-%H%M%S")
@@ -41,9 +39,7 @@ class MetricLogger:
             except ImportError:
                 log.warning("logging.logger names wandb but it is not installed; pip install wandb to use it")
             else:
-                self._wandb = wandb.init(
-                    project=config.project_name, name=self.name, config=run_config, dir=str(folder)
-                )
+                self._wandb = wandb.init(project=config.project_name, name=self.name, config=run_config, dir=str(folder))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record metrics (a flat dict of floats) for a step."""

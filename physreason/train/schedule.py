@@ -34,8 +34,6 @@ def build_optimizer(model: nn.Module, config: TrainConfig, total_steps: int, fus
     optimizer = torch.optim.AdamW(groups, lr=config.optm_lr, betas=config.optm_betas, fused=fused or None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lambda step: lr_factor(
-            step, config.optm_warmup_steps, total_steps, config.optm_decay_type, config.optm_min_lr_factor
-        ),
+        lambda step: lr_factor(step, config.optm_warmup_steps, total_steps, config.optm_decay_type, config.optm_min_lr_factor),
     )
     return optimizer, scheduler

@@ -90,9 +90,7 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
         shown, total = 5, len(records) + len(val_records)
         more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
         raise InputError(
-            f"{len(problems)} of {total} SFT records cannot be used: "
-            + "; ".join(problems[:shown])
-            + more
+            f"{len(problems)} of {total} SFT records cannot be used: " + "; ".join(problems[:shown]) + more
             + ". Fix or remove them"
         )
     return train, val
@@ -147,13 +145,7 @@ class MicroBatches:
     """Endless stream of micro-batches for this rank, positioned by optimizer step (resumable)."""
 
     def __init__(self, dataset: SFTDataset, sampler: StepSampler, mini_batch: int, collate, workers: int) -> None:
-        self.dataset, self.sampler, self.mini_batch, self.collate, self.workers = (
-            dataset,
-            sampler,
-            mini_batch,
-            collate,
-            workers,
-        )
+        self.dataset, self.sampler, self.mini_batch, self.collate, self.workers = dataset, sampler, mini_batch, collate, workers
         self._loader: DataLoader | None = None
         self._iterator: Iterator[SFTBatch] | None = None
 
@@ -286,9 +278,7 @@ def run_sft(config: Config) -> SFTResult:
     per_rank, accumulation = batch_layout(config, runtime.world_size, tp)
     dp_size = runtime.world_size // tp
     dp_rank = runtime.rank // tp
-    sampler = StepSampler(
-        len(train_set), train_cfg.train_batch_per_replica, dp_rank, dp_size, train_cfg.seed, config.data.shuffle
-    )
+    sampler = StepSampler(len(train_set), train_cfg.train_batch_per_replica, dp_rank, dp_size, train_cfg.seed, config.data.shuffle)
     if sampler.steps_per_epoch == 0:
         raise ConfigError(
             f"{len(train_set)} training samples do not fill one batch of train.train_batch_per_replica = "
@@ -338,13 +328,8 @@ def run_sft(config: Config) -> SFTResult:
             skipped = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
             step_log.step(
                 step,
-                {
-                    "train/loss": loss,
-                    "train/lr": lr,
-                    "train/grad_norm": norm,
-                    "train/tokens_per_s": tokens / elapsed,
-                    **skipped,
-                },
+                {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_s": tokens / elapsed,
+                 **skipped},
                 {"loss": f"{loss:.4f}", "lr": f"{lr:.2e}", "tok_s": f"{tokens / elapsed:,.0f}"},
             )
             if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):

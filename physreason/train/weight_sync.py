@@ -69,12 +69,7 @@ class PolicySync:
     """
 
     def __init__(
-        self,
-        engine: Engine,
-        model: nn.Module,
-        peft_model: nn.Module | None,
-        lora: LoraConfig,
-        dtype: torch.dtype | None,
+        self, engine: Engine, model: nn.Module, peft_model: nn.Module | None, lora: LoraConfig, dtype: torch.dtype | None
     ) -> None:
         self.engine, self.model, self.peft_model, self.dtype = engine, model, peft_model, dtype
         self.mode: SyncMode = "full"

@@ -46,7 +46,9 @@ def fixed_num_frames(nframes: int, available: int, temporal_patch_size: int = 2)
     return count
 
 
-def frame_range(total_frames: int, source_fps: float, start: float | None, end: float | None) -> tuple[int, int]:
+def frame_range(
+    total_frames: int, source_fps: float, start: float | None, end: float | None
+) -> tuple[int, int]:
     """Return the first and last source frame (inclusive) of the time range [start, end] seconds.
 
     qwen-vl-utils' `calculate_video_frame_range`: times clamp to [0, duration]; the first frame is
