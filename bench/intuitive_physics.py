@@ -53,7 +53,7 @@ from pathlib import Path
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The recipe's knobs; the defaults are the recipe."""
-    from physreason.data.synth.tasks import TASK_NAMES as TASKS
+    from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-per-task", type=int, default=2000, help="SFT clips per task")
@@ -175,7 +175,7 @@ def variant_suffix(args: argparse.Namespace) -> str:
 def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> None:
     """The three clip sets of every task and the SFT / RL record files (existing clips are reused)."""
     from physreason.data.synth.generate import generate_task
-    from physreason.data.synth.tasks import TASK_NAMES as TASKS
+    from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
     from physreason.demo import letter_sft_records, rl_records
 
     sets = (

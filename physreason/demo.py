@@ -21,7 +21,7 @@ from rich.table import Table
 from physreason.chat.mcq import format_mcq
 from physreason.chat.prompts import MCQ_SYSTEM_PROMPT
 from physreason.config import Config, load_config
-from physreason.data.synth.tasks import TASK_NAMES, TASKS
+from physreason.data.synth.tasks import LETTER_TASK_NAMES, TASKS
 from physreason.errors import PhysReasonError
 
 console = Console()
@@ -43,7 +43,7 @@ def _stage(title: str) -> float:
     return time.perf_counter()
 
 
-def letter_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = TASK_NAMES) -> int:
+def letter_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = LETTER_TASK_NAMES) -> int:
     """Write one SFT file of letter-answer conversations from every task's benchmark records under `data_root`.
 
     A tiny model on CPU cannot write the generated reasoning traces (hundreds of tokens each) in a
@@ -70,7 +70,7 @@ def rl_records(data_root: Path, out_file: Path) -> int:
     """Join every task's benchmark records under `data_root` into one JSONL of GRPO prompts."""
     count = 0
     with out_file.open("w", encoding="utf-8") as sink:
-        for task in TASK_NAMES:
+        for task in LETTER_TASK_NAMES:
             entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
             for entry in entries:
                 sink.write(json.dumps({**entry, "video": f"{task}/{entry['video']}"}) + "\n")
@@ -128,7 +128,7 @@ def demo_config(out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
             "generation.repetition_penalty": 1.0,
             "generation.max_tokens": sizes.max_tokens,
             "eval.benchmark_root": str(out / "data" / "test"),
-            "eval.datasets": list(TASK_NAMES),
+            "eval.datasets": list(LETTER_TASK_NAMES),
             "eval.answer_type": "letter",
             "data.dataset.name": str(out / "data" / "train" / "sft.jsonl"),
             "data.num_workers": 0,
@@ -186,7 +186,7 @@ def run_demo(out: str | Path = "demo-out", sizes: DemoSizes | None = None) -> di
 
     start = _stage("2/7 intuitive-physics clips")
     for split, n in (("train", sizes.train_per_task), ("test", sizes.test_per_task)):
-        for task in TASK_NAMES:
+        for task in LETTER_TASK_NAMES:
             generate_task(task, n, out / "data" / split, split, base_seed=0, workers=2, show_progress=False)
         console.print(f"{split}: {n} clips per task in {out / 'data' / split}")
     letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")
@@ -241,9 +241,9 @@ def print_table(table: dict[str, dict[str, float | None]], test_per_task: int) -
     """Accuracy (%) per stage and task, beside chance."""
     view = Table(title=f"held-out accuracy (%), {test_per_task} clips per task")
     view.add_column("model")
-    for task in TASK_NAMES:
+    for task in LETTER_TASK_NAMES:
         view.add_column(task, justify="right")
-    view.add_row("chance", *(f"{100 * TASKS[t].chance:.1f}" for t in TASK_NAMES))
+    view.add_row("chance", *(f"{100 * TASKS[t].chance:.1f}" for t in LETTER_TASK_NAMES))
     for stage, scores in table.items():
-        view.add_row(stage, *("-" if scores.get(t) is None else f"{100 * scores[t]:.1f}" for t in TASK_NAMES))
+        view.add_row(stage, *("-" if scores.get(t) is None else f"{100 * scores[t]:.1f}" for t in LETTER_TASK_NAMES))
     console.print(view)

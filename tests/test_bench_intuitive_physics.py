@@ -77,7 +77,7 @@ def test_pretrain_tower_changes_only_the_vision_tower_and_saves_a_loadable_model
     from transformers import AutoModelForImageTextToText
 
     from physreason.data.synth.generate import generate_task
-    from physreason.data.synth.tasks import TASK_NAMES
+    from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASK_NAMES
     from physreason.demo import letter_sft_records
     from physreason.models.tiny import save_tiny_model
 

@@ -401,6 +401,24 @@ class GRPOConfig(Section):
         ),
     )
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and draw more prompts.")
+    mask_truncated_completions: bool = Field(
+        False,
+        description=(
+            "Leave completions cut at rollout.max_response_length out of the loss (TRL's name; DAPO's overlong "
+            "filtering); they still count in their group's advantages."
+        ),
+    )
+    overlong_buffer_length: int = Field(
+        0,
+        ge=0,
+        description=(
+            "DAPO's soft overlong punishment: tokens before rollout.max_response_length from which a completion's "
+            "reward falls linearly, to -overlong_penalty_factor at the limit (verl's overlong_buffer.len); 0 = off."
+        ),
+    )
+    overlong_penalty_factor: float = Field(
+        1.0, ge=0.0, description="Largest overlong punishment, reached at rollout.max_response_length (verl's name)."
+    )
     max_dynamic_sampling_rounds: int = Field(
         8, ge=1, description="Most extra prompt draws per step with dynamic sampling."
     )

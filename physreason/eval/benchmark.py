@@ -1,9 +1,11 @@
-"""Read Cosmos-Reason1 benchmark data sets into one multiple-choice sample per question.
+"""Read Cosmos-Reason1 benchmark data sets into one sample per question: multiple choice, or a structured answer.
 
 Layout (the reference benchmark): `<benchmark_root>/<name>/<name>_benchmark_qa_pairs.json`, a list of
 `{"video": "clips/x.mp4", "qa_pairs": {"question", "index2ans": {"A": ...}, "answer" | "correct_answer"}}`
 where `qa_pairs` may also be a list, and `video_start` / `video_end` (seconds) may select part of the
-clip. A JSON or JSONL file with the same records works too; its media
+clip. A question with no `index2ans` whose `answer` is Cosmos-Reason2's JSON (`box_2d`, `point_2d` or
+`start`/`end`, as `data synth` grounding and temporal_localization write) is a structured question,
+scored by IoU. A JSON or JSONL file with the same records works too; its media
 paths are relative to its own folder.
 """
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from physreason.chat.structured import answer_kind
 from physreason.config import DatasetConfig
 from physreason.data.loaders import load_records
 from physreason.data.video_range import record_video_range
@@ -33,6 +36,12 @@ class EvalSample:
     answer: str = ""
     error: str | None = None
     video_range: dict[str, float] = field(default_factory=dict)  # the record's video_start / video_end, seconds
+    reference: dict[str, Any] = field(default_factory=dict)  # a structured question's ground truth beside its answer
+
+    @property
+    def structured(self) -> bool:
+        """True for a question answered in Cosmos-Reason2's JSON (box, point, time span) instead of a letter."""
+        return self.error is None and self.options is None
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,15 @@ def expand_qa_pairs(records: list[Any], source: str) -> list[EvalSample]:
     return samples
 
 
+def _structured_answer(answer: Any) -> bool:
+    """True when `answer` is Cosmos-Reason2's JSON: a box_2d, a point_2d or a start/end span."""
+    try:
+        answer_kind(answer if isinstance(answer, str) else "")
+    except ValueError:
+        return False
+    return True
+
+
 def _sample(sample_id: str, video: Any, qa: Any, where: str) -> EvalSample:
     """Validate one QA pair; a problem becomes the sample's `error` instead of an exception."""
     problem = None
@@ -108,8 +126,11 @@ def _sample(sample_id: str, video: Any, qa: Any, where: str) -> EvalSample:
         problem = "has no 'qa_pairs' object"
     elif not isinstance(qa.get("question"), str) or not qa["question"].strip():
         problem = "has no 'question' text"
+    elif "index2ans" not in qa and _structured_answer(qa.get("answer")):
+        reference = {key: value for key, value in qa.items() if key not in ("question", "answer")}
+        return EvalSample(id=sample_id, video=video, question=qa["question"], answer=qa["answer"], reference=reference)
     elif not isinstance(qa.get("index2ans"), dict) or not qa["index2ans"]:
-        problem = 'has no \'index2ans\' options ({"A": "...", ...})'
+        problem = 'has no \'index2ans\' options ({"A": "...", ...}) and no structured JSON answer'
     elif not isinstance(qa.get("answer", qa.get("correct_answer")), str):
         problem = "has no 'answer' (or 'correct_answer')"
     if problem is not None:

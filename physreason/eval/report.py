@@ -5,6 +5,10 @@ that failed (corrupt clip, path outside the data root, engine error) are counted
 and samples with no result yet (a run that stopped early) in `missing`. The `average` row of a model is
 the mean over data sets of each repeat's accuracy (macro average, as the Cosmos-Reason1 paper reports),
 then mean ± std over the repeats that every data set has.
+
+Structured data sets (Cosmos-Reason2's JSON answers: boxes, points, time spans) also report the mean IoU
+(temporal IoU for time spans; a point scores 1 inside the body's box, else 0), and their accuracy is the
+share of answers with IoU >= 0.5: accuracy at IoU 0.5 for boxes, R@0.5 for time spans.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ CSV_COLUMNS = (
     "accuracy_pct_mean",
     "accuracy_pct_std",
     "accuracy_pct_per_repeat",
+    "mean_iou_pct_mean",
+    "mean_iou_pct_std",
 )
 
 
@@ -50,6 +56,13 @@ class RepeatScore:
     scored: int
     correct: int
     failed: int
+    iou_sum: float = 0.0  # structured answers: sum of the scored samples' IoU
+    iou_count: int = 0
+
+    @property
+    def mean_iou(self) -> float | None:
+        """Mean IoU of the scored structured answers; None when the data set has none."""
+        return self.iou_sum / self.iou_count if self.iou_count else None
 
     @property
     def missing(self) -> int:
@@ -79,6 +92,10 @@ class DatasetReport:
         """Mean and sample std of the per-repeat accuracies (std None with one repeat)."""
         return mean_std(self.accuracies())
 
+    def iou_mean_std(self) -> tuple[float | None, float | None]:
+        """Mean and sample std over repeats of the per-repeat mean IoU (None for a letter data set)."""
+        return mean_std([r.mean_iou for r in self.repeats if r.mean_iou is not None])
+
 
 def score_run(run: Path) -> RepeatScore:
     """Count one run folder's results: scored (with a boolean is_correct), correct, failed (anything else)."""
@@ -86,9 +103,18 @@ def score_run(run: Path) -> RepeatScore:
     scored = sum(1 for r in records.values() if isinstance(r.get("is_correct"), bool))
     correct = sum(1 for r in records.values() if r.get("is_correct") is True)
     failed = len(records) - scored
+    ious = [float(r["iou"]) for r in records.values() if isinstance(r.get("is_correct"), bool) and "iou" in r]
     total = read_run_info(run).get("total", len(records))
     seed = run.name.removeprefix("seed_")
-    return RepeatScore(seed=seed, total=int(total), scored=scored, correct=correct, failed=failed)
+    return RepeatScore(
+        seed=seed,
+        total=int(total),
+        scored=scored,
+        correct=correct,
+        failed=failed,
+        iou_sum=sum(ious),
+        iou_count=len(ious),
+    )
 
 
 def _run_folders(results_dir: Path) -> list[Path]:
@@ -152,6 +178,8 @@ class ReportRow:
     mean: float | None
     std: float | None
     per_repeat: list[float]
+    iou_mean: float | None = None
+    iou_std: float | None = None
 
 
 def report_rows(reports: list[DatasetReport]) -> list[ReportRow]:
@@ -178,6 +206,7 @@ def report_rows(reports: list[DatasetReport]) -> list[ReportRow]:
                     mean,
                     std,
                     rep.accuracies(),
+                    *rep.iou_mean_std(),
                 )
             )
         if len(group) > 1:
@@ -201,11 +230,23 @@ def _count(value: int | None) -> str:
 
 
 _DISPLAY_COLUMNS = ("model", "answer type", "dataset", "repeats", "samples", "failed", "missing", "accuracy %")
+# Shown only when some data set has structured answers, so letter-only reports keep their columns.
+_IOU_COLUMN = "mean IoU %"
 # The terminal table names model and answer type once per table, so each table fits 80 columns.
 _TERMINAL_COLUMNS = _DISPLAY_COLUMNS[2:]
 
 
-def _display_cells(row: ReportRow) -> list[str]:
+def _iou_text(row: ReportRow) -> str:
+    if row.iou_mean is None:
+        return ""
+    return f"{_pct(row.iou_mean)} ± {_pct(row.iou_std)}" if row.iou_std is not None else _pct(row.iou_mean)
+
+
+def _with_iou(rows: list[ReportRow]) -> bool:
+    return any(row.iou_mean is not None for row in rows)
+
+
+def _display_cells(row: ReportRow, iou: bool = False) -> list[str]:
     return [
         row.model,
         row.answer_type,
@@ -215,7 +256,7 @@ def _display_cells(row: ReportRow) -> list[str]:
         _count(row.failed),
         _count(row.missing),
         _accuracy_text(row),
-    ]
+    ] + ([_iou_text(row)] if iou else [])
 
 
 def rich_table(rows: list[ReportRow], title: str) -> Group:
@@ -230,12 +271,13 @@ def rich_table(rows: list[ReportRow], title: str) -> Group:
         groups[(row.model, row.answer_type)].append(row)
     for (model, answer_type), group in groups.items():
         table = Table(title=f"{model} ({answer_type})", title_justify="left")
-        for name in _TERMINAL_COLUMNS:
+        iou = _with_iou(group)
+        for name in _TERMINAL_COLUMNS + ((_IOU_COLUMN,) if iou else ()):
             text_column = name == "dataset"
             # A long data set name folds onto more lines rather than being cut: a truncated name is ambiguous.
             table.add_column(name, justify="left" if text_column else "right", no_wrap=not text_column, overflow="fold")
         for row in group:
-            cells = _display_cells(row)[2:]
+            cells = _display_cells(row, iou)[2:]
             if row.failed:
                 cells[3] = f"[red]{cells[3]}[/]"
             if row.missing:
@@ -247,8 +289,10 @@ def rich_table(rows: list[ReportRow], title: str) -> Group:
 
 def markdown_table(rows: list[ReportRow]) -> str:
     """The report as a GitHub markdown table."""
-    lines = ["| " + " | ".join(_DISPLAY_COLUMNS) + " |", "|" + "---|" * len(_DISPLAY_COLUMNS)]
-    lines += ["| " + " | ".join(_display_cells(row)) + " |" for row in rows]
+    iou = _with_iou(rows)
+    columns = _DISPLAY_COLUMNS + ((_IOU_COLUMN,) if iou else ())
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_display_cells(row, iou)) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -273,6 +317,8 @@ def csv_text(rows: list[ReportRow]) -> str:
                 _pct(row.mean, 4),
                 _pct(row.std, 4),
                 ";".join(_pct(a, 4) for a in row.per_repeat),
+                _pct(row.iou_mean, 4),
+                _pct(row.iou_std, 4),
             ]
         )
     return buffer.getvalue()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from physreason.chat.messages import build_mcq_messages
+from physreason.chat.messages import build_mcq_messages, build_messages
 from physreason.chat.parse import parse_completion
 from physreason.config import SamplingConfig, VisionConfig
 from physreason.data.loaders import media_path_in_root
@@ -46,14 +46,18 @@ def build_eval_request(
     """Decode the sample's clip and build the benchmark's messages; raises PhysReasonError when it cannot.
 
     The clip path must stay inside the benchmark's media root. The prompt is the reference benchmark's
-    ("Answer the questions." system prompt; question, lettered options and instructions as user text).
+    ("Answer the questions." system prompt; question, lettered options and instructions as user text), or for
+    a structured question Cosmos-Reason2's ("You are a helpful assistant."; the task prompt as user text).
     """
     if sample.error is not None:
         raise PhysReasonError(sample.error)
-    assert sample.video is not None and sample.options is not None  # guaranteed when error is None
+    assert sample.video is not None  # guaranteed when error is None
     path = media_path_in_root(benchmark.media_root, sample.video, f"data set {benchmark.name}")
     frames = load_video(path, vision.model_copy(update=sample.video_range), factor)
-    messages = build_mcq_messages(sample.question, sample.options, videos=[frames], answer_type=answer_type)
+    if sample.options is None:  # Cosmos-Reason2's task prompt, asked as written
+        messages = build_messages(sample.question, videos=[frames], reasoning=False)
+    else:
+        messages = build_mcq_messages(sample.question, sample.options, videos=[frames], answer_type=answer_type)
     return GenerationRequest(messages=messages, videos=[frames], request_id=sample.id)
 
 
@@ -70,6 +74,8 @@ def result_line(sample: EvalSample, result: GenerationResult, seed: int | None) 
     except PhysReasonError as exc:
         return record | {"error": str(exc), "full_response": completion.text}
     parsed = parse_completion(completion.text)
+    if score.iou is not None:
+        record["iou"] = score.iou
     return record | {
         "correct_answer": sample.answer,
         "prediction": score.prediction,

@@ -85,20 +85,26 @@ def extract(
     alone; a letter that is not an option is ignored. A hedge that names two different options
     ("A or B", "A, C", "the answer is A and B") is no answer (None).
     """
-    parsed = parse_completion(text)
-    tagged = parsed.answer is not None
-    if tagged:
-        region = parsed.answer or ""
-    else:
-        think_end = text.rfind(THINK_CLOSE)
-        region = text[think_end + len(THINK_CLOSE) :] if think_end >= 0 else text
-
+    region, tagged = answer_region(text)
     if multiple_choice is None:
         multiple_choice = options is not None
     if not multiple_choice:
         return ExtractedAnswer(answer=normalize_answer(region) or None, tagged=tagged)
     lettered = lettered_options(options) if options is not None else None
     return ExtractedAnswer(answer=_option_letter(region, lettered), tagged=tagged)
+
+
+def answer_region(text: str) -> tuple[str, bool]:
+    """The raw answer text of a completion and whether it came from `<answer>` tags (see `extract`).
+
+    Structured answers (JSON boxes, time spans) are parsed from this region as written, before any
+    normalisation that would change their text.
+    """
+    parsed = parse_completion(text)
+    if parsed.answer is not None:
+        return parsed.answer, True
+    think_end = text.rfind(THINK_CLOSE)
+    return (text[think_end + len(THINK_CLOSE) :] if think_end >= 0 else text), False
 
 
 def extract_answer(

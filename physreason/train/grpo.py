@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +39,14 @@ from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
 from physreason.models.family import VisionTokens, read_vision_tokens
 from physreason.train.build import TrainingModel, build_training_model
-from physreason.train.grpo_loss import masked_sum, policy_loss
+from physreason.train.grpo_loss import mask_truncated, masked_sum, policy_loss
 from physreason.train.loop import Checkpointer, StepLog, checkpoint_due, prepare_output
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_micro_batches, first_vision_token
 from physreason.train.rollout import (
     RolloutBatch,
     RolloutSample,
     collect_rollouts,
+    logged_reward_names,
     rollout_engine_config,
     rollout_settings,
 )
@@ -145,6 +146,7 @@ class UpdateSettings:
     grad_clip: float
     mini_batch_tokens: int = 0
     pack: bool = False
+    mask_truncated: bool = False  # [grpo] mask_truncated_completions
 
     @classmethod
     def from_config(cls, config: Config) -> UpdateSettings:
@@ -164,6 +166,7 @@ class UpdateSettings:
             grad_clip=config.train.optm_grad_norm_clip,
             mini_batch_tokens=grpo.mini_batch_tokens,
             pack=grpo.pack_completions,
+            mask_truncated=grpo.mask_truncated_completions,
         )
 
     def micro_batches(
@@ -171,6 +174,8 @@ class UpdateSettings:
     ) -> list[CompletionBatch]:
         """The step's samples as policy batches on `device`, sized by mini_batch and mini_batch_tokens."""
         batches = build_micro_batches(samples, pad_token_id, vision, self.mini_batch, self.mini_batch_tokens, self.pack)
+        if self.mask_truncated:
+            batches = [replace(b, mask=mask_truncated(b.mask, b.truncated)) for b in batches]
         return [batch.to(device) for batch in batches]
 
 
@@ -403,7 +408,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
             "policy's tempered distribution that the GRPO ratio assumes"
         )
     update = UpdateSettings.from_config(config)
-    reward_names = sorted(set(grpo_cfg.reward_function) | {"accuracy", "format"}) + ["total"]
+    reward_names = logged_reward_names(config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stats = _Stats(runtime, dp_group)
 

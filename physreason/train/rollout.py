@@ -25,12 +25,15 @@ from physreason.errors import ConfigError, InputError
 from physreason.models.inputs import ProcessorParams, VisualInputs, encode_visuals, prompting_for
 from physreason.rewards import compute_rewards
 from physreason.train.grpo_advantages import compute_group_advantages
+from physreason.train.grpo_loss import soft_overlong_penalty
 from physreason.vision import load_image, load_video
 from physreason.vision.resize import PATCH_FACTOR
 
 # Rewards computed for every completion whatever the configured weights (at weight 0 they leave the
 # total unchanged), so accuracy and format rate are always logged.
 DIAGNOSTIC_REWARDS = ("accuracy", "format")
+# The soft overlong punishment's entry in a completion's rewards (already part of its "total").
+OVERLONG_REWARD = "overlong"
 
 
 @dataclass
@@ -90,6 +93,12 @@ def completion_rewards(
         raise InputError(f"sample {prompt.id!r}: {exc}") from exc
 
 
+def logged_reward_names(config: Config) -> list[str]:
+    """Names of every reward a step logs: the configured ones, the diagnostic ones, the overlong punishment, "total"."""
+    shaped = {OVERLONG_REWARD} if config.grpo.overlong_buffer_length else set()
+    return sorted(set(config.grpo.reward_function) | set(DIAGNOSTIC_REWARDS) | shaped) + ["total"]
+
+
 def rollout_seed(base: int, step: int, round_index: int, rank: int) -> int:
     """A sampling seed for one generate call, distinct per step, round and rank, the same on resume."""
     return random.Random(f"{base}:{step}:{round_index}:{rank}").getrandbits(31)
@@ -111,6 +120,8 @@ class RolloutSettings:
     seed: int = 0
     answer_type: AnswerType = "grpo"  # prompt wording: the RL recipe's, or the benchmark's reasoning/letter
     prompt_style: StyleName = "reason1"  # the checkpoint's generation ([prompt] style, 'auto' from its family)
+    overlong_buffer_length: int = 0  # DAPO's soft overlong punishment (grpo_loss.soft_overlong_penalty); 0 = off
+    overlong_penalty_factor: float = 1.0
 
 
 def rollout_sampling(config: Config) -> SamplingConfig:
@@ -136,6 +147,11 @@ def rollout_settings(
     """
     sampling = rollout_sampling(config)
     grpo = config.grpo
+    if grpo.overlong_buffer_length > config.rollout.max_response_length:
+        raise ConfigError(
+            f"grpo.overlong_buffer_length ({grpo.overlong_buffer_length}) exceeds rollout.max_response_length "
+            f"({config.rollout.max_response_length}): the punishment starts that many tokens before the limit"
+        )
     return RolloutSettings(
         groups_needed=groups_needed,
         prompts_per_round=prompts_per_round,
@@ -149,6 +165,8 @@ def rollout_settings(
         seed=sampling.seed if sampling.seed is not None else config.train.seed,
         answer_type=grpo.answer_type,
         prompt_style=prompting_for(config)[0].style,
+        overlong_buffer_length=grpo.overlong_buffer_length,
+        overlong_penalty_factor=grpo.overlong_penalty_factor,
     )
 
 
@@ -234,6 +252,14 @@ def _rollout_round(
             completion_rewards(c.text, prompt, settings.reward_weights, settings.prompt_style)
             for c in result.completions
         ]
+        if settings.overlong_buffer_length:
+            lengths = torch.tensor([len(c.token_ids) for c in result.completions])  # [n]
+            penalties = soft_overlong_penalty(
+                lengths, settings.sampling.max_tokens, settings.overlong_buffer_length, settings.overlong_penalty_factor
+            )
+            for reward, penalty in zip(rewards, penalties.tolist(), strict=True):
+                reward[OVERLONG_REWARD] = penalty
+                reward["total"] += penalty
         batch.scored += rewards
         totals = torch.tensor([r["total"] for r in rewards], dtype=torch.float32)  # [n]
         if settings.dynamic_sampling and bool((totals == totals[0]).all()) and settings.sampling.n > 1:
