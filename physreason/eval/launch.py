@@ -79,13 +79,13 @@ def plan_eval(cfg: Config) -> EvalPlan:
     """Load every data set in `eval.datasets` and list the seeds (eval.seed, eval.seed + 1, ...)."""
     if not cfg.eval.datasets:
         raise ConfigError("eval.datasets is empty: list data set names under eval.benchmark_root, or JSON/JSONL files")
+    answer_type = resolve_eval_setup(cfg).answer_type  # config errors before any data set is read
     benchmarks = [load_benchmark(spec, cfg.eval.benchmark_root) for spec in cfg.eval.datasets]
     if cfg.eval.limit is not None:
         benchmarks = [dataclasses.replace(b, samples=b.samples[: cfg.eval.limit]) for b in benchmarks]
     names = [b.name for b in benchmarks]
     if len(set(names)) != len(names):
         raise ConfigError(f"eval.datasets names the same data set twice ({names}); each needs its own results folder")
-    answer_type = resolve_eval_setup(cfg).answer_type
     base = answer_type_dir(cfg.eval.results_dir, cfg.eval.model_name or cfg.model.model_name_or_path, answer_type)
     seeds = [cfg.eval.seed + k for k in range(cfg.eval.num_repeats)]
     return EvalPlan(base=base, benchmarks=benchmarks, seeds=seeds)
