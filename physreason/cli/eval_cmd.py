@@ -28,7 +28,10 @@ def run(
     engine: str | None = typer.Option(None, help="Engine: auto (vLLM when installed), vllm or hf."),
     benchmark_root: Path | None = typer.Option(None, help="Folder holding <name>/<name>_benchmark_qa_pairs.json."),
     dataset: list[str] = typer.Option(
-        [], "--dataset", "-d", help="Data set name or JSON/JSONL file (repeatable; replaces eval.datasets)."
+        [],
+        "--dataset",
+        "-d",
+        help="Data set name, JSON/JSONL/parquet file, dataset folder or Hub id (repeatable; replaces eval.datasets).",
     ),
     answer_type: str | None = typer.Option(
         None, help="reasoning (think, then answer) or letter; unset it follows --reasoning/--no-reasoning."
@@ -50,7 +53,7 @@ def run(
     tp_size: int | None = typer.Option(None, help="GPUs per engine."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
-    """Evaluate a model on Cosmos-Reason1-style benchmarks; rerunning resumes from saved results."""
+    """Evaluate a model on Cosmos-Reason1-layout benchmarks or Physical AI Bench; rerunning resumes from saved results."""
     if ctx.invoked_subcommand is not None:
         return
     from physreason.config import load_config

@@ -446,7 +446,9 @@ class EvalConfig(Section):
 
     benchmark_root: str = Field("", description="Folder holding <name>/<name>_benchmark_qa_pairs.json per dataset.")
     datasets: list[str] = Field(
-        default_factory=list, description="Dataset names under benchmark_root (or JSONL paths)."
+        default_factory=list,
+        description="Dataset names under benchmark_root, JSON/JSONL/parquet files, dataset folders (Physical AI "
+        "Bench snapshots) or Hub dataset ids.",
     )
     answer_type: Literal["reasoning", "letter"] | None = Field(
         None,
