@@ -464,10 +464,15 @@ class EvalConfig(Section):
 
     benchmark_root: str = Field("", description="Folder holding <name>/<name>_benchmark_qa_pairs.json per dataset.")
     datasets: list[str] = Field(
-        default_factory=list, description="Dataset names under benchmark_root (or JSONL paths)."
+        default_factory=list,
+        description="Dataset names under benchmark_root, JSON/JSONL/parquet files, dataset folders (Physical AI "
+        "Bench snapshots) or Hub dataset ids.",
     )
-    answer_type: Literal["reasoning", "letter"] = Field(
-        "reasoning", description="Think then answer, or the letter only."
+    answer_type: Literal["reasoning", "letter"] | None = Field(
+        None,
+        description="Think then answer ('reasoning'), or the letter only ('letter'); names the results folder. "
+        "None follows prompt.reasoning (itself the prompt style's default when unset); setting both to "
+        "different modes is an error.",
     )
     num_repeats: int = Field(1, ge=1, description="Independent runs with different seeds; mean and std are reported.")
     seed: int = Field(1, description="Seed of the first repeat; repeat k uses seed + k.")

@@ -9,6 +9,9 @@ then mean ± std over the repeats that every data set has.
 Structured data sets (Cosmos-Reason2's JSON answers: boxes, points, time spans) also report the mean IoU
 (temporal IoU for time spans; a point scores 1 inside the body's box, else 0), and their accuracy is the
 share of answers with IoU >= 0.5: accuracy at IoU 0.5 for boxes, R@0.5 for time spans.
+
+Every report names, above each model's table, the settings that made its results (from each run's run.json):
+model and revision, prompt style and mode, fps and resolved pixel budgets, sampling, seeds, physreason version.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import io
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from physreason.errors import InputError
+from physreason.eval.pai_bench import BoardReport, board_markdown
 from physreason.eval.results import MERGED_FILE, RUN_FILE, read_run, read_run_info
 from physreason.eval.scoring import accuracy, mean_std
 
@@ -83,6 +88,7 @@ class DatasetReport:
     answer_type: str
     dataset: str
     repeats: list[RepeatScore] = field(default_factory=list)
+    settings: list[dict[str, Any]] = field(default_factory=list)  # each repeat's run.json "settings", when recorded
 
     def accuracies(self) -> list[float]:
         """Each repeat's accuracy, leaving out repeats with nothing scored."""
@@ -131,10 +137,15 @@ def collect_reports(results_dir: str | Path) -> list[DatasetReport]:
             f"results folder {root} does not exist: pass the eval.results_dir of a finished or running evaluation"
         )
     groups: dict[tuple[str, str, str], list[RepeatScore]] = defaultdict(list)
+    settings: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for run in _run_folders(root):
         dataset_dir = run.parent
         answer_dir = dataset_dir.parent
-        groups[(answer_dir.parent.name, answer_dir.name, dataset_dir.name)].append(score_run(run))
+        key = (answer_dir.parent.name, answer_dir.name, dataset_dir.name)
+        groups[key].append(score_run(run))
+        recorded = read_run_info(run).get("settings")
+        if isinstance(recorded, dict):
+            settings[key].append(recorded)
     if not groups:
         raise InputError(
             f"no results under {root}: expected <model>/<answer_type>/<dataset>/seed_<seed>/results.jsonl; "
@@ -143,7 +154,7 @@ def collect_reports(results_dir: str | Path) -> list[DatasetReport]:
     reports = []
     for (model, answer_type, dataset), repeats in sorted(groups.items()):
         repeats.sort(key=lambda r: (len(r.seed), r.seed))
-        reports.append(DatasetReport(model, answer_type, dataset, repeats))
+        reports.append(DatasetReport(model, answer_type, dataset, repeats, settings[(model, answer_type, dataset)]))
     return reports
 
 
@@ -259,13 +270,81 @@ def _display_cells(row: ReportRow, iou: bool = False) -> list[str]:
     ] + ([_iou_text(row)] if iou else [])
 
 
-def rich_table(rows: list[ReportRow], title: str) -> Group:
+def _seeds_text(settings: list[dict[str, Any]]) -> str:
+    seeds = sorted({int(s["seed"]) for s in settings if isinstance(s.get("seed"), int)})
+    return ",".join(map(str, seeds))
+
+
+def _describe(settings: dict[str, Any]) -> dict[str, str]:
+    """One run's settings as the header's lines (seed apart: the header lists all repeats' seeds)."""
+    get = settings.get
+    revision = get("model_revision") or "default branch"
+    if get("model_commit"):
+        revision += f" (commit {get('model_commit')})"
+    mode = "on" if get("reasoning") else "off"
+    prompt = f"{get('prompt_style')}, reasoning {mode}"
+    if get("system_prompt") is not None:
+        prompt += f", system prompt {get('system_prompt')!r}"
+    frames = f"nframes {get('nframes')}" if get("nframes") else f"fps {get('fps')}"
+    vision = (
+        f"{frames}, frames {get('min_frames')}-{get('max_frames')}, pixels min {get('min_pixels')} / max "
+        f"{get('max_pixels')} / total {get('total_pixels')} (patch factor {get('patch_factor')})"
+    )
+    if get("timestamps"):
+        vision += ", timestamp overlay"
+    sampling = ", ".join(
+        f"{name} {get(key)}"
+        for name, key in (
+            ("temperature", "temperature"),
+            ("top_p", "top_p"),
+            ("top_k", "top_k"),
+            ("repetition", "repetition_penalty"),
+            ("presence", "presence_penalty"),
+            ("frequency", "frequency_penalty"),
+            ("max_tokens", "max_tokens"),
+        )
+    )
+    return {
+        "model": f"{get('model')} @ {revision}",
+        "prompt": prompt,
+        "vision": vision,
+        "sampling": sampling,
+        "engine": str(get("engine")),
+        "physreason": str(get("physreason_version")),
+    }
+
+
+def settings_header(reports: list[DatasetReport]) -> list[tuple[str, str]]:
+    """The settings behind one model's results as (name, text) lines; runs that differ show each value."""
+    recorded = [s for rep in reports for s in rep.settings]
+    if not recorded:
+        return [("settings", "not recorded (results written by hand or by an older physreason)")]
+    described = [_describe(s) for s in recorded]
+    lines = [(name, " | ".join(dict.fromkeys(d[name] for d in described))) for name in described[0]]
+    seed_rule = recorded[0].get("seed_rule", "")
+    lines.insert(4, ("seeds", f"{_seeds_text(recorded)} ({seed_rule})" if seed_rule else _seeds_text(recorded)))
+    unrecorded = sum(len(rep.repeats) for rep in reports) - len(recorded)
+    if unrecorded > 0:
+        lines.append(("unrecorded", f"{unrecorded} repeat(s) have no recorded settings"))
+    return lines
+
+
+def _group_reports(reports: list[DatasetReport]) -> dict[tuple[str, str], list[DatasetReport]]:
+    groups: dict[tuple[str, str], list[DatasetReport]] = defaultdict(list)
+    for rep in reports:
+        groups[(rep.model, rep.answer_type)].append(rep)
+    return groups
+
+
+def rich_table(rows: list[ReportRow], title: str, reports: list[DatasetReport] | None = None) -> Group:
     """The report for a terminal: `title`, then one table per model and answer type (accuracy as mean ± std in %).
 
     Each table names its model and answer type in its title, so its columns fit an 80-column terminal;
-    failures and missing results are highlighted.
+    failures and missing results are highlighted. With `reports`, each table is preceded by the settings that
+    made its results (settings_header).
     """
-    tables: list[Table] = []
+    headers = {key: settings_header(group) for key, group in _group_reports(reports or []).items()}
+    tables: list[Table | Text] = []
     groups: dict[tuple[str, str], list[ReportRow]] = defaultdict(list)
     for row in rows:
         groups[(row.model, row.answer_type)].append(row)
@@ -283,6 +362,8 @@ def rich_table(rows: list[ReportRow], title: str) -> Group:
             if row.missing:
                 cells[4] = f"[yellow]{cells[4]}[/]"
             table.add_row(*cells, style="bold" if row.dataset == AVERAGE else None)
+        if (model, answer_type) in headers:
+            tables.append(Text("\n".join(f"{name}: {text}" for name, text in headers[(model, answer_type)])))
         tables.append(table)
     return Group(Text(title, style="bold"), *tables)
 
@@ -294,6 +375,16 @@ def markdown_table(rows: list[ReportRow]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_display_cells(row, iou)) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def markdown_settings(reports: list[DatasetReport]) -> str:
+    """Each model's settings header as a markdown list, one section per model and answer type."""
+    parts = []
+    for (model, answer_type), group in _group_reports(reports).items():
+        lines = [f"### {model} ({answer_type})", ""]
+        lines += [f"- {name}: {text}" for name, text in settings_header(group)]
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
 
 
 def csv_text(rows: list[ReportRow]) -> str:
@@ -322,3 +413,11 @@ def csv_text(rows: list[ReportRow]) -> str:
             ]
         )
     return buffer.getvalue()
+
+
+def markdown_report(reports: list[DatasetReport], boards: list[BoardReport] = ()) -> str:
+    """report.md: each model's settings, the accuracy table, then any Physical AI Bench board."""
+    text = "## Settings\n\n" + markdown_settings(reports) + "\n## Accuracy\n\n" + markdown_table(report_rows(reports))
+    if boards:
+        text += "\n## Physical AI Bench\n\n" + board_markdown(list(boards))
+    return text
