@@ -20,7 +20,7 @@ import torch
 
 from physreason.chat.style import Prompting, resolve_prompting, resolve_sampling
 from physreason.config.schema import Config, SamplingConfig
-from physreason.errors import InputError
+from physreason.errors import ConfigError, InputError
 from physreason.models.family import QWEN2_5_VL_PARAMS, QWEN3_VL_PARAMS, ModelFamily, ProcessorParams, model_family
 from physreason.models.qwen3_vl import frame_group_seconds, video_placeholder
 from physreason.vision import VideoFrames, num_visual_tokens, patchify
@@ -64,10 +64,21 @@ def _family_processor(model_name_or_path: str, revision: str | None) -> Processo
 def prompting_for(config: Config) -> tuple[Prompting, SamplingConfig]:
     """The recipe's prompt style and mode for its checkpoint, and its generation settings for that mode.
 
-    `[prompt] style = "auto"` reads the checkpoint's config.json (Qwen3-VL: reason2, else reason1).
+    `[prompt] style = "auto"` reads the checkpoint's config.json (Qwen3-VL: reason2, else reason1); an explicit
+    style reads nothing. Raises ConfigError when the checkpoint cannot be read.
     """
-    family = checkpoint_family(config.model.model_name_or_path, config.model.revision)
-    prompting = resolve_prompting(config, family.name if family is not None else "")
+    family_name = ""
+    if config.prompt.style == "auto":
+        try:
+            family = checkpoint_family(config.model.model_name_or_path, config.model.revision)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"model.model_name_or_path = {config.model.model_name_or_path!r}: cannot read its config.json to "
+                f"choose the prompt style ({exc}); pass a model folder with config.json or a reachable hub id, or "
+                "set prompt.style (--prompt-style reason1|reason2)"
+            ) from exc
+        family_name = family.name if family is not None else ""
+    prompting = resolve_prompting(config, family_name)
     return prompting, resolve_sampling(config, prompting)
 
 
