@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.table import Table
 
 from physreason.chat.mcq import format_mcq
-from physreason.chat.prompts import MCQ_SYSTEM_PROMPT
+from physreason.chat.prompts import MCQ_SYSTEM_PROMPT, REASON2_SYSTEM_PROMPT
 from physreason.config import Config, load_config
-from physreason.data.synth.tasks import LETTER_TASK_NAMES, TASKS
+from physreason.data.synth.tasks import JSON_TASK_NAMES, LETTER_TASK_NAMES, TASKS
 from physreason.errors import PhysReasonError
 
 console = Console()
@@ -66,11 +66,34 @@ def letter_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = L
     return count
 
 
-def rl_records(data_root: Path, out_file: Path) -> int:
-    """Join every task's benchmark records under `data_root` into one JSONL of GRPO prompts."""
+def json_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = JSON_TASK_NAMES) -> int:
+    """Write one SFT file of answer-only conversations from the JSON-answer tasks' benchmark records under `data_root`.
+
+    The prompt is the one evaluation and GRPO send for a structured question (Cosmos-Reason2's: "You are a helpful
+    assistant." and the task prompt as written, no reasoning instruction); the assistant turn is the JSON answer
+    alone, without the generated reasoning, for a model too small to write it.
+    """
     count = 0
     with out_file.open("w", encoding="utf-8") as sink:
-        for task in LETTER_TASK_NAMES:
+        for task in tasks:
+            entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
+            for entry in entries:
+                qa = entry["qa_pairs"]
+                conversation = [
+                    {"role": "system", "content": REASON2_SYSTEM_PROMPT},
+                    {"role": "user", "content": qa["question"]},
+                    {"role": "assistant", "content": qa["answer"]},
+                ]
+                sink.write(json.dumps({"video": f"{task}/{entry['video']}", "conversations": conversation}) + "\n")
+                count += 1
+    return count
+
+
+def rl_records(data_root: Path, out_file: Path, tasks: Sequence[str] = LETTER_TASK_NAMES) -> int:
+    """Join the tasks' benchmark records under `data_root` into one JSONL of GRPO prompts."""
+    count = 0
+    with out_file.open("w", encoding="utf-8") as sink:
+        for task in tasks:
             entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
             for entry in entries:
                 sink.write(json.dumps({**entry, "video": f"{task}/{entry['video']}"}) + "\n")
