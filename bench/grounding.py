@@ -219,11 +219,11 @@ def paired_test(a: dict[str, float], b: dict[str, float], seed: int = 0) -> dict
     }
 
 
-STAGES = {  # table row -> the evaluation label's stem (the variant suffix follows)
-    "untrained model": "base",
-    "after SFT": "sft",
-    "after SFT+GRPO": "grpo",
-    "after SFT+SFT (control)": "grpo-sft-control",
+STAGES = {  # table row -> its run and evaluation folder name, given the variant suffix (the letter bench's names)
+    "untrained model": "base{seed}",
+    "after SFT": "sft{suffix}",
+    "after SFT+GRPO": "grpo{suffix}",
+    "after SFT+SFT (control)": "grpo{suffix}-sft-control",
 }
 
 
@@ -240,8 +240,7 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any]:
     cfg.generation.max_tokens = args.max_tokens
     suffix = variant_suffix(args, seed)
     cfg.train.output_dir = str(out / f"sft{suffix}")
-    labels = {row: f"{stem}{suffix}" for row, stem in STAGES.items()}
-    labels["untrained model"] = f"base{seed_tag(seed)}"
+    labels = {row: name.format(suffix=suffix, seed=seed_tag(seed)) for row, name in STAGES.items()}
     results = out / "results"
 
     def evaluate(row: str, model: Path) -> None:

@@ -143,7 +143,7 @@ def test_whole_pipeline_writes_a_table_of_every_stage_and_question_kind(bench, t
         assert test["n"] in (2, 4) and 0.0 < test["p"] <= 1.0 and -1.0 <= test["mean_diff"] <= 1.0
     assert payload["device"] == "cpu"
     text = (tmp_path / "report" / "grounding.md").read_text()
-    assert text == (tmp_path / "run" / "qwen2_5_vl" / "grounding.md").read_text()
+    assert text == (tmp_path / "run" / "qwen2_5_vl" / "grounding-scale1-sft2.md").read_text()  # the variant's name
     assert "- device: cpu" in text and "- command: `python " in text
     table = [line for line in text.splitlines() if line.startswith("| ")]
     rows = [line.split(" | ")[0].removeprefix("| ") for line in table]
