@@ -259,8 +259,10 @@ def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> 
 
 def keep_tasks(source: Path, target: Path, tasks: list[str]) -> None:
     """Copy the JSONL records of `source` whose clip (`<task>/clips/...`) belongs to one of `tasks`."""
-    rows = [line for line in source.read_text().splitlines() if line.strip()]
-    target.write_text("".join(row + "\n" for row in rows if json.loads(row)["video"].split("/")[0] in tasks))
+    from physreason.demo import write_records
+
+    rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+    write_records(target, [row for row in rows if row["video"].split("/")[0] in tasks])
 
 
 def control_records(out: Path, args: argparse.Namespace) -> Path:
