@@ -118,6 +118,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--loader-workers", type=int, default=None, help="SFT data-loader processes (--workers)")
     parser.add_argument("--stop-after", choices=("data", "sft", "all"), default="all")
     parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-grounding"))
+    parser.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="only join earlier runs' $OUT/grounding.json (one or more seeds each, e.g. from separate GPU leases) "
+        "into one table and one pooled paired test, written beside the first file",
+    )
     args = parser.parse_args(argv)
     args.grpo_name = "grpo"  # folder names shared with the letter bench's helpers
     args.option_order = "fixed"  # the letter clips of the tower pre-training (a JSON answer has no options)
@@ -380,9 +388,30 @@ def markdown(runs: list[dict[str, Any]], pooled: dict[str, Any], header: list[st
     return "\n".join(lines) + "\n"
 
 
+def combine(files: list[Path]) -> dict[str, Any]:
+    """The tables and pooled paired test over the seeds of earlier runs' JSON files, written beside the first."""
+    payloads = [json.loads(path.read_text()) for path in files]
+    runs = [run for payload in payloads for run in payload["per_seed"]]
+    seeds = [run["seed"] for run in runs]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--combine: seed {max(seeds, key=seeds.count)} is in more than one file; give each seed once")
+    devices = " / ".join(sorted({payload["device"] for payload in payloads}))
+    header = [f"- combined from: {', '.join(str(path) for path in files)}", *run_header(devices, seeds)]
+    pooled = pooled_paired(runs)
+    text = markdown(runs, pooled, header)
+    print(text)
+    payload = {"device": devices, "header": header, "summary": seed_summary(runs), "paired_grpo_minus_control": pooled}
+    target = files[0].with_name("grounding-combined")
+    target.with_suffix(".json").write_text(json.dumps({**payload, "per_seed": runs}, indent=2))
+    target.with_suffix(".md").write_text(text)
+    return payload
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     """Run the experiment for every seed and write the tables; returns the JSON payload (None after --stop-after data)."""
     args = parse_args(argv)
+    if args.combine:
+        return combine(args.combine)
     out = args.out.resolve() / args.family
     started = time.perf_counter()
     data_timings = generate(out, args)

@@ -180,6 +180,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "tower: also evaluate the untrained model and pre-train its tower, for SFT variants that share it)",
     )
     parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-intuitive-physics"))
+    parser.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="only join the tables of runs written earlier ($OUT/intuitive_physics.json of one seed each, e.g. from "
+        "separate GPU leases) into one table over all their seeds, written beside the first file",
+    )
     args = parser.parse_args(argv)
     if args.sft_freeze_tower is None:
         args.sft_freeze_tower = args.tower_steps > 0
@@ -549,11 +557,34 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
+def combine(files: list[Path]) -> dict[str, Any]:
+    """One table over the seeds of earlier runs' JSON files (each device named); written beside the first file."""
+    from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
+
+    payloads = [json.loads(path.read_text()) for path in files]
+    runs = [run for payload in payloads for run in payload["per_seed"]]
+    seeds = [run["seed"] for run in runs]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--combine: seed {max(seeds, key=seeds.count)} is in more than one file; give each seed once")
+    devices = sorted({payload["device"] for payload in payloads})
+    header = [f"- combined from: {', '.join(str(path) for path in files)}", *run_header(" / ".join(devices), seeds)]
+    summary = spread([run["table"] for run in runs])
+    markdown = markdown_table(summary, list(TASKS), header)
+    print(markdown)
+    payload = {"device": " / ".join(devices), "header": header, "summary": summary, "per_seed": runs}
+    target = files[0].with_name("intuitive_physics-combined")
+    target.with_suffix(".json").write_text(json.dumps(payload, indent=2))
+    target.with_suffix(".md").write_text(markdown)
+    return payload
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     """Run the recipe for every seed and write the table (JSON and markdown); returns the JSON payload."""
     from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
 
     args = parse_args(argv)
+    if args.combine:
+        return combine(args.combine)
     out = args.out.resolve() / args.option_order
     started = time.perf_counter()
     timings: dict[str, float] = {}

@@ -109,6 +109,30 @@ def test_markdown_reports_mean_and_spread_over_seeds_and_the_paired_table(bench)
     assert "| after SFT | 40.0 ± 1.0 | 20.0 ± 2.0 |" in single
 
 
+def test_combine_pools_the_paired_test_over_runs_of_separate_leases(bench, tmp_path):
+    def run(seed: int, gain: float) -> dict:
+        base = {f"grounding/{i}": 0.05 * i for i in range(8)}
+        stats = bench.clip_summary(list(base.values()))
+        arms = {"after SFT+GRPO": {k: v + gain for k, v in base.items()}, "after SFT+SFT (control)": base}
+        return {
+            "seed": seed,
+            "tables": {row: {"box_2d": stats, "point_2d": None, "time_span": None} for row in bench.STAGES},
+            "clip_ious": {row: {"box_2d": ious, "point_2d": {}, "time_span": {}} for row, ious in arms.items()},
+            "paired_grpo_minus_control": {"box_2d": bench.paired_test(arms["after SFT+GRPO"], base), "point_2d": None,
+                                          "time_span": None},
+        }  # fmt: skip
+
+    for seed, gain in ((1, 0.04), (2, 0.08)):
+        (tmp_path / f"s{seed}.json").write_text(json.dumps({"device": f"gpu{seed}", "per_seed": [run(seed, gain)]}))
+    payload = bench.main(["--combine", str(tmp_path / "s1.json"), str(tmp_path / "s2.json")])
+    assert payload["paired_grpo_minus_control"]["box_2d"]["mean_diff"] == pytest.approx(0.06)
+    assert payload["device"] == "gpu1 / gpu2"
+    text = (tmp_path / "grounding-combined.md").read_text()
+    assert "- seeds: 1, 2" in text and "| grounding, box | +6.0 |" in text
+    with pytest.raises(SystemExit):
+        bench.main(["--combine", str(tmp_path / "s1.json"), str(tmp_path / "s1.json")])
+
+
 def test_seeds_option_rejects_repeats_and_non_integers(bench):
     assert bench.parse_args(["--seeds", "1,2,3"]).seeds == [1, 2, 3]
     assert bench.parse_args([]).seeds == [0]

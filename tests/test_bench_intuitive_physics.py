@@ -151,3 +151,16 @@ def test_pretrain_tower_changes_only_the_vision_tower_and_saves_a_loadable_model
     for name in ("tokenizer.json", "preprocessor_config.json"):
         assert (out / name).is_file()
     AutoModelForImageTextToText.from_pretrained(out)  # SFT starts from this folder
+
+
+def test_combine_joins_one_seed_runs_into_one_table_over_their_seeds(bench, tmp_path):
+    for seed, (device, score) in enumerate((("NVIDIA H100 80GB HBM3", 0.8), ("NVIDIA H200", 0.9)), start=1):
+        run = {"seed": seed, "table": {"after SFT": {"arrow_of_time": score}}}
+        (tmp_path / f"s{seed}.json").write_text(json.dumps({"device": device, "per_seed": [run]}))
+    payload = bench.main(["--combine", str(tmp_path / "s1.json"), str(tmp_path / "s2.json")])
+    assert payload["summary"]["after SFT"]["arrow_of_time"]["mean"] == pytest.approx(0.85)
+    text = (tmp_path / "intuitive_physics-combined.md").read_text()
+    assert "- device: NVIDIA H100 80GB HBM3 / NVIDIA H200" in text and "- seeds: 1, 2" in text
+    assert "| after SFT | 85.0 ± 7.1 [80.0-90.0] | - | - |" in text
+    with pytest.raises(SystemExit):  # the same seed twice would count one run double
+        bench.main(["--combine", str(tmp_path / "s1.json"), str(tmp_path / "s1.json")])
