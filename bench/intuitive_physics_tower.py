@@ -9,7 +9,8 @@ The tower (`model.visual`: the patch embedding, its blocks and the merger into t
 is trained with a linear head on its pooled output: the merged tokens are averaged per temporal patch and
 the per-patch means concatenated in time order, so the head sees the order of events; one head slice per
 task (2 / 4 / 2 options), cross-entropy on the SFT answer letters (the same labels SFT trains on; never the
-test split's). A tenth of the SFT clips is held out to report the tower's own accuracy. The model with the
+test split's). A tenth of the SFT clips is held out: scored during training, it picks the tower that is kept
+(the best mean accuracy over tasks; optionally stopping early) and reports the tower's own accuracy. The model with the
 trained tower is saved as a new Hugging Face folder, which SFT then starts from (the head is dropped).
 
 Used by bench/intuitive_physics.py (`--tower-steps`); run alone:
@@ -118,8 +119,16 @@ def pretrain_tower(
     batch: int = 32,
     workers: int = 4,
     seed: int = 0,
+    eval_every: int = 0,
+    patience: int = 0,
 ) -> dict[str, Any]:
-    """Train `model_dir`'s vision tower on the clips (see the module docstring); save the model to `out_dir`."""
+    """Train `model_dir`'s vision tower on the clips (see the module docstring); save the model to `out_dir`.
+
+    Every `eval_every` steps (0: a thirtieth of `steps`) the held-out tenth is scored; the tower and head of the best
+    mean held-out accuracy over tasks are kept and saved, and with `patience` > 0 training stops once that many steps
+    pass without a better score. The same command reached loss 0.001 on an H200 and 0.076 on an H100 (spatial puzzle
+    held-out 98.4 vs 73.0): the selection keeps a run's best tower whatever its last steps did.
+    """
     import numpy as np
     import torch
     from transformers import AutoModelForImageTextToText
@@ -186,7 +195,14 @@ def pretrain_tower(
             if bool((kinds == k).any())
         }
 
-    curve = []
+    def held_out_score() -> tuple[dict[str, float], float]:
+        """Held-out accuracy per task and their mean (the selection score)."""
+        held = accuracy(val)
+        return held, sum(held.values()) / len(held)
+
+    every = eval_every or max(1, steps // 30)
+    curve, heldout_curve = [], []
+    best_score, best_step, best_state = -1.0, 0, None
     window: list[float] = []
     for step in range(steps):
         index = train[generator.integers(len(train), size=batch)]
@@ -201,13 +217,33 @@ def pretrain_tower(
             curve.append({"step": step + 1, "loss": round(sum(window) / len(window), 4)})
             print(f"tower step {step + 1}/{steps}: loss {curve[-1]['loss']}", flush=True)
             window = []
+        if (step + 1) % every == 0 or step + 1 == steps:
+            held, score = held_out_score()
+            heldout_curve.append({"step": step + 1, **held})
+            if score > best_score:  # strictly better: on a plateau the earliest step is kept
+                best_score, best_step = score, step + 1
+                best_state = {
+                    "tower": {k: v.detach().clone() for k, v in tower.state_dict().items()},
+                    "head": {k: v.detach().clone() for k, v in head.state_dict().items()},
+                }
+            elif patience and step + 1 - best_step >= patience:
+                print(f"tower: no better held-out accuracy for {patience} steps, stopping at {step + 1}", flush=True)
+                break
+    stopped_at = step + 1 if steps else 0
+    if best_state is not None:
+        tower.load_state_dict(best_state["tower"])
+        head.load_state_dict(best_state["head"])
     result = {
         "steps": steps,
         "lr": lr,
         "batch": batch,
+        "seed": seed,
         "clips": len(pixels),
         "grid_thw": clips["grid"],
         "loss_curve": curve,
+        "heldout_curve": heldout_curve,
+        "best_step": best_step,
+        "stopped_at": stopped_at,
         "train_accuracy": accuracy(train[:1500]),
         "heldout_accuracy": accuracy(val),
         "decode_s": round(decode_s, 1),
@@ -247,6 +283,9 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=1000)
     parser.add_argument("--new-model", action="store_true", help="first build a random scale-2 model at MODEL_DIR")
     parser.add_argument("--temporal-patch", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0, help="initialisation of the head, held-out split, batch order")
+    parser.add_argument("--eval-every", type=int, default=0, help="score the held-out tenth every N steps (0: steps/30)")
+    parser.add_argument("--patience", type=int, default=0, help="stop after N steps without a better score (0: never)")
     args = parser.parse_args()
     if args.generate:
         write_task_records(args.generate, args.clips, args.data_root, args.workers)
@@ -255,7 +294,10 @@ def main() -> None:
 
         save_tiny_model("qwen2_5_vl", args.model_dir, scale=2, temporal_patch_size=args.temporal_patch)
     vision = {"min_pixels": min(12544, args.max_pixels), "max_pixels": args.max_pixels, "max_frames": 12}
-    pretrain_tower(args.model_dir, args.data_root, args.out_dir, vision, args.steps, args.lr, args.batch, args.workers)
+    pretrain_tower(
+        args.model_dir, args.data_root, args.out_dir, vision, args.steps, args.lr, args.batch, args.workers,
+        seed=args.seed, eval_every=args.eval_every, patience=args.patience,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ achieve at scale.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,9 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 from physreason.chat.mcq import format_mcq
-from physreason.chat.prompts import MCQ_SYSTEM_PROMPT
+from physreason.chat.prompts import MCQ_SYSTEM_PROMPT, REASON2_SYSTEM_PROMPT
 from physreason.config import Config, load_config
-from physreason.data.synth.tasks import LETTER_TASK_NAMES, TASKS
+from physreason.data.synth.tasks import JSON_TASK_NAMES, LETTER_TASK_NAMES, TASKS
 from physreason.errors import PhysReasonError
 
 console = Console()
@@ -43,6 +45,17 @@ def _stage(title: str) -> float:
     return time.perf_counter()
 
 
+def write_records(out_file: Path, rows: Sequence[dict]) -> int:
+    """Write `rows` as JSONL to `out_file` through a temporary file of this process's own, renamed over it; returns
+    the count. Processes that write the same records at once (the benches' seeds run side by side) each replace the
+    file whole, so none of them ever reads a partly written one."""
+    handle, temporary = tempfile.mkstemp(dir=out_file.parent, prefix=f".{out_file.name}.", suffix=".tmp")
+    with os.fdopen(handle, "w", encoding="utf-8") as sink:
+        sink.writelines(json.dumps(row) + "\n" for row in rows)
+    os.replace(temporary, out_file)
+    return len(rows)
+
+
 def letter_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = LETTER_TASK_NAMES) -> int:
     """Write one SFT file of letter-answer conversations from every task's benchmark records under `data_root`.
 
@@ -50,32 +63,48 @@ def letter_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = L
     demo's time, so the demo trains and evaluates the benchmark's `letter` answer type: the same
     prompt the evaluation builds, answered with the option letter.
     """
-    count = 0
-    with out_file.open("w", encoding="utf-8") as sink:
-        for task in tasks:
-            entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
-            for entry in entries:
-                qa = entry["qa_pairs"]
-                conversation = [
-                    {"role": "system", "content": MCQ_SYSTEM_PROMPT},
-                    {"role": "user", "content": format_mcq(qa["question"], qa["index2ans"], "letter")},
-                    {"role": "assistant", "content": qa["answer"]},
-                ]
-                sink.write(json.dumps({"video": f"{task}/{entry['video']}", "conversations": conversation}) + "\n")
-                count += 1
-    return count
+    rows = []
+    for task in tasks:
+        entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
+        for entry in entries:
+            qa = entry["qa_pairs"]
+            conversation = [
+                {"role": "system", "content": MCQ_SYSTEM_PROMPT},
+                {"role": "user", "content": format_mcq(qa["question"], qa["index2ans"], "letter")},
+                {"role": "assistant", "content": qa["answer"]},
+            ]
+            rows.append({"video": f"{task}/{entry['video']}", "conversations": conversation})
+    return write_records(out_file, rows)
 
 
-def rl_records(data_root: Path, out_file: Path) -> int:
-    """Join every task's benchmark records under `data_root` into one JSONL of GRPO prompts."""
-    count = 0
-    with out_file.open("w", encoding="utf-8") as sink:
-        for task in LETTER_TASK_NAMES:
-            entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
-            for entry in entries:
-                sink.write(json.dumps({**entry, "video": f"{task}/{entry['video']}"}) + "\n")
-                count += 1
-    return count
+def json_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = JSON_TASK_NAMES) -> int:
+    """Write one SFT file of answer-only conversations from the JSON-answer tasks' benchmark records under `data_root`.
+
+    The prompt is the one evaluation and GRPO send for a structured question (Cosmos-Reason2's: "You are a helpful
+    assistant." and the task prompt as written, no reasoning instruction); the assistant turn is the JSON answer
+    alone, without the generated reasoning, for a model too small to write it.
+    """
+    rows = []
+    for task in tasks:
+        entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
+        for entry in entries:
+            qa = entry["qa_pairs"]
+            conversation = [
+                {"role": "system", "content": REASON2_SYSTEM_PROMPT},
+                {"role": "user", "content": qa["question"]},
+                {"role": "assistant", "content": qa["answer"]},
+            ]
+            rows.append({"video": f"{task}/{entry['video']}", "conversations": conversation})
+    return write_records(out_file, rows)
+
+
+def rl_records(data_root: Path, out_file: Path, tasks: Sequence[str] = LETTER_TASK_NAMES) -> int:
+    """Join the tasks' benchmark records under `data_root` into one JSONL of GRPO prompts."""
+    rows = []
+    for task in tasks:
+        entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
+        rows += [{**entry, "video": f"{task}/{entry['video']}"} for entry in entries]
+    return write_records(out_file, rows)
 
 
 def grpo_config(cfg: Config, out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
