@@ -99,10 +99,20 @@ def serve(
             raise PhysReasonError(f"--chat-template {chat_template}: no such file")
         template = chat_template.read_text()
     else:
-        template = model_chat_template(cfg)
-    template_path = chat_template_file(with_default_system_prompt(template, options.system_prompt))
+        template = model_chat_template(cfg, local_only=print_command)
+    template_path = (
+        chat_template_file(with_default_system_prompt(template, options.system_prompt)) if template is not None else None
+    )
     command = build_server_command(cfg, options, template_path)
     if print_command:
+        if template_path is None:
+            err_console.print(
+                f"note: the tokenizer of {cfg.model.model_name_or_path} is not downloaded, so this command has no "
+                "--chat-template and requests without a system message get none; `physreason serve` (or this command "
+                "once the model is in the cache) adds the default system prompt",
+                highlight=False,
+                soft_wrap=True,
+            )
         typer.echo(command.shown())
         return
     if host not in ("127.0.0.1", "localhost", "::1") and not options.api_key:
