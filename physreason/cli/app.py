@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 import physreason
-from physreason.errors import PhysReasonError
+from physreason.errors import Interrupted, PhysReasonError
 
 app = typer.Typer(
     name="physreason",
@@ -105,6 +105,12 @@ def main() -> None:
     try:
         # Without standalone mode typer returns the code of a typer.Exit (130 for Ctrl-C) instead of exiting.
         code = app(standalone_mode=False)
+    except Interrupted as exc:
+        # Every torchrun rank stops the same way; one of them says so.
+        if os.environ.get("RANK", "0") == "0":
+            sys.stdout.flush()
+            err_console.print(str(exc), highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
     except PhysReasonError as exc:
         err_console.print(Text.assemble(("error: ", "bold red"), str(exc)), highlight=False, soft_wrap=True)
         sys.exit(2)
