@@ -39,6 +39,20 @@ def _root(
     """physreason: inference, SFT, GRPO and evaluation for Cosmos-Reason1-family models."""
 
 
+def _quiet_argument_types() -> None:
+    """Show an argument's metavar alone in help: typer adds its Python type beside it (`RECIPE.toml... <list[Path]>`)."""
+    from typer import core
+
+    shown = getattr(core.TyperArgument, "display_type_rich", None)
+    if shown is None:  # another typer layout: its help is left as it is
+        return
+
+    def display_type_rich(self: core.TyperArgument, ctx: object) -> str | None:
+        return None if self.metavar is not None else shown(self, ctx)
+
+    core.TyperArgument.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
 def _register() -> None:
     # Imported here so that `physreason --version` stays fast and each module owns its command.
     from physreason.cli import (
@@ -67,6 +81,7 @@ def _register() -> None:
 
 
 _register()
+_quiet_argument_types()
 
 
 def _click_exception_types() -> tuple[type[Exception], ...]:
