@@ -16,3 +16,9 @@ class ConfigError(PhysReasonError):
 
 class InputError(PhysReasonError):
     """An input (video, image, data record) cannot be used as given."""
+
+
+class Interrupted(PhysReasonError):
+    """A run stopped on SIGINT or SIGTERM after keeping its work; the message says how to continue (exit 130)."""
+
+    exit_code = 130

@@ -58,6 +58,17 @@ def test_models_tiny_writes_loadable_folder(tmp_path):
     assert run_cli("models", "tiny", str(tmp_path / "x"), "--kind", "llama").returncode == 2
 
 
+def test_models_tiny_refuses_to_overwrite_a_model_folder_unless_asked(tmp_path):
+    assert run_cli("models", "tiny", str(tmp_path / "m")).returncode == 0
+    before = (tmp_path / "m" / "config.json").read_text()
+    refused = run_cli("models", "tiny", "--kind", "qwen3-vl", str(tmp_path / "m"))
+    assert refused.returncode == 2 and "already holds a model" in refused.stderr and "--overwrite" in refused.stderr
+    assert (tmp_path / "m" / "config.json").read_text() == before
+    replaced = run_cli("models", "tiny", "--kind", "qwen3-vl", str(tmp_path / "m"), "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert '"qwen3_vl"' in (tmp_path / "m" / "config.json").read_text()
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -218,3 +218,44 @@ def test_grpo_rerun_into_its_run_folder_is_refused_until_resumed(tiny_text, mcq_
     resumed = grpo_cli("train.max_steps=2", "train.resume=true")
     assert resumed.returncode == 0, resumed.stderr
     assert steps() == [1, 2]
+
+
+def test_sigterm_mid_run_saves_that_step_resumes_from_it_and_says_nothing_to_do_at_the_end(
+    tiny_text, mcq_file, tmp_path, monkeypatch
+):
+    import os
+    import signal
+
+    from physreason.train import grpo as grpo_module
+    from physreason.train.loop import TrainingInterrupted
+
+    real = grpo_module.collect_rollouts
+    calls = []
+
+    def rollouts_then_sigterm(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # a scheduler's SIGTERM arrives while step 2 generates
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grpo_module, "collect_rollouts", rollouts_then_sigterm)
+    extra = ("train.max_steps=3", "train.ckpt.save_freq=100")
+    with pytest.raises(TrainingInterrupted) as stopped:
+        run_grpo(grpo_config(tiny_text, mcq_file, tmp_path, *extra))
+    assert stopped.value.step == 2 and stopped.value.checkpoint == tmp_path / "checkpoints" / "step_2"
+    assert "SIGTERM: stopped after step 2" in str(stopped.value) and "train.resume=true" in stopped.value.command
+    assert signal.getsignal(signal.SIGTERM) is not None  # the handler was put back
+    monkeypatch.setattr(grpo_module, "collect_rollouts", real)
+    resumed = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path, *extra, "train.resume=true"))
+    assert len(resumed.rewards) == 1 and resumed.finished_before is None
+    logged = [json.loads(line)["step"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3]
+    again = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path, *extra, "train.resume=true"))
+    assert again.rewards == [] and again.finished_before == tmp_path / "checkpoints" / "step_3"
+
+
+def test_grpo_summary_compares_window_means_not_single_steps():
+    from physreason.cli.train_options import window_means
+
+    assert window_means([0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0]) == (2, 0.5, 1.0)
+    assert window_means([0.3]) == (1, 0.3, 0.3)

@@ -213,3 +213,42 @@ def test_infer_lora_serves_an_adapter_like_its_merged_export(tiny_vl, tmp_path):
     assert served != answer("--model", str(tiny_vl))
     missing = infer_cli("--model", str(tiny_vl), "--lora", str(tmp_path / "nope"), *flags)
     assert missing.returncode == 2 and "adapter_config.json" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_an_adapter_of_one_family_is_refused_on_another_and_its_base_path_is_stored_absolute(tmp_path, monkeypatch):
+    import shutil
+
+    from physreason.config import LoraConfig, ModelConfig
+    from physreason.models.lora import apply_lora, save_adapter
+
+    monkeypatch.chdir(tmp_path)
+    save_tiny_model("qwen2_5_vl", tmp_path / "base25")
+    save_tiny_model("qwen3_vl", tmp_path / "base3")
+    model = loading.load_model(ModelConfig(model_name_or_path="base25"), dtype=torch.float32)  # relative, as typed
+    adapter = save_adapter(apply_lora(model, LoraConfig(enable=True, rank=4)), tmp_path / "adapter")
+    stored = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert stored == str((tmp_path / "base25").resolve())
+
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    shutil.copytree(adapter, moved / "adapter")  # the base is still found from another working folder
+    flags = ("--engine", "hf", "--dtype", "float32", "--question", "q", "--max-tokens", "2")
+    refused = infer_cli("--model", str(tmp_path / "base3"), "--lora", str(moved / "adapter"), *flags)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "was trained on a qwen2_5_vl model" in refused.stderr and "is a qwen3_vl model" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    accepted = infer_cli("--model", str(tmp_path / "base25"), "--lora", str(moved / "adapter"), *flags)
+    assert accepted.returncode == 0, accepted.stderr[-2000:]
+
+
+def test_wrapping_a_model_in_lora_warns_nothing(tiny_vl):
+    import warnings
+
+    from physreason.config import LoraConfig, ModelConfig
+    from physreason.models.lora import apply_lora
+
+    model = loading.load_model(ModelConfig(model_name_or_path=str(tiny_vl)), dtype=torch.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_lora(model, LoraConfig(enable=True, rank=4))
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]

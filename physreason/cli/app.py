@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 import physreason
-from physreason.errors import PhysReasonError
+from physreason.errors import Interrupted, PhysReasonError
 
 app = typer.Typer(
     name="physreason",
@@ -37,6 +37,20 @@ def _root(
     ),
 ) -> None:
     """physreason: inference, SFT, GRPO and evaluation for Cosmos-Reason1-family models."""
+
+
+def _quiet_argument_types() -> None:
+    """Show an argument's metavar alone in help: typer adds its Python type beside it (`RECIPE.toml... <list[Path]>`)."""
+    from typer import core
+
+    shown = getattr(core.TyperArgument, "display_type_rich", None)
+    if shown is None:  # another typer layout: its help is left as it is
+        return
+
+    def display_type_rich(self: core.TyperArgument, ctx: object) -> str | None:
+        return None if self.metavar is not None else shown(self, ctx)
+
+    core.TyperArgument.display_type_rich = display_type_rich  # type: ignore[method-assign]
 
 
 def _register() -> None:
@@ -67,6 +81,7 @@ def _register() -> None:
 
 
 _register()
+_quiet_argument_types()
 
 
 def _click_exception_types() -> tuple[type[Exception], ...]:
@@ -105,6 +120,12 @@ def main() -> None:
     try:
         # Without standalone mode typer returns the code of a typer.Exit (130 for Ctrl-C) instead of exiting.
         code = app(standalone_mode=False)
+    except Interrupted as exc:
+        # Every torchrun rank stops the same way; one of them says so.
+        if os.environ.get("RANK", "0") == "0":
+            sys.stdout.flush()
+            err_console.print(str(exc), highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
     except PhysReasonError as exc:
         err_console.print(Text.assemble(("error: ", "bold red"), str(exc)), highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -22,7 +22,7 @@ def run(
         None, "--config", "-c", help="TOML recipe with [eval], [model], [engine], [vision], [generation]."
     ),
     overrides: list[str] = typer.Option(
-        [], "--set", help="Override a config key: --set eval.num_repeats=5 (repeatable)."
+        [], "--set", metavar="KEY=VALUE", help="Override a config key: --set eval.num_repeats=5 (repeatable)."
     ),
     model: str | None = typer.Option(None, "--model", "-m", help="Hub id or local model folder."),
     engine: str | None = typer.Option(None, help="Engine: auto (vLLM when installed), vllm or hf."),
@@ -31,6 +31,7 @@ def run(
         [],
         "--dataset",
         "-d",
+        metavar="<name|file>",
         help="Data set name, JSON/JSONL/parquet file, dataset folder or Hub id (repeatable; replaces eval.datasets).",
     ),
     answer_type: str | None = typer.Option(
@@ -47,10 +48,12 @@ def run(
     num_repeats: int | None = typer.Option(None, help="Runs with seeds seed, seed+1, ...; mean ± std is reported."),
     seed: int | None = typer.Option(None, help="Seed of the first repeat."),
     results_dir: Path | None = typer.Option(
-        None, help="Results go under <results_dir>/<model>/<answer_type>/<dataset>/seed_<seed>/."
+        None, help="Results go under RESULTS_DIR / model / answer type / data set / seed_N."
     ),
-    num_gpus: int | None = typer.Option(None, help="GPUs in all; shards = num_gpus / tp_size."),
-    tp_size: int | None = typer.Option(None, help="GPUs per engine."),
+    num_gpus: int | None = typer.Option(None, help="GPUs in all; shards = num_gpus / tensor-parallel size."),
+    tensor_parallel_size: int | None = typer.Option(
+        None, "--tensor-parallel-size", "--tp", help="GPUs per engine (vLLM's name; sets eval.tp_size)."
+    ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Evaluate a model on Cosmos-Reason1-layout benchmarks or Physical AI Bench; rerunning resumes from saved results."""
@@ -71,7 +74,7 @@ def run(
         "eval.seed": seed,
         "eval.results_dir": str(results_dir) if results_dir else None,
         "eval.num_gpus": num_gpus,
-        "eval.tp_size": tp_size,
+        "eval.tp_size": tensor_parallel_size,
     }
     cfg = load_config(config, overrides, {key: value for key, value in flags.items() if value is not None})
     outcome = run_eval(cfg, show_progress=progress)

@@ -19,7 +19,7 @@ def serve(
     config: Path | None = typer.Option(
         None, "--config", "-c", help="TOML recipe: [model], [engine], [vision] and [generation] are used."
     ),
-    overrides: list[str] = typer.Option([], "--set", help="Override a config key: --set generation.top_p=0.9."),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key: --set generation.top_p=0.9."),
     host: str = typer.Option("127.0.0.1", help="Address to bind; 0.0.0.0 exposes the server to the network."),
     port: int = typer.Option(8000, help="Port to listen on."),
     api_key: str | None = typer.Option(
@@ -63,7 +63,9 @@ def serve(
     ),
     max_tokens: int | None = typer.Option(None, help="Default most new tokens [default: 4096]."),
     dtype: str | None = typer.Option(None, help="bfloat16, float16, float32 or auto."),
-    tensor_parallel_size: int | None = typer.Option(None, help="GPUs the model spans."),
+    tensor_parallel_size: int | None = typer.Option(
+        None, "--tensor-parallel-size", "--tp", help="GPUs the model spans (vLLM's name; --tp for short)."
+    ),
     gpu_memory_utilization: float | None = typer.Option(None, help="GPU memory fraction vLLM may use."),
     max_model_len: int | None = typer.Option(None, help="Context length."),
     enforce_eager: bool | None = typer.Option(None, "--enforce-eager/--cuda-graphs", help="Disable CUDA graphs."),
@@ -71,7 +73,9 @@ def serve(
         False, "--print-command", help="Print the vllm serve command and exit without starting it."
     ),
     vllm_args: list[str] | None = typer.Argument(
-        None, help="Further vllm serve arguments, after --: physreason serve -m M -- --max-num-seqs 64"
+        None,
+        metavar="VLLM_ARGS",
+        help="Further vllm serve arguments, after --: physreason serve -m M -- --max-num-seqs 64"
     ),
 ) -> None:
     """Serve a model over vLLM's OpenAI-compatible API: <think> text in `reasoning`, the <answer> in `content`."""
@@ -123,10 +127,18 @@ def serve(
             raise PhysReasonError(f"--chat-template {chat_template}: no such file")
         template = chat_template.read_text()
     else:
-        template = model_chat_template(cfg)
-    template_path = chat_template_file(with_prompt_style(template, prompting))
+        template = model_chat_template(cfg, local_only=print_command)
+    template_path = chat_template_file(with_prompt_style(template, prompting)) if template is not None else None
     command = build_server_command(cfg, options, template_path, sampling)
     if print_command:
+        if template_path is None:
+            err_console.print(
+                f"note: the tokenizer of {cfg.model.model_name_or_path} is not downloaded, so this command has no "
+                "--chat-template and requests without a system message get none; `physreason serve` (or this command "
+                "once the model is in the cache) adds the default system prompt",
+                highlight=False,
+                soft_wrap=True,
+            )
         typer.echo(command.shown())
         return
     if host not in ("127.0.0.1", "localhost", "::1") and not options.api_key:

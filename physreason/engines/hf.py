@@ -115,12 +115,13 @@ def merge_adapter(model: torch.nn.Module, path: str) -> torch.nn.Module:
 
     Generation then runs at the base model's speed, with the same parameter names, so weight pushes still apply.
     """
-    from physreason.models.lora import read_adapter_config
-
-    read_adapter_config(path)
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(model, path).merge_and_unload().eval()
+    from physreason.models.lora import quiet_peft_wrap, read_adapter_config
+
+    read_adapter_config(path)
+    with quiet_peft_wrap():
+        return PeftModel.from_pretrained(model, path).merge_and_unload().eval()
 
 
 class HFEngine(Engine):
@@ -146,6 +147,10 @@ class HFEngine(Engine):
         source = model.model_name_or_path
         hf_config = loading.load_model_config(model)
         self.is_vl = model_family(hf_config).is_vision_language
+        if engine.lora is not None:  # before the weights load: a wrong adapter fails in a second
+            from physreason.models.lora import check_adapter_base
+
+            check_adapter_base(engine.lora, hf_config, model.model_name_or_path)
         self.model = loading.load_model(model, device=self.device).eval()
         if engine.lora is not None:
             self.model = merge_adapter(self.model, engine.lora)

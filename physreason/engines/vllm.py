@@ -85,8 +85,9 @@ class VLLMEngine(Engine):
             kwargs["limit_mm_per_prompt"] = dict(engine.limit_mm_per_prompt)
         ranks = [lora_rank] if lora_rank is not None else []
         if engine.lora is not None:
-            from physreason.models.lora import read_adapter_config
+            from physreason.models.lora import check_adapter_base, read_adapter_config
 
+            check_adapter_base(engine.lora, hf_config, model.model_name_or_path)
             ranks.append(int(read_adapter_config(engine.lora)["r"]))
         if ranks:
             kwargs.update(vllm_compat.lora_engine_kwargs(max(ranks)))

@@ -31,6 +31,7 @@ import math
 import os
 import pickle
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +209,8 @@ def run_ray_batch(
     *,
     media_root: str | Path | None = None,
     show_progress: bool = True,
+    settings: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> BatchSummary:
     """Answer every request not yet in `out_path` with `[infer] num_gpus / [engine] tensor_parallel_size` replicas.
 
@@ -219,7 +222,10 @@ def run_ray_batch(
     if infer.num_gpus is None:
         raise ConfigError("run_ray_batch needs infer.num_gpus (--num-gpus); without it use run_batch")
     out = Path(out_path)
-    plan = plan_batch(requests_path, out, retry_failed=infer.retry_failed, media_root=media_root)
+    plan = plan_batch(
+        requests_path, out, retry_failed=infer.retry_failed, media_root=media_root, settings=settings,
+        overwrite=overwrite,
+    )
     summary = plan.summary()
     if not plan.pending:
         return summary

@@ -23,6 +23,7 @@ from physreason.config.schema import Config, SamplingConfig
 from physreason.errors import ConfigError, InputError
 from physreason.models.family import QWEN2_5_VL_PARAMS, QWEN3_VL_PARAMS, ModelFamily, ProcessorParams, model_family
 from physreason.models.qwen3_vl import frame_group_seconds, video_placeholder
+from physreason.models.source import check_model_source
 from physreason.vision import VideoFrames, num_visual_tokens, patchify
 
 IMAGE_PAD = "<|image_pad|>"
@@ -106,8 +107,10 @@ def load_processor_params(model_name_or_path: str, revision: str | None = None) 
 def patch_factor(model_name_or_path: str, revision: str | None = None) -> int:
     """Pixels per visual-token side of a checkpoint (28 for Qwen2.5-VL, 32 for Qwen3-VL), from its folder's JSON.
 
-    Reads only config.json and preprocessor_config.json, so media can be decoded before the model loads.
+    Reads only config.json and preprocessor_config.json, so media can be decoded before the model loads; a path
+    that is no model folder, or a hub id that can be neither fetched nor found in the cache, raises ConfigError.
     """
+    check_model_source(model_name_or_path, revision)
     return load_processor_params(model_name_or_path, revision).factor
 
 

@@ -11,15 +11,17 @@ from torch import nn
 from physreason.config import ModelConfig
 from physreason.errors import ConfigError
 from physreason.models.family import model_family
+from physreason.models.source import check_model_source
 from physreason.models.vision_attention import use_grouped_vision_attention
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def load_model_config(config: ModelConfig) -> Any:
-    """Read the transformers config of the checkpoint."""
+    """Read the transformers config of the checkpoint; ConfigError naming it when it is no model or unreachable."""
     from transformers import AutoConfig
 
+    check_model_source(config.model_name_or_path, config.revision)
     try:
         return AutoConfig.from_pretrained(
             config.model_name_or_path, revision=config.revision, trust_remote_code=config.trust_remote_code
@@ -62,6 +64,7 @@ def load_tokenizer(config: ModelConfig) -> Any:
     """Load the checkpoint's tokenizer (with its chat template)."""
     from transformers import AutoTokenizer
 
+    check_model_source(config.model_name_or_path, config.revision)
     tokenizer = AutoTokenizer.from_pretrained(
         config.model_name_or_path, revision=config.revision, trust_remote_code=config.trust_remote_code
     )

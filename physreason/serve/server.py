@@ -62,10 +62,13 @@ class ServerCommand:
     env: dict[str, str]
 
     def shown(self) -> str:
-        """The command as one shell-quoted line (the API key is in `env`, so it never appears here)."""
+        """The command as one shell-quoted line, its environment as leading assignments; the API key masked."""
         import shlex
 
-        return shlex.join(self.argv)
+        assignments = [
+            f"{name}={'***' if name == API_KEY_ENV else shlex.quote(value)}" for name, value in self.env.items()
+        ]
+        return " ".join([*assignments, shlex.join(self.argv)])
 
 
 def with_default_system_prompt(template: str, system_prompt: str) -> str:
@@ -123,16 +126,26 @@ def with_prompt_style(template: str, prompting: Prompting) -> str:
     return prefix + template
 
 
-def model_chat_template(cfg: Config) -> str:
-    """The chat template shipped with the model (tokenizer files); raises if it has none."""
+def model_chat_template(cfg: Config, *, local_only: bool = False) -> str | None:
+    """The chat template shipped with the model (tokenizer files); raises if it has none.
+
+    local_only reads only the folder or the hub cache and returns None when the tokenizer is not there
+    (`--print-command` makes no network request).
+    """
     from transformers import AutoTokenizer
 
+    from physreason.models.source import check_model_source, looks_like_path
+
     name = cfg.model.model_name_or_path
+    if not local_only or looks_like_path(name):
+        check_model_source(name, cfg.model.revision)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
-            name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
+            name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code, local_files_only=local_only
         )
     except OSError as exc:
+        if local_only:
+            return None
         raise InputError(f"cannot load the tokenizer of {name}: {exc}; check --model (a local folder or hub id)") from exc
     template = tokenizer.chat_template
     if isinstance(template, dict):  # several named templates: the default one serves chat
@@ -179,10 +192,11 @@ def resolve_media_root(media_root: Path | None) -> Path | None:
 
 
 def build_server_command(
-    cfg: Config, options: ServeOptions, chat_template: Path, sampling: SamplingConfig | None = None
+    cfg: Config, options: ServeOptions, chat_template: Path | None, sampling: SamplingConfig | None = None
 ) -> ServerCommand:
     """The `vllm serve` command for `cfg` and `options`; `chat_template` is the template file to serve with.
 
+    None leaves the template out (vLLM then uses the model's own, without the prompt style's defaults).
     sampling: `[generation]` resolved for the prompt style and mode (prompting_for); None uses it as written.
     """
     from physreason.serve import PARSER_NAME
@@ -199,7 +213,6 @@ def build_server_command(
         "--tensor-parallel-size", str(engine.tensor_parallel_size),
         "--gpu-memory-utilization", str(engine.gpu_memory_utilization),
         "--limit-mm-per-prompt", json.dumps(engine.limit_mm_per_prompt),
-        "--chat-template", str(chat_template),
         "--generation-config", "vllm",
         "--override-generation-config", json.dumps(sampling_overrides(sampling or cfg.generation)),
         "--media-io-kwargs", json.dumps({"video": {"fps": vision.fps, "num_frames": vision.max_frames}}),
@@ -207,6 +220,8 @@ def build_server_command(
         "--reasoning-parser", PARSER_NAME,
         "--middleware", "physreason.serve.middleware.MediaPathCheck",
     ]  # fmt: skip
+    if chat_template is not None:
+        argv += ["--chat-template", str(chat_template)]
     if model.revision:
         argv += ["--revision", model.revision]
     if engine.enforce_eager:

@@ -40,7 +40,16 @@ from physreason.models import loading, parallelize
 from physreason.models.family import VisionTokens, read_vision_tokens
 from physreason.train.build import TrainingModel, build_training_model
 from physreason.train.grpo_loss import mask_truncated, masked_sum, policy_loss
-from physreason.train.loop import Checkpointer, StepLog, checkpoint_due, prepare_output
+from physreason.train.loop import (
+    Checkpointer,
+    StepLog,
+    StopOnSignal,
+    checkpoint_due,
+    nothing_to_do,
+    parameter_counts,
+    prepare_output,
+    run_summary,
+)
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_micro_batches, first_vision_token
 from physreason.train.rollout import (
     RolloutBatch,
@@ -64,6 +73,7 @@ class GRPOResult:
     metrics: list[dict[str, float]] = field(default_factory=list)
     last_checkpoint: Path | None = None
     export_dir: Path | None = None
+    finished_before: Path | None = None  # the checkpoint of a run resumed at its last step: nothing was left to train
 
 
 def aggregation_count(mask: torch.Tensor, mode: str) -> float:
@@ -392,7 +402,31 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
         step, stream.cursor = resumed.step, resumed.state["prompt_cursor"]
         sync.push()
         log.info("resumed from %s at step %d (prompt draw %d)", resumed.path, step, stream.cursor)
+    if nothing_to_do(resumed, total_steps):
+        sync.close()
+        result.finished_before = result.last_checkpoint = resumed.path
+        return result
     _sleep(engine)
+    if runtime.is_main:
+        trainable, every = parameter_counts(scorer)
+        log.info(
+            "%s",
+            run_summary(
+                "Running GRPO",
+                {
+                    "Num prompts": len(prompts),
+                    "Num epochs": f"{total_steps * prompts_per_step / len(prompts):.4g}",
+                    "Prompts per step (groups)": prompts_per_step,
+                    "Completions per prompt (rollout.n_generation)": rollout_cfg.n_generation,
+                    "Effective batch (completions per step)": prompts_per_step * rollout_cfg.n_generation,
+                    "Policy updates per step (grpo.mu_iterations)": grpo_cfg.mu_iterations,
+                    "Data-parallel processes": dp_size,
+                    "Total steps": total_steps,
+                    "Starting at step": step,
+                    "Trainable parameters": f"{trainable:,} of {every:,} ({100 * trainable / max(every, 1):.2f}%)",
+                },
+            ),
+        )
 
     settings = rollout_settings(
         config,
@@ -415,7 +449,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     def all_done(done: bool) -> bool:
         return all_reduce_sum(float(not done), runtime) == 0.0
 
-    with StepLog(config, total_steps, step, "grpo", enabled=runtime.is_main) as step_log:
+    with StepLog(config, total_steps, step, "grpo", enabled=runtime.is_main) as step_log, StopOnSignal(runtime) as stop:
         while step < total_steps:
             started = time.perf_counter()
             _wake(engine)
@@ -481,10 +515,12 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                     "len": f"{metrics['rollout/response_length_mean']:.0f}",
                 },
             )
+            saved = None
             if save_now:
                 saved = checkpointer.save(step, {"prompt_cursor": stream.cursor})
                 result.last_checkpoint = saved.checkpoint
                 if saved.export is not None:
                     result.export_dir = saved.export
+            stop.after_step(checkpointer, step, saved, {"prompt_cursor": stream.cursor})
     sync.close()
     return result

@@ -12,18 +12,30 @@ share these pieces; each trainer only writes its step. A trainer's run reads:
             step_log.step(step, metrics, postfix)       # progress bar; metrics every log_freq steps
             if checkpoint_due(config, step, total_steps):
                 saved = checkpointer.save(step, state)  # DCP checkpoint, then the safetensors export
+            stop.after_step(checkpointer, step, saved, state)  # Ctrl-C/SIGTERM: save, then stop
+
+Metrics: logs/metrics.jsonl holds one run's history. A resumed run keeps the records up to its checkpoint's
+step and drops later ones (steps the interrupted run made after its last checkpoint, which the resumed run
+makes again); a fresh run starts the file anew.
 """
 
 from __future__ import annotations
 
 import logging
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch.distributed as dist
 
 from physreason.config import Config, dump_config
+from physreason.errors import Interrupted
 from physreason.train.build import TrainingModel
 from physreason.train.checkpoint import (
     load_checkpoint,
@@ -33,7 +45,7 @@ from physreason.train.checkpoint import (
     save_checkpoint,
 )
 from physreason.train.metrics import MetricLogger
-from physreason.train.runtime import Runtime
+from physreason.train.runtime import Runtime, all_reduce_sum
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +176,11 @@ class StepLog:
         self.total_steps = total_steps
         self.log_freq = config.train.log_freq
         self.metrics = MetricLogger(
-            config.train.output_dir, config.logging, enabled=enabled, run_config=config.model_dump(mode="json")
+            config.train.output_dir,
+            config.logging,
+            enabled=enabled,
+            run_config=config.model_dump(mode="json"),
+            resumed_step=initial_step,
         )
         self.progress: Any = None
         if enabled:
@@ -195,3 +211,118 @@ class StepLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def resume_command(argv: Sequence[str] | None = None) -> str:
+    """The command line that continues this run: the one given, with `--set train.resume=true` in place of any resume."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    kept: list[str] = []
+    skip = False
+    for index, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        following = args[index + 1] if index + 1 < len(args) else ""
+        if arg == "--set" and following.replace(" ", "").startswith("train.resume="):
+            skip = True
+            continue
+        if arg.replace(" ", "").startswith("--set=train.resume="):
+            continue
+        kept.append(arg)
+    return shlex.join(["physreason", *kept, "--set", "train.resume=true"])
+
+
+class TrainingInterrupted(Interrupted):
+    """A run stopped on SIGINT or SIGTERM after saving a checkpoint (or with checkpoints off); exit code 130."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint: Path | None, command: str) -> None:
+        self.step, self.checkpoint, self.command = step, checkpoint, command
+        if checkpoint is not None:
+            text = f"{signal_name}: stopped after step {step}, checkpoint saved to {checkpoint}. Resume with:\n  {command}"
+        else:
+            text = (
+                f"{signal_name}: stopped after step {step}; checkpoints are off (train.ckpt.enable_checkpoint = false), "
+                f"so nothing was saved and a rerun starts from step 0:\n  {command}"
+            )
+        super().__init__(text)
+
+
+class StopOnSignal:
+    """SIGINT (Ctrl-C) or SIGTERM (schedulers) asks the training loop to finish its step, save a checkpoint and stop.
+
+    The handler only sets a flag: a step half done (a collective in flight, an optimizer step) is never cut. Every
+    rank learns of a request through one all-reduce per step, so all ranks save the same step together (DCP is
+    collective). A second Ctrl-C stops at once, without a checkpoint. A context manager that restores the handlers.
+    """
+
+    def __init__(self, runtime: Runtime | None = None) -> None:
+        self.runtime = runtime
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+        # The message goes out now: a step can take minutes, and the person pressing Ctrl-C wants to know it was heard.
+        if self.runtime is None or self.runtime.is_main:
+            print(f"\n{self.signal_name}: saving a checkpoint after this step (Ctrl-C again stops at once)", file=sys.stderr)
+
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def requested(self) -> bool:
+        """Whether any rank got a stop signal (collective when distributed: every rank calls it each step)."""
+        local = float(self.signal_name is not None)
+        if self.runtime is None or not self.runtime.distributed:
+            return bool(local)
+        return all_reduce_sum(local, self.runtime) > 0
+
+    def after_step(self, checkpointer: Checkpointer, step: int, saved: Saved | None, state: dict[str, Any]) -> None:
+        """At the end of `step`: if a stop was asked for, save `state` (unless `saved` is this step's), then raise.
+
+        Raises TrainingInterrupted naming the checkpoint and the command that resumes from it.
+        """
+        if not self.requested():
+            return
+        checkpoint = None
+        if checkpointer.config.train.ckpt.enable_checkpoint:
+            checkpoint = (saved or checkpointer.save(step, state)).checkpoint
+        raise TrainingInterrupted(self.signal_name or "SIGINT", step, checkpoint, resume_command())
+
+
+def parameter_counts(module: object) -> tuple[int, int]:
+    """(trainable, all) parameter counts of a model; sharded (DTensor) parameters count at their full size."""
+    trainable = total = 0
+    for parameter in module.parameters():  # type: ignore[attr-defined]
+        total += parameter.numel()
+        trainable += parameter.numel() if parameter.requires_grad else 0
+    return trainable, total
+
+
+def run_summary(title: str, items: dict[str, object]) -> str:
+    """The start-up summary a run prints (as TRL's trainer does): one aligned `name = value` line per item."""
+    width = max(len(name) for name in items)
+    lines = [f"***** {title} *****"]
+    for name, value in items.items():
+        shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+        lines.append(f"  {name:<{width}} = {shown}")
+    return "\n".join(lines)
+
+
+def nothing_to_do(resumed: Resumed | None, total_steps: int) -> bool:
+    """Whether the run resumed from a checkpoint at (or past) its last step, so no step is left to train."""
+    if resumed is None or resumed.step < total_steps:
+        return False
+    log.info(
+        "nothing to do: %s is at step %d of %d; raise train.max_steps or train.epoch to train further",
+        resumed.path, resumed.step, total_steps,
+    )
+    return True
