@@ -34,6 +34,18 @@ class AdamWBF16State(torch.optim.Optimizer):
     ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's loader, then the moments back to bfloat16.
+
+        torch.optim.Optimizer.load_state_dict casts every floating state tensor to its parameter's dtype: a resumed
+        run would otherwise hold float32 moments (twice the memory, and steps that differ from an unbroken run).
+        """
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    state[key] = state[key].to(torch.bfloat16)
+
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One AdamW update of every parameter that has a gradient; returns closure's loss when given one."""
