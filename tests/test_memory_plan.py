@@ -158,3 +158,19 @@ def test_plan_shard_bytes_equal_each_gloo_ranks_fsdp2_shards(tmp_path, offload):
                 assert plan.parts["parameters"] == plan.parts["gradients"] == plan.parts["optimizer state"] == 0
             else:
                 assert {part: plan.parts[part] for part in sharded} == sharded
+
+
+def test_start_up_check_refuses_a_plan_over_the_gpu_unless_told_to_skip(tmp_path):
+    from physreason.config import load_config
+    from physreason.errors import ConfigError
+    from physreason.train.memory_report import check_memory
+
+    model = save_tiny_model("qwen3_vl", tmp_path / "model")
+    config = load_config(None, [f"model.model_name_or_path='{model}'", "model.model_max_length=512"])
+    plan = check_memory(config, 2, True, "sft", None)  # no GPU: planned, never refused
+    small = plan.total // 2
+    with pytest.raises(ConfigError, match=r"memory plan: .* GiB per GPU .*train.skip_memory_check"):
+        check_memory(config, 2, True, "sft", small)
+    config.train.skip_memory_check = True
+    assert check_memory(config, 2, True, "sft", small).total == plan.total
+    assert check_memory(config, 2, True, "sft", 4 * plan.total).fits(4 * plan.total)
