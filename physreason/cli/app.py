@@ -63,6 +63,7 @@ def _register() -> None:
         grpo_cmd,
         infer_cmd,
         models_cmd,
+        plan_cmd,
         plot_cmd,
         serve_cmd,
         sft_cmd,
@@ -74,6 +75,7 @@ def _register() -> None:
     app.add_typer(eval_cmd.app, name="eval")
     app.command("sft")(sft_cmd.sft)
     app.command("grpo")(grpo_cmd.grpo)
+    app.command("plan")(plan_cmd.plan)
     app.command("plot")(plot_cmd.plot)
     app.add_typer(data_cmd.app, name="data")
     app.add_typer(config_cmd.app, name="config")

@@ -329,6 +329,22 @@ class TrainConfig(Section):
     param_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="FSDP2 parameter dtype for compute.")
     fsdp_reduce_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 gradient reduction dtype.")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass.")
+    cpu_offload: bool = Field(
+        False,
+        description="FSDP2 CPU offload (needs torchrun): sharded fp32 weights, gradients and AdamW state live in host "
+        "memory, each block is copied to the GPU when used and the optimizer steps on the CPU. Slower; frees the GPU "
+        "of about 16 bytes per parameter / number of processes.",
+    )
+    optimizer_state_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Dtype AdamW keeps its two moments in: 'bfloat16' saves 4 bytes per trained parameter (the update "
+        "itself is computed in float32; the second moment's decay below 1/256 of its value is rounded away).",
+    )
+    skip_memory_check: bool = Field(
+        False,
+        description="Start even when the memory plan printed at start-up says the recipe will not fit the GPUs "
+        "(`physreason plan` shows the plan and the layouts that fit).",
+    )
     freeze_vision_tower: bool = Field(False, description="Keep the vision encoder's weights fixed.")
     compile: bool = Field(False, description="torch.compile each decoder block.")
     loss_chunk_size: int = Field(

@@ -50,6 +50,7 @@ from physreason.train.loop import (
     prepare_output,
     run_summary,
 )
+from physreason.train.memory_report import check_runtime_memory
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_micro_batches, first_vision_token
 from physreason.train.rollout import (
     RolloutBatch,
@@ -363,6 +364,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
 
     tokenizer = loading.load_tokenizer(config.model)
     hf_config = loading.load_model_config(config.model)
+    check_runtime_memory(config, runtime, "grpo")  # prints the plan; refuses a start that cannot fit
     vision_tokens = read_vision_tokens(hf_config)
     processor_params = None
     if vision_tokens is not None:

@@ -42,6 +42,7 @@ from physreason.train.loop import (
     prepare_output,
     run_summary,
 )
+from physreason.train.memory_report import check_runtime_memory
 from physreason.train.model import CausalLMLoss
 from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
 
@@ -302,6 +303,7 @@ def run_sft(config: Config) -> SFTResult:
 
     tokenizer = loading.load_tokenizer(config.model)
     hf_config = loading.load_model_config(config.model)
+    check_runtime_memory(config, runtime, "sft")  # prints the plan; refuses a start that cannot fit
     train_set, val_set = build_datasets(config, tokenizer, hf_config)
     tp = config.policy.parallelism.tp_size
     per_rank, accumulation = batch_layout(config, runtime.world_size, tp)
