@@ -181,3 +181,22 @@ def test_cli_ray_batch_with_a_missing_model_fails_before_ray_starts(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "no-model" in result.stderr and "Traceback" not in result.stderr
     assert "Started a local Ray instance" not in result.stderr
+
+
+def test_a_nul_byte_in_a_media_path_fails_that_request_only_on_every_run(engine, tmp_path):
+    write_clip(tmp_path / "a.mp4")
+    lines = [
+        {"id": "nul", "question": "Is it falling?", "video": "a\x00.mp4"},
+        {"id": "nul-image", "question": "What is it?", "image": ["x.png\x00"]},
+        {"id": "a", "question": "Is it falling?", "video": "a.mp4"},
+    ]
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out.jsonl"
+    summary = run_batch(engine, tmp_path / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    records = {r["id"]: r for r in read_out(out)}
+    assert (summary.done, summary.failed) == (3, 2)
+    assert "request nul:" in records["nul"]["error"] and "NUL byte" in records["nul"]["error"]
+    assert "NUL byte" in records["nul-image"]["error"] and "outputs" in records["a"]
+    again = run_batch(engine, tmp_path / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False,
+                      retry_failed=True)
+    assert (again.done, again.failed) == (2, 2)
