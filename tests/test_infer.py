@@ -200,3 +200,17 @@ def test_a_nul_byte_in_a_media_path_fails_that_request_only_on_every_run(engine,
     again = run_batch(engine, tmp_path / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False,
                       retry_failed=True)
     assert (again.done, again.failed) == (2, 2)
+
+
+def test_a_whole_last_record_without_its_newline_is_redone_not_lost(engine, batch_dir):
+    out = batch_dir / "out.jsonl"
+    run_batch(engine, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    text = out.read_text()
+    last = json.loads(text.splitlines()[-1])["id"]
+    out.write_text(text[:-1])  # killed between the record and its newline: the line parses, but is torn
+    assert last not in finished_ids(out)
+    again = CountingEngine(engine)
+    summary = run_batch(again, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    ids = [r["id"] for r in read_out(out)]
+    assert sorted(ids) == sorted({"a", "img", "broken", "escape", "missing", "b"})  # nothing lost, nothing twice
+    assert summary.done == 1 and summary.skipped == 5
