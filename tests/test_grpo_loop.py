@@ -218,3 +218,20 @@ def test_grpo_rerun_into_its_run_folder_is_refused_until_resumed(tiny_text, mcq_
     resumed = grpo_cli("train.max_steps=2", "train.resume=true")
     assert resumed.returncode == 0, resumed.stderr
     assert steps() == [1, 2]
+
+
+def test_a_grpo_resume_finishes_the_final_export_a_kill_cut_short(tiny_text, mcq_file, tmp_path, monkeypatch, capsys):
+    from killed_export import killed_during_export
+
+    def config(*extra):
+        return grpo_config(tiny_text, mcq_file, tmp_path / "out", "train.max_steps=1",
+                           "train.ckpt.export_safetensors=true", *extra)
+
+    with killed_during_export(monkeypatch, 1):
+        run_grpo(config())
+    capsys.readouterr()
+    resumed = run_grpo(config("train.resume=true"))
+    assert resumed.rewards == []
+    exports = tmp_path / "out" / "safetensors"
+    assert f"finished the safetensors export {exports / 'step_1'}" in capsys.readouterr().out
+    assert [p.name for p in exports.iterdir()] == ["step_1"] and (exports / "step_1" / "model.safetensors").is_file()

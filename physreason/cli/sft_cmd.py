@@ -16,7 +16,8 @@ def sft(
     trust_checkpoint: bool = typer.Option(
         False,
         "--trust-checkpoint",
-        help="Allow --set train.resume=PATH outside train.output_dir. Resuming unpickles the checkpoint's DCP "
+        help="Allow resuming a checkpoint this run did not write (outside train.output_dir, or linked or copied into "
+        "it). Resuming unpickles the checkpoint's DCP "
         ".metadata, which can run code: only for checkpoint folders you trust as you trust code.",
     ),
 ) -> None:
@@ -24,7 +25,7 @@ def sft(
 
     A rerun into a train.output_dir that has checkpoints is refused: continue it with --set train.resume=true,
     or choose a new or empty folder. Resuming loads a checkpoint with pickle (it can run code): a checkpoint
-    folder outside output_dir needs --trust-checkpoint.
+    folder this run did not write (outside output_dir, or linked or copied into it) needs --trust-checkpoint.
     """
     import torch.distributed as dist
 

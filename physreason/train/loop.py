@@ -26,8 +26,10 @@ import torch.distributed as dist
 from physreason.config import Config, dump_config
 from physreason.train.build import TrainingModel
 from physreason.train.checkpoint import (
+    checkpoint_dirs,
     load_checkpoint,
     prune_step_dirs,
+    read_record,
     refuse_stale_checkpoints,
     resolve_resume,
     save_checkpoint,
@@ -95,23 +97,56 @@ class Checkpointer:
         """Load the checkpoint `resume` names ([train] resume when None) into model, optimizer and schedule.
 
         Returns the checkpoint and its trainer state, or None for a fresh run. RNG states are restored too.
+        First, every safetensors export that a checkpoint of this run promised but a kill left unwritten is
+        written from its checkpoint (see missing_exports), so a resume that has no step left still exports.
         """
         train = self.config.train
         path = resolve_resume(train.resume if resume is None else resume, self.output, train.trust_checkpoint)
         if path is None:
             return None
+        missing = self.missing_exports()
+        for checkpoint in missing:
+            if checkpoint != path:
+                self._load(checkpoint)
+                self._finish_export(checkpoint)
+        state = self._load(path)
+        if path in missing:
+            self._finish_export(path)
+        return Resumed(path, state)
+
+    def missing_exports(self) -> list[Path]:
+        """This run's checkpoints, oldest first, whose promised safetensors export is not on disk.
+
+        A kill between a checkpoint's rename and the end of its export leaves exactly this.
+        """
+        record = read_record(self.output)
+        missing = [
+            path for path in checkpoint_dirs(self.output)
+            if record.get(path.name, {}).get("export") and not (self.output / "safetensors" / path.name).is_dir()
+        ]
+        if dist.is_initialized():
+            dist.barrier()  # every rank has looked before rank 0 writes the first export
+        return missing
+
+    def _load(self, path: Path) -> dict[str, Any]:
         trained = self.trained
-        state = load_checkpoint(
+        return load_checkpoint(
             path, trained.module, trained.optimizer, trained.scheduler, trainable_only=trained.peft is not None
         )
-        return Resumed(path, state)
+
+    def _finish_export(self, checkpoint: Path) -> None:
+        step = int(checkpoint.name.removeprefix("step_"))
+        folder = self.export(step)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            # Said on stdout, not only in the log: the run's output now holds a folder this run did not announce.
+            print(f"finished the safetensors export {folder} that checkpoint {checkpoint} promised (cut short before)")
 
     def save(self, step: int, state: dict[str, Any]) -> Saved:
         """Write the checkpoint of `step` with the trainer's state (keeping [train.ckpt] max_keep), then export."""
         trained, ckpt = self.trained, self.config.train.ckpt
         checkpoint = save_checkpoint(
             self.output, step, trained.module, trained.optimizer, trained.scheduler, {"step": step, **state},
-            ckpt.max_keep, trainable_only=trained.peft is not None,
+            ckpt.max_keep, trainable_only=trained.peft is not None, export=ckpt.export_safetensors,
         )
         saved = Saved(checkpoint)
         if ckpt.export_safetensors:
