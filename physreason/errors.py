@@ -16,3 +16,7 @@ class ConfigError(PhysReasonError):
 
 class InputError(PhysReasonError):
     """An input (video, image, data record) cannot be used as given."""
+
+
+class TrainingDiverged(PhysReasonError):
+    """Training produced a non-finite loss or gradient norm; the run stopped before checkpointing it."""

@@ -235,3 +235,22 @@ def test_a_grpo_resume_finishes_the_final_export_a_kill_cut_short(tiny_text, mcq
     exports = tmp_path / "out" / "safetensors"
     assert f"finished the safetensors export {exports / 'step_1'}" in capsys.readouterr().out
     assert [p.name for p in exports.iterdir()] == ["step_1"] and (exports / "step_1" / "model.safetensors").is_file()
+
+
+def test_a_nan_policy_loss_stops_grpo_naming_the_step_and_the_last_good_checkpoint(tiny_text, mcq_file, tmp_path,
+                                                                                     monkeypatch):
+    from physreason.errors import TrainingDiverged
+    from physreason.train import grpo
+
+    real, calls = grpo.update_policy, []
+
+    def diverging(*args, **kwargs):
+        calls.append(1)
+        metrics = real(*args, **kwargs)
+        return metrics | ({"loss": float("nan")} if len(calls) == 2 else {})
+
+    monkeypatch.setattr(grpo, "update_policy", diverging)
+    out = tmp_path / "out"
+    with pytest.raises(TrainingDiverged, match=rf"step 2: the loss is nan.*last good checkpoint is {out / 'checkpoints' / 'step_1'}"):
+        run_grpo(grpo_config(tiny_text, mcq_file, out, "train.max_steps=3", "train.ckpt.save_freq=1"))
+    assert [p.name for p in checkpoint_dirs(out)] == ["step_1"]

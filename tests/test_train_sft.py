@@ -124,3 +124,22 @@ def test_a_resume_finishes_every_export_a_kill_left_undone_and_says_so(tiny_vl, 
         got = load_file(exports / f"step_{step}" / "model.safetensors")
         want = load_file(tmp_path / "straight" / "safetensors" / f"step_{step}" / "model.safetensors")
         assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in want)
+
+
+def test_a_nan_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(tiny_vl, tmp_path, monkeypatch):
+    from physreason.errors import TrainingDiverged
+    from physreason.train import sft
+
+    real, calls = sft.train_step, []
+
+    def diverging(*args, **kwargs):
+        calls.append(1)
+        loss, norm = real(*args, **kwargs)
+        return (float("nan"), float("inf")) if len(calls) == 3 else (loss, norm)
+
+    monkeypatch.setattr(sft, "train_step", diverging)
+    data = write_records(tmp_path, 8)
+    out = tmp_path / "out"
+    with pytest.raises(TrainingDiverged, match=rf"step 3: the loss is nan.*last good checkpoint is {out / 'checkpoints' / 'step_2'}"):
+        run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=4", "train.ckpt.save_freq=1", "train.ckpt.max_keep=5"))
+    assert [p.name for p in checkpoint_dirs(out)] == ["step_1", "step_2"]  # the diverged step is never saved

@@ -40,7 +40,7 @@ from physreason.models import loading, parallelize
 from physreason.models.family import VisionTokens, read_vision_tokens
 from physreason.train.build import TrainingModel, build_training_model
 from physreason.train.grpo_loss import masked_sum, policy_loss
-from physreason.train.loop import Checkpointer, StepLog, checkpoint_due, prepare_output
+from physreason.train.loop import Checkpointer, StepLog, checkpoint_due, prepare_output, stop_if_diverged
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_micro_batches, first_vision_token
 from physreason.train.rollout import (
     RolloutBatch,
@@ -445,6 +445,8 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                 metrics["rollout/empty_step"] = 1.0
             train_s = time.perf_counter() - train_started
             step += 1
+            if "loss" in metrics:  # reduced over ranks: every rank stops, before the weights reach the engine
+                stop_if_diverged(config.train.output_dir, step, metrics["loss"], metrics["policy/grad_norm"])
             save_now = checkpoint_due(config, step, total_steps)
             sync_s = 0.0
             if step % train_cfg.sync_weight_interval == 0 or save_now:

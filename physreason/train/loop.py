@@ -17,6 +17,7 @@ share these pieces; each trainer only writes its step. A trainer's run reads:
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import torch.distributed as dist
 
 from physreason.config import Config, dump_config
+from physreason.errors import TrainingDiverged
 from physreason.train.build import TrainingModel
 from physreason.train.checkpoint import (
     checkpoint_dirs,
@@ -59,6 +61,27 @@ def checkpoint_due(config: Config, step: int, total_steps: int) -> bool:
     """True when `step` writes a checkpoint: every [train.ckpt] save_freq steps and the last, if checkpoints are on."""
     ckpt = config.train.ckpt
     return ckpt.enable_checkpoint and (step % ckpt.save_freq == 0 or step == total_steps)
+
+
+def stop_if_diverged(output_dir: str | Path, step: int, loss: float, grad_norm: float) -> None:
+    """Raise TrainingDiverged, naming `step` and the last good checkpoint, when the loss or gradient norm is not finite.
+
+    Called before the step's checkpoint and weight sync: a NaN or infinite loss has already written NaN into the
+    weights, and saving them would rotate a good checkpoint out for a useless one.
+    """
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        return
+    found = checkpoint_dirs(output_dir)
+    last = (
+        f"The last good checkpoint is {found[-1]} (train.resume=true continues from it)"
+        if found
+        else "No checkpoint was saved before it"
+    )
+    raise TrainingDiverged(
+        f"step {step}: the loss is {loss} and the gradient norm {grad_norm}: training diverged and stopped before "
+        f"saving this step. {last}. Look for what changed at this step (its data, the learning rate of "
+        "train.optm_lr and its warm-up, train.optm_grad_norm_clip)"
+    )
 
 
 @dataclass

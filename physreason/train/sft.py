@@ -30,7 +30,7 @@ from physreason.errors import ConfigError, InputError
 from physreason.models import loading, parallelize
 from physreason.models.family import read_vision_tokens
 from physreason.train.build import build_training_model
-from physreason.train.loop import Checkpointer, StepLog, checkpoint_due, prepare_output
+from physreason.train.loop import Checkpointer, StepLog, checkpoint_due, prepare_output, stop_if_diverged
 from physreason.train.model import CausalLMLoss
 from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
 
@@ -332,6 +332,7 @@ def run_sft(config: Config) -> SFTResult:
                  **skipped},
                 {"loss": f"{loss:.4f}", "lr": f"{lr:.2e}", "tok_s": f"{tokens / elapsed:,.0f}"},
             )
+            stop_if_diverged(config.train.output_dir, step, loss, norm)  # every rank: loss and norm are global
             if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):
                 result.val_losses[step] = validation_loss(
                     module, val_set, collate, runtime, train_cfg.mini_batch, autocast, tp, dp_group
