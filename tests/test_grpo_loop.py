@@ -254,3 +254,18 @@ def test_a_nan_policy_loss_stops_grpo_naming_the_step_and_the_last_good_checkpoi
     with pytest.raises(TrainingDiverged, match=rf"step 2: the loss is nan.*last good checkpoint is {out / 'checkpoints' / 'step_1'}"):
         run_grpo(grpo_config(tiny_text, mcq_file, out, "train.max_steps=3", "train.ckpt.save_freq=1"))
     assert [p.name for p in checkpoint_dirs(out)] == ["step_1"]
+
+
+def test_a_prompt_longer_than_the_context_is_skipped_and_counted_not_fatal(tiny_text, tmp_path, caplog):
+    records = [{"question": f"Which way does ball {i} go?" + (" far" * 400 if i == 1 else ""),
+                "options": ["up", "down", "left", "right"], "answer": "B", "id": f"q{i}"} for i in range(4)]
+    data = tmp_path / "mcq.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in records))
+    config = grpo_config(tiny_text, data, tmp_path / "out", "train.max_steps=1", "rollout.batch_size=4",
+                         "train.train_batch_per_replica=32", "model.model_max_length=256",
+                         "train.ckpt.enable_checkpoint=false", "data.shuffle=false")
+    with caplog.at_level("WARNING", logger="physreason.train.rollout"):
+        result = run_grpo(config)
+    assert result.metrics[0]["rollout/requests_failed"] == 1.0
+    assert result.metrics[0]["rollout/groups_kept"] == 3.0
+    assert any("q1" in r.getMessage() and "256" in r.getMessage() for r in caplog.records)
