@@ -129,11 +129,12 @@ class Checkpointer:
             return None
         missing = self.missing_exports()
         for checkpoint in missing:
-            if checkpoint != path:
-                self._load(checkpoint)
+            if checkpoint.resolve() != path.resolve():
+                # Loaded only if it passes the same trust test as the checkpoint resumed from.
+                self._load(resolve_resume(str(checkpoint), self.output, train.trust_checkpoint))
                 self._finish_export(checkpoint)
         state = self._load(path)
-        if path in missing:
+        if any(checkpoint.resolve() == path.resolve() for checkpoint in missing):
             self._finish_export(path)
         return Resumed(path, state)
 
