@@ -259,3 +259,54 @@ def test_grpo_summary_compares_window_means_not_single_steps():
 
     assert window_means([0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0]) == (2, 0.5, 1.0)
     assert window_means([0.3]) == (1, 0.3, 0.3)
+
+
+def test_a_grpo_resume_finishes_the_final_export_a_kill_cut_short(tiny_text, mcq_file, tmp_path, monkeypatch, capsys):
+    from killed_export import killed_during_export
+
+    def config(*extra):
+        return grpo_config(tiny_text, mcq_file, tmp_path / "out", "train.max_steps=1",
+                           "train.ckpt.export_safetensors=true", *extra)
+
+    with killed_during_export(monkeypatch, 1):
+        run_grpo(config())
+    capsys.readouterr()
+    resumed = run_grpo(config("train.resume=true"))
+    assert resumed.rewards == []
+    exports = tmp_path / "out" / "safetensors"
+    assert f"finished the safetensors export {exports / 'step_1'}" in capsys.readouterr().out
+    assert [p.name for p in exports.iterdir()] == ["step_1"] and (exports / "step_1" / "model.safetensors").is_file()
+
+
+def test_a_nan_policy_loss_stops_grpo_naming_the_step_and_the_last_good_checkpoint(tiny_text, mcq_file, tmp_path,
+                                                                                     monkeypatch):
+    from physreason.errors import TrainingDiverged
+    from physreason.train import grpo
+
+    real, calls = grpo.update_policy, []
+
+    def diverging(*args, **kwargs):
+        calls.append(1)
+        metrics = real(*args, **kwargs)
+        return metrics | ({"loss": float("nan")} if len(calls) == 2 else {})
+
+    monkeypatch.setattr(grpo, "update_policy", diverging)
+    out = tmp_path / "out"
+    with pytest.raises(TrainingDiverged, match=rf"step 2: the loss is nan.*last good checkpoint is {out / 'checkpoints' / 'step_1'}"):
+        run_grpo(grpo_config(tiny_text, mcq_file, out, "train.max_steps=3", "train.ckpt.save_freq=1"))
+    assert [p.name for p in checkpoint_dirs(out)] == ["step_1"]
+
+
+def test_a_prompt_longer_than_the_context_is_skipped_and_counted_not_fatal(tiny_text, tmp_path, caplog):
+    records = [{"question": f"Which way does ball {i} go?" + (" far" * 400 if i == 1 else ""),
+                "options": ["up", "down", "left", "right"], "answer": "B", "id": f"q{i}"} for i in range(4)]
+    data = tmp_path / "mcq.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in records))
+    config = grpo_config(tiny_text, data, tmp_path / "out", "train.max_steps=1", "rollout.batch_size=4",
+                         "train.train_batch_per_replica=32", "model.model_max_length=256",
+                         "train.ckpt.enable_checkpoint=false", "data.shuffle=false")
+    with caplog.at_level("WARNING", logger="physreason.train.rollout"):
+        result = run_grpo(config)
+    assert result.metrics[0]["rollout/requests_failed"] == 1.0
+    assert result.metrics[0]["rollout/groups_kept"] == 3.0
+    assert any("q1" in r.getMessage() and "256" in r.getMessage() for r in caplog.records)

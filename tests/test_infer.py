@@ -234,3 +234,36 @@ def test_cli_print_prompt_shows_the_rendered_prompt_and_frames_without_generatin
     assert "<think>" in result.stdout  # the reasoning system prompt is shown
     assert f"video {clip}: 4 frames of " in result.stdout and "frame times (s): 0.00 0.62 1.25 1.88" in result.stdout
     assert "visual tokens" in result.stdout and "completion" not in result.stdout  # nothing was generated
+
+
+def test_a_nul_byte_in_a_media_path_fails_that_request_only_on_every_run(engine, tmp_path):
+    write_clip(tmp_path / "a.mp4")
+    lines = [
+        {"id": "nul", "question": "Is it falling?", "video": "a\x00.mp4"},
+        {"id": "nul-image", "question": "What is it?", "image": ["x.png\x00"]},
+        {"id": "a", "question": "Is it falling?", "video": "a.mp4"},
+    ]
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out.jsonl"
+    summary = run_batch(engine, tmp_path / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    records = {r["id"]: r for r in read_out(out)}
+    assert (summary.done, summary.failed) == (3, 2)
+    assert "request nul:" in records["nul"]["error"] and "NUL byte" in records["nul"]["error"]
+    assert "NUL byte" in records["nul-image"]["error"] and "outputs" in records["a"]
+    again = run_batch(engine, tmp_path / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False,
+                      retry_failed=True)
+    assert (again.done, again.failed) == (2, 2)
+
+
+def test_a_whole_last_record_without_its_newline_is_redone_not_lost(engine, batch_dir):
+    out = batch_dir / "out.jsonl"
+    run_batch(engine, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    text = out.read_text()
+    last = json.loads(text.splitlines()[-1])["id"]
+    out.write_text(text[:-1])  # killed between the record and its newline: the line parses, but is torn
+    assert last not in finished_ids(out)
+    again = CountingEngine(engine)
+    summary = run_batch(again, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    ids = [r["id"] for r in read_out(out)]
+    assert sorted(ids) == sorted({"a", "img", "broken", "escape", "missing", "b"})  # nothing lost, nothing twice
+    assert summary.done == 1 and summary.skipped == 5

@@ -76,7 +76,7 @@ def test_rerun_into_a_run_folder_is_refused_until_resumed_and_exports_are_rotate
     keep = ("train.ckpt.save_freq=1", "train.ckpt.max_keep=2", "train.log_freq=1", "train.validation_freq=100")
     first = run_sft_cli(tiny_vl, data, out, "train.max_steps=3", *keep)
     assert first.returncode == 0, first.stderr
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2", "step_3"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2", "step_3", "written.json"]
     assert sorted(p.name for p in (out / "safetensors").iterdir()) == ["step_2", "step_3"]  # max_keep rotates exports
     assert "torch.distributed is disabled" not in first.stderr  # DCP's single-process warning
     assert metric_steps(out) == [1, 2, 3]
@@ -91,7 +91,8 @@ def test_rerun_into_a_run_folder_is_refused_until_resumed_and_exports_are_rotate
     resumed = run_sft_cli(tiny_vl, data, out, "train.max_steps=4", "train.resume=true", *keep)
     assert resumed.returncode == 0, resumed.stderr
     assert metric_steps(out) == [1, 2, 3, 4]
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_3", "step_4"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_3", "step_4", "written.json"]
+    assert sorted(json.loads((out / "checkpoints" / "written.json").read_text())) == ["step_3", "step_4"]
     assert sorted(p.name for p in (out / "safetensors").iterdir()) == ["step_3", "step_4"]
 
     elsewhere = f"train.resume={out / 'checkpoints' / 'step_4'}"

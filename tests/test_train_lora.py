@@ -252,3 +252,21 @@ def test_wrapping_a_model_in_lora_warns_nothing(tiny_vl):
         warnings.simplefilter("always")
         apply_lora(model, LoraConfig(enable=True, rank=4))
     assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+
+
+def test_a_lora_resume_finishes_the_final_export_a_kill_cut_short(tiny_vl, tmp_path, monkeypatch, capsys):
+    from killed_export import killed_during_export
+
+    data = write_records(tmp_path, 4)
+    config = lora_config(tiny_vl, data, tmp_path / "out", "train.max_steps=1", "train.ckpt.export_safetensors=true")
+    with killed_during_export(monkeypatch, 1):
+        run_sft(config)
+    exports = tmp_path / "out" / "safetensors"
+    assert [p.name for p in exports.iterdir()] == ["step_1.tmp"]
+    capsys.readouterr()
+    resumed = run_sft(config.model_copy(update={"train": config.train.model_copy(update={"resume": True})}))
+    assert resumed.losses == []
+    assert f"finished the safetensors export {exports / 'step_1'}" in capsys.readouterr().out
+    assert sorted(p.name for p in exports.iterdir()) == ["step_1"]
+    assert (exports / "step_1" / "adapter" / "adapter_model.safetensors").is_file()
+    assert (exports / "step_1" / "model.safetensors").is_file()

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 _TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
 
-# An innermost <answer>...</answer> pair: its content holds no further <answer>, so nested or
-# repeated tags resolve to the pair the model closed last.
-_ANSWER_PAIR = re.compile(r"<answer>((?:(?!<answer>)[\s\S])*?)</answer>")
 
 # cosmos-rl's format regex ends in `$`, which also matches before one final newline; generation
 # that stops right after "</answer>\n" is therefore well-formed there, and here.
@@ -74,9 +70,9 @@ def _extract_think(text: str, counts: dict[str, int]) -> str | None:
 
 def _extract_answer(text: str, counts: dict[str, int]) -> str | None:
     """The answer text, or None when neither answer tag is present."""
-    pairs = _ANSWER_PAIR.findall(text)
-    if pairs:
-        return pairs[-1].strip()
+    pair = _last_answer_pair(text)
+    if pair is not None:
+        return pair.strip()
     if counts[ANSWER_OPEN]:
         return text[text.rindex(ANSWER_OPEN) + len(ANSWER_OPEN) :].strip()
     if counts[ANSWER_CLOSE]:
@@ -85,6 +81,21 @@ def _extract_answer(text: str, counts: dict[str, int]) -> str | None:
         start = think_end + len(THINK_CLOSE) if think_end >= 0 else 0
         return text[start:close].strip()
     return None
+
+
+def _last_answer_pair(text: str) -> str | None:
+    """Content of the last innermost `<answer>...</answer>` pair (no `<answer>` inside it), or None.
+
+    Nested or repeated tags resolve to the pair the model closed last: the last `<answer>` before the last
+    `</answer>`, up to the first `</answer>` after it. Three string scans: linear by construction, where the
+    regex it replaces had to be argued linear.
+    """
+    close = text.rfind(ANSWER_CLOSE)
+    start = text.rfind(ANSWER_OPEN, 0, close) if close >= 0 else -1
+    if start < 0:
+        return None
+    start += len(ANSWER_OPEN)
+    return text[start : text.find(ANSWER_CLOSE, start)]
 
 
 def _layout_problems(text: str) -> list[str]:

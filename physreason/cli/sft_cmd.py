@@ -31,7 +31,8 @@ def sft(
     A rerun into a train.output_dir that has checkpoints is refused: continue it with --set train.resume=true,
     or choose a new or empty folder. Ctrl-C (or SIGTERM) saves a checkpoint after the current step and prints
     the command that resumes; a resumed run keeps logs/metrics.jsonl up to its checkpoint's step. Resuming loads
-    a checkpoint with pickle (it can run code): a checkpoint folder outside output_dir needs --trust-checkpoint.
+    a checkpoint with pickle (it can run code): a checkpoint folder this run
+    did not write (outside output_dir, or linked or copied into it) needs --trust-checkpoint.
 
     Exit codes: 0 done (or nothing left to do), 2 a usage or configuration error, 130 stopped by Ctrl-C or
     SIGTERM after saving a checkpoint.

@@ -10,7 +10,8 @@ CONFIG_HELP = "TOML recipe (see configs/{example})."
 MODEL_HELP = "Model to train: hub id or local model folder (sets model.model_name_or_path)."
 OUTPUT_DIR_HELP = "Folder for checkpoints, exports and logs (sets train.output_dir)."
 TRUST_HELP = (
-    "Allow --set train.resume=PATH outside train.output_dir. Resuming unpickles the checkpoint's DCP "
+    "Allow resuming a checkpoint this run did not write (outside train.output_dir, or linked or copied into it). "
+    "Resuming unpickles the checkpoint's DCP "
     ".metadata, which can run code: only for checkpoint folders you trust as you trust code."
 )
 

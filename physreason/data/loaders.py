@@ -206,6 +206,11 @@ def load_located_records(
 
 def media_path_in_root(root: Path, relative: str, where: str) -> Path:
     """Join a record's media path to the data root; refuse paths that leave the root (absolute or `..`)."""
+    if not isinstance(relative, str):
+        raise InputError(f"{where}: media path {relative!r} is not a string; write the path as text")
+    if "\0" in relative:
+        # The OS cannot name such a file: os calls raise ValueError, which would end the whole run.
+        raise InputError(f"{where}: media path {relative!r} holds a NUL byte; no file can have that name, fix the record")
     candidate = (root / relative).resolve()
     if not candidate.is_relative_to(root):
         raise InputError(

@@ -49,6 +49,7 @@ from physreason.train.loop import (
     parameter_counts,
     prepare_output,
     run_summary,
+    stop_if_diverged,
 )
 from physreason.train.memory_report import check_runtime_memory
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_micro_batches, first_vision_token
@@ -486,6 +487,8 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                 metrics["rollout/empty_step"] = 1.0
             train_s = time.perf_counter() - train_started
             step += 1
+            if "loss" in metrics:  # reduced over ranks: every rank stops, before the weights reach the engine
+                stop_if_diverged(config.train.output_dir, step, metrics["loss"], metrics["policy/grad_norm"])
             save_now = checkpoint_due(config, step, total_steps)
             sync_s = 0.0
             if step % train_cfg.sync_weight_interval == 0 or save_now:

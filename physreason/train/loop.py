@@ -22,6 +22,7 @@ makes again); a fresh run starts the file anew.
 from __future__ import annotations
 
 import logging
+import math
 import shlex
 import signal
 import sys
@@ -35,11 +36,13 @@ from typing import Any
 import torch.distributed as dist
 
 from physreason.config import Config, dump_config
-from physreason.errors import Interrupted
+from physreason.errors import Interrupted, TrainingDiverged
 from physreason.train.build import TrainingModel
 from physreason.train.checkpoint import (
+    checkpoint_dirs,
     load_checkpoint,
     prune_step_dirs,
+    read_record,
     refuse_stale_checkpoints,
     resolve_resume,
     save_checkpoint,
@@ -69,6 +72,27 @@ def checkpoint_due(config: Config, step: int, total_steps: int) -> bool:
     """True when `step` writes a checkpoint: every [train.ckpt] save_freq steps and the last, if checkpoints are on."""
     ckpt = config.train.ckpt
     return ckpt.enable_checkpoint and (step % ckpt.save_freq == 0 or step == total_steps)
+
+
+def stop_if_diverged(output_dir: str | Path, step: int, loss: float, grad_norm: float) -> None:
+    """Raise TrainingDiverged, naming `step` and the last good checkpoint, when the loss or gradient norm is not finite.
+
+    Called before the step's checkpoint and weight sync: a NaN or infinite loss has already written NaN into the
+    weights, and saving them would rotate a good checkpoint out for a useless one.
+    """
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        return
+    found = checkpoint_dirs(output_dir)
+    last = (
+        f"The last good checkpoint is {found[-1]} (train.resume=true continues from it)"
+        if found
+        else "No checkpoint was saved before it"
+    )
+    raise TrainingDiverged(
+        f"step {step}: the loss is {loss} and the gradient norm {grad_norm}: training diverged and stopped before "
+        f"saving this step. {last}. Look for what changed at this step (its data, the learning rate of "
+        "train.optm_lr and its warm-up, train.optm_grad_norm_clip)"
+    )
 
 
 @dataclass
@@ -107,23 +131,57 @@ class Checkpointer:
         """Load the checkpoint `resume` names ([train] resume when None) into model, optimizer and schedule.
 
         Returns the checkpoint and its trainer state, or None for a fresh run. RNG states are restored too.
+        First, every safetensors export that a checkpoint of this run promised but a kill left unwritten is
+        written from its checkpoint (see missing_exports), so a resume that has no step left still exports.
         """
         train = self.config.train
         path = resolve_resume(train.resume if resume is None else resume, self.output, train.trust_checkpoint)
         if path is None:
             return None
+        missing = self.missing_exports()
+        for checkpoint in missing:
+            if checkpoint.resolve() != path.resolve():
+                # Loaded only if it passes the same trust test as the checkpoint resumed from.
+                self._load(resolve_resume(str(checkpoint), self.output, train.trust_checkpoint))
+                self._finish_export(checkpoint)
+        state = self._load(path)
+        if any(checkpoint.resolve() == path.resolve() for checkpoint in missing):
+            self._finish_export(path)
+        return Resumed(path, state)
+
+    def missing_exports(self) -> list[Path]:
+        """This run's checkpoints, oldest first, whose promised safetensors export is not on disk.
+
+        A kill between a checkpoint's rename and the end of its export leaves exactly this.
+        """
+        record = read_record(self.output)
+        missing = [
+            path for path in checkpoint_dirs(self.output)
+            if record.get(path.name, {}).get("export") and not (self.output / "safetensors" / path.name).is_dir()
+        ]
+        if dist.is_initialized():
+            dist.barrier()  # every rank has looked before rank 0 writes the first export
+        return missing
+
+    def _load(self, path: Path) -> dict[str, Any]:
         trained = self.trained
-        state = load_checkpoint(
+        return load_checkpoint(
             path, trained.module, trained.optimizer, trained.scheduler, trainable_only=trained.peft is not None
         )
-        return Resumed(path, state)
+
+    def _finish_export(self, checkpoint: Path) -> None:
+        step = int(checkpoint.name.removeprefix("step_"))
+        folder = self.export(step)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            # Said on stdout, not only in the log: the run's output now holds a folder this run did not announce.
+            print(f"finished the safetensors export {folder} that checkpoint {checkpoint} promised (cut short before)")
 
     def save(self, step: int, state: dict[str, Any]) -> Saved:
         """Write the checkpoint of `step` with the trainer's state (keeping [train.ckpt] max_keep), then export."""
         trained, ckpt = self.trained, self.config.train.ckpt
         checkpoint = save_checkpoint(
             self.output, step, trained.module, trained.optimizer, trained.scheduler, {"step": step, **state},
-            ckpt.max_keep, trainable_only=trained.peft is not None,
+            ckpt.max_keep, trainable_only=trained.peft is not None, export=ckpt.export_safetensors,
         )
         saved = Saved(checkpoint)
         if ckpt.export_safetensors:

@@ -8,6 +8,7 @@ are all equal carries no gradient and is dropped; more prompts are drawn until t
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import Counter
@@ -28,6 +29,8 @@ from physreason.train.grpo_advantages import compute_group_advantages
 from physreason.train.grpo_loss import soft_overlong_penalty
 from physreason.vision import load_image, load_video
 from physreason.vision.resize import PATCH_FACTOR
+
+log = logging.getLogger(__name__)
 
 # Rewards computed for every completion whatever the configured weights (at weight 0 they leave the
 # total unchanged), so accuracy and format rate are always logged.
@@ -246,7 +249,9 @@ def _rollout_round(
     next_group = max((s.group for s in batch.samples), default=-1) + 1
     for prompt, request, result in zip(prompts, requests, results, strict=True):
         if result.error is not None or len(result.completions) != settings.sampling.n:
+            # A prompt longer than the context, unreadable media, out of memory: this group is lost, not the run.
             batch.counts["requests_failed"] += 1
+            log.warning("rollout: prompt %s skipped: %s", prompt.id, result.error or "incomplete group of completions")
             continue
         rewards = [
             completion_rewards(c.text, prompt, settings.reward_weights, settings.prompt_style)
