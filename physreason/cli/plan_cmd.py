@@ -17,7 +17,9 @@ def plan(
     torchrun: bool = typer.Option(
         False, "--torchrun", help="With --gpus 1: plan a torchrun launch (FSDP2 on one rank) instead of one plain process."
     ),
-    overrides: list[str] = typer.Option([], "--set", help="Override a key, e.g. --set train.mini_batch=2 (repeatable)."),
+    overrides: list[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE", help="Override a key, e.g. --set train.mini_batch=2 (repeatable)."
+    ),
 ) -> None:
     """Plan a recipe's per-GPU peak memory by part from the checkpoint's config.json alone (no weights are read).
 
