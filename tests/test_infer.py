@@ -201,7 +201,9 @@ def test_cli_rerun_with_another_model_or_setting_is_refused_naming_both_ways_out
     requests.write_text(requests.read_text() + json.dumps({"id": "2", "question": "And now?"}) + "\n")
     other = _answer_batch(tiny_model_dirs["qwen3_vl"], requests, out)
     assert other.returncode == 2, other.stderr
-    assert f"{out} holds results made with other settings (model.model_name_or_path:" in other.stderr
+    assert f"{out} holds results made with other settings (" in other.stderr
+    # the other family also resolves another prompt style and its sampling: each difference is named
+    assert "model.model_name_or_path:" in other.stderr and "resolved.prompt_style: 'reason1' there" in other.stderr
     assert "new --out" in other.stderr and "--overwrite" in other.stderr and "Traceback" not in other.stderr
     assert len(read_out(out)) == 2  # nothing appended
     sampled = _answer_batch(tiny_model_dirs["qwen2_5_vl"], requests, out, "--temperature", "0.7")

@@ -64,7 +64,11 @@ def check_and_store_settings(out: Path, settings: Mapping[str, Any], has_results
     path = settings_path(out)
     if has_results and path.is_file():
         stored = json.loads(path.read_text(encoding="utf-8"))
-        changed = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
+        # The model and the prompt first: they explain the rest (another family resolves other sampling defaults).
+        changed = sorted(
+            (k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k)),
+            key=lambda k: (not k.startswith(("model.", "resolved.")), k),
+        )
         if changed:
             shown = "; ".join(f"{k}: {stored.get(k)!r} there, {settings.get(k)!r} now" for k in changed[:6])
             more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
