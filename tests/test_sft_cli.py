@@ -194,7 +194,7 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_a_resume_command_that_works_and_si
                "--set", "train.max_steps=5000", "--set", "train.log_freq=1", "--set", "train.ckpt.save_freq=4000"]
     code, _, stderr = _stop(command, out, 2, signal.SIGINT)
     assert code == 130, stderr
-    (checkpoint,) = (out / "checkpoints").iterdir()
+    (checkpoint,) = (p for p in (out / "checkpoints").iterdir() if p.is_dir())  # beside the written.json record
     stopped = int(checkpoint.name.removeprefix("step_"))
     assert f"SIGINT: stopped after step {stopped}, checkpoint saved to {checkpoint}" in stderr
     assert "Traceback" not in stderr and metric_steps(out) == list(range(1, stopped + 1))
@@ -204,7 +204,7 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_a_resume_command_that_works_and_si
     code, _, stderr = _stop(resume, out, stopped + 2, signal.SIGTERM)
     assert code == 130, stderr
     assert "already holds checkpoints" not in stderr and f"resumed from {checkpoint} at step {stopped}" in stderr
-    last = max(int(p.name.removeprefix("step_")) for p in (out / "checkpoints").iterdir())
+    last = max(int(p.name.removeprefix("step_")) for p in (out / "checkpoints").glob("step_*"))
     assert last > stopped and f"SIGTERM: stopped after step {last}" in stderr
     assert metric_steps(out) == list(range(1, last + 1))  # one record per step: the resumed run continued the file
     assert _resume_command(stderr) == resume  # the same command continues again (no second resume key added)

@@ -70,6 +70,7 @@ def prompting_for(config: Config) -> tuple[Prompting, SamplingConfig]:
     """
     family_name = ""
     if config.prompt.style == "auto":
+        check_model_source(config.model.model_name_or_path, config.model.revision)  # one line for a wrong folder
         try:
             family = checkpoint_family(config.model.model_name_or_path, config.model.revision)
         except (OSError, ValueError) as exc:
