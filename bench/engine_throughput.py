@@ -85,8 +85,8 @@ def make_requests(tokenizer, count: int, seed: int):
 def bench_vllm(folder: Path, batches: list[int], runs: int) -> None:
     from vllm import SamplingParams
 
+    from physreason import vllm_compat
     from physreason.config import EngineConfig, ModelConfig, SamplingConfig
-    from physreason.engines import vllm_compat
     from physreason.engines.vllm import VLLMEngine
 
     start = time.perf_counter()

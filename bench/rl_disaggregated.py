@@ -184,7 +184,7 @@ def run_colocated(config) -> None:
         engine = VLLMEngine(config.model, config.engine)  # under torchrun: each rank's engine on its own GPU
     run_grpo(config, engine)
     if engine is not None:
-        from physreason.engines import vllm_compat
+        from physreason import vllm_compat
 
         vllm_compat.release_distributed()  # vLLM's groups live inside torchrun's: they go first
     if dist.is_initialized():
