@@ -229,7 +229,7 @@ def test_under_torchrun_each_rank_engine_gets_the_external_launcher(monkeypatch,
 
 
 def test_ignore_eos_sampling_params_drop_every_stop():
-    from physreason.engines import vllm_compat
+    from physreason import vllm_compat
 
     plain = vllm_compat.sampling_params(GREEDY, 12, [7, 9])
     assert not plain.ignore_eos and set(plain.stop_token_ids) == {7, 9}
@@ -238,7 +238,7 @@ def test_ignore_eos_sampling_params_drop_every_stop():
 
 
 def test_suppressed_tokens_get_a_logit_bias_that_no_sampler_draws():
-    from physreason.engines import vllm_compat
+    from physreason import vllm_compat
 
     assert vllm_compat.sampling_params(GREEDY, 12, [7]).logit_bias is None
     params = vllm_compat.sampling_params(GREEDY, 12, [7], suppressed_token_ids=[5, 3])

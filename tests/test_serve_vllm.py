@@ -20,7 +20,8 @@ import pytest
 from media import write_clip
 
 from physreason.serve.reasoning import split_reasoning
-from physreason.serve.vllm_compat import reasoning_parser_plugin
+from physreason.serve.server import PLUGIN_FILE
+from physreason.vllm_compat import reasoning_parser_plugin
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
@@ -34,7 +35,7 @@ REASON1 = "<think>\nThe square falls.\n</think>\n\n<answer>\nYes\n</answer>"
 def parser_class():
     from vllm.reasoning import ReasoningParserManager
 
-    ReasoningParserManager.import_reasoning_parser(reasoning_parser_plugin())  # what --reasoning-parser-plugin does
+    ReasoningParserManager.import_reasoning_parser(reasoning_parser_plugin(PLUGIN_FILE))  # what --reasoning-parser-plugin does
     return ReasoningParserManager.get_reasoning_parser("physreason")
 
 

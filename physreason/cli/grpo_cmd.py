@@ -56,7 +56,7 @@ def grpo(
             result = run_grpo(recipe)
     finally:
         if "physreason.engines.vllm" in sys.modules and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            from physreason.engines import vllm_compat
+            from physreason import vllm_compat
 
             vllm_compat.release_distributed()  # vLLM's groups live inside torchrun's: they go first
         if dist.is_initialized():

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from physreason import vllm_compat
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig
-from physreason.engines import vllm_compat
 from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
 from physreason.models import loading

@@ -37,6 +37,8 @@ from physreason.serve.middleware import MEDIA_ROOT_ENV
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
+# The file vLLM imports for --reasoning-parser-plugin; it registers physreason's reasoning parser.
+PLUGIN_FILE = Path(__file__).with_name("vllm_plugin.py")
 API_KEY_ENV = "VLLM_API_KEY"  # read by vLLM's server (0.26 and 0.32) when --api-key is not given; by our middleware too
 
 
@@ -200,7 +202,7 @@ def build_server_command(
     sampling: `[generation]` resolved for the prompt style and mode (prompting_for); None uses it as written.
     """
     from physreason.serve import PARSER_NAME
-    from physreason.serve.vllm_compat import reasoning_parser_plugin, serve_command
+    from physreason.vllm_compat import reasoning_parser_plugin, serve_command
 
     model, engine, vision = cfg.model, cfg.engine, cfg.vision
     argv = [
@@ -216,7 +218,7 @@ def build_server_command(
         "--generation-config", "vllm",
         "--override-generation-config", json.dumps(sampling_overrides(sampling or cfg.generation)),
         "--media-io-kwargs", json.dumps({"video": {"fps": vision.fps, "num_frames": vision.max_frames}}),
-        "--reasoning-parser-plugin", reasoning_parser_plugin(),
+        "--reasoning-parser-plugin", reasoning_parser_plugin(PLUGIN_FILE),
         "--reasoning-parser", PARSER_NAME,
         "--middleware", "physreason.serve.middleware.MediaPathCheck",
     ]  # fmt: skip
