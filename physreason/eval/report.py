@@ -2,7 +2,9 @@
 
 Accuracy of a repeat = correct / scored, where scored samples are those with a completion; samples
 that failed (corrupt clip, path outside the data root, engine error) are counted in their own column,
-and samples with no result yet (a run that stopped early) in `missing`. The `average` row of a model is
+and samples with no result yet (a run that stopped early) in `missing`. `unparsed` counts scored
+completions from which no option could be read (scored wrong; many of them mean a format problem, not
+a reasoning one). Chance is the mean over questions of 1 / options, recorded in run.json by the run. The `average` row of a model is
 the mean over data sets of each repeat's accuracy (macro average, as the Cosmos-Reason1 paper reports),
 then mean ± std over the repeats that every data set has.
 """
@@ -15,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -35,6 +38,9 @@ CSV_COLUMNS = (
     "correct",
     "failed",
     "missing",
+    "unparsed",
+    "unparsed_pct",
+    "chance_pct",
     "accuracy_pct_mean",
     "accuracy_pct_std",
     "accuracy_pct_per_repeat",
@@ -50,6 +56,8 @@ class RepeatScore:
     scored: int
     correct: int
     failed: int
+    unparsed: int = 0  # scored completions with no readable option
+    chance: float | None = None  # mean of 1 / options over the questions (run.json; None in older results)
 
     @property
     def missing(self) -> int:
@@ -81,14 +89,22 @@ class DatasetReport:
 
 
 def score_run(run: Path) -> RepeatScore:
-    """Count one run folder's results: scored (with a boolean is_correct), correct, failed (anything else)."""
+    """Count one run folder's results: scored (with a boolean is_correct), correct, failed (anything else), unparsed."""
     records = read_run(run)
-    scored = sum(1 for r in records.values() if isinstance(r.get("is_correct"), bool))
-    correct = sum(1 for r in records.values() if r.get("is_correct") is True)
-    failed = len(records) - scored
-    total = read_run_info(run).get("total", len(records))
-    seed = run.name.removeprefix("seed_")
-    return RepeatScore(seed=seed, total=int(total), scored=scored, correct=correct, failed=failed)
+    scored_records = [r for r in records.values() if isinstance(r.get("is_correct"), bool)]
+    correct = sum(1 for r in scored_records if r["is_correct"] is True)
+    unparsed = sum(1 for r in scored_records if r.get("prediction") is None)
+    info = read_run_info(run)
+    chance = info.get("chance")
+    return RepeatScore(
+        seed=run.name.removeprefix("seed_"),
+        total=int(info.get("total", len(records))),
+        scored=len(scored_records),
+        correct=correct,
+        failed=len(records) - len(scored_records),
+        unparsed=unparsed,
+        chance=float(chance) if isinstance(chance, int | float) and not isinstance(chance, bool) else None,
+    )
 
 
 def _run_folders(results_dir: Path) -> list[Path]:
@@ -152,6 +168,13 @@ class ReportRow:
     mean: float | None
     std: float | None
     per_repeat: list[float]
+    unparsed: int | None = None
+    chance: float | None = None
+
+    @property
+    def unparsed_fraction(self) -> float | None:
+        """unparsed / scored; None when nothing was scored or the row has no counts (an average row)."""
+        return accuracy(self.unparsed, self.scored) if self.unparsed is not None and self.scored else None
 
 
 def report_rows(reports: list[DatasetReport]) -> list[ReportRow]:
@@ -178,12 +201,24 @@ def report_rows(reports: list[DatasetReport]) -> list[ReportRow]:
                     mean,
                     std,
                     rep.accuracies(),
+                    sum(r.unparsed for r in rep.repeats),
+                    _chance(rep.repeats),
                 )
             )
         if len(group) > 1:
             mean, std, count = macro_average(group)
-            rows.append(ReportRow(model, answer_type, AVERAGE, count, "", None, None, None, None, None, mean, std, []))
+            chances = [_chance(rep.repeats) for rep in group]
+            chance = None if None in chances else sum(chances) / len(chances)  # type: ignore[arg-type]
+            rows.append(
+                ReportRow(model, answer_type, AVERAGE, count, "", None, None, None, None, None, mean, std, [], None, chance)
+            )
     return rows
+
+
+def _chance(repeats: list[RepeatScore]) -> float | None:
+    """The data set's chance accuracy as its repeats recorded it (None when one of them did not)."""
+    chances = [r.chance for r in repeats]
+    return None if not chances or None in chances else chances[0]
 
 
 def _pct(value: float | None, digits: int = 2) -> str:
@@ -200,7 +235,17 @@ def _count(value: int | None) -> str:
     return "" if value is None else str(value)
 
 
-_DISPLAY_COLUMNS = ("model", "answer type", "dataset", "repeats", "samples", "failed", "missing", "accuracy %")
+def _unparsed_text(row: ReportRow) -> str:
+    """"3 (12%)": completions with no readable option, and their share of the scored ones."""
+    fraction = row.unparsed_fraction
+    if row.unparsed is None or fraction is None:
+        return _count(row.unparsed)
+    return f"{row.unparsed} ({100 * fraction:.0f}%)" if row.unparsed else "0"
+
+
+_DISPLAY_COLUMNS = (
+    "model", "answer type", "dataset", "repeats", "samples", "failed", "missing", "unparsed", "accuracy %"
+)
 # The terminal table names model and answer type once per table, so each table fits 80 columns.
 _TERMINAL_COLUMNS = _DISPLAY_COLUMNS[2:]
 
@@ -214,6 +259,7 @@ def _display_cells(row: ReportRow) -> list[str]:
         _count(row.samples),
         _count(row.failed),
         _count(row.missing),
+        _unparsed_text(row),
         _accuracy_text(row),
     ]
 
@@ -222,14 +268,22 @@ def rich_table(rows: list[ReportRow], title: str) -> Group:
     """The report for a terminal: `title`, then one table per model and answer type (accuracy as mean ± std in %).
 
     Each table names its model and answer type in its title, so its columns fit an 80-column terminal;
-    failures and missing results are highlighted.
+    failures, missing results and unparsed answers are highlighted.
     """
     tables: list[Table] = []
     groups: dict[tuple[str, str], list[ReportRow]] = defaultdict(list)
     for row in rows:
         groups[(row.model, row.answer_type)].append(row)
     for (model, answer_type), group in groups.items():
-        table = Table(title=f"{model} ({answer_type})", title_justify="left")
+        # No vertical rules: seven columns of counts and "mean ± std" then fit 80 columns with whole names.
+        table = Table(
+            title=f"{model} ({answer_type})",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
+            collapse_padding=True,
+        )
         for name in _TERMINAL_COLUMNS:
             text_column = name == "dataset"
             # A long data set name folds onto more lines rather than being cut: a truncated name is ambiguous.
@@ -240,9 +294,12 @@ def rich_table(rows: list[ReportRow], title: str) -> Group:
                 cells[3] = f"[red]{cells[3]}[/]"
             if row.missing:
                 cells[4] = f"[yellow]{cells[4]}[/]"
+            if row.unparsed:
+                cells[5] = f"[yellow]{cells[5]}[/]"
             table.add_row(*cells, style="bold" if row.dataset == AVERAGE else None)
         tables.append(table)
-    return Group(Text(title, style="bold"), *tables)
+    spaced = [part for table in tables for part in (Text(""), table)]  # a blank line before each model's table
+    return Group(Text(title, style="bold"), *spaced)
 
 
 def markdown_table(rows: list[ReportRow]) -> str:
@@ -270,6 +327,9 @@ def csv_text(rows: list[ReportRow]) -> str:
                 _count(row.correct),
                 _count(row.failed),
                 _count(row.missing),
+                _count(row.unparsed),
+                _pct(row.unparsed_fraction, 4),
+                _pct(row.chance, 4),
                 _pct(row.mean, 4),
                 _pct(row.std, 4),
                 ";".join(_pct(a, 4) for a in row.per_repeat),
