@@ -7,12 +7,12 @@ import json
 import pytest
 
 from physreason.data.synth.tasks import TASK_NAMES as TASKS
-from physreason.demo import DemoSizes, letter_sft_records, run_demo
+from physreason.demo import DemoSizes, letter_sft_records, reward_windows, run_demo
 
 
 @pytest.mark.slow
 def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
-    sizes = DemoSizes(train_per_task=4, test_per_task=2, sft_steps=2, grpo_steps=1, max_tokens=2)
+    sizes = DemoSizes(train_per_task=4, test_per_task=2, sft_steps=2, grpo_steps=1, max_tokens=2, tower_steps=2)
     table = run_demo(tmp_path / "demo", sizes)
     assert list(table) == ["base model", "after SFT", "after SFT+GRPO"]
     for scores in table.values():
@@ -25,7 +25,8 @@ def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
     assert len(prompts) == 4 * len(TASKS) and json.loads(prompts[0])["video"].startswith(f"{TASKS[0]}/")
     # a rerun reuses the model, the clips and the trained models instead of making them again
     clip = train / "arrow_of_time" / records[0]["video"].split("/", 1)[1]
-    exports = [tmp_path / "demo" / "sft" / "safetensors" / "step_2", tmp_path / "demo" / "grpo" / "safetensors" / "step_1"]
+    exports = [tmp_path / "demo" / "model-tower", tmp_path / "demo" / "sft" / "safetensors" / "step_2",
+               tmp_path / "demo" / "grpo" / "safetensors" / "step_1"]
     stamps = [path.stat().st_mtime_ns for path in (clip, *(e / "config.json" for e in exports))]
     assert run_demo(tmp_path / "demo", sizes) == table
     assert [path.stat().st_mtime_ns for path in (clip, *(e / "config.json" for e in exports))] == stamps
@@ -47,3 +48,10 @@ def test_letter_records_answer_with_the_benchmark_letter(tmp_path):
     # One task's records alone (the tower pre-training bench writes a single task's file).
     assert letter_sft_records(tmp_path, tmp_path / "one.jsonl", tasks=[TASKS[1]]) == 1
     assert json.loads((tmp_path / "one.jsonl").read_text())["video"] == f"{TASKS[1]}/clips/x.mp4"
+
+
+def test_grpo_reward_is_summarised_as_window_means_not_two_single_steps():
+    rewards = [0.625, 0.5, 0.375, 0.5, 0.5, 0.625, 0.375, 0.5, 0.5, 0.625, 0.5, 0.312]
+    assert reward_windows(rewards) == [(1, 4, 0.5), (5, 8, 0.5), (9, 12, pytest.approx(0.48425))]
+    assert reward_windows([0.2, 0.4], windows=3) == [(1, 1, 0.2), (2, 2, 0.4)]
+    assert reward_windows([]) == []

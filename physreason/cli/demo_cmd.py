@@ -13,15 +13,20 @@ def demo(
     ),
     train_per_task: int = typer.Option(60, help="Generated training clips per task."),
     test_per_task: int = typer.Option(30, help="Generated held-out clips per task."),
+    tower_steps: int = typer.Option(150, help="Vision-tower pre-training steps (batches of 32 clips) before SFT."),
     sft_steps: int = typer.Option(80, help="SFT optimizer steps."),
     grpo_steps: int = typer.Option(12, help="GRPO steps."),
 ) -> None:
-    """Tiny model + generated intuitive-physics clips: evaluate, fine-tune, evaluate again, print the table."""
+    """Tiny model + generated intuitive-physics clips: evaluate, pre-train the tower, fine-tune, GRPO, print the table."""
     from physreason.demo import DemoSizes, run_demo
 
     run_demo(
         out,
         DemoSizes(
-            train_per_task=train_per_task, test_per_task=test_per_task, sft_steps=sft_steps, grpo_steps=grpo_steps
+            train_per_task=train_per_task,
+            test_per_task=test_per_task,
+            tower_steps=tower_steps,
+            sft_steps=sft_steps,
+            grpo_steps=grpo_steps,
         ),
     )
