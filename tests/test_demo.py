@@ -7,7 +7,7 @@ import json
 import pytest
 
 from physreason.data.synth.tasks import TASK_NAMES as TASKS
-from physreason.demo import DemoSizes, letter_sft_records, reward_windows, run_demo
+from physreason.demo import DemoSizes, demo_config, grpo_config, letter_sft_records, reward_windows, run_demo
 
 
 @pytest.mark.slow
@@ -21,6 +21,12 @@ def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
     train = tmp_path / "demo" / "data" / "train"
     records = [json.loads(line) for line in (train / "sft.jsonl").read_text().splitlines()]
     assert len(records) == 4 * len(TASKS)
+    # options in one fixed order (a from-scratch model cannot learn shuffled letters), and the tower pre-trained
+    for task in TASKS:
+        entries = json.loads((train / task / f"{task}_benchmark_qa_pairs.json").read_text())
+        assert len({json.dumps(entry["qa_pairs"]["index2ans"]) for entry in entries}) == 1
+    tower = json.loads((tmp_path / "demo" / "model-tower" / "tower_pretraining.json").read_text())
+    assert tower["steps"] == 2 and set(tower["heldout_accuracy"]) <= set(TASKS)
     prompts = (train / "rl.jsonl").read_text().splitlines()
     assert len(prompts) == 4 * len(TASKS) and json.loads(prompts[0])["video"].startswith(f"{TASKS[0]}/")
     # a rerun reuses the model, the clips and the trained models instead of making them again
@@ -55,3 +61,14 @@ def test_grpo_reward_is_summarised_as_window_means_not_two_single_steps():
     assert reward_windows(rewards) == [(1, 4, 0.5), (5, 8, 0.5), (9, 12, pytest.approx(0.48425))]
     assert reward_windows([0.2, 0.4], windows=3) == [(1, 1, 0.2), (2, 2, 0.4)]
     assert reward_windows([]) == []
+
+
+def test_demo_recipe_trains_on_a_fixed_pretrained_tower_and_grpo_keeps_the_option_order(tmp_path):
+    sizes = DemoSizes()
+    cfg = demo_config(tmp_path, tmp_path / "model-tower", sizes)
+    assert cfg.train.freeze_vision_tower and cfg.vision.max_frames == 4 and cfg.vision.max_pixels == 12544
+    rl = grpo_config(cfg, tmp_path, tmp_path / "sft", sizes)
+    assert rl.train.freeze_vision_tower  # as SFT trained it
+    assert not rl.grpo.shuffle_options  # reshuffled options would ask questions SFT never taught
+    assert rl.train.optm_lr < cfg.train.optm_lr
+    assert rl.train.train_batch_per_replica == rl.rollout.n_generation * rl.rollout.batch_size == 32
