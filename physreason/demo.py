@@ -109,7 +109,7 @@ def grpo_config(cfg: Config, out: Path, model_dir: Path, sizes: DemoSizes) -> Co
             "train.optm_decay_type": "constant",
             "train.param_dtype": "float32",
             "train.gradient_checkpointing": False,
-            "train.freeze_vision_tower": True,  # as SFT trained the model
+            "train.freeze_vision_tower": sizes.tower_steps > 0,  # as SFT trained the model
             "train.ckpt.save_freq": sizes.grpo_steps,
             "train.ckpt.max_keep": 1,
             "rollout.n_generation": 8,
@@ -163,9 +163,9 @@ def demo_config(out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
             "train.optm_warmup_steps": 3,
             "train.param_dtype": "float32",
             "train.gradient_checkpointing": False,
-            # The tower pre-trained with a dense loss carries what the clips show; a random language model's one
+            # A tower pre-trained with a dense loss carries what the clips show; a random language model's one
             # letter per clip would only blur it (bench/RESULTS.md: fixed did better than trained on).
-            "train.freeze_vision_tower": True,
+            "train.freeze_vision_tower": sizes.tower_steps > 0,
             "train.ckpt.save_freq": sizes.sft_steps,
             "train.ckpt.max_keep": 1,
             "logging.logger": ["jsonl"],
@@ -229,23 +229,26 @@ def run_demo(out: str | Path = "demo-out", sizes: DemoSizes | None = None) -> di
     table["base model"] = _evaluate(cfg, "base", out / "results")
     console.print(f"({time.perf_counter() - start:.1f} s)")
 
-    start = _stage("4/8 pre-train the vision tower on the training clips (dense loss)")
-    tower_dir = out / "model-tower"
-    done = tower_dir / "tower_pretraining.json"
-    if done.is_file():
-        tower = json.loads(done.read_text(encoding="utf-8"))
+    if sizes.tower_steps:
+        start = _stage("4/8 pre-train the vision tower on the training clips (dense loss)")
+        tower_dir = out / f"model-tower{sizes.tower_steps}"
+        done = tower_dir / "tower_pretraining.json"
+        if done.is_file():
+            tower = json.loads(done.read_text(encoding="utf-8"))
+        else:
+            tower = pretrain_tower(
+                model_dir, out / "data" / "train", tower_dir, cfg.vision.model_dump(), sizes.tower_steps, batch=32,
+                workers=1, verbose=False,
+            )  # fmt: skip
+        held_out = ", ".join(f"{task} {accuracy:.1f}" for task, accuracy in tower["heldout_accuracy"].items())
+        console.print(
+            f"tower loss {tower['loss_curve'][0]['loss']:.3f} -> {tower['loss_curve'][-1]['loss']:.3f} over "
+            f"{tower['steps']} steps; its accuracy (%) on the tenth of training clips it did not train on: {held_out}"
+        )
+        console.print(f"({time.perf_counter() - start:.1f} s)")
+        cfg = _with_model(cfg, tower_dir)
     else:
-        tower = pretrain_tower(
-            model_dir, out / "data" / "train", tower_dir, cfg.vision.model_dump(), sizes.tower_steps, batch=32,
-            workers=1, verbose=False,
-        )  # fmt: skip
-    held_out = ", ".join(f"{task} {accuracy:.1f}" for task, accuracy in tower["heldout_accuracy"].items())
-    console.print(
-        f"tower loss {tower['loss_curve'][0]['loss']:.3f} -> {tower['loss_curve'][-1]['loss']:.3f} over "
-        f"{tower['steps']} steps; its own accuracy (%) on the tenth of training clips it did not train on: {held_out}"
-    )
-    console.print(f"({time.perf_counter() - start:.1f} s)")
-    cfg = _with_model(cfg, tower_dir)
+        _stage("4/8 vision tower pre-training: skipped (tower_steps 0); SFT trains the random tower")
 
     start = _stage("5/8 supervised fine-tuning, tower fixed (letter answers)")
     sft_export = _finished_export(Path(cfg.train.output_dir), sizes.sft_steps)

@@ -25,13 +25,13 @@ def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
     for task in TASKS:
         entries = json.loads((train / task / f"{task}_benchmark_qa_pairs.json").read_text())
         assert len({json.dumps(entry["qa_pairs"]["index2ans"]) for entry in entries}) == 1
-    tower = json.loads((tmp_path / "demo" / "model-tower" / "tower_pretraining.json").read_text())
+    tower = json.loads((tmp_path / "demo" / "model-tower2" / "tower_pretraining.json").read_text())
     assert tower["steps"] == 2 and set(tower["heldout_accuracy"]) <= set(TASKS)
     prompts = (train / "rl.jsonl").read_text().splitlines()
     assert len(prompts) == 4 * len(TASKS) and json.loads(prompts[0])["video"].startswith(f"{TASKS[0]}/")
     # a rerun reuses the model, the clips and the trained models instead of making them again
     clip = train / "arrow_of_time" / records[0]["video"].split("/", 1)[1]
-    exports = [tmp_path / "demo" / "model-tower", tmp_path / "demo" / "sft" / "safetensors" / "step_2",
+    exports = [tmp_path / "demo" / "model-tower2", tmp_path / "demo" / "sft" / "safetensors" / "step_2",
                tmp_path / "demo" / "grpo" / "safetensors" / "step_1"]
     stamps = [path.stat().st_mtime_ns for path in (clip, *(e / "config.json" for e in exports))]
     assert run_demo(tmp_path / "demo", sizes) == table
@@ -72,3 +72,7 @@ def test_demo_recipe_trains_on_a_fixed_pretrained_tower_and_grpo_keeps_the_optio
     assert not rl.grpo.shuffle_options  # reshuffled options would ask questions SFT never taught
     assert rl.train.optm_lr < cfg.train.optm_lr
     assert rl.train.train_batch_per_replica == rl.rollout.n_generation * rl.rollout.batch_size == 32
+    # without a pre-trained tower there is nothing to keep fixed: SFT and GRPO train the random one
+    plain = DemoSizes(tower_steps=0)
+    cfg = demo_config(tmp_path, tmp_path / "model", plain)
+    assert not cfg.train.freeze_vision_tower and not grpo_config(cfg, tmp_path, tmp_path / "s", plain).train.freeze_vision_tower
