@@ -39,6 +39,7 @@ class DemoSizes:
     grpo_steps: int = 12
     max_tokens: int = 8
     tower_steps: int = 150
+    sft_tasks: tuple[str, ...] = TASK_NAMES  # tasks whose clips SFT trains on (the tower trains on every task's)
 
 
 def reward_windows(rewards: Sequence[float], windows: int = 3) -> list[tuple[int, int, float]]:
@@ -152,10 +153,10 @@ def demo_config(out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
             "eval.benchmark_root": str(out / "data" / "test"),
             "eval.datasets": list(TASK_NAMES),
             "eval.answer_type": "letter",
-            "data.dataset.name": str(out / "data" / "train" / "sft.jsonl"),
+            "data.dataset.name": str(sft_file(out, sizes)),
             "data.num_workers": 0,
             "data.val_fraction": 0,
-            "train.output_dir": str(out / "sft"),
+            "train.output_dir": str(out / sft_file(out, sizes).stem),  # other SFT tasks: another run folder
             "train.max_steps": sizes.sft_steps,
             "train.train_batch_per_replica": 8,
             "train.mini_batch": 4,
@@ -171,6 +172,12 @@ def demo_config(out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
             "logging.logger": ["jsonl"],
         },
     )
+
+
+def sft_file(out: Path, sizes: DemoSizes) -> Path:
+    """The letter-answer records SFT trains on: every task's, or `sft_tasks`' alone in a file named after them."""
+    name = "sft" if set(sizes.sft_tasks) == set(TASK_NAMES) else "sft-" + "-".join(sizes.sft_tasks)
+    return out / "data" / "train" / f"{name}.jsonl"
 
 
 def _with_model(cfg: Config, model_dir: Path) -> Config:
@@ -219,7 +226,8 @@ def run_demo(out: str | Path = "demo-out", sizes: DemoSizes | None = None) -> di
                 task, n, out / "data" / split, split, base_seed=0, workers=2, show_progress=False, option_order="fixed"
             )
         console.print(f"{split}: {n} clips per task in {out / 'data' / split}")
-    letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")
+    letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")  # every task: the tower's
+    letter_sft_records(out / "data" / "train", sft_file(out, sizes), tasks=sizes.sft_tasks)
     rl_records(out / "data" / "train", out / "data" / "train" / "rl.jsonl")
     console.print(f"({time.perf_counter() - start:.1f} s)")
 

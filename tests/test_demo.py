@@ -76,3 +76,18 @@ def test_demo_recipe_trains_on_a_fixed_pretrained_tower_and_grpo_keeps_the_optio
     plain = DemoSizes(tower_steps=0)
     cfg = demo_config(tmp_path, tmp_path / "model", plain)
     assert not cfg.train.freeze_vision_tower and not grpo_config(cfg, tmp_path, tmp_path / "s", plain).train.freeze_vision_tower
+
+
+def test_sft_on_some_tasks_has_its_own_records_and_run_folder(tmp_path):
+    import subprocess
+    import sys
+
+    spatial = DemoSizes(sft_tasks=("spatial_puzzle",))
+    cfg = demo_config(tmp_path, tmp_path / "model", spatial)
+    assert cfg.data.dataset.name == str(tmp_path / "data" / "train" / "sft-spatial_puzzle.jsonl")
+    assert cfg.train.output_dir == str(tmp_path / "sft-spatial_puzzle")
+    assert demo_config(tmp_path, tmp_path / "model", DemoSizes()).train.output_dir == str(tmp_path / "sft")
+    result = subprocess.run([sys.executable, "-m", "physreason", "demo", "--out", str(tmp_path), "--sft-task", "gravity"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--sft-task gravity: choose among arrow_of_time" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -15,10 +15,19 @@ def demo(
     test_per_task: int = typer.Option(30, help="Generated held-out clips per task."),
     tower_steps: int = typer.Option(150, help="Vision-tower pre-training steps (batches of 32 clips) before SFT."),
     sft_steps: int = typer.Option(80, help="SFT optimizer steps."),
+    sft_task: list[str] = typer.Option(
+        [], "--sft-task", help="Train SFT on this task's clips only (repeatable) [default: every task]."
+    ),
     grpo_steps: int = typer.Option(12, help="GRPO steps."),
 ) -> None:
     """Tiny model + generated intuitive-physics clips: evaluate, pre-train the tower, fine-tune, GRPO, print the table."""
+    from physreason.data.synth.tasks import TASK_NAMES
     from physreason.demo import DemoSizes, run_demo
+    from physreason.errors import InputError
+
+    unknown = sorted(set(sft_task) - set(TASK_NAMES))
+    if unknown:
+        raise InputError(f"--sft-task {', '.join(unknown)}: choose among {', '.join(TASK_NAMES)}")
 
     run_demo(
         out,
@@ -28,5 +37,6 @@ def demo(
             tower_steps=tower_steps,
             sft_steps=sft_steps,
             grpo_steps=grpo_steps,
+            **({"sft_tasks": tuple(sft_task)} if sft_task else {}),
         ),
     )
