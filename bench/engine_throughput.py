@@ -23,21 +23,8 @@ import time
 from pathlib import Path
 
 import torch
+from shapes import DECODER_SHAPES as SHAPES
 
-QWEN2_5_VL_7B = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
-    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
-    "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645,
-}  # fmt: skip
-# The decoder of Qwen3-VL-8B-Instruct as a Qwen3 causal LM (same blocks; decode never runs the vision tower).
-QWEN3_VL_8B = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
-    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-    "max_position_embeddings": 262144, "rope_theta": 5000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645,
-}  # fmt: skip
-SHAPES = {"qwen2.5-vl-7b": QWEN2_5_VL_7B, "qwen3-vl-8b": QWEN3_VL_8B}
 PROMPT, NEW = 512, 256
 
 
@@ -85,8 +72,8 @@ def make_requests(tokenizer, count: int, seed: int):
 def bench_vllm(folder: Path, batches: list[int], runs: int) -> None:
     from vllm import SamplingParams
 
+    from physreason import vllm_compat
     from physreason.config import EngineConfig, ModelConfig, SamplingConfig
-    from physreason.engines import vllm_compat
     from physreason.engines.vllm import VLLMEngine
 
     start = time.perf_counter()

@@ -26,35 +26,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sft_throughput import qwen25_vl_3b_config
+from shapes import build_model_folder
 
 TIMES = ("time/generate_s", "time/score_s", "time/train_s", "time/sync_s", "time/step_s")
-
-
-def build_model(folder: Path, tiny: bool) -> Path:
-    """A Qwen2.5-VL folder: the tiny model's tokenizer/processor files, the 3B-shape random weights in bf16."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    from physreason.models.tiny import save_tiny_model
-
-    if (folder / "DONE").is_file():
-        return folder
-    save_tiny_model("qwen2_5_vl", folder)
-    if not tiny:
-        small = json.loads((folder / "config.json").read_text())
-        config = qwen25_vl_3b_config(tiny=False)
-        config.text_config.vocab_size = small["text_config"]["vocab_size"]
-        for key in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
-            setattr(config, key, small[key])
-        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            setattr(config.text_config, key, small["text_config"][key])
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        with torch.device(device):
-            model = Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16)
-        model.save_pretrained(folder, safe_serialization=True)
-        del model
-    (folder / "DONE").write_text("ok")
-    return folder
 
 
 def write_prompts(path: Path, count: int, words: int) -> Path:
@@ -93,7 +67,7 @@ def main() -> None:
     if backend == "auto":
         backend = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     args.work.mkdir(parents=True, exist_ok=True)
-    model = build_model(args.work / ("model-tiny" if args.tiny else "model-3b"), args.tiny)
+    model = build_model_folder(args.work / ("model-tiny" if args.tiny else "model-3b"), "qwen2.5-vl-3b", args.tiny)
     data = write_prompts(args.work / "prompts.jsonl", args.prompts * (args.warmup + args.steps), args.prompt_words)
     out = args.work / f"run-{int(time.time())}"
     bf16 = not args.tiny and torch.cuda.is_available()

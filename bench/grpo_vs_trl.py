@@ -12,7 +12,7 @@ Sides (--sides):
                      (the same layout as TRL's; not run unless named).
 
 Model: the Qwen2.5-VL-3B shape with random bf16 weights and the tiny tokenizer and processor of
-physreason.models.tiny (bench/grpo_step.py's `build_model`, written once under --work): the vocabulary, and so the
+physreason.models.tiny (bench/shapes.py's `build_model_folder`, written once under --work): the vocabulary, and so the
 lm_head, is the tiny one (about 530 rows, not Qwen's 151,936), on both sides alike.
 
 Workloads (each prompt a multiple-choice question of `physreason data synth --task arrow_of_time` clips, asked
@@ -735,7 +735,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     import importlib.util
 
     import torch
-    from grpo_step import build_model
+    from shapes import build_model_folder
 
     engine = args.engine
     if engine == "auto":
@@ -743,7 +743,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     work = args.work / ("tiny" if args.tiny else "3b")
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    model = build_model(work / ("model-tiny" if args.tiny else "model-3b"), args.tiny)
+    model = build_model_folder(work / ("model-tiny" if args.tiny else "model-3b"), "qwen2.5-vl-3b", args.tiny)
     clips = min(64, args.prompts * (args.warmup + args.steps))
     data = prepare_data(work, model, clips, args.text_words, args.tiny, workers=min(4, os.cpu_count() or 1))
     from transformers import AutoConfig

@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def parse_args() -> argparse.Namespace:
-    from physreason.data.synth.tasks import TASK_NAMES as TASKS
+    from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))

@@ -1,8 +1,9 @@
 """Pre-train a from-scratch model's vision tower on the intuitive-physics SFT clips, before its SFT.
 
-The pre-training itself (a dense per-task loss on the tower's pooled features, a tenth of the clips held out,
-the model saved with the trained tower) is `physreason.train.tower.pretrain_tower`, which `physreason demo`
-also runs; this script is its command line, and can first generate one task's clips and build the model.
+The pre-training itself (a dense per-task loss on the tower's pooled features, a tenth of the clips held out and
+scored to keep the best tower, the model saved with the trained tower) is `physreason.train.tower.pretrain_tower`,
+which `physreason demo` also runs; this script is its command line, and can first generate one task's clips and
+build the model.
 
 Used by bench/intuitive_physics.py (`--tower-steps`); run alone:
   python bench/intuitive_physics_tower.py MODEL_DIR DATA_ROOT OUT_DIR [--steps 1500]
@@ -46,6 +47,9 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=1000)
     parser.add_argument("--new-model", action="store_true", help="first build a random scale-2 model at MODEL_DIR")
     parser.add_argument("--temporal-patch", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0, help="initialisation of the head, held-out split, batch order")
+    parser.add_argument("--eval-every", type=int, default=0, help="score the held-out tenth every N steps (0: steps/30)")
+    parser.add_argument("--patience", type=int, default=0, help="stop after N steps without a better score (0: never)")
     args = parser.parse_args()
     if args.generate:
         write_task_records(args.generate, args.clips, args.data_root, args.workers)
@@ -54,7 +58,10 @@ def main() -> None:
 
         save_tiny_model("qwen2_5_vl", args.model_dir, scale=2, temporal_patch_size=args.temporal_patch)
     vision = {"min_pixels": min(12544, args.max_pixels), "max_pixels": args.max_pixels, "max_frames": 12}
-    pretrain_tower(args.model_dir, args.data_root, args.out_dir, vision, args.steps, args.lr, args.batch, args.workers)
+    pretrain_tower(
+        args.model_dir, args.data_root, args.out_dir, vision, args.steps, args.lr, args.batch, args.workers,
+        seed=args.seed, eval_every=args.eval_every, patience=args.patience,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

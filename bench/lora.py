@@ -35,41 +35,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from shapes import PEAK_BF16_FLOPS, build_model_folder, qwen25_vl_7b, train_flops_per_token
 
-PEAK_BF16_FLOPS = 989e12  # H100/H200 SXM dense bf16, DESIGN.md's MFU convention
 SYNC_TIMES = ("time/sync_s", "time/generate_s", "time/train_s", "time/step_s")
-
-
-def qwen25_vl_7b_config(tiny: bool, layers: int | None = None):
-    """The Qwen2.5-VL-7B-Instruct architecture with `layers` decoder layers (None: its 28), or a tiny stand-in."""
-    from transformers import Qwen2_5_VLConfig
-
-    text = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=128000, rms_norm_eps=1e-6,
-                tie_word_embeddings=False,
-                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]})
-    vision = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
-                  fullatt_block_indexes=[7, 15, 23, 31])
-    if tiny:
-        text.update(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2,
-                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]})
-        vision.update(depth=1, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=128,
-                      fullatt_block_indexes=[0])
-    if layers is not None:
-        text["num_hidden_layers"] = layers
-    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
-    config.text_config._attn_implementation = "sdpa"
-    return config
-
-
-def train_flops_per_token(config, seq_len: int) -> float:
-    """6 x matmul parameters of the language model (lm_head included) + causal attention flops (as sft_throughput)."""
-    t = config.text_config
-    head_dim = t.hidden_size // t.num_attention_heads
-    kv = t.num_key_value_heads * head_dim
-    per_layer = t.hidden_size * (2 * t.hidden_size + 2 * kv) + 3 * t.hidden_size * t.intermediate_size
-    return 6 * (t.num_hidden_layers * per_layer + t.vocab_size * t.hidden_size) + 6 * t.num_hidden_layers * seq_len * t.hidden_size
 
 
 def sft_row(config, lora_rank: int | None, args, device, mesh) -> dict:
@@ -162,9 +130,9 @@ def run_sft_rows(args) -> None:
     mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("dp",))
     full_layers = 2 if args.tiny else args.full_layers
     rows = {
-        f"full SFT, {full_layers} layers": (qwen25_vl_7b_config(args.tiny, full_layers), None),
-        f"LoRA r{args.rank}, {full_layers} layers": (qwen25_vl_7b_config(args.tiny, full_layers), args.rank),
-        f"LoRA r{args.rank}, all layers (7B)": (qwen25_vl_7b_config(args.tiny), args.rank),
+        f"full SFT, {full_layers} layers": (qwen25_vl_7b(args.tiny, full_layers), None),
+        f"LoRA r{args.rank}, {full_layers} layers": (qwen25_vl_7b(args.tiny, full_layers), args.rank),
+        f"LoRA r{args.rank}, all layers (7B)": (qwen25_vl_7b(args.tiny), args.rank),
     }
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report = {"device": name, "date": time.strftime("%Y-%m-%d"), "args": vars(args), "rows": {}}
@@ -183,37 +151,12 @@ def run_sft_rows(args) -> None:
     dist.destroy_process_group()
 
 
-def build_model_folder(folder: Path, tiny: bool) -> Path:
-    """A Qwen2.5-VL folder: the tiny tokenizer/processor and random 7B-shape weights in bf16 (tiny: the tiny model)."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    from physreason.models.tiny import save_tiny_model
-
-    if (folder / "DONE").is_file():
-        return folder
-    save_tiny_model("qwen2_5_vl", folder)
-    if not tiny:
-        small = json.loads((folder / "config.json").read_text())
-        config = qwen25_vl_7b_config(tiny=False)
-        config.text_config.vocab_size = small["text_config"]["vocab_size"]
-        for key in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
-            setattr(config, key, small[key])
-        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            setattr(config.text_config, key, small["text_config"][key])
-        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-            model = Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16)
-        model.save_pretrained(folder, safe_serialization=True)
-        del model
-    (folder / "DONE").write_text("ok")
-    return folder
-
-
 def grpo_child(args) -> None:
     """One colocated GRPO run with LoRA in `args.sync` mode; prints its medians as one JSON line."""
     from physreason.config import load_config
     from physreason.train.grpo import run_grpo
 
-    model = build_model_folder(args.work / ("model-tiny" if args.tiny else "model-7b"), args.tiny)
+    model = build_model_folder(args.work / ("model-tiny" if args.tiny else "model-7b"), "qwen2.5-vl-7b", args.tiny)
     records = [{"question": f"Which way does ball {i} move next?", "options": ["left", "right", "up", "down"],
                 "answer": "A"} for i in range(args.prompts * (args.warmup + args.steps))]
     data = args.work / "prompts.jsonl"

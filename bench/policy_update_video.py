@@ -1,7 +1,7 @@
 """Time of one GRPO policy update with video prompts on one GPU: per-row pixels vs shared visuals vs grouped attention.
 
-Model: the Qwen2.5-VL-3B shape with random bf16 weights and the tiny tokenizer and processor (bench/grpo_step.py's
-`build_model`: the vocabulary, and so the lm_head, is the tiny one). The policy is physreason's GRPO policy
+Model: the Qwen2.5-VL-3B shape with random bf16 weights and the tiny tokenizer and processor (bench/shapes.py's
+`build_model_folder`: the vocabulary, and so the lm_head, is the tiny one). The policy is physreason's GRPO policy
 (`grpo.build_policy`: fp32 masters, bf16 autocast, fused AdamW, gradient checkpointing) in one process, world size 1.
 Rollout: --prompts prompt groups x --completions completions, as `collect_rollouts` lays them out (group-major, each
 group's samples holding one VisualInputs object). Each prompt is the GRPO chat prompt of a multiple-choice question
@@ -64,11 +64,11 @@ OPTIONS = {"A": "forwards", "B": "backwards"}
 
 
 def build_model(folder: Path, tiny: bool) -> Path:
-    """The 3B-shape random bf16 model of bench/grpo_step.py (or the tiny model), written once under `folder`."""
+    """The 3B-shape random bf16 model of bench/shapes.py (or the tiny model), written once under `folder`."""
     sys.path.insert(0, str(BENCH))
-    from grpo_step import build_model as build
+    from shapes import build_model_folder
 
-    return build(folder, tiny)
+    return build_model_folder(folder, "qwen2.5-vl-3b", tiny)
 
 
 def bench_config(model: Path, args: argparse.Namespace):

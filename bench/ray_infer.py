@@ -33,6 +33,7 @@ from pathlib import Path
 import av
 import numpy as np
 
+from physreason.chat.style import Prompting
 from physreason.config import Config
 from physreason.engines import create_engine
 from physreason.infer import run_batch, run_ray_batch
@@ -181,7 +182,7 @@ def main() -> None:
     started = time.perf_counter()
     frames = 0
     for rid, record in plan.pending:
-        request = request_from_record(record, rid, plan.root, cfg.vision, True, patch_factor(model))
+        request = request_from_record(record, rid, plan.root, cfg.vision, Prompting(), patch_factor(model))
         frames += sum(len(v.frames) for v in request.videos)
     decode_s = time.perf_counter() - started
     clips_per_s = args.clips / decode_s

@@ -1,7 +1,7 @@
 """GRPO throughput on 2 GPUs: colocated (policy and vLLM share both GPUs) vs disaggregated (1 policy GPU + 1 rollout GPU).
 
-Model: the Qwen2.5-VL-3B shape with random bf16 weights and the tiny tokenizer and processor (bench/grpo_step.py's
-`build_model`: the vocabulary, and so the lm_head, is the tiny one). Prompts: `physreason data synth` arrow-of-time
+Model: the Qwen2.5-VL-3B shape with random bf16 weights and the tiny tokenizer and processor (bench/shapes.py's
+`build_model_folder`: the vocabulary, and so the lm_head, is the tiny one). Prompts: `physreason data synth` arrow-of-time
 clips (3 s, 256x192, sampled at 4 fps; the default video min_pixels scales frames to 280x392: 840 visual tokens each). Each mode runs as its own process (colocated:
 torchrun, one rank per GPU, each rank's vLLM engine on its own GPU; disaggregated: a Ray driver with one policy actor
 and one rollout actor of one GPU each). A background nvidia-smi samples each GPU's utilization every 200 ms.
@@ -57,7 +57,7 @@ NCCL_SOCKET_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 
 
 def build_model(folder: Path, tiny: bool) -> Path:
-    """The 3B-shape random model of bench/grpo_step.py (or the tiny model), written once under `folder`.
+    """The 3B-shape random model of bench/shapes.py (or the tiny model), written once under `folder`.
 
     Built in a child process: the model is initialised on a GPU, and memory this process kept cached there
     would be missing to the modes' vLLM engines, which check for free memory at start.
@@ -69,9 +69,9 @@ def build_model(folder: Path, tiny: bool) -> Path:
 
 def build_model_child(folder: Path, tiny: bool) -> None:
     sys.path.insert(0, str(BENCH))
-    from grpo_step import build_model as build
+    from shapes import build_model_folder
 
-    build(folder, tiny)
+    build_model_folder(folder, "qwen2.5-vl-3b", tiny)
 
 
 def build_data(folder: Path, count: int, workers: int) -> Path:
@@ -184,7 +184,7 @@ def run_colocated(config) -> None:
         engine = VLLMEngine(config.model, config.engine)  # under torchrun: each rank's engine on its own GPU
     run_grpo(config, engine)
     if engine is not None:
-        from physreason.engines import vllm_compat
+        from physreason import vllm_compat
 
         vllm_compat.release_distributed()  # vLLM's groups live inside torchrun's: they go first
     if dist.is_initialized():

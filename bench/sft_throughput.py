@@ -38,8 +38,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-PEAK_BF16_FLOPS = 989e12  # H100/H200 SXM dense bf16, the MFU convention of DESIGN.md's anchors
+from shapes import PEAK_BF16_FLOPS, qwen3_vl_8b, qwen25_vl_3b, train_flops_per_token
 
 # Rows of --sweep: the last recorded best first, then no checkpointing, optimizer amortisation,
 # larger micro-batches and longer rows, then the attention kernels (those change the compiled graphs, so last).
@@ -57,57 +56,9 @@ SWEEP = (
 )
 # Options that shape the process (its world, its baseline) and so cannot change from row to row.
 PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--shape")
+SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
 ROW_OPTIONS = ("chunked_ce", "ce_chunk", "compile", "packing", "ac_every", "grad_accum", "batch", "seq_len",
                "sdpa_backend", "wrap")
-
-
-def qwen25_vl_3b_config(tiny: bool):
-    """The Qwen2.5-VL-3B-Instruct architecture (or a tiny stand-in to check the script on CPU)."""
-    from transformers import Qwen2_5_VLConfig
-
-    text = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-                num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=128000, rms_norm_eps=1e-6,
-                tie_word_embeddings=True,
-                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]})
-    vision = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
-                  fullatt_block_indexes=[7, 15, 23, 31])
-    if tiny:
-        text.update(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]})
-        vision.update(depth=1, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=128, fullatt_block_indexes=[0])
-    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=text["tie_word_embeddings"])
-
-
-def qwen3_vl_8b_config(tiny: bool):
-    """The Qwen3-VL-8B-Instruct architecture (Cosmos-Reason2-8B), or a tiny stand-in to check the script on CPU."""
-    from transformers import Qwen3VLConfig
-
-    rope = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20], "mrope_interleaved": True}
-    text = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=262144,
-                rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=rope)
-    vision = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096, patch_size=16,
-                  num_position_embeddings=2304, deepstack_visual_indexes=[8, 16, 24])
-    if tiny:
-        text.update(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=32, rope_parameters={**rope, "mrope_section": [6, 5, 5]})
-        vision.update(depth=1, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=128,
-                      num_position_embeddings=256, deepstack_visual_indexes=[0])
-    return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
-
-
-SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b_config, "qwen3-vl-8b": qwen3_vl_8b_config}
-
-
-def train_flops_per_token(config, seq_len: int) -> float:
-    """6 x matmul parameters of the language model (lm_head included) + causal attention score/value flops."""
-    t = config.text_config
-    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
-    q, kv = t.num_attention_heads * head_dim, t.num_key_value_heads * head_dim
-    per_layer = t.hidden_size * (q + 2 * kv) + q * t.hidden_size + 3 * t.hidden_size * t.intermediate_size
-    matmul_params = t.num_hidden_layers * per_layer + t.vocab_size * t.hidden_size
-    attention = 6 * t.num_hidden_layers * seq_len * t.hidden_size  # 12 * L * s * d, halved by causality
-    return 6 * matmul_params + attention
 
 
 def make_batch(config, seq_len: int, rows: int, packing: bool, device):

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sft_throughput import qwen25_vl_3b_config
+from shapes import qwen25_vl_3b
 
 from physreason.models.vision_attention import registered_name, use_grouped_vision_attention
 
@@ -39,7 +39,7 @@ def build_tower(tiny: bool, device: torch.device, dtype: torch.dtype) -> torch.n
     """The 3B vision tower (or a 2-block tiny one: a window block then a full block) with sdpa attention."""
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-    vision = qwen25_vl_3b_config(tiny).vision_config
+    vision = qwen25_vl_3b(tiny).vision_config
     if tiny:
         vision.depth, vision.fullatt_block_indexes = 2, [1]
     vision._attn_implementation = NATIVE

@@ -1,4 +1,4 @@
-"""physreason: toolkit for physical-AI reasoning vision-language models (Cosmos-Reason1 family)."""
+"""physreason: toolkit for physical-AI reasoning vision-language models (Cosmos-Reason1 and Cosmos-Reason2)."""
 
 from physreason.errors import ConfigError, InputError, PhysReasonError
 

@@ -12,6 +12,8 @@ achieve at scale.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,9 +23,9 @@ from rich.console import Console
 from rich.table import Table
 
 from physreason.chat.mcq import format_mcq
-from physreason.chat.prompts import MCQ_SYSTEM_PROMPT
+from physreason.chat.prompts import MCQ_SYSTEM_PROMPT, REASON2_SYSTEM_PROMPT
 from physreason.config import Config, load_config
-from physreason.data.synth.tasks import TASK_NAMES, TASKS
+from physreason.data.synth.tasks import JSON_TASK_NAMES, LETTER_TASK_NAMES, TASKS
 from physreason.errors import PhysReasonError
 
 console = Console()
@@ -39,7 +41,7 @@ class DemoSizes:
     grpo_steps: int = 12
     max_tokens: int = 8
     tower_steps: int = 150
-    sft_tasks: tuple[str, ...] = TASK_NAMES  # tasks whose clips SFT trains on (the tower trains on every task's)
+    sft_tasks: tuple[str, ...] = LETTER_TASK_NAMES  # tasks whose clips SFT trains on (the tower trains on every task's)
 
 
 def reward_windows(rewards: Sequence[float], windows: int = 3) -> list[tuple[int, int, float]]:
@@ -60,39 +62,66 @@ def _stage(title: str) -> float:
     return time.perf_counter()
 
 
-def letter_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = TASK_NAMES) -> int:
+def write_records(out_file: Path, rows: Sequence[dict]) -> int:
+    """Write `rows` as JSONL to `out_file` through a temporary file of this process's own, renamed over it; returns
+    the count. Processes that write the same records at once (the benches' seeds run side by side) each replace the
+    file whole, so none of them ever reads a partly written one."""
+    handle, temporary = tempfile.mkstemp(dir=out_file.parent, prefix=f".{out_file.name}.", suffix=".tmp")
+    with os.fdopen(handle, "w", encoding="utf-8") as sink:
+        sink.writelines(json.dumps(row) + "\n" for row in rows)
+    os.replace(temporary, out_file)
+    return len(rows)
+
+
+def letter_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = LETTER_TASK_NAMES) -> int:
     """Write one SFT file of letter-answer conversations from every task's benchmark records under `data_root`.
 
     A tiny model on CPU cannot write the generated reasoning traces (hundreds of tokens each) in a
     demo's time, so the demo trains and evaluates the benchmark's `letter` answer type: the same
     prompt the evaluation builds, answered with the option letter.
     """
-    count = 0
-    with out_file.open("w", encoding="utf-8") as sink:
-        for task in tasks:
-            entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
-            for entry in entries:
-                qa = entry["qa_pairs"]
-                conversation = [
-                    {"role": "system", "content": MCQ_SYSTEM_PROMPT},
-                    {"role": "user", "content": format_mcq(qa["question"], qa["index2ans"], "letter")},
-                    {"role": "assistant", "content": qa["answer"]},
-                ]
-                sink.write(json.dumps({"video": f"{task}/{entry['video']}", "conversations": conversation}) + "\n")
-                count += 1
-    return count
+    rows = []
+    for task in tasks:
+        entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
+        for entry in entries:
+            qa = entry["qa_pairs"]
+            conversation = [
+                {"role": "system", "content": MCQ_SYSTEM_PROMPT},
+                {"role": "user", "content": format_mcq(qa["question"], qa["index2ans"], "letter")},
+                {"role": "assistant", "content": qa["answer"]},
+            ]
+            rows.append({"video": f"{task}/{entry['video']}", "conversations": conversation})
+    return write_records(out_file, rows)
 
 
-def rl_records(data_root: Path, out_file: Path) -> int:
-    """Join every task's benchmark records under `data_root` into one JSONL of GRPO prompts."""
-    count = 0
-    with out_file.open("w", encoding="utf-8") as sink:
-        for task in TASK_NAMES:
-            entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
-            for entry in entries:
-                sink.write(json.dumps({**entry, "video": f"{task}/{entry['video']}"}) + "\n")
-                count += 1
-    return count
+def json_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = JSON_TASK_NAMES) -> int:
+    """Write one SFT file of answer-only conversations from the JSON-answer tasks' benchmark records under `data_root`.
+
+    The prompt is the one evaluation and GRPO send for a structured question (Cosmos-Reason2's: "You are a helpful
+    assistant." and the task prompt as written, no reasoning instruction); the assistant turn is the JSON answer
+    alone, without the generated reasoning, for a model too small to write it.
+    """
+    rows = []
+    for task in tasks:
+        entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
+        for entry in entries:
+            qa = entry["qa_pairs"]
+            conversation = [
+                {"role": "system", "content": REASON2_SYSTEM_PROMPT},
+                {"role": "user", "content": qa["question"]},
+                {"role": "assistant", "content": qa["answer"]},
+            ]
+            rows.append({"video": f"{task}/{entry['video']}", "conversations": conversation})
+    return write_records(out_file, rows)
+
+
+def rl_records(data_root: Path, out_file: Path, tasks: Sequence[str] = LETTER_TASK_NAMES) -> int:
+    """Join the tasks' benchmark records under `data_root` into one JSONL of GRPO prompts."""
+    rows = []
+    for task in tasks:
+        entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
+        rows += [{**entry, "video": f"{task}/{entry['video']}"} for entry in entries]
+    return write_records(out_file, rows)
 
 
 def grpo_config(cfg: Config, out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
@@ -151,7 +180,7 @@ def demo_config(out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
             "generation.repetition_penalty": 1.0,
             "generation.max_tokens": sizes.max_tokens,
             "eval.benchmark_root": str(out / "data" / "test"),
-            "eval.datasets": list(TASK_NAMES),
+            "eval.datasets": list(LETTER_TASK_NAMES),
             "eval.answer_type": "letter",
             "data.dataset.name": str(sft_file(out, sizes)),
             "data.num_workers": 0,
@@ -176,7 +205,7 @@ def demo_config(out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
 
 def sft_file(out: Path, sizes: DemoSizes) -> Path:
     """The letter-answer records SFT trains on: every task's, or `sft_tasks`' alone in a file named after them."""
-    name = "sft" if set(sizes.sft_tasks) == set(TASK_NAMES) else "sft-" + "-".join(sizes.sft_tasks)
+    name = "sft" if set(sizes.sft_tasks) == set(LETTER_TASK_NAMES) else "sft-" + "-".join(sizes.sft_tasks)
     return out / "data" / "train" / f"{name}.jsonl"
 
 
@@ -219,7 +248,7 @@ def run_demo(out: str | Path = "demo-out", sizes: DemoSizes | None = None) -> di
 
     start = _stage("2/8 intuitive-physics clips")
     for split, n in (("train", sizes.train_per_task), ("test", sizes.test_per_task)):
-        for task in TASK_NAMES:
+        for task in LETTER_TASK_NAMES:
             # Options in one fixed order: a model trained from scratch learns the clip's answer, not an XOR of the
             # clip and a shuffled letter order (docs/intuitive-physics.md). Chance stays 50 / 25 / 50.
             generate_task(
@@ -301,9 +330,9 @@ def print_table(table: dict[str, dict[str, float | None]], test_per_task: int) -
     """Accuracy (%) per stage and task, beside chance."""
     view = Table(title=f"held-out accuracy (%), {test_per_task} clips per task")
     view.add_column("model")
-    for task in TASK_NAMES:
+    for task in LETTER_TASK_NAMES:
         view.add_column(task, justify="right")
-    view.add_row("chance", *(f"{100 * TASKS[t].chance:.1f}" for t in TASK_NAMES))
+    view.add_row("chance", *(f"{100 * TASKS[t].chance:.1f}" for t in LETTER_TASK_NAMES))
     for stage, scores in table.items():
-        view.add_row(stage, *("-" if scores.get(t) is None else f"{100 * scores[t]:.1f}" for t in TASK_NAMES))
+        view.add_row(stage, *("-" if scores.get(t) is None else f"{100 * scores[t]:.1f}" for t in LETTER_TASK_NAMES))
     console.print(view)

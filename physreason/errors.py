@@ -16,3 +16,13 @@ class ConfigError(PhysReasonError):
 
 class InputError(PhysReasonError):
     """An input (video, image, data record) cannot be used as given."""
+
+
+class Interrupted(PhysReasonError):
+    """A run stopped on SIGINT or SIGTERM after keeping its work; the message says how to continue (exit 130)."""
+
+    exit_code = 130
+
+
+class TrainingDiverged(PhysReasonError):
+    """Training produced a non-finite loss or gradient norm; the run stopped before checkpointing it."""

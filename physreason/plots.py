@@ -44,7 +44,8 @@ def accuracy_figure(rows: list[ReportRow]) -> Any:
     """A bar chart (matplotlib Figure) of mean accuracy (%) per data set, one bar per model and answer type.
 
     Each bar carries its value; the std over repeats is the error bar; a dashed line over each data set marks
-    chance (1 / options, from the runs' run.json) where known; the `average` rows come last. Raises
+    chance (1 / options, from the runs' run.json) where known; the `average` rows come last. Structured data sets
+    (boxes, time spans) add their mean IoU as a black diamond on their bar (accuracy there is at IoU 0.5). Raises
     InputError when no row has an accuracy yet.
     """
     from matplotlib.figure import Figure
@@ -60,8 +61,10 @@ def accuracy_figure(rows: list[ReportRow]) -> Any:
     figure = Figure(figsize=(max(6.0, 1.2 * len(datasets) * max(1, len(series)) ** 0.5 + 2), 4.5), layout="constrained")
     axes = figure.subplots()
     width = 0.8 / len(series)
+    iou_label = "mean IoU"
     for k, (model, answer_type) in enumerate(series):
         positions, heights, errors = [], [], []
+        iou_positions, iou_heights, iou_errors = [], [], []
         for d, dataset in enumerate(datasets):
             row = by_key.get((model, answer_type, dataset))
             if row is None:
@@ -69,12 +72,19 @@ def accuracy_figure(rows: list[ReportRow]) -> Any:
             positions.append(d - 0.4 + width * (k + 0.5))
             heights.append(100 * row.mean)  # type: ignore[operator]
             errors.append(100 * row.std if row.std is not None else math.nan)  # nan: no error bar for one repeat
+            if row.iou_mean is not None:
+                iou_positions.append(positions[-1])
+                iou_heights.append(100 * row.iou_mean)
+                iou_errors.append(100 * row.iou_std if row.iou_std is not None else 0.0)
         label = model if len({s[1] for s in series}) == 1 else f"{model} ({answer_type})"
         axes.bar(positions, heights, width, yerr=errors, capsize=3, label=label)
         for x, height, error in zip(positions, heights, errors, strict=True):
             top = height + (0.0 if math.isnan(error) else error)  # above the error bar, where it can be read
             axes.annotate(f"{height:.1f}", (x, top), textcoords="offset points", xytext=(0, 2), ha="center",
                           va="bottom", fontsize="small")
+        if iou_positions:
+            axes.errorbar(iou_positions, iou_heights, yerr=iou_errors, fmt="D", color="black", capsize=2, label=iou_label)
+            iou_label = "_"  # one legend entry for every series' diamonds
     chance_label = "chance (1 / options)"
     for d, dataset in enumerate(datasets):
         chance = next((row.chance for row in scored if row.dataset == dataset and row.chance is not None), None)

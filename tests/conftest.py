@@ -31,6 +31,22 @@ def tiny_model_dirs(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
     return dirs
 
 
+@pytest.fixture(scope="session")
+def tiny_text(tmp_path_factory) -> Path:
+    """The GRPO tests' tiny Qwen2 text model (a folder of their own)."""
+    from physreason.models.tiny import save_tiny_model
+
+    return save_tiny_model("qwen2", tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+@pytest.fixture(scope="session")
+def mcq_file(tmp_path_factory) -> Path:
+    """The GRPO tests' eight multiple-choice prompts, all answered B (setups.write_mcq_file)."""
+    from setups import write_mcq_file
+
+    return write_mcq_file(tmp_path_factory.mktemp("mcq"))
+
+
 @pytest.fixture(scope="session", params=["qwen2_5_vl", "qwen3_vl"])
 def vl_kind(request) -> str:
     """Each vision-language family the suite runs for: Qwen2.5-VL (Cosmos-Reason1) and Qwen3-VL (Cosmos-Reason2)."""

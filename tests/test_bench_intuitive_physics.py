@@ -32,24 +32,58 @@ def tower():
     return _load("intuitive_physics_tower")
 
 
-def test_defaults_are_the_measured_recipe_and_variants_get_their_own_folders(bench):
+def test_defaults_are_the_recipe_and_variants_get_their_own_folders(bench):
     recipe = bench.parse_args([])
     assert (recipe.tower_steps, recipe.sft_freeze_tower, recipe.sft_steps, recipe.sft_lr, recipe.grpo_lr) == (
-        3000,
+        4000,
         True,
         1500,
         3e-4,
         3e-5,
     )
-    assert bench.variant_suffix(recipe) == "-tower3000-frozen"
+    # the tower keeps its best held-out checkpoint and stops after 1,000 steps without a better one
+    assert (recipe.tower_eval_every, recipe.tower_patience, recipe.seeds) == (100, 1000, [0])
+    assert bench.variant_suffix(recipe) == "-tower4000-frozen"
     # no tower pre-training: nothing to keep fixed, and the folders keep the earlier recipe's names
     plain = bench.parse_args(["--tower-steps", "0"])
     assert not plain.sft_freeze_tower and bench.variant_suffix(plain) == ""
     trained = bench.parse_args(["--no-sft-freeze-tower"])
-    assert bench.variant_suffix(trained) == "-tower3000"
+    assert bench.variant_suffix(trained) == "-tower4000"
     qwen3 = bench.parse_args(["--family", "qwen3_vl", "--temporal-patch", "4", "--tower-steps", "0"])
     assert bench.model_folder_name(qwen3) == "model-scale2-qwen3_vl-tp4"
     assert bench.variant_suffix(qwen3) == "-scale2-qwen3_vl-tp4"
+
+
+def test_seeds_and_an_early_stopped_sft_get_their_own_folders(bench):
+    args = bench.parse_args(["--seeds", "1,2,3", "--sft-steps", "300"])
+    assert args.seeds == [1, 2, 3]
+    # seed 0 keeps the folders of the runs before --seeds; other seeds have their own model, tower, SFT and GRPO
+    assert bench.model_folder_name(args, 0) == "model-scale2"
+    assert bench.model_folder_name(args, 2) == "model-scale2-seed2"
+    assert bench.variant_suffix(args, 2) == "-tower4000-frozen-sft300-seed2"
+    assert bench.variant_suffix(args, 0) == "-tower4000-frozen-sft300"
+    for bad in ("1,1", "x", "-2", ""):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--seeds", bad])
+
+
+def test_spread_gives_mean_std_min_max_over_seeds_per_stage_and_task(bench):
+    tables = [
+        {"after SFT": {"arrow_of_time": 0.8, "spatial_puzzle": 0.7}, "untrained model": {"arrow_of_time": 0.0}},
+        {"after SFT": {"arrow_of_time": 0.9, "spatial_puzzle": 0.99}},
+        {"after SFT": {"arrow_of_time": 0.7, "spatial_puzzle": None}},
+    ]
+    summary = bench.spread(tables)
+    aot = summary["after SFT"]["arrow_of_time"]
+    assert aot["mean"] == pytest.approx(0.8) and aot["std"] == pytest.approx(0.1)
+    assert (aot["min"], aot["max"], aot["n"]) == (0.7, 0.9, 3)
+    assert summary["after SFT"]["spatial_puzzle"]["n"] == 2  # a seed without the value is left out
+    assert summary["untrained model"]["arrow_of_time"] == {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0, "n": 1}
+    text = bench.markdown_table(summary, ["arrow_of_time", "spatial_puzzle"], ["- device: NVIDIA H100 80GB HBM3"])
+    assert text.startswith("- device: NVIDIA H100 80GB HBM3\n")
+    assert "| chance | 50.0 | 25.0 |" in text
+    assert "| after SFT | 80.0 ± 10.0 [70.0-90.0] | 84.5 ± 20.5 [70.0-99.0] |" in text
+    assert "| untrained model | 0.0 | - |" in text
 
 
 def test_own_task_loss_is_each_rows_cross_entropy_over_its_own_tasks_options(tower):
@@ -71,13 +105,15 @@ def test_own_task_loss_is_each_rows_cross_entropy_over_its_own_tasks_options(tow
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_pretrain_tower_changes_only_the_vision_tower_and_saves_a_loadable_model(tower, tmp_path, monkeypatch, family):
+@pytest.mark.parametrize(("family", "patience"), [("qwen2_5_vl", 0), ("qwen3_vl", 1)])
+def test_pretrain_tower_changes_only_the_vision_tower_and_saves_a_loadable_model(
+    tower, tmp_path, monkeypatch, family, patience
+):
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
     from physreason.data.synth.generate import generate_task
-    from physreason.data.synth.tasks import TASK_NAMES
+    from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASK_NAMES
     from physreason.demo import letter_sft_records
     from physreason.models.tiny import save_tiny_model
 
@@ -88,9 +124,22 @@ def test_pretrain_tower_changes_only_the_vision_tower_and_saves_a_loadable_model
     letter_sft_records(data, data / "sft.jsonl")
     save_tiny_model(family, model_dir)
     vision = {"min_pixels": 12544, "max_pixels": 12544, "max_frames": 12}
-    result = tower.pretrain_tower(model_dir, data, out, vision, steps=3, batch=4, workers=1)
+    result = tower.pretrain_tower(
+        model_dir, data, out, vision, steps=3, batch=4, workers=1, eval_every=1, patience=patience
+    )
 
-    assert result["clips"] == 9 and result["steps"] == 3 and len(result["loss_curve"]) == 3
+    assert result["clips"] == 9 and result["steps"] == 3
+    # the held-out tenth is scored at every step and the first best-scoring step's tower is the one kept
+    curve = result["heldout_curve"]
+    assert [point["step"] for point in curve] == list(range(1, result["stopped_at"] + 1))
+    means = [sum(v for k, v in point.items() if k != "step") / (len(point) - 1) for point in curve]
+    assert result["best_step"] == 1 + means.index(max(means))
+    if patience:  # stops at the first step that does not beat every earlier one
+        first_miss = next((i + 1 for i in range(1, len(means)) if means[i] <= max(means[:i])), 3)
+        assert result["stopped_at"] == first_miss
+    else:
+        assert result["stopped_at"] == 3 and len(result["loss_curve"]) == 3
+    assert result["heldout_accuracy"] == {k: v for k, v in curve[result["best_step"] - 1].items() if k != "step"}
     assert set(result["train_accuracy"]) <= set(TASK_NAMES)
     assert json.loads((out / "tower_pretraining.json").read_text())["grid_thw"] == result["grid_thw"]
     before, after = load_file(model_dir / "model.safetensors"), load_file(out / "model.safetensors")
@@ -102,3 +151,16 @@ def test_pretrain_tower_changes_only_the_vision_tower_and_saves_a_loadable_model
     for name in ("tokenizer.json", "preprocessor_config.json"):
         assert (out / name).is_file()
     AutoModelForImageTextToText.from_pretrained(out)  # SFT starts from this folder
+
+
+def test_combine_joins_one_seed_runs_into_one_table_over_their_seeds(bench, tmp_path):
+    for seed, (device, score) in enumerate((("NVIDIA H100 80GB HBM3", 0.8), ("NVIDIA H200", 0.9)), start=1):
+        run = {"seed": seed, "table": {"after SFT": {"arrow_of_time": score}}}
+        (tmp_path / f"s{seed}.json").write_text(json.dumps({"device": device, "per_seed": [run]}))
+    payload = bench.main(["--combine", str(tmp_path / "s1.json"), str(tmp_path / "s2.json")])
+    assert payload["summary"]["after SFT"]["arrow_of_time"]["mean"] == pytest.approx(0.85)
+    text = (tmp_path / "intuitive_physics-combined.md").read_text()
+    assert "- device: NVIDIA H100 80GB HBM3 / NVIDIA H200" in text and "- seeds: 1, 2" in text
+    assert "| after SFT | 85.0 ± 7.1 [80.0-90.0] | - | - |" in text
+    with pytest.raises(SystemExit):  # the same seed twice would count one run double
+        bench.main(["--combine", str(tmp_path / "s1.json"), str(tmp_path / "s1.json")])

@@ -34,16 +34,74 @@ def test_fresh_run_into_a_folder_with_checkpoints_is_refused_naming_both_ways_ou
     refuse_stale_checkpoints(tmp_path, str(tmp_path / "checkpoints" / "step_4"))
 
 
+def saved_checkpoint(output: Path, step: int, max_keep: int = 5) -> Path:
+    """A real checkpoint written by save_checkpoint, so it is in output's record of checkpoints it wrote."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return save_checkpoint(output, step, model, optimizer, scheduler, {"step": step}, max_keep=max_keep)
+
+
 def test_resume_from_a_folder_outside_output_dir_needs_trust(tmp_path):
-    other = fake_checkpoint(tmp_path / "someone-elses-run", 2)
-    with pytest.raises(ConfigError, match="unpickles its .metadata.*train.trust_checkpoint = true"):
+    other = saved_checkpoint(tmp_path / "someone-elses-run", 2)
+    with pytest.raises(ConfigError, match="outside train.output_dir.*unpickles its .metadata.*trust_checkpoint = true"):
         resolve_resume(str(other), tmp_path / "mine")
     assert resolve_resume(str(other), tmp_path / "mine", trust=True) == other
-    own = fake_checkpoint(tmp_path / "mine", 3)
+    own = saved_checkpoint(tmp_path / "mine", 3)
     assert resolve_resume(str(own), tmp_path / "mine") == own
+    assert resolve_resume(True, tmp_path / "mine") == own
     (tmp_path / "mine" / "link").symlink_to(other)  # a link inside output_dir to a folder outside it
-    with pytest.raises(ConfigError, match="outside train.output_dir"):
+    with pytest.raises(ConfigError, match="is a link to"):
         resolve_resume(str(tmp_path / "mine" / "link"), tmp_path / "mine")
+
+
+def test_a_checkpoint_linked_into_the_run_is_not_trusted_on_resume(tmp_path):
+    other = saved_checkpoint(tmp_path / "elsewhere", 5)
+    saved_checkpoint(tmp_path / "mine", 3)
+    (tmp_path / "mine" / "checkpoints" / "step_5").symlink_to(other)  # now the latest step of the run
+    with pytest.raises(ConfigError, match=r"step_5 is a link to .*elsewhere.*--trust-checkpoint.*safetensors export"):
+        resolve_resume(True, tmp_path / "mine")
+    assert resolve_resume(True, tmp_path / "mine", trust=True).name == "step_5"
+    # The refused link never deletes its target when rotation or a later save replaces it.
+    saved_checkpoint(tmp_path / "mine", 5)
+    assert (other / ".metadata").is_file() and resolve_resume(True, tmp_path / "mine").name == "step_5"
+
+
+def test_a_checkpoint_copied_into_the_run_is_not_trusted_as_advised_before(tmp_path):
+    import shutil
+
+    other = saved_checkpoint(tmp_path / "elsewhere", 5)
+    own = saved_checkpoint(tmp_path / "mine", 3)
+    shutil.copytree(other, tmp_path / "mine" / "checkpoints" / "step_5")  # the old message's "copy the run in"
+    with pytest.raises(ConfigError, match="was not written by the run"):
+        resolve_resume(True, tmp_path / "mine")
+    shutil.rmtree(tmp_path / "mine" / "checkpoints" / "step_5")
+    shutil.copytree(own, tmp_path / "mine" / "checkpoints" / "step_7", copy_function=shutil.copy2)  # even its own, copied
+    with pytest.raises(ConfigError, match="step_7 was not written by the run"):
+        resolve_resume(True, tmp_path / "mine")
+    shutil.rmtree(tmp_path / "mine" / "checkpoints" / "step_7")
+    assert resolve_resume(True, tmp_path / "mine") == own
+    (own / ".metadata").write_bytes((own / ".metadata").read_bytes() + b"x")  # changed after the run wrote it
+    with pytest.raises(ConfigError, match="changed since"):
+        resolve_resume(str(own), tmp_path / "mine")
+
+
+def test_a_refused_checkpoint_is_never_unpickled(tmp_path):
+    import pickle
+
+    marker = tmp_path / "pickle-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    saved_checkpoint(tmp_path / "mine", 3)
+    planted = tmp_path / "mine" / "checkpoints" / "step_9"
+    planted.mkdir()
+    (planted / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(ConfigError, match="step_9 was not written"):
+        resolve_resume(True, tmp_path / "mine")
+    assert not marker.exists()
 
 
 def test_rotation_never_deletes_the_folder_just_written(tmp_path):

@@ -58,6 +58,17 @@ def test_models_tiny_writes_loadable_folder(tmp_path):
     assert run_cli("models", "tiny", str(tmp_path / "x"), "--kind", "llama").returncode == 2
 
 
+def test_models_tiny_refuses_to_overwrite_a_model_folder_unless_asked(tmp_path):
+    assert run_cli("models", "tiny", str(tmp_path / "m")).returncode == 0
+    before = (tmp_path / "m" / "config.json").read_text()
+    refused = run_cli("models", "tiny", "--kind", "qwen3-vl", str(tmp_path / "m"))
+    assert refused.returncode == 2 and "already holds a model" in refused.stderr and "--overwrite" in refused.stderr
+    assert (tmp_path / "m" / "config.json").read_text() == before
+    replaced = run_cli("models", "tiny", "--kind", "qwen3-vl", str(tmp_path / "m"), "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert '"qwen3_vl"' in (tmp_path / "m" / "config.json").read_text()
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -108,3 +119,27 @@ def test_models_tiny_vision_model_warns_nothing_about_torchvision(tmp_path):
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "vl" / "preprocessor_config.json").is_file()
     assert "torchvision" not in result.stderr
+
+
+def test_a_model_folder_with_its_own_code_is_refused_naming_physreason_s_setting(tmp_path):
+    import json
+
+    from physreason.models.tiny import save_tiny_model
+
+    folder = save_tiny_model("qwen3", tmp_path / "custom")
+    config = json.loads((folder / "config.json").read_text())
+    config |= {"model_type": "mystery_lm", "architectures": ["MysteryForCausalLM"],
+               "auto_map": {"AutoConfig": "configuration_mystery.MysteryConfig"}}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "configuration_mystery.py").write_text("raise SystemExit('custom code ran')\n")
+    (tmp_path / "d.jsonl").write_text(json.dumps({"conversations": [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}) + "\n")
+    (tmp_path / "sft.toml").write_text(
+        f"[model]\nmodel_name_or_path = '{folder}'\n[data.dataset]\nname = '{tmp_path / 'd.jsonl'}'\n"
+        f"[train]\noutput_dir = '{tmp_path / 'out'}'\n"
+    )
+    result = run_cli("sft", "-c", str(tmp_path / "sft.toml"))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "custom code ran" not in result.stderr
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "model.trust_remote_code = true" in error[0] and "trust_remote_code=True" not in error[0]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from physreason.data.synth.tasks import TASK_NAMES as TASKS
+from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
 from physreason.demo import DemoSizes, demo_config, grpo_config, letter_sft_records, reward_windows, run_demo
 
 

@@ -246,3 +246,26 @@ def test_suppress_vision_tokens_never_samples_a_placeholder_and_reports_raw_logp
     _, raw, _ = reference_forward(chosen, request[0], kept)
     assert completion.logprobs == pytest.approx(raw.tolist(), abs=1e-4)
     assert completion.logprobs[0] < -1.0  # the pad took most of the first step's mass
+
+
+@pytest.mark.parametrize("path", ["default", "static"])
+@pytest.mark.parametrize(("presence", "frequency"), [(2.0, 0.0), (0.0, 1.5), (1.0, 0.5)])
+def test_presence_and_frequency_penalties_follow_vllm_semantics(engine, static_engine, media, path, presence, frequency):
+    # vLLM: logit -= frequency x (times the token is in the completion so far) + presence x (it is there at all);
+    # prompt tokens do not count. Greedy must pick the argmax of the penalised logits at every step.
+    chosen = static_engine if path == "static" else engine
+    request = requests(media)[0]
+    sampling = GREEDY.model_copy(update={"presence_penalty": presence, "frequency_penalty": frequency, "max_tokens": 12})
+    (penalised,) = chosen.generate([request], sampling)
+    (plain,) = chosen.generate([request], GREEDY.model_copy(update={"max_tokens": 12}))
+    tokens = penalised.completions[0].token_ids
+    assert tokens != plain.completions[0].token_ids  # the penalty acted
+    logits, _, _ = reference_forward(engine, request, penalised)  # [new, vocab] raw logits before each token
+    counts = torch.zeros(logits.shape[-1])
+    for step, token in enumerate(tokens):
+        adjusted = logits[step] - frequency * counts - presence * (counts > 0).float()
+        assert int(adjusted.argmax()) == token, f"step {step}"
+        counts[token] += 1
+    # the reported log-probs stay those of the raw logits
+    raw = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+    assert penalised.completions[0].logprobs == pytest.approx(raw.tolist(), abs=1e-4)

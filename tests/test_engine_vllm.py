@@ -229,7 +229,7 @@ def test_under_torchrun_each_rank_engine_gets_the_external_launcher(monkeypatch,
 
 
 def test_ignore_eos_sampling_params_drop_every_stop():
-    from physreason.engines import vllm_compat
+    from physreason import vllm_compat
 
     plain = vllm_compat.sampling_params(GREEDY, 12, [7, 9])
     assert not plain.ignore_eos and set(plain.stop_token_ids) == {7, 9}
@@ -238,7 +238,7 @@ def test_ignore_eos_sampling_params_drop_every_stop():
 
 
 def test_suppressed_tokens_get_a_logit_bias_that_no_sampler_draws():
-    from physreason.engines import vllm_compat
+    from physreason import vllm_compat
 
     assert vllm_compat.sampling_params(GREEDY, 12, [7]).logit_bias is None
     params = vllm_compat.sampling_params(GREEDY, 12, [7], suppressed_token_ids=[5, 3])
@@ -265,3 +265,29 @@ def test_suppress_vision_tokens_keeps_a_likely_pad_out_of_vllm_samples(engine, h
         assert kept.completions[0].logprobs[0] < -1.0  # raw log-probability: the pad kept most of the mass
     finally:
         engine.update_weights([(name, head.detach().clone())])
+
+
+@pytest.mark.parametrize(("presence", "frequency"), [(2.0, 0.0), (0.0, 1.5)])
+def test_presence_and_frequency_penalties_follow_the_hf_engines_semantics(engine, hf_engine, media, presence, frequency):
+    # Both engines penalise the tokens already in the completion the same way (vLLM/OpenAI semantics): every
+    # token vLLM picks greedily is the argmax of the reference model's logits minus the penalties, up to the
+    # two float32 implementations' difference (a random tiny model's logits have near-ties that either may
+    # break; a penalty left out would miss by the penalty itself, 1.5 or more).
+    sampling = GREEDY.model_copy(update={"presence_penalty": presence, "frequency_penalty": frequency})
+    request = video_request(media)
+    (ours,) = engine.generate([request], sampling)
+    (plain,) = engine.generate([request], GREEDY)
+    tokens = ours.completions[0].token_ids
+    assert tokens != plain.completions[0].token_ids  # the penalty acted
+    ids = torch.tensor([ours.prompt_token_ids + tokens], device=hf_engine.device)
+    kwargs = hf_engine._encode(request)[1].model_kwargs()
+    if hf_engine.vision_token_types is not None:  # Qwen3-VL's forward wants each token's modality
+        kwargs["mm_token_type_ids"] = hf_engine.mm_token_type_ids(ids)
+    with torch.no_grad():
+        logits = hf_engine.model(input_ids=ids, **kwargs).logits[0].float().cpu()  # [L, vocab]
+    logits = logits[len(ours.prompt_token_ids) - 1 : -1]  # [new, vocab], before each completion token
+    counts = torch.zeros(logits.shape[-1])
+    for step, token in enumerate(tokens):
+        adjusted = logits[step] - frequency * counts - presence * (counts > 0).float()
+        assert float(adjusted.max() - adjusted[token]) < 1e-2, f"step {step}"
+        counts[token] += 1

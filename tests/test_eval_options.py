@@ -20,7 +20,9 @@ def test_limit_and_model_name(tmp_path):
     _benchmark(tmp_path / "bench", 5)
     cfg = load_config(None, [f"eval.benchmark_root={json.dumps(str(tmp_path / 'bench'))}", "eval.datasets=['toy']",
                              f"eval.results_dir={json.dumps(str(tmp_path / 'res'))}", "eval.limit=3",
-                             "eval.model_name=my-sft-step100", "model.model_name_or_path=/ckpt/step_100"])
+                             "eval.model_name=my-sft-step100", "model.model_name_or_path=/ckpt/step_100",
+                             # No checkpoint to read the family from: the style is named.
+                             "prompt.style=reason1"])
     plan = plan_eval(cfg)
     assert len(plan.benchmarks[0].samples) == 3
     assert plan.base == tmp_path / "res" / "my-sft-step100" / "reasoning"

@@ -9,57 +9,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from setups import grpo_overrides
 from typer.testing import CliRunner
 
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig, load_config
 from physreason.engines import GenerationRequest
 from physreason.engines.hf import HFEngine
-from physreason.models.tiny import save_tiny_model
-from physreason.rewards import register_reward
 from physreason.train.checkpoint import checkpoint_dirs
 from physreason.train.grpo import groups_per_rank, run_grpo
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@register_reward("test_mentions_b")
-def mentions_b(completion: str, **sample) -> float:
-    """1 when the completion contains the letter B: a task a random tiny model can discover and learn."""
-    return 1.0 if "B" in completion else 0.0
-
-
-@pytest.fixture(scope="module")
-def tiny_text(tmp_path_factory) -> Path:
-    return save_tiny_model("qwen2", tmp_path_factory.mktemp("tiny_qwen2"))
-
-
-@pytest.fixture(scope="module")
-def mcq_file(tmp_path_factory) -> Path:
-    records = [{"question": f"Which way does ball {i} go?", "options": ["up", "down", "left", "right"], "answer": "B"}
-               for i in range(8)]
-    path = tmp_path_factory.mktemp("mcq") / "mcq.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in records))
-    return path
-
-
 def grpo_config(model: Path, data: Path, out: Path, *extra: str):
     return load_config(None, [
-        f"model.model_name_or_path='{model}'",
-        "model.dtype='float32'",
-        f"data.dataset.name='{data}'",
-        f"train.output_dir='{out}'",
-        "engine.backend='hf'",
-        "engine.batch_size=16",
-        "train.train_batch_per_replica=16",
-        "rollout.n_generation=8",
-        "rollout.batch_size=2",
-        "rollout.max_response_length=6",
-        "grpo.mini_batch=8",
-        "grpo.reward_function={test_mentions_b = 1.0}",
-        "train.optm_lr=2e-2",
-        "train.optm_weight_decay=0",
-        "train.optm_decay_type='constant'",
-        "train.param_dtype='float32'",
+        *grpo_overrides(model, data, out, reward="test_mentions_b", lr="2e-2"),
         "train.gradient_checkpointing=false",
         "train.ckpt.export_safetensors=false",
         "logging.logger=['jsonl', 'tensorboard']",
@@ -218,3 +182,95 @@ def test_grpo_rerun_into_its_run_folder_is_refused_until_resumed(tiny_text, mcq_
     resumed = grpo_cli("train.max_steps=2", "train.resume=true")
     assert resumed.returncode == 0, resumed.stderr
     assert steps() == [1, 2]
+
+
+def test_sigterm_mid_run_saves_that_step_resumes_from_it_and_says_nothing_to_do_at_the_end(
+    tiny_text, mcq_file, tmp_path, monkeypatch
+):
+    import os
+    import signal
+
+    from physreason.train import grpo as grpo_module
+    from physreason.train.loop import TrainingInterrupted
+
+    real = grpo_module.collect_rollouts
+    calls = []
+
+    def rollouts_then_sigterm(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # a scheduler's SIGTERM arrives while step 2 generates
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grpo_module, "collect_rollouts", rollouts_then_sigterm)
+    extra = ("train.max_steps=3", "train.ckpt.save_freq=100")
+    with pytest.raises(TrainingInterrupted) as stopped:
+        run_grpo(grpo_config(tiny_text, mcq_file, tmp_path, *extra))
+    assert stopped.value.step == 2 and stopped.value.checkpoint == tmp_path / "checkpoints" / "step_2"
+    assert "SIGTERM: stopped after step 2" in str(stopped.value) and "train.resume=true" in stopped.value.command
+    assert signal.getsignal(signal.SIGTERM) is not None  # the handler was put back
+    monkeypatch.setattr(grpo_module, "collect_rollouts", real)
+    resumed = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path, *extra, "train.resume=true"))
+    assert len(resumed.rewards) == 1 and resumed.finished_before is None
+    logged = [json.loads(line)["step"] for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3]
+    again = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path, *extra, "train.resume=true"))
+    assert again.rewards == [] and again.finished_before == tmp_path / "checkpoints" / "step_3"
+
+
+def test_grpo_summary_compares_window_means_not_single_steps():
+    from physreason.cli.train_options import window_means
+
+    assert window_means([0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0]) == (2, 0.5, 1.0)
+    assert window_means([0.3]) == (1, 0.3, 0.3)
+
+
+def test_a_grpo_resume_finishes_the_final_export_a_kill_cut_short(tiny_text, mcq_file, tmp_path, monkeypatch, capsys):
+    from killed_export import killed_during_export
+
+    def config(*extra):
+        return grpo_config(tiny_text, mcq_file, tmp_path / "out", "train.max_steps=1",
+                           "train.ckpt.export_safetensors=true", *extra)
+
+    with killed_during_export(monkeypatch, 1):
+        run_grpo(config())
+    capsys.readouterr()
+    resumed = run_grpo(config("train.resume=true"))
+    assert resumed.rewards == []
+    exports = tmp_path / "out" / "safetensors"
+    assert f"finished the safetensors export {exports / 'step_1'}" in capsys.readouterr().out
+    assert [p.name for p in exports.iterdir()] == ["step_1"] and (exports / "step_1" / "model.safetensors").is_file()
+
+
+def test_a_nan_policy_loss_stops_grpo_naming_the_step_and_the_last_good_checkpoint(tiny_text, mcq_file, tmp_path,
+                                                                                     monkeypatch):
+    from physreason.errors import TrainingDiverged
+    from physreason.train import grpo
+
+    real, calls = grpo.update_policy, []
+
+    def diverging(*args, **kwargs):
+        calls.append(1)
+        metrics = real(*args, **kwargs)
+        return metrics | ({"loss": float("nan")} if len(calls) == 2 else {})
+
+    monkeypatch.setattr(grpo, "update_policy", diverging)
+    out = tmp_path / "out"
+    with pytest.raises(TrainingDiverged, match=rf"step 2: the loss is nan.*last good checkpoint is {out / 'checkpoints' / 'step_1'}"):
+        run_grpo(grpo_config(tiny_text, mcq_file, out, "train.max_steps=3", "train.ckpt.save_freq=1"))
+    assert [p.name for p in checkpoint_dirs(out)] == ["step_1"]
+
+
+def test_a_prompt_longer_than_the_context_is_skipped_and_counted_not_fatal(tiny_text, tmp_path, caplog):
+    records = [{"question": f"Which way does ball {i} go?" + (" far" * 400 if i == 1 else ""),
+                "options": ["up", "down", "left", "right"], "answer": "B", "id": f"q{i}"} for i in range(4)]
+    data = tmp_path / "mcq.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in records))
+    config = grpo_config(tiny_text, data, tmp_path / "out", "train.max_steps=1", "rollout.batch_size=4",
+                         "train.train_batch_per_replica=32", "model.model_max_length=256",
+                         "train.ckpt.enable_checkpoint=false", "data.shuffle=false")
+    with caplog.at_level("WARNING", logger="physreason.train.rollout"):
+        result = run_grpo(config)
+    assert result.metrics[0]["rollout/requests_failed"] == 1.0
+    assert result.metrics[0]["rollout/groups_kept"] == 3.0
+    assert any("q1" in r.getMessage() and "256" in r.getMessage() for r in caplog.records)

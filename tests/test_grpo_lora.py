@@ -2,52 +2,26 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from setups import grpo_overrides
 
 from physreason.config import EngineConfig, LoraConfig, ModelConfig, load_config
 from physreason.engines.hf import HFEngine
 from physreason.models import loading
-from physreason.models.tiny import save_tiny_model
-from physreason.rewards import register_reward
 from physreason.train.grpo import run_grpo
 from physreason.train.weight_sync import PolicySync
 
 pytest.importorskip("peft")
 
 
-@register_reward("test_lora_mentions_b")
-def mentions_b(completion: str, **sample) -> float:
-    return 1.0 if "B" in completion else 0.0
-
-
-@pytest.fixture(scope="module")
-def tiny_text(tmp_path_factory) -> Path:
-    return save_tiny_model("qwen2", tmp_path_factory.mktemp("tiny_qwen2_lora"))
-
-
-@pytest.fixture(scope="module")
-def mcq_file(tmp_path_factory) -> Path:
-    records = [{"question": f"Which way does ball {i} go?", "options": ["up", "down", "left", "right"], "answer": "B"}
-               for i in range(8)]
-    path = tmp_path_factory.mktemp("mcq_lora") / "mcq.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in records))
-    return path
-
-
 def grpo_config(model: Path, data: Path, out: Path, *extra: str):
     return load_config(None, [
-        f"model.model_name_or_path='{model}'", "model.dtype='float32'", f"data.dataset.name='{data}'",
-        f"train.output_dir='{out}'", "engine.backend='hf'", "engine.batch_size=16",
-        "train.train_batch_per_replica=16", "rollout.n_generation=8", "rollout.batch_size=2",
-        "rollout.max_response_length=6", "grpo.mini_batch=8", "grpo.reward_function={test_lora_mentions_b = 1.0}",
-        "train.optm_lr=5e-2", "train.optm_weight_decay=0", "train.optm_decay_type='constant'",
-        "train.param_dtype='float32'", "logging.logger=['jsonl']",
-        "train.lora.enable=true", "train.lora.rank=8", *extra,
+        *grpo_overrides(model, data, out, reward="test_mentions_b", lr="5e-2"),
+        "logging.logger=['jsonl']", "train.lora.enable=true", "train.lora.rank=8", *extra,
     ])
 
 

@@ -119,7 +119,7 @@ def test_cli_single_clip_prints_answer_panel(tiny_model_dir, tmp_path):
 def test_cli_json_and_batch(tiny_model_dir, batch_dir):
     result = cli("infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--jsonl", str(batch_dir / "requests.jsonl"),
                  "--out", str(batch_dir / "o.jsonl"), "--max-tokens", "3", "--temperature", "0", *SMALL_FLAGS)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # a batch with failed items tells a script so
     assert "3 answered, 3 failed, 0 already in" in result.stdout
     assert len(read_out(batch_dir / "o.jsonl")) == 6
 
@@ -160,11 +160,12 @@ def test_cli_retry_failed_answers_failed_requests_once(tiny_model_dir, tmp_path)
     args = ["infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--jsonl", str(requests), "--out", str(out),
             "--max-tokens", "3", "--temperature", "0", *SMALL_FLAGS]
     first = cli(*args)
-    assert first.returncode == 0, first.stderr
+    assert first.returncode == 1, first.stderr
     assert "2 answered, 1 failed, 0 already in" in first.stdout and "--retry-failed" in first.stdout
     write_clip(tmp_path / "late.mp4", seed=3)
-    again = cli(*args)  # without the flag a failure counts as done
-    assert "0 answered, 0 failed, 3 already in" in again.stdout
+    again = cli(*args)  # without the flag a failure counts as done, and OUT is still incomplete: exit 1
+    assert again.returncode == 1 and "0 answered, 0 failed, 3 already in" in again.stdout
+    assert "(1 of those failed)" in again.stdout
     retried = cli(*args, "--retry-failed")
     assert retried.returncode == 0, retried.stderr
     assert "1 answered, 0 failed, 2 already in" in retried.stdout
@@ -181,3 +182,90 @@ def test_cli_ray_batch_with_a_missing_model_fails_before_ray_starts(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "no-model" in result.stderr and "Traceback" not in result.stderr
     assert "Started a local Ray instance" not in result.stderr
+
+
+def _answer_batch(model, requests, out, *extra):
+    return cli("infer", "--model", str(model), "--dtype", "float32", "--jsonl", str(requests), "--out", str(out),
+               "--max-tokens", "2", "--temperature", "0", *SMALL_FLAGS, *extra)
+
+
+def test_cli_rerun_with_another_model_or_setting_is_refused_naming_both_ways_out(tiny_model_dirs, tmp_path):
+    requests, out = tmp_path / "requests.jsonl", tmp_path / "answers.jsonl"
+    requests.write_text("".join(json.dumps({"id": str(i), "question": f"What falls {i}?"}) + "\n" for i in range(2)))
+    first = _answer_batch(tiny_model_dirs["qwen2_5_vl"], requests, out)
+    assert first.returncode == 0, first.stderr
+    stored = json.loads((tmp_path / "answers.jsonl.settings.json").read_text())
+    assert stored["model.model_name_or_path"] == str(tiny_model_dirs["qwen2_5_vl"]) and stored["resolved.reasoning"] is True
+    assert stored["generation.max_tokens"] == 2 and "engine.batch_size" not in stored
+
+    requests.write_text(requests.read_text() + json.dumps({"id": "2", "question": "And now?"}) + "\n")
+    other = _answer_batch(tiny_model_dirs["qwen3_vl"], requests, out)
+    assert other.returncode == 2, other.stderr
+    assert f"{out} holds results made with other settings (" in other.stderr
+    # the other family also resolves another prompt style and its sampling: each difference is named
+    assert "model.model_name_or_path:" in other.stderr and "resolved.prompt_style: 'reason1' there" in other.stderr
+    assert "new --out" in other.stderr and "--overwrite" in other.stderr and "Traceback" not in other.stderr
+    assert len(read_out(out)) == 2  # nothing appended
+    sampled = _answer_batch(tiny_model_dirs["qwen2_5_vl"], requests, out, "--temperature", "0.7")
+    assert sampled.returncode == 2 and "generation.temperature: 0.0 there, 0.7 now" in sampled.stderr
+
+    replaced = _answer_batch(tiny_model_dirs["qwen3_vl"], requests, out, "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert "3 answered, 0 failed, 0 already in" in replaced.stdout and len(read_out(out)) == 3
+    same = _answer_batch(tiny_model_dirs["qwen3_vl"], requests, out)
+    assert same.returncode == 0 and "0 answered, 0 failed, 3 already in" in same.stdout
+
+
+@pytest.mark.parametrize("ray_flags", [[], ["--num-gpus", "1"]], ids=["one-process", "ray"])
+def test_cli_unknown_request_key_is_refused_naming_file_line_and_allowed_keys(tiny_model_dir, tmp_path, ray_flags):
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text('{"id": "a", "question": "q"}\n{"id": "b", "question": "q", "videos": ["c.mp4"]}\n')
+    result = cli("infer", "--model", str(tiny_model_dir), "--jsonl", str(requests), "--out", str(tmp_path / "o.jsonl"),
+                 *ray_flags)
+    assert result.returncode == 2, result.stderr
+    assert f"{requests}:2: unknown key 'videos' in a request; allowed keys: id, question, video, image" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "o.jsonl").exists()
+
+
+def test_cli_print_prompt_shows_the_rendered_prompt_and_frames_without_generating(tiny_model_dir, tmp_path):
+    clip = write_clip(tmp_path / "c.mp4")
+    result = cli("infer", "--model", str(tiny_model_dir), "--video", str(clip), "--question", "Is it falling?",
+                 "--fps", "2", "--print-prompt", *SMALL_FLAGS)
+    assert result.returncode == 0, result.stderr
+    assert "<|im_start|>user" in result.stdout and "Is it falling?<|im_end|>" in result.stdout
+    assert "<think>" in result.stdout  # the reasoning system prompt is shown
+    assert f"video {clip}: 4 frames of " in result.stdout and "frame times (s): 0.00 0.62 1.25 1.88" in result.stdout
+    assert "visual tokens" in result.stdout and "completion" not in result.stdout  # nothing was generated
+
+
+def test_a_nul_byte_in_a_media_path_fails_that_request_only_on_every_run(engine, tmp_path):
+    write_clip(tmp_path / "a.mp4")
+    lines = [
+        {"id": "nul", "question": "Is it falling?", "video": "a\x00.mp4"},
+        {"id": "nul-image", "question": "What is it?", "image": ["x.png\x00"]},
+        {"id": "a", "question": "Is it falling?", "video": "a.mp4"},
+    ]
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out.jsonl"
+    summary = run_batch(engine, tmp_path / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    records = {r["id"]: r for r in read_out(out)}
+    assert (summary.done, summary.failed) == (3, 2)
+    assert "request nul:" in records["nul"]["error"] and "NUL byte" in records["nul"]["error"]
+    assert "NUL byte" in records["nul-image"]["error"] and "outputs" in records["a"]
+    again = run_batch(engine, tmp_path / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False,
+                      retry_failed=True)
+    assert (again.done, again.failed) == (2, 2)
+
+
+def test_a_whole_last_record_without_its_newline_is_redone_not_lost(engine, batch_dir):
+    out = batch_dir / "out.jsonl"
+    run_batch(engine, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    text = out.read_text()
+    last = json.loads(text.splitlines()[-1])["id"]
+    out.write_text(text[:-1])  # killed between the record and its newline: the line parses, but is torn
+    assert last not in finished_ids(out)
+    again = CountingEngine(engine)
+    summary = run_batch(again, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    ids = [r["id"] for r in read_out(out)]
+    assert sorted(ids) == sorted({"a", "img", "broken", "escape", "missing", "b"})  # nothing lost, nothing twice
+    assert summary.done == 1 and summary.skipped == 5

@@ -23,7 +23,8 @@ def test_builtin_rewards_are_registered_under_cosmos_rl_names() -> None:
 
 
 def test_unknown_reward_error_names_it_and_the_registered_ones() -> None:
-    with pytest.raises(ConfigError, match=r"'formatt'.*accuracy, format, single_choice"):
+    registered = "accuracy, box_iou, format, json_format, localization, point_in_box, single_choice"
+    with pytest.raises(ConfigError, match=rf"'formatt'.*{registered}"):
         get_reward("formatt")
 
 

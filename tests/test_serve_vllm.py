@@ -20,7 +20,8 @@ import pytest
 from media import write_clip
 
 from physreason.serve.reasoning import split_reasoning
-from physreason.serve.vllm_compat import reasoning_parser_plugin
+from physreason.serve.server import PLUGIN_FILE
+from physreason.vllm_compat import reasoning_parser_plugin
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
@@ -34,7 +35,7 @@ REASON1 = "<think>\nThe square falls.\n</think>\n\n<answer>\nYes\n</answer>"
 def parser_class():
     from vllm.reasoning import ReasoningParserManager
 
-    ReasoningParserManager.import_reasoning_parser(reasoning_parser_plugin())  # what --reasoning-parser-plugin does
+    ReasoningParserManager.import_reasoning_parser(reasoning_parser_plugin(PLUGIN_FILE))  # what --reasoning-parser-plugin does
     return ReasoningParserManager.get_reasoning_parser("physreason")
 
 
@@ -196,3 +197,96 @@ def test_requests_without_the_api_key_are_refused(server):
     anonymous = openai.OpenAI(base_url=server[0], api_key="wrong")
     with pytest.raises(openai.AuthenticationError):
         anonymous.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+
+
+REASON2 = "<think>\nThe cup is held.\n</think>\n\nNo."
+
+
+def test_reason2_output_splits_at_think_and_an_answer_without_think_is_content(parser_class, tokenizer):
+    # Cosmos-Reason2 answers right after </think>; without a think block (non-reasoning mode) the whole answer
+    # is content, never swallowed into reasoning.
+    prompt = tokenizer.encode("<|im_start|>assistant\n")
+    assert parser_class(tokenizer).extract_reasoning(REASON2, None) == ("The cup is held.", "No.")
+    assert stream_through(parser_class(tokenizer), REASON2, prompt, tokenizer) == ("The cup is held.", "No.")
+    for answer in ("No.", "B", "The robot should wait."):
+        assert parser_class(tokenizer).extract_reasoning(answer, None) == (None, answer)
+        assert stream_through(parser_class(tokenizer), answer, prompt, tokenizer) == ("", answer)
+
+
+@pytest.fixture(scope="module")
+def reason2_server(tiny_model_dirs, tmp_path_factory):
+    """`physreason serve` on the tiny Qwen3-VL (prompt style auto: reason2, non-reasoning by default)."""
+    root = tmp_path_factory.mktemp("serve-reason2")
+    media = root / "media"
+    write_clip(media / "clip.mp4")
+    port = free_port()
+    env = {**os.environ, "XDG_CACHE_HOME": str(root / "cache"), "PHYSREASON_API_KEY": API_KEY}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), env.get("PYTHONPATH")]))
+    model = str(tiny_model_dirs["qwen3_vl"])
+    args = [
+        sys.executable, "-m", "physreason", "serve", "--model", model, "--port", str(port),
+        "--media-root", str(media), "--dtype", "float32", "--max-model-len", "4096", "--enforce-eager",
+        "--max-tokens", "24", "--", "--max-num-seqs", "4",
+    ]  # fmt: skip
+    log = open(root / "server.log", "w")  # closed at teardown
+    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"server did not start; its log ends:\n{(root / 'server.log').read_text()[-3000:]}")
+        time.sleep(1)
+    yield f"{base}/v1", media, model
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+@pytest.mark.parametrize("reasoning", [False, True])
+def test_reason2_server_both_modes_streamed_and_whole(reason2_server, reasoning):
+    base, media, model = reason2_server
+    client = openai.OpenAI(base_url=base, api_key=API_KEY)
+    messages = video_messages(f"file://{media}/clip.mp4")
+    extra = {"chat_template_kwargs": {"reasoning": reasoning}}
+    whole = client.chat.completions.create(model=model, messages=messages, temperature=0, extra_body=extra)
+    default = client.chat.completions.create(model=model, messages=messages, temperature=0)
+    # Reasoning mode appends Reason2's reasoning instruction to the user text: a longer prompt; the server's
+    # default mode for a Qwen3-VL checkpoint is Reason2's, non-reasoning.
+    assert (whole.usage.prompt_tokens > default.usage.prompt_tokens) == reasoning
+    reasoning_text, content = split_of(whole.choices[0].message)
+    assert (reasoning_text or "") + (content or "")
+    stream = client.chat.completions.create(
+        model=model, messages=messages, temperature=0, stream=True, extra_body=extra
+    )
+    streamed = {"reasoning": "", "content": ""}
+    for chunk in stream:
+        for choice in chunk.choices:
+            streamed["content"] += choice.delta.content or ""
+            streamed["reasoning"] += (choice.delta.model_extra or {}).get("reasoning") or ""
+    assert (streamed["reasoning"] or None, streamed["content"] or None) == (reasoning_text, content)
+    # The split is the parser's split of the raw completion for the same prompt (completions run no parser).
+    from transformers import AutoTokenizer
+
+    from physreason.chat.style import Prompting
+    from physreason.serve.server import with_prompt_style
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    template = with_prompt_style(tokenizer.chat_template, Prompting("reason2", False))
+    text = [{"role": "user", "content": "Does the ball bounce?"}]
+    prompt = tokenizer.apply_chat_template(
+        text, chat_template=template, tokenize=False, add_generation_prompt=True, reasoning=reasoning
+    )
+    chat = client.chat.completions.create(model=model, messages=text, temperature=0, max_tokens=16, extra_body=extra)
+    raw = client.completions.create(model=model, prompt=prompt, temperature=0, max_tokens=16)
+    assert raw.usage.prompt_tokens == chat.usage.prompt_tokens
+    assert split_of(chat.choices[0].message) == split_reasoning(raw.choices[0].text)

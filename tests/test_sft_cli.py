@@ -76,7 +76,7 @@ def test_rerun_into_a_run_folder_is_refused_until_resumed_and_exports_are_rotate
     keep = ("train.ckpt.save_freq=1", "train.ckpt.max_keep=2", "train.log_freq=1", "train.validation_freq=100")
     first = run_sft_cli(tiny_vl, data, out, "train.max_steps=3", *keep)
     assert first.returncode == 0, first.stderr
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2", "step_3"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2", "step_3", "written.json"]
     assert sorted(p.name for p in (out / "safetensors").iterdir()) == ["step_2", "step_3"]  # max_keep rotates exports
     assert "torch.distributed is disabled" not in first.stderr  # DCP's single-process warning
     assert metric_steps(out) == [1, 2, 3]
@@ -91,7 +91,8 @@ def test_rerun_into_a_run_folder_is_refused_until_resumed_and_exports_are_rotate
     resumed = run_sft_cli(tiny_vl, data, out, "train.max_steps=4", "train.resume=true", *keep)
     assert resumed.returncode == 0, resumed.stderr
     assert metric_steps(out) == [1, 2, 3, 4]
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_3", "step_4"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_3", "step_4", "written.json"]
+    assert sorted(json.loads((out / "checkpoints" / "written.json").read_text())) == ["step_3", "step_4"]
     assert sorted(p.name for p in (out / "safetensors").iterdir()) == ["step_3", "step_4"]
 
     elsewhere = f"train.resume={out / 'checkpoints' / 'step_4'}"
@@ -141,3 +142,94 @@ def test_a_log_shows_one_metrics_line_per_log_freq_and_progress_lines_not_a_bar(
     assert [line.split(": step ")[1].split()[0] for line in metric_lines] == ["3"]  # log_freq 10: the last step only
     assert "sft: 3/3 (100%)" in output and "\r" not in output  # the bar became a plain line
     assert metric_steps(tmp_path / "out") == [3]
+
+
+def _wait_for_metrics(out: Path, steps: int, process: subprocess.Popen) -> None:
+    import time
+
+    # Generous bound: start-up on a loaded machine can take a minute; it only costs time when the test fails.
+    deadline = time.monotonic() + 240
+    metrics = out / "logs" / "metrics.jsonl"
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= steps:
+            return
+        time.sleep(0.2)
+
+
+def _stop(command: list[str], out: Path, steps: int, signum: int) -> tuple[int, str, str]:
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(RECIPE.parent.parent)}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _wait_for_metrics(out, steps, process)
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:  # never leave a 5,000-step run behind after a failure
+            process.kill()
+            process.wait()
+    return process.returncode, stdout, stderr
+
+
+def _resume_command(stderr: str) -> list[str]:
+    import shlex
+
+    line = stderr.split("Resume with:")[1].strip().splitlines()[0]
+    words = shlex.split(line)
+    assert words[0] == "physreason"
+    return [sys.executable, "-m", "physreason", *words[1:]]
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_a_checkpoint_and_prints_a_resume_command_that_works_and_sigterm_does_too(tiny_vl, tmp_path):
+    import signal
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(8)))
+    out = tmp_path / "run"
+    # save_freq far beyond the stop: without the save on a signal, no checkpoint would exist.
+    command = [sys.executable, "-m", "physreason", "sft", "--config", str(RECIPE), "-m", str(tiny_vl),
+               "--output-dir", str(out), "--set", f"data.dataset.name={data}", "--set", "data.val_fraction=0",
+               "--set", "train.max_steps=5000", "--set", "train.log_freq=1", "--set", "train.ckpt.save_freq=4000"]
+    code, _, stderr = _stop(command, out, 2, signal.SIGINT)
+    assert code == 130, stderr
+    (checkpoint,) = (p for p in (out / "checkpoints").iterdir() if p.is_dir())  # beside the written.json record
+    stopped = int(checkpoint.name.removeprefix("step_"))
+    assert f"SIGINT: stopped after step {stopped}, checkpoint saved to {checkpoint}" in stderr
+    assert "Traceback" not in stderr and metric_steps(out) == list(range(1, stopped + 1))
+
+    resume = _resume_command(stderr)
+    assert resume[-2:] == ["--set", "train.resume=true"]
+    code, _, stderr = _stop(resume, out, stopped + 2, signal.SIGTERM)
+    assert code == 130, stderr
+    assert "already holds checkpoints" not in stderr and f"resumed from {checkpoint} at step {stopped}" in stderr
+    last = max(int(p.name.removeprefix("step_")) for p in (out / "checkpoints").glob("step_*"))
+    assert last > stopped and f"SIGTERM: stopped after step {last}" in stderr
+    assert metric_steps(out) == list(range(1, last + 1))  # one record per step: the resumed run continued the file
+    assert _resume_command(stderr) == resume  # the same command continues again (no second resume key added)
+
+
+def test_resuming_a_finished_run_says_nothing_to_do(tiny_vl, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(8)))
+    out = tmp_path / "run"
+    sets = ("train.max_steps=1", "train.ckpt.export_safetensors=false")
+    assert run_sft_cli(tiny_vl, data, out, *sets).returncode == 0
+    again = run_sft_cli(tiny_vl, data, out, *sets, "train.resume=true")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to do: the run already finished at" in again.stdout and "step_1" in again.stdout
+    assert "1/1" not in again.stderr and "? left" not in again.stderr + again.stdout
+
+
+def test_start_up_summary_names_samples_steps_batch_and_trainable_parameters(tiny_vl, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(8)))
+    result = run_sft_cli(tiny_vl, data, tmp_path / "out", "train.max_steps=2", "train.ckpt.enable_checkpoint=false",
+                         "train.ckpt.export_safetensors=false")
+    assert result.returncode == 0, result.stderr
+    summary = result.stderr.split("***** Running SFT *****")[1]
+    for line in ("Num examples                                 = 8", "Total optimization steps                     = 2",
+                 "Effective batch (samples per optimizer step) = 4", "Gradient accumulation steps                  = 2"):
+        assert line in summary
+    assert "Trainable parameters" in summary and "(100.00%)" in summary

@@ -151,3 +151,21 @@ def test_mrope_positions_match_transformers_get_rope_index(tokenizer):
     types[ids == vid] = 2
     theirs, _ = model.model.get_rope_index(ids[None], types[None], image_grid, video_grid, seconds)
     assert torch.equal(ours, theirs[:, 0])
+
+
+def test_a_media_path_with_a_nul_byte_is_a_named_record_problem_not_a_crash(tmp_path):
+    (tmp_path / "ok.png").write_bytes(b"x")
+    records = [
+        {"conversations": [{"role": "user", "content": "<image> what?"}, {"role": "assistant", "content": "a"}],
+         "image": "ok.png"},
+        {"conversations": [{"role": "user", "content": "<image> what?"}, {"role": "assistant", "content": "a"}],
+         "image": "o\x00k.png"},
+    ]
+    dataset = SFTDataset(records, tmp_path, None, max_length=64, vision_tokens=VisionTokens(7, 8),
+                         locations=["train.jsonl:1", "train.jsonl:2"])
+    problems = dataset.record_problems()
+    assert len(problems) == 1 and problems[0].startswith("train.jsonl:2:") and "NUL byte" in problems[0]
+    with pytest.raises(InputError, match="NUL byte"):
+        media_path_in_root(tmp_path.resolve(), "clips/a\x00.mp4", "record 0")
+    with pytest.raises(InputError, match="not a string"):
+        media_path_in_root(tmp_path.resolve(), 5, "record 0")

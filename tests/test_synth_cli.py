@@ -15,7 +15,7 @@ from physreason.chat.mcq import format_mcq
 from physreason.cli.data_cmd import app as data_app
 from physreason.data.synth.generate import build_sample, generate_task
 from physreason.data.synth.sample import split_of_seed
-from physreason.data.synth.tasks import TASKS
+from physreason.data.synth.tasks import LETTER_TASK_NAMES
 from physreason.errors import InputError
 
 runner = CliRunner()
@@ -36,7 +36,7 @@ def written(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("task", list(TASKS))
+@pytest.mark.parametrize("task", LETTER_TASK_NAMES)
 def test_cli_writes_benchmark_sft_and_meta_files(written, task):
     folder = written / task
     qa = json.loads((folder / f"{task}_benchmark_qa_pairs.json").read_text())

@@ -10,7 +10,7 @@ from physreason.config.schema import DatasetConfig
 from physreason.data.loaders import load_records
 from physreason.data.mcq import load_mcq_prompts
 from physreason.data.synth.generate import generate_task
-from physreason.data.synth.tasks import TASK_NAMES as TASKS
+from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
 from physreason.eval import load_benchmark
 
 

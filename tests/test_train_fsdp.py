@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors.torch import load_file
+from setups import fsdp_overrides, torchrun_sft, write_chat_records
 
 from physreason.config import load_config
 from physreason.models.tiny import save_tiny_model
@@ -19,50 +13,12 @@ from physreason.train.sft import run_sft
 
 pytestmark = pytest.mark.cpu_only  # gloo children compared with an in-process run
 
-ANSWER = "<think>\nthe ball falls\n</think>\n\n<answer>\nyes\n</answer>"
-
-WORKER = textwrap.dedent(
-    """
-    import json, sys
-    import torch.distributed as dist
-    from physreason.config import load_config
-    from physreason.train.sft import run_sft
-    result = run_sft(load_config(None, json.loads(sys.argv[1])))
-    if dist.get_rank() == 0:
-        json.dump(result.losses, open(sys.argv[2], "w"))
-    dist.destroy_process_group()
-    """
-)
-
-
-def _overrides(model: Path, data: Path, out: Path) -> list[str]:
-    return [
-        f"model.model_name_or_path='{model}'", f"data.dataset.name='{data}'", f"train.output_dir='{out}'",
-        "train.train_batch_per_replica=4", "train.mini_batch=1", "train.max_steps=3", "train.optm_lr=2e-3",
-        "train.param_dtype='float32'", "data.num_workers=0", "logging.logger=['jsonl']",
-        # export in float32: a bf16 export would turn last-bit differences of the reduction order into 1-ulp flips
-        "model.dtype='float32'",
-        "train.ckpt.save_freq=3", "train.ckpt.export_safetensors=true", "train.ckpt.max_keep=1",
-    ]
-
-
 @pytest.mark.slow
 def test_two_gloo_processes_with_fsdp2_match_one_process(tmp_path, vl_kind):
     model = save_tiny_model(vl_kind, tmp_path / "model")
-    records = [{"conversations": [{"role": "user", "content": f"Does it roll {i}?"}, {"role": "assistant", "content": ANSWER}]}
-               for i in range(8)]
-    data = tmp_path / "train.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in records))
-    single = run_sft(load_config(None, _overrides(model, data, tmp_path / "one")))
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    losses_file = tmp_path / "losses.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
-               str(script), json.dumps(_overrides(model, data, tmp_path / "two")), str(losses_file)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    two = json.loads(losses_file.read_text())
+    data = write_chat_records(tmp_path, 8, "Does it roll {i}?")
+    single = run_sft(load_config(None, fsdp_overrides(model, data, tmp_path / "one", lr="2e-3")))
+    two = torchrun_sft(tmp_path, 2, 29517, fsdp_overrides(model, data, tmp_path / "two", lr="2e-3"))
     assert len(two) == 3
     assert torch.allclose(torch.tensor(two), torch.tensor(single.losses), rtol=1e-4, atol=1e-5)
     one_weights = load_file(tmp_path / "one" / "safetensors" / "step_3" / "model.safetensors")
@@ -77,19 +33,8 @@ def test_one_torchrun_process_trains_a_bf16_vl_model_on_text_only_records(tmp_pa
     """The vision blocks sit out every forward; with bf16 compute and fp32 reduction over several micro-batches
     FSDP2's sync-off accumulation path used to raise AttributeError ('_unsharded_param')."""
     model = save_tiny_model(vl_kind, tmp_path / "model")
-    records = [{"conversations": [{"role": "user", "content": f"Does it roll {i}?"}, {"role": "assistant", "content": ANSWER}]}
-               for i in range(8)]
-    data = tmp_path / "train.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in records))
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    losses_file = tmp_path / "losses.json"
-    overrides = [o for o in _overrides(model, data, tmp_path / "bf16") if not o.startswith("train.param_dtype")]
+    data = write_chat_records(tmp_path, 8, "Does it roll {i}?")
+    overrides = [o for o in fsdp_overrides(model, data, tmp_path / "bf16", lr="2e-3") if not o.startswith("train.param_dtype")]
     overrides += ["train.param_dtype='bfloat16'", "train.fsdp_reduce_dtype='float32'", "train.ckpt.export_safetensors=false"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port", "29521",
-               str(script), json.dumps(overrides), str(losses_file)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    losses = json.loads(losses_file.read_text())
+    losses = torchrun_sft(tmp_path, 1, 29521, overrides)
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))

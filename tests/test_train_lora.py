@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from setups import sft_overrides, write_chat_records
 from torch.distributed.checkpoint import FileSystemReader
 
 from physreason.config import load_config
@@ -27,36 +28,14 @@ from physreason.train.sft import run_sft
 
 pytest.importorskip("peft")
 
-ANSWER = "<think>\nthe ball falls\n</think>\n\n<answer>\nyes\n</answer>"
-
-
 @pytest.fixture(scope="module")
 def tiny_vl(tmp_path_factory) -> Path:
     return save_tiny_model("qwen2_5_vl", tmp_path_factory.mktemp("tiny_vl_lora"))
 
 
-def write_records(folder: Path, count: int = 8) -> Path:
-    records = [
-        {"conversations": [{"role": "user", "content": f"Does the box slide {i}?"}, {"role": "assistant", "content": ANSWER}]}
-        for i in range(count)
-    ]
-    path = folder / "train.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in records))
-    return path
-
-
 def lora_config(model: Path, data: Path, out: Path, *extra: str):
     return load_config(None, [
-        f"model.model_name_or_path='{model}'",
-        f"data.dataset.name='{data}'",
-        f"train.output_dir='{out}'",
-        "train.train_batch_per_replica=4",
-        "train.mini_batch=2",
-        "train.optm_lr=1e-2",
-        "train.optm_warmup_steps=1",
-        "train.param_dtype='float32'",
-        "data.num_workers=0",
-        "logging.logger=['jsonl']",
+        *sft_overrides(model, data, out, lr="1e-2", logger="['jsonl']"),
         "train.lora.enable=true",
         "train.lora.rank=8",
         "train.lora.alpha=16",
@@ -69,7 +48,7 @@ def test_lora_sft_lowers_the_loss_while_the_base_weights_stay_bit_exact(vl_model
     from physreason.models.lora import hf_name
     from physreason.train.sft import _collate_fn, build_datasets, train_step
 
-    config = lora_config(vl_model_dir, write_records(tmp_path, 4), tmp_path / "out", "train.optm_decay_type='constant'",
+    config = lora_config(vl_model_dir, write_chat_records(tmp_path, 4), tmp_path / "out", "train.optm_decay_type='constant'",
                          "train.optm_lr=1e-2")
     runtime = init_runtime()
     torch.manual_seed(0)
@@ -108,7 +87,7 @@ def test_lora_export_merges_to_the_same_logits_as_base_plus_adapter(vl_model_dir
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
 
-    data = write_records(tmp_path, 4)
+    data = write_chat_records(tmp_path, 4)
     result = run_sft(lora_config(tiny_vl, data, tmp_path / "out", "train.max_steps=3", "train.ckpt.save_freq=3",
                                  "train.ckpt.export_safetensors=true", "model.dtype='float32'",
                                  "train.lora.modules_to_save=['lm_head']"))
@@ -141,7 +120,7 @@ def test_lora_export_merges_to_the_same_logits_as_base_plus_adapter(vl_model_dir
 
 @pytest.mark.slow
 def test_lora_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path):
-    data = write_records(tmp_path, 8)
+    data = write_chat_records(tmp_path, 8)
     extra = ("train.max_steps=6", "train.lora.dropout=0.1")  # dropout: the restored RNG matters too
     straight = run_sft(lora_config(tiny_vl, data, tmp_path / "a", *extra, "train.ckpt.save_freq=100"))
     first = run_sft(lora_config(tiny_vl, data, tmp_path / "b", *extra, "train.ckpt.save_freq=3"))
@@ -152,7 +131,7 @@ def test_lora_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path):
 
 
 def test_resuming_a_full_checkpoint_with_lora_names_the_mismatch(tiny_vl, tmp_path):
-    data = write_records(tmp_path, 4)
+    data = write_chat_records(tmp_path, 4)
     full = lora_config(tiny_vl, data, tmp_path / "full", "train.max_steps=1", "train.lora.enable=false")
     run_sft(full)
     with pytest.raises(ConfigError, match=r"\[train.lora\]"):
@@ -161,7 +140,7 @@ def test_resuming_a_full_checkpoint_with_lora_names_the_mismatch(tiny_vl, tmp_pa
 
 
 def test_lora_rejects_settings_that_cannot_work(tiny_vl, tmp_path):
-    data = write_records(tmp_path, 4)
+    data = write_chat_records(tmp_path, 4)
     runtime = init_runtime()
     with pytest.raises(ConfigError, match="freeze_vision_tower"):
         config = lora_config(tiny_vl, data, tmp_path / "o", "train.lora.vision=true", "train.freeze_vision_tower=true")
@@ -174,7 +153,7 @@ def test_lora_rejects_settings_that_cannot_work(tiny_vl, tmp_path):
 
 
 def test_lora_vision_adds_adapters_to_the_vision_blocks(vl_model_dir, vl_kind, tmp_path):
-    config = lora_config(vl_model_dir, write_records(tmp_path, 4), tmp_path / "o", "train.lora.vision=true")
+    config = lora_config(vl_model_dir, write_chat_records(tmp_path, 4), tmp_path / "o", "train.lora.vision=true")
     trained = build_training_model(config, init_runtime(), CausalLMLoss, 1)
     vision = {n.split(".")[-4] for n, p in trained.model.named_parameters() if p.requires_grad and ".visual." in n}
     mlp = {"qwen2_5_vl": {"gate_proj", "up_proj", "down_proj"}, "qwen3_vl": {"linear_fc1", "linear_fc2"}}[vl_kind]
@@ -213,3 +192,60 @@ def test_infer_lora_serves_an_adapter_like_its_merged_export(tiny_vl, tmp_path):
     assert served != answer("--model", str(tiny_vl))
     missing = infer_cli("--model", str(tiny_vl), "--lora", str(tmp_path / "nope"), *flags)
     assert missing.returncode == 2 and "adapter_config.json" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_an_adapter_of_one_family_is_refused_on_another_and_its_base_path_is_stored_absolute(tmp_path, monkeypatch):
+    import shutil
+
+    from physreason.config import LoraConfig, ModelConfig
+    from physreason.models.lora import apply_lora, save_adapter
+
+    monkeypatch.chdir(tmp_path)
+    save_tiny_model("qwen2_5_vl", tmp_path / "base25")
+    save_tiny_model("qwen3_vl", tmp_path / "base3")
+    model = loading.load_model(ModelConfig(model_name_or_path="base25"), dtype=torch.float32)  # relative, as typed
+    adapter = save_adapter(apply_lora(model, LoraConfig(enable=True, rank=4)), tmp_path / "adapter")
+    stored = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert stored == str((tmp_path / "base25").resolve())
+
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    shutil.copytree(adapter, moved / "adapter")  # the base is still found from another working folder
+    flags = ("--engine", "hf", "--dtype", "float32", "--question", "q", "--max-tokens", "2")
+    refused = infer_cli("--model", str(tmp_path / "base3"), "--lora", str(moved / "adapter"), *flags)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "was trained on a qwen2_5_vl model" in refused.stderr and "is a qwen3_vl model" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    accepted = infer_cli("--model", str(tmp_path / "base25"), "--lora", str(moved / "adapter"), *flags)
+    assert accepted.returncode == 0, accepted.stderr[-2000:]
+
+
+def test_wrapping_a_model_in_lora_warns_nothing(tiny_vl):
+    import warnings
+
+    from physreason.config import LoraConfig, ModelConfig
+    from physreason.models.lora import apply_lora
+
+    model = loading.load_model(ModelConfig(model_name_or_path=str(tiny_vl)), dtype=torch.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_lora(model, LoraConfig(enable=True, rank=4))
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+
+
+def test_a_lora_resume_finishes_the_final_export_a_kill_cut_short(tiny_vl, tmp_path, monkeypatch, capsys):
+    from killed_export import killed_during_export
+
+    data = write_chat_records(tmp_path, 4)
+    config = lora_config(tiny_vl, data, tmp_path / "out", "train.max_steps=1", "train.ckpt.export_safetensors=true")
+    with killed_during_export(monkeypatch, 1):
+        run_sft(config)
+    exports = tmp_path / "out" / "safetensors"
+    assert [p.name for p in exports.iterdir()] == ["step_1.tmp"]
+    capsys.readouterr()
+    resumed = run_sft(config.model_copy(update={"train": config.train.model_copy(update={"resume": True})}))
+    assert resumed.losses == []
+    assert f"finished the safetensors export {exports / 'step_1'}" in capsys.readouterr().out
+    assert sorted(p.name for p in exports.iterdir()) == ["step_1"]
+    assert (exports / "step_1" / "adapter" / "adapter_model.safetensors").is_file()
+    assert (exports / "step_1" / "model.safetensors").is_file()

@@ -179,3 +179,11 @@ def test_corrupt_mp4_is_rejected(clip: Path, tmp_path: Path):
     corrupt.write_bytes(bytes(data))
     with pytest.raises(InputError, match=r"corrupt\.mp4: decoding failed"):
         load_video(corrupt)
+
+
+def test_a_nul_byte_in_a_media_path_is_an_input_error(tmp_path):
+    from physreason.errors import InputError
+    from physreason.vision.paths import local_media_file
+
+    with pytest.raises(InputError, match="NUL byte"):
+        local_media_file(str(tmp_path / "a\x00.mp4"), "video")

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 _TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
 
-# An innermost <answer>...</answer> pair: its content holds no further <answer>, so nested or
-# repeated tags resolve to the pair the model closed last.
-_ANSWER_PAIR = re.compile(r"<answer>((?:(?!<answer>)[\s\S])*?)</answer>")
 
 # cosmos-rl's format regex ends in `$`, which also matches before one final newline; generation
 # that stops right after "</answer>\n" is therefore well-formed there, and here.
@@ -32,14 +28,19 @@ class ParsedCompletion:
     problems: list[str] = field(default_factory=list)
 
 
-def parse_completion(text: str) -> ParsedCompletion:
+def parse_completion(text: str, style: str = "reason1") -> ParsedCompletion:
     """Split `text` into think and answer, extracting leniently and listing format problems strictly.
 
     Extraction: think is the text from the first `<think>` (or the start, when only `</think>` is
     there) to the first `</think>` (or to `<answer>`, or the end, when unclosed). The answer is
     the content of the last innermost `<answer>...</answer>` pair; failing that, the text after
     an unclosed `<answer>`, or the text between `</think>` and a stray `</answer>`.
+    style "reason2" (Cosmos-Reason2: the answer follows `</think>` with no tags) reads the answer from
+    `<answer>` tags where there are any, else the text after the last `</think>`, else the whole text when
+    there is no think tag (non-reasoning output); see `parse_reason2`.
     """
+    if style == "reason2":
+        return parse_reason2(text)
     counts = {tag: text.count(tag) for tag in _TAGS}
     problems = [f"missing {tag}" for tag in _TAGS if counts[tag] == 0]
     problems += [f"more than one {tag}" for tag in _TAGS if counts[tag] > 1]
@@ -69,9 +70,9 @@ def _extract_think(text: str, counts: dict[str, int]) -> str | None:
 
 def _extract_answer(text: str, counts: dict[str, int]) -> str | None:
     """The answer text, or None when neither answer tag is present."""
-    pairs = _ANSWER_PAIR.findall(text)
-    if pairs:
-        return pairs[-1].strip()
+    pair = _last_answer_pair(text)
+    if pair is not None:
+        return pair.strip()
     if counts[ANSWER_OPEN]:
         return text[text.rindex(ANSWER_OPEN) + len(ANSWER_OPEN) :].strip()
     if counts[ANSWER_CLOSE]:
@@ -80,6 +81,21 @@ def _extract_answer(text: str, counts: dict[str, int]) -> str | None:
         start = think_end + len(THINK_CLOSE) if think_end >= 0 else 0
         return text[start:close].strip()
     return None
+
+
+def _last_answer_pair(text: str) -> str | None:
+    """Content of the last innermost `<answer>...</answer>` pair (no `<answer>` inside it), or None.
+
+    Nested or repeated tags resolve to the pair the model closed last: the last `<answer>` before the last
+    `</answer>`, up to the first `</answer>` after it. Three string scans: linear by construction, where the
+    regex it replaces had to be argued linear.
+    """
+    close = text.rfind(ANSWER_CLOSE)
+    start = text.rfind(ANSWER_OPEN, 0, close) if close >= 0 else -1
+    if start < 0:
+        return None
+    start += len(ANSWER_OPEN)
+    return text[start : text.find(ANSWER_CLOSE, start)]
 
 
 def _layout_problems(text: str) -> list[str]:
@@ -97,3 +113,39 @@ def _layout_problems(text: str) -> list[str]:
     if text[answer_close + len(ANSWER_CLOSE) :] not in _ALLOWED_AFTER_ANSWER:
         problems.append("text after </answer>")
     return problems
+
+
+def parse_reason2(text: str) -> ParsedCompletion:
+    """Split a Cosmos-Reason2 completion: `<think>\\n...\\n</think>\\n\\nanswer`, or a bare answer without reasoning.
+
+    Well-formed (no problems): one `<think>` at the start (after optional whitespace), one `</think>` after it,
+    a non-empty answer after it, no `<answer>` tags. A completion with no think tag at all is a non-reasoning
+    answer: its whole text is the answer, and only "missing <think>" / "missing </think>" are reported, which
+    callers in non-reasoning mode ignore. `<answer>` tags, when a model writes them anyway, still give the answer.
+    """
+    counts = {tag: text.count(tag) for tag in _TAGS}
+    problems = [f"missing {tag}" for tag in (THINK_OPEN, THINK_CLOSE) if counts[tag] == 0]
+    problems += [f"more than one {tag}" for tag in (THINK_OPEN, THINK_CLOSE) if counts[tag] > 1]
+    if counts[ANSWER_OPEN] or counts[ANSWER_CLOSE]:
+        problems.append("<answer> tags (Cosmos-Reason2 writes the answer right after </think>)")
+    think = _extract_think(text, counts)
+    tagged = _extract_answer(text, counts)
+    if tagged is not None:
+        answer: str | None = tagged
+    elif counts[THINK_CLOSE]:
+        answer = text[text.rindex(THINK_CLOSE) + len(THINK_CLOSE) :].strip()
+    elif counts[THINK_OPEN]:
+        answer = None  # the reasoning never ended: there is no answer
+    else:
+        answer = text.strip()
+    if counts[THINK_OPEN] == 1 and counts[THINK_CLOSE] == 1:
+        open_at, close_at = text.index(THINK_OPEN), text.index(THINK_CLOSE)
+        if close_at < open_at:
+            problems.append("</think> before <think>")
+        elif text[:open_at].strip():
+            problems.append("text before <think>")
+    if answer is not None and not answer:
+        problems.append("empty answer")
+    elif answer is None and counts[THINK_OPEN]:
+        problems.append("no answer after the reasoning")
+    return ParsedCompletion(think=think, answer=answer, problems=problems)

@@ -49,3 +49,30 @@ REASONING_ADDON = (
 
 # prompts/addons/english.txt: the addon scripts/inference.py puts first in every system prompt.
 ENGLISH_ADDON = "Always respond in English."
+
+# Cosmos-Reason2 (nvidia-cosmos/cosmos-reason2 at commit a3b4a1d, cosmos_reason2_utils/text.py): the system
+# prompt of every conversation its inference script and post-training examples build, Qwen's own default.
+REASON2_SYSTEM_PROMPT = "You are a helpful assistant."
+
+# Same file, REASONING_PROMPT: reasoning is opt-in; script/inference.py appends this to the user text after a
+# blank line when --reasoning is given. The answer follows </think> directly, with no <answer> tags.
+REASON2_REASONING_INSTRUCTION = (
+    "Answer the question using the following format:\n\n<think>\nYour reasoning.\n</think>\n\n"
+    "Write your final answer immediately after the </think> tag."
+)
+
+# Cosmos-Reason2 task prompts: nvidia-cosmos/cosmos-reason2, commit 554d78e (the last to change these files),
+# prompts/2d_grounding.yaml and prompts/temporal_localization.yaml, `user_prompt` (their trailing newline,
+# a YAML block-scalar artefact, dropped). The model answers in JSON after </think>: 2D grounding with
+# `box_2d` [x1, y1, x2, y2] (or `point_2d` [x, y]) normalised to 0-1000 per axis, temporal localization
+# with `start` / `end` times written `mm:ss.ff`.
+GROUNDING_PROMPT = "Locate the bounding box of {object_name}. Return a json."
+TEMPORAL_LOCALIZATION_PROMPT = (
+    "Describe the notable events in the provided video. Provide the result in json format with 'mm:ss.ff' format "
+    "for time depiction for each event. Use keywords 'start', 'end' and 'caption' in the json output."
+)
+# physreason's own wording, not in the reference set: the point variant of GROUNDING_PROMPT, with the
+# `point_2d` key the reference's prompts/robot_cot.yaml asks for, and a sentence that names one event
+# before the temporal-localization instructions (the reference asks for every notable event).
+POINT_GROUNDING_PROMPT = "Locate the center point of {object_name}. Return a json with the key 'point_2d'."
+NAMED_EVENT_PROMPT = "Find one event in the provided video: {event}. " + TEMPORAL_LOCALIZATION_PROMPT.split(". ", 1)[1]

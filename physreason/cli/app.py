@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 import physreason
-from physreason.errors import PhysReasonError
+from physreason.errors import Interrupted, PhysReasonError
 
 app = typer.Typer(
     name="physreason",
@@ -39,6 +39,20 @@ def _root(
     """physreason: inference, SFT, GRPO and evaluation for Cosmos-Reason1-family models."""
 
 
+def _quiet_argument_types() -> None:
+    """Show an argument's metavar alone in help: typer adds its Python type beside it (`RECIPE.toml... <list[Path]>`)."""
+    from typer import core
+
+    shown = getattr(core.TyperArgument, "display_type_rich", None)
+    if shown is None:  # another typer layout: its help is left as it is
+        return
+
+    def display_type_rich(self: core.TyperArgument, ctx: object) -> str | None:
+        return None if self.metavar is not None else shown(self, ctx)
+
+    core.TyperArgument.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
 def _register() -> None:
     # Imported here so that `physreason --version` stays fast and each module owns its command.
     from physreason.cli import (
@@ -49,6 +63,7 @@ def _register() -> None:
         grpo_cmd,
         infer_cmd,
         models_cmd,
+        plan_cmd,
         plot_cmd,
         serve_cmd,
         sft_cmd,
@@ -60,6 +75,7 @@ def _register() -> None:
     app.add_typer(eval_cmd.app, name="eval")
     app.command("sft")(sft_cmd.sft)
     app.command("grpo")(grpo_cmd.grpo)
+    app.command("plan")(plan_cmd.plan)
     app.command("plot")(plot_cmd.plot)
     app.add_typer(data_cmd.app, name="data")
     app.add_typer(config_cmd.app, name="config")
@@ -67,6 +83,7 @@ def _register() -> None:
 
 
 _register()
+_quiet_argument_types()
 
 
 def _click_exception_types() -> tuple[type[Exception], ...]:
@@ -105,6 +122,12 @@ def main() -> None:
     try:
         # Without standalone mode typer returns the code of a typer.Exit (130 for Ctrl-C) instead of exiting.
         code = app(standalone_mode=False)
+    except Interrupted as exc:
+        # Every torchrun rank stops the same way; one of them says so.
+        if os.environ.get("RANK", "0") == "0":
+            sys.stdout.flush()
+            err_console.print(str(exc), highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
     except PhysReasonError as exc:
         err_console.print(Text.assemble(("error: ", "bold red"), str(exc)), highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -18,6 +18,7 @@ def show(
     overrides: list[str] = typer.Option(
         [],
         "--set",
+        metavar="KEY=VALUE",
         help=(
             "Override a key: --set train.optm_lr=2e-6 (repeatable). A dotted key changes one entry of a table "
             "(grpo.reward_function.format=0.5); a table value replaces it ('grpo.reward_function={accuracy=1}')."
@@ -31,7 +32,7 @@ def show(
 
 @app.command("check")
 def check(
-    paths: list[Path] = typer.Argument(..., help="TOML recipes to validate."),
+    paths: list[Path] = typer.Argument(..., metavar="RECIPE", help="TOML recipes to validate."),
 ) -> None:
     """Validate recipes; exits non-zero with the offending key named if one is invalid."""
     for path in paths:

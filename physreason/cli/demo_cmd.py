@@ -21,7 +21,7 @@ def demo(
     grpo_steps: int = typer.Option(12, help="GRPO steps."),
 ) -> None:
     """Tiny model + generated intuitive-physics clips: evaluate, pre-train the tower, fine-tune, GRPO, print the table."""
-    from physreason.data.synth.tasks import TASK_NAMES
+    from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASK_NAMES
     from physreason.demo import DemoSizes, run_demo
     from physreason.errors import InputError
 

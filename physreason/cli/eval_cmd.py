@@ -22,29 +22,45 @@ def run(
         None, "--config", "-c", help="TOML recipe with [eval], [model], [engine], [vision], [generation]."
     ),
     overrides: list[str] = typer.Option(
-        [], "--set", help="Override a config key: --set eval.num_repeats=5 (repeatable)."
+        [], "--set", metavar="KEY=VALUE", help="Override a config key: --set eval.num_repeats=5 (repeatable)."
     ),
     model: str | None = typer.Option(None, "--model", "-m", help="Hub id or local model folder."),
     engine: str | None = typer.Option(None, help="Engine: auto (vLLM when installed), vllm or hf."),
     benchmark_root: Path | None = typer.Option(None, help="Folder holding <name>/<name>_benchmark_qa_pairs.json."),
     dataset: list[str] = typer.Option(
-        [], "--dataset", "-d", help="Data set name or JSON/JSONL file (repeatable; replaces eval.datasets)."
+        [],
+        "--dataset",
+        "-d",
+        metavar="<name|file>",
+        help="Data set name, JSON/JSONL/parquet file, dataset folder or Hub id (repeatable; replaces eval.datasets).",
     ),
-    answer_type: str | None = typer.Option(None, help="reasoning (think, then answer) or letter."),
+    answer_type: str | None = typer.Option(
+        None, help="reasoning (think, then answer) or letter; unset it follows --reasoning/--no-reasoning."
+    ),
+    reasoning: bool | None = typer.Option(
+        None,
+        "--reasoning/--no-reasoning",
+        help="Ask for <think> reasoning before the answer (prompt.reasoning) [default: the prompt style's].",
+    ),
+    prompt_style: str | None = typer.Option(
+        None, help="Prompt style (prompt.style): auto (from the checkpoint's family), reason1 or reason2."
+    ),
     num_repeats: int | None = typer.Option(None, help="Runs with seeds seed, seed+1, ...; mean ± std is reported."),
     seed: int | None = typer.Option(None, help="Seed of the first repeat."),
     results_dir: Path | None = typer.Option(
-        None, help="Results go under <results_dir>/<model>/<answer_type>/<dataset>/seed_<seed>/."
+        None, help="Results go under RESULTS_DIR / model / answer type / data set / seed_N."
     ),
-    num_gpus: int | None = typer.Option(None, help="GPUs in all; shards = num_gpus / tp_size."),
-    tp_size: int | None = typer.Option(None, help="GPUs per engine."),
+    num_gpus: int | None = typer.Option(None, help="GPUs in all; shards = num_gpus / tensor-parallel size."),
+    tensor_parallel_size: int | None = typer.Option(
+        None, "--tensor-parallel-size", "--tp", help="GPUs per engine (vLLM's name; sets eval.tp_size)."
+    ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
-    """Evaluate a model on Cosmos-Reason1-style benchmarks; rerunning resumes from saved results."""
+    """Evaluate a model on Cosmos-Reason1-layout benchmarks or Physical AI Bench; rerunning resumes from saved results."""
     if ctx.invoked_subcommand is not None:
         return
     from physreason.config import load_config
-    from physreason.eval import collect_reports, report_rows, rich_table, run_eval
+    from physreason.eval import board_rich_tables, collect_boards, collect_reports, report_rows, rich_table, run_eval
 
     flags = {
         "model.model_name_or_path": model,
@@ -52,11 +68,13 @@ def run(
         "eval.benchmark_root": str(benchmark_root) if benchmark_root else None,
         "eval.datasets": list(dataset) or None,
         "eval.answer_type": answer_type,
+        "prompt.reasoning": reasoning,
+        "prompt.style": prompt_style,
         "eval.num_repeats": num_repeats,
         "eval.seed": seed,
         "eval.results_dir": str(results_dir) if results_dir else None,
         "eval.num_gpus": num_gpus,
-        "eval.tp_size": tp_size,
+        "eval.tp_size": tensor_parallel_size,
     }
     cfg = load_config(config, overrides, {key: value for key, value in flags.items() if value is not None})
     outcome = run_eval(cfg, show_progress=progress)
@@ -65,8 +83,10 @@ def run(
     console.print(f"{answered} answered, {failed} failed ({outcome.resumed} were already saved) in {outcome.base}")
     if failed:
         console.print(f'[yellow]{failed} sample(s) failed; each result line with an "error" key says why[/]')
-    rows = report_rows(collect_reports(outcome.base))
-    console.print(rich_table(rows, title=str(outcome.base)))
+    reports = collect_reports(outcome.base)
+    console.print(rich_table(report_rows(reports), title=str(outcome.base), reports=reports))
+    for table in board_rich_tables(collect_boards(outcome.base)):
+        console.print(table)
 
 
 @app.command("report")
@@ -76,17 +96,34 @@ def report(
         None, help="Folder for report.md, report.csv and accuracy.png [default: RESULTS_DIR]."
     ),
 ) -> None:
-    """Print per-data-set accuracy (mean ± std over repeats, samples, failures); write report.md, .csv and a chart."""
-    from physreason.eval import collect_reports, csv_text, markdown_table, report_rows, rich_table
+    """Print per-data-set accuracy (mean ± std over repeats, samples, failures) under the settings that made it;
+    write report.md, report.csv (board.csv for Physical AI Bench) and a chart."""
+    from physreason.eval import (
+        board_csv,
+        board_rich_tables,
+        collect_boards,
+        collect_reports,
+        csv_text,
+        markdown_report,
+        report_rows,
+        rich_table,
+    )
     from physreason.plots import accuracy_chart
 
-    rows = report_rows(collect_reports(results_dir))
-    console.print(rich_table(rows, title=f"accuracy: {results_dir}"))
+    reports = collect_reports(results_dir)
+    boards = collect_boards(results_dir)
+    rows = report_rows(reports)
+    console.print(rich_table(rows, title=f"accuracy: {results_dir}", reports=reports))
+    for table in board_rich_tables(boards):
+        console.print(table)
     folder = out or results_dir
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "report.md").write_text(markdown_table(rows), encoding="utf-8")
+    (folder / "report.md").write_text(markdown_report(reports, boards), encoding="utf-8")
     (folder / "report.csv").write_text(csv_text(rows), encoding="utf-8")
     written = [folder / "report.md", folder / "report.csv"]
+    if boards:
+        (folder / "board.csv").write_text(board_csv(boards), encoding="utf-8")
+        written.append(folder / "board.csv")
     if any(row.mean is not None for row in rows):
         written.append(accuracy_chart(rows, folder / "accuracy.png"))
     else:

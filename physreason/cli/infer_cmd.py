@@ -18,8 +18,12 @@ def infer(
     model: str | None = typer.Option(
         None, "--model", "-m", help="Hub id (nvidia/Cosmos-Reason1-7B) or local model folder."
     ),
-    video: list[Path] = typer.Option([], "--video", "-v", help="Video file or file:// URL (repeatable)."),
-    image: list[Path] = typer.Option([], "--image", "-i", help="Image file: jpg, png, webp (repeatable)."),
+    video: list[Path] = typer.Option(
+        [], "--video", metavar="<path>", help="Video file or file:// URL (repeatable). No -v: most tools mean verbose."
+    ),
+    image: list[Path] = typer.Option(
+        [], "--image", "-i", metavar="<path>", help="Image file: jpg, png, webp (repeatable)."
+    ),
     question: str | None = typer.Option(None, "--question", "-q", help="What to ask about the media."),
     jsonl: Path | None = typer.Option(
         None, "--jsonl", help='Batch input: one {"id", "question", "video"|"image", "video_start"?, "video_end"?} per line.'
@@ -34,6 +38,12 @@ def infer(
     retry_failed: bool | None = typer.Option(
         None, "--retry-failed", help="Batch: run the requests whose earlier result is an error again."
     ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Batch: delete OUT's earlier results first. Without it a rerun adds to OUT only if it uses the same "
+        "model and settings (stored in OUT.settings.json, or _settings.json in a Parquet folder).",
+    ),
     num_gpus: int | None = typer.Option(
         None, "--num-gpus", help="Batch on Ray Data: num_gpus / tp engine replicas [default: one engine, this process]."
     ),
@@ -47,7 +57,7 @@ def infer(
         None, "--config", "-c", help="TOML recipe with [model], [engine], [vision], [generation]."
     ),
     overrides: list[str] = typer.Option(
-        [], "--set", help="Override a config key: --set generation.top_p=0.9 (repeatable)."
+        [], "--set", metavar="KEY=VALUE", help="Override a config key: --set generation.top_p=0.9 (repeatable)."
     ),
     engine: str | None = typer.Option(None, help="Engine: auto (vLLM when installed), vllm or hf."),
     lora: Path | None = typer.Option(
@@ -68,30 +78,57 @@ def infer(
     timestamps: bool | None = typer.Option(
         None, "--timestamps/--no-timestamps", help="Draw each frame's time under it."
     ),
-    reasoning: bool = typer.Option(
-        True, "--reasoning/--no-reasoning", help="Ask for <think> reasoning before the answer."
+    reasoning: bool | None = typer.Option(
+        None,
+        "--reasoning/--no-reasoning",
+        help="Ask for <think> reasoning before the answer [default: the prompt style's: on for Cosmos-Reason1, "
+        "off for Cosmos-Reason2].",
     ),
-    temperature: float | None = typer.Option(None, help="Sampling temperature; 0 is greedy [default: 0.6]."),
-    top_p: float | None = typer.Option(None, help="Nucleus mass [default: 0.95]."),
-    top_k: int | None = typer.Option(None, help="Keep the k likeliest tokens; -1 keeps all."),
-    repetition_penalty: float | None = typer.Option(None, help="Repetition penalty [default: 1.05]."),
+    prompt_style: str | None = typer.Option(
+        None,
+        "--prompt-style",
+        help="reason1, reason2 or auto: the prompts of Cosmos-Reason1 or Cosmos-Reason2 [default: auto, from the "
+        "checkpoint's family: Qwen3-VL is reason2].",
+    ),
+    temperature: float | None = typer.Option(
+        None, help="Sampling temperature; 0 is greedy [default: the style's: 0.6; Reason2 without reasoning 0.7]."
+    ),
+    top_p: float | None = typer.Option(None, help="Nucleus mass [default: 0.95; Reason2 without reasoning 0.8]."),
+    top_k: int | None = typer.Option(None, help="Keep the k likeliest tokens; -1 keeps all [default: -1; Reason2 20]."),
+    repetition_penalty: float | None = typer.Option(None, help="Repetition penalty [default: 1.05; Reason2 1.0]."),
+    presence_penalty: float | None = typer.Option(
+        None, help="Penalty on tokens already in the completion [default: 0; Reason2 without reasoning 1.5]."
+    ),
+    frequency_penalty: float | None = typer.Option(None, help="Penalty per repeat of a token in the completion."),
     max_tokens: int | None = typer.Option(None, help="Most new tokens [default: 4096]."),
-    seed: int | None = typer.Option(None, help="Sampling seed."),
+    seed: int | None = typer.Option(None, help="Sampling seed [default: none; Reason2 1234 / 3407 by mode]."),
     n: int | None = typer.Option(None, "-n", help="Completions per request."),
     dtype: str | None = typer.Option(None, help="bfloat16, float16, float32 or auto."),
     tensor_parallel_size: int | None = typer.Option(
-        None, "--tensor-parallel-size", "--tp", help="GPUs per engine (vLLM)."
+        None, "--tensor-parallel-size", "--tp", help="GPUs per engine (vLLM's name; --tp for short)."
     ),
     gpu_memory_utilization: float | None = typer.Option(None, help="GPU memory fraction vLLM may use."),
     max_model_len: int | None = typer.Option(None, help="Engine context length."),
     enforce_eager: bool | None = typer.Option(None, "--enforce-eager/--cuda-graphs", help="vLLM: disable CUDA graphs."),
     as_json: bool = typer.Option(False, "--json", help="Print results as JSON instead of panels."),
+    print_prompt: bool = typer.Option(
+        False,
+        "--print-prompt",
+        help="Print what the model would be given (the rendered prompt, each video's sampled frame times and "
+        "frame sizes, visual tokens) and exit without loading the model or generating.",
+    ),
 ) -> None:
-    """Ask a model about videos/images; prints the reasoning and the answer."""
+    """Ask a model about videos/images; prints the reasoning and the answer.
+
+    Exit codes: 0 every request answered; 1 an inference failed (a batch: at least one request of IN has an
+    error in OUT; the others are written, and --retry-failed runs the failed ones again); 2 a usage error or a
+    problem the message names (bad flag, path, config key, request record); 130 Ctrl-C (results so far kept).
+    """
     from physreason.config import load_config
     from physreason.engines import create_engine
     from physreason.infer import build_request, result_record, run_batch, run_ray_batch
-    from physreason.models.inputs import patch_factor
+    from physreason.infer.settings import answer_settings
+    from physreason.models.inputs import patch_factor, prompting_for
 
     if fps is not None and nframes is not None:
         raise typer.BadParameter("give --fps or --nframes, not both", param_hint="'--nframes'")
@@ -115,6 +152,10 @@ def infer(
         "generation.top_p": top_p,
         "generation.top_k": top_k,
         "generation.repetition_penalty": repetition_penalty,
+        "generation.presence_penalty": presence_penalty,
+        "generation.frequency_penalty": frequency_penalty,
+        "prompt.reasoning": reasoning,
+        "prompt.style": prompt_style,
         "generation.max_tokens": max_tokens,
         "generation.seed": seed,
         "generation.n": n,
@@ -131,38 +172,54 @@ def infer(
     if batch is not None and out is None:
         flag = "--jsonl" if jsonl is not None else "--parquet"
         raise PhysReasonError(f"{flag} needs --out: the file results are appended to (and resumed from)")
+    if print_prompt and batch is not None:
+        raise PhysReasonError("--print-prompt shows one question's prompt: give --question with --video/--image")
     if batch is None and not video and not image:
         console.print("[yellow]no --video or --image given: asking a text-only question[/]")
 
     if batch is not None:
+        prompting, sampling = prompting_for(cfg)
+        # The style, mode and sampling as resolved for this checkpoint, so `auto` cannot hide a change of answers.
+        resolved = {f"generation.{key}": value for key, value in sampling.model_dump(mode="json").items()}
+        settings = answer_settings(cfg, **resolved, **{f"resolved.{k}": v for k, v in prompting.describe().items()})
         if cfg.infer.num_gpus is not None:
-            summary = run_ray_batch(cfg, batch, out, reasoning=reasoning, media_root=media_root)
+            summary = run_ray_batch(cfg, batch, out, media_root=media_root, settings=settings, overwrite=overwrite)
         else:
             summary = run_batch(
                 lambda: create_engine(cfg.model, cfg.engine),
                 batch,
                 out,
-                sampling=cfg.generation,
+                sampling=sampling,
                 vision=cfg.vision,
-                reasoning=reasoning,
+                prompting=prompting,
                 media_root=media_root,
                 batch_size=cfg.engine.batch_size,
                 retry_failed=cfg.infer.retry_failed,
+                settings=settings,
+                overwrite=overwrite,
             )
         console.print(summary.describe(out), soft_wrap=True, highlight=False)
+        if summary.failed or summary.failed_before:
+            raise typer.Exit(1)  # scripts see that OUT is incomplete; the line above says how to retry
         return
     # Media are decoded before the model loads, so a bad path fails in a second, not after a minute.
     factor = patch_factor(cfg.model.model_name_or_path, cfg.model.revision)
+    prompting, sampling = prompting_for(cfg)
     request = build_request(
-        question, videos=video, images=image, vision=cfg.vision, reasoning=reasoning, request_id="0", factor=factor
+        question, videos=video, images=image, vision=cfg.vision, prompting=prompting, request_id="0", factor=factor
     )
+    if print_prompt:
+        from physreason.infer.prompt_view import describe_prompt
+
+        typer.echo(describe_prompt(request, cfg.model))
+        return
     generator = create_engine(cfg.model, cfg.engine)
-    (result,) = generator.generate([request], cfg.generation, logprobs=False)
-    record = result_record(result)
+    (result,) = generator.generate([request], sampling, logprobs=False)
+    record = result_record(result, prompting.style)
     if as_json:
         typer.echo(json.dumps(record, ensure_ascii=False, indent=2))
     elif result.error:
-        raise PhysReasonError(result.error)
+        typer.echo(f"error: {result.error}", err=True)
     else:
         for k, output in enumerate(record["outputs"]):
             title = f"completion {k + 1}" if len(record["outputs"]) > 1 else "completion"

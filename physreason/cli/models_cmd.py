@@ -18,6 +18,7 @@ def tiny(
         "qwen2_5_vl", help=f"Architecture: {', '.join(TINY_KINDS)} ('-' works for '_', e.g. qwen3-vl)."
     ),
     seed: int = typer.Option(0, help="Seed of the random weights."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of a folder that already holds a model."),
 ) -> None:
     """Write a tiny random model (config, safetensors, tokenizer, processor) that loads like a real one."""
     from physreason.errors import PhysReasonError
@@ -26,5 +27,12 @@ def tiny(
     kind = normalize_kind(kind)
     if kind not in TINY_KINDS:
         raise PhysReasonError(f"--kind {kind!r} is not a tiny model kind; choose one of {', '.join(TINY_KINDS)}")
+    if out.is_file():
+        raise PhysReasonError(f"{out} is a file: give a folder to write the model into")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        what = "a model" if (out / "config.json").is_file() else "files"
+        raise PhysReasonError(
+            f"{out} already holds {what}: give a new or empty folder, or pass --overwrite to replace its files"
+        )
     folder = save_tiny_model(kind, out, seed=seed)  # type: ignore[arg-type]
     typer.echo(f"wrote tiny {kind} model to {folder}")

@@ -19,7 +19,7 @@ def serve(
     config: Path | None = typer.Option(
         None, "--config", "-c", help="TOML recipe: [model], [engine], [vision] and [generation] are used."
     ),
-    overrides: list[str] = typer.Option([], "--set", help="Override a config key: --set generation.top_p=0.9."),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key: --set generation.top_p=0.9."),
     host: str = typer.Option("127.0.0.1", help="Address to bind; 0.0.0.0 exposes the server to the network."),
     port: int = typer.Option(8000, help="Port to listen on."),
     api_key: str | None = typer.Option(
@@ -34,18 +34,38 @@ def serve(
         None, help="Model name clients send in requests [default: the --model value]."
     ),
     system_prompt: str | None = typer.Option(
-        None, help="System prompt for requests that send none [default: the Cosmos-Reason reasoning prompt]."
+        None, help="System prompt for requests that send none [default: the prompt style's for the mode]."
+    ),
+    reasoning: bool | None = typer.Option(
+        None,
+        "--reasoning/--no-reasoning",
+        help="Default mode of requests (each may send chat_template_kwargs {\"reasoning\": ...}) [default: the "
+        "prompt style's: on for Cosmos-Reason1, off for Cosmos-Reason2].",
+    ),
+    prompt_style: str | None = typer.Option(
+        None, "--prompt-style", help="reason1, reason2 or auto [default: auto, from the checkpoint's family]."
     ),
     chat_template: Path | None = typer.Option(
         None, help="Jinja chat template file to use instead of the model's own (it gets the default system prompt too)."
     ),
     fps: float | None = typer.Option(None, help="Frames per second sampled from videos [default: 4]."),
-    temperature: float | None = typer.Option(None, help="Default sampling temperature [default: 0.6]."),
-    top_p: float | None = typer.Option(None, help="Default nucleus mass [default: 0.95]."),
-    repetition_penalty: float | None = typer.Option(None, help="Default repetition penalty [default: 1.05]."),
+    temperature: float | None = typer.Option(
+        None, help="Default sampling temperature [default: the style's: 0.6; Reason2 without reasoning 0.7]."
+    ),
+    top_p: float | None = typer.Option(
+        None, help="Default nucleus mass [default: the style's: 0.95; Reason2 without reasoning 0.8]."
+    ),
+    repetition_penalty: float | None = typer.Option(
+        None, help="Default repetition penalty [default: the style's: 1.05; Reason2 1.0]."
+    ),
+    presence_penalty: float | None = typer.Option(
+        None, help="Default presence penalty [default: the style's: 0; Reason2 without reasoning 1.5]."
+    ),
     max_tokens: int | None = typer.Option(None, help="Default most new tokens [default: 4096]."),
     dtype: str | None = typer.Option(None, help="bfloat16, float16, float32 or auto."),
-    tensor_parallel_size: int | None = typer.Option(None, help="GPUs the model spans."),
+    tensor_parallel_size: int | None = typer.Option(
+        None, "--tensor-parallel-size", "--tp", help="GPUs the model spans (vLLM's name; --tp for short)."
+    ),
     gpu_memory_utilization: float | None = typer.Option(None, help="GPU memory fraction vLLM may use."),
     max_model_len: int | None = typer.Option(None, help="Context length."),
     enforce_eager: bool | None = typer.Option(None, "--enforce-eager/--cuda-graphs", help="Disable CUDA graphs."),
@@ -53,11 +73,14 @@ def serve(
         False, "--print-command", help="Print the vllm serve command and exit without starting it."
     ),
     vllm_args: list[str] | None = typer.Argument(
-        None, help="Further vllm serve arguments, after --: physreason serve -m M -- --max-num-seqs 64"
+        None,
+        metavar="VLLM_ARGS",
+        help="Further vllm serve arguments, after --: physreason serve -m M -- --max-num-seqs 64"
     ),
 ) -> None:
     """Serve a model over vLLM's OpenAI-compatible API: <think> text in `reasoning`, the <answer> in `content`."""
     from physreason.config import load_config
+    from physreason.models.inputs import prompting_for
     from physreason.serve.server import (
         ServeOptions,
         build_server_command,
@@ -66,7 +89,7 @@ def serve(
         model_chat_template,
         resolve_media_root,
         vllm_missing_message,
-        with_default_system_prompt,
+        with_prompt_style,
     )
 
     if not print_command and (missing := vllm_missing_message()):
@@ -82,16 +105,21 @@ def serve(
         "generation.temperature": temperature,
         "generation.top_p": top_p,
         "generation.repetition_penalty": repetition_penalty,
+        "generation.presence_penalty": presence_penalty,
         "generation.max_tokens": max_tokens,
+        "prompt.reasoning": reasoning,
+        "prompt.style": prompt_style,
+        "prompt.system_prompt": system_prompt,
     }
     cfg = load_config(config, overrides, {key: value for key, value in flags.items() if value is not None})
+    prompting, sampling = prompting_for(cfg)
     options = ServeOptions(
         host=host,
         port=port,
         served_model_name=served_model_name,
         api_key=api_key or None,
         media_root=resolve_media_root(media_root),
-        **({"system_prompt": system_prompt} if system_prompt is not None else {}),
+        prompting=prompting,
         extra_args=tuple(vllm_args or ()),
     )
     if chat_template is not None:
@@ -99,10 +127,18 @@ def serve(
             raise PhysReasonError(f"--chat-template {chat_template}: no such file")
         template = chat_template.read_text()
     else:
-        template = model_chat_template(cfg)
-    template_path = chat_template_file(with_default_system_prompt(template, options.system_prompt))
-    command = build_server_command(cfg, options, template_path)
+        template = model_chat_template(cfg, local_only=print_command)
+    template_path = chat_template_file(with_prompt_style(template, prompting)) if template is not None else None
+    command = build_server_command(cfg, options, template_path, sampling)
     if print_command:
+        if template_path is None:
+            err_console.print(
+                f"note: the tokenizer of {cfg.model.model_name_or_path} is not downloaded, so this command has no "
+                "--chat-template and requests without a system message get none; `physreason serve` (or this command "
+                "once the model is in the cache) adds the default system prompt",
+                highlight=False,
+                soft_wrap=True,
+            )
         typer.echo(command.shown())
         return
     if host not in ("127.0.0.1", "localhost", "::1") and not options.api_key:

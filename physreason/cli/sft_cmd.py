@@ -7,24 +7,35 @@ from pathlib import Path
 
 import typer
 
+from physreason.cli.train_options import (
+    CONFIG_HELP,
+    MODEL_HELP,
+    OUTPUT_DIR_HELP,
+    TRUST_HELP,
+    echo_finished_before,
+    option_values,
+)
+
 
 def sft(
-    config: Path = typer.Option(..., "--config", "-c", help="TOML recipe (see configs/sft_tiny.toml)."),
+    config: Path = typer.Option(..., "--config", "-c", help=CONFIG_HELP.format(example="sft_tiny.toml")),
+    model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    output_dir: Path | None = typer.Option(None, "--output-dir", help=OUTPUT_DIR_HELP),
     overrides: list[str] = typer.Option(
-        [], "--set", help="Override a key, e.g. --set train.optm_lr=2e-6 (repeatable)."
+        [], "--set", metavar="KEY=VALUE", help="Override a key, e.g. --set train.optm_lr=2e-6 (repeatable)."
     ),
-    trust_checkpoint: bool = typer.Option(
-        False,
-        "--trust-checkpoint",
-        help="Allow --set train.resume=PATH outside train.output_dir. Resuming unpickles the checkpoint's DCP "
-        ".metadata, which can run code: only for checkpoint folders you trust as you trust code.",
-    ),
+    trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint", help=TRUST_HELP),
 ) -> None:
     """Fine-tune a model on conversation records; launch with torchrun for FSDP2 over several GPUs.
 
     A rerun into a train.output_dir that has checkpoints is refused: continue it with --set train.resume=true,
-    or choose a new or empty folder. Resuming loads a checkpoint with pickle (it can run code): a checkpoint
-    folder outside output_dir needs --trust-checkpoint.
+    or choose a new or empty folder. Ctrl-C (or SIGTERM) saves a checkpoint after the current step and prints
+    the command that resumes; a resumed run keeps logs/metrics.jsonl up to its checkpoint's step. Resuming loads
+    a checkpoint with pickle (it can run code): a checkpoint folder this run
+    did not write (outside output_dir, or linked or copied into it) needs --trust-checkpoint.
+
+    Exit codes: 0 done (or nothing left to do), 2 a usage or configuration error, 130 stopped by Ctrl-C or
+    SIGTERM after saving a checkpoint.
     """
     import torch.distributed as dist
 
@@ -32,12 +43,15 @@ def sft(
     from physreason.train.sft import run_sft
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    recipe = load_config(config, overrides, {"train.trust_checkpoint": True} if trust_checkpoint else None)
+    recipe = load_config(config, overrides, option_values(model, output_dir, trust_checkpoint))
     try:
         result = run_sft(recipe)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    if result.finished_before is not None:
+        echo_finished_before(result.finished_before)
+        return
     if result.losses:
         typer.echo(f"finished {len(result.losses)} steps, last loss {result.losses[-1]:.4f}")
     if result.last_checkpoint is not None:

@@ -34,6 +34,55 @@ MOVED_KEYS: dict[str, str] = {
 }
 
 
+# Well-known names from TRL / Hugging Face TrainingArguments / vLLM for keys that have another name here: an
+# unknown key with one of these names is answered with the key to use, in whichever section it was written.
+FAMILIAR_NAMES: dict[str, str] = {
+    "learning_rate": "train.optm_lr",
+    "lr": "train.optm_lr",
+    "weight_decay": "train.optm_weight_decay",
+    "max_grad_norm": "train.optm_grad_norm_clip",
+    "warmup_steps": "train.optm_warmup_steps",
+    "lr_scheduler_type": "train.optm_decay_type",
+    "optim": "train.optm_name",
+    "num_train_epochs": "train.epoch",
+    "epochs": "train.epoch",
+    "per_device_train_batch_size": "train.mini_batch (samples per forward; train.train_batch_per_replica per step)",
+    "gradient_accumulation_steps": "train.train_batch_per_replica / train.mini_batch (the accumulation follows)",
+    "logging_steps": "train.log_freq",
+    "save_steps": "train.ckpt.save_freq",
+    "save_total_limit": "train.ckpt.max_keep",
+    "eval_steps": "train.validation_freq",
+    "resume_from_checkpoint": "train.resume",
+    "model_name": "model.model_name_or_path",
+    "model": "model.model_name_or_path",
+    "max_length": "model.model_max_length",
+    "max_seq_length": "model.model_max_length",
+    "num_generations": "rollout.n_generation",
+    "max_completion_length": "rollout.max_response_length",
+    "beta": "grpo.kl_beta",
+    "epsilon": "grpo.epsilon_low / grpo.epsilon_high",
+    "tp_size": "engine.tensor_parallel_size (eval: eval.tp_size)",
+    "tp": "engine.tensor_parallel_size",
+    "max_new_tokens": "generation.max_tokens",
+}
+
+
+def _suggestion(key_path: tuple[str | int, ...], allowed: list[str] | None) -> str:
+    """'did you mean ...' for an unknown key: a well-known name's key here, else the closest allowed keys."""
+    import difflib
+
+    name = str(key_path[-1])
+    if name in FAMILIAR_NAMES:
+        return f"did you mean {FAMILIAR_NAMES[name]}?"
+    close = difflib.get_close_matches(name, allowed or [], n=3, cutoff=0.6)
+    if not close:
+        # optm_lr for learning_rate style names: compare with the prefix-free part of each key too
+        stripped = {key.split("_", 1)[-1]: key for key in allowed or [] if "_" in key}
+        close = [stripped[m] for m in difflib.get_close_matches(name, list(stripped), n=3, cutoff=0.6)]
+    prefix = ".".join(map(str, key_path[:-1]))
+    return f"did you mean {' or '.join(f'{prefix}.{c}' if prefix else c for c in close)}?" if close else ""
+
+
 def _field_section(model: type[BaseModel], name: str) -> type[BaseModel] | None:
     """The section class of a known field (optional sections unwrapped); None for values and dict-valued fields."""
     annotation = model.model_fields[name].annotation
@@ -81,6 +130,11 @@ def _leaf_keys(prefix: str, value: Any) -> list[str]:
     return [key for name, child in value.items() for key in _leaf_keys(f"{prefix}.{name}", child)]
 
 
+def _leaf_keys_of(tree: Mapping[str, Any]) -> list[str]:
+    """Every dotted key a (possibly nested) recipe table names, down to its plain values."""
+    return [key for name, value in tree.items() for key in _leaf_keys(name, value)]
+
+
 def _moved_hints(key: str, value: Any) -> list[str]:
     hints = []
     for leaf in _leaf_keys(key, value):
@@ -101,6 +155,8 @@ def _explain(error: ValidationError, source: str) -> ConfigError:
         if item["type"] == "extra_forbidden":
             hints = _moved_hints(key, item.get("input"))
             allowed = _section_keys(loc[:-1])
+            if not hints and (suggestion := _suggestion(loc, allowed)):
+                hints.append(suggestion)
             hint = f" ({'; '.join(hints)})" if hints else ""
             allowed_text = (
                 f" Allowed keys in [{'.'.join(map(str, loc[:-1])) or 'top level'}]: {', '.join(allowed)}."
@@ -197,18 +253,21 @@ def load_config(
             raise ConfigError(f"{file} is not valid TOML: {exc}") from exc
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{file} is not UTF-8 text: {exc}") from exc
+    explicit = set(_leaf_keys_of(data))
     data = _merge(Config().model_dump(), data, Config)
     if overrides:
         source += " with overrides " + " ".join(overrides)
     for text in overrides:
         parts, value = parse_override(text)
         _apply_override(data, parts, value, text)
+        explicit.update(_leaf_keys_of({".".join(parts): value}))
     if values:
         source += " with options " + ", ".join(f"{key}={value!r}" for key, value in values.items())
     for key, value in (values or {}).items():
         _apply_override(data, key.split("."), value, f"{key}={value!r}")
+        explicit.update(_leaf_keys_of({key: value}))
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(data).with_explicit_keys(frozenset(explicit))
     except ValidationError as exc:
         raise _explain(exc, source) from None
 

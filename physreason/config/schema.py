@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -49,7 +49,22 @@ class TokenSampling(Section):
     temperature: float = Field(0.6, ge=0.0, description="Softmax temperature; 0 means greedy decoding.")
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(-1, ge=-1, description="Keep the k most likely tokens; -1 keeps all.")
-    repetition_penalty: float = Field(1.05, gt=0.0, description="Penalty on tokens already present (1.0 = off).")
+    repetition_penalty: float = Field(
+        1.05, gt=0.0, description="Divides positive logits (multiplies negative) of tokens in the prompt or output (1.0 = off)."
+    )
+    presence_penalty: float = Field(
+        0.0,
+        ge=-2.0,
+        le=2.0,
+        description="Subtracted from the logit of every token already in the completion (vLLM/OpenAI semantics; "
+        "0 = off; Cosmos-Reason2's non-reasoning default is 1.5).",
+    )
+    frequency_penalty: float = Field(
+        0.0,
+        ge=-2.0,
+        le=2.0,
+        description="Subtracted from a token's logit once per time it occurs in the completion (vLLM/OpenAI; 0 = off).",
+    )
     seed: int | None = Field(None, description="Sampling seed; None draws a fresh one each run.")
     ignore_eos: bool = Field(
         False,
@@ -146,6 +161,31 @@ class VisionConfig(Section):
                 f"image_min_pixels ({self.image_min_pixels}) must not exceed image_max_pixels ({self.image_max_pixels})"
             )
         return self
+
+
+class PromptConfig(Section):
+    """[prompt]: how questions are put to the model: the prompt style of its generation and the reasoning switch.
+
+    One setting for every job that builds a prompt (infer, batch and Ray inference, eval, SFT rendering, GRPO
+    prompts, serve). Generation settings a recipe leaves out take the style's defaults for the mode.
+    """
+
+    style: Literal["auto", "reason1", "reason2"] = Field(
+        "auto",
+        description="'reason1': Cosmos-Reason1's prompts (reasoning format in the system prompt, <answer> tags); "
+        "'reason2': Cosmos-Reason2's (system 'You are a helpful assistant.', reasoning instruction appended to the "
+        "user text, answer right after </think>); 'auto' reads the checkpoint's config: Qwen3-VL -> reason2, "
+        "anything else -> reason1.",
+    )
+    reasoning: bool | None = Field(
+        None,
+        description="Ask for <think> reasoning before the answer; None takes the style's default (reason1: on, "
+        "reason2: off, as cosmos-reason2's inference script).",
+    )
+    system_prompt: str | None = Field(
+        None,
+        description="Replace the style's system prompt for inference, eval and serve; '' sends no system message.",
+    )
 
 
 class EngineConfig(Section):
@@ -259,13 +299,15 @@ class TrainConfig(Section):
     resume: bool | str = Field(
         False,
         description="true resumes from the latest checkpoint in output_dir; a path resumes from it. Loading a "
-        "checkpoint unpickles its DCP metadata, which can run code: a folder outside output_dir needs "
-        "trust_checkpoint.",
+        "checkpoint unpickles its DCP metadata, which can run code: a folder this run did not write (outside "
+        "output_dir, or linked or copied into it) needs trust_checkpoint. A resume first writes any safetensors "
+        "export that a kill left unfinished.",
     )
     trust_checkpoint: bool = Field(
         False,
-        description="Allow train.resume to name a checkpoint folder outside output_dir. Only for folders you "
-        "trust as you trust code: resuming unpickles the checkpoint's .metadata.",
+        description="Allow train.resume to load a checkpoint folder this run did not write (outside output_dir, "
+        "or linked or copied into it; output_dir/checkpoints/written.json lists the ones it wrote). Only for "
+        "folders you trust as you trust code: resuming unpickles the checkpoint's .metadata.",
     )
     seed: int = Field(42, description="Seed for data order, initialisation and sampling.")
     epoch: int = Field(1, ge=1, description="Passes over the training data.")
@@ -289,6 +331,22 @@ class TrainConfig(Section):
     param_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="FSDP2 parameter dtype for compute.")
     fsdp_reduce_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 gradient reduction dtype.")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass.")
+    cpu_offload: bool = Field(
+        False,
+        description="FSDP2 CPU offload (needs torchrun): sharded fp32 weights, gradients and AdamW state live in host "
+        "memory, each block is copied to the GPU when used and the optimizer steps on the CPU. Slower; frees the GPU "
+        "of about 16 bytes per parameter / number of processes.",
+    )
+    optimizer_state_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Dtype AdamW keeps its two moments in: 'bfloat16' saves 4 bytes per trained parameter (the update "
+        "itself is computed in float32; the second moment's decay below 1/256 of its value is rounded away).",
+    )
+    skip_memory_check: bool = Field(
+        False,
+        description="Start even when the memory plan printed at start-up says the recipe will not fit the GPUs "
+        "(`physreason plan` shows the plan and the layouts that fit).",
+    )
     freeze_vision_tower: bool = Field(False, description="Keep the vision encoder's weights fixed.")
     compile: bool = Field(False, description="torch.compile each decoder block.")
     loss_chunk_size: int = Field(
@@ -361,6 +419,24 @@ class GRPOConfig(Section):
         ),
     )
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and draw more prompts.")
+    mask_truncated_completions: bool = Field(
+        False,
+        description=(
+            "Leave completions cut at rollout.max_response_length out of the loss (TRL's name; DAPO's overlong "
+            "filtering); they still count in their group's advantages."
+        ),
+    )
+    overlong_buffer_length: int = Field(
+        0,
+        ge=0,
+        description=(
+            "DAPO's soft overlong punishment: tokens before rollout.max_response_length from which a completion's "
+            "reward falls linearly, to -overlong_penalty_factor at the limit (verl's overlong_buffer.len); 0 = off."
+        ),
+    )
+    overlong_penalty_factor: float = Field(
+        1.0, ge=0.0, description="Largest overlong punishment, reached at rollout.max_response_length (verl's name)."
+    )
     max_dynamic_sampling_rounds: int = Field(
         8, ge=1, description="Most extra prompt draws per step with dynamic sampling."
     )
@@ -406,10 +482,15 @@ class EvalConfig(Section):
 
     benchmark_root: str = Field("", description="Folder holding <name>/<name>_benchmark_qa_pairs.json per dataset.")
     datasets: list[str] = Field(
-        default_factory=list, description="Dataset names under benchmark_root (or JSONL paths)."
+        default_factory=list,
+        description="Dataset names under benchmark_root, JSON/JSONL/parquet files, dataset folders (Physical AI "
+        "Bench snapshots) or Hub dataset ids.",
     )
-    answer_type: Literal["reasoning", "letter"] = Field(
-        "reasoning", description="Think then answer, or the letter only."
+    answer_type: Literal["reasoning", "letter"] | None = Field(
+        None,
+        description="Think then answer ('reasoning'), or the letter only ('letter'); names the results folder. "
+        "None follows prompt.reasoning (itself the prompt style's default when unset); setting both to "
+        "different modes is an error.",
     )
     num_repeats: int = Field(1, ge=1, description="Independent runs with different seeds; mean and std are reported.")
     seed: int = Field(1, description="Seed of the first repeat; repeat k uses seed + k.")
@@ -472,6 +553,7 @@ class Config(Section):
     """The whole recipe; each job reads the sections it needs."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
     vision: VisionConfig = Field(default_factory=VisionConfig)
     generation: SamplingConfig = Field(default_factory=SamplingConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -483,6 +565,26 @@ class Config(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     infer: InferConfig = Field(default_factory=InferConfig)
+
+    # Dotted keys a recipe file, --set or an option named (load_config fills it): generation settings left out
+    # take the prompt style's defaults (physreason.chat.style.resolve_sampling); the rest keep the defaults above.
+    _explicit_keys: frozenset[str] = PrivateAttr(default_factory=frozenset)
+
+    @property
+    def explicit_keys(self) -> frozenset[str]:
+        """Dotted keys the recipe, --set or options named; empty for a Config built in code."""
+        return self._explicit_keys
+
+    def __eq__(self, other: object) -> bool:
+        """Two configs are equal when their settings are; which keys a source named is not a setting."""
+        return isinstance(other, Config) and self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like every pydantic model
+
+    def with_explicit_keys(self, keys: frozenset[str]) -> Config:
+        """This config, recording `keys` as the ones its source named (load_config calls it)."""
+        self._explicit_keys = frozenset(keys)
+        return self
 
     @property
     def policy_temperature(self) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,75 @@ def _read_datasets(name: str, config: DatasetConfig) -> list[dict[str, Any]]:
     return [dict(row) for row in loaded]
 
 
+_DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
+_SPLIT_NAMES = ("train", "validation", "valid", "val", "dev", "test")
+
+
+def _name_tokens(relative: Path) -> set[str]:
+    """The words of a path relative to its data set folder ("data/test-00000-of-00001.parquet" -> data, test, ...)."""
+    return {token for part in relative.parts for token in re.split(r"[^a-z0-9]+", part.lower()) if token}
+
+
+def snapshot_data_files(folder: Path, split: str) -> list[Path]:
+    """The data files of one split in a Hugging Face dataset repository snapshot (parquet, JSONL or JSON).
+
+    A file belongs to `split` when a word of its path is the split's name (`data/test-00000-of-00001.parquet`,
+    `test.jsonl`, `test/part.json`), as the Hub names split files; when no file names any split, all data files
+    form the one split. Hidden folders (`.cache`, `.git`) are left out. Raises InputError when the split has no
+    file or its files mix formats.
+    """
+    files = sorted(
+        path
+        for path in folder.rglob("*")
+        if path.is_file()
+        and path.suffix.lower() in _DATA_FILE_SUFFIXES
+        and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    )
+    tokens = {path: _name_tokens(path.relative_to(folder)) for path in files}
+    chosen = [path for path in files if split.lower() in tokens[path]]
+    if not chosen and not any(tokens[path] & set(_SPLIT_NAMES) for path in files):
+        chosen = files
+    if not chosen:
+        named = sorted({name for path in files for name in tokens[path] & set(_SPLIT_NAMES)})
+        raise InputError(
+            f"{folder} has no {split!r} data file (parquet, JSONL or JSON whose path names the split); "
+            f"its files name the splits {named or 'none'}"
+        )
+    suffixes = {path.suffix.lower() for path in chosen}
+    if len(suffixes) > 1:
+        raise InputError(
+            f"{folder}: the {split!r} split mixes data file types {sorted(suffixes)}; keep one format per split"
+        )
+    return chosen
+
+
+def load_snapshot_records(folder: Path, split: str) -> tuple[list[Any], list[str]]:
+    """The records of one split of a dataset folder and where each is ("file:line", "file row k", "folder row k").
+
+    A `datasets.save_to_disk` folder (it holds state.json or dataset_dict.json) is read with load_from_disk;
+    any other folder as a Hub repository snapshot (see snapshot_data_files). Records that are not objects are
+    kept, for the caller to report.
+    """
+    if (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file():
+        records = _read_datasets(str(folder), DatasetConfig(name=str(folder), split=split))
+        return records, [f"{folder} row {index}" for index in range(len(records))]
+    records: list[Any] = []
+    locations: list[str] = []
+    for path in snapshot_data_files(folder, split):
+        suffix = path.suffix.lower()
+        if suffix == ".jsonl":
+            part, where = _read_jsonl(path, False)
+        elif suffix == ".json":
+            part = _read_json(path, False)
+            where = [f"{path} record {index}" for index in range(len(part))]
+        else:
+            part = _read_parquet(path)
+            where = [f"{path} row {index}" for index in range(len(part))]
+        records += part
+        locations += where
+    return records, locations
+
+
 def load_records(config: DatasetConfig, *, require_objects: bool = True) -> tuple[list[Any], Path]:
     """Return the records of a data set and the folder its media paths are relative to (see load_located_records)."""
     records, root, _ = load_located_records(config, require_objects=require_objects)
@@ -136,6 +206,11 @@ def load_located_records(
 
 def media_path_in_root(root: Path, relative: str, where: str) -> Path:
     """Join a record's media path to the data root; refuse paths that leave the root (absolute or `..`)."""
+    if not isinstance(relative, str):
+        raise InputError(f"{where}: media path {relative!r} is not a string; write the path as text")
+    if "\0" in relative:
+        # The OS cannot name such a file: os calls raise ValueError, which would end the whole run.
+        raise InputError(f"{where}: media path {relative!r} holds a NUL byte; no file can have that name, fix the record")
     candidate = (root / relative).resolve()
     if not candidate.is_relative_to(root):
         raise InputError(

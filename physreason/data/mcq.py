@@ -5,6 +5,10 @@ Two record layouts are read from a JSON/JSONL file or dataset folder (`[data.dat
   (`qa_pairs` may be a list), which `physreason data synth` writes and `physreason eval` reads;
 - flat records `{"question", "options" | "index2ans", "answer" | "correct_answer", "video"?, "image"?, "id"?}`,
   where options are a `{"A": ...}` dict or a list lettered A, B, ...; media are optional.
+A question without options is a structured one (`data synth` tasks grounding and temporal_localization):
+its answer is Cosmos-Reason2's JSON (`box_2d`, `point_2d` or `start`/`end`), its other fields (a point
+question's `box_2d`) go to the rewards, and it is asked as Cosmos-Reason2 asks it: the question alone,
+after the media, under the system prompt "You are a helpful assistant.".
 Media paths are relative to the data root and may not leave it.
 """
 
@@ -18,7 +22,9 @@ from typing import Any
 import torch
 
 from physreason.chat.mcq import AnswerType, lettered_options, shuffle_options
-from physreason.chat.messages import Message, build_mcq_messages
+from physreason.chat.messages import Message, build_mcq_messages, build_messages
+from physreason.chat.structured import answer_kind
+from physreason.chat.style import StyleName
 from physreason.config import DatasetConfig
 from physreason.data.loaders import load_records, media_path_in_root
 from physreason.data.video_range import record_video_range
@@ -31,25 +37,35 @@ class MCQPrompt:
 
     id: str
     question: str
-    options: dict[str, str]  # letter -> option text, in letter order
-    answer: str  # the correct option's letter
+    options: dict[str, str]  # letter -> option text, in letter order; empty for a structured question
+    answer: str  # the correct option's letter, or the reference JSON answer
     videos: tuple[Path, ...] = ()
     images: tuple[Path, ...] = ()
     video_range: dict[str, float] = field(default_factory=dict)  # the record's video_start / video_end, seconds
+    reference: dict[str, Any] = field(default_factory=dict)  # a structured question's ground truth beside its answer
 
-    def messages(self, answer_type: AnswerType = "grpo") -> list[Message]:
-        """Chat messages as Cosmos-Reason1 builds them (media first); "grpo" is its RL recipe's wording."""
+    def messages(self, answer_type: AnswerType = "grpo", style: StyleName = "reason1") -> list[Message]:
+        """Chat messages in the given prompt style (media first; "grpo" is Cosmos-Reason1's RL recipe's wording),
+        or for a structured question as Cosmos-Reason2 does (its task prompt as written, whatever the answer type)."""
+        if not self.options:
+            return build_messages(
+                self.question, videos=self.videos, images=self.images, reasoning=False, style="reason2"
+            )
         return build_mcq_messages(
-            self.question, self.options, videos=self.videos, images=self.images, answer_type=answer_type
+            self.question, self.options, videos=self.videos, images=self.images, answer_type=answer_type, style=style
         )
 
     def reward_fields(self) -> dict[str, Any]:
-        """The sample fields rewards read (`answer`, `options`)."""
+        """The sample fields rewards read (`answer`, and `options` or a structured question's ground truth)."""
+        if not self.options:
+            return {"answer": self.answer, **self.reference}
         return {"answer": self.answer, "options": self.options}
 
 
 def shuffled(prompt: MCQPrompt, rng: random.Random) -> MCQPrompt:
     """The same question with its option texts in a random order under the same letters, answer remapped."""
+    if not prompt.options:
+        return prompt
     options, answer = shuffle_options(prompt.options, prompt.answer, rng)
     return replace(prompt, options=options, answer=answer)
 
@@ -71,7 +87,7 @@ def _prompt(sample_id: str, qa: Any, record: dict[str, Any], root: Path, where: 
         raise InputError(f"{where}: no 'question' text")
     raw_options = qa.get("index2ans", qa.get("options"))
     if not raw_options:
-        raise InputError(f"{where}: no options; give 'index2ans' or 'options' ({{\"A\": ...}} or a list)")
+        return _structured_prompt(sample_id, question, qa, record, root, where)
     options = lettered_options(raw_options)
     answer = qa.get("answer", qa.get("correct_answer"))
     if not isinstance(answer, str) or answer.strip() not in options:
@@ -84,6 +100,31 @@ def _prompt(sample_id: str, qa: Any, record: dict[str, Any], root: Path, where: 
         videos=_paths(record.get("video"), root, where),
         images=_paths(record.get("image"), root, where),
         video_range=record_video_range(record, where),
+    )
+
+
+def _structured_prompt(
+    sample_id: str, question: str, qa: dict[str, Any], record: dict[str, Any], root: Path, where: str
+) -> MCQPrompt:
+    """A question without options whose answer is Cosmos-Reason2's JSON; InputError when the answer is not."""
+    answer = qa.get("answer")
+    try:
+        answer_kind(answer if isinstance(answer, str) else "")
+    except ValueError:
+        raise InputError(
+            f"{where}: no options ('index2ans' or 'options', {{\"A\": ...}} or a list), and the answer {answer!r} is "
+            "not a structured JSON answer (box_2d, point_2d or start/end): give one or the other"
+        ) from None
+    reference = {key: value for key, value in qa.items() if key not in ("question", "answer")}
+    return MCQPrompt(
+        id=sample_id,
+        question=question,
+        options={},
+        answer=answer,
+        videos=_paths(record.get("video"), root, where),
+        images=_paths(record.get("image"), root, where),
+        video_range=record_video_range(record, where),
+        reference=reference,
     )
 
 

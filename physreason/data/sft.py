@@ -1,10 +1,16 @@
 """Supervised fine-tuning samples: conversation records -> token ids, assistant-only labels, visual inputs.
 
 Accepted record layouts (the conversation key is data.conversation_column_name):
-- `{"conversations": [{"role": ..., "content": "text"}], "video": "clip.mp4"}` (or "image"; a path or a list);
-  media go where the user text has `<video>` / `<image>`, else in front of the first user message;
-- the LLaVA / Cosmos-Reason1 SFT style with `{"from": "human"|"gpt", "value": ...}` turns;
-- list-of-parts content: `[{"type": "video", "video": "clip.mp4"}, {"type": "text", "text": ...}]`.
+- `{"conversations": [{"role": ..., "content": "text"}], "video": "clip.mp4"}` (or "image" / "images"; a path or
+  a list); media go where the user text has `<video>` / `<image>`, else in front of the first user message;
+- the LLaVA / ShareGPT style of Cosmos-Reason1 and Cosmos-Reason2's SFT examples, `{"from": "human"|"gpt",
+  "value": ...}` turns (cosmos-reason2 examples/cosmos_rl/scripts/llava_sft.py);
+- transformers' list-of-parts content: `[{"type": "video", "video": "clip.mp4"}, {"type": "text", "text": ...}]`,
+  as a list or as a JSON string of it (a Hugging Face dataset's column; cosmos-reason2 hf_sft.py). Keys a
+  dataset's Arrow schema fills with None (a text part's "video") are dropped.
+When no record has the configured column (the default, "conversations") and every record has `messages`,
+`messages` is read and the log says so once.
+Media paths are relative to data.dataset.media_root (default: the data file's folder).
 A record's `video_start` / `video_end` (seconds) select the part of its videos that is sampled.
 Labels are the token ids of each assistant reply through its `<|im_end|>`; every other token,
 vision pads included, is -100.
@@ -12,6 +18,7 @@ vision pads included, is -100.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -21,7 +28,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import Dataset
 
-from physreason.config import VisionConfig
+from physreason.config import DataConfig, VisionConfig
 from physreason.data.loaders import media_path_in_root
 from physreason.data.video_range import record_video_range
 from physreason.errors import InputError
@@ -30,6 +37,7 @@ from physreason.models.family import VisionTokens
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
+MESSAGES_COLUMN = "messages"
 END_OF_TURN = "<|im_end|>"
 ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 _PLACEHOLDER = re.compile(r"<(video|image)>")
@@ -84,23 +92,53 @@ def _split_placeholders(text: str, pending: dict[str, list[str]]) -> list[dict[s
     return [p for p in parts if p["type"] != "text" or p["text"]]
 
 
-def normalize_conversation(record: dict[str, Any], column: str, where: str) -> list[dict[str, Any]]:
-    """Return chat messages with role/content, user content as parts carrying their media paths."""
+def _record_media(record: dict[str, Any], kind: str, where: str) -> list[str]:
+    """The record's paths of one media kind: "video", or "image" / "images" (LLaVA files use either)."""
+    if kind == "video":
+        return _as_list(record.get("video"))
+    image, images = _as_list(record.get("image")), _as_list(record.get("images"))
+    if image and images:
+        raise InputError(f"{where}: the record has both 'image' and 'images'; list every image under one of them")
+    return image or images
+
+
+def _turns(record: dict[str, Any], column: str, where: str) -> list[Any]:
     turns = record.get(column)
+    if isinstance(turns, str):  # a dataset column holding the conversation as JSON text
+        try:
+            turns = json.loads(turns)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{where}: {column!r} is text but not valid JSON ({exc}); store a list of turns") from exc
     if not isinstance(turns, list) or not turns:
         raise InputError(f"{where}: no list of turns under {column!r}; set data.conversation_column_name")
-    pending = {"video": _as_list(record.get("video")), "image": _as_list(record.get("image"))}
+    return turns
+
+
+def _present(part: dict[str, Any]) -> dict[str, Any]:
+    # A datasets column stores every part with the union of all parts' keys, absent ones as None.
+    return {key: value for key, value in part.items() if value is not None}
+
+
+def normalize_conversation(record: dict[str, Any], column: str, where: str) -> list[dict[str, Any]]:
+    """Return chat messages with role/content, user content as parts carrying their media paths."""
+    turns = _turns(record, column, where)
+    pending = {"video": _record_media(record, "video", where), "image": _record_media(record, "image", where)}
     messages: list[dict[str, Any]] = []
-    for turn in turns:
+    for number, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise InputError(f"{where}: turn {number} is not an object with role/content (or from/value)")
+        turn = _present(turn)
         role = ROLE_ALIASES.get(str(turn.get("role", turn.get("from", ""))))
         content = turn.get("content", turn.get("value"))
         if role is None or content is None:
             raise InputError(f"{where}: each turn needs role/content (or from/value); got keys {sorted(turn)}")
+        if isinstance(content, list) and not all(isinstance(part, dict) for part in content):
+            raise InputError(f"{where}: turn {number}'s content list must hold {{'type': ...}} objects")
         if role == "user":
             if isinstance(content, str):
                 content = _split_placeholders(content, pending)
             else:
-                content = [dict(part) for part in content]
+                content = [_present(part) for part in content]
                 for part in content:
                     kind = part.get("type")
                     if kind in ("image", "video") and not isinstance(part.get(kind), str):
@@ -108,7 +146,7 @@ def normalize_conversation(record: dict[str, Any], column: str, where: str) -> l
                             raise InputError(f"{where}: a {kind} part has no path and the record names no {kind}")
                         part[kind] = pending[kind].pop(0)
         elif not isinstance(content, str):
-            content = "".join(p.get("text", "") for p in content)
+            content = "".join(str(part.get("text") or "") for part in content)
         messages.append({"role": role, "content": content})
     leftover = pending["video"] + pending["image"]
     if leftover:
@@ -121,6 +159,23 @@ def normalize_conversation(record: dict[str, Any], column: str, where: str) -> l
     if not any(m["role"] == "assistant" for m in messages):
         raise InputError(f"{where}: the conversation has no assistant turn to learn from")
     return messages
+
+
+def pick_conversation_column(records: list[dict[str, Any]], column: str, source: str) -> str:
+    """The record key holding the conversations: `column`, or `messages` when `column` is the default and no record
+    has it but every record has `messages` (transformers' name; logged). An empty data set keeps `column`."""
+    default = DataConfig.model_fields["conversation_column_name"].default
+    if not records or column != default or any(column in record for record in records):
+        return column
+    if all(MESSAGES_COLUMN in record for record in records):
+        log.info(
+            "%s: no record has %r; reading the %r column (set data.conversation_column_name to choose another)",
+            source,
+            column,
+            MESSAGES_COLUMN,
+        )
+        return MESSAGES_COLUMN
+    return column
 
 
 def media_of(messages: list[dict[str, Any]], root: Path, where: str) -> list[MediaRef]:
@@ -229,6 +284,7 @@ class SFTDataset(Dataset):
         conversation_column: str = "conversations",
         source: str = "data set",
         locations: list[str] | None = None,
+        default_system_prompt: str | None = None,
     ) -> None:
         self.records = records
         self.root = Path(root).resolve()
@@ -237,10 +293,13 @@ class SFTDataset(Dataset):
         self.vision_tokens = vision_tokens
         self.vision_config = vision_config or VisionConfig()
         self.processor_params = processor_params
-        self.column = conversation_column
+        self.column = pick_conversation_column(records, conversation_column, source)
         self.source = source
         # Where each record is in its file ("data.jsonl:12"), so messages name the line, not a shuffled index.
         self.locations = locations
+        # The prompt style's system turn for records that bring none (None: the chat template's own default),
+        # so a model is trained on the prompt it is served with.
+        self.default_system_prompt = default_system_prompt
 
     def __len__(self) -> int:
         return len(self.records)
@@ -284,6 +343,8 @@ class SFTDataset(Dataset):
     def __getitem__(self, index: int) -> SFTSample | SkippedSample:
         where = self.where(index)
         messages = normalize_conversation(self.records[index], self.column, where)
+        if self.default_system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": self.default_system_prompt})
         media = media_of(messages, self.root, where)
         visuals = self._load_visuals(media, self.records[index], where) if media else None
         segments = conversation_segments(self.tokenizer, messages, where)

@@ -39,7 +39,7 @@ from physreason.models import loading
 from physreason.models.family import read_vision_tokens
 from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, rollout_metrics
 from physreason.train.loop import StepLog, checkpoint_due, prepare_output
-from physreason.train.rollout import RolloutBatch
+from physreason.train.rollout import RolloutBatch, logged_reward_names
 from physreason.train.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class Controller:
         self._window = _StepWindow()
         hf_config = loading.load_model_config(config.model)
         self.vision_tokens = read_vision_tokens(hf_config)
-        self.reward_names = sorted(set(config.grpo.reward_function) | {"accuracy", "format"}) + ["total"]
+        self.reward_names = logged_reward_names(config)
 
     # ---- layout -------------------------------------------------------------------------------
 

@@ -89,17 +89,39 @@ class SuppressTokens(LogitsProcessor):
         return scores.index_fill(-1, torch.tensor(self.token_ids, device=scores.device), float("-inf"))
 
 
+class OutputPenalties(LogitsProcessor):
+    """vLLM's presence and frequency penalties: logit -= frequency x count + presence x (count > 0).
+
+    Counted over the tokens generated so far only (the columns after the left-padded prompt of
+    `prompt_width`), as vLLM and the OpenAI API define them; the repetition penalty, which also counts the
+    prompt, is transformers' own processor.
+    """
+
+    def __init__(self, presence: float, frequency: float, prompt_width: int) -> None:
+        self.presence = presence
+        self.frequency = frequency
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        generated = input_ids[:, self.prompt_width :]  # [B, steps so far]
+        counts = torch.zeros_like(scores).scatter_add_(
+            -1, generated, torch.ones_like(generated, dtype=scores.dtype)
+        )  # [B, vocab]
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
 def merge_adapter(model: torch.nn.Module, path: str) -> torch.nn.Module:
     """The transformers model with the PEFT LoRA adapter in `path` merged into its weights (PEFT's merge_and_unload).
 
     Generation then runs at the base model's speed, with the same parameter names, so weight pushes still apply.
     """
-    from physreason.models.lora import read_adapter_config
-
-    read_adapter_config(path)
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(model, path).merge_and_unload().eval()
+    from physreason.models.lora import quiet_peft_wrap, read_adapter_config
+
+    read_adapter_config(path)
+    with quiet_peft_wrap():
+        return PeftModel.from_pretrained(model, path).merge_and_unload().eval()
 
 
 class HFEngine(Engine):
@@ -125,6 +147,10 @@ class HFEngine(Engine):
         source = model.model_name_or_path
         hf_config = loading.load_model_config(model)
         self.is_vl = model_family(hf_config).is_vision_language
+        if engine.lora is not None:  # before the weights load: a wrong adapter fails in a second
+            from physreason.models.lora import check_adapter_base
+
+            check_adapter_base(engine.lora, hf_config, model.model_name_or_path)
         self.model = loading.load_model(model, device=self.device).eval()
         if engine.lora is not None:
             self.model = merge_adapter(self.model, engine.lora)
@@ -238,11 +264,15 @@ class HFEngine(Engine):
             # transformers has no "sample past EOS": masking EOS until max_new tokens gives the same lengths.
             common["min_new_tokens"] = max_new
         suppressed = vision_special_token_ids(self.model.config) if sampling.suppress_vision_tokens else []
+        penalties: list[LogitsProcessor] = []
+        if sampling.presence_penalty or sampling.frequency_penalty:
+            penalties.append(OutputPenalties(sampling.presence_penalty, sampling.frequency_penalty, width))
         if self.static_cache:
             recorder = SampledLogprobs() if want_logprobs else None
             processors = LogitsProcessorList([recorder] if recorder else [])
             if sampling.repetition_penalty != 1.0:  # after the recorder, so it records the raw distribution
                 processors.append(RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
+            processors.extend(penalties)
             if suppressed:
                 processors.append(SuppressTokens(suppressed))
             out = self.model.generate(
@@ -257,7 +287,7 @@ class HFEngine(Engine):
                 **common,
                 repetition_penalty=sampling.repetition_penalty,
                 output_logits=want_logprobs,
-                logits_processor=LogitsProcessorList([SuppressTokens(suppressed)] if suppressed else []),
+                logits_processor=LogitsProcessorList(penalties + ([SuppressTokens(suppressed)] if suppressed else [])),
             )
             new_tokens = out.sequences[:, width:].cpu()  # [B * n, new]
             logprobs = None

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from physreason import vllm_compat
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig
-from physreason.engines import vllm_compat
 from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
 from physreason.models import loading
@@ -85,8 +85,9 @@ class VLLMEngine(Engine):
             kwargs["limit_mm_per_prompt"] = dict(engine.limit_mm_per_prompt)
         ranks = [lora_rank] if lora_rank is not None else []
         if engine.lora is not None:
-            from physreason.models.lora import read_adapter_config
+            from physreason.models.lora import check_adapter_base, read_adapter_config
 
+            check_adapter_base(engine.lora, hf_config, model.model_name_or_path)
             ranks.append(int(read_adapter_config(engine.lora)["r"]))
         if ranks:
             kwargs.update(vllm_compat.lora_engine_kwargs(max(ranks)))

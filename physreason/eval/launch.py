@@ -32,10 +32,11 @@ from physreason.eval.results import (
     write_run_info,
 )
 from physreason.eval.runner import ShardCounts, evaluate_shard, shard_samples
+from physreason.eval.settings import effective_config, reproduction_settings, resolve_eval_setup
 from physreason.progress import LoggedProgress, progress_display
 
 # Settings that change what a model answers: a resumed run must not mix results made under others.
-_RESULT_SETTINGS = ("generation", "vision", "model.model_name_or_path", "model.revision", "model.dtype")
+_RESULT_SETTINGS = ("generation", "vision", "prompt", "model.model_name_or_path", "model.revision", "model.dtype")
 
 
 @dataclass
@@ -80,36 +81,42 @@ def plan_eval(cfg: Config) -> EvalPlan:
     """Load every data set in `eval.datasets` and list the seeds (eval.seed, eval.seed + 1, ...)."""
     if not cfg.eval.datasets:
         raise ConfigError("eval.datasets is empty: list data set names under eval.benchmark_root, or JSON/JSONL files")
+    answer_type = resolve_eval_setup(cfg).answer_type  # config errors before any data set is read
     benchmarks = [load_benchmark(spec, cfg.eval.benchmark_root) for spec in cfg.eval.datasets]
     if cfg.eval.limit is not None:
         benchmarks = [dataclasses.replace(b, samples=b.samples[: cfg.eval.limit]) for b in benchmarks]
     names = [b.name for b in benchmarks]
     if len(set(names)) != len(names):
         raise ConfigError(f"eval.datasets names the same data set twice ({names}); each needs its own results folder")
-    base = answer_type_dir(cfg.eval.results_dir, cfg.model.model_name_or_path, cfg.eval.answer_type, cfg.eval.model_name)
+    base = answer_type_dir(cfg.eval.results_dir, cfg.model.model_name_or_path, answer_type, cfg.eval.model_name)
     seeds = [cfg.eval.seed + k for k in range(cfg.eval.num_repeats)]
     return EvalPlan(base=base, benchmarks=benchmarks, seeds=seeds)
 
 
-def repeat_sampling(cfg: Config, seed: int) -> SamplingConfig:
-    """The sampling settings of the repeat with `seed` (eval's seed replaces generation.seed)."""
-    if cfg.generation.n != 1:
+def repeat_sampling(sampling: SamplingConfig, seed: int) -> SamplingConfig:
+    """The sampling settings of the repeat with `seed`: the repeat's seed replaces generation.seed (and the style's)."""
+    if sampling.n != 1:
         raise ConfigError(
-            f"generation.n = {cfg.generation.n}: evaluation scores one completion per question; "
+            f"generation.n = {sampling.n}: evaluation scores one completion per question; "
             "set generation.n = 1 and use eval.num_repeats for repeated runs"
         )
-    return cfg.generation.model_copy(update={"seed": seed})
+    return sampling.model_copy(update={"seed": seed})
 
 
 def check_resumable(base: Path, cfg: Config) -> None:
-    """Refuse to add results to a folder whose earlier results were made with other generation/vision/model settings."""
+    """Refuse to add results to a folder whose earlier results were made with other generation/vision/prompt/model
+    settings (compared as resolved: a style's sampling defaults count as set)."""
     stored_path = base / CONFIG_FILE
     if not stored_path.is_file():
         return
     stored = tomllib.loads(stored_path.read_text(encoding="utf-8"))
-    current = cfg.model_dump(mode="json", exclude_none=True)
+    current = effective_config(cfg)[0].model_dump(mode="json", exclude_none=True)
     changed = [
-        key for key in _RESULT_SETTINGS if _without_seed(_lookup(stored, key)) != _without_seed(_lookup(current, key))
+        key
+        for key in _RESULT_SETTINGS
+        # Folders written before [prompt] existed hold no prompt settings; their other settings still decide.
+        if not (key == "prompt" and key not in stored)
+        and _without_seed(_lookup(stored, key)) != _without_seed(_lookup(current, key))
     ]
     if changed:
         raise ConfigError(
@@ -130,23 +137,27 @@ def _without_seed(section: Any) -> Any:
 
 
 def prepare_runs(plan: EvalPlan, cfg: Config) -> int:
-    """Check the folder can be resumed, store the config and each run's `run.json`; return results already there."""
+    """Check the folder can be resumed, store the resolved config and each run's `run.json` (with what a
+    reproduction needs); return how many results are already there."""
     check_resumable(plan.base, cfg)
+    resolved, setup = effective_config(cfg)
     plan.base.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, plan.base / CONFIG_FILE)
+    dump_config(resolved, plan.base / CONFIG_FILE)
+    settings = reproduction_settings(resolved, setup)
     existing = 0
     for benchmark, seed, run in plan.runs():
-        write_run_info(
-            run,
-            {
-                "dataset": benchmark.name,
-                "seed": seed,
-                "total": len(benchmark.samples),
-                "chance": chance_accuracy(benchmark),
-                "model": cfg.model.model_name_or_path,
-                "answer_type": cfg.eval.answer_type,
-            },
-        )
+        info = {
+            "dataset": benchmark.name,
+            "seed": seed,
+            "total": len(benchmark.samples),
+            "chance": chance_accuracy(benchmark),
+            "model": cfg.model.model_name_or_path,
+            "answer_type": setup.answer_type,
+            "settings": settings | {"seed": seed},
+        }
+        if benchmark.board is not None:
+            info["board"] = benchmark.board
+        write_run_info(run, info)
         existing += len(finished_in_run(run) & {s.id for s in benchmark.samples})
     return existing
 
@@ -184,6 +195,7 @@ def run_shard(cfg: Config, shard: int, num_shards: int, *, show_progress: bool =
     from physreason.engines import create_engine
 
     plan = plan_eval(cfg)
+    setup = resolve_eval_setup(cfg)
     engine_cfg = _engine_config(cfg)
     engine = create_engine(cfg.model, engine_cfg)
     runs = plan.runs()
@@ -201,8 +213,8 @@ def run_shard(cfg: Config, shard: int, num_shards: int, *, show_progress: bool =
                     engine,
                     benchmark,
                     run,
-                    answer_type=cfg.eval.answer_type,
-                    sampling=repeat_sampling(cfg, seed),
+                    prompting=setup.prompting,
+                    sampling=repeat_sampling(setup.sampling, seed),
                     vision=cfg.vision,
                     shard=shard,
                     num_shards=num_shards,
@@ -292,7 +304,7 @@ def run_eval(cfg: Config, *, show_progress: bool = True) -> EvalOutcome:
     """
     plan = plan_eval(cfg)
     for seed in plan.seeds:
-        repeat_sampling(cfg, seed)
+        repeat_sampling(cfg.generation, seed)
     _engine_config(cfg)
     num_shards = cfg.eval.num_gpus // cfg.eval.tp_size
     outcome = EvalOutcome(base=plan.base, resumed=prepare_runs(plan, cfg))

@@ -7,6 +7,13 @@ completions from which no option could be read (scored wrong; many of them mean 
 a reasoning one). Chance is the mean over questions of 1 / options, recorded in run.json by the run. The `average` row of a model is
 the mean over data sets of each repeat's accuracy (macro average, as the Cosmos-Reason1 paper reports),
 then mean ± std over the repeats that every data set has.
+
+Structured data sets (Cosmos-Reason2's JSON answers: boxes, points, time spans) also report the mean IoU
+(temporal IoU for time spans; a point scores 1 inside the body's box, else 0), and their accuracy is the
+share of answers with IoU >= 0.5: accuracy at IoU 0.5 for boxes, R@0.5 for time spans.
+
+Every report names, above each model's table, the settings that made its results (from each run's run.json):
+model and revision, prompt style and mode, fps and resolved pixel budgets, sampling, seeds, physreason version.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import io
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich import box
 from rich.console import Group
@@ -23,6 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from physreason.errors import InputError
+from physreason.eval.pai_bench import BoardReport, board_markdown
 from physreason.eval.results import MERGED_FILE, RUN_FILE, read_run, read_run_info
 from physreason.eval.scoring import accuracy, mean_std
 
@@ -44,6 +53,8 @@ CSV_COLUMNS = (
     "accuracy_pct_mean",
     "accuracy_pct_std",
     "accuracy_pct_per_repeat",
+    "mean_iou_pct_mean",
+    "mean_iou_pct_std",
 )
 
 
@@ -58,6 +69,13 @@ class RepeatScore:
     failed: int
     unparsed: int = 0  # scored completions with no readable option
     chance: float | None = None  # mean of 1 / options over the questions (run.json; None in older results)
+    iou_sum: float = 0.0  # structured answers: sum of the scored samples' IoU
+    iou_count: int = 0
+
+    @property
+    def mean_iou(self) -> float | None:
+        """Mean IoU of the scored structured answers; None when the data set has none."""
+        return self.iou_sum / self.iou_count if self.iou_count else None
 
     @property
     def missing(self) -> int:
@@ -78,6 +96,7 @@ class DatasetReport:
     answer_type: str
     dataset: str
     repeats: list[RepeatScore] = field(default_factory=list)
+    settings: list[dict[str, Any]] = field(default_factory=list)  # each repeat's run.json "settings", when recorded
 
     def accuracies(self) -> list[float]:
         """Each repeat's accuracy, leaving out repeats with nothing scored."""
@@ -87,6 +106,10 @@ class DatasetReport:
         """Mean and sample std of the per-repeat accuracies (std None with one repeat)."""
         return mean_std(self.accuracies())
 
+    def iou_mean_std(self) -> tuple[float | None, float | None]:
+        """Mean and sample std over repeats of the per-repeat mean IoU (None for a letter data set)."""
+        return mean_std([r.mean_iou for r in self.repeats if r.mean_iou is not None])
+
 
 def score_run(run: Path) -> RepeatScore:
     """Count one run folder's results: scored (with a boolean is_correct), correct, failed (anything else), unparsed."""
@@ -94,6 +117,7 @@ def score_run(run: Path) -> RepeatScore:
     scored_records = [r for r in records.values() if isinstance(r.get("is_correct"), bool)]
     correct = sum(1 for r in scored_records if r["is_correct"] is True)
     unparsed = sum(1 for r in scored_records if r.get("prediction") is None)
+    ious = [float(r["iou"]) for r in scored_records if "iou" in r]
     info = read_run_info(run)
     chance = info.get("chance")
     return RepeatScore(
@@ -104,6 +128,8 @@ def score_run(run: Path) -> RepeatScore:
         failed=len(records) - len(scored_records),
         unparsed=unparsed,
         chance=float(chance) if isinstance(chance, int | float) and not isinstance(chance, bool) else None,
+        iou_sum=sum(ious),
+        iou_count=len(ious),
     )
 
 
@@ -121,10 +147,15 @@ def collect_reports(results_dir: str | Path) -> list[DatasetReport]:
             f"results folder {root} does not exist: pass the eval.results_dir of a finished or running evaluation"
         )
     groups: dict[tuple[str, str, str], list[RepeatScore]] = defaultdict(list)
+    settings: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for run in _run_folders(root):
         dataset_dir = run.parent
         answer_dir = dataset_dir.parent
-        groups[(answer_dir.parent.name, answer_dir.name, dataset_dir.name)].append(score_run(run))
+        key = (answer_dir.parent.name, answer_dir.name, dataset_dir.name)
+        groups[key].append(score_run(run))
+        recorded = read_run_info(run).get("settings")
+        if isinstance(recorded, dict):
+            settings[key].append(recorded)
     if not groups:
         raise InputError(
             f"no results under {root}: expected <model>/<answer_type>/<dataset>/seed_<seed>/results.jsonl; "
@@ -133,7 +164,7 @@ def collect_reports(results_dir: str | Path) -> list[DatasetReport]:
     reports = []
     for (model, answer_type, dataset), repeats in sorted(groups.items()):
         repeats.sort(key=lambda r: (len(r.seed), r.seed))
-        reports.append(DatasetReport(model, answer_type, dataset, repeats))
+        reports.append(DatasetReport(model, answer_type, dataset, repeats, settings[(model, answer_type, dataset)]))
     return reports
 
 
@@ -175,6 +206,8 @@ class ReportRow:
     def unparsed_fraction(self) -> float | None:
         """unparsed / scored; None when nothing was scored or the row has no counts (an average row)."""
         return accuracy(self.unparsed, self.scored) if self.unparsed is not None and self.scored else None
+    iou_mean: float | None = None
+    iou_std: float | None = None
 
 
 def report_rows(reports: list[DatasetReport]) -> list[ReportRow]:
@@ -203,6 +236,7 @@ def report_rows(reports: list[DatasetReport]) -> list[ReportRow]:
                     rep.accuracies(),
                     sum(r.unparsed for r in rep.repeats),
                     _chance(rep.repeats),
+                    *rep.iou_mean_std(),
                 )
             )
         if len(group) > 1:
@@ -246,11 +280,23 @@ def _unparsed_text(row: ReportRow) -> str:
 _DISPLAY_COLUMNS = (
     "model", "answer type", "dataset", "repeats", "samples", "failed", "missing", "unparsed", "accuracy %"
 )
+# Shown only when some data set has structured answers, so letter-only reports keep their columns.
+_IOU_COLUMN = "mean IoU %"
 # The terminal table names model and answer type once per table, so each table fits 80 columns.
 _TERMINAL_COLUMNS = _DISPLAY_COLUMNS[2:]
 
 
-def _display_cells(row: ReportRow) -> list[str]:
+def _iou_text(row: ReportRow) -> str:
+    if row.iou_mean is None:
+        return ""
+    return f"{_pct(row.iou_mean)} ± {_pct(row.iou_std)}" if row.iou_std is not None else _pct(row.iou_mean)
+
+
+def _with_iou(rows: list[ReportRow]) -> bool:
+    return any(row.iou_mean is not None for row in rows)
+
+
+def _display_cells(row: ReportRow, iou: bool = False) -> list[str]:
     return [
         row.model,
         row.answer_type,
@@ -261,16 +307,84 @@ def _display_cells(row: ReportRow) -> list[str]:
         _count(row.missing),
         _unparsed_text(row),
         _accuracy_text(row),
-    ]
+    ] + ([_iou_text(row)] if iou else [])
 
 
-def rich_table(rows: list[ReportRow], title: str) -> Group:
+def _seeds_text(settings: list[dict[str, Any]]) -> str:
+    seeds = sorted({int(s["seed"]) for s in settings if isinstance(s.get("seed"), int)})
+    return ",".join(map(str, seeds))
+
+
+def _describe(settings: dict[str, Any]) -> dict[str, str]:
+    """One run's settings as the header's lines (seed apart: the header lists all repeats' seeds)."""
+    get = settings.get
+    revision = get("model_revision") or "default branch"
+    if get("model_commit"):
+        revision += f" (commit {get('model_commit')})"
+    mode = "on" if get("reasoning") else "off"
+    prompt = f"{get('prompt_style')}, reasoning {mode}"
+    if get("system_prompt") is not None:
+        prompt += f", system prompt {get('system_prompt')!r}"
+    frames = f"nframes {get('nframes')}" if get("nframes") else f"fps {get('fps')}"
+    vision = (
+        f"{frames}, frames {get('min_frames')}-{get('max_frames')}, pixels min {get('min_pixels')} / max "
+        f"{get('max_pixels')} / total {get('total_pixels')} (patch factor {get('patch_factor')})"
+    )
+    if get("timestamps"):
+        vision += ", timestamp overlay"
+    sampling = ", ".join(
+        f"{name} {get(key)}"
+        for name, key in (
+            ("temperature", "temperature"),
+            ("top_p", "top_p"),
+            ("top_k", "top_k"),
+            ("repetition", "repetition_penalty"),
+            ("presence", "presence_penalty"),
+            ("frequency", "frequency_penalty"),
+            ("max_tokens", "max_tokens"),
+        )
+    )
+    return {
+        "model": f"{get('model')} @ {revision}",
+        "prompt": prompt,
+        "vision": vision,
+        "sampling": sampling,
+        "engine": str(get("engine")),
+        "physreason": str(get("physreason_version")),
+    }
+
+
+def settings_header(reports: list[DatasetReport]) -> list[tuple[str, str]]:
+    """The settings behind one model's results as (name, text) lines; runs that differ show each value."""
+    recorded = [s for rep in reports for s in rep.settings]
+    if not recorded:
+        return [("settings", "not recorded (results written by hand or by an older physreason)")]
+    described = [_describe(s) for s in recorded]
+    lines = [(name, " | ".join(dict.fromkeys(d[name] for d in described))) for name in described[0]]
+    seed_rule = recorded[0].get("seed_rule", "")
+    lines.insert(4, ("seeds", f"{_seeds_text(recorded)} ({seed_rule})" if seed_rule else _seeds_text(recorded)))
+    unrecorded = sum(len(rep.repeats) for rep in reports) - len(recorded)
+    if unrecorded > 0:
+        lines.append(("unrecorded", f"{unrecorded} repeat(s) have no recorded settings"))
+    return lines
+
+
+def _group_reports(reports: list[DatasetReport]) -> dict[tuple[str, str], list[DatasetReport]]:
+    groups: dict[tuple[str, str], list[DatasetReport]] = defaultdict(list)
+    for rep in reports:
+        groups[(rep.model, rep.answer_type)].append(rep)
+    return groups
+
+
+def rich_table(rows: list[ReportRow], title: str, reports: list[DatasetReport] | None = None) -> Group:
     """The report for a terminal: `title`, then one table per model and answer type (accuracy as mean ± std in %).
 
     Each table names its model and answer type in its title, so its columns fit an 80-column terminal;
-    failures, missing results and unparsed answers are highlighted.
+    failures, missing results and unparsed answers are highlighted. With `reports`, each table is preceded by
+    the settings that made its results (settings_header).
     """
-    tables: list[Table] = []
+    headers = {key: settings_header(group) for key, group in _group_reports(reports or []).items()}
+    tables: list[Table | Text] = []
     groups: dict[tuple[str, str], list[ReportRow]] = defaultdict(list)
     for row in rows:
         groups[(row.model, row.answer_type)].append(row)
@@ -284,12 +398,13 @@ def rich_table(rows: list[ReportRow], title: str) -> Group:
             pad_edge=False,
             collapse_padding=True,
         )
-        for name in _TERMINAL_COLUMNS:
+        iou = _with_iou(group)
+        for name in _TERMINAL_COLUMNS + ((_IOU_COLUMN,) if iou else ()):
             text_column = name == "dataset"
             # A long data set name folds onto more lines rather than being cut: a truncated name is ambiguous.
             table.add_column(name, justify="left" if text_column else "right", no_wrap=not text_column, overflow="fold")
         for row in group:
-            cells = _display_cells(row)[2:]
+            cells = _display_cells(row, iou)[2:]
             if row.failed:
                 cells[3] = f"[red]{cells[3]}[/]"
             if row.missing:
@@ -297,6 +412,8 @@ def rich_table(rows: list[ReportRow], title: str) -> Group:
             if row.unparsed:
                 cells[5] = f"[yellow]{cells[5]}[/]"
             table.add_row(*cells, style="bold" if row.dataset == AVERAGE else None)
+        if (model, answer_type) in headers:
+            tables.append(Text("\n".join(f"{name}: {text}" for name, text in headers[(model, answer_type)])))
         tables.append(table)
     spaced = [part for table in tables for part in (Text(""), table)]  # a blank line before each model's table
     return Group(Text(title, style="bold"), *spaced)
@@ -304,9 +421,21 @@ def rich_table(rows: list[ReportRow], title: str) -> Group:
 
 def markdown_table(rows: list[ReportRow]) -> str:
     """The report as a GitHub markdown table."""
-    lines = ["| " + " | ".join(_DISPLAY_COLUMNS) + " |", "|" + "---|" * len(_DISPLAY_COLUMNS)]
-    lines += ["| " + " | ".join(_display_cells(row)) + " |" for row in rows]
+    iou = _with_iou(rows)
+    columns = _DISPLAY_COLUMNS + ((_IOU_COLUMN,) if iou else ())
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_display_cells(row, iou)) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def markdown_settings(reports: list[DatasetReport]) -> str:
+    """Each model's settings header as a markdown list, one section per model and answer type."""
+    parts = []
+    for (model, answer_type), group in _group_reports(reports).items():
+        lines = [f"### {model} ({answer_type})", ""]
+        lines += [f"- {name}: {text}" for name, text in settings_header(group)]
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
 
 
 def csv_text(rows: list[ReportRow]) -> str:
@@ -333,6 +462,16 @@ def csv_text(rows: list[ReportRow]) -> str:
                 _pct(row.mean, 4),
                 _pct(row.std, 4),
                 ";".join(_pct(a, 4) for a in row.per_repeat),
+                _pct(row.iou_mean, 4),
+                _pct(row.iou_std, 4),
             ]
         )
     return buffer.getvalue()
+
+
+def markdown_report(reports: list[DatasetReport], boards: list[BoardReport] = ()) -> str:
+    """report.md: each model's settings, the accuracy table, then any Physical AI Bench board."""
+    text = "## Settings\n\n" + markdown_settings(reports) + "\n## Accuracy\n\n" + markdown_table(report_rows(reports))
+    if boards:
+        text += "\n## Physical AI Bench\n\n" + board_markdown(list(boards))
+    return text

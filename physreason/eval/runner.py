@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from physreason.chat.messages import build_mcq_messages
+from physreason.chat.mcq import AnswerType
+from physreason.chat.messages import build_messages
 from physreason.chat.parse import parse_completion
+from physreason.chat.style import Prompting, StyleName, build_mcq_messages
 from physreason.config import SamplingConfig, VisionConfig
 from physreason.data.loaders import media_path_in_root
 from physreason.engines.base import Engine, GenerationRequest, GenerationResult
@@ -41,25 +43,54 @@ def shard_samples(samples: list[EvalSample], shard: int, num_shards: int) -> lis
 
 
 def build_eval_request(
-    sample: EvalSample, benchmark: Benchmark, vision: VisionConfig, answer_type: str, factor: int = PATCH_FACTOR
+    sample: EvalSample,
+    benchmark: Benchmark,
+    vision: VisionConfig,
+    answer_type: AnswerType,
+    factor: int = PATCH_FACTOR,
+    *,
+    style: StyleName = "reason1",
+    system_prompt: str | None = None,
 ) -> GenerationRequest:
-    """Decode the sample's clip and build the benchmark's messages; raises PhysReasonError when it cannot.
+    """Decode the sample's clip and build the benchmark's messages in the prompt style; raises PhysReasonError
+    when it cannot.
 
-    The clip path must stay inside the benchmark's media root. The prompt is the reference benchmark's
-    ("Answer the questions." system prompt; question, lettered options and instructions as user text).
+    The clip path must stay inside the benchmark's media root. reason1: the reference benchmark's prompt
+    ("Answer the questions." system prompt; question, lettered options and instructions as user text);
+    reason2: Cosmos-Reason2's (chat.style.build_mcq_messages). A structured question (no options) is asked
+    with Cosmos-Reason2's task prompt as written, whatever the style. `system_prompt` (prompt.system_prompt)
+    replaces the style's; '' leaves the system message empty (reason1) or out (reason2), as build_messages does.
     """
     if sample.error is not None:
         raise PhysReasonError(sample.error)
-    assert sample.video is not None and sample.options is not None  # guaranteed when error is None
+    assert sample.video is not None  # guaranteed when error is None
     path = media_path_in_root(benchmark.media_root, sample.video, f"data set {benchmark.name}")
     frames = load_video(path, vision.model_copy(update=sample.video_range), factor)
-    messages = build_mcq_messages(sample.question, sample.options, videos=[frames], answer_type=answer_type)
+    if sample.options is None:  # Cosmos-Reason2's task prompt, asked as written
+        messages = build_messages(sample.question, videos=[frames], reasoning=False, style="reason2")
+        style = "reason2"
+    else:
+        messages = build_mcq_messages(
+            sample.question, sample.options, videos=[frames], answer_type=answer_type, style=style
+        )
+    if system_prompt is not None:
+        messages = _with_system_prompt(messages, system_prompt, style)
     return GenerationRequest(messages=messages, videos=[frames], request_id=sample.id)
+
+
+def _with_system_prompt(messages: list[dict[str, Any]], system_prompt: str, style: StyleName) -> list[dict[str, Any]]:
+    # build_mcq_messages takes no system prompt of its own, so the recipe's replaces the style's here.
+    turns = [m for m in messages if m["role"] != "system"]
+    if not system_prompt and style == "reason2":
+        return turns
+    return [{"role": "system", "content": system_prompt}, *turns]
 
 
 def result_line(sample: EvalSample, result: GenerationResult, seed: int | None) -> dict[str, Any]:
     """The stored record of one answered sample: the response, its parsed parts and its score, or its error."""
     record: dict[str, Any] = {"id": sample.id, "video": sample.video, "seed": seed}
+    if sample.category is not None:  # Physical AI Bench: the report's columns come from these
+        record |= {"category": sample.category, "subcategory": sample.subcategory}
     if result.error is not None:
         return record | {"error": result.error}
     if not result.completions:
@@ -70,6 +101,8 @@ def result_line(sample: EvalSample, result: GenerationResult, seed: int | None) 
     except PhysReasonError as exc:
         return record | {"error": str(exc), "full_response": completion.text}
     parsed = parse_completion(completion.text)
+    if score.iou is not None:
+        record["iou"] = score.iou
     return record | {
         "correct_answer": sample.answer,
         "prediction": score.prediction,
@@ -84,12 +117,22 @@ def result_line(sample: EvalSample, result: GenerationResult, seed: int | None) 
 
 
 def _requests(
-    samples: list[EvalSample], benchmark: Benchmark, vision: VisionConfig, answer_type: str, factor: int
+    samples: list[EvalSample], benchmark: Benchmark, vision: VisionConfig, prompting: Prompting, factor: int
 ) -> Iterator[tuple[EvalSample, GenerationRequest | GenerationResult]]:
     """Yield each sample with its request, or with an error result when its clip or data cannot be used."""
+    answer_type: AnswerType = "reasoning" if prompting.reasoning else "letter"
     for sample in samples:
         try:
-            yield sample, build_eval_request(sample, benchmark, vision, answer_type, factor)
+            request = build_eval_request(
+                sample,
+                benchmark,
+                vision,
+                answer_type,
+                factor,
+                style=prompting.style,
+                system_prompt=prompting.system_prompt,
+            )
+            yield sample, request
         except PhysReasonError as exc:
             log.warning("sample %s: %s", sample.id, exc)
             yield sample, GenerationResult(request_id=sample.id, error=str(exc))
@@ -100,7 +143,7 @@ def evaluate_shard(
     benchmark: Benchmark,
     run: Path,
     *,
-    answer_type: str,
+    prompting: Prompting,
     sampling: SamplingConfig,
     vision: VisionConfig,
     shard: int = 0,
@@ -142,7 +185,7 @@ def evaluate_shard(
                 write(sample, result)
             batch.clear()
 
-        for sample, item in _requests(pending, benchmark, vision, answer_type, engine.vision_factor):
+        for sample, item in _requests(pending, benchmark, vision, prompting, engine.vision_factor):
             if isinstance(item, GenerationResult):
                 write(sample, item)
                 continue

@@ -6,19 +6,29 @@ import math
 from dataclasses import dataclass
 
 from physreason.eval.benchmark import EvalSample
-from physreason.rewards import accuracy_reward, extract_answer
+from physreason.rewards import accuracy_reward, answer_region, extract_answer
+from physreason.rewards.localization import score_localization
 
 
 @dataclass(frozen=True)
 class Score:
-    """The option letter read from a completion (None when none could be read) and whether it is right."""
+    """What was read from a completion and whether it is right; `iou` for a structured answer.
+
+    Multiple choice: the option letter (None when none could be read). Structured: the answer region's text,
+    its IoU with the reference (box, or time span; 1/0 for a point in the body's box), right when IoU >= 0.5
+    (accuracy at IoU 0.5, temporal R@0.5).
+    """
 
     prediction: str | None
     is_correct: bool
+    iou: float | None = None
 
 
 def score_completion(text: str, sample: EvalSample) -> Score:
     """Score a completion with the extractor rewards use; raises InputError if the sample's answer names no option."""
+    if sample.structured:
+        score = score_localization(text, sample.answer, sample.reference.get("box_2d"))
+        return Score(prediction=answer_region(text)[0].strip() or None, is_correct=score.hit, iou=score.iou)
     correct = accuracy_reward(text, answer=sample.answer, options=sample.options) == 1.0
     return Score(prediction=extract_answer(text, sample.options), is_correct=correct)
 
@@ -26,6 +36,12 @@ def score_completion(text: str, sample: EvalSample) -> Score:
 def accuracy(correct: int, scored: int) -> float | None:
     """Fraction of scored samples answered correctly; None when nothing was scored."""
     return correct / scored if scored else None
+
+
+def standard_error(values: list[float]) -> float | None:
+    """Standard error of the mean (sample std / sqrt(n)); None for fewer than two values."""
+    _, std = mean_std(values)
+    return None if std is None else std / math.sqrt(len(values))
 
 
 def mean_std(values: list[float]) -> tuple[float | None, float | None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from physreason.chat.style import Prompting
 from physreason.config import DatasetConfig, SamplingConfig, VisionConfig
 from physreason.data.loaders import load_records, media_path_in_root
 from physreason.data.video_range import record_video_range
@@ -33,9 +34,23 @@ from physreason.engines import Engine, GenerationRequest, GenerationResult
 from physreason.errors import InputError, PhysReasonError
 from physreason.infer.request import build_request, result_record
 from physreason.infer.results import ResultSink, drop_results, is_parquet, open_sink, result_status
+from physreason.infer.settings import check_and_store_settings, delete_results
 from physreason.progress import LoggedProgress
 
 log = logging.getLogger(__name__)
+
+# What a request record may hold; anything else (a typo such as "videos") is an error, not a silent skip.
+REQUEST_KEYS = ("id", "question", "video", "image", "system_prompt", "video_start", "video_end")
+
+
+def check_request_keys(record: dict[str, Any], where: str) -> None:
+    """Raise InputError naming `where` (file:line) when the record has a key no request reads."""
+    unknown = sorted(set(record) - set(REQUEST_KEYS))
+    if unknown:
+        raise InputError(
+            f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} in a request; "
+            f"allowed keys: {', '.join(REQUEST_KEYS)}"
+        )
 
 
 @dataclass
@@ -46,6 +61,7 @@ class BatchSummary:
     skipped: int  # already in the output from an earlier run
     done: int  # written by this run, failures included
     failed: int  # of `done`, records with an error
+    failed_before: int = 0  # of `skipped`, records with an error (left for --retry-failed)
 
     @property
     def answered(self) -> int:
@@ -55,7 +71,9 @@ class BatchSummary:
     def describe(self, out: str | Path) -> str:
         """One line for people: '4 answered, 2 failed, 3 already in OUT, 9 in all' (+ how to retry failures)."""
         line = f"{self.answered} answered, {self.failed} failed, {self.skipped} already in {out}, {self.total} in all"
-        if self.failed:
+        if self.failed_before:
+            line += f" ({self.failed_before} of those failed)"
+        if self.failed or self.failed_before:
             line += "; rerun with --retry-failed to try the failed ones again"
         return line
 
@@ -68,10 +86,13 @@ class BatchPlan:
     root: Path  # media paths are relative to this folder
     total: int
     skipped: int
+    failed_before: int = 0  # of `skipped`, ids whose earlier result is an error
 
     def summary(self) -> BatchSummary:
         """A summary with nothing done yet."""
-        return BatchSummary(total=self.total, skipped=self.skipped, done=0, failed=0)
+        return BatchSummary(
+            total=self.total, skipped=self.skipped, done=0, failed=0, failed_before=self.failed_before
+        )
 
 
 def _as_list(value: Any) -> list[str]:
@@ -105,6 +126,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                     f"{path}:{number} holds a JSON {type(record).__name__}, not an object: write one request per "
                     'line as {"id": ..., "question": ..., "video": ...}'
                 )
+            check_request_keys(record, f"{path}:{number}")
             records.append(record)
     return records
 
@@ -121,6 +143,8 @@ def read_requests(path: str | Path, media_root: str | Path | None = None) -> tup
         if not path.exists():
             raise InputError(f"request file {path} does not exist")
         records = _read_parquet(path)
+        if records:  # every row has the file's columns: the first names them all
+            check_request_keys(records[0], f"{path} (columns)")
         root = (root or (path if path.is_dir() else path.parent)).resolve()
     elif path.suffix.lower() == ".jsonl" and path.is_file():
         records = _read_jsonl(path)
@@ -132,6 +156,7 @@ def read_requests(path: str | Path, media_root: str | Path | None = None) -> tup
         for number, record in enumerate(records, start=1):
             if not isinstance(record, dict):
                 raise InputError(f"{path}: request {number} is a JSON {type(record).__name__}, not an object")
+            check_request_keys(record, f"{path}: request {number}")
     ids = [request_id(record, index) for index, record in enumerate(records)]
     duplicate, times = Counter(ids).most_common(1)[0] if ids else (None, 0)
     if times > 1:
@@ -146,15 +171,27 @@ def request_id(record: dict[str, Any], index: int) -> str:
 
 
 def plan_batch(
-    requests_path: str | Path, out: Path, *, retry_failed: bool = False, media_root: str | Path | None = None
+    requests_path: str | Path,
+    out: Path,
+    *,
+    retry_failed: bool = False,
+    media_root: str | Path | None = None,
+    settings: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> BatchPlan:
     """Read the requests and the output so far: what is left to run.
 
     Ids already in the output are skipped. With `retry_failed`, the failed ones are first removed from the
-    output (each file rewritten atomically) and run again, so every id stays in the output once.
+    output (each file rewritten atomically) and run again, so every id stays in the output once. `settings`
+    (answer_settings) are stored beside the output; results made with other settings are refused (InputError),
+    unless `overwrite` deletes them first.
     """
     records, root = read_requests(requests_path, media_root)
+    if overwrite:
+        delete_results(out)
     status = result_status(out)
+    if settings is not None:
+        check_and_store_settings(out, settings, has_results=bool(status))
     if retry_failed:
         failed = {i for i, answered in status.items() if not answered}
         drop_results(out, failed)
@@ -164,11 +201,18 @@ def plan_batch(
         rid = request_id(record, index)
         if rid not in status:
             pending.append((rid, record))
-    return BatchPlan(pending=pending, root=root, total=len(records), skipped=len(records) - len(pending))
+    pending_ids = {rid for rid, _ in pending}
+    failed_before = sum(
+        1 for index, record in enumerate(records)
+        if (rid := request_id(record, index)) not in pending_ids and not status.get(rid, True)
+    )
+    return BatchPlan(
+        pending=pending, root=root, total=len(records), skipped=len(records) - len(pending), failed_before=failed_before
+    )
 
 
 def request_from_record(
-    record: dict[str, Any], rid: str, root: Path, vision: VisionConfig, reasoning: bool, factor: int
+    record: dict[str, Any], rid: str, root: Path, vision: VisionConfig, prompting: Prompting, factor: int
 ) -> GenerationRequest:
     """Decode a record's media and build its request; a record that cannot be used raises PhysReasonError.
 
@@ -182,18 +226,18 @@ def request_from_record(
     images = [media_path_in_root(root, i, where) for i in _as_list(record.get("image"))]
     vision = vision.model_copy(update=record_video_range(record, where))
     return build_request(
-        question, videos=videos, images=images, vision=vision, reasoning=reasoning,
+        question, videos=videos, images=images, vision=vision, prompting=prompting,
         system_prompt=record.get("system_prompt"), request_id=rid, factor=factor,
     )
 
 
 def _requests(
-    plan: BatchPlan, vision: VisionConfig, reasoning: bool, factor: int
+    plan: BatchPlan, vision: VisionConfig, prompting: Prompting, factor: int
 ) -> Iterator[GenerationRequest | GenerationResult]:
     """Yield a request per pending record, or an error result for a record whose media cannot be used."""
     for rid, record in plan.pending:
         try:
-            yield request_from_record(record, rid, plan.root, vision, reasoning, factor)
+            yield request_from_record(record, rid, plan.root, vision, prompting, factor)
         except PhysReasonError as exc:
             yield GenerationResult(request_id=rid, error=str(exc))
 
@@ -247,11 +291,13 @@ def run_batch(
     *,
     sampling: SamplingConfig,
     vision: VisionConfig,
-    reasoning: bool = True,
+    prompting: Prompting | None = None,
     media_root: str | Path | None = None,
     batch_size: int = 8,
     retry_failed: bool = False,
     show_progress: bool = True,
+    settings: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> BatchSummary:
     """Answer every request not yet in `out_path` with one engine here, writing one result each as it finishes.
 
@@ -260,10 +306,14 @@ def run_batch(
     (JSONL/JSON lines or Parquet rows); media paths are relative to the input's folder (or media_root) and may
     not leave it. Failures are recorded as {"id", "error"} and the batch goes on; rerunning skips ids already
     written, and with `retry_failed` runs the failed ones again. `engine` may be a function that builds the
-    engine: it is called after the requests are read, so a bad input fails before a model loads.
+    engine: it is called after the requests are read, so a bad input fails before a model loads. `settings` and
+    `overwrite`: see plan_batch.
     """
     out = Path(out_path)
-    plan = plan_batch(requests_path, out, retry_failed=retry_failed, media_root=media_root)
+    prompting = prompting or Prompting()
+    plan = plan_batch(
+        requests_path, out, retry_failed=retry_failed, media_root=media_root, settings=settings, overwrite=overwrite
+    )
     summary = plan.summary()
     if not plan.pending:
         return summary
@@ -275,11 +325,11 @@ def run_batch(
             task = progress.add_task("infer", total=len(plan.pending))
 
             def write(result: GenerationResult) -> None:
-                record_to(sink, summary, result_record(result))
+                record_to(sink, summary, result_record(result, prompting.style))
                 progress.advance(task)
 
             batch: list[GenerationRequest] = []
-            for item in _requests(plan, vision, reasoning, engine.vision_factor):
+            for item in _requests(plan, vision, prompting, engine.vision_factor):
                 if isinstance(item, GenerationResult):
                     write(item)
                     continue

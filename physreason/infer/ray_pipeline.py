@@ -31,9 +31,11 @@ import math
 import os
 import pickle
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from physreason.chat.style import Prompting, StyleName
 from physreason.config import Config, EngineConfig, ModelConfig, SamplingConfig, VisionConfig
 from physreason.engines import Engine, GenerationResult, create_engine
 from physreason.errors import ConfigError, PhysReasonError
@@ -41,7 +43,7 @@ from physreason.infer.batch import BatchSummary, batch_progress, plan_batch, rec
 from physreason.infer.request import result_record
 from physreason.infer.results import open_sink
 from physreason.models import loading
-from physreason.models.inputs import patch_factor
+from physreason.models.inputs import patch_factor, prompting_for
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +103,7 @@ def replica_engine(model: ModelConfig, engine: EngineConfig) -> Engine:
 
 
 def decode_row(
-    row: dict[str, Any], *, root: str, vision: VisionConfig, reasoning: bool, factor: int
+    row: dict[str, Any], *, root: str, vision: VisionConfig, prompting: Prompting, factor: int
 ) -> dict[str, Any]:
     """CPU stage: one input row {"id", "record"} -> {"id", "request": pickled request, "error"}.
 
@@ -110,7 +112,7 @@ def decode_row(
     """
     rid = row["id"]
     try:
-        request = request_from_record(json.loads(row["record"]), rid, Path(root), vision, reasoning, factor)
+        request = request_from_record(json.loads(row["record"]), rid, Path(root), vision, prompting, factor)
     except PhysReasonError as exc:
         return {"id": rid, "request": b"", "error": str(exc)}
     except Exception as exc:  # a decoder bug on one clip is recorded against that clip, not the run
@@ -122,9 +124,12 @@ def decode_row(
 class EngineReplica:
     """GPU stage: one engine (tp GPUs) answering batches of decoded requests; rows {"id", "record": JSON text}."""
 
-    def __init__(self, model: ModelConfig, engine: EngineConfig, sampling: SamplingConfig) -> None:
+    def __init__(
+        self, model: ModelConfig, engine: EngineConfig, sampling: SamplingConfig, style: StyleName = "reason1"
+    ) -> None:
         self.engine = replica_engine(model, engine)
         self.sampling = sampling
+        self.style = style
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
         """Answer the decodable requests of a batch; carry decoding errors through as error records."""
@@ -145,7 +150,7 @@ class EngineReplica:
                 answered = [GenerationResult(request_id=r.request_id, error=message) for r in requests]
             for result in answered:
                 results[str(result.request_id)] = result
-        return {"id": ids, "record": [json.dumps(result_record(results[rid]), ensure_ascii=False) for rid in ids]}
+        return {"id": ids, "record": [json.dumps(result_record(results[rid], self.style), ensure_ascii=False) for rid in ids]}
 
 
 def _import_ray():
@@ -202,20 +207,25 @@ def run_ray_batch(
     requests_path: str | Path,
     out_path: str | Path,
     *,
-    reasoning: bool = True,
     media_root: str | Path | None = None,
     show_progress: bool = True,
+    settings: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> BatchSummary:
     """Answer every request not yet in `out_path` with `[infer] num_gpus / [engine] tensor_parallel_size` replicas.
 
     Same inputs, outputs and resume rules as `run_batch` (which uses one engine in this process), with
-    `[infer]` choosing the cluster, the devices, retries and Parquet part sizes.
+    `[infer]` choosing the cluster, the devices, retries and Parquet part sizes, and `[prompt]` the prompt
+    style, reasoning mode and (with `[generation]`) the sampling, resolved for the checkpoint's family.
     """
     infer = cfg.infer
     if infer.num_gpus is None:
         raise ConfigError("run_ray_batch needs infer.num_gpus (--num-gpus); without it use run_batch")
     out = Path(out_path)
-    plan = plan_batch(requests_path, out, retry_failed=infer.retry_failed, media_root=media_root)
+    plan = plan_batch(
+        requests_path, out, retry_failed=infer.retry_failed, media_root=media_root, settings=settings,
+        overwrite=overwrite,
+    )
     summary = plan.summary()
     if not plan.pending:
         return summary
@@ -223,6 +233,7 @@ def run_ray_batch(
     # decoding tasks size frames by the model's patch factor, read from its JSON files alone.
     loading.load_model_config(cfg.model)
     factor = patch_factor(cfg.model.model_name_or_path, cfg.model.revision)
+    prompting, sampling = prompting_for(cfg)
     ray = _import_ray()
     started_here = _connect(ray, infer.ray_address)
     try:
@@ -235,7 +246,12 @@ def run_ray_batch(
             log.warning("running %d engine replicas without GPUs (infer.device = %r)", replicas, infer.device)
         # No local name holds the dataset, so it can be collected below with the run's actor handles.
         _drain(
-            _build_dataset(ray, cfg, plan, replicas, gpus_each, reasoning, factor), plan, summary, out, infer, show_progress
+            _build_dataset(ray, cfg, plan, replicas, gpus_each, (prompting, sampling), factor),
+            plan,
+            summary,
+            out,
+            infer,
+            show_progress,
         )
     finally:
         # Ray Data drops its handles to replicas whose tasks failed when they died, but Ray restarts those
@@ -247,7 +263,9 @@ def run_ray_batch(
     return summary
 
 
-def _build_dataset(ray, cfg: Config, plan, replicas: int, gpus_each: int, reasoning: bool, factor: int):
+def _build_dataset(
+    ray, cfg: Config, plan, replicas: int, gpus_each: int, prompt: tuple[Prompting, SamplingConfig], factor: int
+):
     from ray.data import DataContext
 
     context = DataContext.get_current()
@@ -261,22 +279,27 @@ def _build_dataset(ray, cfg: Config, plan, replicas: int, gpus_each: int, reason
     dataset = ray.data.from_items(rows, override_num_blocks=_block_count(len(rows), cfg.engine.batch_size))
     dataset = dataset.map(
         decode_row,
-        fn_kwargs={"root": str(plan.root), "vision": cfg.vision, "reasoning": reasoning, "factor": factor},
+        fn_kwargs={"root": str(plan.root), "vision": cfg.vision, "prompting": prompt[0], "factor": factor},
         num_cpus=cfg.infer.decode_cpus,
     )
     with warnings.catch_warnings():
         # max_restarts / max_task_retries still pass through map_batches' **ray_remote_args, which Ray
         # deprecates for 2.64 (ray-project/ray#65227); pyproject keeps ray below 2.64 until they move.
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        return _engine_stage(dataset, cfg, replicas, gpus_each)
+        return _engine_stage(dataset, cfg, replicas, gpus_each, prompt)
 
 
-def _engine_stage(dataset, cfg: Config, replicas: int, gpus_each: int):
+def _engine_stage(dataset, cfg: Config, replicas: int, gpus_each: int, prompt: tuple[Prompting, SamplingConfig]):
     from ray.data import ActorPoolStrategy
 
     return dataset.map_batches(
         EngineReplica,
-        fn_constructor_kwargs={"model": cfg.model, "engine": cfg.engine, "sampling": cfg.generation},
+        fn_constructor_kwargs={
+            "model": cfg.model,
+            "engine": cfg.engine,
+            "sampling": prompt[1],
+            "style": prompt[0].style,
+        },
         # One batch generating and one waiting per replica: the engine never idles between batches, and a
         # replica that dies has at most TASKS_IN_FLIGHT batches (of engine.batch_size items) in flight.
         compute=ActorPoolStrategy(size=replicas, max_tasks_in_flight_per_actor=TASKS_IN_FLIGHT),

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from physreason.chat.messages import build_messages
 from physreason.chat.parse import parse_completion
+from physreason.chat.style import Prompting, StyleName
 from physreason.config import VisionConfig
 from physreason.engines.base import GenerationRequest, GenerationResult
 from physreason.vision import load_image, load_video
@@ -20,24 +21,29 @@ def build_request(
     videos: Sequence[str | Path] = (),
     images: Sequence[str | Path] = (),
     vision: VisionConfig | None = None,
-    reasoning: bool = True,
+    prompting: Prompting | None = None,
     system_prompt: str | None = None,
     request_id: str | None = None,
     factor: int = PATCH_FACTOR,
 ) -> GenerationRequest:
-    """Decode and sample the media and build the chat messages for one question.
+    """Decode and sample the media and build the chat messages for one question in the prompt style's layout.
 
-    factor: the model's patch factor (models.inputs.patch_factor: 28 Qwen2.5-VL, 32 Qwen3-VL).
+    prompting: style, reasoning mode and system prompt (models.inputs.prompting_for); None is Cosmos-Reason1
+    with reasoning. system_prompt (a batch record's own) replaces the style's. factor: the model's patch factor
+    (models.inputs.patch_factor: 28 Qwen2.5-VL, 32 Qwen3-VL).
     """
     vision = vision or VisionConfig()
+    prompting = prompting or Prompting()
+    if system_prompt is not None:
+        prompting = replace(prompting, system_prompt=system_prompt)
     frames = [load_video(v, vision, factor) for v in videos]
     pictures = [load_image(i, vision, factor) for i in images]
-    messages = build_messages(question, videos=frames, images=pictures, reasoning=reasoning, system_prompt=system_prompt)
+    messages = prompting.messages(question, videos=frames, images=pictures)
     return GenerationRequest(messages=messages, images=pictures, videos=frames, request_id=request_id)
 
 
-def result_record(result: GenerationResult) -> dict[str, Any]:
-    """A JSON-ready record: each completion's text, parsed reasoning and answer, and format problems."""
+def result_record(result: GenerationResult, style: StyleName = "reason1") -> dict[str, Any]:
+    """A JSON-ready record: each completion's text, parsed reasoning and answer (in the style's layout), problems."""
     record: dict[str, Any] = {"id": result.request_id}
     if result.error is not None:
         record["error"] = result.error
@@ -45,7 +51,7 @@ def result_record(result: GenerationResult) -> dict[str, Any]:
     record["prompt_tokens"] = len(result.prompt_token_ids)
     outputs = []
     for completion in result.completions:
-        parsed = parse_completion(completion.text)
+        parsed = parse_completion(completion.text, style)
         outputs.append(
             {
                 "text": completion.text,

@@ -144,6 +144,10 @@ def truncate_torn_tail(out: Path) -> None:
 def _jsonl_status(out: Path) -> Iterator[tuple[str, bool]]:
     with out.open(encoding="utf-8") as handle:
         for line in handle:
+            if not line.endswith("\n"):
+                # A kill can stop a write just before its newline: the record parses, but truncate_torn_tail
+                # cuts it before the next append, so it is not done and its request must run again.
+                continue
             try:
                 record = json.loads(line)
                 yield str(record["id"]), record.get("error") is None
@@ -163,7 +167,7 @@ def _parquet_status(folder: Path) -> Iterator[tuple[str, bool]]:
 
 
 def finished_ids(out: Path) -> set[str]:
-    """Ids already written to a JSONL result file, failed or not; a torn last line (killed run) is ignored."""
+    """Ids already written to a JSONL result file, failed or not; a last line without its newline (killed run) is ignored."""
     return {request_id for request_id, _ in _jsonl_status(out)} if out.is_file() else set()
 
 

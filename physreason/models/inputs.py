@@ -18,9 +18,12 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from physreason.errors import InputError
-from physreason.models.family import QWEN2_5_VL_PARAMS, QWEN3_VL_PARAMS, ProcessorParams, model_family
+from physreason.chat.style import Prompting, resolve_prompting, resolve_sampling
+from physreason.config.schema import Config, SamplingConfig
+from physreason.errors import ConfigError, InputError
+from physreason.models.family import QWEN2_5_VL_PARAMS, QWEN3_VL_PARAMS, ModelFamily, ProcessorParams, model_family
 from physreason.models.qwen3_vl import frame_group_seconds, video_placeholder
+from physreason.models.source import check_model_source
 from physreason.vision import VideoFrames, num_visual_tokens, patchify
 
 IMAGE_PAD = "<|image_pad|>"
@@ -38,16 +41,47 @@ def _resolve_file(model_name_or_path: str, filename: str, revision: str | None =
     return Path(path) if path else None
 
 
-def _family_processor(model_name_or_path: str, revision: str | None) -> ProcessorParams:
-    """The processor defaults of the checkpoint's family (config.json's model_type, else its architectures)."""
+def checkpoint_family(model_name_or_path: str, revision: str | None = None) -> ModelFamily | None:
+    """The family of a checkpoint from its config.json alone (model_type, else architectures); None without one.
+
+    Reads one small file, so prompts and media can be prepared before the model loads.
+    """
     path = _resolve_file(model_name_or_path, "config.json", revision)
     if path is None:
-        return QWEN2_5_VL_PARAMS
+        return None
     raw = json.loads(path.read_text())
     config = SimpleNamespace(
         model_type=raw.get("model_type"), architectures=raw.get("architectures"), _name_or_path=model_name_or_path
     )
-    return model_family(config).processor or QWEN2_5_VL_PARAMS
+    return model_family(config)
+
+
+def _family_processor(model_name_or_path: str, revision: str | None) -> ProcessorParams:
+    """The processor defaults of the checkpoint's family (config.json's model_type, else its architectures)."""
+    family = checkpoint_family(model_name_or_path, revision)
+    return (family.processor if family is not None else None) or QWEN2_5_VL_PARAMS
+
+
+def prompting_for(config: Config) -> tuple[Prompting, SamplingConfig]:
+    """The recipe's prompt style and mode for its checkpoint, and its generation settings for that mode.
+
+    `[prompt] style = "auto"` reads the checkpoint's config.json (Qwen3-VL: reason2, else reason1); an explicit
+    style reads nothing. Raises ConfigError when the checkpoint cannot be read.
+    """
+    family_name = ""
+    if config.prompt.style == "auto":
+        check_model_source(config.model.model_name_or_path, config.model.revision)  # one line for a wrong folder
+        try:
+            family = checkpoint_family(config.model.model_name_or_path, config.model.revision)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"model.model_name_or_path = {config.model.model_name_or_path!r}: cannot read its config.json to "
+                f"choose the prompt style ({exc}); pass a model folder with config.json or a reachable hub id, or "
+                "set prompt.style (--prompt-style reason1|reason2)"
+            ) from exc
+        family_name = family.name if family is not None else ""
+    prompting = resolve_prompting(config, family_name)
+    return prompting, resolve_sampling(config, prompting)
 
 
 def load_processor_params(model_name_or_path: str, revision: str | None = None) -> ProcessorParams:
@@ -74,8 +108,10 @@ def load_processor_params(model_name_or_path: str, revision: str | None = None) 
 def patch_factor(model_name_or_path: str, revision: str | None = None) -> int:
     """Pixels per visual-token side of a checkpoint (28 for Qwen2.5-VL, 32 for Qwen3-VL), from its folder's JSON.
 
-    Reads only config.json and preprocessor_config.json, so media can be decoded before the model loads.
+    Reads only config.json and preprocessor_config.json, so media can be decoded before the model loads; a path
+    that is no model folder, or a hub id that can be neither fetched nor found in the cache, raises ConfigError.
     """
+    check_model_source(model_name_or_path, revision)
     return load_processor_params(model_name_or_path, revision).factor
 
 

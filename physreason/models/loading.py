@@ -11,15 +11,17 @@ from torch import nn
 from physreason.config import ModelConfig
 from physreason.errors import ConfigError
 from physreason.models.family import model_family
+from physreason.models.source import check_model_source
 from physreason.models.vision_attention import use_grouped_vision_attention
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def load_model_config(config: ModelConfig) -> Any:
-    """Read the transformers config of the checkpoint."""
+    """Read the transformers config of the checkpoint; ConfigError naming it when it is no model or unreachable."""
     from transformers import AutoConfig
 
+    check_model_source(config.model_name_or_path, config.revision)
     try:
         return AutoConfig.from_pretrained(
             config.model_name_or_path, revision=config.revision, trust_remote_code=config.trust_remote_code
@@ -29,6 +31,20 @@ def load_model_config(config: ModelConfig) -> Any:
             f"model.model_name_or_path = {config.model_name_or_path!r} is neither a model folder nor a reachable "
             f"hub id ({exc}); pass a local folder with config.json or a hub id"
         ) from exc
+    except ValueError as exc:
+        raise _remote_code_refused(config, exc) from exc
+
+
+def _remote_code_refused(config: ModelConfig, exc: ValueError) -> Exception:
+    """The ConfigError for transformers' refusal to run a folder's own code; any other ValueError unchanged."""
+    # transformers' wording names its Python argument trust_remote_code=True, which a physreason user never passes.
+    if "trust_remote_code" not in str(exc) or config.trust_remote_code:
+        return exc
+    return ConfigError(
+        f"model.model_name_or_path = {config.model_name_or_path!r} needs the Python code shipped in that folder "
+        "(its model_type is not one transformers knows): set model.trust_remote_code = true "
+        "(--set model.trust_remote_code=true) only if you trust that code, or use a model transformers supports"
+    )
 
 
 def load_model(config: ModelConfig, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> nn.Module:
@@ -62,9 +78,13 @@ def load_tokenizer(config: ModelConfig) -> Any:
     """Load the checkpoint's tokenizer (with its chat template)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        config.model_name_or_path, revision=config.revision, trust_remote_code=config.trust_remote_code
-    )
+    check_model_source(config.model_name_or_path, config.revision)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            config.model_name_or_path, revision=config.revision, trust_remote_code=config.trust_remote_code
+        )
+    except ValueError as exc:
+        raise _remote_code_refused(config, exc) from exc
     if tokenizer.chat_template is None:
         template = Path(config.model_name_or_path) / "chat_template.jinja"
         if not template.is_file():

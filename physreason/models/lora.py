@@ -13,7 +13,9 @@ PEFT's; this module only chooses the target layers and maps parameter names:
 
 from __future__ import annotations
 
+import contextlib
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,58 @@ def read_adapter_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
+def _base_model_type(adapter: Path, config: dict[str, Any]) -> tuple[str | None, str]:
+    """The model_type of the model an adapter was trained on, and where it was read; (None, "") when unknown.
+
+    A physreason export holds the merged model's config.json beside its `adapter` folder; otherwise the adapter's
+    base_model_name_or_path is read when it is a local folder (absolute, or relative to the adapter or here).
+    """
+    import json
+
+    candidates = [adapter.parent / "config.json"]
+    base = config.get("base_model_name_or_path")
+    if isinstance(base, str) and base:
+        candidates += [Path(base) / "config.json", adapter / base / "config.json"]
+    for candidate in candidates:
+        if candidate.is_file():
+            try:
+                model_type = json.loads(candidate.read_text(encoding="utf-8")).get("model_type")
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+                continue
+            if model_type:
+                return str(model_type), str(candidate.parent)
+    return None, ""
+
+
+def check_adapter_base(path: str | Path, model_config: Any, model_name: str) -> None:
+    """Refuse a LoRA adapter trained on another model family than `model_config` (the model it would load onto).
+
+    Raises ConfigError naming both families; an adapter whose base cannot be read here is taken as it is.
+    """
+    adapter = Path(path)
+    trained_on, where = _base_model_type(adapter, read_adapter_config(adapter))
+    target = getattr(model_config, "model_type", None)
+    if trained_on is None or target is None or trained_on == target:
+        return
+    raise ConfigError(
+        f"LoRA adapter {path} was trained on a {trained_on} model ({where}), but model.model_name_or_path = "
+        f"{model_name!r} is a {target} model: its layers differ, so the adapter would not fit; load it onto the "
+        "model it was trained from (or one of the same family)"
+    )
+
+
+@contextlib.contextmanager
+def quiet_peft_wrap() -> Iterator[None]:
+    """Silence transformers' FutureWarning that PEFT's PeftModel() causes by probing `is_gradient_checkpointing`.
+
+    PEFT reads that deprecated property of the model it wraps (transformers >= 5 warns on every read); the probe
+    is PEFT's, not ours, so only that one message is filtered, only while PEFT wraps a model.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def apply_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
     """Inject LoRA adapters into `model` in place (PEFT) and freeze every other weight; returns the PeftModel.
 
@@ -106,7 +160,8 @@ def apply_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
         modules_to_save=list(lora.modules_to_save) or None,
         bias="none",
     )
-    return peft.get_peft_model(model, config, adapter_name=ADAPTER_NAME)
+    with quiet_peft_wrap():
+        return peft.get_peft_model(model, config, adapter_name=ADAPTER_NAME)
 
 
 def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
@@ -185,4 +240,17 @@ def save_adapter(peft_model: nn.Module, out_dir: str | Path, state: dict[str, to
         state = adapter_state(peft_model)
     # PEFT renames the state to its saved layout (adapter name dropped) and writes the config beside it.
     peft_model.save_pretrained(str(out_dir), state_dict=state, safe_serialization=True)
+    _absolute_base_path(out_dir)
     return out_dir
+
+
+def _absolute_base_path(out_dir: Path) -> None:
+    """Store a local base model's path absolute: relative, it names the base only from the folder training ran in."""
+    import json
+
+    file = out_dir / "adapter_config.json"
+    config = json.loads(file.read_text(encoding="utf-8"))
+    base = config.get("base_model_name_or_path")
+    if isinstance(base, str) and base and Path(base).is_dir() and not Path(base).is_absolute():
+        config["base_model_name_or_path"] = str(Path(base).resolve())
+        file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")

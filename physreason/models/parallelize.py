@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from physreason.errors import ConfigError
@@ -103,20 +103,26 @@ def apply_fsdp2(
     dp_mesh: DeviceMesh,
     param_dtype: torch.dtype = torch.bfloat16,
     reduce_dtype: torch.dtype = torch.float32,
+    cpu_offload: bool = False,
 ) -> None:
     """fully_shard each decoder block and vision block, then the wrapper as root.
 
     Parameters stay fp32 masters; MixedPrecisionPolicy casts them to param_dtype for compute and
-    reduces gradients in reduce_dtype.
+    reduces gradients in reduce_dtype. fully_shard moves each unit to the mesh's device as it shards it, so a
+    model loaded on the host never has to fit one GPU whole. cpu_offload: the sharded parameters, their gradients
+    and so the optimizer state stay in host memory (pinned when the mesh is on CUDA); each unit is copied to
+    the device for its forward and backward.
     """
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    offload = CPUOffloadPolicy(pin_memory=dp_mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
+    options = {"mesh": dp_mesh, "mp_policy": policy, "offload_policy": offload}
     tower = vision_tower(model)
     if tower is not None:
         for block in tower.blocks:
-            fully_shard(block, mesh=dp_mesh, mp_policy=policy)
+            fully_shard(block, **options)
     for block in decoder_layers(model):
-        fully_shard(block, mesh=dp_mesh, mp_policy=policy)
-    fully_shard(wrapper, mesh=dp_mesh, mp_policy=policy)
+        fully_shard(block, **options)
+    fully_shard(wrapper, **options)
 
 
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:

@@ -14,31 +14,35 @@ _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
 # Markdown emphasis and code marks models wrap answers in ("**B**", "`B`").
 _MARKUP = dict.fromkeys(map(ord, "*`"))
 
+# Every pattern here runs on _clean'ed text, where whitespace is single spaces: one `\s` (or `\s?`) stands for a
+# run, so each pattern has a bounded width and a match attempt costs O(1), never a rescan of a long run.
 # "The correct answer is:", "Answer -", "final answer would be" at the start of an answer.
 _ANSWER_PREFIX = re.compile(
-    r"^(?:the\s+)?(?:final\s+|correct\s+)?answer(?:\s+(?:is|would\s+be|should\s+be|must\s+be))?\s*[:=-]?\s*",
+    r"^(?:the\s)?(?:final\s|correct\s)?answer(?:\s(?:is|would\sbe|should\sbe|must\sbe))?\s?[:=-]?\s?",
     re.IGNORECASE,
 )
-_TRAILING_PUNCT = re.compile(r"[\s.!?;,。！？]+$")
+# Stripped with str.rstrip, linear: the regex `[\s.!?;,。！？]+$` retried its run from every start, quadratic.
+# The text is _clean'ed first, so a space is the only whitespace left in it.
+_TRAILING_PUNCT = " .!?;,。！？"
 
 _LETTER = r"(?:[(\[]([A-Za-z])[)\]]|([A-Za-z])(?![A-Za-z0-9]))"
 # The whole answer is one letter: "B", "(B)", "[b]", "B.", "B)".
 _BARE_LETTER = re.compile(r"^[(\[]?([A-Za-z])[)\]]?[.:,]?$")
 # A letter with a delimiter, then text: "(b) the cup", "B) the cup", "B. the cup", "B: cup", "B, because".
-_LEADING_LETTER = re.compile(r"^(?:[(\[]([A-Za-z])[)\]]|([A-Za-z])[.):,])[.:,]?\s+\S")
-_VERB = r"(?:\s+(?:is|would\s+be|should\s+be|must\s+be|will\s+be))?\s*[:=-]?\s*"
+_LEADING_LETTER = re.compile(r"^(?:[(\[]([A-Za-z])[)\]]|([A-Za-z])[.):,])[.:,]?\s\S")
+_VERB = r"(?:\s(?:is|would\sbe|should\sbe|must\sbe|will\sbe))?\s?[:=-]?\s?"
 # "Answer: B", "the answer is (b)", "answer would be option C".
-_ANSWER_LETTER = re.compile(rf"\banswer\b{_VERB}(?:option\s+|choice\s+)?{_LETTER}", re.IGNORECASE)
+_ANSWER_LETTER = re.compile(rf"\banswer\b{_VERB}(?:option\s|choice\s)?{_LETTER}", re.IGNORECASE)
 # "option B", "choice (c)": weaker evidence, used only when no "answer ..." phrase names a letter.
 _OPTION_LETTER = re.compile(rf"\b(?:option|choice)\b{_VERB}{_LETTER}", re.IGNORECASE)
 # A capital letter standing alone as a word ("so B is right"); never a letter inside a word ("Because").
 _STANDALONE_CAPITAL = re.compile(r"(?<![A-Za-z0-9])([A-Z])(?![A-Za-z0-9'’])")
 # "A" and "I" are also English words: followed by a lower-case word they are an article or a pronoun.
 _WORD_LETTERS = frozenset("AI")
-_FOLLOWED_BY_WORD = re.compile(r"\s+[a-z]")
+_FOLLOWED_BY_WORD = re.compile(r"\s[a-z]")
 # A second letter joined to the one just read ("A or B", "A, C", "(A) and (C)", "A/B", "B & D"): a hedge.
 _COORDINATED_LETTER = re.compile(
-    r"[)\]]?\s*(?:,|/|&|\bor\b|\band\b|\bnor\b)\s*(?:(?:or|and)\s+)?(?:option\s+|choice\s+)?"
+    r"[)\]]?\s?(?:,|/|&|\bor\b|\band\b|\bnor\b)\s?(?:(?:or|and)\s)?(?:option\s|choice\s)?"
     r"(?:[(\[]([A-Za-z])[)\]]|([A-Za-z])(?![A-Za-z0-9'’]))",
     re.IGNORECASE,
 )
@@ -65,7 +69,7 @@ def normalize_answer(text: str) -> str:
     """
     cleaned = _clean(text)
     cleaned = _ANSWER_PREFIX.sub("", cleaned)
-    cleaned = _TRAILING_PUNCT.sub("", cleaned)
+    cleaned = cleaned.rstrip(_TRAILING_PUNCT)
     return cleaned.strip(" \"'“”‘’").casefold()
 
 
@@ -85,20 +89,26 @@ def extract(
     alone; a letter that is not an option is ignored. A hedge that names two different options
     ("A or B", "A, C", "the answer is A and B") is no answer (None).
     """
-    parsed = parse_completion(text)
-    tagged = parsed.answer is not None
-    if tagged:
-        region = parsed.answer or ""
-    else:
-        think_end = text.rfind(THINK_CLOSE)
-        region = text[think_end + len(THINK_CLOSE) :] if think_end >= 0 else text
-
+    region, tagged = answer_region(text)
     if multiple_choice is None:
         multiple_choice = options is not None
     if not multiple_choice:
         return ExtractedAnswer(answer=normalize_answer(region) or None, tagged=tagged)
     lettered = lettered_options(options) if options is not None else None
     return ExtractedAnswer(answer=_option_letter(region, lettered), tagged=tagged)
+
+
+def answer_region(text: str) -> tuple[str, bool]:
+    """The raw answer text of a completion and whether it came from `<answer>` tags (see `extract`).
+
+    Structured answers (JSON boxes, time spans) are parsed from this region as written, before any
+    normalisation that would change their text.
+    """
+    parsed = parse_completion(text)
+    if parsed.answer is not None:
+        return parsed.answer, True
+    think_end = text.rfind(THINK_CLOSE)
+    return (text[think_end + len(THINK_CLOSE) :] if think_end >= 0 else text), False
 
 
 def extract_answer(

@@ -53,23 +53,34 @@ class ReasoningSplitter:
         """`think_open`: the prompt already opened `<think>` (a Qwen3-VL template), so output starts as reasoning."""
         self._phase = _Phase.THINK if think_open else _Phase.START
         self._pending = ""  # text received but not yet emitted
+        # Blank pieces received while everything pending was blank: they settle nothing, so they wait here
+        # unjoined; joining and rescanning the held run at every piece made a long blank run quadratic.
+        self._blanks: list[str] = []
+        self._pending_blank = True  # self._pending holds only whitespace (or nothing)
         self._at_phase_start = True  # leading whitespace of the phase is layout
 
     def feed(self, delta: str) -> Split:
         """Take the next piece of the completion; return the reasoning and content it settles."""
-        self._pending += delta
         if self._phase is _Phase.RAW:  # the common case of untagged output: no work at all
-            self._pending = ""
             return Split("", delta)
+        if delta.isspace() and self._pending_blank:
+            if not (self._at_phase_start and self._phase in (_Phase.THINK, _Phase.ANSWER)):
+                self._blanks.append(delta)
+            # else: the phase's leading blanks are layout, dropped as _inside would drop them
+            return Split()
+        self._pending += "".join(self._blanks) + delta
+        self._blanks.clear()
         reasoning: list[str] = []
         content: list[str] = []
         while self._step(reasoning, content):
             pass
+        self._pending_blank = not self._pending or self._pending.isspace()
         return Split("".join(reasoning), "".join(content))
 
     def finish(self) -> Split:
         """The completion ended: settle the held-back text (an unfinished tag is kept as text)."""
-        pending, self._pending = self._pending, ""
+        pending, self._pending = self._pending + "".join(self._blanks), ""
+        self._blanks.clear()
         if self._phase in (_Phase.THINK,):
             return Split(reasoning=pending.strip() if self._at_phase_start else pending.rstrip())
         if self._phase in (_Phase.ANSWER, _Phase.BETWEEN):

@@ -1,10 +1,13 @@
 """The `vllm serve` command line for a Cosmos-Reason model, with physreason's prompt, sampling and parser defaults.
 
 physreason runs vLLM's own OpenAI-compatible server; this module only decides its arguments:
-- the model's own chat template, wrapped so that a request without a system message gets the
-  Cosmos-Reason system prompt (`physreason.chat.prompts`), as `physreason infer` sends;
-- sampling defaults from `[generation]` (temperature 0.6, top_p 0.95, repetition_penalty 1.05,
-  max_tokens 4096) as vLLM's generation-config override, so a request's own values still win;
+- the model's own chat template, wrapped so that a request is prompted in the recipe's prompt style
+  (`physreason.chat.style`), as `physreason infer` prompts: a request without a system message gets the
+  style's system prompt, and with Cosmos-Reason2 in reasoning mode its reasoning instruction is appended to
+  the last user message; a request switches the mode with `chat_template_kwargs: {"reasoning": true|false}`;
+- sampling defaults from `[generation]`, resolved for the style and the server's mode (Reason1: temperature
+  0.6, top_p 0.95, repetition_penalty 1.05, max_tokens 4096) as vLLM's generation-config override, so a
+  request's own values still win;
 - frames sampled at `[vision] fps` (4), at most `max_frames`, through vLLM's video media-io kwargs;
 - local media only under `--allowed-local-media-path`, checked first by `physreason.serve.middleware` so a
   bad path gets a 400 that says what is wrong; `127.0.0.1` unless a host is given; the API key
@@ -21,13 +24,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from physreason.chat.prompts import REASONING_SYSTEM_PROMPT
-from physreason.config import Config
+from physreason.chat.prompts import (
+    PLAIN_SYSTEM_PROMPT,
+    REASON2_REASONING_INSTRUCTION,
+    REASON2_SYSTEM_PROMPT,
+    REASONING_SYSTEM_PROMPT,
+)
+from physreason.chat.style import Prompting
+from physreason.config import Config, SamplingConfig
 from physreason.errors import InputError, PhysReasonError
 from physreason.serve.middleware import MEDIA_ROOT_ENV
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
+# The file vLLM imports for --reasoning-parser-plugin; it registers physreason's reasoning parser.
+PLUGIN_FILE = Path(__file__).with_name("vllm_plugin.py")
 API_KEY_ENV = "VLLM_API_KEY"  # read by vLLM's server (0.26 and 0.32) when --api-key is not given; by our middleware too
 
 
@@ -40,7 +51,7 @@ class ServeOptions:
     served_model_name: str | None = None
     api_key: str | None = None
     media_root: Path | None = None
-    system_prompt: str = REASONING_SYSTEM_PROMPT
+    prompting: Prompting = field(default_factory=Prompting)  # style, default mode, system prompt override
     chat_template: Path | None = None
     extra_args: Sequence[str] = field(default_factory=tuple)
 
@@ -53,10 +64,13 @@ class ServerCommand:
     env: dict[str, str]
 
     def shown(self) -> str:
-        """The command as one shell-quoted line (the API key is in `env`, so it never appears here)."""
+        """The command as one shell-quoted line, its environment as leading assignments; the API key masked."""
         import shlex
 
-        return shlex.join(self.argv)
+        assignments = [
+            f"{name}={'***' if name == API_KEY_ENV else shlex.quote(value)}" for name, value in self.env.items()
+        ]
+        return " ".join([*assignments, shlex.join(self.argv)])
 
 
 def with_default_system_prompt(template: str, system_prompt: str) -> str:
@@ -65,25 +79,75 @@ def with_default_system_prompt(template: str, system_prompt: str) -> str:
     The model's template is kept as it is after the prefix, so its own layout, vision placeholders and
     generation prompt (Qwen3-VL's may open `<think>`) stay the model's.
     """
-    literal = json.dumps(system_prompt)  # a valid Jinja string literal, escapes included
+    return with_prompt_style(template, Prompting(system_prompt=system_prompt))
+
+
+def with_prompt_style(template: str, prompting: Prompting) -> str:
+    """Wrap a chat template so that every request is prompted as `physreason infer` prompts in that style.
+
+    A Jinja variable `reasoning` (a request's `chat_template_kwargs`) picks the mode, the server's default
+    otherwise. A conversation without a system message gets the style's system prompt for the mode (or
+    `prompting.system_prompt`; Reason2 sends none when it is ""). With Reason2 in reasoning mode the last
+    user message gets the reasoning instruction appended after a blank line (as a text part after the
+    others when its content is a list, which the Qwen-VL templates join without separators). The model's
+    template follows unchanged.
+    """
+
+    def literal(text: str) -> str:
+        return json.dumps(text)  # a valid Jinja string literal, escapes included
+
+    if prompting.style == "reason2":
+        reasoning_system = plain_system = REASON2_SYSTEM_PROMPT
+    else:
+        reasoning_system, plain_system = REASONING_SYSTEM_PROMPT, PLAIN_SYSTEM_PROMPT
+    if prompting.system_prompt is not None:
+        reasoning_system = plain_system = prompting.system_prompt
+    mode = "true" if prompting.reasoning else "false"
     prefix = (
-        "{%- if messages and messages[0]['role'] != 'system' -%}"
-        f"{{%- set messages = [{{'role': 'system', 'content': {literal}}}] + messages -%}}"
+        f"{{%- set physreason_reasoning = reasoning if reasoning is defined else {mode} -%}}"
+        f"{{%- set physreason_system = {literal(reasoning_system)} if physreason_reasoning "
+        f"else {literal(plain_system)} -%}}"
+        "{%- if messages and messages[0]['role'] != 'system' and "
+        f"(physreason_system or {'false' if prompting.style == 'reason2' else 'true'}) -%}}"
+        "{%- set messages = [{'role': 'system', 'content': physreason_system}] + messages -%}"
         "{%- endif -%}"
     )
+    if prompting.style == "reason2":
+        addon = literal(f"\n\n{REASON2_REASONING_INSTRUCTION}")
+        prefix += (
+            "{%- if physreason_reasoning and messages and messages[-1]['role'] == 'user' -%}"
+            "{%- set physreason_last = messages[-1] -%}"
+            "{%- if physreason_last['content'] is string -%}"
+            f"{{%- set physreason_content = physreason_last['content'] | trim ~ {addon} -%}}"
+            "{%- else -%}"
+            f"{{%- set physreason_content = physreason_last['content'] + [{{'type': 'text', 'text': {addon}}}] -%}}"
+            "{%- endif -%}"
+            "{%- set messages = messages[:-1] + [{'role': 'user', 'content': physreason_content}] -%}"
+            "{%- endif -%}"
+        )
     return prefix + template
 
 
-def model_chat_template(cfg: Config) -> str:
-    """The chat template shipped with the model (tokenizer files); raises if it has none."""
+def model_chat_template(cfg: Config, *, local_only: bool = False) -> str | None:
+    """The chat template shipped with the model (tokenizer files); raises if it has none.
+
+    local_only reads only the folder or the hub cache and returns None when the tokenizer is not there
+    (`--print-command` makes no network request).
+    """
     from transformers import AutoTokenizer
 
+    from physreason.models.source import check_model_source, looks_like_path
+
     name = cfg.model.model_name_or_path
+    if not local_only or looks_like_path(name):
+        check_model_source(name, cfg.model.revision)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
-            name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
+            name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code, local_files_only=local_only
         )
     except OSError as exc:
+        if local_only:
+            return None
         raise InputError(f"cannot load the tokenizer of {name}: {exc}; check --model (a local folder or hub id)") from exc
     template = tokenizer.chat_template
     if isinstance(template, dict):  # several named templates: the default one serves chat
@@ -103,9 +167,8 @@ def chat_template_file(template: str, cache_dir: Path | None = None) -> Path:
     return path
 
 
-def sampling_overrides(cfg: Config) -> dict[str, float | int]:
-    """`[generation]` as a Hugging Face generation config (vLLM's `--override-generation-config` keys)."""
-    generation = cfg.generation
+def sampling_overrides(generation: SamplingConfig) -> dict[str, float | int]:
+    """Resolved `[generation]` as a Hugging Face generation config (vLLM's `--override-generation-config` keys)."""
     overrides: dict[str, float | int] = {
         "temperature": generation.temperature,
         "top_p": generation.top_p,
@@ -114,6 +177,9 @@ def sampling_overrides(cfg: Config) -> dict[str, float | int]:
     }
     if generation.top_k > 0:
         overrides["top_k"] = generation.top_k
+    for key in ("presence_penalty", "frequency_penalty"):
+        if getattr(generation, key):
+            overrides[key] = getattr(generation, key)
     return overrides
 
 
@@ -127,10 +193,16 @@ def resolve_media_root(media_root: Path | None) -> Path | None:
     return path
 
 
-def build_server_command(cfg: Config, options: ServeOptions, chat_template: Path) -> ServerCommand:
-    """The `vllm serve` command for `cfg` and `options`; `chat_template` is the template file to serve with."""
+def build_server_command(
+    cfg: Config, options: ServeOptions, chat_template: Path | None, sampling: SamplingConfig | None = None
+) -> ServerCommand:
+    """The `vllm serve` command for `cfg` and `options`; `chat_template` is the template file to serve with.
+
+    None leaves the template out (vLLM then uses the model's own, without the prompt style's defaults).
+    sampling: `[generation]` resolved for the prompt style and mode (prompting_for); None uses it as written.
+    """
     from physreason.serve import PARSER_NAME
-    from physreason.serve.vllm_compat import reasoning_parser_plugin, serve_command
+    from physreason.vllm_compat import reasoning_parser_plugin, serve_command
 
     model, engine, vision = cfg.model, cfg.engine, cfg.vision
     argv = [
@@ -143,14 +215,15 @@ def build_server_command(cfg: Config, options: ServeOptions, chat_template: Path
         "--tensor-parallel-size", str(engine.tensor_parallel_size),
         "--gpu-memory-utilization", str(engine.gpu_memory_utilization),
         "--limit-mm-per-prompt", json.dumps(engine.limit_mm_per_prompt),
-        "--chat-template", str(chat_template),
         "--generation-config", "vllm",
-        "--override-generation-config", json.dumps(sampling_overrides(cfg)),
+        "--override-generation-config", json.dumps(sampling_overrides(sampling or cfg.generation)),
         "--media-io-kwargs", json.dumps({"video": {"fps": vision.fps, "num_frames": vision.max_frames}}),
-        "--reasoning-parser-plugin", reasoning_parser_plugin(),
+        "--reasoning-parser-plugin", reasoning_parser_plugin(PLUGIN_FILE),
         "--reasoning-parser", PARSER_NAME,
         "--middleware", "physreason.serve.middleware.MediaPathCheck",
     ]  # fmt: skip
+    if chat_template is not None:
+        argv += ["--chat-template", str(chat_template)]
     if model.revision:
         argv += ["--revision", model.revision]
     if engine.enforce_eager:

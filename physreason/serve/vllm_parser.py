@@ -17,7 +17,7 @@ from typing import Any
 
 from physreason.serve import PARSER_NAME
 from physreason.serve.reasoning import ReasoningSplitter, prompt_opens_think, split_reasoning
-from physreason.serve.vllm_compat import delta_message, reasoning_parser_classes
+from physreason.vllm_compat import delta_message, reasoning_parser_classes
 
 ReasoningParser, ReasoningParserManager = reasoning_parser_classes()
 

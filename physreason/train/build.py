@@ -90,9 +90,10 @@ def shard(wrapper: nn.Module, model: nn.Module, runtime: Runtime, mesh: DeviceMe
         return
     if mesh["tp"].size() > 1:
         parallelize.apply_tensor_parallel(model, mesh["tp"])
-    model.to(runtime.device)
+    # No model.to(device) first: fully_shard moves one unit at a time, so a 32B model never sits whole on one GPU.
     parallelize.apply_fsdp2(
-        wrapper, model, mesh["dp"], loading.DTYPES[train.param_dtype], loading.DTYPES[train.fsdp_reduce_dtype]
+        wrapper, model, mesh["dp"], loading.DTYPES[train.param_dtype], loading.DTYPES[train.fsdp_reduce_dtype],
+        cpu_offload=train.cpu_offload,
     )
 
 
@@ -113,6 +114,11 @@ def build_training_model(
     """
     train = config.train
     check_lora(config)
+    if train.cpu_offload and not runtime.distributed:
+        raise ConfigError(
+            "train.cpu_offload = true offloads FSDP2's shards, and FSDP2 runs under torchrun: launch with "
+            "torchrun --nproc-per-node N (1 works), or set train.cpu_offload = false"
+        )
     model, peft_model = load_trainable(config.model, train)
     module = wrap(model)
     frozen = wrap(load_frozen(reference)).eval() if reference is not None else None
@@ -125,7 +131,9 @@ def build_training_model(
     if train.compile:
         compile_blocks(model)
     module.train()
-    optimizer, scheduler = build_optimizer(module, train, optimizer_steps, fused=runtime.device.type == "cuda")
+    # Offloaded shards step on the host, where torch's fused AdamW kernel is not the fast path.
+    fused = runtime.device.type == "cuda" and not train.cpu_offload
+    optimizer, scheduler = build_optimizer(module, train, optimizer_steps, fused=fused)
     return TrainingModel(
         model,
         module,

@@ -5,8 +5,12 @@ one `trainer_rank<r>.pt` per rank (data position, RNG states). A save goes to `s
 renamed only when every rank has finished, so a crash never leaves a checkpoint that looks complete.
 DCP reshards on load, so a run can resume on another number of processes.
 
-Trust: DCP reads a checkpoint's `.metadata` with pickle, so loading a checkpoint can run code that was put
-in it. A run resumes from its own output_dir; a folder elsewhere needs `train.trust_checkpoint = true`.
+Trust: DCP reads a checkpoint's `.metadata` (and non-tensor entries of its shards) with pickle, so loading a
+checkpoint can run code that was put in it. A run trusts only the checkpoints it wrote itself: before each
+rename it adds the folder to `checkpoints/written.json`, with every file's size, modification time and inode.
+A folder that does not match its entry (copied or linked into output_dir, changed, or from elsewhere) needs
+`train.trust_checkpoint = true`. The entry also records whether the checkpoint promised a safetensors export,
+so a resume can finish an export that a kill between checkpoint and export left undone.
 With `trainable_only` (LoRA) the checkpoint holds the trained tensors (adapters) and their optimizer
 state only: the frozen base is the model the run loads from model.model_name_or_path.
 """
@@ -14,6 +18,8 @@ state only: the frozen base is the model the run loads from model.model_name_or_
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import random
 import shutil
 import warnings
@@ -33,6 +39,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from physreason.errors import ConfigError
 
 _PREFIX = "step_"
+# The record of the checkpoints this run wrote, beside them (a file, so checkpoint_dirs never lists it).
+_RECORD = "written.json"
 
 
 def _rank() -> int:
@@ -73,24 +81,79 @@ def checkpoint_dirs(output_dir: str | Path) -> list[Path]:
     return sorted(done, key=lambda p: int(p.name[len(_PREFIX) :]))
 
 
+def _fingerprint(folder: Path) -> dict[str, list[int]]:
+    """Every file under `folder` (relative path) with its size, modification time (ns) and inode.
+
+    A copy gets new inodes and a link resolves elsewhere, so neither matches the folder the run wrote; a
+    rename within the filesystem (staging to final, moving the whole run) keeps all three.
+    """
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        info = path.lstat()
+        found[path.relative_to(folder).as_posix()] = [info.st_size, info.st_mtime_ns, info.st_ino]
+    return found
+
+
+def read_record(output_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """The checkpoints this run wrote (`written.json`): step folder name -> {"files": fingerprint, "export": bool}."""
+    path = Path(output_dir) / "checkpoints" / _RECORD
+    if not path.is_file():
+        return {}
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}): it lists the checkpoints this run wrote") from exc
+    return record if isinstance(record, dict) else {}
+
+
+def _write_record(output_dir: Path, record: dict[str, dict[str, Any]]) -> None:
+    path = output_dir / "checkpoints" / _RECORD
+    temporary = path.with_name(f".{_RECORD}.tmp")
+    temporary.write_text(json.dumps(record, indent=1), encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def written_by_run(path: Path, output_dir: str | Path) -> bool:
+    """True when `path` is a checkpoint folder this run wrote, unchanged: listed in its record, files identical."""
+    root = Path(output_dir) / "checkpoints"
+    if path.is_symlink() or path.parent.resolve() != root.resolve() or not path.is_dir():
+        return False
+    entry = read_record(output_dir).get(path.name)
+    return isinstance(entry, dict) and entry.get("files") == _fingerprint(path)
+
+
 def resolve_resume(resume: bool | str, output_dir: str | Path, trust: bool = False) -> Path | None:
     """The checkpoint to resume from: None for a fresh run, the latest for `true`, else the given path.
 
-    A path outside output_dir is refused (ConfigError) unless `trust`: loading it unpickles its metadata.
+    Unless `trust`, a checkpoint this run did not write (see written_by_run) is refused with ConfigError:
+    loading it unpickles its metadata.
     """
     if resume is False:
         return None
     if resume is True:
         found = checkpoint_dirs(output_dir)
-        return found[-1] if found else None
-    path = Path(resume)
-    if not (path / ".metadata").is_file():
-        raise ConfigError(f"train.resume = {resume!r} is not a complete checkpoint folder (no .metadata inside)")
-    if not trust and not path.resolve().is_relative_to(Path(output_dir).resolve()):
+        if not found:
+            return None
+        path = found[-1]
+    else:
+        path = Path(resume)
+        if not (path / ".metadata").is_file():
+            raise ConfigError(f"train.resume = {resume!r} is not a complete checkpoint folder (no .metadata inside)")
+    if not trust and not written_by_run(path, output_dir):
+        if path.is_symlink():
+            where = f"is a link to {path.resolve()}, not a folder this run wrote"
+        elif not path.resolve().is_relative_to(Path(output_dir).resolve()):
+            where = "is outside train.output_dir"
+        else:
+            where = (
+                f"was not written by the run in {output_dir}: it was copied in or changed since, or is missing from "
+                f"{Path(output_dir) / 'checkpoints' / _RECORD}"
+            )
         raise ConfigError(
-            f"train.resume = {resume!r} is outside train.output_dir ({output_dir}). Loading a checkpoint unpickles "
-            "its .metadata, which can run any code put there: if you trust that folder as you would trust code, "
-            "set train.trust_checkpoint = true (--trust-checkpoint); else copy the run into output_dir yourself"
+            f"checkpoint {path} {where}. Loading a checkpoint unpickles its .metadata, which can run any code put "
+            "there: if you trust that folder as you would trust code, set train.trust_checkpoint = true "
+            "(--trust-checkpoint). To start from that run's weights without loading code, set "
+            "model.model_name_or_path to its safetensors export (<run>/safetensors/step_N) and start a fresh run"
         )
     return path
 
@@ -111,15 +174,24 @@ def refuse_stale_checkpoints(output_dir: str | Path, resume: bool | str) -> None
     )
 
 
-def prune_step_dirs(root: Path, max_keep: int, keep: Path) -> None:
-    """Delete all but the newest `max_keep` step_<n> folders under `root`; never `keep`, the one just written."""
+def prune_step_dirs(root: Path, max_keep: int, keep: Path) -> list[Path]:
+    """Delete all but the newest `max_keep` step_<n> folders under `root`; never `keep`, the one just written.
+
+    Returns the folders deleted.
+    """
     steps = [
         p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit()
     ] if root.is_dir() else []
     steps.sort(key=lambda p: int(p.name[len(_PREFIX) :]))
+    deleted = []
     for old in steps[:-max_keep]:
         if old.resolve() != keep.resolve():
-            shutil.rmtree(old, ignore_errors=True)
+            if old.is_symlink():
+                old.unlink()  # the link, never the folder it points to
+            else:
+                shutil.rmtree(old, ignore_errors=True)
+            deleted.append(old)
+    return deleted
 
 
 @contextlib.contextmanager
@@ -140,10 +212,12 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     max_keep: int,
     trainable_only: bool = False,
+    export: bool = False,
 ) -> Path:
-    """Save every rank's shards to step_<n>.tmp, rename when complete, delete all but the newest max_keep.
+    """Save every rank's shards to step_<n>.tmp, record and rename it when complete, keep the newest max_keep.
 
     trainable_only: save only parameters that require gradients (LoRA adapters), not the frozen base.
+    export: the caller exports this step next; recorded so a resume finishes an export a kill cut short.
     """
     root = Path(output_dir) / "checkpoints"
     final = root / f"{_PREFIX}{step}"
@@ -160,9 +234,18 @@ def save_checkpoint(
     torch.save({**trainer_state, "rng": rng_state()}, staging / f"trainer_rank{_rank()}.pt")
     _barrier()
     if _rank() == 0:
+        output = Path(output_dir)
+        # Recorded before the rename: a kill in between leaves only the .tmp folder, which nothing loads.
+        record = read_record(output)
+        record[final.name] = {"files": _fingerprint(staging), "export": export}
+        _write_record(output, record)
+        if final.is_symlink():
+            final.unlink()  # a link someone put in place of this step: replaced, its target left alone
         shutil.rmtree(final, ignore_errors=True)
         staging.rename(final)
-        prune_step_dirs(root, max_keep, keep=final)
+        deleted = prune_step_dirs(root, max_keep, keep=final)
+        if deleted:
+            _write_record(output, {k: v for k, v in record.items() if k not in {p.name for p in deleted}})
     _barrier()
     return final
 

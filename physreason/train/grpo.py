@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +39,25 @@ from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
 from physreason.models.family import VisionTokens, read_vision_tokens
 from physreason.train.build import TrainingModel, build_training_model
-from physreason.train.grpo_loss import masked_sum, policy_loss
-from physreason.train.loop import Checkpointer, StepLog, checkpoint_due, prepare_output
+from physreason.train.grpo_loss import mask_truncated, masked_sum, policy_loss
+from physreason.train.loop import (
+    Checkpointer,
+    StepLog,
+    StopOnSignal,
+    checkpoint_due,
+    nothing_to_do,
+    parameter_counts,
+    prepare_output,
+    run_summary,
+    stop_if_diverged,
+)
+from physreason.train.memory_report import check_runtime_memory
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_micro_batches, first_vision_token
 from physreason.train.rollout import (
     RolloutBatch,
     RolloutSample,
     collect_rollouts,
+    logged_reward_names,
     rollout_engine_config,
     rollout_settings,
 )
@@ -63,6 +75,7 @@ class GRPOResult:
     metrics: list[dict[str, float]] = field(default_factory=list)
     last_checkpoint: Path | None = None
     export_dir: Path | None = None
+    finished_before: Path | None = None  # the checkpoint of a run resumed at its last step: nothing was left to train
 
 
 def aggregation_count(mask: torch.Tensor, mode: str) -> float:
@@ -145,6 +158,7 @@ class UpdateSettings:
     grad_clip: float
     mini_batch_tokens: int = 0
     pack: bool = False
+    mask_truncated: bool = False  # [grpo] mask_truncated_completions
 
     @classmethod
     def from_config(cls, config: Config) -> UpdateSettings:
@@ -164,6 +178,7 @@ class UpdateSettings:
             grad_clip=config.train.optm_grad_norm_clip,
             mini_batch_tokens=grpo.mini_batch_tokens,
             pack=grpo.pack_completions,
+            mask_truncated=grpo.mask_truncated_completions,
         )
 
     def micro_batches(
@@ -171,6 +186,8 @@ class UpdateSettings:
     ) -> list[CompletionBatch]:
         """The step's samples as policy batches on `device`, sized by mini_batch and mini_batch_tokens."""
         batches = build_micro_batches(samples, pad_token_id, vision, self.mini_batch, self.mini_batch_tokens, self.pack)
+        if self.mask_truncated:
+            batches = [replace(b, mask=mask_truncated(b.mask, b.truncated)) for b in batches]
         return [batch.to(device) for batch in batches]
 
 
@@ -348,6 +365,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
 
     tokenizer = loading.load_tokenizer(config.model)
     hf_config = loading.load_model_config(config.model)
+    check_runtime_memory(config, runtime, "grpo")  # prints the plan; refuses a start that cannot fit
     vision_tokens = read_vision_tokens(hf_config)
     processor_params = None
     if vision_tokens is not None:
@@ -387,7 +405,31 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
         step, stream.cursor = resumed.step, resumed.state["prompt_cursor"]
         sync.push()
         log.info("resumed from %s at step %d (prompt draw %d)", resumed.path, step, stream.cursor)
+    if nothing_to_do(resumed, total_steps):
+        sync.close()
+        result.finished_before = result.last_checkpoint = resumed.path
+        return result
     _sleep(engine)
+    if runtime.is_main:
+        trainable, every = parameter_counts(scorer)
+        log.info(
+            "%s",
+            run_summary(
+                "Running GRPO",
+                {
+                    "Num prompts": len(prompts),
+                    "Num epochs": f"{total_steps * prompts_per_step / len(prompts):.4g}",
+                    "Prompts per step (groups)": prompts_per_step,
+                    "Completions per prompt (rollout.n_generation)": rollout_cfg.n_generation,
+                    "Effective batch (completions per step)": prompts_per_step * rollout_cfg.n_generation,
+                    "Policy updates per step (grpo.mu_iterations)": grpo_cfg.mu_iterations,
+                    "Data-parallel processes": dp_size,
+                    "Total steps": total_steps,
+                    "Starting at step": step,
+                    "Trainable parameters": f"{trainable:,} of {every:,} ({100 * trainable / max(every, 1):.2f}%)",
+                },
+            ),
+        )
 
     settings = rollout_settings(
         config,
@@ -403,14 +445,14 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
             "policy's tempered distribution that the GRPO ratio assumes"
         )
     update = UpdateSettings.from_config(config)
-    reward_names = sorted(set(grpo_cfg.reward_function) | {"accuracy", "format"}) + ["total"]
+    reward_names = logged_reward_names(config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stats = _Stats(runtime, dp_group)
 
     def all_done(done: bool) -> bool:
         return all_reduce_sum(float(not done), runtime) == 0.0
 
-    with StepLog(config, total_steps, step, "grpo", enabled=runtime.is_main) as step_log:
+    with StepLog(config, total_steps, step, "grpo", enabled=runtime.is_main) as step_log, StopOnSignal(runtime) as stop:
         while step < total_steps:
             started = time.perf_counter()
             _wake(engine)
@@ -445,6 +487,8 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                 metrics["rollout/empty_step"] = 1.0
             train_s = time.perf_counter() - train_started
             step += 1
+            if "loss" in metrics:  # reduced over ranks: every rank stops, before the weights reach the engine
+                stop_if_diverged(config.train.output_dir, step, metrics["loss"], metrics["policy/grad_norm"])
             save_now = checkpoint_due(config, step, total_steps)
             sync_s = 0.0
             if step % train_cfg.sync_weight_interval == 0 or save_now:
@@ -476,10 +520,12 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                     "len": f"{metrics['rollout/response_length_mean']:.0f}",
                 },
             )
+            saved = None
             if save_now:
                 saved = checkpointer.save(step, {"prompt_cursor": stream.cursor})
                 result.last_checkpoint = saved.checkpoint
                 if saved.export is not None:
                     result.export_dir = saved.export
+            stop.after_step(checkpointer, step, saved, {"prompt_cursor": stream.cursor})
     sync.close()
     return result

@@ -80,6 +80,36 @@ def aggregate_loss(
     return _AGGREGATIONS[mode](loss_mat, mask, norm_length)
 
 
+def soft_overlong_penalty(
+    lengths: torch.Tensor, max_length: int, buffer_length: int, penalty_factor: float = 1.0
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment [B] (<= 0) of completion lengths [B], added to each completion's reward.
+
+    0 up to max_length - buffer_length tokens, then falling linearly to -penalty_factor at max_length (and
+    -penalty_factor beyond it): (max_length - buffer_length - length) / buffer_length * penalty_factor.
+    buffer_length 0 turns it off. verl's reward_model.overlong_buffer (len, penalty_factor) and TRL's
+    get_soft_overlong_punishment (soft_punish_cache) compute the same.
+    """
+    if buffer_length < 0 or buffer_length > max_length or penalty_factor < 0:
+        raise ValueError(
+            f"need 0 <= buffer_length <= max_length and penalty_factor >= 0, got {buffer_length}, {max_length}, "
+            f"{penalty_factor}"
+        )
+    if buffer_length == 0:
+        return torch.zeros(lengths.shape, dtype=torch.float32)
+    excess = (lengths.to(torch.float32) - (max_length - buffer_length)).clamp(min=0.0, max=float(buffer_length))
+    return -penalty_factor * excess / buffer_length
+
+
+def mask_truncated(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """The loss mask [B, T] with every token of a truncated completion (truncated [B] True) cleared.
+
+    A completion cut at max_response_length has no answer to be judged by; TRL's mask_truncated_completions
+    (DAPO's overlong filtering) leaves it out of the loss, while it still counts in its group's advantages.
+    """
+    return mask.bool() & ~truncated.bool().unsqueeze(-1)
+
+
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1, never negative."""
     delta = ref_logprobs - logprobs  # [B, T]

@@ -12,28 +12,43 @@ share these pieces; each trainer only writes its step. A trainer's run reads:
             step_log.step(step, metrics, postfix)       # progress bar; metrics every log_freq steps
             if checkpoint_due(config, step, total_steps):
                 saved = checkpointer.save(step, state)  # DCP checkpoint, then the safetensors export
+            stop.after_step(checkpointer, step, saved, state)  # Ctrl-C/SIGTERM: save, then stop
+
+Metrics: logs/metrics.jsonl holds one run's history. A resumed run keeps the records up to its checkpoint's
+step and drops later ones (steps the interrupted run made after its last checkpoint, which the resumed run
+makes again); a fresh run starts the file anew.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch.distributed as dist
 
 from physreason.config import Config, dump_config
+from physreason.errors import Interrupted, TrainingDiverged
 from physreason.train.build import TrainingModel
 from physreason.train.checkpoint import (
+    checkpoint_dirs,
     load_checkpoint,
     prune_step_dirs,
+    read_record,
     refuse_stale_checkpoints,
     resolve_resume,
     save_checkpoint,
 )
 from physreason.train.metrics import MetricLogger
-from physreason.train.runtime import Runtime
+from physreason.train.runtime import Runtime, all_reduce_sum
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +72,27 @@ def checkpoint_due(config: Config, step: int, total_steps: int) -> bool:
     """True when `step` writes a checkpoint: every [train.ckpt] save_freq steps and the last, if checkpoints are on."""
     ckpt = config.train.ckpt
     return ckpt.enable_checkpoint and (step % ckpt.save_freq == 0 or step == total_steps)
+
+
+def stop_if_diverged(output_dir: str | Path, step: int, loss: float, grad_norm: float) -> None:
+    """Raise TrainingDiverged, naming `step` and the last good checkpoint, when the loss or gradient norm is not finite.
+
+    Called before the step's checkpoint and weight sync: a NaN or infinite loss has already written NaN into the
+    weights, and saving them would rotate a good checkpoint out for a useless one.
+    """
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        return
+    found = checkpoint_dirs(output_dir)
+    last = (
+        f"The last good checkpoint is {found[-1]} (train.resume=true continues from it)"
+        if found
+        else "No checkpoint was saved before it"
+    )
+    raise TrainingDiverged(
+        f"step {step}: the loss is {loss} and the gradient norm {grad_norm}: training diverged and stopped before "
+        f"saving this step. {last}. Look for what changed at this step (its data, the learning rate of "
+        "train.optm_lr and its warm-up, train.optm_grad_norm_clip)"
+    )
 
 
 @dataclass
@@ -95,23 +131,57 @@ class Checkpointer:
         """Load the checkpoint `resume` names ([train] resume when None) into model, optimizer and schedule.
 
         Returns the checkpoint and its trainer state, or None for a fresh run. RNG states are restored too.
+        First, every safetensors export that a checkpoint of this run promised but a kill left unwritten is
+        written from its checkpoint (see missing_exports), so a resume that has no step left still exports.
         """
         train = self.config.train
         path = resolve_resume(train.resume if resume is None else resume, self.output, train.trust_checkpoint)
         if path is None:
             return None
+        missing = self.missing_exports()
+        for checkpoint in missing:
+            if checkpoint.resolve() != path.resolve():
+                # Loaded only if it passes the same trust test as the checkpoint resumed from.
+                self._load(resolve_resume(str(checkpoint), self.output, train.trust_checkpoint))
+                self._finish_export(checkpoint)
+        state = self._load(path)
+        if any(checkpoint.resolve() == path.resolve() for checkpoint in missing):
+            self._finish_export(path)
+        return Resumed(path, state)
+
+    def missing_exports(self) -> list[Path]:
+        """This run's checkpoints, oldest first, whose promised safetensors export is not on disk.
+
+        A kill between a checkpoint's rename and the end of its export leaves exactly this.
+        """
+        record = read_record(self.output)
+        missing = [
+            path for path in checkpoint_dirs(self.output)
+            if record.get(path.name, {}).get("export") and not (self.output / "safetensors" / path.name).is_dir()
+        ]
+        if dist.is_initialized():
+            dist.barrier()  # every rank has looked before rank 0 writes the first export
+        return missing
+
+    def _load(self, path: Path) -> dict[str, Any]:
         trained = self.trained
-        state = load_checkpoint(
+        return load_checkpoint(
             path, trained.module, trained.optimizer, trained.scheduler, trainable_only=trained.peft is not None
         )
-        return Resumed(path, state)
+
+    def _finish_export(self, checkpoint: Path) -> None:
+        step = int(checkpoint.name.removeprefix("step_"))
+        folder = self.export(step)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            # Said on stdout, not only in the log: the run's output now holds a folder this run did not announce.
+            print(f"finished the safetensors export {folder} that checkpoint {checkpoint} promised (cut short before)")
 
     def save(self, step: int, state: dict[str, Any]) -> Saved:
         """Write the checkpoint of `step` with the trainer's state (keeping [train.ckpt] max_keep), then export."""
         trained, ckpt = self.trained, self.config.train.ckpt
         checkpoint = save_checkpoint(
             self.output, step, trained.module, trained.optimizer, trained.scheduler, {"step": step, **state},
-            ckpt.max_keep, trainable_only=trained.peft is not None,
+            ckpt.max_keep, trainable_only=trained.peft is not None, export=ckpt.export_safetensors,
         )
         saved = Saved(checkpoint)
         if ckpt.export_safetensors:
@@ -164,7 +234,11 @@ class StepLog:
         self.total_steps = total_steps
         self.log_freq = config.train.log_freq
         self.metrics = MetricLogger(
-            config.train.output_dir, config.logging, enabled=enabled, run_config=config.model_dump(mode="json")
+            config.train.output_dir,
+            config.logging,
+            enabled=enabled,
+            run_config=config.model_dump(mode="json"),
+            resumed_step=initial_step,
         )
         self.progress: Any = None
         if enabled:
@@ -195,3 +269,118 @@ class StepLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def resume_command(argv: Sequence[str] | None = None) -> str:
+    """The command line that continues this run: the one given, with `--set train.resume=true` in place of any resume."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    kept: list[str] = []
+    skip = False
+    for index, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        following = args[index + 1] if index + 1 < len(args) else ""
+        if arg == "--set" and following.replace(" ", "").startswith("train.resume="):
+            skip = True
+            continue
+        if arg.replace(" ", "").startswith("--set=train.resume="):
+            continue
+        kept.append(arg)
+    return shlex.join(["physreason", *kept, "--set", "train.resume=true"])
+
+
+class TrainingInterrupted(Interrupted):
+    """A run stopped on SIGINT or SIGTERM after saving a checkpoint (or with checkpoints off); exit code 130."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint: Path | None, command: str) -> None:
+        self.step, self.checkpoint, self.command = step, checkpoint, command
+        if checkpoint is not None:
+            text = f"{signal_name}: stopped after step {step}, checkpoint saved to {checkpoint}. Resume with:\n  {command}"
+        else:
+            text = (
+                f"{signal_name}: stopped after step {step}; checkpoints are off (train.ckpt.enable_checkpoint = false), "
+                f"so nothing was saved and a rerun starts from step 0:\n  {command}"
+            )
+        super().__init__(text)
+
+
+class StopOnSignal:
+    """SIGINT (Ctrl-C) or SIGTERM (schedulers) asks the training loop to finish its step, save a checkpoint and stop.
+
+    The handler only sets a flag: a step half done (a collective in flight, an optimizer step) is never cut. Every
+    rank learns of a request through one all-reduce per step, so all ranks save the same step together (DCP is
+    collective). A second Ctrl-C stops at once, without a checkpoint. A context manager that restores the handlers.
+    """
+
+    def __init__(self, runtime: Runtime | None = None) -> None:
+        self.runtime = runtime
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+        # The message goes out now: a step can take minutes, and the person pressing Ctrl-C wants to know it was heard.
+        if self.runtime is None or self.runtime.is_main:
+            print(f"\n{self.signal_name}: saving a checkpoint after this step (Ctrl-C again stops at once)", file=sys.stderr)
+
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def requested(self) -> bool:
+        """Whether any rank got a stop signal (collective when distributed: every rank calls it each step)."""
+        local = float(self.signal_name is not None)
+        if self.runtime is None or not self.runtime.distributed:
+            return bool(local)
+        return all_reduce_sum(local, self.runtime) > 0
+
+    def after_step(self, checkpointer: Checkpointer, step: int, saved: Saved | None, state: dict[str, Any]) -> None:
+        """At the end of `step`: if a stop was asked for, save `state` (unless `saved` is this step's), then raise.
+
+        Raises TrainingInterrupted naming the checkpoint and the command that resumes from it.
+        """
+        if not self.requested():
+            return
+        checkpoint = None
+        if checkpointer.config.train.ckpt.enable_checkpoint:
+            checkpoint = (saved or checkpointer.save(step, state)).checkpoint
+        raise TrainingInterrupted(self.signal_name or "SIGINT", step, checkpoint, resume_command())
+
+
+def parameter_counts(module: object) -> tuple[int, int]:
+    """(trainable, all) parameter counts of a model; sharded (DTensor) parameters count at their full size."""
+    trainable = total = 0
+    for parameter in module.parameters():  # type: ignore[attr-defined]
+        total += parameter.numel()
+        trainable += parameter.numel() if parameter.requires_grad else 0
+    return trainable, total
+
+
+def run_summary(title: str, items: dict[str, object]) -> str:
+    """The start-up summary a run prints (as TRL's trainer does): one aligned `name = value` line per item."""
+    width = max(len(name) for name in items)
+    lines = [f"***** {title} *****"]
+    for name, value in items.items():
+        shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+        lines.append(f"  {name:<{width}} = {shown}")
+    return "\n".join(lines)
+
+
+def nothing_to_do(resumed: Resumed | None, total_steps: int) -> bool:
+    """Whether the run resumed from a checkpoint at (or past) its last step, so no step is left to train."""
+    if resumed is None or resumed.step < total_steps:
+        return False
+    log.info(
+        "nothing to do: %s is at step %d of %d; raise train.max_steps or train.epoch to train further",
+        resumed.path, resumed.step, total_steps,
+    )
+    return True

@@ -13,10 +13,39 @@ from physreason.config import LoggingConfig
 log = logging.getLogger(__name__)
 
 
+def keep_records_up_to(path: Path, step: int) -> None:
+    """Rewrite a metrics.jsonl (atomically) with only its records of steps <= `step`; a torn last line goes too.
+
+    A resumed run continues from its checkpoint's step: records an interrupted run wrote after that checkpoint
+    would otherwise stand beside the resumed run's own records of the same steps.
+    """
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+            kept.append(line + "\n")
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text("".join(kept), encoding="utf-8")
+    temporary.replace(path)
+
+
 class MetricLogger:
     """Write scalar metrics per step to every configured sink; a no-op on ranks other than 0."""
 
-    def __init__(self, output_dir: str | Path, config: LoggingConfig, enabled: bool = True, run_config: Any = None) -> None:
+    def __init__(
+        self,
+        output_dir: str | Path,
+        config: LoggingConfig,
+        enabled: bool = True,
+        run_config: Any = None,
+        resumed_step: int = 0,
+    ) -> None:
+        """resumed_step: the step the run starts after; metrics.jsonl keeps only the records up to it (0: none)."""
         self.enabled = enabled
         self.sinks = set(config.logger)
         self.name = config.experiment_name or time.strftime("sft-%Y%m%d-%H%M%S")
@@ -28,7 +57,9 @@ class MetricLogger:
         folder = Path(output_dir) / "logs"
         folder.mkdir(parents=True, exist_ok=True)
         if "jsonl" in self.sinks:
-            self._jsonl = (folder / "metrics.jsonl").open("a", encoding="utf-8")
+            path = folder / "metrics.jsonl"
+            keep_records_up_to(path, resumed_step)
+            self._jsonl = path.open("a", encoding="utf-8")
         if "tensorboard" in self.sinks:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -112,6 +112,7 @@ class CompletionBatch:
     advantages: torch.Tensor  # [B]
     visuals: SharedVisuals | None = None  # the rows' pixels, each distinct prompt visual once
     attention: torch.Tensor | None = None  # [R, 1, L, L] bool, True where a query may see a key (packed rows only)
+    truncated: torch.Tensor | None = None  # [B] bool, True for a completion cut at max_response_length
 
     def to(self, device: torch.device) -> CompletionBatch:
         """Move every tensor to `device`."""
@@ -124,6 +125,7 @@ class CompletionBatch:
             self.advantages.to(device),
             self.visuals.to(device) if self.visuals is not None else None,
             self.attention.to(device) if self.attention is not None else None,
+            self.truncated.to(device) if self.truncated is not None else None,
         )
 
     @property
@@ -214,7 +216,10 @@ def _completion_batch(
         mask[row, :n] = True
         engine_logprobs[row, :n] = torch.tensor(sample.completion.logprobs[:n], dtype=torch.float32)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # [B]
-    return CompletionBatch(model_batch, positions, tokens, mask, engine_logprobs, advantages, visuals, attention)
+    truncated = torch.tensor([s.completion.finish_reason == "length" for s in samples], dtype=torch.bool)  # [B]
+    return CompletionBatch(
+        model_batch, positions, tokens, mask, engine_logprobs, advantages, visuals, attention, truncated
+    )
 
 
 def prompt_rows(samples: list[RolloutSample]) -> list[list[int]]:

@@ -8,6 +8,7 @@ are all equal carries no gradient and is dropped; more prompts are drawn until t
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import Counter
@@ -17,19 +18,25 @@ from dataclasses import dataclass, field
 import torch
 
 from physreason.chat.mcq import AnswerType
+from physreason.chat.style import StyleName
 from physreason.config import Config, EngineConfig, SamplingConfig, VisionConfig
 from physreason.data.mcq import MCQPrompt, PromptStream
 from physreason.engines import Completion, Engine, GenerationRequest
 from physreason.errors import ConfigError, InputError
-from physreason.models.inputs import ProcessorParams, VisualInputs, encode_visuals
+from physreason.models.inputs import ProcessorParams, VisualInputs, encode_visuals, prompting_for
 from physreason.rewards import compute_rewards
 from physreason.train.grpo_advantages import compute_group_advantages
+from physreason.train.grpo_loss import soft_overlong_penalty
 from physreason.vision import load_image, load_video
 from physreason.vision.resize import PATCH_FACTOR
+
+log = logging.getLogger(__name__)
 
 # Rewards computed for every completion whatever the configured weights (at weight 0 they leave the
 # total unchanged), so accuracy and format rate are always logged.
 DIAGNOSTIC_REWARDS = ("accuracy", "format")
+# The soft overlong punishment's entry in a completion's rewards (already part of its "total").
+OVERLONG_REWARD = "overlong"
 
 
 @dataclass
@@ -61,22 +68,38 @@ class RolloutBatch:
 
 
 def mcq_request(
-    prompt: MCQPrompt, vision: VisionConfig, answer_type: AnswerType = "grpo", factor: int = PATCH_FACTOR
+    prompt: MCQPrompt,
+    vision: VisionConfig,
+    answer_type: AnswerType = "grpo",
+    factor: int = PATCH_FACTOR,
+    style: StyleName = "reason1",
 ) -> GenerationRequest:
     """Decode the prompt's media (sides multiples of the model's patch factor) and build its chat request."""
     clip = vision.model_copy(update=prompt.video_range)  # the record's own video_start / video_end
     videos = [load_video(path, clip, factor) for path in prompt.videos]
     images = [load_image(path, vision, factor) for path in prompt.images]
-    return GenerationRequest(messages=prompt.messages(answer_type), images=images, videos=videos, request_id=prompt.id)
+    messages = prompt.messages(answer_type, style)
+    return GenerationRequest(messages=messages, images=images, videos=videos, request_id=prompt.id)
 
 
-def completion_rewards(text: str, prompt: MCQPrompt, weights: Mapping[str, float]) -> dict[str, float]:
-    """Each configured reward and the diagnostic ones for one completion, plus the weighted "total"."""
+def completion_rewards(
+    text: str, prompt: MCQPrompt, weights: Mapping[str, float], style: StyleName = "reason1"
+) -> dict[str, float]:
+    """Each configured reward and the diagnostic ones for one completion, plus the weighted "total".
+
+    Rewards also get `prompt_style`, so the format reward checks the layout the prompt asked for.
+    """
     every = {name: 0.0 for name in DIAGNOSTIC_REWARDS} | dict(weights)
     try:
-        return compute_rewards(text, every, **prompt.reward_fields())
+        return compute_rewards(text, every, prompt_style=style, **prompt.reward_fields())
     except InputError as exc:
         raise InputError(f"sample {prompt.id!r}: {exc}") from exc
+
+
+def logged_reward_names(config: Config) -> list[str]:
+    """Names of every reward a step logs: the configured ones, the diagnostic ones, the overlong punishment, "total"."""
+    shaped = {OVERLONG_REWARD} if config.grpo.overlong_buffer_length else set()
+    return sorted(set(config.grpo.reward_function) | set(DIAGNOSTIC_REWARDS) | shaped) + ["total"]
 
 
 def rollout_seed(base: int, step: int, round_index: int, rank: int) -> int:
@@ -99,6 +122,9 @@ class RolloutSettings:
     processor_params: ProcessorParams | None = None  # set for vision-language policies
     seed: int = 0
     answer_type: AnswerType = "grpo"  # prompt wording: the RL recipe's, or the benchmark's reasoning/letter
+    prompt_style: StyleName = "reason1"  # the checkpoint's generation ([prompt] style, 'auto' from its family)
+    overlong_buffer_length: int = 0  # DAPO's soft overlong punishment (grpo_loss.soft_overlong_penalty); 0 = off
+    overlong_penalty_factor: float = 1.0
 
 
 def rollout_sampling(config: Config) -> SamplingConfig:
@@ -124,6 +150,11 @@ def rollout_settings(
     """
     sampling = rollout_sampling(config)
     grpo = config.grpo
+    if grpo.overlong_buffer_length > config.rollout.max_response_length:
+        raise ConfigError(
+            f"grpo.overlong_buffer_length ({grpo.overlong_buffer_length}) exceeds rollout.max_response_length "
+            f"({config.rollout.max_response_length}): the punishment starts that many tokens before the limit"
+        )
     return RolloutSettings(
         groups_needed=groups_needed,
         prompts_per_round=prompts_per_round,
@@ -136,6 +167,9 @@ def rollout_settings(
         processor_params=processor_params,
         seed=sampling.seed if sampling.seed is not None else config.train.seed,
         answer_type=grpo.answer_type,
+        prompt_style=prompting_for(config)[0].style,
+        overlong_buffer_length=grpo.overlong_buffer_length,
+        overlong_penalty_factor=grpo.overlong_penalty_factor,
     )
 
 
@@ -205,7 +239,9 @@ def _rollout_round(
         return
     started = time.perf_counter()
     factor = settings.processor_params.factor if settings.processor_params is not None else PATCH_FACTOR
-    requests = [mcq_request(prompt, settings.vision, settings.answer_type, factor) for prompt in prompts]
+    requests = [
+        mcq_request(prompt, settings.vision, settings.answer_type, factor, settings.prompt_style) for prompt in prompts
+    ]
     results = engine.generate(requests, settings.sampling.model_copy(update={"seed": seed}))
     batch.generate_s += time.perf_counter() - started
     started = time.perf_counter()
@@ -213,9 +249,22 @@ def _rollout_round(
     next_group = max((s.group for s in batch.samples), default=-1) + 1
     for prompt, request, result in zip(prompts, requests, results, strict=True):
         if result.error is not None or len(result.completions) != settings.sampling.n:
+            # A prompt longer than the context, unreadable media, out of memory: this group is lost, not the run.
             batch.counts["requests_failed"] += 1
+            log.warning("rollout: prompt %s skipped: %s", prompt.id, result.error or "incomplete group of completions")
             continue
-        rewards = [completion_rewards(c.text, prompt, settings.reward_weights) for c in result.completions]
+        rewards = [
+            completion_rewards(c.text, prompt, settings.reward_weights, settings.prompt_style)
+            for c in result.completions
+        ]
+        if settings.overlong_buffer_length:
+            lengths = torch.tensor([len(c.token_ids) for c in result.completions])  # [n]
+            penalties = soft_overlong_penalty(
+                lengths, settings.sampling.max_tokens, settings.overlong_buffer_length, settings.overlong_penalty_factor
+            )
+            for reward, penalty in zip(rewards, penalties.tolist(), strict=True):
+                reward[OVERLONG_REWARD] = penalty
+                reward["total"] += penalty
         batch.scored += rewards
         totals = torch.tensor([r["total"] for r in rewards], dtype=torch.float32)  # [n]
         if settings.dynamic_sampling and bool((totals == totals[0]).all()) and settings.sampling.n > 1:

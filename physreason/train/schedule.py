@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from physreason.config import TrainConfig
+from physreason.train.adamw import AdamWBF16State
 
 
 def lr_factor(step: int, warmup: int, total: int, decay: str, min_factor: float) -> float:
@@ -22,7 +23,10 @@ def lr_factor(step: int, warmup: int, total: int, decay: str, min_factor: float)
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig, total_steps: int, fused: bool = False):
-    """AdamW over trainable parameters (no decay on biases and norms) and its LambdaLR schedule."""
+    """AdamW over trainable parameters (no decay on biases and norms) and its LambdaLR schedule.
+
+    train.optimizer_state_dtype = 'bfloat16' keeps the moments in bfloat16 (physreason.train.adamw).
+    """
     decay, no_decay = [], []
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
@@ -31,7 +35,10 @@ def build_optimizer(model: nn.Module, config: TrainConfig, total_steps: int, fus
         {"params": decay, "weight_decay": config.optm_weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=config.optm_lr, betas=config.optm_betas, fused=fused or None)
+    if config.optimizer_state_dtype == "bfloat16":
+        optimizer: torch.optim.Optimizer = AdamWBF16State(groups, lr=config.optm_lr, betas=config.optm_betas)
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=config.optm_lr, betas=config.optm_betas, fused=fused or None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lambda step: lr_factor(step, config.optm_warmup_steps, total_steps, config.optm_decay_type, config.optm_min_lr_factor),

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from physreason.chat.prompts import REASON2_SYSTEM_PROMPT
+from physreason.chat.style import resolve_prompting
 from physreason.config import Config, DatasetConfig
 from physreason.data.collate import SFTBatch, collate_padded
 from physreason.data.loaders import load_located_records
@@ -28,9 +30,20 @@ from physreason.data.sampler import StepSampler
 from physreason.data.sft import SFTDataset
 from physreason.errors import ConfigError, InputError
 from physreason.models import loading, parallelize
-from physreason.models.family import read_vision_tokens
+from physreason.models.family import model_family, read_vision_tokens
 from physreason.train.build import build_training_model
-from physreason.train.loop import Checkpointer, StepLog, checkpoint_due, prepare_output
+from physreason.train.loop import (
+    Checkpointer,
+    StepLog,
+    StopOnSignal,
+    checkpoint_due,
+    nothing_to_do,
+    parameter_counts,
+    prepare_output,
+    run_summary,
+    stop_if_diverged,
+)
+from physreason.train.memory_report import check_runtime_memory
 from physreason.train.model import CausalLMLoss
 from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
 
@@ -46,6 +59,19 @@ class SFTResult:
     skipped: Counter = field(default_factory=Counter)
     last_checkpoint: Path | None = None
     export_dir: Path | None = None
+    finished_before: Path | None = None  # the checkpoint of a run resumed at its last step: nothing was left to train
+
+
+def sft_system_prompt(config: Config, hf_config: Any) -> str | None:
+    """The system turn given to SFT records that bring none: the prompt style's, as inference sends it.
+
+    reason2: "You are a helpful assistant." (Qwen3-VL's template adds no system turn itself); reason1: None,
+    Qwen2.5-VL's template inserts that same default. `[prompt] system_prompt` replaces either; "" adds none.
+    """
+    prompting = resolve_prompting(config, model_family(hf_config).name)
+    if prompting.system_prompt is not None:
+        return prompting.system_prompt or None
+    return REASON2_SYSTEM_PROMPT if prompting.style == "reason2" else None
 
 
 def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTDataset, SFTDataset | None]:
@@ -81,6 +107,7 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
         vision_config=config.vision,
         processor_params=params,
         conversation_column=config.data.conversation_column_name,
+        default_system_prompt=sft_system_prompt(config, hf_config),
     )
     train = make(records, root, source=config.data.dataset.name, locations=where)
     val_name = (config.data.val_dataset or DatasetConfig(name=f"{config.data.dataset.name} (held out)")).name
@@ -121,7 +148,7 @@ def _collate_fn(config: Config, pad_id: int, mrope: bool):
 
 
 def _exit_without_finalising(_worker_id: int) -> None:
-    """In each loader worker: end the process at exit before the interpreter finalises.
+    """In each loader worker: leave Ctrl-C to the trainer, and end the process at exit before the interpreter finalises.
 
     A worker stopped while its result queue's feeder thread is still sending a prefetched batch (torch shares the
     tensor's storage with the GIL released) is torn down mid-send: PyTorch's worker loop does not wait for that
@@ -131,7 +158,11 @@ def _exit_without_finalising(_worker_id: int) -> None:
     """
     import atexit
     import os
+    import signal
     import sys
+
+    # Ctrl-C reaches the whole process group: the trainer finishes its step and saves, so its loader must keep serving.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def leave() -> None:
         sys.stdout.flush()
@@ -273,6 +304,7 @@ def run_sft(config: Config) -> SFTResult:
 
     tokenizer = loading.load_tokenizer(config.model)
     hf_config = loading.load_model_config(config.model)
+    check_runtime_memory(config, runtime, "sft")  # prints the plan; refuses a start that cannot fit
     train_set, val_set = build_datasets(config, tokenizer, hf_config)
     tp = config.policy.parallelism.tp_size
     per_rank, accumulation = batch_layout(config, runtime.world_size, tp)
@@ -308,10 +340,38 @@ def run_sft(config: Config) -> SFTResult:
         step = resumed.step
         result.skipped.update(resumed.state.get("skipped", {}))
         log.info("resumed from %s at step %d", resumed.path, step)
+    if nothing_to_do(resumed, total_steps):
+        stream.close()
+        result.finished_before = result.last_checkpoint = resumed.path
+        return result
     stream.seek(step)
+    if runtime.is_main:
+        trainable, every = parameter_counts(module)
+        log.info(
+            "%s",
+            run_summary(
+                "Running SFT",
+                {
+                    "Num examples": len(train_set),
+                    "Num validation examples": len(val_set) if val_set is not None else 0,
+                    "Num epochs": f"{total_steps / sampler.steps_per_epoch:.4g}",
+                    "Micro batch per process": train_cfg.mini_batch,
+                    "Gradient accumulation steps": accumulation,
+                    "Data-parallel processes": dp_size,
+                    "Effective batch (samples per optimizer step)": train_cfg.train_batch_per_replica * dp_size,
+                    "Total optimization steps": total_steps,
+                    "Starting at step": step,
+                    "Trainable parameters": f"{trainable:,} of {every:,} ({100 * trainable / max(every, 1):.2f}%)",
+                },
+            ),
+        )
 
     # closing: the loader's worker processes stop when training ends or fails, not when the garbage collector gets there
-    with StepLog(config, total_steps, step, "sft", enabled=runtime.is_main) as step_log, contextlib.closing(stream):
+    with (
+        StepLog(config, total_steps, step, "sft", enabled=runtime.is_main) as step_log,
+        contextlib.closing(stream),
+        StopOnSignal(runtime) as stop,
+    ):
         while step < total_steps:
             started = time.perf_counter()
             micro = stream.take(accumulation)
@@ -332,16 +392,19 @@ def run_sft(config: Config) -> SFTResult:
                  **skipped},
                 {"loss": f"{loss:.4f}", "lr": f"{lr:.2e}", "tok_s": f"{tokens / elapsed:,.0f}"},
             )
+            stop_if_diverged(config.train.output_dir, step, loss, norm)  # every rank: loss and norm are global
             if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):
                 result.val_losses[step] = validation_loss(
                     module, val_set, collate, runtime, train_cfg.mini_batch, autocast, tp, dp_group
                 )
                 step_log.log(step, {"val/loss": result.val_losses[step]})
+            saved = None
             if checkpoint_due(config, step, total_steps):
                 saved = checkpointer.save(step, {"skipped": dict(result.skipped)})
                 result.last_checkpoint = saved.checkpoint
                 if saved.export is not None:
                     result.export_dir = saved.export
+            stop.after_step(checkpointer, step, saved, {"skipped": dict(result.skipped)})
     if result.skipped and runtime.is_main:
         log.warning("skipped samples: %s", dict(result.skipped))
     return result

@@ -8,9 +8,10 @@ encoder; this is physreason's stand-in for that step, on the SFT clips themselve
 The tower (`model.visual`: the patch embedding, its blocks and the merger into the language model's width)
 is trained with a linear head on its pooled output: the merged tokens are averaged per temporal patch and
 the per-patch means concatenated in time order, so the head sees the order of events; one head slice per
-task (2 / 4 / 2 options), cross-entropy on the SFT answer letters. A tenth of the clips is held out to report
-the tower's own accuracy. The model with the trained tower is saved as a new Hugging Face folder, which SFT
-then starts from (the head is dropped). Used by `physreason demo` and bench/intuitive_physics.py.
+task (2 / 4 / 2 options), cross-entropy on the SFT answer letters. A tenth of the clips is held out: scored
+during training, it picks the tower that is kept (the best mean accuracy over tasks; optionally stopping
+early) and reports the tower's own accuracy. The model with the trained tower is saved as a new Hugging Face
+folder, which SFT then starts from (the head is dropped). Used by `physreason demo` and bench/intuitive_physics.py.
 """
 
 from __future__ import annotations
@@ -69,27 +70,24 @@ def load_clips(data_root: Path, model_dir: Path, vision: dict[str, Any], workers
     """Decode every clip of `data_root/sft.jsonl` once: pixels, grids, task index and answer index per clip."""
     import numpy as np
 
-    from physreason.data.synth.tasks import TASKS
+    from physreason.data.synth.tasks import LETTER_TASK_NAMES, TASKS
     from physreason.models.inputs import load_processor_params, patch_factor
 
-    tasks = list(TASKS)
+    tasks = list(LETTER_TASK_NAMES)
     params, factor = load_processor_params(str(model_dir)), patch_factor(str(model_dir))  # read once, not per clip
     rows = [json.loads(line) for line in (data_root / "sft.jsonl").read_text().splitlines() if line.strip()]
     jobs, task_ids, answers = [], [], []
     for row in rows:
         task = row["video"].split("/")[0]
         letter = row["conversations"][-1]["content"].strip()
-        if task not in TASKS or letter not in LETTERS[: TASKS[task].n_options]:
+        if task not in tasks or letter not in LETTERS[: TASKS[task].n_options]:
             raise ValueError(f"{data_root / 'sft.jsonl'}: record for {row['video']} has task {task!r}, answer {letter!r}")
         jobs.append((str(data_root / row["video"]), vision, params, factor))
         task_ids.append(tasks.index(task))
         answers.append(LETTERS.index(letter))
-    if workers <= 1:  # in this process: starting a worker costs seconds of imports, more than a few clips' decoding
-        decoded = [_decode(job) for job in jobs]
-    else:
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_one_thread) as pool:
-            decoded = list(pool.map(_decode, jobs, chunksize=16))
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context, initializer=_one_thread) as pool:
+        decoded = list(pool.map(_decode, jobs, chunksize=16))
     grids = {tuple(grid) for _, grid in decoded}
     if len(grids) != 1:
         raise ValueError(f"clips under {data_root} decode to different grids {sorted(grids)}: use one clip size")
@@ -112,9 +110,17 @@ def pretrain_tower(
     batch: int = 32,
     workers: int = 4,
     seed: int = 0,
+    eval_every: int = 0,
+    patience: int = 0,
     verbose: bool = True,
 ) -> dict[str, Any]:
-    """Train `model_dir`'s vision tower on the clips (see the module docstring); save the model to `out_dir`."""
+    """Train `model_dir`'s vision tower on the clips (see the module docstring); save the model to `out_dir`.
+
+    Every `eval_every` steps (0: a thirtieth of `steps`) the held-out tenth is scored; the tower and head of the best
+    mean held-out accuracy over tasks are kept and saved, and with `patience` > 0 training stops once that many steps
+    pass without a better score; `verbose` prints the loss and the result. The same command reached loss 0.001 on an H200 and 0.076 on an H100 (spatial puzzle
+    held-out 98.4 vs 73.0): the selection keeps a run's best tower whatever its last steps did.
+    """
     import numpy as np
     import torch
     from transformers import AutoModelForImageTextToText
@@ -181,7 +187,14 @@ def pretrain_tower(
             if bool((kinds == k).any())
         }
 
-    curve = []
+    def held_out_score() -> tuple[dict[str, float], float]:
+        """Held-out accuracy per task and their mean (the selection score)."""
+        held = accuracy(val)
+        return held, sum(held.values()) / len(held)
+
+    every = eval_every or max(1, steps // 30)
+    curve, heldout_curve = [], []
+    best_score, best_step, best_state = -1.0, 0, None
     window: list[float] = []
     for step in range(steps):
         index = train[generator.integers(len(train), size=batch)]
@@ -197,13 +210,34 @@ def pretrain_tower(
             if verbose:
                 print(f"tower step {step + 1}/{steps}: loss {curve[-1]['loss']}", flush=True)
             window = []
+        if (step + 1) % every == 0 or step + 1 == steps:
+            held, score = held_out_score()
+            heldout_curve.append({"step": step + 1, **held})
+            if score > best_score:  # strictly better: on a plateau the earliest step is kept
+                best_score, best_step = score, step + 1
+                best_state = {
+                    "tower": {k: v.detach().clone() for k, v in tower.state_dict().items()},
+                    "head": {k: v.detach().clone() for k, v in head.state_dict().items()},
+                }
+            elif patience and step + 1 - best_step >= patience:
+                if verbose:
+                    print(f"tower: no better held-out accuracy for {patience} steps, stopping at {step + 1}", flush=True)
+                break
+    stopped_at = step + 1 if steps else 0
+    if best_state is not None:
+        tower.load_state_dict(best_state["tower"])
+        head.load_state_dict(best_state["head"])
     result = {
         "steps": steps,
         "lr": lr,
         "batch": batch,
+        "seed": seed,
         "clips": len(pixels),
         "grid_thw": clips["grid"],
         "loss_curve": curve,
+        "heldout_curve": heldout_curve,
+        "best_step": best_step,
+        "stopped_at": stopped_at,
         "train_accuracy": accuracy(train[:1500]),
         "heldout_accuracy": accuracy(val),
         "decode_s": round(decode_s, 1),

@@ -20,6 +20,9 @@ def local_media_file(source: str | Path, kind: str) -> Path:
         parsed = urlparse(text)
         # file://relative/x.mp4 puts "relative" in netloc; keep it so such paths stay relative as written.
         text = unquote(parsed.netloc + parsed.path)
+    if "\0" in text:
+        # The OS cannot name such a file: os calls raise ValueError instead of a per-request error.
+        raise InputError(f"{kind} path {text!r} holds a NUL byte; no file can have that name, fix the path")
     path = Path(text).expanduser()
     if not path.exists():
         raise InputError(f"{kind} file not found: {path}; check the path (relative paths start at {Path.cwd()})")

@@ -3,7 +3,9 @@
 Layout under `<out>/<task>/`:
   clips/<id>.mp4                       H.264 clips
   records/<id>.json                    everything about one sample (written after its clip)
-  <task>_benchmark_qa_pairs.json       [{"video", "qa_pairs": {"question", "index2ans", "answer"}}]
+  <task>_benchmark_qa_pairs.json       [{"video", "qa_pairs": {"question", "index2ans", "answer"}}] (letter tasks)
+                                       [{"video", "qa_pairs": {"question", "answer", ...}}] (JSON-answer tasks:
+                                       the reference JSON, and e.g. the body's "box_2d" for a point question)
   <task>_sft.jsonl                     {"video", "conversations": [user, assistant]} per line
   meta.json                            count, split, seeds, option order, generator version, class and letter balance
 
@@ -25,7 +27,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-from physreason.data.synth.sample import OPTION_ORDERS, SPLITS, Sample, balanced_slot, scene_seed
+from physreason.data.synth.sample import OPTION_ORDERS, SPLITS, Sample, balanced_slot, scene_seed, seed_rule
 from physreason.data.synth.scenarios import FPS, HEIGHT_PX, N_FRAMES, WIDTH_PX
 from physreason.data.synth.tasks import TASKS
 from physreason.data.synth.video import write_mp4
@@ -89,7 +91,7 @@ def write_sample(
         "option_order": option_order,
         "video": video,
         "label": sample.label,
-        "qa_pairs": {"question": sample.question, "index2ans": sample.options, "answer": sample.answer},
+        "qa_pairs": _qa_pairs(sample),
         "conversations": [
             {"role": "user", "content": sample.user_text()},
             {"role": "assistant", "content": sample.assistant_text()},
@@ -98,6 +100,13 @@ def write_sample(
     }
     _write_json(Path(folder) / "records" / f"{sid}.json", record)
     return record
+
+
+def _qa_pairs(sample: Sample) -> dict[str, Any]:
+    """The benchmark question: lettered options and the letter, or the JSON answer with its ground truth fields."""
+    if sample.options:
+        return {"question": sample.question, "index2ans": sample.options, "answer": sample.answer}
+    return {"question": sample.question, "answer": sample.answer, **sample.reference}
 
 
 def _existing_record(
@@ -211,7 +220,7 @@ def generate_task(
         "scene_seeds": {
             "min": min(seeds),
             "max": max(seeds),
-            "rule": "((base_seed * 3 + task_id) * 2**32 + index) * 3 + split_id; seed % 3 is the split (train 0, val 1, test 2)",
+            "rule": seed_rule(task),
         },
         "generator_version": GENERATOR_VERSION,
         "option_order": option_order,
@@ -224,7 +233,10 @@ def generate_task(
             "pix_fmt": "yuv420p",
         },
         "class_balance": dict(sorted(Counter(r["label"] for r in ordered).items())),
-        "answer_balance": dict(sorted(Counter(r["qa_pairs"]["answer"] for r in ordered).items())),
+        # Letters only: a structured answer is different in every sample.
+        "answer_balance": dict(sorted(Counter(r["qa_pairs"]["answer"] for r in ordered).items()))
+        if TASKS[task].answer == "letter"
+        else {},
     }
     _write_json(folder / "meta.json", meta)
     return TaskSummary(task, folder, n, len(todo), reused)

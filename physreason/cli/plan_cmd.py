@@ -1,0 +1,64 @@
+"""`physreason plan`: the per-GPU memory of a recipe by part, and the layouts that fit, before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def plan(
+    config: Path = typer.Argument(..., help="TOML recipe (SFT or GRPO)."),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="Processes, one GPU each (torchrun --nproc-per-node x nodes)."),
+    gpu_memory: float = typer.Option(
+        79.2, "--gpu-memory", min=1.0, help="Memory of one GPU in GiB (an 80 GB H100 reports 79.2)."
+    ),
+    job: str = typer.Option("sft", "--job", help="'sft' or 'grpo' (GRPO counts its rollout engine and KL reference)."),
+    torchrun: bool = typer.Option(
+        False, "--torchrun", help="With --gpus 1: plan a torchrun launch (FSDP2 on one rank) instead of one plain process."
+    ),
+    overrides: list[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE", help="Override a key, e.g. --set train.mini_batch=2 (repeatable)."
+    ),
+) -> None:
+    """Plan a recipe's per-GPU peak memory by part from the checkpoint's config.json alone (no weights are read).
+
+    Exits 0 when the recipe fits, 2 when it does not (after listing the layouts that fit and the --set overrides
+    that select each).
+    """
+    from rich.console import Console
+
+    from physreason.config import load_config
+    from physreason.errors import ConfigError
+    from physreason.models.sizes import read_model_shape
+    from physreason.train.memory import GIB, fitting_layouts, plan_memory
+    from physreason.train.memory_report import (
+        describe,
+        layouts_table,
+        plan_table,
+        recipe_layout,
+        recipe_workload,
+        refusal,
+    )
+
+    if job not in ("sft", "grpo"):
+        raise ConfigError(f"--job {job!r}: use 'sft' or 'grpo'")
+    recipe_config = load_config(config, overrides)
+    capacity = int(gpu_memory * GIB)
+    shape = read_model_shape(recipe_config.model)
+    recipe = recipe_layout(recipe_config, gpus, gpus > 1 or torchrun or recipe_config.train.cpu_offload, job)  # type: ignore[arg-type]
+    workload = recipe_workload(recipe_config, shape, job, capacity)  # type: ignore[arg-type]
+    plan_ = plan_memory(shape, recipe, workload)
+    console = Console(width=160)
+    console.print(
+        f"{recipe_config.model.model_name_or_path}: {shape.total_params / 1e9:.2f} B parameters, "
+        f"{shape.layers} blocks of hidden {shape.hidden}; {recipe_config.model.model_max_length} tokens x "
+        f"micro-batch {recipe.mini_batch} per forward"
+    )
+    console.print(f"recipe: {describe(recipe)}")
+    console.print(plan_table(plan_, capacity))
+    fitting = fitting_layouts(shape, recipe, workload, capacity)
+    if fitting:
+        console.print(layouts_table(fitting, recipe, job))  # type: ignore[arg-type]
+    if not plan_.fits(capacity):
+        raise ConfigError(refusal(plan_, capacity, fitting, job, f"a {gpu_memory:g} GiB GPU"))  # type: ignore[arg-type]

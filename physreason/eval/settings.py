@@ -1,0 +1,138 @@
+"""How an evaluation asks its questions, resolved once: prompt style and mode, answer type, sampling, and the
+settings a reproduction of its scores needs (written into each run's run.json and every report's header).
+
+One source per setting: the reasoning mode is prompt.reasoning; eval.answer_type ("reasoning" | "letter", the
+results folder's name) follows it when unset, and sets it when prompt.reasoning is unset; the two set to different
+modes is a ConfigError naming both. Seeds: each repeat's seed is eval.seed + k and replaces generation.seed, the
+style's default seed included (Cosmos-Reason2's 1234 / 3407), so repeats differ; the header lists the seeds used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from physreason import __version__
+from physreason.chat.style import Prompting, resolve_prompting, resolve_sampling
+from physreason.config import Config, SamplingConfig
+from physreason.errors import ConfigError
+
+AnswerMode = Literal["reasoning", "letter"]
+# The sampling keys a reproduction needs, in the order reports show them.
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "max_tokens",
+)
+
+
+@dataclass(frozen=True)
+class EvalSetup:
+    """The resolved prompt style and mode, the answer type naming the results folder, and the generation settings."""
+
+    prompting: Prompting
+    sampling: SamplingConfig  # generation settings before each repeat's seed replaces `seed`
+    answer_type: AnswerMode
+
+
+def resolve_eval_setup(cfg: Config) -> EvalSetup:
+    """The recipe's prompt style, mode and sampling for its checkpoint; raises ConfigError on a mode conflict.
+
+    Reads the checkpoint's config.json when prompt.style is 'auto' (physreason.models.inputs.prompting_for).
+    """
+    from physreason.models.inputs import prompting_for
+
+    answer_type, reasoning = cfg.eval.answer_type, cfg.prompt.reasoning
+    if answer_type is not None and reasoning is not None and (answer_type == "reasoning") != reasoning:
+        raise ConfigError(
+            f"eval.answer_type = {answer_type!r} but prompt.reasoning = {str(reasoning).lower()}: they are one "
+            "setting (the reasoning mode); set only prompt.reasoning (--reasoning/--no-reasoning), and "
+            "eval.answer_type follows it"
+        )
+    if answer_type is not None and reasoning is None:
+        cfg = cfg.model_copy(update={"prompt": cfg.prompt.model_copy(update={"reasoning": answer_type == "reasoning"})})
+    if cfg.prompt.style != "auto":  # the family is not needed, so an unreadable checkpoint is no error here
+        prompting = resolve_prompting(cfg, "")
+        return EvalSetup(prompting, resolve_sampling(cfg, prompting), "reasoning" if prompting.reasoning else "letter")
+    try:
+        prompting, sampling = prompting_for(cfg)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"model.model_name_or_path = {cfg.model.model_name_or_path!r}: its config.json cannot be read to choose "
+            f"the prompt style ({exc}); give a local model folder or a hub id, or set prompt.style"
+        ) from exc
+    return EvalSetup(prompting, sampling, "reasoning" if prompting.reasoning else "letter")
+
+
+def effective_config(cfg: Config) -> tuple[Config, EvalSetup]:
+    """The config with its prompt style, mode, answer type and generation settings resolved, and the setup.
+
+    This is the config an evaluation stores beside its results: its shard processes read it back and resolve
+    to the same setup (every value is then explicit), and a resumed run compares its settings against it.
+    """
+    setup = resolve_eval_setup(cfg)
+    prompt = cfg.prompt.model_copy(update={"style": setup.prompting.style, "reasoning": setup.prompting.reasoning})
+    resolved = cfg.model_copy(
+        update={
+            "prompt": prompt,
+            "generation": setup.sampling,
+            "eval": cfg.eval.model_copy(update={"answer_type": setup.answer_type}),
+        }
+    )
+    return resolved, setup
+
+
+def model_commit(model_name_or_path: str, revision: str | None) -> str | None:
+    """The commit of a Hub model's cached snapshot (read offline from the cache's folder name); None otherwise."""
+    if Path(model_name_or_path).expanduser().is_dir():
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model_name_or_path, "config.json", revision=revision)
+    except ValueError:  # not a valid repository id
+        return None
+    if not isinstance(cached, str):
+        return None
+    parts = Path(cached).parts
+    return parts[-2] if len(parts) >= 3 and parts[-3] == "snapshots" else None
+
+
+def reproduction_settings(cfg: Config, setup: EvalSetup) -> dict[str, Any]:
+    """What a reproduction of an evaluation needs, JSON-ready: model and revision, prompt, vision, sampling, version.
+
+    Pixel budgets are the resolved ones (the token defaults times the checkpoint's patch factor squared);
+    per-repeat seeds are added by the caller.
+    """
+    from physreason.models.inputs import patch_factor
+    from physreason.vision.resize import pixel_budgets
+
+    factor = patch_factor(cfg.model.model_name_or_path, cfg.model.revision)
+    budgets = pixel_budgets(cfg.vision, factor)
+    local = Path(cfg.model.model_name_or_path).expanduser()
+    return {
+        "physreason_version": __version__,
+        "model": str(local.resolve()) if local.is_dir() else cfg.model.model_name_or_path,
+        "model_revision": cfg.model.revision,
+        "model_commit": model_commit(cfg.model.model_name_or_path, cfg.model.revision),
+        "engine": cfg.engine.backend,
+        "prompt_style": setup.prompting.style,
+        "reasoning": setup.prompting.reasoning,
+        "system_prompt": setup.prompting.system_prompt,
+        "fps": cfg.vision.fps,
+        "nframes": cfg.vision.nframes,
+        "min_frames": cfg.vision.min_frames,
+        "max_frames": cfg.vision.max_frames,
+        "min_pixels": budgets.min_pixels,
+        "max_pixels": budgets.max_pixels,
+        "total_pixels": budgets.total_pixels,
+        "patch_factor": factor,
+        "timestamps": cfg.vision.timestamps,
+        **{key: getattr(setup.sampling, key) for key in SAMPLING_KEYS},
+        "seed_rule": "eval.seed + repeat (replaces generation.seed)",
+    }

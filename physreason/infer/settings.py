@@ -1,0 +1,90 @@
+"""The settings a batch's answers depend on, stored beside its output so a rerun cannot mix two models' answers.
+
+A rerun appends to the output and skips ids already there; with another model, prompt or sampling it would
+put two kinds of answers in one file. The settings are the whole resolved recipe minus what cannot change an
+answer (how many GPUs, batch sizes, Ray placement, the training sections), plus the command's own switches:
+a setting added later is recorded without a change here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from physreason.config import Config
+from physreason.errors import InputError
+from physreason.infer.results import is_parquet
+
+# Sections of the recipe that no inference answer reads.
+_NOT_INFERENCE = ("data", "train", "rollout", "policy", "grpo", "logging", "eval", "infer")
+# Keys of the sections kept that change speed or memory, never an answer.
+_NOT_ANSWERS = (
+    "engine.tensor_parallel_size",
+    "engine.gpu_memory_utilization",
+    "engine.enforce_eager",
+    "engine.batch_size",
+    "engine.hf_static_cache",
+)
+
+
+def answer_settings(cfg: Config, **switches: Any) -> dict[str, Any]:
+    """Flat dotted keys -> values of everything that decides a batch's answers (`switches`: command-line ones)."""
+    tree = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in _NOT_INFERENCE}
+    flat = _flatten(tree)
+    for key in _NOT_ANSWERS:
+        flat.pop(key, None)
+    flat.update(switches)
+    return flat
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and key not in ("limit_mm_per_prompt",):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def settings_path(out: Path) -> Path:
+    """Where the settings of `out` live: `<out>.settings.json`, or `_settings.json` in a Parquet folder."""
+    return out / "_settings.json" if is_parquet(out) else out.with_name(out.name + ".settings.json")
+
+
+def check_and_store_settings(out: Path, settings: Mapping[str, Any], has_results: bool) -> None:
+    """Refuse to add to `out` when its results were made with other settings; else store `settings` beside it.
+
+    Raises InputError naming each setting that differs and the two ways out (another --out, or --overwrite).
+    Results without stored settings (written by an older physreason) are taken as they are.
+    """
+    path = settings_path(out)
+    if has_results and path.is_file():
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        # The model and the prompt first: they explain the rest (another family resolves other sampling defaults).
+        changed = sorted(
+            (k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k)),
+            key=lambda k: (not k.startswith(("model.", "resolved.")), k),
+        )
+        if changed:
+            shown = "; ".join(f"{k}: {stored.get(k)!r} there, {settings.get(k)!r} now" for k in changed[:6])
+            more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
+            raise InputError(
+                f"{out} holds results made with other settings ({shown}{more}; see {path}); adding to it would mix "
+                "two kinds of answers. Write to a new --out, or pass --overwrite to delete those results and start anew"
+            )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(settings), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def delete_results(out: Path) -> None:
+    """Remove a batch output (JSONL file, or the Parquet folder's part files) and its settings."""
+    if is_parquet(out):
+        for part in out.glob("part-*.parquet"):
+            part.unlink()
+    elif out.is_file():
+        out.unlink()
+    settings_path(out).unlink(missing_ok=True)

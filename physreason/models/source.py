@@ -1,0 +1,136 @@
+"""Check where a model comes from before anything loads it: a local folder that is a model, or a hub id that resolves.
+
+transformers answers a wrong folder with a repo-id OSError or "Unrecognized model", and an unreachable hub
+with five backed-off retries per file (48-72 s for one model). Every command checks its model here first,
+so a bad `--model` costs one clear line and an offline machine one failed request, not a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from physreason.errors import ConfigError
+
+# What a model folder holds, named in every error about one.
+MODEL_FOLDER_NEEDS = (
+    "a model folder needs config.json (with model_type), the weights (*.safetensors) and the tokenizer files; "
+    "`physreason models tiny DIR` writes a small one to try"
+)
+PROBE_TIMEOUT_S = 10.0
+# Sources already found usable in this process: an engine, a trainer and a reference model each read the config.
+_checked: set[tuple[str, str | None]] = set()
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether `name` is meant as a local folder rather than a hub id (owner/name or name)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if name.startswith(("/", "./", "../", "~", ".\\")) or name in (".", "..") or name.count("/") > 1:
+        return True
+    if Path(name).exists():
+        return True
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return True
+    return False
+
+
+def check_model_folder(name: str, key: str) -> None:
+    """Raise ConfigError naming the folder `name` (as the user wrote it) when it is not a Hugging Face model folder."""
+    folder = Path(name).expanduser()
+    if not folder.exists():
+        raise ConfigError(f"{key} = {name!r}: no such folder; {MODEL_FOLDER_NEEDS}")
+    if not folder.is_dir():
+        raise ConfigError(f"{key} = {name!r} is a file, not a folder; {MODEL_FOLDER_NEEDS}")
+    config = folder / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"{key} = {name!r} has no config.json, so it is not a model folder; {MODEL_FOLDER_NEEDS}")
+    try:
+        raw = json.loads(config.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{config} is not valid JSON ({exc}); {MODEL_FOLDER_NEEDS}") from exc
+    if not isinstance(raw, dict) or not raw.get("model_type"):
+        raise ConfigError(f"{config} names no model_type, so it is not a model's config; {MODEL_FOLDER_NEEDS}")
+
+
+def hub_offline() -> bool:
+    """Whether the hub is off for this process (HF_HUB_OFFLINE, as huggingface_hub read it, or set since)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def go_offline() -> None:
+    """Serve every hub lookup of this process and its children from the local cache (no request, no retry)."""
+    from huggingface_hub import constants
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True
+
+
+def _cached(repo_id: str, revision: str | None) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json", revision=revision), str)
+
+
+def probe_hub(repo_id: str, revision: str | None) -> tuple[int | None, str]:
+    """One request for the repo's config.json, without retries: (HTTP status, "") or (None, why it failed)."""
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    url = hf_hub_url(repo_id, "config.json", revision=revision)
+    try:
+        response = get_session().head(url, headers=build_hf_headers(), timeout=PROBE_TIMEOUT_S)
+    except Exception as exc:  # httpx or httpx2 by huggingface_hub version: their errors share no importable base
+        return None, f"cannot reach {constants.ENDPOINT}: {exc}"
+    return response.status_code, ""
+
+
+def check_model_source(name: str, revision: str | None = None, *, key: str = "model.model_name_or_path") -> None:
+    """Fail fast, with one line naming `name`, when the model can be neither read here nor fetched from the hub.
+
+    A local folder must be a model folder. A hub id is fine when the hub answers for it, or when it is in the
+    local cache (an unreachable hub then switches this process to offline mode, so nothing waits on retries).
+    With HF_HUB_OFFLINE set no request is made.
+    """
+    if (name, revision) in _checked:
+        return
+    if looks_like_path(name):
+        check_model_folder(name, key)
+    else:
+        _check_hub_id(name, revision, key)
+    _checked.add((name, revision))
+
+
+def _check_hub_id(name: str, revision: str | None, key: str) -> None:
+    cached = _cached(name, revision)
+    if hub_offline():
+        if not cached:
+            raise ConfigError(
+                f"{key} = {name!r} is a hub id that is not in the local cache, and HF_HUB_OFFLINE is set: download "
+                f"it where there is network (hf download {name}), or pass a local model folder"
+            )
+        return
+    status, why = probe_hub(name, revision)
+    if status is None:
+        if cached:
+            go_offline()
+            return
+        raise ConfigError(
+            f"{key} = {name!r}: {why}, and it is not in the local cache. Connect to the network, download it "
+            f"elsewhere (hf download {name}) and copy the cache, or pass a local model folder"
+        )
+    if status in (401, 403):
+        raise ConfigError(
+            f"{key} = {name!r}: the hub refused access (HTTP {status}); accept the model's licence on its page and "
+            "log in (hf auth login), or pass a local model folder"
+        )
+    if status == 404:
+        raise ConfigError(
+            f"{key} = {name!r}: no such model on the hub (HTTP 404){f' at revision {revision}' if revision else ''}; "
+            f"check the id, or pass a local model folder ({MODEL_FOLDER_NEEDS})"
+        )

@@ -1,0 +1,125 @@
+"""Rewards and scores of Cosmos-Reason2's structured answers: box IoU, point in box, temporal IoU, JSON layout.
+
+The answers are parsed by `physreason.chat.structured` (layouts, and the decisions on several boxes,
+swapped corners, clipping and end before start) from the shared extractor's answer region
+(`answer_region`): the `<answer>` block of the Cosmos-Reason1 layout, else the text after `</think>`
+(Cosmos-Reason2), else the whole completion. A box of zero area covers nothing (IoU 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from physreason.chat.structured import (
+    AnswerKind,
+    Box,
+    Span,
+    answer_kind,
+    box_from,
+    json_item,
+    point_from,
+    span_from,
+)
+from physreason.errors import InputError
+from physreason.rewards.extract import answer_region
+from physreason.rewards.registry import register_reward
+
+IOU_HIT = 0.5  # accuracy at IoU 0.5 and temporal R@0.5 count an answer right from this overlap
+
+
+def answer_item(text: str) -> dict[str, Any] | None:
+    """The answer object of a completion: the JSON in its answer region (see the module docstring)."""
+    return json_item(answer_region(text)[0])
+
+
+def box_iou(a: Box | None, b: Box | None) -> float:
+    """Intersection over union of two boxes; 0 when either is missing or the union is empty."""
+    if a is None or b is None:
+        return 0.0
+    inter = max(0.0, min(a.x2, b.x2) - max(a.x1, b.x1)) * max(0.0, min(a.y2, b.y2) - max(a.y1, b.y1))
+    union = a.area + b.area - inter
+    return inter / union if union > 0 else 0.0
+
+
+def span_iou(a: Span | None, b: Span | None) -> float:
+    """Temporal IoU of two spans; 0 when either is missing or both are instants."""
+    if a is None or b is None:
+        return 0.0
+    inter = max(0.0, min(a.end, b.end) - max(a.start, b.start))
+    union = (a.end - a.start) + (b.end - b.start) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def point_in(point: tuple[float, float] | None, box: Box | None) -> bool:
+    """True when the point lies in the box, edges included."""
+    return point is not None and box is not None and box.x1 <= point[0] <= box.x2 and box.y1 <= point[1] <= box.y2
+
+
+def _reference(answer: str, parse: Any, what: str) -> Any:
+    value = parse(answer_item(answer))
+    if value is None:
+        raise InputError(f"the sample's reference answer {answer[:80]!r} holds no valid {what}; fix the data record")
+    return value
+
+
+@register_reward("box_iou")
+def box_iou_reward(completion: str, *, answer: str, **sample: Any) -> float:
+    """IoU of the completion's first `box_2d` with the reference answer's box (0 when it has none)."""
+    return box_iou(box_from(answer_item(completion)), _reference(answer, box_from, "box_2d"))
+
+
+@register_reward("point_in_box")
+def point_in_box_reward(completion: str, *, answer: str, box_2d: list[float] | None = None, **sample: Any) -> float:
+    """1.0 when the completion's first `point_2d` lies inside the body's box, else 0.0.
+
+    The box is the sample's `box_2d` field (the point variant of grounding carries it beside its
+    point answer), else the reference answer's own box.
+    """
+    if box_2d is None:
+        box = _reference(answer, box_from, "box_2d")
+    else:
+        box = box_from({"box_2d": box_2d})
+        if box is None:
+            raise InputError(f"the sample's box_2d {box_2d!r} is not four numbers; fix the data record")
+    return float(point_in(point_from(answer_item(completion)), box))
+
+
+@register_reward("temporal_iou")
+def temporal_iou_reward(completion: str, *, answer: str, **sample: Any) -> float:
+    """Temporal IoU of the completion's first start/end span with the reference answer's span."""
+    return span_iou(span_from(answer_item(completion)), _reference(answer, span_from, "start/end span"))
+
+
+@register_reward("json_format")
+def json_format_reward(completion: str, *, answer: str, **sample: Any) -> float:
+    """1.0 when the completion's answer is JSON in the reference answer's layout (box, point or span), else 0.0."""
+    parse = {"box_2d": box_from, "point_2d": point_from, "time_span": span_from}[answer_kind(answer)]
+    return float(parse(answer_item(completion)) is not None)
+
+
+@dataclass(frozen=True)
+class LocalizationScore:
+    """How one completion localises: its IoU (1/0 for a point in the box) and whether it counts as a hit."""
+
+    kind: AnswerKind
+    iou: float
+    hit: bool
+
+
+def score_localization(completion: str, answer: str, box_2d: list[float] | None = None) -> LocalizationScore:
+    """The evaluation score of a structured answer: box IoU, point in box, or temporal IoU, and the hit at 0.5."""
+    kind = answer_kind(answer)
+    if kind == "box_2d":
+        iou = box_iou_reward(completion, answer=answer)
+    elif kind == "point_2d":
+        iou = point_in_box_reward(completion, answer=answer, box_2d=box_2d)
+    else:
+        iou = temporal_iou_reward(completion, answer=answer)
+    return LocalizationScore(kind, iou, iou >= IOU_HIT)
+
+
+@register_reward("localization")
+def localization_reward(completion: str, *, answer: str, box_2d: list[float] | None = None, **sample: Any) -> float:
+    """The IoU the reference's layout calls for: box IoU, point in box, or temporal IoU (for files that mix them)."""
+    return score_localization(completion, answer, box_2d).iou

@@ -1,0 +1,310 @@
+"""The memory plan of a training job: per-GPU peak bytes by part, from the model's shapes and the recipe, before it runs.
+
+Every formula here is a pure function of integers; units are elements or bytes as each docstring says. The plan
+models what physreason's trainers do (build.py, parallelize.py): fp32 master weights, FSDP2 over the data-parallel
+ranks (each decoder block, each vision block and the root as units, the root kept gathered between forward and
+backward), tensor parallelism of the decoder's linear weights, AdamW with two moments, activation checkpointing
+of every block, and the chunked loss. Activation coefficients were measured with saved-tensor hooks on Qwen3-VL's
+decoder block (bf16, sdpa, CPU); GPU kernels may save slightly different tensors: bench/memory_plan.py measures
+torch.cuda.max_memory_allocated against this plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from physreason.models.sizes import ModelShape, ParamShape
+
+GIB = 1024**3
+# CUDA context, NCCL buffers and allocator slack: not in any tensor, present on every GPU (an estimate).
+RUNTIME_OVERHEAD_BYTES = 2 * GIB
+# Share of GPU memory left for the caching allocator's fragmentation (an estimate): a plan fits in the rest.
+ALLOCATOR_HEADROOM = 0.05
+# What an "80 GB" H100 reports as its total memory (torch.cuda.get_device_properties), in GiB.
+H100_80GB_GIB = 79.2
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Bytes per token that one decoder block saves for backward in bf16, per unit of each width (measured, see module doc):
+# 16 per hidden unit (two RMSNorms' fp32 and bf16 copies, residuals), 10 per query and per key/value unit (q/k norms,
+# rotary outputs, attention output), 8 per MLP unit (gate, up, activation, product).
+ACT_PER_HIDDEN, ACT_PER_QUERY, ACT_PER_KV, ACT_PER_MLP = 16, 10, 10, 8
+# Bytes per [token, vocab] entry at the loss: fp32 log-softmax kept for backward, its fp32 gradient and the logits'.
+LOSS_BYTES_PER_LOGIT = 12
+
+Part = Literal[
+    "parameters", "gradients", "optimizer state", "gathered weights", "activations", "logits / loss",
+    "vision activations", "reference model", "rollout engine", "runtime overhead",
+]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one replica is laid out: processes (one GPU each), TP degree, and the memory-saving switches."""
+
+    gpus: int
+    tp: int = 1
+    distributed: bool = True  # FSDP2 under torchrun; False: one plain process holding everything
+    lora: bool = False
+    cpu_offload: bool = False
+    optimizer_state_dtype: str = "float32"
+    gradient_checkpointing: bool = True
+    mini_batch: int = 1
+
+    @property
+    def dp(self) -> int:
+        """FSDP2 shard degree: processes / TP degree."""
+        return self.gpus // self.tp if self.distributed else 1
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the recipe asks of each micro-batch and what shares the GPUs, independent of the layout."""
+
+    seq_len: int  # tokens per row (model.model_max_length)
+    param_dtype: str = "bfloat16"
+    reduce_dtype: str = "float32"
+    loss_chunk_size: int = 0
+    vision_tokens: int = 0  # visual tokens per row, worst case (after the 2x2 merge)
+    train_vision: bool = True  # vision tower trained (not frozen, or LoRA on it)
+    lora_rank: int = 16
+    lora_targets: tuple[str, ...] = ()
+    lora_vision_targets: tuple[str, ...] = ()  # empty: no adapters on the vision blocks
+    reference_model: bool = False  # GRPO's frozen KL reference, sharded like the policy
+    engine_bytes: int = 0  # a colocated rollout engine's share of each GPU
+
+
+@dataclass
+class MemoryPlan:
+    """Per-GPU peak bytes by part, and the host bytes each process holds for offloaded state."""
+
+    layout: Layout
+    parts: dict[str, int] = field(default_factory=dict)
+    host_bytes: int = 0
+    load_host_bytes: int = 0  # each process loads the whole checkpoint in fp32 on the host before sharding it
+
+    @property
+    def total(self) -> int:
+        """Planned peak bytes on one GPU (every part, runtime overhead included)."""
+        return sum(self.parts.values())
+
+    def fits(self, gpu_bytes: int) -> bool:
+        """True when the planned peak fits `gpu_bytes` less the allocator's headroom (ALLOCATOR_HEADROOM of it)."""
+        return self.total <= usable_bytes(gpu_bytes)
+
+
+def usable_bytes(gpu_bytes: int) -> int:
+    """Bytes of a GPU a plan may fill: all but ALLOCATOR_HEADROOM of it."""
+    return int(gpu_bytes * (1 - ALLOCATOR_HEADROOM))
+
+
+def shard_numel(shape: tuple[int, ...], dp: int, rank: int = 0) -> int:
+    """Elements of `shape` that FSDP2 rank `rank` of `dp` holds: dim 0 cut in chunks of ceil(rows / dp) (torch.chunk).
+
+    The last ranks may hold a shorter chunk or none. A 0-dim tensor counts as one row.
+    """
+    rows = shape[0] if shape else 1
+    rest = math.prod(shape[1:]) if len(shape) > 1 else 1
+    chunk = -(-rows // dp)
+    return max(0, min(chunk, rows - rank * chunk)) * rest
+
+
+def tp_shape(param: ParamShape, tp: int) -> tuple[int, ...]:
+    """The shape one TP rank holds: column-parallel weights split on dim 0, row-parallel on dim 1, others whole."""
+    dims = list(param.shape)
+    if tp > 1 and param.tp == "column":
+        dims[0] //= tp
+    elif tp > 1 and param.tp == "row":
+        dims[1] //= tp
+    return tuple(dims)
+
+
+def in_vision_tower(param: ParamShape) -> bool:
+    """True for the vision blocks and the tower's patch embedding, position embedding and mergers."""
+    return param.unit == "vision" or "visual." in param.name
+
+
+def lora_params(shape: ModelShape, workload: Workload) -> list[ParamShape]:
+    """The adapters PEFT adds: A [rank, in] and B [out, rank] per targeted linear layer, in that block's FSDP2 unit."""
+    adapters = []
+    for linear in shape.linears:
+        targets = workload.lora_targets if linear.unit == "decoder" else workload.lora_vision_targets
+        if linear.leaf in targets:
+            name = f"{linear.unit}.{linear.block}.{linear.leaf}"
+            r = workload.lora_rank
+            adapters.append(ParamShape(f"{name}.lora_A", (r, linear.in_features), linear.unit, linear.block, "none"))
+            adapters.append(ParamShape(f"{name}.lora_B", (linear.out_features, r), linear.unit, linear.block, "none"))
+    return adapters
+
+
+def trainable(param: ParamShape, layout: Layout, workload: Workload) -> bool:
+    """Whether a base parameter trains: none under LoRA, all but the vision tower's when it is frozen."""
+    if layout.lora:
+        return False
+    return workload.train_vision or not in_vision_tower(param)
+
+
+def activation_bytes_per_token(hidden: int, query: int, kv: int, mlp: int, dtype_bytes: int = 2) -> int:
+    """Bytes one transformer block saves for backward per token (bf16 coefficients scaled to dtype_bytes)."""
+    bf16 = ACT_PER_HIDDEN * hidden + ACT_PER_QUERY * query + ACT_PER_KV * kv + ACT_PER_MLP * mlp
+    return bf16 * dtype_bytes // 2
+
+
+def stack_activation_bytes(tokens: int, blocks: int, per_token: int, hidden: int, dtype_bytes: int, checkpointed: bool) -> int:
+    """Peak activation bytes of a stack of blocks in backward.
+
+    Checkpointed: each block's input (tokens x hidden x dtype_bytes) is kept, plus one block recomputed in full.
+    Otherwise every block keeps its full activations: blocks x tokens x per_token.
+    """
+    if checkpointed:
+        return blocks * tokens * hidden * dtype_bytes + tokens * per_token
+    return blocks * tokens * per_token
+
+
+def loss_bytes(tokens: int, vocab: int, chunk: int) -> int:
+    """Peak bytes of the lm_head + cross-entropy: [rows, vocab] x LOSS_BYTES_PER_LOGIT, rows = min(tokens, chunk)."""
+    rows = min(tokens, chunk) if chunk > 0 else tokens
+    return rows * vocab * LOSS_BYTES_PER_LOGIT
+
+
+def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int = 0) -> MemoryPlan:
+    """Per-GPU peak memory of one training step of `shape` laid out as `layout` doing `workload` on data-parallel rank
+    `rank` (0, the default, holds the largest shards).
+
+    Sharded state (bytes, each parameter p sharded as shard_numel(tp_shape(p), dp)):
+      parameters = sum over all p of local(p) x 4 (fp32 masters, frozen ones too)
+      gradients = sum over trained p of local(p) x 4
+      optimizer state = sum over trained p of local(p) x 2 moments x (4 fp32 | 2 bf16)
+    With cpu_offload these live in host memory (host_bytes), not on the GPU.
+    gathered weights (FSDP2): the root unit stays gathered from forward to backward (root x param bytes, plus its
+      trained gradients unsharded in param dtype through backward), and two blocks are gathered at a time (the
+      current and the prefetched, block x param bytes) with one block's unsharded gradient (x reduce bytes).
+      One plain process instead keeps param-dtype copies of the trained weights (autocast).
+    activations: stack_activation_bytes of the decoder for mini_batch x seq_len tokens; logits / loss: loss_bytes;
+      vision activations: the same for mini_batch x vision_tokens x merge^2 patches when the tower trains, one block's
+      worth when frozen.
+    """
+    tp, dp = layout.tp, layout.dp
+    param_bytes = DTYPE_BYTES[workload.param_dtype]
+    reduce_bytes = DTYPE_BYTES[workload.reduce_dtype]
+    state_bytes = DTYPE_BYTES[layout.optimizer_state_dtype]
+    base = [(p, trainable(p, layout, workload)) for p in shape.params]
+    adapters = [(p, True) for p in lora_params(shape, workload)] if layout.lora else []
+    everything = base + adapters
+
+    def local(p: ParamShape) -> int:
+        return shard_numel(tp_shape(p, tp), dp, rank) if layout.distributed else p.numel
+
+    params = sum(local(p) for p, _ in everything) * 4
+    grads = sum(local(p) for p, trains in everything if trains) * 4
+    optimizer = sum(local(p) for p, trains in everything if trains) * 2 * state_bytes
+    plan = MemoryPlan(layout, load_host_bytes=sum(p.numel for p, _ in everything) * 4)
+    reference = params if workload.reference_model else 0
+    if layout.cpu_offload:
+        plan.host_bytes = params + grads + optimizer + reference
+        params = grads = optimizer = reference = 0
+    plan.parts.update({"parameters": params, "gradients": grads, "optimizer state": optimizer})
+
+    if layout.distributed:
+        blocks: dict[tuple[str, int], list[int]] = {}
+        root = root_trained = 0
+        for p, trains in everything:
+            numel = math.prod(tp_shape(p, tp)) if p.shape else 1
+            if p.unit == "root":
+                root += numel
+                root_trained += numel if trains else 0
+            else:
+                entry = blocks.setdefault((p.unit, p.block), [0, 0])
+                entry[0] += numel
+                entry[1] += numel if trains else 0
+        biggest = max((b[0] for b in blocks.values()), default=0)
+        biggest_trained = max((b[1] for b in blocks.values()), default=0)
+        gathered = (root + 2 * biggest) * param_bytes + root_trained * param_bytes + biggest_trained * reduce_bytes
+    else:
+        gathered = sum(p.numel for p, trains in everything if trains) * param_bytes if param_bytes < 4 else 0
+    plan.parts["gathered weights"] = gathered
+
+    tokens = layout.mini_batch * workload.seq_len
+    per_token = activation_bytes_per_token(
+        shape.hidden, shape.heads * shape.head_dim // tp, shape.kv_heads * shape.head_dim // tp,
+        shape.intermediate // tp, param_bytes,
+    )
+    plan.parts["activations"] = stack_activation_bytes(
+        tokens, shape.layers, per_token, shape.hidden, param_bytes, layout.gradient_checkpointing
+    )
+    plan.parts["logits / loss"] = loss_bytes(tokens, shape.vocab, workload.loss_chunk_size)
+    vision = 0
+    if shape.vision_depth and workload.vision_tokens:
+        patches = layout.mini_batch * min(workload.vision_tokens, workload.seq_len) * shape.vision_merge**2
+        per_patch = activation_bytes_per_token(
+            shape.vision_hidden, shape.vision_hidden, shape.vision_hidden, shape.vision_intermediate, param_bytes
+        )
+        tower_trains = (workload.train_vision and not layout.lora) or (layout.lora and bool(workload.lora_vision_targets))
+        if tower_trains:
+            vision = stack_activation_bytes(
+                patches, shape.vision_depth, per_patch, shape.vision_hidden, param_bytes, layout.gradient_checkpointing
+            )
+        else:
+            vision = patches * per_patch  # nothing is saved for backward; one block's working set at a time
+    plan.parts["vision activations"] = vision
+    plan.parts["reference model"] = reference
+    plan.parts["rollout engine"] = workload.engine_bytes
+    plan.parts["runtime overhead"] = RUNTIME_OVERHEAD_BYTES
+    return plan
+
+
+def tp_degrees(shape: ModelShape, gpus: int) -> list[int]:
+    """TP degrees possible on `gpus` processes: divisors of gpus (at most 8, one node) that divide both head counts."""
+    return [t for t in range(1, min(gpus, 8) + 1) if gpus % t == 0 and shape.heads % t == 0 and shape.kv_heads % t == 0]
+
+
+def candidate_layouts(shape: ModelShape, recipe: Layout) -> list[Layout]:
+    """Every layout on the recipe's GPU count: TP degree, LoRA, offload, optimizer state dtype, checkpointing and
+    micro-batch (the recipe's and each smaller power of two), in order of preference (closest to the recipe first)."""
+    micro = sorted({recipe.mini_batch, *[2**k for k in range(8) if 2**k < recipe.mini_batch]}, reverse=True)
+    layouts = []
+    for tp in tp_degrees(shape, recipe.gpus):
+        for lora in sorted({recipe.lora, True}):
+            for offload in (False, True):
+                for state in ("float32", "bfloat16"):
+                    for checkpointing in (False, True):
+                        for mini in micro:
+                            distributed = recipe.gpus > 1 or offload or recipe.distributed
+                            if tp > 1 and (lora or not distributed):
+                                continue  # LoRA is not tensor-parallel here; TP needs torchrun
+                            layouts.append(replace(
+                                recipe, tp=tp, distributed=distributed, lora=lora, cpu_offload=offload,
+                                optimizer_state_dtype=state, gradient_checkpointing=checkpointing, mini_batch=mini,
+                            ))
+
+    def preference(layout: Layout) -> tuple:
+        return (
+            layout.lora != recipe.lora, layout.cpu_offload, layout.optimizer_state_dtype != "float32",
+            layout.tp, layout.gradient_checkpointing, -layout.mini_batch,
+        )
+
+    return sorted(layouts, key=preference)
+
+
+def fitting_layouts(shape: ModelShape, recipe: Layout, workload: Workload, gpu_bytes: int) -> list[MemoryPlan]:
+    """Plans of the candidate layouts that fit `gpu_bytes`, most preferred first."""
+    plans = (plan_memory(shape, layout, workload) for layout in candidate_layouts(shape, recipe))
+    return [plan for plan in plans if plan.fits(gpu_bytes)]
+
+
+def layout_overrides(recipe: Layout, layout: Layout, mini_batch_key: str = "train.mini_batch") -> list[str]:
+    """The --set overrides that turn the recipe's layout into `layout` (and the launch change, if any)."""
+    changes = []
+    if layout.tp != recipe.tp:
+        changes.append(f"policy.parallelism.tp_size={layout.tp}")
+    if layout.lora != recipe.lora:
+        changes.append(f"train.lora.enable={str(layout.lora).lower()}")
+    if layout.cpu_offload != recipe.cpu_offload:
+        changes.append(f"train.cpu_offload={str(layout.cpu_offload).lower()}")
+    if layout.optimizer_state_dtype != recipe.optimizer_state_dtype:
+        changes.append(f"train.optimizer_state_dtype='{layout.optimizer_state_dtype}'")
+    if layout.gradient_checkpointing != recipe.gradient_checkpointing:
+        changes.append(f"train.gradient_checkpointing={str(layout.gradient_checkpointing).lower()}")
+    if layout.mini_batch != recipe.mini_batch:
+        changes.append(f"{mini_batch_key}={layout.mini_batch}")
+    return changes

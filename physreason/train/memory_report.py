@@ -1,0 +1,180 @@
+"""The memory plan of a recipe: the layout and workload its settings describe, the tables `physreason plan` and the
+trainers print, and the start-up refusal when the plan does not fit the GPUs."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from physreason.config import Config
+from physreason.errors import ConfigError
+from physreason.models.sizes import ModelShape, read_model_shape
+from physreason.train.memory import (
+    DTYPE_BYTES,
+    GIB,
+    Layout,
+    MemoryPlan,
+    Workload,
+    fitting_layouts,
+    layout_overrides,
+    plan_memory,
+    usable_bytes,
+)
+from physreason.train.runtime import Runtime
+from physreason.vision.resize import pixel_budgets
+
+log = logging.getLogger(__name__)
+
+Job = Literal["sft", "grpo"]
+
+
+def mini_batch_key(job: Job) -> str:
+    """The setting that holds rows per forward pass: train.mini_batch (SFT) or grpo.mini_batch (GRPO)."""
+    return "grpo.mini_batch" if job == "grpo" else "train.mini_batch"
+
+
+def recipe_layout(config: Config, gpus: int, distributed: bool, job: Job) -> Layout:
+    """The layout `config` asks for on `gpus` processes (distributed: launched by torchrun, so FSDP2)."""
+    train = config.train
+    return Layout(
+        gpus=gpus,
+        tp=config.policy.parallelism.tp_size,
+        distributed=distributed,
+        lora=train.lora.enable,
+        cpu_offload=train.cpu_offload,
+        optimizer_state_dtype=train.optimizer_state_dtype,
+        gradient_checkpointing=train.gradient_checkpointing,
+        mini_batch=config.grpo.mini_batch if job == "grpo" else train.mini_batch,
+    )
+
+
+def visual_tokens_per_row(config: Config, shape: ModelShape) -> int:
+    """Most visual tokens one row can hold: the larger of the video and image pixel budgets, within the context."""
+    if not shape.vision_depth:
+        return 0
+    budgets = pixel_budgets(config.vision, shape.vision_factor)
+    per_token = shape.vision_factor**2
+    largest = max(budgets.total_pixels // per_token, budgets.image_max_pixels // per_token)
+    return min(largest, config.model.model_max_length)
+
+
+def recipe_workload(config: Config, shape: ModelShape, job: Job, gpu_bytes: int) -> Workload:
+    """What each micro-batch of `config` holds and what shares the GPUs with it (a colocated GRPO rollout engine)."""
+    train, lora = config.train, config.train.lora
+    engine = 0
+    if job == "grpo" and config.grpo.mode == "colocated":
+        if config.engine.backend == "hf":
+            engine = shape.total_params * DTYPE_BYTES.get(config.model.dtype, 2)  # its own weights; KV cache not counted
+        else:  # vLLM takes its fraction of the whole GPU at start and keeps it
+            engine = int(config.engine.gpu_memory_utilization * gpu_bytes)
+    return Workload(
+        seq_len=config.model.model_max_length,
+        param_dtype=train.param_dtype,
+        reduce_dtype=train.fsdp_reduce_dtype,
+        loss_chunk_size=train.loss_chunk_size,
+        vision_tokens=visual_tokens_per_row(config, shape),
+        train_vision=not train.freeze_vision_tower,
+        lora_rank=lora.rank,
+        lora_targets=tuple(lora.target_modules),
+        lora_vision_targets=tuple(lora.vision_target_modules) if lora.vision else (),
+        reference_model=job == "grpo" and config.grpo.kl_beta > 0,
+        engine_bytes=engine,
+    )
+
+
+def gib(value: int) -> str:
+    """Bytes as GiB with one decimal."""
+    return f"{value / GIB:.1f}"
+
+
+def describe(layout: Layout) -> str:
+    """A layout in words: FSDP/TP degrees and the switches that differ from the defaults."""
+    words = [f"FSDP {layout.dp} x TP {layout.tp}" if layout.distributed else "one process"]
+    words.append("LoRA" if layout.lora else "full")
+    if layout.cpu_offload:
+        words.append("CPU offload")
+    words.append(f"{'bf16' if layout.optimizer_state_dtype == 'bfloat16' else 'fp32'} AdamW state")
+    words.append("checkpointing" if layout.gradient_checkpointing else "no checkpointing")
+    words.append(f"micro-batch {layout.mini_batch}")
+    return ", ".join(words)
+
+
+def plan_table(plan: MemoryPlan, gpu_bytes: int) -> Table:
+    """The plan by part, in GiB per GPU, with the total against the GPU's memory (0: unknown) and the host share."""
+    table = Table()
+    table.add_column("part")
+    table.add_column("GiB / GPU", justify="right")
+    for part, value in plan.parts.items():
+        if value:
+            table.add_row(part, gib(value))
+    if gpu_bytes:
+        verdict = "fits" if plan.fits(gpu_bytes) else "DOES NOT FIT"
+        table.add_row(f"total ({verdict} {gib(usable_bytes(gpu_bytes))} usable)", gib(plan.total), style="bold")
+    else:
+        table.add_row("total", gib(plan.total), style="bold")
+    if plan.host_bytes:
+        table.add_row("host, per process: offloaded state", gib(plan.host_bytes))
+    table.add_row("host, per process: checkpoint while loading", gib(plan.load_host_bytes))
+    return table
+
+
+def layouts_table(plans: list[MemoryPlan], recipe: Layout, job: Job, limit: int = 10) -> Table:
+    """The layouts that fit, most preferred first, each with the --set overrides that select it."""
+    table = Table(title=f"layouts that fit on {recipe.gpus} GPU(s), nearest to the recipe first", title_justify="left")
+    for column in ("layout", "GiB / GPU", "host GiB / process", "--set"):
+        table.add_column(column, justify="right" if "GiB" in column else "left")
+    for plan in plans[:limit]:
+        changes = layout_overrides(recipe, plan.layout, mini_batch_key(job))
+        table.add_row(describe(plan.layout), gib(plan.total), gib(plan.host_bytes), " ".join(changes) or "(the recipe)")
+    return table
+
+
+def refusal(plan: MemoryPlan, gpu_bytes: int, fitting: list[MemoryPlan], job: Job, where: str) -> str:
+    """The one line that refuses a start: planned total, the GPU's memory, the largest parts and what to change."""
+    largest = sorted(plan.parts.items(), key=lambda item: -item[1])[:3]
+    parts = ", ".join(f"{name} {gib(value)}" for name, value in largest)
+    if fitting:
+        sets = " ".join(f"--set {change}" for change in layout_overrides(plan.layout, fitting[0].layout, mini_batch_key(job)))
+        advice = f"the nearest layout that fits is {describe(fitting[0].layout)} ({gib(fitting[0].total)} GiB): {sets}"
+    else:
+        advice = "no layout on this many GPUs fits: use more GPUs or a shorter model.model_max_length"
+    return (
+        f"memory plan: {gib(plan.total)} GiB per GPU ({parts} GiB, ...) but {where} has {gib(gpu_bytes)} GiB "
+        f"({gib(usable_bytes(gpu_bytes))} usable); {advice}; "
+        "`physreason plan` lists every layout that fits; train.skip_memory_check=true starts anyway"
+    )
+
+
+def check_runtime_memory(config: Config, runtime: Runtime, job: Job) -> MemoryPlan:
+    """At a trainer's start: plan `config` on this job's processes, print it (main process) and refuse a start that
+    will not fit this GPU (ConfigError). On CPU the plan is printed and nothing is checked."""
+    gpu_bytes = None
+    if runtime.device.type == "cuda":
+        gpu_bytes = torch.cuda.get_device_properties(runtime.device).total_memory
+    console = Console(stderr=True) if runtime.is_main else None
+    return check_memory(config, runtime.world_size, runtime.distributed, job, gpu_bytes, console)
+
+
+def check_memory(config: Config, gpus: int, distributed: bool, job: Job, gpu_bytes: int | None, console=None) -> MemoryPlan:
+    """Plan `config` on `gpus` processes, print the plan (to `console` when given), and raise ConfigError when it does
+    not fit `gpu_bytes` (None: no GPU, nothing to check) unless train.skip_memory_check."""
+    shape = read_model_shape(config.model)
+    capacity = gpu_bytes or 0
+    recipe = recipe_layout(config, gpus, distributed, job)
+    workload = recipe_workload(config, shape, job, capacity)
+    plan = plan_memory(shape, recipe, workload)
+    if console is not None:
+        console.print(f"memory plan: {describe(recipe)}")
+        console.print(plan_table(plan, capacity))
+    if gpu_bytes is None or plan.fits(gpu_bytes):
+        return plan
+    fitting = fitting_layouts(shape, recipe, workload, gpu_bytes)
+    message = refusal(plan, gpu_bytes, fitting, job, "each GPU")
+    if config.train.skip_memory_check:
+        log.warning("%s (starting anyway: train.skip_memory_check)", message)
+        return plan
+    raise ConfigError(message)

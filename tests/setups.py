@@ -1,0 +1,110 @@
+"""Set-ups shared by the SFT, FSDP and GRPO tests and their LoRA variants: records, base overrides, the torchrun worker.
+
+Each test module adds its own settings (learning rate, LoRA, checkpoints) to these bases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from physreason.rewards import register_reward
+
+ANSWER = "<think>\nthe ball falls\n</think>\n\n<answer>\nyes\n</answer>"
+
+
+def write_chat_records(folder: Path, count: int = 8, question: str = "Does the box slide {i}?") -> Path:
+    """`count` one-turn conversations (`question` with {i} numbered, answered with ANSWER) in folder/train.jsonl."""
+    records = [
+        {"conversations": [{"role": "user", "content": question.format(i=i)}, {"role": "assistant", "content": ANSWER}]}
+        for i in range(count)
+    ]
+    path = folder / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    return path
+
+
+def sft_overrides(model: Path, data: Path, out: Path, lr: str, logger: str) -> list[str]:
+    """The in-process SFT tests' base: batches of 4 in micro-batches of 2, one warm-up step, float32."""
+    return [
+        f"model.model_name_or_path='{model}'",
+        f"data.dataset.name='{data}'",
+        f"train.output_dir='{out}'",
+        "train.train_batch_per_replica=4",
+        "train.mini_batch=2",
+        f"train.optm_lr={lr}",
+        "train.optm_warmup_steps=1",
+        "train.param_dtype='float32'",
+        "data.num_workers=0",
+        f"logging.logger={logger}",
+    ]
+
+
+def fsdp_overrides(model: Path, data: Path, out: Path, lr: str) -> list[str]:
+    """The FSDP tests' base: 3 steps of micro-batches of 1, float32, one float32 safetensors export at step 3."""
+    return [
+        f"model.model_name_or_path='{model}'", f"data.dataset.name='{data}'", f"train.output_dir='{out}'",
+        "train.train_batch_per_replica=4", "train.mini_batch=1", "train.max_steps=3", f"train.optm_lr={lr}",
+        "train.param_dtype='float32'", "data.num_workers=0", "logging.logger=['jsonl']",
+        # export in float32: a bf16 export would turn last-bit differences of the reduction order into 1-ulp flips
+        "model.dtype='float32'",
+        "train.ckpt.save_freq=3", "train.ckpt.export_safetensors=true", "train.ckpt.max_keep=1",
+    ]  # fmt: skip
+
+
+SFT_WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import torch.distributed as dist
+    from physreason.config import load_config
+    from physreason.train.sft import run_sft
+    result = run_sft(load_config(None, json.loads(sys.argv[1])))
+    if dist.get_rank() == 0:
+        json.dump(result.losses, open(sys.argv[2], "w"))
+    dist.destroy_process_group()
+    """
+)
+
+
+def torchrun_sft(folder: Path, nproc: int, port: int, overrides: list[str]) -> list[float]:
+    """Run SFT with `overrides` in `nproc` torchrun processes (gloo on CPU); return rank 0's losses."""
+    script = folder / "worker.py"
+    script.write_text(SFT_WORKER)
+    losses_file = folder / "losses.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(port),
+               str(script), json.dumps(overrides), str(losses_file)]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(losses_file.read_text())
+
+
+@register_reward("test_mentions_b")
+def mentions_b(completion: str, **sample) -> float:
+    """1 when the completion contains the letter B: a task a random tiny model can discover and learn."""
+    return 1.0 if "B" in completion else 0.0
+
+
+def write_mcq_file(folder: Path) -> Path:
+    """Eight multiple-choice prompts whose answer is always B, in folder/mcq.jsonl."""
+    records = [{"question": f"Which way does ball {i} go?", "options": ["up", "down", "left", "right"], "answer": "B"}
+               for i in range(8)]  # fmt: skip
+    path = folder / "mcq.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    return path
+
+
+def grpo_overrides(model: Path, data: Path, out: Path, reward: str, lr: str) -> list[str]:
+    """The GRPO tests' base on the hf engine: 2 prompts x 8 completions of 6 tokens a step, rewarded by `reward`."""
+    return [
+        f"model.model_name_or_path='{model}'", "model.dtype='float32'", f"data.dataset.name='{data}'",
+        f"train.output_dir='{out}'", "engine.backend='hf'", "engine.batch_size=16",
+        "train.train_batch_per_replica=16", "rollout.n_generation=8", "rollout.batch_size=2",
+        "rollout.max_response_length=6", "grpo.mini_batch=8", f"grpo.reward_function={{{reward} = 1.0}}",
+        f"train.optm_lr={lr}", "train.optm_weight_decay=0", "train.optm_decay_type='constant'",
+        "train.param_dtype='float32'",
+    ]  # fmt: skip

@@ -1,0 +1,92 @@
+"""One flag name per meaning across subcommands (vLLM/TRL names), readable help, config keys with suggestions."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
+    return subprocess.run(
+        [sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd
+    )
+
+
+def all_commands() -> list[list[str]]:
+    import typer.main
+
+    from physreason.cli import app
+
+    found = []
+
+    def walk(command, path):
+        found.append(path)
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+def test_help_of_every_command_has_no_python_types_and_breaks_no_word():
+    for path in all_commands():
+        result = run_cli(*path, "--help")
+        assert result.returncode == 0, path
+        assert "list[" not in result.stdout, (path, result.stdout)
+        for line in result.stdout.splitlines():
+            assert not re.search(r"<[A-Za-z_]\w*$", line.rstrip()), (path, line)  # `<answer_t` + `ype>` wrapped
+
+
+@pytest.mark.parametrize("command", ["infer", "serve", "eval"])
+def test_tensor_parallel_flags_are_the_same_everywhere(command):
+    result = run_cli(command, "--help")
+    assert "--tensor-parallel-size" in result.stdout and "--tp " in result.stdout
+    assert "--tp-size" not in result.stdout
+
+
+def test_serve_takes_tp(tmp_path, tiny_model_dir):
+    result = run_cli("serve", "-m", str(tiny_model_dir), "--tp", "2", "--print-command", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "--tensor-parallel-size 2" in result.stdout
+
+
+def test_eval_tp_sets_the_engines_size(tmp_path):
+    result = run_cli("eval", "--tp", "2", "--num-gpus", "1", cwd=tmp_path)
+    assert result.returncode == 2 and "num_gpus (1) must be a multiple of tp_size (2)" in result.stderr
+
+
+def test_infer_v_is_not_video():
+    result = run_cli("infer", "-v", "clip.mp4", "-q", "x")
+    assert result.returncode == 2 and "No such option: -v" in result.stderr
+    assert "-v," not in run_cli("infer", "--help").stdout
+
+
+@pytest.mark.parametrize("command", ["sft", "grpo"])
+def test_training_takes_model_and_output_dir(tmp_path, command):
+    recipe = ROOT / "configs" / f"{command}_tiny.toml"
+    result = run_cli(command, "-c", str(recipe), "-m", "./no-model", "--output-dir", "chosen", cwd=tmp_path)
+    assert result.returncode == 2 and "'./no-model': no such folder" in result.stderr
+    written = tomllib.loads((tmp_path / "chosen" / "config.toml").read_text())
+    assert written["model"]["model_name_or_path"] == "./no-model" and written["train"]["output_dir"] == "chosen"
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("train.learning_rate", "did you mean train.optm_lr?"),
+        ("rollout.num_generations", "did you mean rollout.n_generation?"),
+        ("generation.temprature", "did you mean generation.temperature?"),
+    ],
+)
+def test_unknown_config_key_suggests_the_one_meant(key, hint):
+    result = run_cli("config", "show", "--set", f"{key}=1")
+    assert result.returncode == 2 and f"{key}: unknown key ({hint})" in result.stderr

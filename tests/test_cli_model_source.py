@@ -1,0 +1,128 @@
+"""A wrong model folder or an unreachable hub: one line naming the model, exit 2, no retries, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HUB_ID = "nvidia/Cosmos-Reason1-7B"
+
+
+def run_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run(
+        [sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=300, cwd=cwd,
+        env=environment,
+    )
+
+
+def no_model_folder(tmp_path: Path) -> Path:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "clips.jsonl").write_text("{}\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("infer", "-m", "./nope", "-q", "x"), "'./nope': no such folder"),
+        (("infer", "-m", "./data", "-q", "x"), "'./data' has no config.json"),
+        (("eval", "-m", "./nope", "-d", "data/clips.jsonl"), "'./nope': no such folder"),
+        (("sft", "-c", str(ROOT / "configs/sft_tiny.toml"), "--set", "model.model_name_or_path=./nope"), "'./nope'"),
+        (("grpo", "-c", str(ROOT / "configs/grpo_tiny.toml"), "--set", "model.model_name_or_path=./nope"), "'./nope'"),
+    ],
+)
+def test_a_folder_that_is_no_model_is_one_line_naming_it_and_exit_2(tmp_path, args, named):
+    result = run_cli(*args, cwd=no_model_folder(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr and "a model folder needs config.json" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_config_without_model_type_is_named(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"hidden_size": 8}')
+    result = run_cli("infer", "-m", "./m", "-q", "x", cwd=tmp_path)
+    assert result.returncode == 2 and "names no model_type" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_offline_hub_id_fails_at_once_naming_hf_hub_offline(tmp_path):
+    result = run_cli("infer", "-q", "x", cwd=tmp_path, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    assert result.returncode == 2, result.stderr
+    assert f"'{HUB_ID}' is a hub id that is not in the local cache, and HF_HUB_OFFLINE is set" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_hub_is_one_request_without_retries(tmp_path):
+    # Port 9 (discard) refuses at once here: huggingface_hub alone would log "Retrying in 1s [Retry 1/5]" and back off.
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
+    result = run_cli("infer", "-q", "x", cwd=tmp_path, **env)
+    assert result.returncode == 2, result.stderr
+    assert f"'{HUB_ID}': cannot reach http://127.0.0.1:9" in result.stderr and "not in the local cache" in result.stderr
+    assert "Retry" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unreachable_hub_probe_is_made_once_and_never_retried(monkeypatch, tmp_path):
+    from huggingface_hub.utils import _http
+
+    from physreason.errors import ConfigError
+    from physreason.models import source
+
+    calls = []
+
+    class Refusing:
+        def head(self, url, **kwargs):
+            calls.append(url)
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(_http, "get_session", lambda: Refusing())
+    monkeypatch.setattr("huggingface_hub.utils.get_session", lambda: Refusing())
+    monkeypatch.setattr(source, "hub_offline", lambda: False)
+    monkeypatch.setattr(source, "_cached", lambda name, revision: False)
+    with pytest.raises(ConfigError, match="cannot reach"):
+        source.check_model_source("someone/some-model")
+    assert len(calls) == 1
+
+
+def test_unreachable_hub_with_a_cached_model_goes_offline_instead_of_retrying(monkeypatch):
+    from physreason.models import source
+
+    monkeypatch.setattr(source, "hub_offline", lambda: False)
+    monkeypatch.setattr(source, "_cached", lambda name, revision: True)
+    monkeypatch.setattr(source, "probe_hub", lambda name, revision: (None, "cannot reach the hub"))
+    went = []
+    monkeypatch.setattr(source, "go_offline", lambda: went.append(True))
+    source.check_model_source("someone/cached-model")
+    assert went == [True]
+
+
+NO_NETWORK = """
+import socket, sys
+def refuse(*args, **kwargs):
+    raise AssertionError("network used: " + repr(args))
+socket.socket.connect = refuse
+socket.create_connection = refuse
+socket.getaddrinfo = refuse
+from physreason.cli import main
+sys.argv = ["physreason", *sys.argv[1:]]
+main()
+"""
+
+
+def test_serve_print_command_of_a_hub_recipe_needs_no_network(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0",
+           "XDG_CACHE_HOME": str(tmp_path / "cache"), "PHYSREASON_API_KEY": "s3cret"}
+    result = subprocess.run(
+        [sys.executable, "-c", NO_NETWORK, "serve", "--config", str(ROOT / "configs/infer-cosmos-reason1-7b.toml"),
+         "--print-command"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"--model {HUB_ID}" in result.stdout and "network used" not in result.stderr
+    assert result.stdout.startswith("VLLM_API_KEY=*** ") and "s3cret" not in result.stdout
+    assert "is not downloaded, so this command has no --chat-template" in result.stderr

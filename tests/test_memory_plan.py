@@ -1,0 +1,176 @@
+"""The memory plan: FSDP2 shard arithmetic against gloo ranks, activation coefficients against saved tensors, and the
+Qwen3-VL-32B layouts (config.json in tests/fixtures/qwen3_vl_32b, hyper-parameters of the published Qwen3-VL-32B)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from physreason.models.sizes import shape_from_hf_config
+from physreason.models.tiny import save_tiny_model
+from physreason.train.memory import (
+    GIB,
+    H100_80GB_GIB,
+    Layout,
+    Workload,
+    activation_bytes_per_token,
+    fitting_layouts,
+    plan_memory,
+    shard_numel,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN3_VL_32B = ROOT / "tests" / "fixtures" / "qwen3_vl_32b"
+H100 = int(H100_80GB_GIB * GIB)
+
+
+@pytest.fixture(scope="module")
+def shape_32b():
+    return shape_from_hf_config(AutoConfig.from_pretrained(QWEN3_VL_32B))
+
+
+def test_shard_numel_cuts_rows_like_torch_chunk():
+    for rows, dp in [(10, 4), (7, 2), (3, 4), (1, 8), (4096, 8)]:
+        chunks = torch.arange(rows * 3).reshape(rows, 3).chunk(dp)
+        expected = [c.numel() for c in chunks] + [0] * (dp - len(chunks))
+        assert [shard_numel((rows, 3), dp, r) for r in range(dp)] == expected
+
+
+def test_qwen3_vl_32b_shape_counts_the_published_parameters(shape_32b):
+    assert 33.0e9 < shape_32b.total_params < 33.6e9  # "Qwen3-VL-32B": 33.4 B with its vision tower
+    assert (shape_32b.hidden, shape_32b.layers, shape_32b.intermediate) == (5120, 64, 25600)
+
+
+def _issue_workload() -> Workload:
+    # cosmos-reason2#54: 32B SFT, batch 1 and 1,024 tokens, out of memory on 8 x H100
+    return Workload(seq_len=1024, vision_tokens=1024, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj",
+                                                                    "gate_proj", "up_proj", "down_proj"))
+
+
+def test_qwen3_vl_32b_full_sft_needs_offload_or_bf16_state_on_8_h100(shape_32b):
+    default = Layout(gpus=8)
+    plan = plan_memory(shape_32b, default, _issue_workload())
+    assert not plan.fits(H100)
+    # fp32 masters + gradients + two fp32 moments: 16 bytes a parameter, over 8 ranks
+    sharded = plan.parts["parameters"] + plan.parts["gradients"] + plan.parts["optimizer state"]
+    assert abs(sharded - 16 * shape_32b.total_params / 8) < 0.01 * sharded
+    assert plan_memory(shape_32b, replace(default, optimizer_state_dtype="bfloat16"), _issue_workload()).fits(H100)
+    offload = plan_memory(shape_32b, replace(default, cpu_offload=True), _issue_workload())
+    assert offload.fits(H100) and offload.parts["parameters"] == 0 and offload.host_bytes > 60 * GIB
+    fitting = fitting_layouts(shape_32b, default, _issue_workload(), H100)
+    assert fitting and not fitting[0].layout.lora  # full fine-tuning fits without falling back to LoRA
+
+
+def test_qwen3_vl_32b_lora_fits_one_h100_with_offload(shape_32b):
+    plain = Layout(gpus=1, distributed=False, lora=True)
+    assert not plan_memory(shape_32b, plain, _issue_workload()).fits(H100)  # the fp32 frozen base alone is 124 GiB
+    fitting = fitting_layouts(shape_32b, plain, _issue_workload(), H100)
+    assert fitting and all(p.layout.lora and p.layout.cpu_offload for p in fitting)
+
+
+def test_plan_command_refuses_a_recipe_that_cannot_fit_in_one_line(tmp_path):
+    recipe = tmp_path / "sft32b.toml"
+    recipe.write_text(f'[model]\nmodel_name_or_path = "{QWEN3_VL_32B}"\nmodel_max_length = 1024\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-m", "physreason", "plan", str(recipe), "--gpus", "8"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "optimizer state" in done.stdout and "layouts that fit on 8 GPU(s)" in done.stdout
+    assert "train.optimizer_state_dtype='bfloat16'" in done.stdout
+    error = done.stderr.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("error: memory plan:") and "GiB per GPU" in error[0]
+    assert "--set train.optimizer_state_dtype='bfloat16'" in error[0] and "train.skip_memory_check" in error[0]
+    assert "Traceback" not in done.stderr
+
+
+def _saved_bytes_per_token(hidden: int, heads: int, kv_heads: int, head_dim: int, mlp: int, tokens: int) -> float:
+    """Bytes that one bf16 Qwen3-VL decoder block saves for backward, per token (saved-tensor hooks, no weights)."""
+    from transformers import Qwen3VLForConditionalGeneration
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLConfig
+
+    section = [head_dim // 2 - 2 * (head_dim // 8), head_dim // 8, head_dim // 8]
+    config = Qwen3VLConfig(
+        text_config={"hidden_size": hidden, "num_hidden_layers": 1, "num_attention_heads": heads,
+                     "num_key_value_heads": kv_heads, "head_dim": head_dim, "intermediate_size": mlp, "vocab_size": 64,
+                     "rope_scaling": {"mrope_section": section, "rope_type": "default", "mrope_interleaved": True}},
+        vision_config={"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": hidden,
+                       "deepstack_visual_indexes": []},
+    )
+    config._attn_implementation = config.text_config._attn_implementation = "sdpa"
+    model = Qwen3VLForConditionalGeneration(config).to(torch.bfloat16)
+    block = model.model.language_model.layers[0]
+    x = torch.randn(1, tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+    cos_sin = model.model.language_model.rotary_emb(x, torch.arange(tokens)[None].expand(3, 1, tokens))
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
+    skip |= {t.untyped_storage().data_ptr() for t in cos_sin}  # computed once per model, shared by every block
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in skip:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        block(x, position_embeddings=cos_sin, attention_mask=None, position_ids=None)
+    return sum(saved.values()) / tokens
+
+
+@pytest.mark.parametrize("dims", [(384, 6, 2, 64, 1536), (256, 8, 8, 32, 704)])
+def test_activation_coefficients_match_the_tensors_a_block_saves(dims):
+    hidden, heads, kv_heads, head_dim, mlp = dims
+    measured = _saved_bytes_per_token(hidden, heads, kv_heads, head_dim, mlp, tokens=256)
+    planned = activation_bytes_per_token(hidden, heads * head_dim, kv_heads * head_dim, mlp)
+    assert abs(planned - measured) <= 0.05 * measured, (planned, measured)
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("offload", [False, True])
+def test_plan_shard_bytes_equal_each_gloo_ranks_fsdp2_shards(tmp_path, offload):
+    model = save_tiny_model("qwen3_vl", tmp_path / "model")
+    overrides = [f"model.model_name_or_path='{model}'", "train.freeze_vision_tower=true", "train.param_dtype='float32'",
+                 f"train.cpu_offload={str(offload).lower()}"]
+    out = tmp_path / "held"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+               str(29631 + offload), str(ROOT / "tests" / "memory_worker.py"), json.dumps(overrides), str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    shape = shape_from_hf_config(AutoConfig.from_pretrained(model))
+    workload = Workload(seq_len=6, train_vision=False)
+    for rank in range(2):
+        held = json.loads(Path(f"{out}.rank{rank}.json").read_text())
+        assert all(torch.isfinite(torch.tensor(held["losses"])))
+        for state in ("float32", "bfloat16"):
+            layout = Layout(gpus=2, optimizer_state_dtype=state, cpu_offload=offload)
+            plan = plan_memory(shape, layout, workload, rank=rank)
+            sharded = {part: held[state][part] for part in ("parameters", "gradients", "optimizer state")}
+            if offload:
+                assert plan.host_bytes == sum(sharded.values())
+                assert plan.parts["parameters"] == plan.parts["gradients"] == plan.parts["optimizer state"] == 0
+            else:
+                assert {part: plan.parts[part] for part in sharded} == sharded
+
+
+def test_start_up_check_refuses_a_plan_over_the_gpu_unless_told_to_skip(tmp_path):
+    from physreason.config import load_config
+    from physreason.errors import ConfigError
+    from physreason.train.memory_report import check_memory
+
+    model = save_tiny_model("qwen3_vl", tmp_path / "model")
+    config = load_config(None, [f"model.model_name_or_path='{model}'", "model.model_max_length=512"])
+    plan = check_memory(config, 2, True, "sft", None)  # no GPU: planned, never refused
+    small = plan.total // 2
+    with pytest.raises(ConfigError, match=r"memory plan: .* GiB per GPU .*train.skip_memory_check"):
+        check_memory(config, 2, True, "sft", small)
+    config.train.skip_memory_check = True
+    assert check_memory(config, 2, True, "sft", small).total == plan.total
+    assert check_memory(config, 2, True, "sft", 4 * plan.total).fits(4 * plan.total)

@@ -1,0 +1,166 @@
+"""SFT data in the layouts Cosmos-Reason2 users already have: the LLaVA / ShareGPT JSON of its cosmos-rl examples
+(llava_sft.py) and a Hugging Face dataset of transformers `messages` (hf_sft.py); bad records named by place."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from media import write_clip, write_image
+
+from physreason.config import DatasetConfig, load_config
+from physreason.data.loaders import load_located_records
+from physreason.data.sft import IGNORE_INDEX, SFTDataset, normalize_conversation
+from physreason.errors import InputError
+from physreason.models.family import read_vision_tokens
+from physreason.models.inputs import load_processor_params
+from physreason.models.tiny import build_tiny_tokenizer
+from physreason.train.sft import build_datasets, run_sft
+
+ANSWER = "<think>\nthe cup tips over\n</think>\n\nIt falls."
+
+
+def llava_records(count: int) -> list[dict]:
+    """Records as llava_sft.py reads them: `conversations` of human/gpt turns, media under image/images/video."""
+    records = []
+    for i in range(count):
+        record: dict = {"id": f"s{i}", "conversations": [
+            {"from": "human", "value": f"<video>\nWhat happens to the cup {i}?"},
+            {"from": "gpt", "value": ANSWER},
+        ]}
+        record["video"] = f"clips/c{i % 2}.mp4"
+        if i % 2:
+            record["images"] = ["frames/a.png"]
+            record["conversations"][0]["value"] = "<image>\n" + record["conversations"][0]["value"]
+        records.append(record)
+    return records
+
+
+@pytest.fixture(scope="module")
+def media_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("media")
+    for i in range(2):
+        write_clip(root / "clips" / f"c{i}.mp4", n_frames=8, fps=4, size=(64, 64), seed=i)
+    write_image(root / "frames" / "a.png", size=(64, 64))
+    return root
+
+
+def test_llava_images_key_and_placeholders_give_media_in_text_order():
+    record = llava_records(2)[1]
+    messages = normalize_conversation(record, "conversations", "x.json record 1")
+    assert messages[0]["content"] == [
+        {"type": "image", "image": "frames/a.png"},
+        {"type": "video", "video": "clips/c1.mp4"},
+        {"type": "text", "text": "What happens to the cup 1?"},
+    ]
+    both = {**record, "image": "frames/b.png"}
+    with pytest.raises(InputError, match="record 1: the record has both 'image' and 'images'"):
+        normalize_conversation(both, "conversations", "x.json record 1")
+
+
+@pytest.mark.slow
+def test_llava_json_file_trains_a_tiny_qwen3_vl(tmp_path, media_root, tiny_model_dirs):
+    data = tmp_path / "annotations" / "train.json"  # media live elsewhere: data.dataset.media_root
+    data.parent.mkdir()
+    data.write_text(json.dumps(llava_records(4)))
+    config = load_config(None, [
+        f"model.model_name_or_path={json.dumps(str(tiny_model_dirs['qwen3_vl']))}",
+        f"data.dataset.name={json.dumps(str(data))}",
+        f"data.dataset.media_root={json.dumps(str(media_root))}",
+        f"train.output_dir={json.dumps(str(tmp_path / 'out'))}",
+        "train.train_batch_per_replica=2", "train.mini_batch=1", "train.max_steps=3", "train.optm_warmup_steps=1",
+        "train.param_dtype='float32'", "train.ckpt.enable_checkpoint=false", "train.ckpt.export_safetensors=false",
+        "data.num_workers=0", "logging.logger=['jsonl']",
+        "vision.min_pixels=4096", "vision.max_pixels=4096", "vision.total_pixels=16384",
+        "vision.image_min_pixels=4096", "vision.image_max_pixels=4096",
+    ])
+    result = run_sft(config)
+    assert len(result.losses) == 3 and all(torch.isfinite(torch.tensor(result.losses)))
+
+
+def messages_rows(count: int) -> list[dict]:
+    """Rows as hf_sft.py trains on: transformers messages, every content a list of parts (one Arrow type)."""
+    return [{"messages": [
+        {"role": "system", "content": [{"type": "text", "text": "You are a helpful assistant."}]},
+        {"role": "user", "content": [{"type": "video", "video": f"clips/c{i % 2}.mp4"},
+                                     {"type": "text", "text": f"What happens {i}?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": ANSWER}]},
+    ]} for i in range(count)]
+
+
+def test_hf_dataset_of_messages_is_read_from_its_messages_column(tmp_path, media_root, tiny_model_dirs, caplog):
+    import datasets
+
+    folder = media_root / "hf_sft"  # a load_from_disk folder; media paths relative to its media root
+    datasets.Dataset.from_list(messages_rows(3)).save_to_disk(str(folder))
+    records, root, where = load_located_records(DatasetConfig(name=str(folder), media_root=str(media_root)))
+    # Arrow gives every part the union of the parts' keys: a text part arrives with "video": None.
+    assert records[0]["messages"][1]["content"][1]["video"] is None
+    model = tiny_model_dirs["qwen3_vl"]
+    from transformers import AutoConfig, AutoTokenizer
+
+    vision = read_vision_tokens(AutoConfig.from_pretrained(model))
+    with caplog.at_level(logging.INFO, logger="physreason.data.sft"):
+        dataset = SFTDataset(records, root, AutoTokenizer.from_pretrained(model), max_length=4096,
+                             vision_tokens=vision, processor_params=load_processor_params(str(model)),
+                             source=str(folder), locations=where)
+    assert dataset.column == "messages"
+    assert sum("reading the 'messages' column" in r.message for r in caplog.records) == 1
+    assert dataset.record_problems() == []
+    sample = dataset[0]
+    assert sample.visuals is not None and sample.visuals.video_grid_thw.shape == (1, 3)
+    reply = AutoTokenizer.from_pretrained(model).decode(sample.input_ids[sample.labels != IGNORE_INDEX])
+    assert reply == ANSWER + "<|im_end|>"
+    text = AutoTokenizer.from_pretrained(model).decode(sample.input_ids)
+    assert text.count("<|vision_start|>") >= 1 and "You are a helpful assistant." in text
+
+
+def test_messages_stored_as_json_text_read_the_same(tmp_path):
+    tokenizer = build_tiny_tokenizer()
+    rows = [{"conversations": json.dumps(row["messages"][:1] + [
+        {"role": "user", "content": [{"type": "text", "text": "Why?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Because."}]},
+    ])} for row in messages_rows(1)]
+    sample = SFTDataset(rows, tmp_path, tokenizer, max_length=512)[0]
+    assert tokenizer.decode(sample.input_ids[sample.labels != IGNORE_INDEX]) == "Because.<|im_end|>"
+
+
+def test_bad_records_are_named_by_file_and_index(tmp_path, media_root, tiny_model_dirs):
+    import datasets
+
+    records = llava_records(3)
+    records[1]["video"] = "clips/missing.mp4"
+    records[2]["conversations"] = [{"from": "human", "value": "only a question"}]
+    data = tmp_path / "train.json"
+    data.write_text(json.dumps(records))
+    config = load_config(None, [
+        f"model.model_name_or_path={json.dumps(str(tiny_model_dirs['qwen3_vl']))}",
+        f"data.dataset.name={json.dumps(str(data))}",
+        f"data.dataset.media_root={json.dumps(str(media_root))}",
+    ])
+    from transformers import AutoConfig, AutoTokenizer
+
+    model = tiny_model_dirs["qwen3_vl"]
+    with pytest.raises(InputError) as failure:
+        build_datasets(config, AutoTokenizer.from_pretrained(model), AutoConfig.from_pretrained(model))
+    message = str(failure.value)
+    assert "2 of 3 SFT records cannot be used" in message
+    assert f"{data} record 1: media file" in message and "missing.mp4 does not exist" in message
+    assert f"{data} record 2: the conversation has no assistant turn" in message
+
+    rows = [{"messages": json.dumps(messages_rows(1)[0]["messages"])}, {"messages": "{not json"}]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "hf"))
+    records, root, where = load_located_records(DatasetConfig(name=str(tmp_path / "hf"), media_root=str(media_root)))
+    problems = SFTDataset(records, root, build_tiny_tokenizer(), max_length=512, locations=where).record_problems()
+    assert len(problems) == 2  # row 0 has a video but the text-only tokenizer's model has no vision tower
+    assert problems[1].startswith(f"{tmp_path / 'hf'} row 1: 'messages' is text but not valid JSON")
+
+
+def test_a_custom_column_that_no_record_has_is_not_replaced(tmp_path):
+    rows = messages_rows(1)
+    problems = SFTDataset(rows, tmp_path, build_tiny_tokenizer(), max_length=512, conversation_column="dialog",
+                          source="mine.jsonl").record_problems()
+    assert problems == ["mine.jsonl record 0: no list of turns under 'dialog'; set data.conversation_column_name"]

@@ -1,0 +1,119 @@
+"""Smaller optimizer state and CPU offload: the bf16-moment AdamW steps like torch's, and runs resume bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from physreason.config import load_config
+from physreason.errors import ConfigError
+from physreason.models.tiny import save_tiny_model
+from physreason.train.adamw import AdamWBF16State
+from physreason.train.sft import run_sft
+
+ANSWER = "<think>\nthe ball falls\n</think>\n\n<answer>\nyes\n</answer>"
+
+
+def test_bf16_state_adamw_first_step_equals_torch_adamw_and_stores_bf16_moments():
+    torch.manual_seed(0)
+    start = torch.randn(64, 32)
+    grads = [torch.randn(64, 32) for _ in range(3)]
+    ours, reference = start.clone().requires_grad_(), start.clone().requires_grad_()
+    mine = AdamWBF16State([ours], lr=1e-2, weight_decay=0.1)
+    theirs = torch.optim.AdamW([reference], lr=1e-2, weight_decay=0.1, foreach=False)
+    for index, grad in enumerate(grads):
+        ours.grad, reference.grad = grad.clone(), grad.clone()
+        mine.step()
+        theirs.step()
+        if index == 0:  # the moments start at zero, so the first update uses the same float32 values
+            assert torch.equal(ours, reference)
+    assert mine.state[ours]["exp_avg"].dtype == torch.bfloat16 and mine.state[ours]["exp_avg_sq"].dtype == torch.bfloat16
+    assert not torch.equal(ours, reference)  # later steps read rounded moments
+    assert torch.allclose(ours, reference, atol=1e-3)
+    again = AdamWBF16State([ours], lr=1e-2, weight_decay=0.1)
+    again.load_state_dict(mine.state_dict())  # torch's loader would cast the moments to the parameter's float32
+    assert again.state[ours]["exp_avg"].dtype == torch.bfloat16
+    assert torch.equal(again.state[ours]["exp_avg_sq"], mine.state[ours]["exp_avg_sq"])
+
+
+def _records(folder: Path) -> Path:
+    path = folder / "train.jsonl"
+    path.write_text("\n".join(json.dumps({"conversations": [
+        {"role": "user", "content": f"Does the box slide {i}?"}, {"role": "assistant", "content": ANSWER}]}) for i in range(8)))
+    return path
+
+
+def _overrides(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return [f"model.model_name_or_path='{model}'", f"data.dataset.name='{data}'", f"train.output_dir='{out}'",
+            "train.train_batch_per_replica=4", "train.mini_batch=2", "train.optm_lr=2e-3", "train.param_dtype='float32'",
+            "model.dtype='float32'", "data.num_workers=0", "logging.logger=['jsonl']", "train.ckpt.save_freq=2", *extra]
+
+
+def test_bf16_state_run_resumed_at_step_2_equals_4_steps_straight(tmp_path):
+    model = save_tiny_model("qwen3_vl", tmp_path / "model")
+    data = _records(tmp_path)
+    bf16 = "train.optimizer_state_dtype='bfloat16'"
+    straight = run_sft(load_config(None, _overrides(model, data, tmp_path / "a", "train.max_steps=4", bf16)))
+    # A fresh run from the step-2 checkpoint (same schedule: the schedule spans train.max_steps).
+    step_2 = tmp_path / "a" / "checkpoints" / "step_2"
+    resumed = run_sft(load_config(None, _overrides(model, data, tmp_path / "b", "train.max_steps=4", bf16,
+                                                   f"train.resume='{step_2}'", "train.trust_checkpoint=true")))
+    assert resumed.losses == straight.losses[2:]
+    final = [load_file(run / "safetensors" / "step_4" / "model.safetensors") for run in (tmp_path / "a", tmp_path / "b")]
+    assert final[0].keys() == final[1].keys()
+    assert all(torch.equal(final[0][name], final[1][name]) for name in final[0])
+
+
+def test_cpu_offload_outside_torchrun_is_refused_naming_the_key(tmp_path):
+    model = save_tiny_model("qwen3_vl", tmp_path / "model")
+    config = load_config(None, _overrides(model, _records(tmp_path), tmp_path / "out", "train.max_steps=1",
+                                          "train.cpu_offload=true"))
+    with pytest.raises(ConfigError, match="train.cpu_offload"):
+        run_sft(config)
+
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import torch.distributed as dist
+    from physreason.config import load_config
+    from physreason.train.sft import run_sft
+    result = run_sft(load_config(None, json.loads(sys.argv[1])))
+    if dist.get_rank() == 0:
+        json.dump(result.losses, open(sys.argv[2], "w"))
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.cpu_only
+def test_cpu_offload_on_two_gloo_processes_trains_and_resumes_exactly(tmp_path):
+    model = save_tiny_model("qwen3_vl", tmp_path / "model")
+    data = _records(tmp_path)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def launch(out: str, *extra: str) -> list[float]:
+        losses = tmp_path / f"{out}-{len(extra)}.json"
+        overrides = _overrides(model, data, tmp_path / out, "train.cpu_offload=true", *extra)
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29641",
+                   str(script), json.dumps(overrides), str(losses)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-4000:]
+        return json.loads(losses.read_text())
+
+    straight = launch("a", "train.max_steps=4")
+    resumed = launch("b", "train.max_steps=4", f"train.resume='{tmp_path / 'a' / 'checkpoints' / 'step_2'}'",
+                     "train.trust_checkpoint=true")
+    assert len(straight) == 4 and straight[-1] < straight[0]
+    assert resumed == straight[2:]
