@@ -1,9 +1,11 @@
 """The README's main job: the whole physreason loop on a tiny model, on CPU, with no downloads.
 
 Builds a tiny random Qwen2.5-VL model, generates intuitive-physics clips (arrow of time, spatial
-puzzle, object permanence), evaluates the model, fine-tunes it with SFT on the generated reasoning
-traces, evaluates again, and prints the accuracy table. A tiny random model on a few dozen clips
-shows that every stage runs end to end; the GPU runs in bench/RESULTS.md show what the stages
+puzzle, object permanence; options in one fixed order), evaluates the model, pre-trains its vision
+tower on the training clips with a dense loss (physreason.train.tower: the stand-in for the pre-trained
+encoder released VLMs start from, without which a random model stays at chance), fine-tunes it with SFT
+on letter answers with the tower fixed, evaluates again, runs GRPO, evaluates, and prints the accuracy
+table of held-out clips beside chance. The GPU runs in bench/RESULTS.md show what the same stages
 achieve at scale.
 """
 
@@ -38,6 +40,21 @@ class DemoSizes:
     sft_steps: int = 80
     grpo_steps: int = 12
     max_tokens: int = 8
+    tower_steps: int = 150
+    sft_tasks: tuple[str, ...] = LETTER_TASK_NAMES  # tasks whose clips SFT trains on (the tower trains on every task's)
+
+
+def reward_windows(rewards: Sequence[float], windows: int = 3) -> list[tuple[int, int, float]]:
+    """Mean reward over consecutive windows of steps: (first step, last step, mean), steps counted from 1.
+
+    One step's mean over a few completions is noise (16 binary rewards: a standard error of about 0.12), so a
+    first-to-last comparison reads as a trend where there is none; window means show the trend there is.
+    """
+    size = max(1, -(-len(rewards) // windows))
+    return [
+        (start + 1, min(start + size, len(rewards)), sum(rewards[start : start + size]) / len(rewards[start : start + size]))
+        for start in range(0, len(rewards), size)
+    ]
 
 
 def _stage(title: str) -> float:
@@ -108,7 +125,7 @@ def rl_records(data_root: Path, out_file: Path, tasks: Sequence[str] = LETTER_TA
 
 
 def grpo_config(cfg: Config, out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
-    """GRPO from the fine-tuned model on the training clips: letter prompts, accuracy reward, 4 samples per prompt."""
+    """GRPO from the fine-tuned model on the training clips: letter prompts, accuracy reward, 8 samples per prompt."""
     recipe = load_config(
         None,
         values={
@@ -116,22 +133,26 @@ def grpo_config(cfg: Config, out: Path, model_dir: Path, sizes: DemoSizes) -> Co
             "data.num_workers": 0,
             "train.output_dir": str(out / "grpo"),
             "train.max_steps": sizes.grpo_steps,
-            "train.train_batch_per_replica": 16,
-            "train.optm_lr": 5e-4,
+            "train.train_batch_per_replica": 32,
+            # A tenth of SFT's rate: GRPO refines the fine-tuned model, its reward being 32 samples' noisy mean
+            "train.optm_lr": 2e-4,
             "train.optm_decay_type": "constant",
             "train.param_dtype": "float32",
             "train.gradient_checkpointing": False,
+            "train.freeze_vision_tower": sizes.tower_steps > 0,  # as SFT trained the model
             "train.ckpt.save_freq": sizes.grpo_steps,
             "train.ckpt.max_keep": 1,
-            "rollout.n_generation": 4,
+            "rollout.n_generation": 8,
             "rollout.batch_size": 4,
             "rollout.max_response_length": 4,
             "rollout.sampling_config.temperature": 1.0,
             "rollout.sampling_config.top_p": 1.0,
             "rollout.sampling_config.repetition_penalty": 1.0,
             "grpo.answer_type": "letter",
+            # The clips list their options in one fixed order, which SFT learned: reshuffling would ask new questions.
+            "grpo.shuffle_options": False,
             "grpo.reward_function": {"accuracy": 1.0},
-            "grpo.mini_batch": 8,
+            "grpo.mini_batch": 16,
         },
     )
     return recipe.model_copy(
@@ -149,20 +170,22 @@ def demo_config(out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
             "model.model_max_length": 4096,
             "engine.backend": "hf",
             "engine.batch_size": 12,
-            "vision.min_pixels": 12544,
-            "vision.max_pixels": 25088,
+            # 84x112 frames, 4 per clip (two temporal patches, 24 visual tokens): the GPU recipe's frame size, and a
+            # third of its frames, so that tower pre-training and SFT fit a few minutes of 2 CPU cores.
+            "vision.min_pixels": 9408,
+            "vision.max_pixels": 12544,
             "vision.total_pixels": 200704,
-            "vision.max_frames": 12,
+            "vision.max_frames": 4,
             "generation.temperature": 0,
             "generation.repetition_penalty": 1.0,
             "generation.max_tokens": sizes.max_tokens,
             "eval.benchmark_root": str(out / "data" / "test"),
             "eval.datasets": list(LETTER_TASK_NAMES),
             "eval.answer_type": "letter",
-            "data.dataset.name": str(out / "data" / "train" / "sft.jsonl"),
+            "data.dataset.name": str(sft_file(out, sizes)),
             "data.num_workers": 0,
             "data.val_fraction": 0,
-            "train.output_dir": str(out / "sft"),
+            "train.output_dir": str(out / sft_file(out, sizes).stem),  # other SFT tasks: another run folder
             "train.max_steps": sizes.sft_steps,
             "train.train_batch_per_replica": 8,
             "train.mini_batch": 4,
@@ -170,11 +193,20 @@ def demo_config(out: Path, model_dir: Path, sizes: DemoSizes) -> Config:
             "train.optm_warmup_steps": 3,
             "train.param_dtype": "float32",
             "train.gradient_checkpointing": False,
+            # A tower pre-trained with a dense loss carries what the clips show; a random language model's one
+            # letter per clip would only blur it (bench/RESULTS.md: fixed did better than trained on).
+            "train.freeze_vision_tower": sizes.tower_steps > 0,
             "train.ckpt.save_freq": sizes.sft_steps,
             "train.ckpt.max_keep": 1,
             "logging.logger": ["jsonl"],
         },
     )
+
+
+def sft_file(out: Path, sizes: DemoSizes) -> Path:
+    """The letter-answer records SFT trains on: every task's, or `sft_tasks`' alone in a file named after them."""
+    name = "sft" if set(sizes.sft_tasks) == set(LETTER_TASK_NAMES) else "sft-" + "-".join(sizes.sft_tasks)
+    return out / "data" / "train" / f"{name}.jsonl"
 
 
 def _with_model(cfg: Config, model_dir: Path) -> Config:
@@ -204,31 +236,58 @@ def run_demo(out: str | Path = "demo-out", sizes: DemoSizes | None = None) -> di
     from physreason.models.tiny import save_tiny_model
     from physreason.train.grpo import run_grpo
     from physreason.train.sft import run_sft
+    from physreason.train.tower import pretrain_tower
 
     sizes = sizes or DemoSizes()
     out = Path(out).resolve()
-    start = _stage("1/7 tiny Qwen2.5-VL model (random weights)")
+    start = _stage("1/8 tiny Qwen2.5-VL model (random weights)")
     model_dir = out / "model"
     if not (model_dir / "model.safetensors").is_file():
         save_tiny_model("qwen2_5_vl", model_dir)
     console.print(f"model: {model_dir} ({time.perf_counter() - start:.1f} s)")
 
-    start = _stage("2/7 intuitive-physics clips")
+    start = _stage("2/8 intuitive-physics clips")
     for split, n in (("train", sizes.train_per_task), ("test", sizes.test_per_task)):
         for task in LETTER_TASK_NAMES:
-            generate_task(task, n, out / "data" / split, split, base_seed=0, workers=2, show_progress=False)
+            # Options in one fixed order: a model trained from scratch learns the clip's answer, not an XOR of the
+            # clip and a shuffled letter order (docs/intuitive-physics.md). Chance stays 50 / 25 / 50.
+            generate_task(
+                task, n, out / "data" / split, split, base_seed=0, workers=2, show_progress=False, option_order="fixed"
+            )
         console.print(f"{split}: {n} clips per task in {out / 'data' / split}")
-    letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")
+    letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")  # every task: the tower's
+    letter_sft_records(out / "data" / "train", sft_file(out, sizes), tasks=sizes.sft_tasks)
     rl_records(out / "data" / "train", out / "data" / "train" / "rl.jsonl")
     console.print(f"({time.perf_counter() - start:.1f} s)")
 
     cfg = demo_config(out, model_dir, sizes)
     table: dict[str, dict[str, float | None]] = {}
-    start = _stage("3/7 evaluate the base model")
+    start = _stage("3/8 evaluate the base model")
     table["base model"] = _evaluate(cfg, "base", out / "results")
     console.print(f"({time.perf_counter() - start:.1f} s)")
 
-    start = _stage("4/7 supervised fine-tuning (letter answers)")
+    if sizes.tower_steps:
+        start = _stage("4/8 pre-train the vision tower on the training clips (dense loss)")
+        tower_dir = out / f"model-tower{sizes.tower_steps}"
+        done = tower_dir / "tower_pretraining.json"
+        if done.is_file():
+            tower = json.loads(done.read_text(encoding="utf-8"))
+        else:
+            tower = pretrain_tower(
+                model_dir, out / "data" / "train", tower_dir, cfg.vision.model_dump(), sizes.tower_steps, batch=32,
+                workers=1, verbose=False,
+            )  # fmt: skip
+        held_out = ", ".join(f"{task} {accuracy:.1f}" for task, accuracy in tower["heldout_accuracy"].items())
+        console.print(
+            f"tower loss {tower['loss_curve'][0]['loss']:.3f} -> {tower['loss_curve'][-1]['loss']:.3f} over "
+            f"{tower['steps']} steps; its accuracy (%) on the tenth of training clips it did not train on: {held_out}"
+        )
+        console.print(f"({time.perf_counter() - start:.1f} s)")
+        cfg = _with_model(cfg, tower_dir)
+    else:
+        _stage("4/8 vision tower pre-training: skipped (tower_steps 0); SFT trains the random tower")
+
+    start = _stage(f"5/8 supervised fine-tuning, letter answers{', tower fixed' if sizes.tower_steps else ''}")
     sft_export = _finished_export(Path(cfg.train.output_dir), sizes.sft_steps)
     if sft_export is None:
         cfg.train.resume = True  # a demo stopped during SFT continues from its last checkpoint
@@ -241,24 +300,25 @@ def run_demo(out: str | Path = "demo-out", sizes: DemoSizes | None = None) -> di
         sft_export = result.export_dir
     console.print(f"fine-tuned model: {sft_export} ({time.perf_counter() - start:.1f} s)")
 
-    start = _stage("5/7 evaluate the fine-tuned model")
+    start = _stage("6/8 evaluate the fine-tuned model")
     table["after SFT"] = _evaluate(_with_model(cfg, sft_export), "sft", out / "results")
     console.print(f"({time.perf_counter() - start:.1f} s)")
 
-    start = _stage("6/7 GRPO from the fine-tuned model (accuracy reward)")
+    start = _stage("7/8 GRPO from the fine-tuned model (accuracy reward)")
     rl_cfg = grpo_config(cfg, out, sft_export, sizes)
     rl_export = _finished_export(Path(rl_cfg.train.output_dir), sizes.grpo_steps)
     if rl_export is None:
         rl_cfg.train.resume = True
         rl = run_grpo(rl_cfg)
         if rl.rewards:
-            console.print(f"mean reward {rl.rewards[0]:.3f} -> {rl.rewards[-1]:.3f} over {len(rl.rewards)} steps")
+            shown = ", ".join(f"steps {a}-{b}: {mean:.3f}" for a, b, mean in reward_windows(rl.rewards))
+            console.print(f"GRPO mean reward on its training prompts, {shown}")
         if rl.export_dir is None:
             raise PhysReasonError("the GRPO run exported no model; check train.ckpt.export_safetensors")
         rl_export = rl.export_dir
     console.print(f"GRPO model: {rl_export} ({time.perf_counter() - start:.1f} s)")
 
-    start = _stage("7/7 evaluate the GRPO model")
+    start = _stage("8/8 evaluate the GRPO model")
     table["after SFT+GRPO"] = _evaluate(_with_model(cfg, rl_export), "grpo", out / "results")
     console.print(f"({time.perf_counter() - start:.1f} s)")
 

@@ -7,12 +7,12 @@ import json
 import pytest
 
 from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
-from physreason.demo import DemoSizes, letter_sft_records, run_demo
+from physreason.demo import DemoSizes, demo_config, grpo_config, letter_sft_records, reward_windows, run_demo
 
 
 @pytest.mark.slow
 def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
-    sizes = DemoSizes(train_per_task=4, test_per_task=2, sft_steps=2, grpo_steps=1, max_tokens=2)
+    sizes = DemoSizes(train_per_task=4, test_per_task=2, sft_steps=2, grpo_steps=1, max_tokens=2, tower_steps=2)
     table = run_demo(tmp_path / "demo", sizes)
     assert list(table) == ["base model", "after SFT", "after SFT+GRPO"]
     for scores in table.values():
@@ -21,11 +21,18 @@ def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
     train = tmp_path / "demo" / "data" / "train"
     records = [json.loads(line) for line in (train / "sft.jsonl").read_text().splitlines()]
     assert len(records) == 4 * len(TASKS)
+    # options in one fixed order (a from-scratch model cannot learn shuffled letters), and the tower pre-trained
+    for task in TASKS:
+        entries = json.loads((train / task / f"{task}_benchmark_qa_pairs.json").read_text())
+        assert len({json.dumps(entry["qa_pairs"]["index2ans"]) for entry in entries}) == 1
+    tower = json.loads((tmp_path / "demo" / "model-tower2" / "tower_pretraining.json").read_text())
+    assert tower["steps"] == 2 and set(tower["heldout_accuracy"]) <= set(TASKS)
     prompts = (train / "rl.jsonl").read_text().splitlines()
     assert len(prompts) == 4 * len(TASKS) and json.loads(prompts[0])["video"].startswith(f"{TASKS[0]}/")
     # a rerun reuses the model, the clips and the trained models instead of making them again
     clip = train / "arrow_of_time" / records[0]["video"].split("/", 1)[1]
-    exports = [tmp_path / "demo" / "sft" / "safetensors" / "step_2", tmp_path / "demo" / "grpo" / "safetensors" / "step_1"]
+    exports = [tmp_path / "demo" / "model-tower2", tmp_path / "demo" / "sft" / "safetensors" / "step_2",
+               tmp_path / "demo" / "grpo" / "safetensors" / "step_1"]
     stamps = [path.stat().st_mtime_ns for path in (clip, *(e / "config.json" for e in exports))]
     assert run_demo(tmp_path / "demo", sizes) == table
     assert [path.stat().st_mtime_ns for path in (clip, *(e / "config.json" for e in exports))] == stamps
@@ -47,3 +54,40 @@ def test_letter_records_answer_with_the_benchmark_letter(tmp_path):
     # One task's records alone (the tower pre-training bench writes a single task's file).
     assert letter_sft_records(tmp_path, tmp_path / "one.jsonl", tasks=[TASKS[1]]) == 1
     assert json.loads((tmp_path / "one.jsonl").read_text())["video"] == f"{TASKS[1]}/clips/x.mp4"
+
+
+def test_grpo_reward_is_summarised_as_window_means_not_two_single_steps():
+    rewards = [0.625, 0.5, 0.375, 0.5, 0.5, 0.625, 0.375, 0.5, 0.5, 0.625, 0.5, 0.312]
+    assert reward_windows(rewards) == [(1, 4, 0.5), (5, 8, 0.5), (9, 12, pytest.approx(0.48425))]
+    assert reward_windows([0.2, 0.4], windows=3) == [(1, 1, 0.2), (2, 2, 0.4)]
+    assert reward_windows([]) == []
+
+
+def test_demo_recipe_trains_on_a_fixed_pretrained_tower_and_grpo_keeps_the_option_order(tmp_path):
+    sizes = DemoSizes()
+    cfg = demo_config(tmp_path, tmp_path / "model-tower", sizes)
+    assert cfg.train.freeze_vision_tower and cfg.vision.max_frames == 4 and cfg.vision.max_pixels == 12544
+    rl = grpo_config(cfg, tmp_path, tmp_path / "sft", sizes)
+    assert rl.train.freeze_vision_tower  # as SFT trained it
+    assert not rl.grpo.shuffle_options  # reshuffled options would ask questions SFT never taught
+    assert rl.train.optm_lr < cfg.train.optm_lr
+    assert rl.train.train_batch_per_replica == rl.rollout.n_generation * rl.rollout.batch_size == 32
+    # without a pre-trained tower there is nothing to keep fixed: SFT and GRPO train the random one
+    plain = DemoSizes(tower_steps=0)
+    cfg = demo_config(tmp_path, tmp_path / "model", plain)
+    assert not cfg.train.freeze_vision_tower and not grpo_config(cfg, tmp_path, tmp_path / "s", plain).train.freeze_vision_tower
+
+
+def test_sft_on_some_tasks_has_its_own_records_and_run_folder(tmp_path):
+    import subprocess
+    import sys
+
+    spatial = DemoSizes(sft_tasks=("spatial_puzzle",))
+    cfg = demo_config(tmp_path, tmp_path / "model", spatial)
+    assert cfg.data.dataset.name == str(tmp_path / "data" / "train" / "sft-spatial_puzzle.jsonl")
+    assert cfg.train.output_dir == str(tmp_path / "sft-spatial_puzzle")
+    assert demo_config(tmp_path, tmp_path / "model", DemoSizes()).train.output_dir == str(tmp_path / "sft")
+    result = subprocess.run([sys.executable, "-m", "physreason", "demo", "--out", str(tmp_path), "--sft-task", "gravity"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--sft-task gravity: choose among arrow_of_time" in result.stderr
+    assert "Traceback" not in result.stderr

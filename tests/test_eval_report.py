@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from physreason.cli.eval_cmd import app
 from physreason.errors import InputError
 from physreason.eval import collect_reports, csv_text, markdown_table, mean_std, merge_shards, model_slug, report_rows
-from physreason.eval.results import read_run, run_dir, write_run_info
+from physreason.eval.results import model_label, read_run, results_model_dir, run_dir, write_run_info
 
 
 def write_run(
@@ -167,7 +167,21 @@ def test_report_command_prints_and_writes_markdown_and_csv(tmp_path):
     csv_rows = list(csv.DictReader((tmp_path / "out" / "report.csv").open()))
     assert [r["dataset"] for r in csv_rows] == ["av", "robovqa", "average"]
     assert csv_rows[2]["accuracy_pct_mean"] == "62.5000"
-    assert "| m | reasoning | robovqa | 1 | 5 | 1 | 0 | 75.00 |" in (tmp_path / "out" / "report.md").read_text()
+    assert "| m | reasoning | robovqa | 1 | 5 | 1 | 0 | 0 | 75.00 |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_completions_with_no_readable_option_are_counted_as_unparsed(tmp_path):
+    run = write_run(tmp_path / "results" / "m" / "letter", "av", 1, correct=2, wrong=1, total=4)
+    with (run / "results.jsonl").open("a") as handle:
+        handle.write(json.dumps({"id": "q9", "is_correct": False, "prediction": None}) + "\n")
+    (row,) = report_rows(collect_reports(tmp_path / "results"))
+    assert (row.scored, row.unparsed, row.mean) == (4, 1, 0.5)
+    assert "| m | letter | av | 1 | 4 | 0 | 0 | 1 (25%) | 50.00 |" in markdown_table([row])
+    (line,) = csv.DictReader(io.StringIO(csv_text([row])))
+    assert (line["unparsed"], line["unparsed_pct"], line["chance_pct"]) == ("1", "25.0000", "")
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "results")])
+    assert result.exit_code == 0, result.output
+    assert "unparsed" in result.output and "1 (25%)" in result.output
 
 
 @pytest.mark.parametrize(
@@ -186,6 +200,25 @@ def test_model_slug_of_a_local_folder_is_its_name(tmp_path):
     folder = tmp_path / "checkpoints" / "step_100"
     folder.mkdir(parents=True)
     assert model_slug(str(folder) + "/") == "step_100"
+
+
+def test_a_step_folder_is_labelled_with_its_run_and_two_runs_never_share_a_label(tmp_path):
+    first = tmp_path / "a" / "sft" / "safetensors" / "step_20"
+    second = tmp_path / "b" / "sft" / "safetensors" / "step_20"
+    for folder in (first, second, tmp_path / "named-model", tmp_path / "sft-lr3" / "checkpoint-500"):
+        folder.mkdir(parents=True)
+    assert model_label(str(first)) == model_label(str(second)) == "sft-step_20"
+    assert model_label(str(tmp_path / "sft-lr3" / "checkpoint-500")) == "sft-lr3-checkpoint-500"
+    assert model_label(str(tmp_path / "named-model")) == "named-model"
+    assert model_label("nvidia/Cosmos-Reason1-7B") == "nvidia--Cosmos-Reason1-7B"
+    results = tmp_path / "results"
+    assert results_model_dir(results, str(first)) == results / "sft-step_20"
+    (results / "sft-step_20" / "letter").mkdir(parents=True)
+    (results / "sft-step_20" / "letter" / "config.toml").write_text(f'[model]\nmodel_name_or_path = "{first}"\n')
+    # the same model finds its folder again; another run's step_20 gets the next free label
+    assert results_model_dir(results, str(first) + "/") == results / "sft-step_20"
+    assert results_model_dir(results, str(second)) == results / "sft-step_20-2"
+    assert results_model_dir(results, str(second), name="mine") == results / "mine"
 
 
 def test_report_table_fits_80_columns_without_cutting_names(tmp_path):

@@ -128,6 +128,23 @@ def test_changed_generation_settings_refuse_to_resume_into_the_same_folder(tmp_p
     check_resumable(outcome.base, load_config(config, ["eval.seed=3", "generation.seed=11"]))
 
 
+def test_a_failed_eval_leaves_no_folder_that_the_report_lists(tmp_path, tiny_model_dir, bench_root):
+    from physreason.eval import collect_reports, report_rows
+
+    results = tmp_path / "results"
+    config = write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, results)
+    run_eval(load_config(config), show_progress=False)
+    good = results / model_slug(str(tiny_model_dir))
+    assert json.loads((good / "reasoning" / "mini" / "seed_1" / "run.json").read_text())["chance"] == 0.5
+    broken = tmp_path / "run" / "safetensors" / "step_20"
+    broken.mkdir(parents=True)
+    (broken / "config.json").write_text("{ not json")  # the engine cannot load it
+    with pytest.raises(Exception, match="config.json|JSON|json"):
+        run_eval(load_config(config, [f"model.model_name_or_path={broken}"]), show_progress=False)
+    assert sorted(p.name for p in results.iterdir()) == [good.name]  # no run-step_20 folder with "missing 8"
+    assert {row.model for row in report_rows(collect_reports(results))} == {good.name}
+
+
 @pytest.mark.slow
 def test_resume_after_kill_loses_nothing_and_counts_nothing_twice(tmp_path, tiny_model_dir, bench_root):
     many = tmp_path / "bench"

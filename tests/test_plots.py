@@ -48,6 +48,32 @@ def test_accuracy_bars_are_mean_percent_per_dataset_and_model_with_std_error_bar
     assert [text.get_text() for text in axes.get_legend().get_texts()] == ["base", "tuned"]
 
 
+def test_each_bar_shows_its_value_and_each_data_set_its_chance_line(tmp_path):
+    from physreason.eval.results import write_run_info
+
+    results = tmp_path / "results"
+    for model, right in (("base", 1), ("tuned", 3)):
+        for dataset, options in (("two_way", 2), ("four_way", 4)):
+            run = write_run(results / model / "letter", dataset, 1, correct=right, wrong=4 - right)
+            write_run_info(run, {"dataset": dataset, "seed": 1, "total": 4, "chance": 1 / options})
+    figure = accuracy_figure(report_rows(collect_reports(results)))
+    axes = figure.axes[0]
+    assert [t.get_text() for t in axes.get_xticklabels()] == ["four_way", "two_way", "average"]
+    assert [text.get_text() for text in axes.texts] == ["25.0", "25.0", "25.0", "75.0", "75.0", "75.0"]
+    segments = [seg for c in axes.collections if c.get_gid() == "chance" for seg in c.get_segments()]
+    assert [(round(seg[0][0], 2), round(seg[1][0], 2), seg[0][1]) for seg in segments] == [
+        (-0.45, 0.45, 25.0), (0.55, 1.45, 50.0), (1.55, 2.45, 37.5)  # the average's chance is the mean of both
+    ]
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert legend == ["chance (1 / options)", "base", "tuned"]
+
+
+def test_results_without_a_recorded_chance_draw_no_chance_line(tmp_path):
+    figure = accuracy_figure(report_rows(collect_reports(two_models(tmp_path))))
+    assert [text.get_text() for text in figure.axes[0].get_legend().get_texts()] == ["base", "tuned"]
+    assert not [c for c in figure.axes[0].collections if c.get_gid() == "chance"]
+
+
 def write_metrics(run: Path, lines: list[dict]) -> Path:
     (run / "logs").mkdir(parents=True)
     path = run / "logs" / "metrics.jsonl"
@@ -74,6 +100,85 @@ def test_curves_keep_the_last_value_of_a_step_logged_twice(tmp_path):
     assert panels == ["loss"]
     lines = {line.get_label(): list(line.get_ydata()) for line in figure.axes[0].get_lines()}
     assert lines == {"train/loss": [5.0, 3.0], "val/loss": [3.5]}
+
+
+def grpo_metrics(steps: list[int]) -> list[dict]:
+    """What a GRPO run with only the accuracy reward logs: total equals accuracy, rollout/accuracy repeats it."""
+    lines = []
+    for s in steps:
+        accuracy = 0.25 + 0.05 * s / 10
+        lines.append({"step": s, "loss": 0.1 / s, "policy/pg_loss": 0.1 / s, "train/lr": 5e-4,
+                      "reward/accuracy_mean": accuracy, "reward/accuracy_std": 0.4, "reward/format_mean": 0.0,
+                      "reward/format_std": 0.0, "reward/total_mean": accuracy, "reward/total_std": 0.4,
+                      "rollout/accuracy": accuracy})
+    return lines
+
+
+def panel(figure, name):
+    return next(axes for axes in figure.axes if axes.get_ylabel() == name)
+
+
+def test_accuracy_panel_plots_the_mean_never_the_std(tmp_path):
+    path = write_metrics(tmp_path / "run", grpo_metrics([10, 20, 30]))
+    figure, panels = curves_figure(read_metrics(path), str(path))
+    assert panels == ["loss", "reward", "learning rate", "accuracy"]
+    accuracy = panel(figure, "accuracy")
+    assert [line.get_label() for line in accuracy.get_lines()] == ["rollout/accuracy"]
+    assert list(accuracy.get_lines()[0].get_ydata()) == pytest.approx([0.3, 0.35, 0.4])
+    every_label = [line.get_label() for axes in figure.axes for line in axes.get_lines()]
+    assert not any(label.endswith("_std") for label in every_label)
+
+
+def test_identical_series_are_drawn_once_under_a_joint_label_and_others_look_different(tmp_path):
+    path = write_metrics(tmp_path / "run", grpo_metrics([10, 20, 30]))
+    figure, _ = curves_figure(read_metrics(path), str(path))
+    reward = panel(figure, "reward")
+    lines = reward.get_lines()
+    assert [line.get_label() for line in lines] == ["reward/accuracy_mean = reward/total_mean", "reward/format_mean"]
+    assert lines[0].get_linestyle() != lines[1].get_linestyle() and lines[0].get_marker() != lines[1].get_marker()
+    legend = [text.get_text() for text in reward.get_legend().get_texts()]
+    assert legend == ["reward/accuracy_mean = reward/total_mean", "± std", "reward/format_mean"]
+    assert [line.get_label() for line in panel(figure, "loss").get_lines()] == ["loss = policy/pg_loss"]
+
+
+def test_a_run_with_few_logged_steps_shows_every_point_and_says_how_to_log_more(tmp_path):
+    # log_freq 10 over 12 steps logs steps 10 and the last, 12
+    path = write_metrics(tmp_path / "run", grpo_metrics([10, 12]))
+    figure, _ = curves_figure(read_metrics(path), str(path))
+    for axes in figure.axes:
+        for line in axes.get_lines():
+            assert line.get_marker() not in (None, "None", "", " ") and len(line.get_xdata()) == 2
+    assert figure.get_supxlabel() == (
+        "2 logged steps: 10, 12 (every 10 steps, train.log_freq); train with --set train.log_freq=1 to log every step"
+    )
+    one = write_metrics(tmp_path / "one", [{"step": 5, "train/loss": 2.5}])
+    figure, _ = curves_figure(read_metrics(one), str(one))
+    (axes,) = figure.axes
+    (line,) = axes.get_lines()
+    assert line.get_marker() == "o" and line.get_markersize() >= 6
+    assert [text.get_text() for text in axes.texts] == ["2.5"]  # the lone point's value, written beside it
+    assert axes.get_xlim() == (4.0, 6.0)
+    assert figure.get_supxlabel().startswith("1 logged step: 5 ")
+
+
+def test_a_long_run_draws_plain_lines_without_a_note(tmp_path):
+    path = write_metrics(tmp_path / "run", [{"step": s, "train/loss": 1.0 / s} for s in range(1, 201)])
+    figure, _ = curves_figure(read_metrics(path), str(path))
+    (line,) = figure.axes[0].get_lines()
+    assert line.get_marker() in (None, "None") and len(line.get_xdata()) == 200
+    assert figure.get_supxlabel() in (None, "")
+
+
+def test_plot_png_has_the_figure_size_and_drawn_content(tmp_path):
+    from PIL import Image
+
+    write_metrics(tmp_path / "run", grpo_metrics([10, 12]))
+    result = cli("plot", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    with Image.open(tmp_path / "run" / "curves.png") as image:
+        assert image.size == (780, 4 * 312 + 48)  # 6.5 in wide, 2.6 in per panel plus the note, at 120 dpi
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert len(colours) > 50  # lines, markers, text: not a blank canvas
 
 
 def test_plot_without_metrics_is_a_clear_error(tmp_path):

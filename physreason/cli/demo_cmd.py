@@ -13,15 +13,30 @@ def demo(
     ),
     train_per_task: int = typer.Option(60, help="Generated training clips per task."),
     test_per_task: int = typer.Option(30, help="Generated held-out clips per task."),
+    tower_steps: int = typer.Option(150, help="Vision-tower pre-training steps (batches of 32 clips) before SFT."),
     sft_steps: int = typer.Option(80, help="SFT optimizer steps."),
+    sft_task: list[str] = typer.Option(
+        [], "--sft-task", help="Train SFT on this task's clips only (repeatable) [default: every task]."
+    ),
     grpo_steps: int = typer.Option(12, help="GRPO steps."),
 ) -> None:
-    """Tiny model + generated intuitive-physics clips: evaluate, fine-tune, evaluate again, print the table."""
+    """Tiny model + generated intuitive-physics clips: evaluate, pre-train the tower, fine-tune, GRPO, print the table."""
+    from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASK_NAMES
     from physreason.demo import DemoSizes, run_demo
+    from physreason.errors import InputError
+
+    unknown = sorted(set(sft_task) - set(TASK_NAMES))
+    if unknown:
+        raise InputError(f"--sft-task {', '.join(unknown)}: choose among {', '.join(TASK_NAMES)}")
 
     run_demo(
         out,
         DemoSizes(
-            train_per_task=train_per_task, test_per_task=test_per_task, sft_steps=sft_steps, grpo_steps=grpo_steps
+            train_per_task=train_per_task,
+            test_per_task=test_per_task,
+            tower_steps=tower_steps,
+            sft_steps=sft_steps,
+            grpo_steps=grpo_steps,
+            **({"sft_tasks": tuple(sft_task)} if sft_task else {}),
         ),
     )

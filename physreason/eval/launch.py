@@ -22,10 +22,12 @@ from physreason.errors import ConfigError, PhysReasonError
 from physreason.eval.benchmark import Benchmark, load_benchmark
 from physreason.eval.results import (
     CONFIG_FILE,
+    RUN_FILE,
     answer_type_dir,
     finished_in_run,
     merge_shards,
     read_run,
+    result_files,
     run_dir,
     write_run_info,
 )
@@ -86,7 +88,7 @@ def plan_eval(cfg: Config) -> EvalPlan:
     names = [b.name for b in benchmarks]
     if len(set(names)) != len(names):
         raise ConfigError(f"eval.datasets names the same data set twice ({names}); each needs its own results folder")
-    base = answer_type_dir(cfg.eval.results_dir, cfg.eval.model_name or cfg.model.model_name_or_path, answer_type)
+    base = answer_type_dir(cfg.eval.results_dir, cfg.model.model_name_or_path, answer_type, cfg.eval.model_name)
     seeds = [cfg.eval.seed + k for k in range(cfg.eval.num_repeats)]
     return EvalPlan(base=base, benchmarks=benchmarks, seeds=seeds)
 
@@ -148,6 +150,7 @@ def prepare_runs(plan: EvalPlan, cfg: Config) -> int:
             "dataset": benchmark.name,
             "seed": seed,
             "total": len(benchmark.samples),
+            "chance": chance_accuracy(benchmark),
             "model": cfg.model.model_name_or_path,
             "answer_type": setup.answer_type,
             "settings": settings | {"seed": seed},
@@ -157,6 +160,34 @@ def prepare_runs(plan: EvalPlan, cfg: Config) -> int:
         write_run_info(run, info)
         existing += len(finished_in_run(run) & {s.id for s in benchmark.samples})
     return existing
+
+
+def chance_accuracy(benchmark: Benchmark) -> float | None:
+    """Accuracy of a uniform guess: the mean over questions of 1 / options (None when no question has options)."""
+    counts = [len(s.options) for s in benchmark.samples if s.options]
+    return sum(1 / n for n in counts) / len(counts) if counts else None
+
+
+def discard_unstarted_runs(plan: EvalPlan) -> None:
+    """Remove the run folders of `plan` that hold no result, and the folders left empty above them.
+
+    Called when an evaluation fails: without it, the run.json written up front would make `eval report` list the
+    model with every question "missing". The stored config goes too when no run of this model has a result, so
+    a corrected rerun is not refused for settings no result was made with. Shard logs stay (they say what failed).
+    """
+    for _, _, run in plan.runs():
+        if not result_files(run):
+            (run / RUN_FILE).unlink(missing_ok=True)
+            _remove_if_empty(run, run.parent)
+    if not any(result_files(run) for run in plan.base.glob("*/seed_*")):
+        (plan.base / CONFIG_FILE).unlink(missing_ok=True)
+        _remove_if_empty(plan.base, plan.base.parent)
+
+
+def _remove_if_empty(*folders: Path) -> None:
+    for folder in folders:
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def run_shard(cfg: Config, shard: int, num_shards: int, *, show_progress: bool = False) -> list[ShardCounts]:
@@ -278,10 +309,16 @@ def run_eval(cfg: Config, *, show_progress: bool = True) -> EvalOutcome:
     num_shards = cfg.eval.num_gpus // cfg.eval.tp_size
     outcome = EvalOutcome(base=plan.base, resumed=prepare_runs(plan, cfg))
     failed_shards: list[tuple[int, int, Path]] = []
-    if num_shards == 1:
-        run_shard(cfg, 0, 1, show_progress=show_progress)
-    else:
-        failed_shards = _launch_shards(plan, num_shards, cfg, show_progress)
+    try:
+        if num_shards == 1:
+            run_shard(cfg, 0, 1, show_progress=show_progress)
+        else:
+            failed_shards = _launch_shards(plan, num_shards, cfg, show_progress)
+    except BaseException:  # an engine that cannot load, Ctrl-C: the error goes on, but not as a model with no answers
+        discard_unstarted_runs(plan)
+        raise
+    if failed_shards:
+        discard_unstarted_runs(plan)
     for benchmark, seed, run in plan.runs():
         merge_shards(run, order=[s.id for s in benchmark.samples])
         records = read_run(run)

@@ -2,7 +2,9 @@
 
 Accuracy of a repeat = correct / scored, where scored samples are those with a completion; samples
 that failed (corrupt clip, path outside the data root, engine error) are counted in their own column,
-and samples with no result yet (a run that stopped early) in `missing`. The `average` row of a model is
+and samples with no result yet (a run that stopped early) in `missing`. `unparsed` counts scored
+completions from which no option could be read (scored wrong; many of them mean a format problem, not
+a reasoning one). Chance is the mean over questions of 1 / options, recorded in run.json by the run. The `average` row of a model is
 the mean over data sets of each repeat's accuracy (macro average, as the Cosmos-Reason1 paper reports),
 then mean ± std over the repeats that every data set has.
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -44,6 +47,9 @@ CSV_COLUMNS = (
     "correct",
     "failed",
     "missing",
+    "unparsed",
+    "unparsed_pct",
+    "chance_pct",
     "accuracy_pct_mean",
     "accuracy_pct_std",
     "accuracy_pct_per_repeat",
@@ -61,6 +67,8 @@ class RepeatScore:
     scored: int
     correct: int
     failed: int
+    unparsed: int = 0  # scored completions with no readable option
+    chance: float | None = None  # mean of 1 / options over the questions (run.json; None in older results)
     iou_sum: float = 0.0  # structured answers: sum of the scored samples' IoU
     iou_count: int = 0
 
@@ -104,20 +112,22 @@ class DatasetReport:
 
 
 def score_run(run: Path) -> RepeatScore:
-    """Count one run folder's results: scored (with a boolean is_correct), correct, failed (anything else)."""
+    """Count one run folder's results: scored (with a boolean is_correct), correct, failed (anything else), unparsed."""
     records = read_run(run)
-    scored = sum(1 for r in records.values() if isinstance(r.get("is_correct"), bool))
-    correct = sum(1 for r in records.values() if r.get("is_correct") is True)
-    failed = len(records) - scored
-    ious = [float(r["iou"]) for r in records.values() if isinstance(r.get("is_correct"), bool) and "iou" in r]
-    total = read_run_info(run).get("total", len(records))
-    seed = run.name.removeprefix("seed_")
+    scored_records = [r for r in records.values() if isinstance(r.get("is_correct"), bool)]
+    correct = sum(1 for r in scored_records if r["is_correct"] is True)
+    unparsed = sum(1 for r in scored_records if r.get("prediction") is None)
+    ious = [float(r["iou"]) for r in scored_records if "iou" in r]
+    info = read_run_info(run)
+    chance = info.get("chance")
     return RepeatScore(
-        seed=seed,
-        total=int(total),
-        scored=scored,
+        seed=run.name.removeprefix("seed_"),
+        total=int(info.get("total", len(records))),
+        scored=len(scored_records),
         correct=correct,
-        failed=failed,
+        failed=len(records) - len(scored_records),
+        unparsed=unparsed,
+        chance=float(chance) if isinstance(chance, int | float) and not isinstance(chance, bool) else None,
         iou_sum=sum(ious),
         iou_count=len(ious),
     )
@@ -189,6 +199,13 @@ class ReportRow:
     mean: float | None
     std: float | None
     per_repeat: list[float]
+    unparsed: int | None = None
+    chance: float | None = None
+
+    @property
+    def unparsed_fraction(self) -> float | None:
+        """unparsed / scored; None when nothing was scored or the row has no counts (an average row)."""
+        return accuracy(self.unparsed, self.scored) if self.unparsed is not None and self.scored else None
     iou_mean: float | None = None
     iou_std: float | None = None
 
@@ -217,13 +234,25 @@ def report_rows(reports: list[DatasetReport]) -> list[ReportRow]:
                     mean,
                     std,
                     rep.accuracies(),
+                    sum(r.unparsed for r in rep.repeats),
+                    _chance(rep.repeats),
                     *rep.iou_mean_std(),
                 )
             )
         if len(group) > 1:
             mean, std, count = macro_average(group)
-            rows.append(ReportRow(model, answer_type, AVERAGE, count, "", None, None, None, None, None, mean, std, []))
+            chances = [_chance(rep.repeats) for rep in group]
+            chance = None if None in chances else sum(chances) / len(chances)  # type: ignore[arg-type]
+            rows.append(
+                ReportRow(model, answer_type, AVERAGE, count, "", None, None, None, None, None, mean, std, [], None, chance)
+            )
     return rows
+
+
+def _chance(repeats: list[RepeatScore]) -> float | None:
+    """The data set's chance accuracy as its repeats recorded it (None when one of them did not)."""
+    chances = [r.chance for r in repeats]
+    return None if not chances or None in chances else chances[0]
 
 
 def _pct(value: float | None, digits: int = 2) -> str:
@@ -240,7 +269,17 @@ def _count(value: int | None) -> str:
     return "" if value is None else str(value)
 
 
-_DISPLAY_COLUMNS = ("model", "answer type", "dataset", "repeats", "samples", "failed", "missing", "accuracy %")
+def _unparsed_text(row: ReportRow) -> str:
+    """"3 (12%)": completions with no readable option, and their share of the scored ones."""
+    fraction = row.unparsed_fraction
+    if row.unparsed is None or fraction is None:
+        return _count(row.unparsed)
+    return f"{row.unparsed} ({100 * fraction:.0f}%)" if row.unparsed else "0"
+
+
+_DISPLAY_COLUMNS = (
+    "model", "answer type", "dataset", "repeats", "samples", "failed", "missing", "unparsed", "accuracy %"
+)
 # Shown only when some data set has structured answers, so letter-only reports keep their columns.
 _IOU_COLUMN = "mean IoU %"
 # The terminal table names model and answer type once per table, so each table fits 80 columns.
@@ -266,6 +305,7 @@ def _display_cells(row: ReportRow, iou: bool = False) -> list[str]:
         _count(row.samples),
         _count(row.failed),
         _count(row.missing),
+        _unparsed_text(row),
         _accuracy_text(row),
     ] + ([_iou_text(row)] if iou else [])
 
@@ -340,8 +380,8 @@ def rich_table(rows: list[ReportRow], title: str, reports: list[DatasetReport] |
     """The report for a terminal: `title`, then one table per model and answer type (accuracy as mean ± std in %).
 
     Each table names its model and answer type in its title, so its columns fit an 80-column terminal;
-    failures and missing results are highlighted. With `reports`, each table is preceded by the settings that
-    made its results (settings_header).
+    failures, missing results and unparsed answers are highlighted. With `reports`, each table is preceded by
+    the settings that made its results (settings_header).
     """
     headers = {key: settings_header(group) for key, group in _group_reports(reports or []).items()}
     tables: list[Table | Text] = []
@@ -349,7 +389,15 @@ def rich_table(rows: list[ReportRow], title: str, reports: list[DatasetReport] |
     for row in rows:
         groups[(row.model, row.answer_type)].append(row)
     for (model, answer_type), group in groups.items():
-        table = Table(title=f"{model} ({answer_type})", title_justify="left")
+        # No vertical rules: seven columns of counts and "mean ± std" then fit 80 columns with whole names.
+        table = Table(
+            title=f"{model} ({answer_type})",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
+            collapse_padding=True,
+        )
         iou = _with_iou(group)
         for name in _TERMINAL_COLUMNS + ((_IOU_COLUMN,) if iou else ()):
             text_column = name == "dataset"
@@ -361,11 +409,14 @@ def rich_table(rows: list[ReportRow], title: str, reports: list[DatasetReport] |
                 cells[3] = f"[red]{cells[3]}[/]"
             if row.missing:
                 cells[4] = f"[yellow]{cells[4]}[/]"
+            if row.unparsed:
+                cells[5] = f"[yellow]{cells[5]}[/]"
             table.add_row(*cells, style="bold" if row.dataset == AVERAGE else None)
         if (model, answer_type) in headers:
             tables.append(Text("\n".join(f"{name}: {text}" for name, text in headers[(model, answer_type)])))
         tables.append(table)
-    return Group(Text(title, style="bold"), *tables)
+    spaced = [part for table in tables for part in (Text(""), table)]  # a blank line before each model's table
+    return Group(Text(title, style="bold"), *spaced)
 
 
 def markdown_table(rows: list[ReportRow]) -> str:
@@ -405,6 +456,9 @@ def csv_text(rows: list[ReportRow]) -> str:
                 _count(row.correct),
                 _count(row.failed),
                 _count(row.missing),
+                _count(row.unparsed),
+                _pct(row.unparsed_fraction, 4),
+                _pct(row.chance, 4),
                 _pct(row.mean, 4),
                 _pct(row.std, 4),
                 ";".join(_pct(a, 4) for a in row.per_repeat),

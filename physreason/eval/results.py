@@ -36,9 +36,71 @@ def model_slug(model_name_or_path: str) -> str:
     return _UNSAFE.sub("_", name).strip("._") or "model"
 
 
-def answer_type_dir(results_dir: str | Path, model_name_or_path: str, answer_type: str) -> Path:
+# A checkpoint folder named only by its step ("step_20", "checkpoint-500") says nothing without its run.
+_STEP_NAME = re.compile(r"(global_)?(step|checkpoint|ckpt)[-_]?\d+", re.IGNORECASE)
+# Folders a trainer keeps its checkpoints in, between the run folder and the step folder.
+_CHECKPOINT_PARENTS = {"safetensors", "checkpoints", "checkpoint", "ckpt", "export", "exports", "hf"}
+
+
+def model_label(model_name_or_path: str) -> str:
+    """A readable results folder name for a model: `model_slug`, with the run folder's name before a bare step folder.
+
+    "/runs/sft-a/safetensors/step_20" -> "sft-a-step_20" (not "step_20", which every run has); a hub id or a
+    folder with a name of its own is its slug.
+    """
+    slug = model_slug(model_name_or_path)
+    local = Path(model_name_or_path).expanduser()
+    if not (local.is_dir() and _STEP_NAME.fullmatch(slug)):
+        return slug
+    for parent in local.resolve().parents:
+        if parent.name and parent.name.lower() not in _CHECKPOINT_PARENTS:
+            return f"{_UNSAFE.sub('_', parent.name).strip('._')}-{slug}"
+    return slug
+
+
+def _stored_model(model_dir: Path) -> str | None:
+    """The model path or id a results folder's runs were made with (from an answer type's config.toml), if any."""
+    import tomllib
+
+    for stored in sorted(model_dir.glob(f"*/{CONFIG_FILE}")):
+        try:
+            model = tomllib.loads(stored.read_text(encoding="utf-8")).get("model", {}).get("model_name_or_path")
+        except tomllib.TOMLDecodeError:
+            continue
+        if isinstance(model, str):
+            return model
+    return None
+
+
+def _same_model(a: str, b: str) -> bool:
+    local_a, local_b = Path(a).expanduser(), Path(b).expanduser()
+    if local_a.is_dir() or local_b.is_dir():
+        return local_a.resolve() == local_b.resolve()
+    return a == b
+
+
+def results_model_dir(results_dir: str | Path, model_name_or_path: str, name: str | None = None) -> Path:
+    """`<results_dir>/<label>`: the folder of one model's results.
+
+    `name` (eval.model_name) is used as given. Otherwise the label is `model_label`, and when that folder
+    holds another model's results (two runs' "step_20"), the first of `<label>-2`, `<label>-3`, ... that is
+    free or holds this model's: reruns of one model find their folder, two models never share one.
+    """
+    root = Path(results_dir).expanduser()
+    if name:
+        return root / model_slug(name)
+    label = model_label(model_name_or_path)
+    for k in range(1, 1000):
+        folder = root / (label if k == 1 else f"{label}-{k}")
+        stored = _stored_model(folder) if folder.is_dir() else None
+        if stored is None or _same_model(stored, model_name_or_path):
+            return folder
+    raise InputError(f"{root} holds results of 999 models labelled {label}: set eval.model_name or another results_dir")
+
+
+def answer_type_dir(results_dir: str | Path, model_name_or_path: str, answer_type: str, name: str | None = None) -> Path:
     """`<results_dir>/<model>/<answer_type>`: the folder of one model's results in one answer mode."""
-    return Path(results_dir).expanduser() / model_slug(model_name_or_path) / answer_type
+    return results_model_dir(results_dir, model_name_or_path, name) / answer_type
 
 
 def run_dir(base: Path, dataset: str, seed: int) -> Path:
