@@ -16,7 +16,7 @@ def demo(
     tower_steps: int = typer.Option(150, help="Vision-tower pre-training steps (batches of 32 clips) before SFT."),
     sft_steps: int = typer.Option(80, help="SFT optimizer steps."),
     sft_task: list[str] = typer.Option(
-        [], "--sft-task", help="Train SFT on this task's clips only (repeatable) [default: every task]."
+        [], "--sft-task", metavar="<task>", help="Train SFT on this task's clips only (repeatable) [default: every task]."
     ),
     grpo_steps: int = typer.Option(12, help="GRPO steps."),
 ) -> None:
