@@ -8,6 +8,7 @@ parser class itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -91,18 +92,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    """`physreason serve` on the tiny model as a subprocess; yields (base_url, media_root, model)."""
-    root = tmp_path_factory.mktemp("serve")
+@contextlib.contextmanager
+def running_server(model: Path, root: Path, max_model_len: int):
+    """`physreason serve` on a tiny model as a subprocess, until the block ends; yields (base_url, media_root, model)."""
     media = root / "media"
     write_clip(media / "clip.mp4")
     port = free_port()
     env = {**os.environ, "XDG_CACHE_HOME": str(root / "cache"), "PHYSREASON_API_KEY": API_KEY}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), env.get("PYTHONPATH")]))
     args = [
-        sys.executable, "-m", "physreason", "serve", "--model", str(tiny_model_dir), "--port", str(port),
-        "--media-root", str(media), "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
+        sys.executable, "-m", "physreason", "serve", "--model", str(model), "--port", str(port),
+        "--media-root", str(media), "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",
         "--max-tokens", "24", "--", "--max-num-seqs", "4",
     ]  # fmt: skip
     log = open(root / "server.log", "w")  # closed at teardown
@@ -120,13 +120,22 @@ def server(tiny_model_dir, tmp_path_factory):
             process.kill()
             pytest.fail(f"server did not start; its log ends:\n{(root / 'server.log').read_text()[-3000:]}")
         time.sleep(1)
-    yield f"{base}/v1", media, str(tiny_model_dir)
-    process.terminate()
     try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-    log.close()
+        yield f"{base}/v1", media, str(model)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    """`physreason serve` on the tiny Qwen2.5-VL; yields (base_url, media_root, model)."""
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("serve"), 2048) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -216,40 +225,8 @@ def test_reason2_output_splits_at_think_and_an_answer_without_think_is_content(p
 @pytest.fixture(scope="module")
 def reason2_server(tiny_model_dirs, tmp_path_factory):
     """`physreason serve` on the tiny Qwen3-VL (prompt style auto: reason2, non-reasoning by default)."""
-    root = tmp_path_factory.mktemp("serve-reason2")
-    media = root / "media"
-    write_clip(media / "clip.mp4")
-    port = free_port()
-    env = {**os.environ, "XDG_CACHE_HOME": str(root / "cache"), "PHYSREASON_API_KEY": API_KEY}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), env.get("PYTHONPATH")]))
-    model = str(tiny_model_dirs["qwen3_vl"])
-    args = [
-        sys.executable, "-m", "physreason", "serve", "--model", model, "--port", str(port),
-        "--media-root", str(media), "--dtype", "float32", "--max-model-len", "4096", "--enforce-eager",
-        "--max-tokens", "24", "--", "--max-num-seqs", "4",
-    ]  # fmt: skip
-    log = open(root / "server.log", "w")  # closed at teardown
-    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"server did not start; its log ends:\n{(root / 'server.log').read_text()[-3000:]}")
-        time.sleep(1)
-    yield f"{base}/v1", media, model
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-    log.close()
+    with running_server(tiny_model_dirs["qwen3_vl"], tmp_path_factory.mktemp("serve-reason2"), 4096) as running:
+        yield running
 
 
 @pytest.mark.parametrize("reasoning", [False, True])
