@@ -49,21 +49,23 @@ def free_port() -> int:
 def server_commands(args: argparse.Namespace, workdir: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
     """{"vllm": (argv, env), "physreason": (argv, env)}: the same server, without and with physreason's parts."""
     from physreason.config import load_config
+    from physreason.models.inputs import prompting_for
     from physreason.serve.server import (
         ServeOptions,
         build_server_command,
         chat_template_file,
         model_chat_template,
-        with_default_system_prompt,
+        with_prompt_style,
     )
 
     sets = [f'model.model_name_or_path="{args.model}"', f"generation.max_tokens={args.max_tokens}"]
     if args.tiny:
         sets += ['model.dtype="float32"', "engine.max_model_len=2048", "engine.enforce_eager=true"]
     cfg = load_config(None, sets)
-    options = ServeOptions(extra_args=("--max-num-seqs", str(args.concurrency), *args.vllm_args))
-    template = chat_template_file(with_default_system_prompt(model_chat_template(cfg), options.system_prompt), workdir)
-    ours = build_server_command(cfg, options, template)
+    prompting, sampling = prompting_for(cfg)  # the prompt style and sampling `physreason serve` would use
+    options = ServeOptions(prompting=prompting, extra_args=("--max-num-seqs", str(args.concurrency), *args.vllm_args))
+    template = chat_template_file(with_prompt_style(model_chat_template(cfg), prompting), workdir)
+    ours = build_server_command(cfg, options, template, sampling)
     plain, skip = [], False
     for token in ours.argv:
         if skip:

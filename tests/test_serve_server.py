@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from physreason.chat.prompts import REASONING_SYSTEM_PROMPT
+from physreason.chat.style import Prompting
 from physreason.config import load_config
 from physreason.models.tiny import build_tiny_tokenizer
 from physreason.serve.media import local_media_problem, request_media_problem
 from physreason.serve.middleware import MEDIA_ROOT_ENV, MediaPathCheck
-from physreason.serve.server import ServeOptions, build_server_command, with_default_system_prompt
+from physreason.serve.server import ServeOptions, build_server_command, with_prompt_style
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -59,7 +60,7 @@ def test_recipe_and_options_reach_the_command_and_the_key_stays_off_the_command_
 
 def test_a_conversation_without_system_message_gets_the_cosmos_reason_prompt():
     tokenizer = build_tiny_tokenizer()
-    tokenizer.chat_template = with_default_system_prompt(tokenizer.chat_template, REASONING_SYSTEM_PROMPT)
+    tokenizer.chat_template = with_prompt_style(tokenizer.chat_template, Prompting(system_prompt=REASONING_SYSTEM_PROMPT))
     user = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Is it falling?"}]}]
     prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
     assert prompt.startswith(f"<|im_start|>system\n{REASONING_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n")

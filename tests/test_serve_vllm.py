@@ -184,10 +184,11 @@ def render_prompt(model: str, messages: list[dict]) -> str:
     from transformers import AutoTokenizer
 
     from physreason.chat.prompts import REASONING_SYSTEM_PROMPT
-    from physreason.serve.server import with_default_system_prompt
+    from physreason.chat.style import Prompting
+    from physreason.serve.server import with_prompt_style
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    template = with_default_system_prompt(tokenizer.chat_template, REASONING_SYSTEM_PROMPT)
+    template = with_prompt_style(tokenizer.chat_template, Prompting(system_prompt=REASONING_SYSTEM_PROMPT))
     return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
 
 

@@ -73,15 +73,6 @@ class ServerCommand:
         return " ".join([*assignments, shlex.join(self.argv)])
 
 
-def with_default_system_prompt(template: str, system_prompt: str) -> str:
-    """Wrap a chat template so that a conversation without a system message starts with `system_prompt`.
-
-    The model's template is kept as it is after the prefix, so its own layout, vision placeholders and
-    generation prompt (Qwen3-VL's may open `<think>`) stay the model's.
-    """
-    return with_prompt_style(template, Prompting(system_prompt=system_prompt))
-
-
 def with_prompt_style(template: str, prompting: Prompting) -> str:
     """Wrap a chat template so that every request is prompted as `physreason infer` prompts in that style.
 
