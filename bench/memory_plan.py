@@ -22,12 +22,14 @@ import os
 from pathlib import Path
 
 import torch
+from shapes import SHAPES
 from transformers import AutoConfig
 
-from physreason.config import TrainConfig
+from physreason.config import LoraConfig, TrainConfig
 from physreason.data.collate import SFTBatch
 from physreason.models import parallelize
 from physreason.models.family import model_family, vision_special_token_ids
+from physreason.models.lora import apply_lora
 from physreason.models.sizes import shape_from_hf_config
 from physreason.train.build import shard
 from physreason.train.memory import GIB, Layout, Workload, plan_memory
@@ -45,7 +47,7 @@ def build_config(args: argparse.Namespace):
 
         folder = save_tiny_model("qwen3_vl", Path(os.environ.get("TMPDIR", "/tmp")) / "memory_plan_tiny")
         return AutoConfig.from_pretrained(folder)
-    config = AutoConfig.from_pretrained(args.config)
+    config = SHAPES[args.shape](False) if args.shape else AutoConfig.from_pretrained(args.config)
     text = getattr(config, "text_config", config)
     if args.layers:
         text.num_hidden_layers = args.layers
@@ -62,7 +64,10 @@ def synthetic_batch(rows: int, seq_len: int, below: int, device: torch.device) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "tests" / "fixtures" / "qwen3_vl_32b"))
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=None, help="a bench shape instead of --config")
     parser.add_argument("--layers", type=int, default=4, help="decoder blocks kept (0: all)")
+    parser.add_argument("--lora", type=int, default=0, metavar="RANK",
+                        help="train LoRA adapters of this rank on the decoder's linear layers (0: full training)")
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--loss-chunk", type=int, default=0)
@@ -77,12 +82,15 @@ def main() -> None:
     train = TrainConfig(
         gradient_checkpointing=not args.no_checkpointing, loss_chunk_size=args.loss_chunk,
         optimizer_state_dtype=args.state, cpu_offload=args.offload, mini_batch=args.batch,
+        lora=LoraConfig(enable=args.lora > 0, rank=max(args.lora, 1)),
     )
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     cls = AutoModelForImageTextToText if model_family(hf_config).is_vision_language else AutoModelForCausalLM
     torch.manual_seed(0)
     model = cls.from_config(hf_config, dtype=torch.float32, attn_implementation="sdpa")
+    if train.lora.enable:  # as the trainer's load_trainable: adapters before checkpointing, the base frozen
+        apply_lora(model, train.lora)
     if train.gradient_checkpointing:
         parallelize.enable_activation_checkpointing(model)
     module = CausalLMLoss(model, train.loss_chunk_size)
@@ -113,8 +121,10 @@ def main() -> None:
     shape = shape_from_hf_config(hf_config)
     layout = Layout(gpus=runtime.world_size, distributed=runtime.distributed, cpu_offload=args.offload,
                     optimizer_state_dtype=args.state, gradient_checkpointing=train.gradient_checkpointing,
-                    mini_batch=args.batch)
-    plan = plan_memory(shape, layout, Workload(seq_len=args.seq_len, loss_chunk_size=args.loss_chunk, vision_tokens=0))
+                    mini_batch=args.batch, lora=train.lora.enable)
+    workload = Workload(seq_len=args.seq_len, loss_chunk_size=args.loss_chunk, vision_tokens=0,
+                        lora_rank=train.lora.rank, lora_targets=tuple(train.lora.target_modules))
+    plan = plan_memory(shape, layout, workload)
     planned = plan.total - plan.parts["runtime overhead"]  # max_memory_allocated sees tensors only
     if runtime.is_main:
         for part, value in plan.parts.items():

@@ -1,0 +1,77 @@
+"""Eval sharding across GPUs: `physreason eval --num-gpus N` wall time on the same clips for each N, same machine.
+
+The model is a random-weight Qwen2.5-VL of a bench shape (bench/shapes.py; the tiny tokenizer), so every answer runs
+to --max-tokens and the timing is the engine's, not the model's taste; the clips are intuitive-physics test clips
+(`physreason data synth --split test`). Each N runs --rounds times, the order of the Ns alternating between rounds;
+each run is a fresh results folder, so nothing resumes. Wall time includes start-up (model load per shard).
+Prints one JSON line per run and a summary; JSON to $OUT/eval_scaling.json when OUT is set.
+
+Run (2 GPUs):  python bench/eval_scaling.py --gpus 1 2 --clips 128
+CPU check:     python bench/eval_scaling.py --tiny --gpus 1 2 --clips 8 --max-tokens 8 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from shapes import SHAPES, build_model_folder
+
+
+def run_eval(model: Path, data: Path, gpus: int, max_tokens: int, results: Path) -> dict:
+    """One `physreason eval` over the arrow-of-time clips with `gpus` shards; its wall time and accuracy table."""
+    command = [sys.executable, "-m", "physreason", "eval", "-m", str(model), "--engine", "hf", "--benchmark-root",
+               str(data), "-d", "arrow_of_time", "--num-gpus", str(gpus), "--no-progress", "--results-dir", str(results),
+               "--set", f"generation.max_tokens={max_tokens}"]  # fmt: skip
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"eval with --num-gpus {gpus} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return {"gpus": gpus, "seconds": round(seconds, 2), "table": done.stdout.strip().splitlines()[-1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="--num-gpus values to compare")
+    parser.add_argument("--clips", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-vl-3b")
+    parser.add_argument("--tiny", action="store_true", help="the tiny model, to check the script on CPU")
+    parser.add_argument("--work", default=None, help="folder for the model, clips and results (default: a temp dir)")
+    args = parser.parse_args()
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="eval_scaling_"))
+    model = build_model_folder(work / f"model_{args.shape}{'_tiny' if args.tiny else ''}", args.shape, args.tiny)
+    data = work / "clips"
+    subprocess.run([sys.executable, "-m", "physreason", "data", "synth", "--out", str(data), "--task", "arrow_of_time",
+                    "--n", str(args.clips), "--split", "test", "--no-progress"], check=True)  # fmt: skip
+    runs = []
+    for round_ in range(args.rounds):
+        for gpus in args.gpus if round_ % 2 == 0 else reversed(args.gpus):
+            run = run_eval(model, data, gpus, args.max_tokens, work / f"results_r{round_}_g{gpus}")
+            runs.append({"round": round_, **run})
+            print(json.dumps(runs[-1]), flush=True)
+    summary = {}
+    for gpus in args.gpus:
+        times = [r["seconds"] for r in runs if r["gpus"] == gpus]
+        summary[gpus] = {"median_seconds": statistics.median(times), "clips_per_s": args.clips / statistics.median(times)}
+    base = summary[args.gpus[0]]["median_seconds"]
+    for gpus, row in summary.items():
+        row["speedup"] = base / row["median_seconds"]
+        row["scaling_efficiency"] = row["speedup"] / (gpus / args.gpus[0])
+    print(json.dumps({"summary": summary, "args": vars(args), "date": time.strftime("%Y-%m-%d")}))
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "eval_scaling.json").write_text(json.dumps({"runs": runs, "summary": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
