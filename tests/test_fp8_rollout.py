@@ -214,3 +214,27 @@ def test_disaggregated_grpo_refuses_fp8_rollouts():
     config = Config.model_validate({"rollout": {"quantization": "fp8"}, "grpo": {"mode": "disaggregated"}})
     with pytest.raises(ConfigError, match="colocated GRPO only"):
         Controller(config)
+
+
+def test_an_fp8_engine_refuses_to_generate_before_the_first_push():
+    from physreason.config import SamplingConfig
+    from physreason.engines.base import GenerationRequest
+    from physreason.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine.__new__(VLLMEngine)  # the check runs before any vLLM call
+    engine._weights_loaded = False
+    request = GenerationRequest(messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(PhysReasonError, match="push the policy's weights"):
+        engine.generate([request], SamplingConfig())
+
+
+def test_an_fp8_engine_refuses_language_weights_that_were_not_quantized():
+    from physreason.engines.vllm import _check_fp8_push
+
+    name = "model.language_model.layers.0.mlp.up_proj.weight"
+    q, scale_inv = quantize_fp8_blockwise(torch.ones(128, 128))
+    _check_fp8_push([(name, q), (name + SCALE_SUFFIX, scale_inv), ("lm_head.weight", torch.ones(4, 4))])
+    with pytest.raises(PhysReasonError, match="without FP8 quantization.*up_proj"):
+        _check_fp8_push([(name, torch.ones(128, 128, dtype=torch.bfloat16))])
+    with pytest.raises(PhysReasonError, match="without FP8 quantization"):
+        _check_fp8_push([(name, q)])  # its scale missing
