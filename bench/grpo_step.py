@@ -9,6 +9,7 @@ engine. The policy is physreason's trainer (fp32 masters, bf16 autocast, fused A
 checkpointing) in this one process.
 Prints a table of medians over the timed steps; writes JSON to $OUT/grpo_step.json when OUT is set.
 Run: python bench/grpo_step.py [--engine vllm|hf] [--prompts 8] [--n 8] [--response-len 256] [--steps 3]
+     python bench/grpo_step.py --quantization fp8   (FP8 rollouts with truncated importance sampling; vLLM)
      python bench/grpo_step.py --tiny   (a tiny model on CPU, to check the script)
 """
 
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--gpu-memory", type=float, default=0.3, help="vLLM gpu_memory_utilization")
     parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-grpo-bench"))
     parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (checks the script)")
+    parser.add_argument("--quantization", choices=["none", "fp8"], default="none", help="[rollout] quantization")
     args = parser.parse_args()
 
     from physreason.config import load_config
@@ -92,15 +94,18 @@ def main() -> None:
             f"rollout.max_response_length={args.response_len}",
             f"grpo.mini_batch={args.mini_batch}",
             "logging.logger=['jsonl']",
+            f"rollout.quantization='{args.quantization}'",
         ],
     )
     result = run_grpo(config)
     timed = result.metrics[args.warmup :]
     row = {key: statistics.median(m[key] for m in timed) for key in (*TIMES, "perf/samples_per_s")}
     row["rollout/response_length_mean"] = statistics.mean(m["rollout/response_length_mean"] for m in timed)
+    # mean |policy - engine| log-prob of the sampled tokens: what FP8 rollouts add to the engine/policy gap
+    row["rollout/logprob_mismatch"] = statistics.mean(m["rollout/logprob_mismatch"] for m in timed)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(
-        f"GRPO step on {device}, engine {backend}, {args.prompts} prompts x {args.n} completions, "
+        f"GRPO step on {device}, engine {backend} (rollout quantization {args.quantization}), {args.prompts} prompts x {args.n} completions, "
         f"{args.response_len} new tokens max (median of {len(timed)} steps)"
     )
     print(f"{'part':<12}{'seconds':>10}{'share':>8}")
@@ -108,7 +113,8 @@ def main() -> None:
         print(f"{key.split('/')[1][:-2]:<12}{row[key]:>10.2f}{row[key] / row['time/step_s']:>8.0%}")
     print(f"{'step':<12}{row['time/step_s']:>10.2f}")
     print(
-        f"completions/s {row['perf/samples_per_s']:.2f}, mean response {row['rollout/response_length_mean']:.0f} tokens"
+        f"completions/s {row['perf/samples_per_s']:.2f}, mean response {row['rollout/response_length_mean']:.0f} tokens, "
+        f"mean |log-prob gap| {row['rollout/logprob_mismatch']:.4f}"
     )
     if os.environ.get("OUT"):
         payload = {"device": device, "engine": backend, "args": {k: str(v) for k, v in vars(args).items()}, **row}

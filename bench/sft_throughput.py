@@ -21,6 +21,7 @@ Sweep:  python bench/sft_throughput.py --sweep                      (the built-i
         python bench/sft_throughput.py --rows="--compile --ac-every 0; --compile --ac-every 0 --grad-accum 4"
 TP:     torchrun --standalone --nproc-per-node 2 bench/sft_throughput.py --tp 2 [--sweep | --rows=...]
 CPU:    python bench/sft_throughput.py --tiny --seq-len 256 --steps 1 --warmup 1 --sweep
+float8: python bench/sft_throughput.py --rows="--chunked-ce --ac-every 2; --chunked-ce --ac-every 2 --float8 rowwise"
 Qwen3-VL-8B:  python bench/sft_throughput.py --shape qwen3-vl-8b --layers 18 --rows="--chunked-ce --compile --ac-every 2 --batch 4"
 """
 
@@ -58,7 +59,7 @@ SWEEP = (
 PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--shape")
 SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
 ROW_OPTIONS = ("chunked_ce", "ce_chunk", "compile", "packing", "ac_every", "grad_accum", "batch", "seq_len",
-               "sdpa_backend", "wrap")
+               "sdpa_backend", "wrap", "float8")
 
 
 def make_batch(config, seq_len: int, rows: int, packing: bool, device):
@@ -157,6 +158,10 @@ def run_ours(config, args, device, mesh) -> dict:
     model = build_model(config, device, torch.float32)
     if args.ac_every > 0:
         enable_activation_checkpointing(model, args.ac_every)
+    if args.float8 != "none":
+        from physreason.models.float8 import convert_to_float8
+
+        convert_to_float8(model, args.float8, fsdp=args.wrap == "fsdp")  # before FSDP2, as train/build.py does
     module = CausalLMLoss(model, loss_chunk_size=args.ce_chunk if args.chunked_ce else 0)
     compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     autocast = contextlib.nullcontext()
@@ -201,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunked-ce", action="store_true", help="lm_head + CE in checkpointed sequence chunks")
     parser.add_argument("--ce-chunk", type=int, default=1024, help="tokens per CE chunk")
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder block")
+    parser.add_argument("--float8", choices=("none", "rowwise", "tensorwise"), default="none",
+                        help="float8 matmuls in the language model's linear layers (torchao; [train.fp8] quant_recipe)")
     parser.add_argument("--packing", action="store_true", help="4 samples packed into the row")
     parser.add_argument("--ac-every", type=int, default=1, help="checkpoint every n-th decoder block (0: none; 2: selective)")
     parser.add_argument("--sdpa-backend", choices=("auto", "flash", "cudnn", "efficient", "math"), default="auto",

@@ -214,6 +214,35 @@ def _copies_in_place(llm: Any) -> bool:
     return all(llm.apply_model(_keeps_checkpoint_layout))
 
 
+def fp8_rollout_kwargs(quantization_config: dict[str, Any]) -> dict[str, Any]:
+    """`vllm.LLM` arguments that build the model as a block-FP8 checkpoint from a bf16 one, with random weights.
+
+    The `fp8` method with a checkpoint's `quantization_config` (0.26 and 0.32) creates float8 weights and their
+    `weight_scale_inv` parameters, which `load_weights` fills from the sender's quantized tensors (fused q/k/v and
+    gate/up shards through vLLM's own loaders). Loading the bf16 checkpoint from disk would cast it without
+    scales, so the engine starts from dummy weights and waits for the first push. 0.32 no longer quantizes a bf16
+    checkpoint under `fp8` by itself (its online methods are `fp8_per_block` etc.); this path does not need it.
+    """
+    return llm_kwargs(
+        quantization="fp8", hf_overrides={"quantization_config": quantization_config}, load_format="dummy"
+    )
+
+
+def _fp8_modules(model: torch.nn.Module) -> list[str]:
+    import torch
+
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.dtype == torch.float8_e4m3fn
+    ]
+
+
+def fp8_module_names(llm: Any) -> list[str]:
+    """vLLM module names (first worker) whose weight is float8_e4m3fn."""
+    return llm.apply_model(_fp8_modules)[0]
+
+
 def reset_caches(llm: Any) -> None:
     """Drop the prefix (KV) cache and the encoder (vision embedding) cache computed with the old weights."""
     llm.reset_prefix_cache()

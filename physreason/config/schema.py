@@ -292,6 +292,24 @@ class LoraConfig(Section):
     )
 
 
+class Float8TrainConfig(Section):
+    """[train.fp8]: float8 matmuls in the language model's linear layers (torchao), cosmos-rl's keys.
+
+    Parameters, checkpoints and exports keep their dtype; only the matmuls run in float8 (needs a GPU of compute
+    capability 8.9 or more: H100, L40S, RTX 4090 and later).
+    """
+
+    enable_fp8: bool = Field(False, description="Train the language model's linear layers with float8 matmuls.")
+    fp8_recipe: Literal["dynamic_scaling"] = Field(
+        "dynamic_scaling", description="Scales computed from each tensor as it is cast (the one recipe supported)."
+    )
+    quant_recipe: Literal["rowwise", "tensorwise"] = Field(
+        "rowwise",
+        description="'rowwise': one scale per row (better accuracy); 'tensorwise': one per tensor, faster, and under "
+        "FSDP2 the weights are all-gathered in float8.",
+    )
+
+
 class TrainConfig(Section):
     """[train]: optimisation, schedule and run layout, shared by SFT and GRPO."""
 
@@ -362,6 +380,7 @@ class TrainConfig(Section):
     sync_weight_interval: int = Field(1, gt=0, description="GRPO: steps between weight pushes to the rollout engine.")
     ckpt: CheckpointConfig = Field(default_factory=CheckpointConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
+    fp8: Float8TrainConfig = Field(default_factory=Float8TrainConfig)
 
 
 class RolloutConfig(Section):
@@ -375,6 +394,12 @@ class RolloutConfig(Section):
         description="Rollout sampling; its temperature is also the policy's logit temperature.",
     )
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
+    quantization: Literal["none", "fp8"] = Field(
+        "none",
+        description="Weights of the rollout engine (vLLM's argument): 'fp8' runs the language model's linear layers "
+        "with float8_e4m3fn weights in 128x128 blocks, quantized from the policy at every weight push (vision tower, "
+        "embeddings, norms and lm_head stay in model.dtype); turns on grpo.use_tis unless that is set. Needs vLLM.",
+    )
 
 
 class PolicyConfig(Section):
@@ -460,6 +485,16 @@ class GRPOConfig(Section):
     )
     kl_importance_correction: bool = Field(
         False, description="Weight the k3 KL term by the policy/old ratio (TRL's use_bias_correction_kl)."
+    )
+    use_tis: bool | None = Field(
+        None,
+        description="Truncated importance sampling: weight each token's policy loss by min(pi_old / pi_rollout, "
+        "tis_imp_ratio_cap), pi_rollout being the engine's own log-prob of the sampled token (corrects the gap "
+        "between engine and policy, e.g. FP8 rollouts). None: on when rollout.quantization = 'fp8', else off. "
+        "Needs rollout.sampling_config.temperature = 1 (engines report temperature-1 log-probs).",
+    )
+    tis_imp_ratio_cap: float = Field(
+        2.0, gt=0.0, description="Cap C of the truncated importance weight (verl's name; its FP8 recipe uses 2)."
     )
     mode: Literal["colocated", "disaggregated"] = Field(
         "colocated", description="Share GPUs, or separate replicas on Ray."
@@ -590,6 +625,24 @@ class Config(Section):
     def policy_temperature(self) -> float:
         """The logit temperature of the GRPO policy: by design the rollout sampling temperature."""
         return self.rollout.sampling_config.temperature
+
+    @property
+    def tis_enabled(self) -> bool:
+        """Whether GRPO weights its policy loss by truncated importance ratios: grpo.use_tis, else FP8 rollouts."""
+        if self.grpo.use_tis is not None:
+            return self.grpo.use_tis
+        return self.rollout.quantization == "fp8"
+
+    @model_validator(mode="after")
+    def _tis_needs_temperature_one(self) -> Config:
+        temperature = self.rollout.sampling_config.temperature
+        if self.tis_enabled and temperature != 1.0:
+            why = "grpo.use_tis = true" if self.grpo.use_tis else "rollout.quantization = 'fp8' turns on grpo.use_tis"
+            raise ValueError(
+                f"{why}, which compares the engine's temperature-1 log-probs with the policy's, but "
+                f"rollout.sampling_config.temperature = {temperature}: set it to 1.0, or grpo.use_tis = false"
+            )
+        return self
 
     @field_validator("rollout")
     @classmethod

@@ -120,6 +120,11 @@ class Controller:
         on_step: Callable[[Controller, int], None] | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     ) -> None:
+        if config.rollout.quantization != "none":
+            raise ConfigError(
+                f"rollout.quantization = {config.rollout.quantization!r} is supported in colocated GRPO only: set "
+                "grpo.mode = 'colocated', or rollout.quantization = 'none'"
+            )
         self.ray = _import_ray()
         self.config = config
         self.on_step = on_step

@@ -28,13 +28,21 @@ def create_engine(
     *,
     vllm_executor: Literal["uni", "mp"] | None = None,
     lora_rank: int | None = None,
+    quantization: str = "none",
 ) -> Engine:
     """Build the configured engine; 'auto' picks vLLM when it is importable, else transformers.
 
     vllm_executor: vLLM's distributed executor backend ("uni": in this process, "mp": local worker
     processes); None leaves the choice to vLLM. Ignored by the hf engine. lora_rank: give a vLLM engine a
     runtime LoRA adapter slot of this rank (GRPO pushes its adapters there); the hf engine takes merged weights.
+    quantization: the rollout engine's weights ([rollout] quantization); "fp8" needs vLLM.
     """
+    if quantization != "none" and resolve_backend(engine) != "vllm":
+        raise ConfigError(
+            f"rollout.quantization = {quantization!r} runs on the vLLM engine, but the engine is 'hf' "
+            "(engine.backend, or vLLM not installed): install vLLM and set engine.backend = 'vllm', "
+            "or rollout.quantization = 'none'"
+        )
     if resolve_backend(engine) == "vllm":
         if not vllm_installed():
             raise ConfigError("engine.backend = 'vllm' but vLLM is not installed: install vllm, or use --engine hf")
@@ -45,6 +53,8 @@ def create_engine(
         overrides: dict = {"distributed_executor_backend": vllm_executor} if vllm_executor is not None else {}
         if lora_rank is not None:
             overrides["lora_rank"] = lora_rank
+        if quantization != "none":
+            overrides["quantization"] = quantization
         return VLLMEngine(model, engine, **overrides)
     from physreason.engines.hf import HFEngine
 

@@ -44,14 +44,38 @@ def _video_text_token_count(video: VideoFrames, params: ProcessorParams, tokeniz
     return sum(len(ids) + 2 for ids in stamps)
 
 
+def _check_fp8_push(weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Raise unless every FP8 weight of the push arrives as float8_e4m3fn with its scale (a bf16 one would be cast blindly)."""
+    from physreason.models.fp8 import FP8_DTYPE, SCALE_SUFFIX, is_fp8_weight
+
+    names = {name for name, _ in weights}
+    wrong = [
+        name
+        for name, tensor in weights
+        if is_fp8_weight(name) and (tensor.dtype != FP8_DTYPE or name + SCALE_SUFFIX not in names)
+    ]
+    if wrong:
+        raise PhysReasonError(
+            f"the FP8 rollout engine got {len(wrong)} language-model weight(s) without FP8 quantization, e.g. "
+            f"{wrong[:3]}: push through train.weight_sync.PolicySync with quantization 'fp8'"
+        )
+
+
 class VLLMEngine(Engine):
     """Generation with `vllm.LLM`; all requests of a call are scheduled together (continuous batching)."""
 
     def __init__(
-        self, model: ModelConfig, engine: EngineConfig, lora_rank: int | None = None, **llm_overrides: Any
+        self,
+        model: ModelConfig,
+        engine: EngineConfig,
+        lora_rank: int | None = None,
+        quantization: str | None = None,
+        **llm_overrides: Any,
     ) -> None:
         """lora_rank: give the engine a runtime LoRA slot of at least this rank (GRPO with [train.lora] pushes
-        adapters there); `engine.lora` serves that adapter from the start (its rank counts too)."""
+        adapters there); `engine.lora` serves that adapter from the start (its rank counts too).
+        quantization "fp8": the language model's linear layers hold block-FP8 weights (models/fp8.py) that start
+        random; generate refuses to run until `update_weights` brought the policy's, quantized by the sender."""
         # The engine core runs in this process, so `update_weights` hands tensors to the model
         # without serialising them to another process (the RL weight-sync path). Export
         # VLLM_ENABLE_V1_MULTIPROCESSING=1 to get vLLM's separate engine-core process back.
@@ -68,6 +92,9 @@ class VLLMEngine(Engine):
         self.hf_config = hf_config
         self.is_vl = model_family(hf_config).is_vision_language
         self._weight_names: frozenset[str] | None = None
+        self._linear_names: frozenset[str] = frozenset()
+        self.quantization = None if quantization in (None, "none") else quantization
+        self._weights_loaded = self.quantization is None
         self.max_model_len = engine.max_model_len or model.model_max_length
         kwargs = vllm_compat.llm_kwargs(
             model=source,
@@ -83,6 +110,8 @@ class VLLMEngine(Engine):
         )
         if self.is_vl:
             kwargs["limit_mm_per_prompt"] = dict(engine.limit_mm_per_prompt)
+        if self.quantization is not None:
+            kwargs.update(self._quantized_kwargs())
         ranks = [lora_rank] if lora_rank is not None else []
         if engine.lora is not None:
             from physreason.models.lora import check_adapter_base, read_adapter_config
@@ -102,11 +131,43 @@ class VLLMEngine(Engine):
             kwargs["distributed_executor_backend"] = "external_launcher"
         kwargs.update(llm_overrides)
         self.llm = LLM(**kwargs)
+        if self.quantization is not None:
+            self._check_fp8_layers()
         self.tokenizer = self.llm.get_tokenizer()
         self.processor_params = load_processor_params(source, model.revision) if self.is_vl else None
         self.stop_token_ids = sorted(self._stop_token_ids(source, model.revision))
         if engine.lora is not None:
             self.load_adapter(engine.lora)
+
+    def _quantized_kwargs(self) -> dict[str, Any]:
+        """vLLM arguments of an FP8 rollout engine: a block-FP8 checkpoint config, random weights until the first push."""
+        from physreason.models.fp8 import unquantized_linear_names, vllm_fp8_quantization_config
+
+        if self.quantization != "fp8":
+            raise PhysReasonError(f"rollout quantization {self.quantization!r} is not supported: use 'fp8' or 'none'")
+        text = self.hf_config.get_text_config()
+        if getattr(text, "num_experts", 0) or getattr(text, "num_local_experts", 0):
+            raise PhysReasonError(
+                f"rollout.quantization = 'fp8' covers dense models; {self.model_config.model_name_or_path} is a "
+                "mixture of experts: set rollout.quantization = 'none'"
+            )
+        self.weight_names()  # fills the linear layers' names
+        config = vllm_fp8_quantization_config(unquantized_linear_names(self._linear_names))
+        return vllm_compat.fp8_rollout_kwargs(config)
+
+    def _check_fp8_layers(self) -> None:
+        """Raise unless vLLM quantized exactly the language model's linear layers (what the sender quantizes)."""
+        from physreason.models.fp8 import expected_fp8_layers
+
+        names = vllm_compat.fp8_module_names(self.llm)
+        expected = expected_fp8_layers(self.hf_config.get_text_config().num_hidden_layers)
+        stray = [name for name in names if "visual" in name or "lm_head" in name]
+        if len(names) != expected or stray:
+            raise PhysReasonError(
+                f"the FP8 rollout engine holds {len(names)} FP8 linear layers (expected {expected}, those of the "
+                f"language model's blocks; outside them: {stray[:3]}): this vLLM release maps the ignored layers "
+                "differently; set rollout.quantization = 'none'"
+            )
 
     def _stop_token_ids(self, source: str, revision: str | None) -> set[int]:
         """The generation config's eos ids plus the tokenizer's, as the transformers engine stops on."""
@@ -172,6 +233,11 @@ class VLLMEngine(Engine):
         self, requests: list[GenerationRequest], sampling: SamplingConfig, *, logprobs: bool = True
     ) -> list[GenerationResult]:
         """Return one result per request in order; a request vLLM cannot take gets an error, not an exception."""
+        if not self._weights_loaded:
+            raise PhysReasonError(
+                "this FP8 rollout engine starts with random weights: push the policy's weights (update_weights) "
+                "before generating"
+            )
         results = [GenerationResult(request_id=r.request_id) for r in requests]
         texts: list[tuple[int, str]] = []
         for i, request in enumerate(requests):
@@ -231,16 +297,23 @@ class VLLMEngine(Engine):
         )
 
     def weight_names(self) -> frozenset[str]:
-        """Hugging Face parameter and buffer names of this model (from its class on the meta device; no memory)."""
+        """Hugging Face parameter and buffer names of this model (from its class on the meta device; no memory).
+
+        An FP8 engine also takes `<weight>_scale_inv` beside each weight it runs in FP8.
+        """
         if self._weight_names is None:
             from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+            from physreason.models.fp8 import SCALE_SUFFIX, is_fp8_weight
 
             loader = AutoModelForImageTextToText if self.is_vl else AutoModelForCausalLM
             with torch.device("meta"):
                 model = loader.from_config(self.hf_config, trust_remote_code=self.model_config.trust_remote_code)
-            self._weight_names = frozenset(n for n, _ in model.named_parameters()) | frozenset(
-                n for n, _ in model.named_buffers()
-            )
+            names = frozenset(n for n, _ in model.named_parameters()) | frozenset(n for n, _ in model.named_buffers())
+            if self.quantization is not None:
+                names |= frozenset(n + SCALE_SUFFIX for n in names if is_fp8_weight(n))
+            self._weight_names = names
+            self._linear_names = frozenset(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
         return self._weight_names
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -253,8 +326,11 @@ class VLLMEngine(Engine):
                 f"update_weights got {len(unknown)} tensor(s) the engine's model does not have, e.g. {unknown[:3]}: "
                 "send the policy's Hugging Face-named state dict"
             )
+        if self.quantization is not None:
+            _check_fp8_push(weights)
         vllm_compat.reload_weights(self.llm, weights)
         vllm_compat.reset_caches(self.llm)
+        self._weights_loaded = True
 
     @property
     def serves_adapters(self) -> bool:

@@ -83,6 +83,24 @@ def load_frozen(model_config: ModelConfig) -> nn.Module:
     return loading.load_model(model_config, dtype=torch.float32).requires_grad_(False)
 
 
+def apply_float8(model: nn.Module, config: Config, runtime: Runtime) -> None:
+    """[train.fp8]: float8 matmuls in the language model's linear layers, before FSDP2 wraps them (models/float8.py)."""
+    from physreason.models.float8 import check_float8_support, convert_to_float8
+
+    if config.train.lora.enable:
+        raise ConfigError(
+            "train.fp8.enable_fp8 = true with train.lora.enable = true: float8 training covers full fine-tuning; "
+            "turn one of them off"
+        )
+    if config.policy.parallelism.tp_size > 1:
+        raise ConfigError(
+            "train.fp8.enable_fp8 = true with policy.parallelism.tp_size > 1: float8 layers are not tensor-parallel "
+            "here; use tp_size = 1 (FSDP2)"
+        )
+    check_float8_support(runtime.device)
+    convert_to_float8(model, config.train.fp8.quant_recipe, fsdp=runtime.distributed)
+
+
 def shard(wrapper: nn.Module, model: nn.Module, runtime: Runtime, mesh: DeviceMesh | None, train: TrainConfig) -> None:
     """Tensor-parallel then FSDP2 over `mesh` (under torchrun), or just onto this process's device."""
     if mesh is None:
@@ -120,6 +138,8 @@ def build_training_model(
             "torchrun --nproc-per-node N (1 works), or set train.cpu_offload = false"
         )
     model, peft_model = load_trainable(config.model, train)
+    if train.fp8.enable_fp8:
+        apply_float8(model, config, runtime)
     module = wrap(model)
     frozen = wrap(load_frozen(reference)).eval() if reference is not None else None
     mesh = None

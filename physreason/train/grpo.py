@@ -39,7 +39,7 @@ from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
 from physreason.models.family import VisionTokens, read_vision_tokens
 from physreason.train.build import TrainingModel, build_training_model
-from physreason.train.grpo_loss import mask_truncated, masked_sum, policy_loss
+from physreason.train.grpo_loss import mask_truncated, masked_sum, policy_loss, truncated_importance_weights
 from physreason.train.loop import (
     Checkpointer,
     StepLog,
@@ -159,6 +159,7 @@ class UpdateSettings:
     mini_batch_tokens: int = 0
     pack: bool = False
     mask_truncated: bool = False  # [grpo] mask_truncated_completions
+    tis_cap: float | None = None  # truncated importance sampling's cap (grpo.tis_imp_ratio_cap); None = off
 
     @classmethod
     def from_config(cls, config: Config) -> UpdateSettings:
@@ -179,6 +180,7 @@ class UpdateSettings:
             mini_batch_tokens=grpo.mini_batch_tokens,
             pack=grpo.pack_completions,
             mask_truncated=grpo.mask_truncated_completions,
+            tis_cap=grpo.tis_imp_ratio_cap if config.tis_enabled else None,
         )
 
     def micro_batches(
@@ -207,6 +209,8 @@ def update_policy(
 
     Old log-probs are the policy's before the first update (with one iteration, the detached current
     ones: the ratio is 1 and only its gradient counts). Reference log-probs are computed when kl_beta > 0.
+    With `settings.tis_cap` each token's policy loss is weighted by min(pi_old / pi_engine, cap), both at
+    temperature 1 (the policy's raw log-probs before the update against the engine's).
     dp_group: the data-parallel process group (None: all ranks, i.e. no tensor parallelism); counts are
     summed over it alone, since the ranks of one tensor-parallel group hold the same micro-batches.
     """
@@ -221,6 +225,7 @@ def update_policy(
 
     old: list[torch.Tensor | None] = [None] * len(batches)
     ref: list[torch.Tensor | None] = [None] * len(batches)
+    tis: list[torch.Tensor | None] = [None] * len(batches)  # truncated importance weights [B, T], fixed per step
     need_old = settings.mu_iterations > 1
     with torch.no_grad(), autocast:
         for i, batch in enumerate(batches):
@@ -228,6 +233,7 @@ def update_policy(
                 scores = scorer(batch, temperature, diagnostics=True)
                 old[i] = scores.logprobs
                 _add_diagnostics(add, scores, batch)
+                tis[i] = _tis_weights(scores, batch, settings.tis_cap)
             if reference is not None:
                 ref[i] = reference(batch, temperature).logprobs
     # An FSDP2 root keeps its parameters (embedding, lm_head) gathered in param_dtype after a forward
@@ -248,6 +254,7 @@ def update_policy(
                 scores = scorer(batch, temperature, diagnostics=diagnostics)
             if diagnostics:
                 _add_diagnostics(add, scores, batch)
+                tis[i] = _tis_weights(scores, batch, settings.tis_cap)
             loss, metrics = policy_loss(
                 scores.logprobs,
                 old[i] if need_old else scores.logprobs.detach(),
@@ -262,6 +269,8 @@ def update_policy(
                 ref_logprobs=ref[i],
                 kl_importance_correction=settings.kl_importance_correction,
                 importance_sampling_level=settings.importance_sampling_level,
+                tis_weights=tis[i],
+                tis_cap=settings.tis_cap,
             )
             # FSDP averages gradients over ranks; dp_size undoes that so the sum is the global batch's loss.
             (loss * (counts[i] * dp_size / total)).backward()
@@ -291,6 +300,13 @@ def _add_diagnostics(add, scores, batch: CompletionBatch) -> None:
     add("policy/entropy_sum", masked_sum(scores.entropy, mask), 1.0)
     gap = (scores.raw_logprobs - batch.engine_logprobs).abs()  # [B, T]
     add("rollout/logprob_mismatch_sum", masked_sum(gap, mask), 1.0)
+
+
+def _tis_weights(scores, batch: CompletionBatch, cap: float | None) -> torch.Tensor | None:
+    """The batch's truncated importance weights from the policy's pre-update raw log-probs, or None when off."""
+    if cap is None:
+        return None
+    return truncated_importance_weights(scores.raw_logprobs, batch.engine_logprobs, batch.mask, cap)
 
 
 def _rename_diagnostics(metrics: dict[str, float]) -> dict[str, float]:
@@ -383,16 +399,28 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     total_steps = train_cfg.max_steps or train_cfg.epoch * (len(prompts) // prompts_per_step)
 
     lora = train_cfg.lora
+    quantization = rollout_cfg.quantization
     if engine is None:
-        # With LoRA a vLLM engine gets an adapter slot, so each sync sends the adapter alone (PolicySync).
-        wants_slot = lora.enable and adapter_push_supported(lora)
-        engine = create_engine(config.model, rollout_engine_config(config), lora_rank=lora.rank if wants_slot else None)
+        # With LoRA a vLLM engine gets an adapter slot, so each sync sends the adapter alone (PolicySync); an FP8
+        # engine takes merged weights instead.
+        wants_slot = lora.enable and adapter_push_supported(lora) and quantization == "none"
+        engine = create_engine(
+            config.model,
+            rollout_engine_config(config),
+            lora_rank=lora.rank if wants_slot else None,
+            quantization=quantization,
+        )
+    if quantization != "none" and getattr(engine, "quantization", None) != quantization:
+        raise ConfigError(
+            f"rollout.quantization = {quantization!r} but the rollout engine given was built without it: build it "
+            "with create_engine(..., quantization=...) or leave rollout.quantization = 'none'"
+        )
     policy = build_policy(config, runtime, total_steps)
     model, scorer, reference = policy.model, policy.module, policy.reference
     optimizer, scheduler, autocast = policy.optimizer, policy.scheduler, policy.autocast
     dp_group = policy.dp_group
     engine_dtype = loading.DTYPES.get(config.model.dtype)
-    sync = PolicySync(engine, model, policy.peft, lora, engine_dtype)
+    sync = PolicySync(engine, model, policy.peft, lora, engine_dtype, quantization)
     if lora.enable:
         log.info("LoRA policy: the rollout engine gets %s weights at each sync", sync.mode)
 
@@ -403,8 +431,10 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     resumed = checkpointer.resume()
     if resumed is not None:
         step, stream.cursor = resumed.step, resumed.state["prompt_cursor"]
-        sync.push()
         log.info("resumed from %s at step %d (prompt draw %d)", resumed.path, step, stream.cursor)
+    if resumed is not None or quantization != "none":
+        # A quantized engine starts with random weights (vllm_compat.fp8_rollout_kwargs): the policy's go in first.
+        sync.push()
     if nothing_to_do(resumed, total_steps):
         sync.close()
         result.finished_before = result.last_checkpoint = resumed.path

@@ -110,6 +110,23 @@ def mask_truncated(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
     return mask.bool() & ~truncated.bool().unsqueeze(-1)
 
 
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated importance weights [B, T] = min(exp(old - rollout), cap) on counted tokens, 1 on padding (detached).
+
+    old_logprobs: the policy's before the update; rollout_logprobs: the engine's own log-probs of the tokens it
+    sampled (both at the same temperature). Tokens were drawn from the engine's distribution, not the policy's;
+    the weight moves the policy-gradient estimate back to the policy, and the cap bounds its variance (Yao et al.
+    2025; verl's tis_imp_ratio_cap).
+    """
+    if cap <= 0:
+        raise ValueError(f"the truncation cap must be positive, got {cap}")
+    mask = mask.bool()
+    log_ratio = (old_logprobs.detach() - rollout_logprobs.detach()).masked_fill(~mask, 0.0)  # [B, T]
+    return torch.exp(log_ratio).clamp(max=cap)
+
+
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1, never negative."""
     delta = ref_logprobs - logprobs  # [B, T]
@@ -220,6 +237,8 @@ def policy_loss(
     kl_importance_correction: bool = False,
     importance_sampling_level: ImportanceSamplingLevel = "token",
     loss_name: str = "clip",
+    tis_weights: torch.Tensor | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss scalar = agg(policy token loss + kl_beta * k3(ref)) and detached metrics (0-dim tensors).
 
@@ -231,6 +250,9 @@ def policy_loss(
     clip), fractions of counted tokens, also at the sequence level where TRL counts sequences;
     ``ratio_mean`` / ``ratio_max`` of the token ratio; ``approx_kl`` (k3 of KL(old || new), sampled
     under old); and ``kl_ref``, the mean KL term, when ``kl_beta > 0``.
+    ``tis_weights`` [B, T] (``truncated_importance_weights``) multiply each token's policy loss after clipping, as
+    verl applies them; the KL term is not weighted. With them come ``tis_weight_mean`` and, given ``tis_cap``,
+    ``tis_capped_frac`` (tokens whose weight the cap cut).
     Metrics stay tensors so logging them costs no device sync until the caller asks.
     """
     if kl_beta < 0:
@@ -245,6 +267,8 @@ def policy_loss(
     settings = ClipSettings(epsilon_low, epsilon_high, dual_clip, importance_sampling_level)
 
     token_loss, indicators = get_policy_loss(loss_name)(logprobs, old_logprobs, advantages, mask, settings)
+    if tis_weights is not None:
+        token_loss = token_loss * tis_weights.detach()  # [B, T]
     pg_loss = aggregate_loss(token_loss, mask, agg_mode, norm_length)
     loss = pg_loss
 
@@ -267,6 +291,10 @@ def policy_loss(
         metrics["ratio_max"] = ratio.masked_fill(~mask, float("-inf")).amax() if mask.any() else ratio.new_ones(())
         # k3 of KL(old || new) under samples of old: r - 1 - log r with r = new / old.
         metrics["approx_kl"] = masked_mean(ratio - 1.0 - log_ratio, mask)
+        if tis_weights is not None:
+            metrics["tis_weight_mean"] = masked_mean(tis_weights.to(torch.float32), mask)
+            if tis_cap is not None:
+                metrics["tis_capped_frac"] = masked_mean((tis_weights >= tis_cap).to(torch.float32), mask)
     return loss, metrics
 
 

@@ -3,6 +3,10 @@
 With [train.lora] the policy pushes either its adapter alone (an engine that serves runtime adapters: vLLM
 built with a LoRA slot) or its weights with the adapters merged in (every other engine), always under the
 plain Hugging Face names the engine's model has.
+
+With FP8 rollouts ([rollout] quantization = "fp8") the language model's linear weights are quantized as they
+are gathered, one at a time, and travel as float8 weights with their block scales (models/fp8.py); LoRA
+policies then push merged weights.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from physreason.config import LoraConfig
 from physreason.engines import Engine
+from physreason.errors import ConfigError
 
 
 def full_named_parameters(model: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
@@ -42,9 +47,19 @@ def full_named_parameters(model: nn.Module, dtype: torch.dtype | None = None) ->
 
 
 @torch.no_grad()
-def push_weights(engine: Engine, model: nn.Module, dtype: torch.dtype | None = None) -> None:
-    """Load the policy's current weights into the engine (every rank calls this; each feeds its own engine)."""
-    engine.update_weights(full_named_parameters(model, dtype))
+def push_weights(engine: Engine, model: nn.Module, dtype: torch.dtype | None = None, quantization: str = "none") -> None:
+    """Load the policy's current weights into the engine (every rank calls this; each feeds its own engine).
+
+    quantization "fp8": language-model linear weights go as float8 + `<name>_scale_inv` (models/fp8.py).
+    """
+    named = full_named_parameters(model, dtype)
+    if quantization == "fp8":
+        from physreason.models.fp8 import fp8_rollout_weights
+
+        named = fp8_rollout_weights(named)
+    elif quantization != "none":
+        raise ConfigError(f"rollout.quantization = {quantization!r} is not known: use 'none' or 'fp8'")
+    engine.update_weights(named)
 
 
 SyncMode = Literal["full", "merged", "adapter"]
@@ -69,12 +84,21 @@ class PolicySync:
     """
 
     def __init__(
-        self, engine: Engine, model: nn.Module, peft_model: nn.Module | None, lora: LoraConfig, dtype: torch.dtype | None
+        self,
+        engine: Engine,
+        model: nn.Module,
+        peft_model: nn.Module | None,
+        lora: LoraConfig,
+        dtype: torch.dtype | None,
+        quantization: str = "none",
     ) -> None:
         self.engine, self.model, self.peft_model, self.dtype = engine, model, peft_model, dtype
+        self.quantization = quantization
         self.mode: SyncMode = "full"
         if peft_model is not None:
-            self.mode = "adapter" if engine.serves_adapters and adapter_push_supported(lora) else "merged"
+            # An FP8 engine's base weights are the policy's, quantized: adapters go in merged before quantization.
+            adapter = engine.serves_adapters and adapter_push_supported(lora) and quantization == "none"
+            self.mode = "adapter" if adapter else "merged"
         self.folder = Path(tempfile.mkdtemp(prefix="physreason-adapter-")) if self.mode == "adapter" else None
         if self.folder is not None:  # removed at close, or when the sync is dropped (a run that raised)
             weakref.finalize(self, shutil.rmtree, self.folder, True)
@@ -85,7 +109,7 @@ class PolicySync:
     def push(self) -> None:
         """Send the policy's current weights to the engine in this sync's mode."""
         if self.mode != "adapter":
-            push_weights(self.engine, self.model, self.dtype)
+            push_weights(self.engine, self.model, self.dtype, self.quantization)
             return
         from physreason.models.lora import adapter_state, save_adapter
 

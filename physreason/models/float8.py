@@ -1,0 +1,83 @@
+"""Float8 training ([train.fp8]): the language model's linear layers run their matmuls in float8 (torchao).
+
+torchao's `convert_to_float8_training` swaps chosen `nn.Linear` modules for `Float8Linear`, which keeps the
+weight as a parameter of its own dtype (fp32 masters here) and casts inputs, weights and gradients to float8
+with dynamic scales inside each matmul. So parameters, optimizer state, checkpoints and exports stay as they
+were; only the compute changes. The vision tower and the lm_head stay in bf16, as cosmos-rl leaves them, and
+so does any layer whose sides are not multiples of 16 (float8 matmul kernels need them). Conversion comes
+before FSDP2 wraps the blocks; with the 'tensorwise' recipe FSDP2 all-gathers the weights in float8.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from physreason.errors import ConfigError
+
+# torchao's float8 training releases this code was written and tested against (pyproject's `fp8` extra).
+TORCHAO_RANGE = ">=0.18,<0.19"
+MIN_CAPABILITY = (8, 9)  # Ada / Hopper: the first GPUs with float8 tensor cores
+
+
+def float8_linear_filter(name: str, module: nn.Module) -> bool:
+    """Whether module `name` converts: an nn.Linear of the language model, not lm_head, with sides multiple of 16."""
+    if not isinstance(module, nn.Linear):
+        return False
+    if "visual" in name or name.split(".")[-1] == "lm_head":
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def check_float8_support(device: torch.device) -> None:
+    """Raise ConfigError unless torchao is installed and `device` is a CUDA GPU of compute capability 8.9 or more."""
+    if importlib.util.find_spec("torchao") is None:
+        raise ConfigError(
+            f"train.fp8.enable_fp8 = true needs torchao: pip install 'physreason[fp8]' (torchao{TORCHAO_RANGE}), "
+            "or set train.fp8.enable_fp8 = false"
+        )
+    if device.type != "cuda":
+        raise ConfigError(
+            f"train.fp8.enable_fp8 = true runs float8 matmuls on a CUDA GPU, but this run is on {device.type}: "
+            "set train.fp8.enable_fp8 = false"
+        )
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CAPABILITY:
+        raise ConfigError(
+            f"train.fp8.enable_fp8 = true needs float8 tensor cores (compute capability 8.9 or more: H100, L40S, "
+            f"RTX 4090), but {torch.cuda.get_device_name(device)} is {capability[0]}.{capability[1]}: set "
+            "train.fp8.enable_fp8 = false"
+        )
+
+
+def _torchao_convert(model: nn.Module, recipe: str, fsdp: bool, module_filter_fn: Callable[[nn.Module, str], bool]):
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if fsdp and recipe == "tensorwise":
+        # One scale per weight lets each rank cast its shard and FSDP2 all-gather float8: half the traffic.
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    return convert_to_float8_training(model, config=config, module_filter_fn=module_filter_fn)
+
+
+def convert_to_float8(
+    model: nn.Module, recipe: str = "rowwise", fsdp: bool = False, convert: Callable[..., Any] | None = None
+) -> list[str]:
+    """Swap the language model's linear layers (float8_linear_filter) for float8 ones in place; returns their names.
+
+    recipe: torchao's 'rowwise' or 'tensorwise'. fsdp: the model will be wrapped by FSDP2 (tensorwise then
+    all-gathers in float8). convert: torchao's converter by default (tests pass a stand-in; the signature is
+    `convert(model, recipe, fsdp, module_filter_fn)`).
+    """
+    if recipe not in ("rowwise", "tensorwise"):
+        raise ConfigError(f"train.fp8.quant_recipe = {recipe!r} is not known: use 'rowwise' or 'tensorwise'")
+    chosen = [name for name, module in model.named_modules() if float8_linear_filter(name, module)]
+    if not chosen:
+        raise ConfigError("train.fp8.enable_fp8 = true but the model has no language-model linear layer to convert")
+    (convert or _torchao_convert)(model, recipe, fsdp, lambda module, name: float8_linear_filter(name, module))
+    return chosen
