@@ -135,8 +135,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def generate(out: Path, args: argparse.Namespace) -> dict[str, float]:
     """The clip sets of every task and their SFT / GRPO / control record files (existing clips are reused)."""
     from physreason.data.synth.generate import generate_task
+    from physreason.data.synth.records import json_sft_records, letter_sft_records, rl_records
     from physreason.data.synth.tasks import LETTER_TASK_NAMES
-    from physreason.demo import json_sft_records, letter_sft_records, rl_records
 
     timings = {}
     sets = [

@@ -237,8 +237,8 @@ def variant_suffix(args: argparse.Namespace, seed: int = 0) -> str:
 def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> None:
     """The three clip sets of every task and the SFT / RL record files (existing clips are reused)."""
     from physreason.data.synth.generate import generate_task
+    from physreason.data.synth.records import letter_sft_records, rl_records
     from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
-    from physreason.demo import letter_sft_records, rl_records
 
     sets = (
         ("train", "train", 0, args.train_per_task),
@@ -267,7 +267,7 @@ def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> 
 
 def keep_tasks(source: Path, target: Path, tasks: list[str]) -> None:
     """Copy the JSONL records of `source` whose clip (`<task>/clips/...`) belongs to one of `tasks`."""
-    from physreason.demo import write_records
+    from physreason.data.synth.records import write_records
 
     rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
     write_records(target, [row for row in rows if row["video"].split("/")[0] in tasks])

@@ -113,8 +113,8 @@ def test_pretrain_tower_changes_only_the_vision_tower_and_saves_a_loadable_model
     from transformers import AutoModelForImageTextToText
 
     from physreason.data.synth.generate import generate_task
+    from physreason.data.synth.records import letter_sft_records
     from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASK_NAMES
-    from physreason.demo import letter_sft_records
     from physreason.models.tiny import save_tiny_model
 
     monkeypatch.syspath_prepend(str(BENCH))  # the spawned decode processes import the module by name
