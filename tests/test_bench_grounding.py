@@ -3,31 +3,20 @@ tables it writes, and the whole pipeline at toy size (the GPU runs go to bench/R
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from setups import BENCH, load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
     sys.path.insert(0, str(BENCH))  # grounding imports the letter bench's stages by name, as when run as a script
     try:
-        return _load("grounding")
+        return load_bench("grounding")
     finally:
         sys.path.remove(str(BENCH))
 
