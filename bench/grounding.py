@@ -35,22 +35,22 @@ CPU check: python bench/grounding.py --train-per-task 4 --rl-per-task 4 --test-p
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from intuitive_physics import (  # the letter bench's stages (bench/ is on the path when this script runs)
-    DEFAULT_SFT_STEPS,
+    add_recipe_arguments,
     build_model,
+    combined_runs,
     device_name,
     finished_export,
+    generate_clip_sets,
     grpo_stage_config,
     logged,
+    results_name,
     run_header,
-    seed_list,
     seed_stats,
     seed_tag,
     sft_control,
@@ -60,6 +60,7 @@ from intuitive_physics import (  # the letter bench's stages (bench/ is on the p
     tower_stage,
     variant_suffix,
     window_means,
+    write_results,
 )
 
 KINDS = ("box_2d", "point_2d", "time_span")  # what a question asks for: the table's task columns
@@ -73,13 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from physreason.data.synth.tasks import JSON_TASK_NAMES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_recipe_arguments(parser, "grounding", Path("/tmp/physreason-grounding"))
     parser.add_argument("--tasks", nargs="+", choices=JSON_TASK_NAMES, default=list(JSON_TASK_NAMES))
-    parser.add_argument("--train-per-task", type=int, default=2000, help="SFT clips per task")
-    parser.add_argument("--rl-per-task", type=int, default=1000, help="GRPO prompt clips per task (unseen by SFT)")
     parser.add_argument("--test-per-task", type=int, default=300, help="held-out clips per task")
-    parser.add_argument("--family", choices=("qwen2_5_vl", "qwen3_vl"), default="qwen2_5_vl")
-    parser.add_argument("--scale", type=int, default=2, help="model size multiplier of the tiny architecture")
-    parser.add_argument("--temporal-patch", type=int, default=2, help="frames per temporal patch of the tower")
     parser.add_argument(
         "--max-pixels",
         type=int,
@@ -92,40 +89,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tower-steps", type=int, default=0, help="pre-train the tower on letter clips first (0: no pre-training)"
     )
     parser.add_argument("--tower-clips-per-task", type=int, default=1000, help="letter clips per task for the tower")
-    parser.add_argument("--tower-lr", type=float, default=1e-3)
-    parser.add_argument("--tower-eval-every", type=int, default=100)
-    parser.add_argument("--tower-patience", type=int, default=1000)
     parser.add_argument(
         "--sft-freeze-tower",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="keep the vision tower fixed in SFT, GRPO and the control",
     )
-    parser.add_argument("--sft-steps", type=int, default=DEFAULT_SFT_STEPS, help="fewer: an SFT stopped early")
-    parser.add_argument("--sft-batch", type=int, default=16)
-    parser.add_argument("--sft-lr", type=float, default=3e-4)
-    parser.add_argument("--sft-warmup", type=int, default=100)
-    parser.add_argument("--grpo-steps", type=int, default=100)
     parser.add_argument("--grpo-prompts", type=int, default=16, help="prompts per GRPO step (and control batch)")
-    parser.add_argument("--grpo-n", type=int, default=8, help="completions per prompt")
-    parser.add_argument("--grpo-lr", type=float, default=3e-5, help="GRPO's and the control's learning rate")
     parser.add_argument("--grpo-temperature", type=float, default=1.0)
     parser.add_argument("--json-format-weight", type=float, default=0.1, help="weight of the json_format reward")
-    parser.add_argument("--grpo-dynamic-sampling", action="store_true", help="drop groups whose rewards all agree")
-    parser.add_argument("--seeds", type=seed_list, default=[0], help="initialisation seeds, e.g. 1,2,3")
-    parser.add_argument("--ckpt-every", type=int, default=250)
-    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
-    parser.add_argument("--loader-workers", type=int, default=None, help="SFT data-loader processes (--workers)")
     parser.add_argument("--stop-after", choices=("data", "sft", "all"), default="all")
-    parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-grounding"))
-    parser.add_argument(
-        "--combine",
-        nargs="+",
-        type=Path,
-        metavar="JSON",
-        help="only join earlier runs' $OUT/grounding.json (one or more seeds each, e.g. from separate GPU leases) "
-        "into one table and one pooled paired test, written beside the first file",
-    )
     args = parser.parse_args(argv)
     args.grpo_name = "grpo"  # folder names shared with the letter bench's helpers
     args.option_order = "fixed"  # the letter clips of the tower pre-training (a JSON answer has no options)
@@ -134,11 +107,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def generate(out: Path, args: argparse.Namespace) -> dict[str, float]:
     """The clip sets of every task and their SFT / GRPO / control record files (existing clips are reused)."""
-    from physreason.data.synth.generate import generate_task
+    from physreason.data.synth.records import json_sft_records, letter_sft_records, rl_records
     from physreason.data.synth.tasks import LETTER_TASK_NAMES
-    from physreason.demo import json_sft_records, letter_sft_records, rl_records
 
-    timings = {}
     sets = [
         ("train", "train", 0, args.train_per_task, args.tasks),
         ("rl", "train", 1, args.rl_per_task, args.tasks),
@@ -146,15 +117,7 @@ def generate(out: Path, args: argparse.Namespace) -> dict[str, float]:
     ]
     if args.tower_steps:
         sets.append(("tower", "train", 0, args.tower_clips_per_task, list(LETTER_TASK_NAMES)))
-    for name, split, seed, n, tasks in sets:
-        t = time.perf_counter()
-        for task in tasks:
-            summary = generate_task(
-                task, n, out / "data" / name, split, base_seed=seed, workers=args.workers, show_progress=False,
-                option_order=args.option_order,
-            )  # fmt: skip
-            print(f"{name} ({split}, seed {seed}) {task}: {summary.generated} generated, {summary.reused} reused")
-        timings[f"data_{name}_s"] = time.perf_counter() - t
+    timings = generate_clip_sets(out, sets, args)
     json_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl", args.tasks)
     json_sft_records(out / "data" / "rl", out / "data" / "rl" / "control-sft.jsonl", args.tasks)
     rl_records(out / "data" / "rl", out / "data" / "rl" / "grpo.jsonl", args.tasks)
@@ -390,20 +353,12 @@ def markdown(runs: list[dict[str, Any]], pooled: dict[str, Any], header: list[st
 
 def combine(files: list[Path]) -> dict[str, Any]:
     """The tables and pooled paired test over the seeds of earlier runs' JSON files, written beside the first."""
-    payloads = [json.loads(path.read_text()) for path in files]
-    runs = [run for payload in payloads for run in payload["per_seed"]]
-    seeds = [run["seed"] for run in runs]
-    if len(set(seeds)) != len(seeds):
-        raise SystemExit(f"--combine: seed {max(seeds, key=seeds.count)} is in more than one file; give each seed once")
-    devices = " / ".join(sorted({payload["device"] for payload in payloads}))
-    header = [f"- combined from: {', '.join(str(path) for path in files)}", *run_header(devices, seeds)]
+    runs, devices, header = combined_runs(files)
     pooled = pooled_paired(runs)
     text = markdown(runs, pooled, header)
     print(text)
     payload = {"device": devices, "header": header, "summary": seed_summary(runs), "paired_grpo_minus_control": pooled}
-    target = files[0].with_name("grounding-combined")
-    target.with_suffix(".json").write_text(json.dumps({**payload, "per_seed": runs}, indent=2))
-    target.with_suffix(".md").write_text(text)
+    write_results(files[0].with_name("grounding-combined"), {**payload, "per_seed": runs}, text)
     return payload
 
 
@@ -435,12 +390,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "per_seed": runs,
         "total_s": time.perf_counter() - started,
     }
-    name = f"grounding{variant_suffix(args)}" + ("-seeds" + "_".join(map(str, args.seeds)) if args.seeds != [0] else "")
-    (out / f"{name}.json").write_text(json.dumps(payload, indent=2))
-    (out / f"{name}.md").write_text(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "grounding.json").write_text(json.dumps(payload, indent=2))
-        Path(os.environ["OUT"], "grounding.md").write_text(text)
+    write_results(out / results_name("grounding", args), payload, text, out_name="grounding")
     return payload
 
 

@@ -57,6 +57,7 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,15 +73,12 @@ def seed_list(text: str) -> list[int]:
     return seeds
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The recipe's knobs; the defaults are the recipe."""
-    from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_recipe_arguments(parser: argparse.ArgumentParser, results: str, out: Path) -> None:
+    """The knobs of the stages this bench and bench/grounding.py share: clip counts, the from-scratch model, the tower
+    pre-training's schedule, SFT and GRPO settings, seeds, processes, the output folder (default `out`) and --combine
+    of earlier runs' $OUT/<results>.json (the defaults are the recipe's)."""
     parser.add_argument("--train-per-task", type=int, default=2000, help="SFT clips per task")
     parser.add_argument("--rl-per-task", type=int, default=1000, help="GRPO prompt clips per task (unseen by SFT)")
-    parser.add_argument("--test-per-task", type=int, default=500, help="held-out clips per task")
-    parser.add_argument("--option-order", choices=("fixed", "shuffled"), default="fixed")
     parser.add_argument("--scale", type=int, default=2, help="model size multiplier of the tiny architecture")
     parser.add_argument(
         "--family",
@@ -94,14 +92,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=2,
         help="frames per temporal patch of the vision tower (2 in the released models; 12 puts a whole 12-frame "
         "clip into each patch)",
-    )
-    parser.add_argument("--max-pixels", type=int, default=12544, help="largest frame area fed to the model")
-    parser.add_argument(
-        "--tower-steps",
-        type=int,
-        default=4000,
-        help="pre-train the vision tower on the SFT clips for at most this many steps before SFT "
-        "(bench/intuitive_physics_tower.py; 0: no pre-training)",
     )
     parser.add_argument("--tower-lr", type=float, default=1e-3)
     parser.add_argument(
@@ -123,30 +113,64 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "Each seed runs every stage; the table reports mean, std, min and max over seeds",
     )
     parser.add_argument(
+        "--sft-steps",
+        type=int,
+        default=DEFAULT_SFT_STEPS,
+        help="SFT steps (fewer: GRPO from an SFT stopped early, against its control)",
+    )
+    parser.add_argument("--sft-batch", type=int, default=16)
+    parser.add_argument("--sft-lr", type=float, default=3e-4)
+    parser.add_argument("--sft-warmup", type=int, default=100)
+    parser.add_argument("--grpo-steps", type=int, default=100)
+    parser.add_argument("--grpo-n", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--grpo-lr", type=float, default=3e-5, help="GRPO's and the control's learning rate")
+    parser.add_argument(
+        "--grpo-dynamic-sampling",
+        action="store_true",
+        help="drop prompt groups whose completions all score the same and draw more prompts (grpo.dynamic_sampling)",
+    )
+    parser.add_argument("--ckpt-every", type=int, default=250, help="checkpoint interval of both training stages")
+    parser.add_argument(
+        "--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="generation and data-loader processes"
+    )
+    parser.add_argument(
+        "--loader-workers", type=int, default=None, help="SFT data-loader processes (default: --workers)"
+    )
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help=f"only join the tables of runs written earlier ($OUT/{results}.json, one or more seeds each, e.g. from "
+        "separate GPU leases) into one table over all their seeds, written beside the first file",
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The recipe's knobs; the defaults are the recipe."""
+    from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_recipe_arguments(parser, "intuitive_physics", Path("/tmp/physreason-intuitive-physics"))
+    parser.add_argument("--test-per-task", type=int, default=500, help="held-out clips per task")
+    parser.add_argument("--option-order", choices=("fixed", "shuffled"), default="fixed")
+    parser.add_argument("--max-pixels", type=int, default=12544, help="largest frame area fed to the model")
+    parser.add_argument(
+        "--tower-steps",
+        type=int,
+        default=4000,
+        help="pre-train the vision tower on the SFT clips for at most this many steps before SFT "
+        "(bench/intuitive_physics_tower.py; 0: no pre-training)",
+    )
+    parser.add_argument(
         "--sft-freeze-tower",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="keep the vision tower (and its merger) fixed in SFT, GRPO and the control (default: when --tower-steps "
         "pre-trained it)",
     )
-    parser.add_argument(
-        "--sft-steps",
-        type=int,
-        default=DEFAULT_SFT_STEPS,
-        help="SFT steps (fewer, with --sft-control: GRPO from an SFT stopped early against its control)",
-    )
-    parser.add_argument("--sft-batch", type=int, default=16)
-    parser.add_argument("--sft-lr", type=float, default=3e-4)
-    parser.add_argument("--sft-warmup", type=int, default=100)
-    parser.add_argument("--grpo-steps", type=int, default=100)
     parser.add_argument("--grpo-prompts", type=int, default=16, help="prompts per GRPO step")
-    parser.add_argument("--grpo-n", type=int, default=8, help="completions per prompt")
-    parser.add_argument("--grpo-lr", type=float, default=3e-5)
-    parser.add_argument(
-        "--grpo-dynamic-sampling",
-        action="store_true",
-        help="drop prompt groups whose completions all score the same and draw more prompts (grpo.dynamic_sampling)",
-    )
     parser.add_argument(
         "--grpo-tasks",
         nargs="+",
@@ -165,28 +189,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also continue SFT from the SFT export on the same RL clips, as many prompts per step and steps as GRPO "
         "at GRPO's learning rate (constant): the control that tells GRPO's gain from more supervised data",
     )
-    parser.add_argument("--ckpt-every", type=int, default=250, help="checkpoint interval of both training stages")
-    parser.add_argument(
-        "--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="generation and data-loader processes"
-    )
-    parser.add_argument(
-        "--loader-workers", type=int, default=None, help="SFT data-loader processes (default: --workers)"
-    )
     parser.add_argument(
         "--stop-after",
         choices=("data", "tower", "sft", "grpo"),
         default="grpo",
         help="last stage to run (data: only generate the clips and records, e.g. for variants sharing them; "
         "tower: also evaluate the untrained model and pre-train its tower, for SFT variants that share it)",
-    )
-    parser.add_argument("--out", type=Path, default=Path("/tmp/physreason-intuitive-physics"))
-    parser.add_argument(
-        "--combine",
-        nargs="+",
-        type=Path,
-        metavar="JSON",
-        help="only join the tables of runs written earlier ($OUT/intuitive_physics.json of one seed each, e.g. from "
-        "separate GPU leases) into one table over all their seeds, written beside the first file",
     )
     args = parser.parse_args(argv)
     if args.sft_freeze_tower is None:
@@ -236,18 +244,34 @@ def variant_suffix(args: argparse.Namespace, seed: int = 0) -> str:
 
 def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> None:
     """The three clip sets of every task and the SFT / RL record files (existing clips are reused)."""
-    from physreason.data.synth.generate import generate_task
+    from physreason.data.synth.records import letter_sft_records, rl_records
     from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
-    from physreason.demo import letter_sft_records, rl_records
 
-    sets = (
-        ("train", "train", 0, args.train_per_task),
-        ("rl", "train", 1, args.rl_per_task),
-        ("test", "test", 0, args.test_per_task),
-    )
-    for name, split, seed, n in sets:
+    sets = [
+        ("train", "train", 0, args.train_per_task, TASKS),
+        ("rl", "train", 1, args.rl_per_task, TASKS),
+        ("test", "test", 0, args.test_per_task, TASKS),
+    ]
+    timings.update(generate_clip_sets(out, sets, args))
+    letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")
+    rl_records(out / "data" / "rl", out / "data" / "rl" / "rl.jsonl")
+    tasks = args.grpo_tasks or list(TASKS)  # parse_args checked the names
+    keep_tasks(out / "data" / "rl" / "rl.jsonl", grpo_prompts(out, args), tasks)
+    letter_sft_records(out / "data" / "rl", out / "data" / "rl" / "rl-sft.jsonl")
+    keep_tasks(out / "data" / "rl" / "rl-sft.jsonl", control_records(out, args), tasks)
+
+
+def generate_clip_sets(
+    out: Path, sets: list[tuple[str, str, int, int, Sequence[str]]], args: argparse.Namespace
+) -> dict[str, float]:
+    """Each clip set (folder under out/data, split, base seed, clips per task, tasks) with `args.option_order`, its
+    existing clips reused; returns the seconds each set took, as data_<folder>_s."""
+    from physreason.data.synth.generate import generate_task
+
+    timings = {}
+    for name, split, seed, n, tasks in sets:
         t = time.perf_counter()
-        for task in TASKS:
+        for task in tasks:
             summary = generate_task(
                 task, n, out / "data" / name, split, base_seed=seed, workers=args.workers, show_progress=False,
                 option_order=args.option_order,
@@ -257,17 +281,12 @@ def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> 
                 flush=True,
             )
         timings[f"data_{name}_s"] = time.perf_counter() - t
-    letter_sft_records(out / "data" / "train", out / "data" / "train" / "sft.jsonl")
-    rl_records(out / "data" / "rl", out / "data" / "rl" / "rl.jsonl")
-    tasks = args.grpo_tasks or list(TASKS)  # parse_args checked the names
-    keep_tasks(out / "data" / "rl" / "rl.jsonl", grpo_prompts(out, args), tasks)
-    letter_sft_records(out / "data" / "rl", out / "data" / "rl" / "rl-sft.jsonl")
-    keep_tasks(out / "data" / "rl" / "rl-sft.jsonl", control_records(out, args), tasks)
+    return timings
 
 
 def keep_tasks(source: Path, target: Path, tasks: list[str]) -> None:
     """Copy the JSONL records of `source` whose clip (`<task>/clips/...`) belongs to one of `tasks`."""
-    from physreason.demo import write_records
+    from physreason.data.synth.records import write_records
 
     rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
     write_records(target, [row for row in rows if row["video"].split("/")[0] in tasks])
@@ -561,21 +580,41 @@ def combine(files: list[Path]) -> dict[str, Any]:
     """One table over the seeds of earlier runs' JSON files (each device named); written beside the first file."""
     from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
 
+    runs, devices, header = combined_runs(files)
+    summary = spread([run["table"] for run in runs])
+    markdown = markdown_table(summary, list(TASKS), header)
+    print(markdown)
+    payload = {"device": devices, "header": header, "summary": summary, "per_seed": runs}
+    write_results(files[0].with_name("intuitive_physics-combined"), payload, markdown)
+    return payload
+
+
+def combined_runs(files: list[Path]) -> tuple[list[dict[str, Any]], str, list[str]]:
+    """The per-seed runs of earlier runs' JSON files, their devices (joined by " / ") and the combined table's header
+    lines; a seed in more than one file stops the bench, as the pooled statistics would count it twice."""
     payloads = [json.loads(path.read_text()) for path in files]
     runs = [run for payload in payloads for run in payload["per_seed"]]
     seeds = [run["seed"] for run in runs]
     if len(set(seeds)) != len(seeds):
         raise SystemExit(f"--combine: seed {max(seeds, key=seeds.count)} is in more than one file; give each seed once")
-    devices = sorted({payload["device"] for payload in payloads})
-    header = [f"- combined from: {', '.join(str(path) for path in files)}", *run_header(" / ".join(devices), seeds)]
-    summary = spread([run["table"] for run in runs])
-    markdown = markdown_table(summary, list(TASKS), header)
-    print(markdown)
-    payload = {"device": " / ".join(devices), "header": header, "summary": summary, "per_seed": runs}
-    target = files[0].with_name("intuitive_physics-combined")
-    target.with_suffix(".json").write_text(json.dumps(payload, indent=2))
-    target.with_suffix(".md").write_text(markdown)
-    return payload
+    devices = " / ".join(sorted({payload["device"] for payload in payloads}))
+    header = [f"- combined from: {', '.join(str(path) for path in files)}", *run_header(devices, seeds)]
+    return runs, devices, header
+
+
+def results_name(prefix: str, args: argparse.Namespace) -> str:
+    """The file name (no suffix) of a run's table: `prefix`, the variant, and the seeds unless only seed 0 ran."""
+    seeds = "-seeds" + "_".join(map(str, args.seeds)) if args.seeds != [0] else ""
+    return f"{prefix}{variant_suffix(args)}{seeds}"
+
+
+def write_results(stem: Path, payload: dict[str, Any], markdown: str, out_name: str | None = None) -> None:
+    """`payload` as stem.json and `markdown` as stem.md, and as $OUT/<out_name>.{json,md} when OUT is set (the GPU
+    lease's folder that comes back) and out_name is given."""
+    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2))
+    stem.with_suffix(".md").write_text(markdown)
+    if out_name and os.environ.get("OUT"):
+        write_results(Path(os.environ["OUT"], out_name), payload, markdown)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
@@ -609,13 +648,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "summary": summary,
         "per_seed": runs,
     }
-    suffix = variant_suffix(args)
-    seeds = "-seeds" + "_".join(map(str, args.seeds)) if args.seeds != [0] else ""
-    (out / f"table{suffix}{seeds}.json").write_text(json.dumps(payload, indent=2))
-    (out / f"table{suffix}{seeds}.md").write_text(markdown)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "intuitive_physics.json").write_text(json.dumps(payload, indent=2))
-        Path(os.environ["OUT"], "intuitive_physics.md").write_text(markdown)
+    write_results(out / results_name("table", args), payload, markdown, out_name="intuitive_physics")
     return payload
 
 

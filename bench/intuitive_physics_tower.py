@@ -27,7 +27,7 @@ __all__ = ["own_task_loss", "pretrain_tower", "write_task_records"]
 def write_task_records(task: str, clips: int, data_root: Path, workers: int) -> None:
     """Generate `clips` clips of `task` under data_root (reusing finished ones) and its letter-answer sft.jsonl."""
     from physreason.data.synth.generate import generate_task
-    from physreason.demo import letter_sft_records
+    from physreason.data.synth.records import letter_sft_records
 
     generate_task(task, clips, data_root, "train", 0, workers=workers, show_progress=False, option_order="fixed")
     letter_sft_records(data_root, data_root / "sft.jsonl", tasks=[task])

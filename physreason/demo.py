@@ -12,8 +12,6 @@ achieve at scale.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,10 +20,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from physreason.chat.mcq import format_mcq
-from physreason.chat.prompts import MCQ_SYSTEM_PROMPT, REASON2_SYSTEM_PROMPT
 from physreason.config import Config, load_config
-from physreason.data.synth.tasks import JSON_TASK_NAMES, LETTER_TASK_NAMES, TASKS
+from physreason.data.synth.records import letter_sft_records, rl_records
+from physreason.data.synth.tasks import LETTER_TASK_NAMES, TASKS
 from physreason.errors import PhysReasonError
 
 console = Console()
@@ -60,68 +57,6 @@ def reward_windows(rewards: Sequence[float], windows: int = 3) -> list[tuple[int
 def _stage(title: str) -> float:
     console.rule(f"[bold]{title}")
     return time.perf_counter()
-
-
-def write_records(out_file: Path, rows: Sequence[dict]) -> int:
-    """Write `rows` as JSONL to `out_file` through a temporary file of this process's own, renamed over it; returns
-    the count. Processes that write the same records at once (the benches' seeds run side by side) each replace the
-    file whole, so none of them ever reads a partly written one."""
-    handle, temporary = tempfile.mkstemp(dir=out_file.parent, prefix=f".{out_file.name}.", suffix=".tmp")
-    with os.fdopen(handle, "w", encoding="utf-8") as sink:
-        sink.writelines(json.dumps(row) + "\n" for row in rows)
-    os.replace(temporary, out_file)
-    return len(rows)
-
-
-def letter_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = LETTER_TASK_NAMES) -> int:
-    """Write one SFT file of letter-answer conversations from every task's benchmark records under `data_root`.
-
-    A tiny model on CPU cannot write the generated reasoning traces (hundreds of tokens each) in a
-    demo's time, so the demo trains and evaluates the benchmark's `letter` answer type: the same
-    prompt the evaluation builds, answered with the option letter.
-    """
-    rows = []
-    for task in tasks:
-        entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
-        for entry in entries:
-            qa = entry["qa_pairs"]
-            conversation = [
-                {"role": "system", "content": MCQ_SYSTEM_PROMPT},
-                {"role": "user", "content": format_mcq(qa["question"], qa["index2ans"], "letter")},
-                {"role": "assistant", "content": qa["answer"]},
-            ]
-            rows.append({"video": f"{task}/{entry['video']}", "conversations": conversation})
-    return write_records(out_file, rows)
-
-
-def json_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = JSON_TASK_NAMES) -> int:
-    """Write one SFT file of answer-only conversations from the JSON-answer tasks' benchmark records under `data_root`.
-
-    The prompt is the one evaluation and GRPO send for a structured question (Cosmos-Reason2's: "You are a helpful
-    assistant." and the task prompt as written, no reasoning instruction); the assistant turn is the JSON answer
-    alone, without the generated reasoning, for a model too small to write it.
-    """
-    rows = []
-    for task in tasks:
-        entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
-        for entry in entries:
-            qa = entry["qa_pairs"]
-            conversation = [
-                {"role": "system", "content": REASON2_SYSTEM_PROMPT},
-                {"role": "user", "content": qa["question"]},
-                {"role": "assistant", "content": qa["answer"]},
-            ]
-            rows.append({"video": f"{task}/{entry['video']}", "conversations": conversation})
-    return write_records(out_file, rows)
-
-
-def rl_records(data_root: Path, out_file: Path, tasks: Sequence[str] = LETTER_TASK_NAMES) -> int:
-    """Join the tasks' benchmark records under `data_root` into one JSONL of GRPO prompts."""
-    rows = []
-    for task in tasks:
-        entries = json.loads((data_root / task / f"{task}_benchmark_qa_pairs.json").read_text(encoding="utf-8"))
-        rows += [{**entry, "video": f"{task}/{entry['video']}"} for entry in entries]
-    return write_records(out_file, rows)
 
 
 def grpo_config(cfg: Config, out: Path, model_dir: Path, sizes: DemoSizes) -> Config:

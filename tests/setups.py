@@ -1,19 +1,23 @@
-"""Set-ups shared by the SFT, FSDP and GRPO tests and their LoRA variants: records, base overrides, the torchrun worker.
+"""Set-ups shared by the SFT, FSDP and GRPO tests and their LoRA variants: records, base overrides, the torchrun worker;
+and the loader of bench/ scripts for their tests.
 
 Each test module adds its own settings (learning rate, LoRA, checkpoints) to these bases.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import ModuleType
 
 from physreason.rewards import register_reward
 
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 ANSWER = "<think>\nthe ball falls\n</think>\n\n<answer>\nyes\n</answer>"
 
 
@@ -108,3 +112,12 @@ def grpo_overrides(model: Path, data: Path, out: Path, reward: str, lr: str) -> 
         f"train.optm_lr={lr}", "train.optm_weight_decay=0", "train.optm_decay_type='constant'",
         "train.param_dtype='float32'",
     ]  # fmt: skip
+
+
+def load_bench(name: str) -> ModuleType:
+    """bench/<name>.py imported as module `name`, registered in sys.modules (processes it spawns import it by name)."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -3,31 +3,20 @@ tables it writes, and the whole pipeline at toy size (the GPU runs go to bench/R
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from setups import BENCH, load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
     sys.path.insert(0, str(BENCH))  # grounding imports the letter bench's stages by name, as when run as a script
     try:
-        return _load("grounding")
+        return load_bench("grounding")
     finally:
         sys.path.remove(str(BENCH))
 
@@ -178,31 +167,3 @@ def test_whole_pipeline_writes_a_table_of_every_stage_and_question_kind(bench, t
         cells = [cell.split(" ± ") for cell in line.strip("| ").split(" | ")[1:]]
         assert all(0.0 <= float(mean) <= 100.0 and 0.0 <= float(se) <= 100.0 for mean, se in cells)
     assert json.loads((tmp_path / "report" / "grounding.json").read_text())["summary"]["after SFT"]
-
-
-def test_json_sft_records_ask_what_evaluation_and_grpo_ask_and_answer_with_the_json_alone(tmp_path):
-    from physreason.chat.style import build_messages
-    from physreason.data.mcq import parse_mcq_records
-    from physreason.data.synth.generate import generate_task
-    from physreason.demo import json_sft_records, rl_records
-
-    for task in ("grounding", "temporal_localization"):
-        generate_task(task, 2, tmp_path, "train", 0, workers=1, show_progress=False)
-    assert json_sft_records(tmp_path, tmp_path / "sft.jsonl") == 4
-    assert rl_records(tmp_path, tmp_path / "rl.jsonl", ["grounding", "temporal_localization"]) == 4
-    assert not list(tmp_path.glob("*.tmp"))  # written through a temporary file, renamed over the target
-    records = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
-    rl = [json.loads(line) for line in (tmp_path / "rl.jsonl").read_text().splitlines()]
-    prompts = parse_mcq_records(rl, tmp_path, "rl.jsonl")
-    for record, prompt in zip(records, prompts, strict=True):
-        system, user, assistant = record["conversations"]
-        assert record["video"].endswith(prompt.videos[0].name)
-        # evaluation's request for a structured question (eval/runner.py) and GRPO's (data/mcq.py) are this prompt
-        evaluation = build_messages(user["content"], videos=["clip"], reasoning=False)
-        assert prompt.messages() == [
-            {"role": "system", "content": system["content"]},
-            {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": user["content"]}]},
-        ]
-        assert [m["content"] for m in evaluation][0] == system["content"]
-        assert evaluation[1]["content"][-1]["text"] == user["content"]
-        assert assistant["content"] == prompt.answer and assistant["content"].startswith("[{")

@@ -3,33 +3,21 @@ loss, and a few tower steps on real generated clips (the GPU runs are in bench/R
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from setups import BENCH, load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return _load("intuitive_physics")
+    return load_bench("intuitive_physics")
 
 
 @pytest.fixture(scope="module")
 def tower():
-    return _load("intuitive_physics_tower")
+    return load_bench("intuitive_physics_tower")
 
 
 def test_defaults_are_the_recipe_and_variants_get_their_own_folders(bench):
@@ -113,8 +101,8 @@ def test_pretrain_tower_changes_only_the_vision_tower_and_saves_a_loadable_model
     from transformers import AutoModelForImageTextToText
 
     from physreason.data.synth.generate import generate_task
+    from physreason.data.synth.records import letter_sft_records
     from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASK_NAMES
-    from physreason.demo import letter_sft_records
     from physreason.models.tiny import save_tiny_model
 
     monkeypatch.syspath_prepend(str(BENCH))  # the spawned decode processes import the module by name

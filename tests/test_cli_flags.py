@@ -90,3 +90,18 @@ def test_training_takes_model_and_output_dir(tmp_path, command):
 def test_unknown_config_key_suggests_the_one_meant(key, hint):
     result = run_cli("config", "show", "--set", f"{key}=1")
     assert result.returncode == 2 and f"{key}: unknown key ({hint})" in result.stderr
+
+
+def test_every_option_of_infer_and_serve_sets_a_key_the_recipe_has():
+    from physreason.cli.recipe_options import RECIPE_KEYS, recipe_values
+    from physreason.config import Config
+
+    defaults = Config().model_dump()
+    for key in RECIPE_KEYS.values():
+        section, field = key.split(".")
+        assert field in defaults[section], key
+    # only given options count, and a path goes in as its text
+    assert recipe_values({"lora": Path("adapter"), "fps": None, "host": "0.0.0.0", "top_k": 0}) == {
+        "engine.lora": "adapter",
+        "generation.top_k": 0,
+    }

@@ -157,6 +157,17 @@ def test_eval_gpus_must_divide_into_shards():
         load_config(None, ["eval.num_gpus=3", "eval.tp_size=2"])
 
 
+@pytest.mark.parametrize(
+    ("low", "high", "values"),
+    [("min_frames", "max_frames", (8, 4)), ("min_pixels", "max_pixels", (5000, 4000)),
+     ("image_min_pixels", "image_max_pixels", (5000, 4000))],
+)  # fmt: skip
+def test_vision_lower_bounds_must_not_exceed_their_upper_bounds(low, high, values):
+    with pytest.raises(ConfigError, match=rf"{low} \({values[0]}\) must not exceed {high} \({values[1]}\)"):
+        load_config(None, [f"vision.{low}={values[0]}", f"vision.{high}={values[1]}"])
+    load_config(None, [f"vision.{low}={values[1]}", f"vision.{high}={values[1]}"])  # equal bounds are allowed
+
+
 def test_parse_override_keeps_bare_words_as_strings():
     assert parse_override("model.dtype=float32") == (["model", "dtype"], "float32")
     assert parse_override("train.resume=true") == (["train", "resume"], True)

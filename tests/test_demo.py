@@ -7,7 +7,7 @@ import json
 import pytest
 
 from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
-from physreason.demo import DemoSizes, demo_config, grpo_config, letter_sft_records, reward_windows, run_demo
+from physreason.demo import DemoSizes, demo_config, grpo_config, reward_windows, run_demo
 
 
 @pytest.mark.slow
@@ -36,24 +36,6 @@ def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
     stamps = [path.stat().st_mtime_ns for path in (clip, *(e / "config.json" for e in exports))]
     assert run_demo(tmp_path / "demo", sizes) == table
     assert [path.stat().st_mtime_ns for path in (clip, *(e / "config.json" for e in exports))] == stamps
-
-
-def test_letter_records_answer_with_the_benchmark_letter(tmp_path):
-    for task in TASKS:
-        folder = tmp_path / task
-        folder.mkdir()
-        entry = {"video": "clips/x.mp4", "qa_pairs": {"question": "Which?", "index2ans": {"A": "up", "B": "down"}, "answer": "B"}}
-        (folder / f"{task}_benchmark_qa_pairs.json").write_text(json.dumps([entry]))
-    assert letter_sft_records(tmp_path, tmp_path / "sft.jsonl") == len(TASKS)
-    first = json.loads((tmp_path / "sft.jsonl").read_text().splitlines()[0])
-    assert first["video"] == f"{TASKS[0]}/clips/x.mp4"
-    roles = [turn["role"] for turn in first["conversations"]]
-    assert roles == ["system", "user", "assistant"]
-    assert first["conversations"][2]["content"] == "B"
-    assert "(A) up\n(B) down" in first["conversations"][1]["content"]
-    # One task's records alone (the tower pre-training bench writes a single task's file).
-    assert letter_sft_records(tmp_path, tmp_path / "one.jsonl", tasks=[TASKS[1]]) == 1
-    assert json.loads((tmp_path / "one.jsonl").read_text())["video"] == f"{TASKS[1]}/clips/x.mp4"
 
 
 def test_grpo_reward_is_summarised_as_window_means_not_two_single_steps():

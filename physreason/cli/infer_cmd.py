@@ -9,15 +9,15 @@ import typer
 from rich.console import Console
 from rich.panel import Panel
 
+from physreason.cli import recipe_options as opt
 from physreason.errors import PhysReasonError
 
 console = Console()
 
 
 def infer(
-    model: str | None = typer.Option(
-        None, "--model", "-m", help="Hub id (nvidia/Cosmos-Reason1-7B) or local model folder."
-    ),
+    ctx: typer.Context,
+    model: opt.Model = None,
     video: list[Path] = typer.Option(
         [], "--video", metavar="<path>", help="Video file or file:// URL (repeatable). No -v: most tools mean verbose."
     ),
@@ -63,7 +63,7 @@ def infer(
     lora: Path | None = typer.Option(
         None, "--lora", help="PEFT LoRA adapter folder served on top of --model (e.g. <run>/safetensors/step_N/adapter)."
     ),
-    fps: float | None = typer.Option(None, help="Frames per second sampled from videos [default: 4]."),
+    fps: opt.Fps = None,
     nframes: int | None = typer.Option(
         None, help="Sample this many frames per video instead of --fps (rounded to even, as qwen-vl-utils does)."
     ),
@@ -84,32 +84,21 @@ def infer(
         help="Ask for <think> reasoning before the answer [default: the prompt style's: on for Cosmos-Reason1, "
         "off for Cosmos-Reason2].",
     ),
-    prompt_style: str | None = typer.Option(
-        None,
-        "--prompt-style",
-        help="reason1, reason2 or auto: the prompts of Cosmos-Reason1 or Cosmos-Reason2 [default: auto, from the "
-        "checkpoint's family: Qwen3-VL is reason2].",
-    ),
-    temperature: float | None = typer.Option(
-        None, help="Sampling temperature; 0 is greedy [default: the style's: 0.6; Reason2 without reasoning 0.7]."
-    ),
-    top_p: float | None = typer.Option(None, help="Nucleus mass [default: 0.95; Reason2 without reasoning 0.8]."),
+    prompt_style: opt.PromptStyle = None,
+    temperature: opt.Temperature = None,
+    top_p: opt.TopP = None,
     top_k: int | None = typer.Option(None, help="Keep the k likeliest tokens; -1 keeps all [default: -1; Reason2 20]."),
-    repetition_penalty: float | None = typer.Option(None, help="Repetition penalty [default: 1.05; Reason2 1.0]."),
-    presence_penalty: float | None = typer.Option(
-        None, help="Penalty on tokens already in the completion [default: 0; Reason2 without reasoning 1.5]."
-    ),
+    repetition_penalty: opt.RepetitionPenalty = None,
+    presence_penalty: opt.PresencePenalty = None,
     frequency_penalty: float | None = typer.Option(None, help="Penalty per repeat of a token in the completion."),
-    max_tokens: int | None = typer.Option(None, help="Most new tokens [default: 4096]."),
+    max_tokens: opt.MaxTokens = None,
     seed: int | None = typer.Option(None, help="Sampling seed [default: none; Reason2 1234 / 3407 by mode]."),
     n: int | None = typer.Option(None, "-n", help="Completions per request."),
-    dtype: str | None = typer.Option(None, help="bfloat16, float16, float32 or auto."),
-    tensor_parallel_size: int | None = typer.Option(
-        None, "--tensor-parallel-size", "--tp", help="GPUs per engine (vLLM's name; --tp for short)."
-    ),
-    gpu_memory_utilization: float | None = typer.Option(None, help="GPU memory fraction vLLM may use."),
-    max_model_len: int | None = typer.Option(None, help="Engine context length."),
-    enforce_eager: bool | None = typer.Option(None, "--enforce-eager/--cuda-graphs", help="vLLM: disable CUDA graphs."),
+    dtype: opt.Dtype = None,
+    tensor_parallel_size: opt.TensorParallelSize = None,
+    gpu_memory_utilization: opt.GpuMemoryUtilization = None,
+    max_model_len: opt.MaxModelLen = None,
+    enforce_eager: opt.EnforceEager = None,
     as_json: bool = typer.Option(False, "--json", help="Print results as JSON instead of panels."),
     print_prompt: bool = typer.Option(
         False,
@@ -132,38 +121,7 @@ def infer(
 
     if fps is not None and nframes is not None:
         raise typer.BadParameter("give --fps or --nframes, not both", param_hint="'--nframes'")
-    flags = {
-        "model.model_name_or_path": model,
-        "model.dtype": dtype,
-        "engine.backend": engine,
-        "engine.lora": str(lora) if lora is not None else None,
-        "engine.tensor_parallel_size": tensor_parallel_size,
-        "engine.gpu_memory_utilization": gpu_memory_utilization,
-        "engine.max_model_len": max_model_len,
-        "engine.enforce_eager": enforce_eager,
-        "vision.fps": fps,
-        "vision.nframes": nframes,
-        "vision.video_start": video_start,
-        "vision.video_end": video_end,
-        "vision.max_pixels": max_pixels,
-        "vision.total_pixels": total_pixels,
-        "vision.timestamps": timestamps,
-        "generation.temperature": temperature,
-        "generation.top_p": top_p,
-        "generation.top_k": top_k,
-        "generation.repetition_penalty": repetition_penalty,
-        "generation.presence_penalty": presence_penalty,
-        "generation.frequency_penalty": frequency_penalty,
-        "prompt.reasoning": reasoning,
-        "prompt.style": prompt_style,
-        "generation.max_tokens": max_tokens,
-        "generation.seed": seed,
-        "generation.n": n,
-        "infer.num_gpus": num_gpus,
-        "infer.ray_address": ray_address,
-        "infer.retry_failed": retry_failed,
-    }
-    cfg = load_config(config, overrides, {key: value for key, value in flags.items() if value is not None})
+    cfg = load_config(config, overrides, opt.recipe_values(ctx.params))
     if jsonl is not None and parquet is not None:
         raise PhysReasonError("give --jsonl or --parquet, not both")
     batch = jsonl if jsonl is not None else parquet

@@ -7,15 +7,15 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from physreason.cli import recipe_options as opt
 from physreason.errors import PhysReasonError
 
 err_console = Console(stderr=True)
 
 
 def serve(
-    model: str | None = typer.Option(
-        None, "--model", "-m", help="Hub id (nvidia/Cosmos-Reason1-7B) or local model folder."
-    ),
+    ctx: typer.Context,
+    model: opt.Model = None,
     config: Path | None = typer.Option(
         None, "--config", "-c", help="TOML recipe: [model], [engine], [vision] and [generation] are used."
     ),
@@ -42,33 +42,21 @@ def serve(
         help="Default mode of requests (each may send chat_template_kwargs {\"reasoning\": ...}) [default: the "
         "prompt style's: on for Cosmos-Reason1, off for Cosmos-Reason2].",
     ),
-    prompt_style: str | None = typer.Option(
-        None, "--prompt-style", help="reason1, reason2 or auto [default: auto, from the checkpoint's family]."
-    ),
+    prompt_style: opt.PromptStyle = None,
     chat_template: Path | None = typer.Option(
         None, help="Jinja chat template file to use instead of the model's own (it gets the default system prompt too)."
     ),
-    fps: float | None = typer.Option(None, help="Frames per second sampled from videos [default: 4]."),
-    temperature: float | None = typer.Option(
-        None, help="Default sampling temperature [default: the style's: 0.6; Reason2 without reasoning 0.7]."
-    ),
-    top_p: float | None = typer.Option(
-        None, help="Default nucleus mass [default: the style's: 0.95; Reason2 without reasoning 0.8]."
-    ),
-    repetition_penalty: float | None = typer.Option(
-        None, help="Default repetition penalty [default: the style's: 1.05; Reason2 1.0]."
-    ),
-    presence_penalty: float | None = typer.Option(
-        None, help="Default presence penalty [default: the style's: 0; Reason2 without reasoning 1.5]."
-    ),
-    max_tokens: int | None = typer.Option(None, help="Default most new tokens [default: 4096]."),
-    dtype: str | None = typer.Option(None, help="bfloat16, float16, float32 or auto."),
-    tensor_parallel_size: int | None = typer.Option(
-        None, "--tensor-parallel-size", "--tp", help="GPUs the model spans (vLLM's name; --tp for short)."
-    ),
-    gpu_memory_utilization: float | None = typer.Option(None, help="GPU memory fraction vLLM may use."),
-    max_model_len: int | None = typer.Option(None, help="Context length."),
-    enforce_eager: bool | None = typer.Option(None, "--enforce-eager/--cuda-graphs", help="Disable CUDA graphs."),
+    fps: opt.Fps = None,
+    temperature: opt.Temperature = None,
+    top_p: opt.TopP = None,
+    repetition_penalty: opt.RepetitionPenalty = None,
+    presence_penalty: opt.PresencePenalty = None,
+    max_tokens: opt.MaxTokens = None,
+    dtype: opt.Dtype = None,
+    tensor_parallel_size: opt.TensorParallelSize = None,
+    gpu_memory_utilization: opt.GpuMemoryUtilization = None,
+    max_model_len: opt.MaxModelLen = None,
+    enforce_eager: opt.EnforceEager = None,
     print_command: bool = typer.Option(
         False, "--print-command", help="Print the vllm serve command and exit without starting it."
     ),
@@ -78,7 +66,10 @@ def serve(
         help="Further vllm serve arguments, after --: physreason serve -m M -- --max-num-seqs 64"
     ),
 ) -> None:
-    """Serve a model over vLLM's OpenAI-compatible API: <think> text in `reasoning`, the <answer> in `content`."""
+    """Serve a model over vLLM's OpenAI-compatible API: <think> text in `reasoning`, the <answer> in `content`.
+
+    The sampling options set the defaults of requests that send none.
+    """
     from physreason.config import load_config
     from physreason.models.inputs import prompting_for
     from physreason.serve.server import (
@@ -94,24 +85,7 @@ def serve(
 
     if not print_command and (missing := vllm_missing_message()):
         raise PhysReasonError(missing)
-    flags = {
-        "model.model_name_or_path": model,
-        "model.dtype": dtype,
-        "engine.tensor_parallel_size": tensor_parallel_size,
-        "engine.gpu_memory_utilization": gpu_memory_utilization,
-        "engine.max_model_len": max_model_len,
-        "engine.enforce_eager": enforce_eager,
-        "vision.fps": fps,
-        "generation.temperature": temperature,
-        "generation.top_p": top_p,
-        "generation.repetition_penalty": repetition_penalty,
-        "generation.presence_penalty": presence_penalty,
-        "generation.max_tokens": max_tokens,
-        "prompt.reasoning": reasoning,
-        "prompt.style": prompt_style,
-        "prompt.system_prompt": system_prompt,
-    }
-    cfg = load_config(config, overrides, {key: value for key, value in flags.items() if value is not None})
+    cfg = load_config(config, overrides, opt.recipe_values(ctx.params))
     prompting, sampling = prompting_for(cfg)
     options = ServeOptions(
         host=host,

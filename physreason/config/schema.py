@@ -148,18 +148,11 @@ class VisionConfig(Section):
     def _check_bounds(self) -> VisionConfig:
         if self.video_start is not None and self.video_end is not None and self.video_start >= self.video_end:
             raise ValueError(f"video_start ({self.video_start}) must be before video_end ({self.video_end})")
-        if self.min_frames > self.max_frames:
-            raise ValueError(f"min_frames ({self.min_frames}) must not exceed max_frames ({self.max_frames})")
-        if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
-            raise ValueError(f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})")
-        if (
-            self.image_min_pixels is not None
-            and self.image_max_pixels is not None
-            and self.image_min_pixels > self.image_max_pixels
-        ):
-            raise ValueError(
-                f"image_min_pixels ({self.image_min_pixels}) must not exceed image_max_pixels ({self.image_max_pixels})"
-            )
+        for low, high in (("min_frames", "max_frames"), ("min_pixels", "max_pixels"),
+                          ("image_min_pixels", "image_max_pixels")):  # fmt: skip
+            lower, upper = getattr(self, low), getattr(self, high)
+            if lower is not None and upper is not None and lower > upper:
+                raise ValueError(f"{low} ({lower}) must not exceed {high} ({upper})")
         return self
 
 
