@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,25 +39,31 @@ def _read_json(path: Path, require_objects: bool) -> list[Any]:
     return data
 
 
-def _read_jsonl(path: Path, require_objects: bool) -> tuple[list[Any], list[str]]:
-    """The records of a JSONL file and where each is ("file:line"), blank lines skipped."""
-    records = []
-    locations = []
+def jsonl_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line of a JSONL file; a line that is not JSON is an error naming
+    the file and line."""
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                yield number, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{path}:{number} is not valid JSON ({exc}): write one JSON record per line") from exc
-            if require_objects and not isinstance(record, dict):
-                raise InputError(
-                    f"{path}:{number} is a JSON {_json_kind(record)}, not an object: "
-                    'write one JSON object per line, such as {"question": ..., "video": ...}'
-                )
-            records.append(record)
-            locations.append(f"{path}:{number}")
+
+
+def _read_jsonl(path: Path, require_objects: bool) -> tuple[list[Any], list[str]]:
+    """The records of a JSONL file and where each is ("file:line"), blank lines skipped."""
+    records = []
+    locations = []
+    for number, record in jsonl_lines(path):
+        if require_objects and not isinstance(record, dict):
+            raise InputError(
+                f"{path}:{number} is a JSON {_json_kind(record)}, not an object: "
+                'write one JSON object per line, such as {"question": ..., "video": ...}'
+            )
+        records.append(record)
+        locations.append(f"{path}:{number}")
     return records, locations
 
 

@@ -7,7 +7,6 @@ one engine in this process.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -28,7 +27,7 @@ from rich.text import Text
 
 from physreason.chat.style import Prompting
 from physreason.config import DatasetConfig, SamplingConfig, VisionConfig
-from physreason.data.loaders import load_records, media_path_in_root
+from physreason.data.loaders import jsonl_lines, load_records, media_path_in_root
 from physreason.data.video_range import record_video_range
 from physreason.engines import Engine, GenerationRequest, GenerationResult
 from physreason.errors import InputError, PhysReasonError
@@ -113,21 +112,14 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     """One request object per line; a line that is not a JSON object is an error naming the file and line."""
     records = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{number} is not valid JSON ({exc}): write one JSON object per line") from exc
-            if not isinstance(record, dict):
-                raise InputError(
-                    f"{path}:{number} holds a JSON {type(record).__name__}, not an object: write one request per "
-                    'line as {"id": ..., "question": ..., "video": ...}'
-                )
-            check_request_keys(record, f"{path}:{number}")
-            records.append(record)
+    for number, record in jsonl_lines(path):
+        if not isinstance(record, dict):
+            raise InputError(
+                f"{path}:{number} holds a JSON {type(record).__name__}, not an object: write one request per "
+                'line as {"id": ..., "question": ..., "video": ...}'
+            )
+        check_request_keys(record, f"{path}:{number}")
+        records.append(record)
     return records
 
 
