@@ -177,7 +177,7 @@ class UpdateSettings:
             importance_sampling_level=grpo.importance_sampling_level,
             grad_clip=config.train.optm_grad_norm_clip,
             mini_batch_tokens=grpo.mini_batch_tokens,
-            pack=grpo.pack_completions,
+            pack=config.packs_completions,
             mask_truncated=grpo.mask_truncated_completions,
         )
 
