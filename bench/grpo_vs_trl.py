@@ -83,8 +83,9 @@ medians, the run's log tail when it failed). Each run's log is under --work/logs
 GPU (one H200: the 3B policy with fp32 AdamW state and a 0.3 vLLM share needs about 90 GB; a few runs per command,
 each command under 10 minutes):
   export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=/usr/local/cuda VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
-  python3 bench/grpo_vs_trl.py --workloads image                              # TRL vs physreason on images
-  python3 bench/grpo_vs_trl.py --workloads text                               # TRL vs physreason on text
+  python3 bench/grpo_vs_trl.py --workloads image --rounds 3                   # TRL (varlen vision) vs physreason
+  python3 bench/grpo_vs_trl.py --workloads image --rounds 1 --trl-vision-attention native   # TRL as installed
+  python3 bench/grpo_vs_trl.py --workloads text --rounds 3                    # TRL vs physreason on text
   python3 bench/grpo_vs_trl.py --workloads video --sides physreason,physreason-padded   # TRL cannot take video
 CPU:  python bench/grpo_vs_trl.py --tiny    (tiny models, hf engine / transformers generate: checks the script)
 
