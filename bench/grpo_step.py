@@ -11,6 +11,10 @@ Prints a table of medians over the timed steps; writes JSON to $OUT/grpo_step.js
 Run: python bench/grpo_step.py [--engine vllm|hf] [--prompts 8] [--n 8] [--response-len 256] [--steps 3]
      python bench/grpo_step.py --quantization fp8   (FP8 rollouts with truncated importance sampling; vLLM)
      python bench/grpo_step.py --tiny   (a tiny model on CPU, to check the script)
+     --profile DIR: the steps after --warmup + --steps run under torch.profiler (--profile-steps of them): chrome
+     trace DIR/grpo-step.trace.json, and GPU time per step by category and phase (bench/profiling.py: generate and
+     sync are the engine's and the weight push's phases, the policy update splits into language model, vision tower,
+     loss, backward, optimizer). The policy update packs completions ([grpo] pack_completions, the default).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profiling import Profiled
 from shapes import build_model_folder
 
 TIMES = ("time/generate_s", "time/score_s", "time/train_s", "time/sync_s", "time/step_s")
@@ -60,7 +65,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-grpo-bench"))
     parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (checks the script)")
     parser.add_argument("--quantization", choices=["none", "fp8"], default="none", help="[rollout] quantization")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR", help="profile steps after the timed ones")
+    parser.add_argument("--profile-steps", type=int, default=2, help="steps under the profiler")
     args = parser.parse_args()
+    profiled_steps = args.profile_steps if args.profile is not None else 0
 
     from physreason.config import load_config
     from physreason.train.grpo import run_grpo
@@ -70,7 +78,8 @@ def main() -> None:
         backend = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     args.work.mkdir(parents=True, exist_ok=True)
     model = build_model_folder(args.work / ("model-tiny" if args.tiny else "model-3b"), "qwen2.5-vl-3b", args.tiny)
-    data = write_prompts(args.work / "prompts.jsonl", args.prompts * (args.warmup + args.steps), args.prompt_words)
+    total_steps = args.warmup + args.steps + profiled_steps
+    data = write_prompts(args.work / "prompts.jsonl", args.prompts * total_steps, args.prompt_words)
     out = args.work / f"run-{int(time.time())}"
     bf16 = not args.tiny and torch.cuda.is_available()
     config = load_config(
@@ -84,7 +93,7 @@ def main() -> None:
             f"engine.batch_size={args.prompts * args.n}",
             f"data.dataset.name='{data}'",
             f"train.output_dir='{out}'",
-            f"train.max_steps={args.warmup + args.steps}",
+            f"train.max_steps={total_steps}",
             f"train.train_batch_per_replica={args.prompts * args.n}",
             f"train.param_dtype='{'bfloat16' if bf16 else 'float32'}'",
             f"train.gradient_checkpointing={'true' if bf16 else 'false'}",
@@ -97,8 +106,22 @@ def main() -> None:
             f"rollout.quantization='{args.quantization}'",
         ],
     )
-    result = run_grpo(config)
-    timed = result.metrics[args.warmup :]
+    device_kind = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    profiler = Profiled(args.profile, "grpo-step", device_kind) if args.profile is not None else None
+    started_profile = args.warmup + args.steps  # steps finished when the profiler starts
+
+    def on_step(step: int) -> None:
+        if profiler is None:
+            return
+        if step == started_profile:
+            profiler.__enter__()
+        elif step > started_profile:
+            profiler.step()
+            if step == total_steps:
+                profiler.__exit__(None, None, None)
+
+    result = run_grpo(config, on_step=on_step)
+    timed = result.metrics[args.warmup : args.warmup + args.steps]
     row = {key: statistics.median(m[key] for m in timed) for key in (*TIMES, "perf/samples_per_s")}
     row["rollout/response_length_mean"] = statistics.mean(m["rollout/response_length_mean"] for m in timed)
     # mean |policy - engine| log-prob of the sampled tokens: what FP8 rollouts add to the engine/policy gap

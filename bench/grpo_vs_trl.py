@@ -54,6 +54,15 @@ GPU, CUDA graphs on, `gpu_memory_utilization` --gpu-memory, context 8192, no sle
 (`use_vllm=True, vllm_mode="colocate"`; it fixes `max_num_batched_tokens=4096` itself), physreason's VLLMEngine.
 Weights are pushed to the engine once per step on both sides.
 
+Vision attention of the policy (--trl-vision-attention): physreason runs its tower's sdpa attention grouped by
+window length (physreason/models/vision_attention.py: one kernel call per distinct window length, the varlen
+attention a flash-attn install gives). TRL, without flash-attn (no wheel for the GPU image), would run transformers'
+loop of one sdpa call per window; `varlen` (the default) switches the model TRL built to the same grouped attention
+after GRPOTrainer has loaded it, as physreason's loader does to its own models (TRL's trainer and everything else on
+its side unchanged), so the comparison is the one a TRL user with flash-attn would see; `native` keeps transformers'
+loop. Each run records the vision attention its policy model ended up with ("vision_attention" in the JSON, a line
+under the table), read from the model's vision attention modules.
+
 What is timed (per optimizer step, after --warmup steps; medians over --steps steps):
   step      wall time of one optimizer step (physreason `time/step_s`; TRL: between consecutive `on_step_end`);
   generate  physreason `time/generate_s` (media decode, prompt rendering, vLLM); TRL `_generate` (prompt rendering
@@ -74,8 +83,9 @@ medians, the run's log tail when it failed). Each run's log is under --work/logs
 GPU (one H200: the 3B policy with fp32 AdamW state and a 0.3 vLLM share needs about 90 GB; a few runs per command,
 each command under 10 minutes):
   export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=/usr/local/cuda VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
-  python3 bench/grpo_vs_trl.py --workloads image                              # TRL vs physreason on images
-  python3 bench/grpo_vs_trl.py --workloads text                               # TRL vs physreason on text
+  python3 bench/grpo_vs_trl.py --workloads image --rounds 3                   # TRL (varlen vision) vs physreason
+  python3 bench/grpo_vs_trl.py --workloads image --rounds 1 --trl-vision-attention native   # TRL as installed
+  python3 bench/grpo_vs_trl.py --workloads text --rounds 3                    # TRL vs physreason on text
   python3 bench/grpo_vs_trl.py --workloads video --sides physreason,physreason-padded   # TRL cannot take video
 CPU:  python bench/grpo_vs_trl.py --tiny    (tiny models, hf engine / transformers generate: checks the script)
 
@@ -123,6 +133,7 @@ TRL_VIDEO = (
     "images and its policy forward has no pixel_values_videos/video_grid_thw (see the docstring)"
 )
 PARTS = ("generate", "score", "train", "sync")
+TRL_VISION_ATTENTION = ("varlen", "native")
 REWARD_WEIGHTS = {"accuracy": 1.0, "format": 1.0}
 SYNTH_TASK = "arrow_of_time"
 SCENE = "the ball rolls down the slope, bounces off the wall and slides along the floor past the red box"
@@ -151,7 +162,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mini-batch-tokens", type=int, help="physreason's tokens per forward pass [8192; tiny 512]")
     parser.add_argument("--steps", type=int, help="timed optimizer steps per run [3; tiny 1]")
     parser.add_argument("--warmup", type=int, help="untimed first steps per run [1; tiny 0]")
-    parser.add_argument("--rounds", type=int, default=1, help="rounds of TRL and physreason runs per workload")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of TRL and physreason runs per workload, the first side alternating")
+    parser.add_argument("--trl-vision-attention", choices=TRL_VISION_ATTENTION, default="varlen",
+                        help="TRL policy's vision attention: varlen (physreason's grouped kernel, as with flash-attn) "
+                             "or native (transformers' per-window loop)")
     parser.add_argument("--text-words", type=int, help="scene words before each text question [200; tiny 20]")
     parser.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto", help="auto: vLLM when installed")
     parser.add_argument("--gpu-memory", type=float, default=0.3, help="vLLM gpu_memory_utilization, both sides")
@@ -296,6 +311,34 @@ def versions() -> dict[str, str]:
     return out
 
 
+def vision_attention_of(model: Any) -> str:
+    """What the model's vision attention modules run: "grouped <kernel> (varlen)", "<kernel> per-window loop", or
+    "no vision tower"."""
+    from physreason.models.vision_attention import ATTENTION_CLASSES, WRAPPED_KERNELS, registered_name
+
+    names = sorted({m.config._attn_implementation for m in model.modules() if type(m).__name__ in ATTENTION_CLASSES})
+    if not names:
+        return "no vision tower"
+    grouped = {registered_name(kernel): kernel for kernel in WRAPPED_KERNELS}
+    return ", ".join(f"grouped {grouped[n]} (varlen)" if n in grouped else f"{n} per-window loop" for n in names)
+
+
+def set_vision_attention(model: Any, mode: str) -> str:
+    """Give a loaded model's vision tower physreason's grouped attention (mode "varlen") or leave transformers' own
+    ("native"); returns what it now runs (`vision_attention_of`).
+
+    The modules read their config's `_attn_implementation` at every forward, so switching after the trainer has built
+    the model takes effect for all its later forwards (generation with transformers included).
+    """
+    from physreason.models.vision_attention import use_grouped_vision_attention
+
+    if mode not in TRL_VISION_ATTENTION:
+        raise ValueError(f"vision attention mode {mode!r} not among {TRL_VISION_ATTENTION}")
+    if mode == "varlen":
+        use_grouped_vision_attention(model)
+    return vision_attention_of(model)
+
+
 def _cuda_sync() -> None:
     import torch
 
@@ -363,12 +406,27 @@ def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed:
 
 def run_physreason(spec: dict[str, Any], workload: str, packed: bool = True) -> dict[str, Any]:
     """One physreason GRPO run of the workload (packed rows, or padded ones); per-step figures from its metrics."""
+    import physreason.models.loading as loading
     from physreason.train.grpo import run_grpo
 
     started = time.perf_counter()
     output = Path(spec["work"]) / "runs" / f"physreason-{'packed' if packed else 'padded'}-{workload}-{time.time_ns()}"
     config = physreason_config(spec, workload, output, packed)
-    result = run_grpo(config)
+    # The loader switches every model it loads (policy, and the hf engine's) to grouped vision attention; note what
+    # each one ends up running, from the model itself.
+    attention: list[str] = []
+    switch = loading.use_grouped_vision_attention
+
+    def recorded_switch(model: Any) -> bool:
+        applied = switch(model)
+        attention.append(vision_attention_of(model))
+        return applied
+
+    loading.use_grouped_vision_attention = recorded_switch
+    try:
+        result = run_grpo(config)
+    finally:
+        loading.use_grouped_vision_attention = switch
     steps = []
     for metrics in result.metrics:
         samples = round(metrics["perf/samples_per_s"] * metrics["time/step_s"])
@@ -385,7 +443,13 @@ def run_physreason(spec: dict[str, Any], workload: str, packed: bool = True) -> 
             }
         )
     total = time.perf_counter() - started
-    return {"steps": steps, "run_s": total, "setup_s": total - sum(s["step_s"] for s in steps), "peak_gib": _peak_gib()}
+    return {
+        "steps": steps,
+        "run_s": total,
+        "setup_s": total - sum(s["step_s"] for s in steps),
+        "peak_gib": _peak_gib(),
+        "vision_attention": ", ".join(sorted(set(attention))) or "not recorded (the loader was not called)",
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -612,13 +676,20 @@ def run_trl(spec: dict[str, Any], workload: str) -> dict[str, Any]:
         processing_class=trl_processor(spec["model"]),
         callbacks=[StepClock()],
     )
+    vision_attention = set_vision_attention(trainer.model, spec["trl_vision_attention"])
     sections.wrap(trainer, "_generate_and_score_completions", "score", after=count_tokens)
     sections.wrap(trainer, "_generate", "generate")
     if getattr(trainer, "vllm_generation", None) is not None:
         sections.wrap(trainer.vllm_generation, "sync_weights", "sync")
     trainer.train()
     total = time.perf_counter() - started
-    return {"steps": steps, "run_s": total, "setup_s": total - sum(s["step_s"] for s in steps), "peak_gib": _peak_gib()}
+    return {
+        "steps": steps,
+        "run_s": total,
+        "setup_s": total - sum(s["step_s"] for s in steps),
+        "peak_gib": _peak_gib(),
+        "vision_attention": vision_attention,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -757,6 +828,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "engine": engine,
         "bf16": not args.tiny and torch.cuda.is_available(),
         "gpu_memory": args.gpu_memory,
+        "trl_vision_attention": args.trl_vision_attention,
         "data": data,
         **{
             name: getattr(args, name)
@@ -799,6 +871,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 row["summary"] = summarise(steps, 0)
                 row["peak_gib"] = max((r["peak_gib"] for r in done if r["peak_gib"] is not None), default=None)
                 row["setup_s"] = statistics.median(r["setup_s"] for r in done)
+                row["vision_attention"] = ", ".join(sorted({r.get("vision_attention", "not recorded") for r in done}))
             else:
                 row["error"] = mine[0].get("error", "not run") if mine else "not run"
             rows.append(row)
@@ -806,6 +879,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
     print(f"\nGRPO step, physreason vs TRL on {device} (medians of {args.steps} steps x {args.rounds} rounds)\n")
     print(format_table(rows))
+    for row in rows:
+        if row.get("vision_attention"):
+            print(f"vision attention, {row['side']} on {row['workload']}: {row['vision_attention']}")
     for name, value in ratios.items():
         print(f"samples/s ratio, {name}: {value:.2f}x")
     if "video" in args.workloads and "trl" in args.sides:

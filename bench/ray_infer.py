@@ -1,22 +1,26 @@
-"""Benchmark: batch inference on Ray Data with one engine replica beside the single-process path, same clips.
+"""Benchmark: batch inference on Ray Data with one engine replica beside the single-process path, end to end.
 
-Writes --clips synthetic H.264 clips (PyAV, a textured scene panning, --seconds long at --size) and one request
-per clip, then in this process:
+Writes --clips synthetic H.264 clips once (PyAV, a textured scene panning, --seconds long at --clip-fps and --size;
+kept under --workdir and reused) and one request per clip. Then --rounds rounds, the first path alternating
+between rounds, each path timed end to end from nothing (the engine built, Ray started, every result written):
 
-1. Ray path: `run_ray_batch` with one replica (infer.num_gpus = 1: one GPU, or a CPU replica with --tiny);
-2. single-process path: `run_batch` with one engine built here (today's `infer --jsonl`);
-3. CPU decode: `request_from_record` (PyAV decode, fps sampling, resize, chat messages) on every clip, serially in
-   this process, as one Ray decoding task does it.
+  ray     `ray.init` (a local Ray started here unless --ray-address) + `run_ray_batch` with one replica
+          (infer.num_gpus = 1) + `ray.shutdown`: today's `physreason infer --jsonl ... --num-gpus 1`;
+  single  `create_engine` + `run_batch` in this process: today's `physreason infer --jsonl`.
+Both use the same [model] [engine] [generation] [vision] settings. Reported per run (one JSON line each on stdout,
+and in $OUT/ray_infer.jsonl): end-to-end seconds, items/s, seconds to the first result, steady items/s (results after
+the first batch over the time from the first batch to the last result), and for Ray its start-up phases:
+  ray_init_s           ray.init here;
+  actor_start_s        an empty actor with the replica's resources, created and answering (worker process spawn);
+  worker_import_s      the imports of a replica's module (physreason.infer.ray_pipeline) in a fresh worker;
+  first_result_s       from run_ray_batch's call to the first result written (engine build in the replica included);
+the single path's engine_load_s is its engine build. Then a summary line: medians per path and Ray / single.
 
-Reported per path: end-to-end seconds (engine start included) and steady items/s (results after the first batch
-over the seconds from the first batch to the last result, so engine start and warm-up are left out; give many
-batches: --clips well above --batch-size); the Ray overhead is
-1 - ray steady / single steady. Decode: clips/s of one process and, against the single-process engine rate, the
-decoding tasks (infer.decode_cpus each) that one GPU needs so its engine never waits. The Ray path runs first: its replica has
-released the GPU when the single-process engine loads. Prints one JSON object.
+Model: --model (a local folder or cached hub id) or, by default, a random-weight folder of --shape written once
+under --workdir (bench/shapes.py: the tiny tokenizer and processor, so no download).
 
-    python bench/ray_infer.py --model nvidia/Cosmos-Reason1-7B --clips 256       # GPU machine
-    python bench/ray_infer.py --tiny                                             # CPU dry run, tiny model
+    python bench/ray_infer.py --engine vllm --clips 1000 --rounds 3          # GPU machine (needs vLLM and Ray)
+    python bench/ray_infer.py --tiny                                         # CPU dry run, tiny model
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ import argparse
 import json
 import os
 import platform
-import tempfile
+import statistics
+import sys
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import av
@@ -97,6 +103,8 @@ class ResultClock:
 
 
 def measure(run, out: Path, n: int) -> dict:
+    """Seconds of `run()` (every result written), items/s, time to the first result and the steady rate."""
+    out.unlink(missing_ok=True)
     with ResultClock(out, n) as clock:
         start = time.perf_counter()
         summary = run()
@@ -104,110 +112,193 @@ def measure(run, out: Path, n: int) -> dict:
     return {
         "seconds": round(total, 2),
         "items_per_s": round(n / total, 3),
+        "first_result_s": None if clock.first is None else round(clock.first - start, 2),
         "steady_items_per_s": None if clock.steady() is None else round(clock.steady(), 3),
         "failed": summary.failed,
     }
 
 
+def write_clips(work: Path, count: int, seconds: float, size: tuple[int, int], fps: int) -> None:
+    """The clips (once: a clip already there is kept), written by a few processes."""
+    missing = [i for i in range(count) if not (work / "clips" / f"{i:05d}.mp4").exists()]
+    (work / "clips").mkdir(parents=True, exist_ok=True)
+    with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        futures = [pool.submit(write_clip, work / "clips" / f"{i:05d}.mp4", seconds, size, i, fps) for i in missing]
+        for future in futures:
+            future.result()
+
+
+def ray_start_phases(gpus: float, cpus: float) -> dict:
+    """An empty actor's start (with the replica's resources) and the replica module's imports in a fresh worker."""
+    import ray
+
+    @ray.remote
+    class Empty:
+        def ready(self) -> bool:
+            return True
+
+    @ray.remote
+    def imports() -> float:
+        started = time.perf_counter()
+        import physreason.infer.ray_pipeline  # noqa: F401  (what a replica and a decode task import)
+
+        return time.perf_counter() - started
+
+    started = time.perf_counter()
+    actor = Empty.options(num_gpus=gpus, num_cpus=cpus).remote()
+    ray.get(actor.ready.remote())
+    actor_s = time.perf_counter() - started
+    ray.kill(actor)
+    worker_import_s = ray.get(imports.options(num_cpus=cpus).remote())
+    return {"actor_start_s": round(actor_s, 2), "worker_import_s": round(worker_import_s, 2)}
+
+
+def run_ray(cfg: Config, requests: Path, out: Path, n: int, address: str | None, phases: bool) -> dict:
+    """The Ray path end to end: Ray started, run_ray_batch with one replica, Ray shut down."""
+    import ray
+
+    started = time.perf_counter()
+    extra = {} if address else {"include_dashboard": False}
+    ray.init(address=address, log_to_driver=False, **extra)
+    init_s = time.perf_counter() - started
+    probes = ray_start_phases(cfg.infer.num_gpus if cfg.infer.device == "gpu" else 0, cfg.infer.cpus_per_replica) \
+        if phases else {}
+    run = measure(lambda: run_ray_batch(cfg, requests, out, show_progress=False), out, n)
+    ray.shutdown()  # the replica's GPU is free for the single-process engine
+    probe_s = sum(probes.values())
+    return {**run, "end_to_end_s": round(time.perf_counter() - started - probe_s, 2), "ray_init_s": round(init_s, 2),
+            **probes}  # fmt: skip
+
+
+def run_single(cfg: Config, requests: Path, out: Path, n: int) -> dict:
+    """The single-process path end to end: the engine built here, run_batch, the engine released."""
+    import gc
+
+    started = time.perf_counter()
+    engine = create_engine(cfg.model, cfg.engine)
+    load_s = time.perf_counter() - started
+    run = measure(
+        lambda: run_batch(engine, requests, out, sampling=cfg.generation, vision=cfg.vision,
+                          batch_size=cfg.engine.batch_size, show_progress=False),
+        out, n,
+    )  # fmt: skip
+    end_to_end = time.perf_counter() - started
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+    engine = None  # the engine's memory (a GPU's worth) goes before the next run
+    gc.collect()
+    return {**run, "end_to_end_s": round(end_to_end, 2), "engine_load_s": round(load_s, 2)}
+
+
+def emit(record: dict) -> None:
+    """One JSON line on stdout and in $OUT/ray_infer.jsonl."""
+    line = json.dumps(record)
+    print(line, flush=True)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        with Path(os.environ["OUT"], "ray_infer.jsonl").open("a") as file:
+            file.write(line + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="nvidia/Cosmos-Reason1-7B")
+    parser.add_argument("--model", default=None, help="model folder or cached hub id (default: --shape, random)")
+    parser.add_argument("--shape", default="qwen2.5-vl-7b", help="bench/shapes.py shape of the random model")
     parser.add_argument("--engine", default="auto", choices=["auto", "vllm", "hf"])
-    parser.add_argument("--clips", type=int, default=256)
-    parser.add_argument("--seconds", type=float, default=10.0, help="Length of each clip.")
-    parser.add_argument("--size", default="720x1280", help="HEIGHTxWIDTH of the clips.")
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--clips", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=2.0, help="Length of each clip.")
+    parser.add_argument("--clip-fps", type=int, default=4, help="Frame rate the clips are written at.")
+    parser.add_argument("--size", default="360x640", help="HEIGHTxWIDTH of the clips.")
+    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=64, help="engine.batch_size: requests per generate call.")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of both paths, the first path alternating")
+    parser.add_argument("--no-phases", action="store_true", help="skip the Ray start-up probes")
     parser.add_argument("--ray-address", default=None, help="Join this Ray cluster instead of starting one here.")
-    parser.add_argument("--tiny", action="store_true", help="CPU dry run: tiny random model, small short clips.")
-    parser.add_argument("--workdir", type=Path, default=None, help="Where clips and results go (default: a temp dir).")
+    parser.add_argument("--tiny", action="store_true", help="CPU dry run: tiny random model, few small clips.")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/ray-infer-bench"), help="clips, model, results")
+    parser.add_argument("--skip-decode", action="store_true", help="skip the serial decode measurement")
     args = parser.parse_args()
     if args.tiny:
-        args.engine, args.clips, args.seconds, args.size = "hf", min(args.clips, 24), 2.0, "96x128"
-        args.max_tokens, args.batch_size = min(args.max_tokens, 8), min(args.batch_size, 4)
+        args.engine, args.clips, args.size = "hf", min(args.clips, 24), "96x128"
+        args.max_tokens, args.batch_size, args.rounds = min(args.max_tokens, 8), min(args.batch_size, 4), 1
     height, width = (int(v) for v in args.size.split("x"))
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="ray-infer-bench-"))
+    work = args.workdir / ("tiny" if args.tiny else "gpu")
     work.mkdir(parents=True, exist_ok=True)
     model = args.model
-    if args.tiny:
-        from physreason.models.tiny import save_tiny_model
+    if model is None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from shapes import build_model_folder
 
-        model = str(save_tiny_model("qwen2_5_vl", work / "tiny"))
-    for i in range(args.clips):
-        clip = work / "clips" / f"{i:05d}.mp4"
-        if not clip.exists():
-            clip.parent.mkdir(parents=True, exist_ok=True)
-            write_clip(clip, args.seconds, (height, width), seed=i)
+        model = str(build_model_folder(work / f"model-{'tiny' if args.tiny else args.shape}", args.shape, args.tiny))
+    started = time.perf_counter()
+    clips_dir = work / f"clips-{args.seconds:g}s-{args.clip_fps}fps-{height}x{width}"
+    write_clips(clips_dir, args.clips, args.seconds, (height, width), args.clip_fps)
+    clips_s = time.perf_counter() - started
     requests = work / "requests.jsonl"
     requests.write_text("".join(
-        json.dumps({"id": f"{i:05d}", "question": "What happens in this clip?", "video": f"clips/{i:05d}.mp4"}) + "\n"
+        json.dumps({"id": f"{i:05d}", "question": "What happens in this clip?",
+                    "video": str(clips_dir / "clips" / f"{i:05d}.mp4")}) + "\n"
         for i in range(args.clips)
-    ))
+    ))  # fmt: skip
+    engine = args.engine
+    if engine == "auto":
+        import importlib.util
+
+        engine = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     overrides = {
         "model": {"model_name_or_path": model, "dtype": "float32" if args.tiny else "bfloat16"},
-        "engine": {"backend": args.engine, "batch_size": args.batch_size},
+        "engine": {"backend": engine, "batch_size": args.batch_size},
         "generation": {"max_tokens": args.max_tokens, "temperature": 0.0, "repetition_penalty": 1.0},
         "infer": {"num_gpus": 1, "device": "cpu" if args.tiny else "gpu", "ray_address": args.ray_address},
     }
     if args.tiny:
         overrides["vision"] = {"min_pixels": 3136, "max_pixels": 56 * 84, "total_pixels": 56 * 84 * 8}
-    cfg = Config.model_validate(overrides)
-
-    import ray
-
-    if not ray.is_initialized():
-        extra = {} if args.ray_address else {"include_dashboard": False}
-        ray.init(address=args.ray_address, log_to_driver=False, **extra)
-    ray_out, single_out = work / "ray.jsonl", work / "single.jsonl"
-    for out in (ray_out, single_out):
-        out.unlink(missing_ok=True)
-    ray_run = measure(lambda: run_ray_batch(cfg, requests, ray_out, show_progress=False), ray_out, args.clips)
-    ray.shutdown()  # the replica's GPU is free for the single-process engine
-
-    if args.tiny:  # a CPU replica computes with its Ray CPUs' worth of threads (OMP_NUM_THREADS); match it here
+        # A CPU replica computes with its Ray CPUs' worth of threads (OMP_NUM_THREADS); match it here.
         import torch
 
-        torch.set_num_threads(max(1, int(cfg.infer.cpus_per_replica)))
-    started = time.perf_counter()
-    engine = create_engine(cfg.model, cfg.engine)
-    load_s = time.perf_counter() - started
-    single = measure(
-        lambda: run_batch(engine, requests, single_out, sampling=cfg.generation, vision=cfg.vision,
-                          batch_size=cfg.engine.batch_size, show_progress=False),
-        single_out, args.clips,
-    )
-    single["engine_load_s"] = round(load_s, 2)
+        torch.set_num_threads(1)
+    cfg = Config.model_validate(overrides)
+    setup = {"kind": "setup", "device": platform.node(), "gpu": _gpu_name(), "engine": engine, "model": model,
+             "clips": args.clips, "clip": f"{args.seconds:g} s {height}x{width} H.264 {args.clip_fps} fps",
+             "max_tokens": args.max_tokens, "batch_size": args.batch_size, "clips_written_s": round(clips_s, 1),
+             "cpu_cores": os.cpu_count()}  # fmt: skip
+    emit(setup)
+    runs: dict[str, list[dict]] = {"ray": [], "single": []}
+    for round_index in range(args.rounds):
+        order = ("ray", "single") if round_index % 2 == 0 else ("single", "ray")
+        for path in order:
+            out = work / f"{path}.jsonl"
+            if path == "ray":
+                result = run_ray(cfg, requests, out, args.clips, args.ray_address, not args.no_phases)
+            else:
+                result = run_single(cfg, requests, out, args.clips)
+            runs[path].append(result)
+            emit({"kind": "run", "path": path, "round": round_index, **result})
+    summary = {"kind": "summary", "clips": args.clips, "rounds": args.rounds}
+    for path, results in runs.items():
+        for key in ("end_to_end_s", "first_result_s", "steady_items_per_s"):
+            values = [r[key] for r in results if r.get(key) is not None]
+            summary[f"{path}_{key}_median"] = statistics.median(values) if values else None
+    if summary["ray_end_to_end_s_median"] and summary["single_end_to_end_s_median"]:
+        summary["ray_over_single_end_to_end"] = round(
+            summary["ray_end_to_end_s_median"] / summary["single_end_to_end_s_median"], 3
+        )
+    if not args.skip_decode:
+        summary["decode"] = decode_rate(cfg, requests, model, args.clips)
+    emit(summary)
 
-    plan = plan_batch(requests, work / "none.jsonl")
+
+def decode_rate(cfg: Config, requests: Path, model: str, clips: int) -> dict:
+    """Clips/s of `request_from_record` (decode, sample, resize, messages) serially in this process."""
+    plan = plan_batch(requests, requests.parent / "none.jsonl")
     started = time.perf_counter()
     frames = 0
     for rid, record in plan.pending:
         request = request_from_record(record, rid, plan.root, cfg.vision, Prompting(), patch_factor(model))
         frames += sum(len(v.frames) for v in request.videos)
-    decode_s = time.perf_counter() - started
-    clips_per_s = args.clips / decode_s
-    rate = single["steady_items_per_s"] or single["items_per_s"]
-    report = {
-        "device": platform.node(),
-        "gpu": _gpu_name(),
-        "engine": args.engine,
-        "model": args.model if not args.tiny else "tiny qwen2_5_vl",
-        "clips": args.clips,
-        "clip": f"{args.seconds:g} s {height}x{width} H.264 30 fps",
-        "max_tokens": args.max_tokens,
-        "batch_size": args.batch_size,
-        "ray_1_replica": ray_run,
-        "single_process": single,
-        "ray_overhead_steady": None if not (ray_run["steady_items_per_s"] and single["steady_items_per_s"])
-        else round(1 - ray_run["steady_items_per_s"] / single["steady_items_per_s"], 4),
-        "decode": {
-            "clips_per_s_one_process": round(clips_per_s, 3),
-            "sampled_frames_per_s_one_process": round(frames / decode_s, 1),
-            "decode_tasks_needed_per_gpu": round(rate / clips_per_s, 2),
-            "cpu_cores_here": os.cpu_count(),
-        },
-    }
-    print(json.dumps(report, indent=2))
+    seconds = time.perf_counter() - started
+    return {"clips_per_s_one_process": round(clips / seconds, 3), "sampled_frames_per_s": round(frames / seconds, 1)}
 
 
 def _gpu_name() -> str | None:

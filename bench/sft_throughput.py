@@ -23,6 +23,25 @@ TP:     torchrun --standalone --nproc-per-node 2 bench/sft_throughput.py --tp 2 
 CPU:    python bench/sft_throughput.py --tiny --seq-len 256 --steps 1 --warmup 1 --sweep
 float8: python bench/sft_throughput.py --rows="--chunked-ce --ac-every 2; --chunked-ce --ac-every 2 --float8 rowwise"
 Qwen3-VL-8B:  python bench/sft_throughput.py --shape qwen3-vl-8b --layers 18 --rows="--chunked-ce --compile --ac-every 2 --batch 4"
+
+Video rows (--video-seconds S, the whole process): each row is one clip of S seconds at --video-size, sampled and
+sized as Cosmos-Reason2's inference recipe does (configs/infer-cosmos-reason2-8b.toml: 4 fps, total_pixels
+11,324,620, about 11k visual tokens), then text to --seq-len tokens in all (the loss on the text after the video, an
+SFT answer); random pixels and token ids. Qwen3-VL shapes only. The vision tower runs (and trains) on both sides. MFU
+of a video row counts the FLOPs each part does usefully: the decoder on every token, the lm_head on target tokens
+only (physreason never computes logits elsewhere; the baseline's logits over visual tokens are not counted), and the
+vision tower (patch embedding, blocks, mergers: 2 x weights x tokens through each linear, plus its attention over
+each temporal patch's patches; training = 3 x forward).
+        python bench/sft_throughput.py --shape qwen3-vl-8b --layers 14 --video-seconds 10 --seq-len 12288 \
+            --rows="--chunked-ce --compile --ac-every 2"
+
+Profile (--profile DIR): after a row's timed steps, --profile-steps more steps under torch.profiler; writes
+DIR/<row>.trace.json (chrome trace) and DIR/<row>.profile.json, and prints GPU kernel time per step by category
+(communication, optimizer, loss/logits, vision tower, attention, GEMMs, other) and by phase (bench/profiling.py).
+
+Levers (row options, off by default, to A/B in one sweep): --reshard all-but-last|none (FSDP2 keeps the last or every
+block's gathered bf16 parameters from forward to backward instead of regathering), --compile-loss (torch.compile the
+lm_head + cross-entropy chunk), --compile-vision (torch.compile each vision block; video rows).
 """
 
 from __future__ import annotations
@@ -39,6 +58,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from profiling import Profiled
 from shapes import PEAK_BF16_FLOPS, qwen3_vl_8b, qwen25_vl_3b, train_flops_per_token
 
 # Rows of --sweep: the last recorded best first, then no checkpointing, optimizer amortisation,
@@ -56,20 +76,85 @@ SWEEP = (
     "--chunked-ce --compile --ac-every 0 --grad-accum 4 --sdpa-backend flash",
 )
 # Options that shape the process (its world, its baseline) and so cannot change from row to row.
-PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--shape")
+PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--shape", "--video-seconds",
+                   "--video-size", "--video-fps", "--video-total-pixels", "--profile", "--profile-steps")
 SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
 ROW_OPTIONS = ("chunked_ce", "ce_chunk", "compile", "packing", "ac_every", "grad_accum", "batch", "seq_len",
-               "sdpa_backend", "wrap", "float8")
+               "sdpa_backend", "wrap", "float8", "reshard", "compile_loss", "compile_vision")
+# Cosmos-Reason2's inference video budget (configs/infer-cosmos-reason2-8b.toml)
+REASON2_FPS = 4.0
+REASON2_TOTAL_PIXELS = 11324620
 
 
-def make_batch(config, seq_len: int, rows: int, packing: bool, device):
-    """`rows` rows of seq_len tokens each: one sample per row, or (packing) four samples packed into one row."""
+def video_grid(config, args) -> tuple[int, int, int]:
+    """(t, h, w) patch grid of one --video-seconds clip sampled and resized as physreason.vision does it."""
+    from physreason.config import VisionConfig
+    from physreason.vision.resize import pixel_budgets, smart_resize, video_frame_max_pixels
+    from physreason.vision.sampling import num_sampled_frames
+
+    vision = config.vision_config
+    factor = vision.patch_size * vision.spatial_merge_size
+    settings = VisionConfig(fps=args.video_fps, total_pixels=args.video_total_pixels)
+    budgets = pixel_budgets(settings, factor)
+    source_fps = 30.0
+    height, width = (int(v) for v in args.video_size.split("x"))
+    frames = num_sampled_frames(round(args.video_seconds * source_fps), source_fps, settings.fps, settings.min_frames,
+                                settings.max_frames, vision.temporal_patch_size)  # fmt: skip
+    frame_max = video_frame_max_pixels(frames, budgets.min_pixels, budgets.max_pixels, budgets.total_pixels,
+                                       vision.temporal_patch_size)  # fmt: skip
+    h, w = smart_resize(height, width, factor, budgets.min_pixels, frame_max)
+    return frames // vision.temporal_patch_size, h // vision.patch_size, w // vision.patch_size
+
+
+def video_sample(config, seq_len: int, grid: tuple[int, int, int], generator: torch.Generator):
+    """One Qwen3-VL SFT sample of seq_len tokens: 16 prompt tokens, the video (a timestamp, vision start, pads and
+    vision end per temporal patch, as physreason.models.qwen3_vl lays it out), then answer tokens with the loss."""
+    from physreason.data.sft import IGNORE_INDEX, SFTSample
+    from physreason.models.inputs import VisualInputs
+    from physreason.models.qwen3_vl import qwen3_vl_position_ids
+
+    vision = config.vision_config
+    t, h, w = grid
+    per_group = h * w // vision.spatial_merge_size**2
+    text_ids = min(config.video_token_id, config.vision_start_token_id, config.image_token_id)
+
+    def text(count: int) -> list[int]:
+        return torch.randint(0, text_ids, (count,), generator=generator).tolist()
+
+    ids = text(16)
+    for _ in range(t):
+        ids += text(4) + [config.vision_start_token_id] + [config.video_token_id] * per_group + [config.vision_end_token_id]
+    answer = seq_len - len(ids)
+    if answer < 16:
+        raise ValueError(f"--seq-len {seq_len} leaves {answer} answer tokens after a video of {len(ids)} tokens: raise it")
+    prompt_len = len(ids)
+    ids = torch.tensor(ids + text(answer))  # [L]
+    labels = ids.clone()
+    labels[:prompt_len] = IGNORE_INDEX
+    grid_thw = torch.tensor([[t, h, w]])
+    channels = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    pixels = torch.randn(t * h * w, channels, generator=generator)  # [patches, C * T * P * P]
+    positions = qwen3_vl_position_ids(ids, config.image_token_id, config.video_token_id, None, grid_thw,
+                                      vision.spatial_merge_size)  # fmt: skip
+    visuals = VisualInputs(pixel_values_videos=pixels, video_grid_thw=grid_thw, video_token_counts=[t * per_group])
+    return SFTSample(ids, labels, positions, visuals)
+
+
+def make_batch(config, seq_len: int, rows: int, packing: bool, device, grid: tuple[int, int, int] | None = None):
+    """`rows` rows of seq_len tokens each: one sample per row, or (packing) four samples packed into one row;
+    with a video `grid`, each row one video sample (`video_sample`)."""
     from physreason.data.collate import collate_padded
     from physreason.data.packing import collate_packed
     from physreason.data.sft import SFTSample
 
     if packing and rows != 1:
         raise ValueError("--packing builds one packed row; use --batch 1 with it")
+    if grid is not None:
+        if packing:
+            raise ValueError("--packing is for text rows; a video row is one sample")
+        generator = torch.Generator().manual_seed(0)
+        samples = [video_sample(config, seq_len, grid, generator) for _ in range(rows)]
+        return collate_padded(samples, 0, mrope=True).to(device)
     generator = torch.Generator().manual_seed(0)
     parts = 4 if packing else rows
     length = seq_len // 4 if packing else seq_len
@@ -92,6 +177,34 @@ def attention_backend(name: str):
     return sdpa_kernel([kernels[name]])
 
 
+def vision_train_flops(config, grid: tuple[int, int, int]) -> float:
+    """Training FLOPs (3 x forward) of the vision tower on one clip of patch grid (t, h, w): 2 x in x out per
+    token through each linear (blocks and patch embedding per patch, mergers per merged token) plus attention
+    (QK^T and AV, 4 x segment length x width per patch and block) over each temporal patch's h x w patches."""
+    from transformers import AutoModel
+
+    vision = config.vision_config
+    t, h, w = grid
+    patches = t * h * w
+    merged = patches // vision.spatial_merge_size**2
+    with torch.device("meta"):
+        tower = AutoModel.from_config(vision)
+    forward = 0.0
+    for name, module in tower.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            forward += 2 * module.in_features * module.out_features * (merged if "merger" in name else patches)
+        elif isinstance(module, torch.nn.Conv3d):
+            forward += 2 * module.weight.numel() * patches  # stride = kernel: each patch once
+    forward += 4 * (h * w) * vision.hidden_size * patches * vision.depth
+    return 3 * forward
+
+
+def text_train_flops(config, seq_len: int, targets: int) -> float:
+    """Training FLOPs of one row: train_flops_per_token's decoder on all seq_len tokens, its lm_head on `targets`."""
+    lm_head = 6 * config.text_config.vocab_size * config.text_config.hidden_size
+    return (train_flops_per_token(config, seq_len) - lm_head) * seq_len + lm_head * targets
+
+
 def timed_steps(step, warmup: int, steps: int, device) -> float:
     """Seconds per step after warmup (synchronised)."""
     for _ in range(warmup):
@@ -112,7 +225,8 @@ def build_model(config, device, dtype: torch.dtype):
 
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForImageTextToText.from_config(config)
+        # a copy: the grouped vision attention of `ours` is set on the model's config, never on the baseline's
+        model = AutoModelForImageTextToText.from_config(copy.deepcopy(config))
     return model.to(dtype)
 
 
@@ -122,40 +236,74 @@ def peak_gib(device) -> float:
 
 def run_baseline(config, args, device) -> dict:
     """transformers alone: bf16 weights, gradient checkpointing, fused AdamW, one row per step."""
+    from physreason.data.sft import IGNORE_INDEX
     from physreason.models.parallelize import enable_activation_checkpointing
+    from physreason.train import phases
 
     model = build_model(config, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
     enable_activation_checkpointing(model)
     model.train()
+    phases.mark_vision_tower(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
-    ids = torch.randint(0, config.text_config.vocab_size, (1, args.seq_len), device=device)
+    if args.grid is None:
+        ids = torch.randint(0, config.text_config.vocab_size, (1, args.seq_len), device=device)
+        inputs = {"input_ids": ids, "labels": ids}
+        flops = args.seq_len * train_flops_per_token(config, args.seq_len)
+    else:
+        batch = make_batch(config, args.seq_len, 1, False, device, args.grid)
+        # transformers shifts labels itself: undo the batch's shift
+        labels = torch.cat([torch.full_like(batch.targets[:, :1], IGNORE_INDEX), batch.targets[:, :-1]], dim=1)
+        inputs = {**batch.model_inputs(), "labels": labels}
+        flops = text_train_flops(config, args.seq_len, batch.num_targets) + vision_train_flops(config, args.grid)
 
     def step():
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss = model(**inputs, use_cache=False).loss
+        with phases.phase(phases.BACKWARD):
+            loss.backward()
+        with phases.phase(phases.OPTIMIZER):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     seconds = timed_steps(step, args.warmup, args.steps, device)
-    return {"seconds_per_step": seconds, "tokens_per_step": args.seq_len, "gpus": 1, "peak_gib": peak_gib(device)}
+    profile(step, args, "transformers-baseline", device)
+    return {"seconds_per_step": seconds, "tokens_per_step": args.seq_len, "flops_per_step": flops, "gpus": 1,
+            "peak_gib": peak_gib(device)}  # fmt: skip
+
+
+def profile(step, args, label: str, device) -> None:
+    """With --profile: --profile-steps more steps under torch.profiler, written and summarised (bench/profiling.py)."""
+    if args.profile is None or dist.get_rank() != 0 and not os.environ.get("PROFILE_ALL_RANKS"):
+        if args.profile is not None:  # other ranks still step, so collectives stay matched
+            for _ in range(args.profile_steps):
+                step()
+        return
+    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in label)[:120]
+    with Profiled(args.profile, name, device) as profiler:
+        for _ in range(args.profile_steps):
+            step()
+            profiler.step()
 
 
 def run_ours(config, args, device, mesh) -> dict:
     """physreason's CausalLMLoss wrapped as the trainer wraps it, with the row's options."""
+    import physreason.train.loss as loss_module
     from physreason.models.parallelize import (
         apply_fsdp2,
         apply_tensor_parallel,
         clip_grad_norm,
         enable_activation_checkpointing,
     )
+    from physreason.models.vision_attention import use_grouped_vision_attention
+    from physreason.train import phases
     from physreason.train.model import CausalLMLoss
 
     tp, world = mesh["tp"].size(), mesh.size()
     if args.wrap == "autocast" and world > 1:
         raise ValueError("--wrap autocast is the single-process trainer path; it cannot run under torchrun with more ranks")
     model = build_model(config, device, torch.float32)
+    use_grouped_vision_attention(model)  # as physreason's loader does (a no-op for text rows' compute)
     if args.ac_every > 0:
         enable_activation_checkpointing(model, args.ac_every)
     if args.float8 != "none":
@@ -168,32 +316,52 @@ def run_ours(config, args, device, mesh) -> dict:
     if args.wrap == "fsdp":
         if tp > 1:
             apply_tensor_parallel(model, mesh["tp"])
-        apply_fsdp2(module, model, mesh["dp"], compute_dtype, torch.float32)
+        apply_fsdp2(module, model, mesh["dp"], compute_dtype, torch.float32, reshard=args.reshard)
     elif compute_dtype != torch.float32:
         autocast = torch.autocast(device.type, dtype=compute_dtype)
     if args.compile:
         for block in model.model.language_model.layers:
             block.compile()
+    if args.compile_vision:
+        for block in model.model.visual.blocks:
+            block.compile()
+    # A/B of a candidate: the lm_head + cross-entropy chunk compiled (restored after the row)
+    chunk_loss = loss_module._chunk_loss
+    if args.compile_loss:
+        loss_module._chunk_loss = torch.compile(chunk_loss)
     module.train()
     parameters = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=1e-5, fused=device.type == "cuda")
-    batch = make_batch(config, args.seq_len, args.batch, args.packing, device)
+    batch = make_batch(config, args.seq_len, args.batch, args.packing, device, args.grid)
     scale = 1.0 / (batch.num_targets * args.grad_accum)
 
     def step():
         for _ in range(args.grad_accum):
             with autocast, attention_backend(args.sdpa_backend):
                 loss = module(batch)
-            (loss * scale).backward()
-        clip_grad_norm(parameters, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            with phases.phase(phases.BACKWARD):
+                (loss * scale).backward()
+        with phases.phase(phases.OPTIMIZER):
+            clip_grad_norm(parameters, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    seconds = timed_steps(step, args.warmup, args.steps, device)
-    tokens = batch.input_ids.numel() * args.grad_accum * (world // tp)
-    return {"seconds_per_step": seconds, "tokens_per_step": tokens, "gpus": world, "peak_gib": peak_gib(device)}
+    try:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        seconds = timed_steps(step, args.warmup, args.steps, device)
+        profile(step, args, f"{dist.get_rank()}-{describe_row(args)}", device)
+    finally:
+        loss_module._chunk_loss = chunk_loss
+    replicas = args.grad_accum * (world // tp)
+    tokens = batch.input_ids.numel() * replicas
+    if args.grid is None:
+        flops = tokens * train_flops_per_token(config, args.seq_len)
+    else:
+        per_row = text_train_flops(config, args.seq_len, batch.num_targets // args.batch)
+        flops = replicas * args.batch * (per_row + vision_train_flops(config, args.grid))
+    return {"seconds_per_step": seconds, "tokens_per_step": tokens, "flops_per_step": flops, "gpus": world,
+            "peak_gib": peak_gib(device)}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -226,6 +394,19 @@ def build_parser() -> argparse.ArgumentParser:
                              "blocks do; both sides run the same truncated model and MFU counts its FLOPs")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-vl-3b",
                         help="model architecture and size (random weights)")
+    parser.add_argument("--reshard", choices=("all", "all-but-last", "none"), default="all",
+                        help="FSDP2 blocks that free their gathered parameters after forward (lever; default all)")
+    parser.add_argument("--compile-loss", action="store_true", help="torch.compile the lm_head + CE chunk (lever)")
+    parser.add_argument("--compile-vision", action="store_true", help="torch.compile each vision block (lever)")
+    parser.add_argument("--video-seconds", type=float, default=0.0,
+                        help="video rows: one clip of this many seconds per row (Qwen3-VL shapes; 0: text rows)")
+    parser.add_argument("--video-size", default="720x1280", help="HEIGHTxWIDTH of the video rows' source clip")
+    parser.add_argument("--video-fps", type=float, default=REASON2_FPS, help="frames sampled per second")
+    parser.add_argument("--video-total-pixels", type=int, default=REASON2_TOTAL_PIXELS,
+                        help="pixel budget of the clip (Cosmos-Reason2's inference recipe)")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="profile --profile-steps steps of each row after its timed steps, traces into DIR")
+    parser.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler per row")
     return parser
 
 
@@ -236,6 +417,11 @@ def row_args(parser: argparse.ArgumentParser, base: argparse.Namespace, options:
     if fixed:
         parser.error(f"sweep row {options!r}: {', '.join(fixed)} apply to the whole process, not to one row")
     return parser.parse_args(tokens, namespace=copy.copy(base))
+
+
+def describe_row(args: argparse.Namespace) -> str:
+    """The row's label as `describe` makes it (for file names)."""
+    return describe(build_parser(), args)
 
 
 def describe(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
@@ -289,9 +475,8 @@ def measure(run, config, row, device, *extra) -> dict:
     free_memory(device)  # after the except block, whose exception held the failed row's tensors
     if error is not None:
         return {"error": error}
-    flops = train_flops_per_token(config, row.seq_len)
     result["tokens_per_s"] = result["tokens_per_step"] / result["seconds_per_step"]
-    result["mfu"] = result["tokens_per_s"] * flops / (result["gpus"] * PEAK_BF16_FLOPS)
+    result["mfu"] = result["flops_per_step"] / result["seconds_per_step"] / (result["gpus"] * PEAK_BF16_FLOPS)
     return result
 
 
@@ -308,6 +493,17 @@ def main() -> None:
     if args.layers:
         config.text_config.num_hidden_layers = args.layers
     config.text_config._attn_implementation = "sdpa"
+    args.grid = None
+    if args.video_seconds > 0:
+        if not hasattr(config.vision_config, "deepstack_visual_indexes"):
+            parser.error("--video-seconds builds Qwen3-VL video rows: use --shape qwen3-vl-8b")
+        config.vision_config._attn_implementation = "sdpa"
+        if args.tiny:  # the tiny vocabulary has no room for Qwen's special ids: take its last four
+            top = config.text_config.vocab_size
+            names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+            for offset, key in enumerate(names, start=1):
+                setattr(config, key, top - offset)
+        args.grid = video_grid(config, args)
     # every row builds new blocks; let dynamo keep their compiled code instead of falling back to eager
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -315,7 +511,7 @@ def main() -> None:
         rows_options = [row.strip() for row in args.rows.split(";")]
     else:
         rows_options = list(SWEEP) if args.sweep else [""]
-    report = {"device": name, "gpus": world, "tp": args.tp, "args": vars(args), "date": time.strftime("%Y-%m-%d"), "runs": {}}
+    report = {"device": name, "gpus": world, "tp": args.tp, "args": {k: str(v) for k, v in vars(args).items()}, "date": time.strftime("%Y-%m-%d"), "runs": {}}
 
     def emit(label: str, row: dict) -> None:
         report["runs"][label] = row
@@ -333,6 +529,14 @@ def main() -> None:
     if main_rank:
         print(f"device {name} x {world} (tp {args.tp}), {train_flops_per_token(config, args.seq_len) / 1e9:.1f} GFLOP/token "
               f"at seq_len {args.seq_len}; MFU per GPU of {PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s")
+        if args.grid is not None:
+            t, h, w = args.grid
+            merge = config.vision_config.spatial_merge_size
+            print(f"video rows: {args.video_seconds:g} s at {args.video_fps:g} fps of {args.video_size}, total_pixels "
+                  f"{args.video_total_pixels:,}: {t * config.vision_config.temporal_patch_size} frames of "
+                  f"{h * config.vision_config.patch_size}x{w * config.vision_config.patch_size}, grid {list(args.grid)}, "
+                  f"{t * h * w // merge**2:,} visual tokens; vision tower "
+                  f"{vision_train_flops(config, args.grid) / 1e12:.2f} TFLOP per clip (training)")
         print(f"{'run':<100} {'tok/s':>10} {'MFU':>7} {'peak GiB':>9} {'vs baseline':>12}", flush=True)
     if not args.skip_baseline:
         emit("transformers baseline", measure(run_baseline, config, args, device))

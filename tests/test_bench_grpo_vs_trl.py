@@ -215,3 +215,28 @@ def test_trl_never_samples_the_vision_tokens_physreason_suppresses(bench, prepar
         assert kwargs == {"ignore_eos": True, "logit_bias": {3: -100.0, 5: -100.0}}
     else:
         assert kwargs == {"min_new_tokens": 16, "suppress_tokens": [3, 5]}
+
+
+def test_trl_policy_gets_physreasons_grouped_vision_attention_with_the_same_output(bench, tiny_model_dir):
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from physreason.models import loading
+
+    assert bench.parse_args([]).trl_vision_attention == "varlen"
+    # The model as TRL builds it (its own from_pretrained), then switched as run_trl switches it.
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    tower = model.model.visual
+    grid = torch.tensor([[2, 8, 12]])  # one 2-frame patch of 8 x 12 patches: several windows
+    patches = torch.randn(int(grid.prod()), tower.config.in_channels * 2 * tower.config.patch_size**2)
+    with torch.no_grad():
+        native_out = tower(patches, grid_thw=grid).pooler_output
+    assert bench.set_vision_attention(model, "native") == "sdpa per-window loop"
+    assert bench.set_vision_attention(model, "varlen") == "grouped sdpa (varlen)"
+    with torch.no_grad():
+        grouped_out = tower(patches, grid_thw=grid).pooler_output
+    torch.testing.assert_close(grouped_out, native_out, rtol=1e-5, atol=1e-5)
+    # physreason's own loader gives its policy the same attention.
+    ours = loading.load_model(ModelConfig(model_name_or_path=str(tiny_model_dir)), torch.float32)
+    assert bench.vision_attention_of(ours) == "grouped sdpa (varlen)"
+    assert bench.vision_attention_of(torch.nn.Linear(2, 2)) == "no vision tower"

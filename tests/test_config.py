@@ -207,3 +207,11 @@ def test_packed_policy_rows_need_an_attention_kernel_that_takes_a_mask():
     assert packed.grpo.pack_completions and packed.grpo.mini_batch_tokens == 4096
     with pytest.raises(ConfigError, match="pack_completions needs a 4D attention mask.*flash_attention_2"):
         load_config(None, ["grpo.pack_completions=true", "model.attn_implementation='flash_attention_2'"])
+
+
+def test_policy_rows_are_packed_unless_the_kernel_is_flash_or_packing_is_turned_off():
+    assert load_config(None).packs_completions  # the default: sdpa, packed rows
+    # A flash recipe (the SFT ones) still loads; its GRPO update, if any, uses padded rows.
+    assert not load_config(None, ["model.attn_implementation='flash_attention_2'"]).packs_completions
+    assert not load_config(None, ["grpo.pack_completions=false"]).packs_completions
+    assert load_config(None, ["grpo.pack_completions=true", "model.attn_implementation='eager'"]).packs_completions

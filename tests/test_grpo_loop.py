@@ -146,7 +146,7 @@ def test_packed_token_sized_micro_batches_train_like_padded_ones(tiny_text, mcq_
 
     monkeypatch.setattr(grpo_module, "build_micro_batches", recorded)
     runs = []
-    for name, extra in (("padded", ()), ("packed", ("grpo.pack_completions=true", "grpo.mini_batch_tokens=200"))):
+    for name, extra in (("padded", ("grpo.pack_completions=false",)), ("packed", ("grpo.mini_batch_tokens=200",))):
         config = grpo_config(tiny_text, mcq_file, tmp_path / name, "train.max_steps=2",
                              "train.ckpt.enable_checkpoint=false", *extra)
         runs.append(run_grpo(config))

@@ -428,12 +428,13 @@ class GRPOConfig(Section):
             "0 = no token bound. A row longer than this gets a pass of its own."
         ),
     )
-    pack_completions: bool = Field(
-        False,
+    pack_completions: bool | None = Field(
+        None,
         description=(
             "Policy update: one row per prompt holding the prompt once and then its completions, each "
-            "completion attending to the prompt and itself (same log-probs as one padded row each; needs sdpa "
-            "or eager attention)."
+            "completion attending to the prompt and itself (same log-probs as one padded row each, fewer tokens; "
+            "needs sdpa or eager attention). Unset: on with sdpa/eager, off with a flash model.attn_implementation "
+            "(flash kernels take no 4D mask); false: one padded row per completion."
         ),
     )
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and draw more prompts.")
@@ -615,6 +616,13 @@ class Config(Section):
         return self
 
     @property
+    def packs_completions(self) -> bool:
+        """Whether the GRPO policy update packs each prompt's completions into one row (grpo.pack_completions)."""
+        if self.grpo.pack_completions is not None:
+            return self.grpo.pack_completions
+        return not self.model.attn_implementation.startswith("flash")
+
+    @property
     def policy_temperature(self) -> float:
         """The logit temperature of the GRPO policy: by design the rollout sampling temperature."""
         return self.rollout.sampling_config.temperature
@@ -649,7 +657,7 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _packing_needs_a_mask_kernel(self) -> Config:
-        if self.grpo.pack_completions and self.model.attn_implementation.startswith("flash"):
+        if self.grpo.pack_completions is True and self.model.attn_implementation.startswith("flash"):
             raise ValueError(
                 f"grpo.pack_completions needs a 4D attention mask, which model.attn_implementation = "
                 f"'{self.model.attn_implementation}' cannot take: use 'sdpa' or 'eager', or grpo.pack_completions = false"

@@ -97,6 +97,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
+RESHARD_CHOICES = ("all", "all-but-last", "none")  # apply_fsdp2's reshard
+
+
 def apply_fsdp2(
     wrapper: nn.Module,
     model: nn.Module,
@@ -104,6 +107,7 @@ def apply_fsdp2(
     param_dtype: torch.dtype = torch.bfloat16,
     reduce_dtype: torch.dtype = torch.float32,
     cpu_offload: bool = False,
+    reshard: str = "all",
 ) -> None:
     """fully_shard each decoder block and vision block, then the wrapper as root.
 
@@ -112,16 +116,25 @@ def apply_fsdp2(
     model loaded on the host never has to fit one GPU whole. cpu_offload: the sharded parameters, their gradients
     and so the optimizer state stay in host memory (pinned when the mesh is on CUDA); each unit is copied to
     the device for its forward and backward.
+    reshard: which blocks free their gathered (param_dtype) parameters after the forward, to gather them again
+    for the backward: "all"; "all-but-last" (the last decoder block's backward follows its forward at once, so
+    regathering it only costs time); "none" (no regathering, the memory of every block's gathered parameters
+    held from forward to backward).
     """
+    if reshard not in RESHARD_CHOICES:
+        raise ValueError(f"reshard must be one of {RESHARD_CHOICES}, got {reshard!r}")
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     offload = CPUOffloadPolicy(pin_memory=dp_mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
     options = {"mesh": dp_mesh, "mp_policy": policy, "offload_policy": offload}
     tower = vision_tower(model)
     if tower is not None:
         for block in tower.blocks:
-            fully_shard(block, **options)
-    for block in decoder_layers(model):
-        fully_shard(block, **options)
+            fully_shard(block, reshard_after_forward=reshard != "none", **options)
+    blocks = decoder_layers(model)
+    for index, block in enumerate(blocks):
+        last = index == len(blocks) - 1
+        keep = reshard == "none" or (reshard == "all-but-last" and last)
+        fully_shard(block, reshard_after_forward=not keep, **options)
     fully_shard(wrapper, **options)
 
 

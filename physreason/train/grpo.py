@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from physreason.engines import Engine, create_engine
 from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
 from physreason.models.family import VisionTokens, read_vision_tokens
+from physreason.train import phases
 from physreason.train.build import TrainingModel, build_training_model
 from physreason.train.grpo_loss import mask_truncated, masked_sum, policy_loss, truncated_importance_weights
 from physreason.train.loop import (
@@ -178,7 +180,7 @@ class UpdateSettings:
             importance_sampling_level=grpo.importance_sampling_level,
             grad_clip=config.train.optm_grad_norm_clip,
             mini_batch_tokens=grpo.mini_batch_tokens,
-            pack=grpo.pack_completions,
+            pack=config.packs_completions,
             mask_truncated=grpo.mask_truncated_completions,
             tis_cap=grpo.tis_imp_ratio_cap if config.tis_enabled else None,
         )
@@ -255,36 +257,39 @@ def update_policy(
             if diagnostics:
                 _add_diagnostics(add, scores, batch)
                 tis[i] = _tis_weights(scores, batch, settings.tis_cap)
-            loss, metrics = policy_loss(
-                scores.logprobs,
-                old[i] if need_old else scores.logprobs.detach(),
-                batch.advantages,
-                batch.mask,
-                settings.epsilon_low,
-                settings.epsilon_high,
-                settings.dual_clip,
-                settings.agg_mode,
-                norm_length=settings.norm_length,
-                kl_beta=settings.kl_beta,
-                ref_logprobs=ref[i],
-                kl_importance_correction=settings.kl_importance_correction,
-                importance_sampling_level=settings.importance_sampling_level,
-                tis_weights=tis[i],
-                tis_cap=settings.tis_cap,
-            )
+            with phases.phase(phases.LOSS):
+                loss, metrics = policy_loss(
+                    scores.logprobs,
+                    old[i] if need_old else scores.logprobs.detach(),
+                    batch.advantages,
+                    batch.mask,
+                    settings.epsilon_low,
+                    settings.epsilon_high,
+                    settings.dual_clip,
+                    settings.agg_mode,
+                    norm_length=settings.norm_length,
+                    kl_beta=settings.kl_beta,
+                    ref_logprobs=ref[i],
+                    kl_importance_correction=settings.kl_importance_correction,
+                    importance_sampling_level=settings.importance_sampling_level,
+                    tis_weights=tis[i],
+                    tis_cap=settings.tis_cap,
+                )
             # FSDP averages gradients over ranks; dp_size undoes that so the sum is the global batch's loss.
-            (loss * (counts[i] * dp_size / total)).backward()
+            with phases.phase(phases.BACKWARD):
+                (loss * (counts[i] * dp_size / total)).backward()
             add("loss", loss.detach(), counts[i] / total / settings.mu_iterations)
             for name, value in metrics.items():
                 if name != "ratio_max":
                     add(f"policy/{name}", value, tokens[i] / settings.mu_iterations)
         # Under tensor parallelism the decoder blocks' gradients live on the (dp, tp) mesh and the rest on
         # dp alone: torch's clip_grad_norm_ cannot stack norms across meshes, parallelize.clip_grad_norm can.
-        norm = parallelize.clip_grad_norm([p for p in scorer.parameters() if p.requires_grad], settings.grad_clip)
-        norms.append(float(norm))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        with phases.phase(phases.OPTIMIZER):
+            norm = parallelize.clip_grad_norm([p for p in scorer.parameters() if p.requires_grad], settings.grad_clip)
+            norms.append(float(norm))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
     names = sorted(sums)
     reduced = _Stats(runtime, dp_group).reduce([sums[n] for n in names] + [sum(tokens)])
     token_total = max(float(reduced[-1]), 1.0)
@@ -366,10 +371,13 @@ def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Training
     )
 
 
-def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
+def run_grpo(
+    config: Config, engine: Engine | None = None, on_step: Callable[[int], None] | None = None
+) -> GRPOResult:
     """Train config.model with GRPO on the multiple-choice prompts of config.data; returns the run's record.
 
     `engine` defaults to the recipe's rollout engine (`rollout_engine_config`); pass one to share it (tests, the demo).
+    `on_step(step)` is called after each finished step (benchmarks step a profiler with it).
     """
     runtime = init_runtime()
     train_cfg, grpo_cfg, rollout_cfg = config.train, config.grpo, config.rollout
@@ -486,7 +494,8 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
         while step < total_steps:
             started = time.perf_counter()
             _wake(engine)
-            rollouts = collect_rollouts(engine, stream, settings, step, dp_rank, dp_size, all_done)
+            with phases.phase(phases.GENERATE):
+                rollouts = collect_rollouts(engine, stream, settings, step, dp_rank, dp_size, all_done)
             _sleep(engine)
             lr = scheduler.get_last_lr()[0]
             train_started = time.perf_counter()
@@ -524,7 +533,8 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
             if step % train_cfg.sync_weight_interval == 0 or save_now:
                 sync_started = time.perf_counter()
                 _wake(engine)
-                sync.push()
+                with phases.phase(phases.SYNC):
+                    sync.push()
                 sync_s = time.perf_counter() - sync_started
             elapsed = time.perf_counter() - started
             completions = all_reduce_sum(float(len(samples)), runtime, dp_group)
@@ -557,5 +567,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                 if saved.export is not None:
                     result.export_dir = saved.export
             stop.after_step(checkpointer, step, saved, {"prompt_cursor": stream.cursor})
+            if on_step is not None:
+                on_step(step)
     sync.close()
     return result

@@ -11,6 +11,7 @@ from torch import nn
 
 from physreason.data.collate import SFTBatch
 from physreason.models.parallelize import dummy_vision_features
+from physreason.train import phases
 from physreason.train.loss import cross_entropy_sum
 
 
@@ -29,12 +30,15 @@ class CausalLMLoss(nn.Module):
         self.model = model
         self.loss_chunk_size = loss_chunk_size
         self.balance_vision = balance_vision
+        phases.mark_vision_tower(model)
 
     def forward(self, batch: SFTBatch) -> torch.Tensor:
         inputs = batch.model_inputs()
         dummies = dummy_vision_features(self.model, inputs, batch.input_ids.device) if self.balance_vision else []
-        hidden = self.model.model(**inputs, use_cache=False).last_hidden_state  # [B, L, H]
-        loss = cross_entropy_sum(hidden, self.model.lm_head.weight, batch.targets, self.loss_chunk_size)
+        with phases.phase(phases.LANGUAGE_MODEL):
+            hidden = self.model.model(**inputs, use_cache=False).last_hidden_state  # [B, L, H]
+        with phases.phase(phases.LOSS):
+            loss = cross_entropy_sum(hidden, self.model.lm_head.weight, batch.targets, self.loss_chunk_size)
         for features in dummies:
             loss = loss + 0.0 * features.sum()
         return loss

@@ -32,6 +32,7 @@ from physreason.errors import ConfigError, PhysReasonError
 from physreason.models.family import VisionTokens
 from physreason.models.inputs import VisualInputs, concat_visuals
 from physreason.models.parallelize import dummy_vision_features
+from physreason.train import phases
 from physreason.train.grpo_loss import entropy_from_logits, token_logprobs
 from physreason.train.rollout import RolloutSample
 
@@ -380,6 +381,7 @@ class PolicyScorer(nn.Module):
         super().__init__()
         self.model = model
         self.balance_vision = balance_vision
+        phases.mark_vision_tower(model)
 
     def forward(self, batch: CompletionBatch, temperature: float, diagnostics: bool = False) -> TokenScores:
         model_batch, shared = batch.model_batch, batch.visuals
@@ -387,18 +389,29 @@ class PolicyScorer(nn.Module):
         pixels = shared.kwargs if shared is not None else model_batch.visual_kwargs
         dummies = dummy_vision_features(self.model, pixels, device) if self.balance_vision else []
         attention = model_batch.attention_mask if batch.attention is None else self._packed_mask(batch.attention)
+        with phases.phase(phases.LANGUAGE_MODEL):
+            hidden = self._hidden(model_batch, shared, attention)  # [R, L, H]
+        with phases.phase(phases.LOSS):
+            return self._scores(hidden, batch, temperature, diagnostics, dummies)
+
+    def _hidden(self, model_batch: SFTBatch, shared: SharedVisuals | None, attention: Any) -> torch.Tensor:
+        """[R, L, H] final hidden states of the rows."""
         if shared is None:
             inputs = model_batch.model_inputs()
             if attention is not None:
                 inputs["attention_mask"] = attention
-            hidden = self.model.model(**inputs, use_cache=False).last_hidden_state  # [R, L, H]
-        else:
-            hidden = self.model.model(
-                inputs_embeds=self._embed_with_shared_visuals(model_batch.input_ids, shared),
-                position_ids=model_batch.position_ids,
-                attention_mask=attention,
-                use_cache=False,
-            ).last_hidden_state  # [R, L, H]
+            return self.model.model(**inputs, use_cache=False).last_hidden_state
+        return self.model.model(
+            inputs_embeds=self._embed_with_shared_visuals(model_batch.input_ids, shared),
+            position_ids=model_batch.position_ids,
+            attention_mask=attention,
+            use_cache=False,
+        ).last_hidden_state
+
+    def _scores(
+        self, hidden: torch.Tensor, batch: CompletionBatch, temperature: float, diagnostics: bool, dummies: list
+    ) -> TokenScores:
+        """Log-probs (and diagnostics) of the completion tokens from the rows' hidden states, one row at a time."""
         selected = hidden.reshape(-1, hidden.shape[-1])[batch.positions]  # [B, T, H]
         weight = self.model.lm_head.weight  # [V, H]
         rows, entropies, raws = [], [], []

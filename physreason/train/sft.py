@@ -31,6 +31,7 @@ from physreason.data.sft import SFTDataset
 from physreason.errors import ConfigError, InputError
 from physreason.models import loading, parallelize
 from physreason.models.family import model_family, read_vision_tokens
+from physreason.train import phases
 from physreason.train.build import build_training_model
 from physreason.train.loop import (
     Checkpointer,
@@ -260,12 +261,14 @@ def train_step(
     for batch in usable:
         with autocast:
             loss = module(batch.to(runtime.device))
-        (loss * scale).backward()
+        with phases.phase(phases.BACKWARD):
+            (loss * scale).backward()
         loss_sum += float(loss.detach())
-    norm = parallelize.clip_grad_norm([p for p in module.parameters() if p.requires_grad], clip)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    with phases.phase(phases.OPTIMIZER):
+        norm = parallelize.clip_grad_norm([p for p in module.parameters() if p.requires_grad], clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
     return all_reduce_sum(loss_sum, runtime, dp_group) / max(targets, 1.0), float(norm)
 
 

@@ -1,0 +1,41 @@
+"""apply_fsdp2's reshard choice: which blocks keep their gathered parameters from forward to backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from physreason.models import parallelize
+from physreason.models.loading import decoder_layers
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    yield init_device_mesh("cpu", (1,))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("reshard, kept", [("all", []), ("all-but-last", [1]), ("none", [0, 1])])
+def test_blocks_hold_their_gathered_parameters_after_forward_as_chosen(world_of_one, tiny_model_dir, reshard, kept):
+    from transformers import AutoModelForImageTextToText
+
+    from physreason.data.collate import collate_padded
+    from physreason.data.sft import SFTSample
+    from physreason.train.model import CausalLMLoss
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    wrapper = CausalLMLoss(model)
+    parallelize.apply_fsdp2(wrapper, model, world_of_one, torch.float32, torch.float32, reshard=reshard)
+    ids = torch.randint(0, 100, (8,))
+    wrapper(collate_padded([SFTSample(ids, ids.clone(), torch.arange(8).expand(3, -1))], 0, mrope=True))
+    # A resharded block registers its sharded DTensor parameters again; a kept one its gathered plain tensors.
+    gathered = [i for i, block in enumerate(decoder_layers(model)) if not isinstance(block.mlp.up_proj.weight, DTensor)]
+    assert gathered == kept
+    with pytest.raises(ValueError, match="reshard must be one of"):
+        parallelize.apply_fsdp2(wrapper, model, world_of_one, reshard="some")
