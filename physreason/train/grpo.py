@@ -198,7 +198,7 @@ def update_policy(
     scheduler: Any,
     settings: UpdateSettings,
     runtime: Runtime,
-    dp_size: int,
+    grad_ranks: int,
     autocast: Any,
     reference: torch.nn.Module | None = None,
     dp_group: dist.ProcessGroup | None = None,
@@ -207,8 +207,9 @@ def update_policy(
 
     Old log-probs are the policy's before the first update (with one iteration, the detached current
     ones: the ratio is 1 and only its gradient counts). Reference log-probs are computed when kl_beta > 0.
-    dp_group: the data-parallel process group (None: all ranks, i.e. no tensor parallelism); counts are
-    summed over it alone, since the ranks of one tensor-parallel group hold the same micro-batches.
+    grad_ranks: the ranks FSDP2 averages gradients over (data-parallel x context-parallel). dp_group: the
+    data-parallel process group (None: all ranks, i.e. no tensor or context parallelism); counts are summed over
+    it alone, since the ranks of one tensor- or context-parallel group hold the same micro-batches.
     """
     counts = [aggregation_count(b.mask, settings.agg_mode) for b in batches]
     total = max(all_reduce_sum(sum(counts), runtime, dp_group), 1e-12)
@@ -263,8 +264,9 @@ def update_policy(
                 kl_importance_correction=settings.kl_importance_correction,
                 importance_sampling_level=settings.importance_sampling_level,
             )
-            # FSDP averages gradients over ranks; dp_size undoes that so the sum is the global batch's loss.
-            (loss * (counts[i] * dp_size / total)).backward()
+            # FSDP averages gradients over its ranks; grad_ranks undoes that so the sum is the global batch's loss (a
+            # context-parallel rank's backward holds only its own tokens' part of its batch's gradient).
+            (loss * (counts[i] * grad_ranks / total)).backward()
             add("loss", loss.detach(), counts[i] / total / settings.mu_iterations)
             for name, value in metrics.items():
                 if name != "ratio_max":
@@ -359,8 +361,8 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
     train_cfg, grpo_cfg, rollout_cfg = config.train, config.grpo, config.rollout
     seed_everything(train_cfg.seed)
     prepare_output(config, runtime)
-    tp = config.policy.parallelism.tp_size
-    dp_size, dp_rank = runtime.world_size // tp, runtime.rank // tp
+    tp, cp = config.policy.parallelism.tp_size, config.policy.parallelism.cp_size
+    dp_size, dp_rank = parallelize.check_layout(runtime.world_size, tp, cp), runtime.rank // (tp * cp)
     groups = groups_per_rank(config, dp_size)
 
     tokenizer = loading.load_tokenizer(config.model)
@@ -473,7 +475,7 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                             scheduler,
                             update,
                             runtime,
-                            dp_size,
+                            dp_size * cp,
                             autocast,
                             reference,
                             dp_group,
