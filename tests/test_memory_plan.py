@@ -23,6 +23,7 @@ from physreason.train.memory import (
     Workload,
     activation_bytes_per_token,
     fitting_layouts,
+    layout_overrides,
     plan_memory,
     shard_numel,
 )
@@ -74,6 +75,21 @@ def test_qwen3_vl_32b_lora_fits_one_h100_with_offload(shape_32b):
     assert not plan_memory(shape_32b, plain, _issue_workload()).fits(H100)  # the fp32 frozen base alone is 124 GiB
     fitting = fitting_layouts(shape_32b, plain, _issue_workload(), H100)
     assert fitting and all(p.layout.lora and p.layout.cpu_offload for p in fitting)
+
+
+def test_context_parallel_divides_row_activations_and_the_plan_offers_it(shape_32b):
+    long_video = Workload(seq_len=65536, vision_tokens=32768)  # a few minutes of video at Reason2's budgets
+    one = plan_memory(shape_32b, Layout(gpus=8), long_video)
+    split = plan_memory(shape_32b, Layout(gpus=8, cp=8), long_video)
+    assert split.parts["parameters"] == one.parts["parameters"]  # FSDP2 shards over dp x cp: the same 8 ranks
+    embeddings = 65536 * shape_32b.hidden * 2  # every rank keeps the whole row's bf16 embeddings
+    assert split.parts["activations"] - embeddings == one.parts["activations"] // 8
+    assert split.parts["logits / loss"] == one.parts["logits / loss"] // 8
+    assert split.parts["vision activations"] == one.parts["vision activations"] // 8
+    recipe = Layout(gpus=8)
+    fitting = fitting_layouts(shape_32b, recipe, long_video, H100)
+    assert not one.fits(H100) and fitting and fitting[0].layout.cp > 1
+    assert f"policy.parallelism.cp_size={fitting[0].layout.cp}" in layout_overrides(recipe, fitting[0].layout)
 
 
 def test_plan_command_refuses_a_recipe_that_cannot_fit_in_one_line(tmp_path):

@@ -244,6 +244,13 @@ class ParallelismConfig(Section):
     """How one replica's model is split over GPUs."""
 
     tp_size: int = Field(1, ge=1, description="Tensor-parallel degree.")
+    cp_size: int = Field(
+        1,
+        ge=1,
+        description="Context-parallel degree: each row's tokens (and its vision patches) are split over this many "
+        "processes (Ulysses attention; must divide the language model's query heads per TP rank). Processes = "
+        "dp x cp_size x tp_size.",
+    )
     dp_shard_size: int = Field(-1, ge=-1, description="FSDP shard degree; -1 uses all remaining GPUs.")
     n_init_replicas: int = Field(1, ge=1, description="Replicas started at launch (disaggregated RL).")
 

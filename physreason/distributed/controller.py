@@ -37,6 +37,7 @@ from physreason.distributed.weight_transfer import DEFAULT_BUCKET_BYTES
 from physreason.errors import ConfigError, PhysReasonError
 from physreason.models import loading
 from physreason.models.family import read_vision_tokens
+from physreason.models.parallelize import check_layout
 from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, rollout_metrics
 from physreason.train.loop import StepLog, checkpoint_due, prepare_output
 from physreason.train.rollout import RolloutBatch, logged_reward_names
@@ -98,17 +99,21 @@ def _import_ray():
 
 
 def policy_world_size(config: Config, cluster_gpus: float) -> int:
-    """Processes of the policy replica: tp_size x dp_shard_size; dp_shard_size -1 takes the GPUs rollouts leave (1 on CPU)."""
+    """Processes of the policy replica: tp_size x cp_size x dp_shard_size; dp_shard_size -1 takes the GPUs rollouts leave.
+
+    On CPU (no GPUs) dp_shard_size -1 means 1.
+    """
     policy, rollout = config.policy.parallelism, config.rollout.parallelism
     if config.policy.parallelism.n_init_replicas != 1:
         raise ConfigError(
             "policy.parallelism.n_init_replicas must be 1 in disaggregated GRPO: the policy is one FSDP replica; "
             "raise policy.parallelism.dp_shard_size for more data parallelism"
         )
+    replica = policy.tp_size * policy.cp_size  # processes that share one data-parallel share
     if policy.dp_shard_size > 0:
-        return policy.tp_size * policy.dp_shard_size
+        return replica * policy.dp_shard_size
     left = int(cluster_gpus) - rollout.n_init_replicas * rollout.tp_size
-    return max(left // policy.tp_size, 1) * policy.tp_size if cluster_gpus else policy.tp_size
+    return max(left // replica, 1) * replica if cluster_gpus else replica
 
 
 class Controller:
@@ -160,10 +165,8 @@ class Controller:
         resources = self.ray.cluster_resources()
         self.use_gpu = resources.get("GPU", 0) > 0
         self.policy_world = policy_world_size(config, resources.get("GPU", 0))
-        tp = config.policy.parallelism.tp_size
-        if self.policy_world % tp:
-            raise ConfigError(f"policy.parallelism.tp_size ({tp}) must divide the policy's {self.policy_world} GPUs")
-        self.dp_size = self.policy_world // tp
+        parallelism = config.policy.parallelism
+        self.dp_size = check_layout(self.policy_world, parallelism.tp_size, parallelism.cp_size)
         per_rank = groups_per_rank(config, self.dp_size)
         self.groups_per_step = per_rank * self.dp_size
         self.total_steps = config.train.max_steps or config.train.epoch * (len(self.prompts) // self.groups_per_step)
@@ -358,8 +361,11 @@ class Controller:
         for i, group in enumerate(groups):
             shares[i % self.dp_size].extend(group.samples)
         refs = [self.ray.put(share) for share in shares]
-        tp = self.config.policy.parallelism.tp_size
-        self._train_op = self._submit("train", [w.train.remote(refs[rank // tp]) for rank, w in enumerate(self.policy)])
+        parallelism = self.config.policy.parallelism
+        replica = parallelism.tp_size * parallelism.cp_size  # consecutive ranks that share one data-parallel share
+        self._train_op = self._submit(
+            "train", [w.train.remote(refs[rank // replica]) for rank, w in enumerate(self.policy)]
+        )
         self._train_op.payload = groups
         self._window.policy_waiting_s += time.perf_counter() - self._window.policy_free_at
 

@@ -88,8 +88,8 @@ class PolicyWorker:
             })
         self.runtime = runtime = init_runtime()
         seed_everything(train_cfg.seed)
-        tp = config.policy.parallelism.tp_size
-        self.dp_size = runtime.world_size // tp
+        tp, self.cp = config.policy.parallelism.tp_size, config.policy.parallelism.cp_size
+        self.dp_size = runtime.world_size // (tp * self.cp)
         tokenizer = loading.load_tokenizer(config.model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.vision_tokens = read_vision_tokens(loading.load_model_config(config.model))
@@ -135,7 +135,7 @@ class PolicyWorker:
         lr = self.scheduler.get_last_lr()[0]
         batches = self.update.micro_batches(samples, self.pad_id, self.vision_tokens, self.runtime.device)
         metrics = update_policy(
-            self.scorer, batches, self.optimizer, self.scheduler, self.update, self.runtime, self.dp_size,
+            self.scorer, batches, self.optimizer, self.scheduler, self.update, self.runtime, self.dp_size * self.cp,
             self.autocast, self.reference, dp_group=self.dp_group,
         )
         self.step += 1

@@ -18,11 +18,36 @@ from physreason.errors import ConfigError
 from physreason.models.loading import decoder_layers, vision_tower
 
 
-def build_mesh(device_type: str, world_size: int, tp_size: int) -> DeviceMesh:
-    """A ("dp", "tp") mesh over all ranks; dp = world_size / tp_size."""
-    if world_size % tp_size:
-        raise ConfigError(f"policy.parallelism.tp_size ({tp_size}) must divide the number of processes ({world_size})")
-    return init_device_mesh(device_type, (world_size // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+def check_layout(world_size: int, tp_size: int, cp_size: int = 1) -> int:
+    """The data-parallel degree world_size / (tp_size x cp_size); ConfigError naming the numbers when it is not whole."""
+    if world_size % (tp_size * cp_size):
+        raise ConfigError(
+            f"policy.parallelism.tp_size ({tp_size}) x policy.parallelism.cp_size ({cp_size}) = {tp_size * cp_size} "
+            f"must divide the number of processes ({world_size}); launch with torchrun --nproc-per-node a multiple "
+            f"of {tp_size * cp_size}"
+        )
+    return world_size // (tp_size * cp_size)
+
+
+def build_mesh(device_type: str, world_size: int, tp_size: int, cp_size: int = 1) -> DeviceMesh:
+    """A ("dp", "cp", "tp") mesh over all ranks; dp = world_size / (cp_size x tp_size).
+
+    Rank r is data-parallel rank r // (cp_size x tp_size): the ranks of one context- and tensor-parallel group
+    are consecutive and share a batch.
+    """
+    dp = check_layout(world_size, tp_size, cp_size)
+    return init_device_mesh(device_type, (dp, cp_size, tp_size), mesh_dim_names=("dp", "cp", "tp"))
+
+
+def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh FSDP2 shards over: dp, or dp x cp flattened under context parallelism.
+
+    The ranks of a context-parallel group hold the same weights and each computes part of every gradient, so
+    sharding over them too spreads the state further and its gradient reduction adds the parts up.
+    """
+    if mesh["cp"].size() == 1:
+        return mesh["dp"]
+    return mesh["dp", "cp"]._flatten("dp_cp")
 
 
 def freeze_vision_tower(model: nn.Module) -> int:

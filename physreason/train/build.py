@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from physreason.config import Config, ModelConfig, TrainConfig
 from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
+from physreason.models.context_parallel import ContextParallel
 from physreason.train.runtime import Runtime, autocast_context
 from physreason.train.schedule import build_optimizer
 
@@ -102,15 +103,18 @@ def apply_float8(model: nn.Module, config: Config, runtime: Runtime) -> None:
 
 
 def shard(wrapper: nn.Module, model: nn.Module, runtime: Runtime, mesh: DeviceMesh | None, train: TrainConfig) -> None:
-    """Tensor-parallel then FSDP2 over `mesh` (under torchrun), or just onto this process's device."""
+    """Tensor-parallel, context-parallel hooks, then FSDP2 over `mesh` (under torchrun), or just onto this process's device."""
     if mesh is None:
         wrapper.to(runtime.device)
         return
     if mesh["tp"].size() > 1:
         parallelize.apply_tensor_parallel(model, mesh["tp"])
+    if mesh["cp"].size() > 1:
+        ContextParallel(mesh["cp"].get_group()).install(model, mesh["tp"].size())
     # No model.to(device) first: fully_shard moves one unit at a time, so a 32B model never sits whole on one GPU.
     parallelize.apply_fsdp2(
-        wrapper, model, mesh["dp"], loading.DTYPES[train.param_dtype], loading.DTYPES[train.fsdp_reduce_dtype],
+        wrapper, model, parallelize.fsdp_mesh(mesh), loading.DTYPES[train.param_dtype],
+        loading.DTYPES[train.fsdp_reduce_dtype],
         cpu_offload=train.cpu_offload,
     )
 
@@ -132,6 +136,12 @@ def build_training_model(
     """
     train = config.train
     check_lora(config)
+    cp = config.policy.parallelism.cp_size
+    if cp > 1 and not runtime.distributed:
+        raise ConfigError(
+            f"policy.parallelism.cp_size = {cp} splits each row over {cp} processes, but this run has 1 process: launch "
+            f"with torchrun --nproc-per-node a multiple of {cp}, or set policy.parallelism.cp_size = 1"
+        )
     if train.cpu_offload and not runtime.distributed:
         raise ConfigError(
             "train.cpu_offload = true offloads FSDP2's shards, and FSDP2 runs under torchrun: launch with "
@@ -144,7 +154,8 @@ def build_training_model(
     frozen = wrap(load_frozen(reference)).eval() if reference is not None else None
     mesh = None
     if runtime.distributed:
-        mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, config.policy.parallelism.tp_size)
+        parallelism = config.policy.parallelism
+        mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, parallelism.tp_size, parallelism.cp_size)
     for wrapper in (module, frozen):
         if wrapper is not None:
             shard(wrapper, wrapper.model, runtime, mesh, train)

@@ -202,7 +202,7 @@ def update_policy(
     scheduler: Any,
     settings: UpdateSettings,
     runtime: Runtime,
-    dp_size: int,
+    grad_ranks: int,
     autocast: Any,
     reference: torch.nn.Module | None = None,
     dp_group: dist.ProcessGroup | None = None,
@@ -213,8 +213,9 @@ def update_policy(
     ones: the ratio is 1 and only its gradient counts). Reference log-probs are computed when kl_beta > 0.
     With `settings.tis_cap` each token's policy loss is weighted by min(pi_old / pi_engine, cap), both at
     temperature 1 (the policy's raw log-probs before the update against the engine's).
-    dp_group: the data-parallel process group (None: all ranks, i.e. no tensor parallelism); counts are
-    summed over it alone, since the ranks of one tensor-parallel group hold the same micro-batches.
+    grad_ranks: the ranks FSDP2 averages gradients over (data-parallel x context-parallel). dp_group: the
+    data-parallel process group (None: all ranks, i.e. no tensor or context parallelism); counts are summed over
+    it alone, since the ranks of one tensor- or context-parallel group hold the same micro-batches.
     """
     counts = [aggregation_count(b.mask, settings.agg_mode) for b in batches]
     total = max(all_reduce_sum(sum(counts), runtime, dp_group), 1e-12)
@@ -275,9 +276,10 @@ def update_policy(
                     tis_weights=tis[i],
                     tis_cap=settings.tis_cap,
                 )
-            # FSDP averages gradients over ranks; dp_size undoes that so the sum is the global batch's loss.
+            # FSDP averages gradients over its ranks; grad_ranks undoes that so the sum is the global batch's loss (a
+            # context-parallel rank's backward holds only its own tokens' part of its batch's gradient).
             with phases.phase(phases.BACKWARD):
-                (loss * (counts[i] * dp_size / total)).backward()
+                (loss * (counts[i] * grad_ranks / total)).backward()
             add("loss", loss.detach(), counts[i] / total / settings.mu_iterations)
             for name, value in metrics.items():
                 if name != "ratio_max":
@@ -383,8 +385,8 @@ def run_grpo(
     train_cfg, grpo_cfg, rollout_cfg = config.train, config.grpo, config.rollout
     seed_everything(train_cfg.seed)
     prepare_output(config, runtime)
-    tp = config.policy.parallelism.tp_size
-    dp_size, dp_rank = runtime.world_size // tp, runtime.rank // tp
+    tp, cp = config.policy.parallelism.tp_size, config.policy.parallelism.cp_size
+    dp_size, dp_rank = parallelize.check_layout(runtime.world_size, tp, cp), runtime.rank // (tp * cp)
     groups = groups_per_rank(config, dp_size)
 
     tokenizer = loading.load_tokenizer(config.model)
@@ -512,7 +514,7 @@ def run_grpo(
                             scheduler,
                             update,
                             runtime,
-                            dp_size,
+                            dp_size * cp,
                             autocast,
                             reference,
                             dp_group,

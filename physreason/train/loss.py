@@ -30,7 +30,9 @@ def cross_entropy_sum(
     selected = hidden[keep]  # [n, H]
     wanted = targets[keep]  # [n]
     if selected.shape[0] == 0:
-        return hidden.sum() * 0.0
+        # Zero, but tied to the hidden states and the lm_head: every rank gives every parameter a gradient, so the
+        # data-parallel (and context-parallel) reductions see the same tensors on all ranks.
+        return (hidden.sum() + weight.sum()) * 0.0
     if chunk_size <= 0 or selected.shape[0] <= chunk_size:
         return _chunk_loss(selected, weight, wanted)
     total = selected.new_zeros((), dtype=torch.float32)

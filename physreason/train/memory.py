@@ -40,10 +40,11 @@ Part = Literal[
 
 @dataclass(frozen=True)
 class Layout:
-    """How one replica is laid out: processes (one GPU each), TP degree, and the memory-saving switches."""
+    """How one replica is laid out: processes (one GPU each), TP and CP degrees, and the memory-saving switches."""
 
     gpus: int
     tp: int = 1
+    cp: int = 1  # context parallel: each row's tokens and vision patches split over cp processes
     distributed: bool = True  # FSDP2 under torchrun; False: one plain process holding everything
     lora: bool = False
     cpu_offload: bool = False
@@ -53,7 +54,7 @@ class Layout:
 
     @property
     def dp(self) -> int:
-        """FSDP2 shard degree: processes / TP degree."""
+        """FSDP2 shard degree: processes / TP degree (context-parallel ranks shard the weights too)."""
         return self.gpus // self.tp if self.distributed else 1
 
 
@@ -180,9 +181,10 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
       trained gradients unsharded in param dtype through backward), and two blocks are gathered at a time (the
       current and the prefetched, block x param bytes) with one block's unsharded gradient (x reduce bytes).
       One plain process instead keeps param-dtype copies of the trained weights (autocast).
-    activations: stack_activation_bytes of the decoder for mini_batch x seq_len tokens; logits / loss: loss_bytes;
-      vision activations: the same for mini_batch x vision_tokens x merge^2 patches when the tower trains, one block's
-      worth when frozen.
+    activations: stack_activation_bytes of the decoder for mini_batch x seq_len / cp tokens; logits / loss: loss_bytes;
+      vision activations: the same for mini_batch x vision_tokens x merge^2 / cp patches when the tower trains, one
+      block's worth when frozen. Under context parallelism every rank also keeps the embeddings of the whole rows
+      (mini_batch x seq_len x hidden in param dtype), from which it takes its slice.
     """
     tp, dp = layout.tp, layout.dp
     param_bytes = DTYPE_BYTES[workload.param_dtype]
@@ -224,7 +226,7 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
         gathered = sum(p.numel for p, trains in everything if trains) * param_bytes if param_bytes < 4 else 0
     plan.parts["gathered weights"] = gathered
 
-    tokens = layout.mini_batch * workload.seq_len
+    tokens = layout.mini_batch * -(-workload.seq_len // layout.cp)  # this rank's slice of its rows
     per_token = activation_bytes_per_token(
         shape.hidden, shape.heads * shape.head_dim // tp, shape.kv_heads * shape.head_dim // tp,
         shape.intermediate // tp, param_bytes,
@@ -232,10 +234,13 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
     plan.parts["activations"] = stack_activation_bytes(
         tokens, shape.layers, per_token, shape.hidden, param_bytes, layout.gradient_checkpointing
     )
+    if layout.cp > 1:
+        plan.parts["activations"] += layout.mini_batch * workload.seq_len * shape.hidden * param_bytes
     plan.parts["logits / loss"] = loss_bytes(tokens, shape.vocab, workload.loss_chunk_size)
     vision = 0
     if shape.vision_depth and workload.vision_tokens:
         patches = layout.mini_batch * min(workload.vision_tokens, workload.seq_len) * shape.vision_merge**2
+        patches = -(-patches // layout.cp)  # each context-parallel rank encodes its share of the temporal patches
         per_patch = activation_bytes_per_token(
             shape.vision_hidden, shape.vision_hidden, shape.vision_hidden, shape.vision_intermediate, param_bytes
         )
@@ -258,12 +263,19 @@ def tp_degrees(shape: ModelShape, gpus: int) -> list[int]:
     return [t for t in range(1, min(gpus, 8) + 1) if gpus % t == 0 and shape.heads % t == 0 and shape.kv_heads % t == 0]
 
 
+def cp_degrees(shape: ModelShape, gpus: int, tp: int) -> list[int]:
+    """Context-parallel degrees possible with TP degree tp on `gpus` processes: divisors of gpus / tp that divide the
+    query heads each TP rank holds (Ulysses splits them)."""
+    rest, heads = gpus // tp, shape.heads // tp
+    return [c for c in range(1, rest + 1) if rest % c == 0 and heads % c == 0]
+
+
 def candidate_layouts(shape: ModelShape, recipe: Layout) -> list[Layout]:
-    """Every layout on the recipe's GPU count: TP degree, LoRA, offload, optimizer state dtype, checkpointing and
-    micro-batch (the recipe's and each smaller power of two), in order of preference (closest to the recipe first)."""
+    """Every layout on the recipe's GPU count: TP and CP degrees, LoRA, offload, optimizer state dtype, checkpointing
+    and micro-batch (the recipe's and each smaller power of two), in order of preference (closest to the recipe first)."""
     micro = sorted({recipe.mini_batch, *[2**k for k in range(8) if 2**k < recipe.mini_batch]}, reverse=True)
     layouts = []
-    for tp in tp_degrees(shape, recipe.gpus):
+    for tp, cp in [(t, c) for t in tp_degrees(shape, recipe.gpus) for c in cp_degrees(shape, recipe.gpus, t)]:
         for lora in sorted({recipe.lora, True}):
             for offload in (False, True):
                 for state in ("float32", "bfloat16"):
@@ -272,15 +284,18 @@ def candidate_layouts(shape: ModelShape, recipe: Layout) -> list[Layout]:
                             distributed = recipe.gpus > 1 or offload or recipe.distributed
                             if tp > 1 and (lora or not distributed):
                                 continue  # LoRA is not tensor-parallel here; TP needs torchrun
+                            if cp > 1 and not distributed:
+                                continue  # context parallelism needs torchrun
                             layouts.append(replace(
-                                recipe, tp=tp, distributed=distributed, lora=lora, cpu_offload=offload,
+                                recipe, tp=tp, cp=cp, distributed=distributed, lora=lora, cpu_offload=offload,
                                 optimizer_state_dtype=state, gradient_checkpointing=checkpointing, mini_batch=mini,
                             ))
 
     def preference(layout: Layout) -> tuple:
         return (
-            layout.lora != recipe.lora, layout.cpu_offload, layout.optimizer_state_dtype != "float32",
-            layout.tp, layout.gradient_checkpointing, -layout.mini_batch,
+            # a CP degree other than the recipe's changes no numbers but costs all-to-alls: before bf16 AdamW state
+            layout.lora != recipe.lora, layout.cpu_offload, abs(layout.cp - recipe.cp),
+            layout.optimizer_state_dtype != "float32", layout.tp, layout.gradient_checkpointing, -layout.mini_batch,
         )
 
     return sorted(layouts, key=preference)
@@ -297,6 +312,8 @@ def layout_overrides(recipe: Layout, layout: Layout, mini_batch_key: str = "trai
     changes = []
     if layout.tp != recipe.tp:
         changes.append(f"policy.parallelism.tp_size={layout.tp}")
+    if layout.cp != recipe.cp:
+        changes.append(f"policy.parallelism.cp_size={layout.cp}")
     if layout.lora != recipe.lora:
         changes.append(f"train.lora.enable={str(layout.lora).lower()}")
     if layout.cpu_offload != recipe.cpu_offload:

@@ -43,6 +43,7 @@ def recipe_layout(config: Config, gpus: int, distributed: bool, job: Job) -> Lay
     return Layout(
         gpus=gpus,
         tp=config.policy.parallelism.tp_size,
+        cp=config.policy.parallelism.cp_size,
         distributed=distributed,
         lora=train.lora.enable,
         cpu_offload=train.cpu_offload,
@@ -94,6 +95,8 @@ def gib(value: int) -> str:
 def describe(layout: Layout) -> str:
     """A layout in words: FSDP/TP degrees and the switches that differ from the defaults."""
     words = [f"FSDP {layout.dp} x TP {layout.tp}" if layout.distributed else "one process"]
+    if layout.cp > 1:
+        words.append(f"CP {layout.cp} (each row over {layout.cp} GPUs)")
     words.append("LoRA" if layout.lora else "full")
     if layout.cpu_offload:
         words.append("CPU offload")

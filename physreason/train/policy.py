@@ -29,6 +29,7 @@ from torch import nn
 from physreason.data.collate import SFTBatch, collate_padded
 from physreason.data.sft import IGNORE_INDEX, SFTSample
 from physreason.errors import ConfigError, PhysReasonError
+from physreason.models.context_parallel import ULYSSES, ContextParallel, context_of, sum_over_context
 from physreason.models.family import VisionTokens
 from physreason.models.inputs import VisualInputs, concat_visuals
 from physreason.models.parallelize import dummy_vision_features
@@ -357,6 +358,22 @@ def _row_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tens
     return token_logprobs(logits, tokens, temperature)
 
 
+def _score_row(
+    piece: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float, diagnostics: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """[1, T] log-probs of one row's tokens from its [1, T, H] hidden states (and, with diagnostics, detached
+    entropy and temperature-1 log-probs). Under grad the lm_head runs checkpointed: its [T, V] logits are not kept."""
+    if torch.is_grad_enabled():
+        logprobs = torch.utils.checkpoint.checkpoint(_row_logprobs, piece, weight, tokens, temperature, use_reentrant=False)
+    else:
+        logprobs = _row_logprobs(piece, weight, tokens, temperature)
+    if not diagnostics:
+        return logprobs, None, None
+    with torch.no_grad():
+        logits = piece.detach() @ weight.detach().t()  # [1, T, V]
+        return logprobs, entropy_from_logits(logits, temperature), token_logprobs(logits, tokens, 1.0)
+
+
 class PolicyScorer(nn.Module):
     """forward(batch, temperature) -> TokenScores of the completion tokens of a CompletionBatch.
 
@@ -392,7 +409,7 @@ class PolicyScorer(nn.Module):
         with phases.phase(phases.LANGUAGE_MODEL):
             hidden = self._hidden(model_batch, shared, attention)  # [R, L, H]
         with phases.phase(phases.LOSS):
-            return self._scores(hidden, batch, temperature, diagnostics, dummies)
+            return self._token_scores(hidden, batch, temperature, diagnostics, dummies)
 
     def _hidden(self, model_batch: SFTBatch, shared: SharedVisuals | None, attention: Any) -> torch.Tensor:
         """[R, L, H] final hidden states of the rows."""
@@ -408,37 +425,69 @@ class PolicyScorer(nn.Module):
             use_cache=False,
         ).last_hidden_state
 
-    def _scores(
+    def _token_scores(
         self, hidden: torch.Tensor, batch: CompletionBatch, temperature: float, diagnostics: bool, dummies: list
     ) -> TokenScores:
-        """Log-probs (and diagnostics) of the completion tokens from the rows' hidden states, one row at a time."""
-        selected = hidden.reshape(-1, hidden.shape[-1])[batch.positions]  # [B, T, H]
+        """TokenScores of the completion tokens from the rows' hidden states (this rank's slice of them under cp)."""
         weight = self.model.lm_head.weight  # [V, H]
-        rows, entropies, raws = [], [], []
-        for b in range(selected.shape[0]):
-            piece, tokens = selected[b : b + 1], batch.tokens[b : b + 1]  # [1, T, H], [1, T]
-            if torch.is_grad_enabled():
-                rows.append(
-                    torch.utils.checkpoint.checkpoint(
-                        _row_logprobs, piece, weight, tokens, temperature, use_reentrant=False
-                    )
-                )
-            else:
-                rows.append(_row_logprobs(piece, weight, tokens, temperature))
-            if diagnostics:
-                with torch.no_grad():
-                    logits = piece.detach() @ weight.detach().t()  # [1, T, V]
-                    entropies.append(entropy_from_logits(logits, temperature))
-                    raws.append(token_logprobs(logits, tokens, 1.0))
-        logprobs = torch.cat(rows)  # [B, T]
+        context = context_of(self.model)
+        if context is not None:
+            logprobs, entropy, raw = self._split_scores(hidden, weight, batch, temperature, diagnostics, context)
+        else:
+            logprobs, entropy, raw = self._scores(hidden, weight, batch, temperature, diagnostics)
         for features in dummies:
             # Ties the dummy outputs into the graph, so the backward reduce-scatters the tower on every rank too.
             logprobs = logprobs + 0.0 * features.sum()
-        return TokenScores(
-            logprobs,
-            torch.cat(entropies) if diagnostics else None,
-            torch.cat(raws) if diagnostics else None,
-        )
+        return TokenScores(logprobs, entropy, raw)
+
+    def _scores(
+        self, hidden: torch.Tensor, weight: torch.Tensor, batch: CompletionBatch, temperature: float, diagnostics: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """([B, T] log-probs, entropy, raw log-probs) of the completion tokens from the [R, L, H] hidden states."""
+        selected = hidden.reshape(-1, hidden.shape[-1])[batch.positions]  # [B, T, H]
+        rows, entropies, raws = [], [], []
+        for b in range(selected.shape[0]):
+            piece, tokens = selected[b : b + 1], batch.tokens[b : b + 1]  # [1, T, H], [1, T]
+            row, entropy, raw = _score_row(piece, weight, tokens, temperature, diagnostics)
+            rows.append(row)
+            entropies.append(entropy)
+            raws.append(raw)
+        return torch.cat(rows), torch.cat(entropies) if diagnostics else None, torch.cat(raws) if diagnostics else None
+
+    def _split_scores(
+        self,
+        hidden: torch.Tensor,  # [R, L / cp, H]: this rank's slice of every row
+        weight: torch.Tensor,
+        batch: CompletionBatch,
+        temperature: float,
+        diagnostics: bool,
+        context: ContextParallel,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The scores of `_scores` under context parallelism: each rank scores the tokens its slice predicts and the
+        [B, T] results are summed over the group (every rank ends with all of them; each back-propagates its own)."""
+        width = batch.model_batch.input_ids.shape[1]
+        shard = context.shard(width)
+        local = shard.stop - shard.start
+        rows_of, columns = batch.positions // width, batch.positions % width  # [B, T]
+        owned = shard.owned(columns) & batch.mask  # [B, T]
+        index = rows_of * local + (columns - shard.start)  # [B, T] into the flattened local rows where owned
+        flat = hidden.reshape(-1, hidden.shape[-1])  # [R * L / cp, H]
+        count, longest = batch.tokens.shape
+        outputs = [hidden.new_zeros(count, longest, dtype=torch.float32) for _ in range(3 if diagnostics else 1)]
+        for b in range(count):
+            keep = owned[b].nonzero().squeeze(-1)  # [n]
+            if keep.numel() == 0:
+                continue
+            piece, tokens = flat[index[b, keep]][None], batch.tokens[b, keep][None]  # [1, n, H], [1, n]
+            for output, value in zip(outputs, _score_row(piece, weight, tokens, temperature, diagnostics), strict=False):
+                output[b] = output[b].index_put((keep,), value[0].float())
+        # Every rank back-propagates through its whole slice and the lm_head, scored tokens or not: the all-to-alls
+        # and FSDP2's reductions are collective.
+        outputs[0] = outputs[0] + 0.0 * (hidden.sum() + weight.sum())
+        summed = [sum_over_context(output, context.group) for output in outputs]
+        if not diagnostics:
+            return summed[0], None, None
+        return summed[0], summed[1].detach(), summed[2].detach()
 
     def _packed_mask(self, allowed: torch.Tensor) -> torch.Tensor:
         """The [R, 1, L, L] mask of packed rows in the form the language model's attention takes it.
@@ -447,7 +496,7 @@ class PolicyScorer(nn.Module):
         to the scores. Flash-attention kernels take no such mask.
         """
         kind = self.model.config.get_text_config()._attn_implementation
-        if kind == "sdpa":
+        if kind in ("sdpa", ULYSSES):  # context parallel's attention pads and shards a boolean mask itself
             return allowed
         if kind == "eager":
             blocked = torch.finfo(torch.float32).min

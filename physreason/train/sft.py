@@ -124,14 +124,9 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
     return train, val
 
 
-def batch_layout(config: Config, world_size: int, tp_size: int) -> tuple[int, int]:
+def batch_layout(config: Config, world_size: int, tp_size: int, cp_size: int = 1) -> tuple[int, int]:
     """(samples per rank per step, micro-batches per step) from the global batch and mini_batch."""
-    if world_size % tp_size:
-        raise ConfigError(
-            f"policy.parallelism.tp_size ({tp_size}) must divide the number of processes ({world_size}); "
-            f"launch with torchrun --nproc-per-node a multiple of {tp_size}"
-        )
-    dp = world_size // tp_size
+    dp = parallelize.check_layout(world_size, tp_size, cp_size)
     global_batch, mini = config.train.train_batch_per_replica, config.train.mini_batch
     if global_batch % (dp * mini):
         raise ConfigError(
@@ -240,19 +235,21 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     runtime: Runtime,
-    dp_size: int,
+    grad_ranks: int,
     clip: float,
     autocast: Any,
     dp_group: dist.ProcessGroup | None = None,
 ) -> tuple[float, float]:
     """One optimizer step over the micro-batches; returns (global token-mean loss, grad norm).
 
-    dp_group: the data-parallel process group (None: all ranks, i.e. no tensor parallelism).
+    grad_ranks: the ranks FSDP2 averages gradients over (data-parallel x context-parallel). dp_group: the
+    data-parallel process group (None: all ranks, i.e. no tensor or context parallelism).
     """
     targets = all_reduce_sum(sum(b.num_targets for b in micro_batches), runtime, dp_group)
-    # FSDP averages gradients over data-parallel ranks; multiplying by dp_size makes the result the
-    # gradient of (sum of token losses / all target tokens of the global batch).
-    scale = dp_size / max(targets, 1.0)
+    # FSDP averages gradients over its ranks; multiplying by grad_ranks makes the result the gradient of (sum of
+    # token losses / all target tokens of the global batch). A context-parallel rank's backward holds only its own
+    # tokens' part of its batch's gradient, so the average over dp x cp ranks times grad_ranks is that sum too.
+    scale = grad_ranks / max(targets, 1.0)
     loss_sum = 0.0
     # Gradient sync stays on for every micro-batch: FSDP2's sync-off accumulation path fails on groups that
     # took no part in the forward (a VL model's vision blocks on text-only batches) when param and reduce
@@ -280,12 +277,15 @@ def validation_loss(
     runtime: Runtime,
     mini_batch: int,
     autocast,
-    tp_size: int = 1,
+    replica_size: int = 1,
     dp_group: dist.ProcessGroup | None = None,
 ) -> float:
-    """Token-mean loss over the whole validation set, split over data-parallel ranks (a TP group shares its part)."""
+    """Token-mean loss over the whole validation set, split over data-parallel ranks.
+
+    replica_size: consecutive ranks that share one batch (tp_size x cp_size).
+    """
     module.eval()
-    dp_rank, dp_size = runtime.rank // tp_size, runtime.world_size // tp_size
+    dp_rank, dp_size = runtime.rank // replica_size, runtime.world_size // replica_size
     indices = list(range(dp_rank, len(dataset), dp_size))
     loader = DataLoader(dataset, batch_size=mini_batch, sampler=indices, collate_fn=collate)
     total, count = 0.0, 0
@@ -309,10 +309,10 @@ def run_sft(config: Config) -> SFTResult:
     hf_config = loading.load_model_config(config.model)
     check_runtime_memory(config, runtime, "sft")  # prints the plan; refuses a start that cannot fit
     train_set, val_set = build_datasets(config, tokenizer, hf_config)
-    tp = config.policy.parallelism.tp_size
-    per_rank, accumulation = batch_layout(config, runtime.world_size, tp)
-    dp_size = runtime.world_size // tp
-    dp_rank = runtime.rank // tp
+    tp, cp = config.policy.parallelism.tp_size, config.policy.parallelism.cp_size
+    per_rank, accumulation = batch_layout(config, runtime.world_size, tp, cp)
+    dp_size = runtime.world_size // (tp * cp)
+    dp_rank = runtime.rank // (tp * cp)
     sampler = StepSampler(len(train_set), train_cfg.train_batch_per_replica, dp_rank, dp_size, train_cfg.seed, config.data.shuffle)
     if sampler.steps_per_epoch == 0:
         raise ConfigError(
@@ -383,7 +383,8 @@ def run_sft(config: Config) -> SFTResult:
             lr = scheduler.get_last_lr()[0]
             tokens = all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime, dp_group)
             loss, norm = train_step(
-                module, micro, optimizer, scheduler, runtime, dp_size, train_cfg.optm_grad_norm_clip, autocast, dp_group
+                module, micro, optimizer, scheduler, runtime, dp_size * cp, train_cfg.optm_grad_norm_clip, autocast,
+                dp_group,
             )
             step += 1
             elapsed = time.perf_counter() - started
@@ -398,7 +399,7 @@ def run_sft(config: Config) -> SFTResult:
             stop_if_diverged(config.train.output_dir, step, loss, norm)  # every rank: loss and norm are global
             if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):
                 result.val_losses[step] = validation_loss(
-                    module, val_set, collate, runtime, train_cfg.mini_batch, autocast, tp, dp_group
+                    module, val_set, collate, runtime, train_cfg.mini_batch, autocast, tp * cp, dp_group
                 )
                 step_log.log(step, {"val/loss": result.val_losses[step]})
             saved = None
