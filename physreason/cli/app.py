@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -14,7 +15,7 @@ from physreason.errors import Interrupted, PhysReasonError
 
 app = typer.Typer(
     name="physreason",
-    help="Inference, fine-tuning, GRPO and evaluation for physical-AI reasoning VLMs (Cosmos-Reason1 family).",
+    help="Inference, fine-tuning, GRPO and evaluation for physical-AI reasoning VLMs (Cosmos-Reason1 and Cosmos-Reason2).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -22,6 +23,12 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 err_console = Console(stderr=True)
+# transformers imports torchao (the fp8 extra) whenever it is installed, on every model load; torchao then warns about
+# each of its CUDA kernel libraries a CPU machine cannot load (kernels only float8 training on a GPU uses, which
+# checks for itself), and newer torch warns that torchao registers its enums in a deprecated way. Neither is the
+# user's to act on.
+for _name in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
 
 def _version(value: bool) -> None:
@@ -36,7 +43,7 @@ def _root(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    """physreason: inference, SFT, GRPO and evaluation for Cosmos-Reason1-family models."""
+    """physreason: inference, SFT, GRPO and evaluation for Cosmos-Reason1 and Cosmos-Reason2 models."""
 
 
 def _quiet_argument_types() -> None:
