@@ -285,3 +285,61 @@ def test_start_up_refuses_s3_uploads_without_credentials_or_bucket(tmp_path, mon
         load_config(None, ["train.ckpt.upload_s3='all'"])
     with pytest.raises(ConfigError, match="Input should be False, 'final' or 'all'.*got 'every'"):
         load_config(None, ["train.ckpt.upload_s3='every'", "train.ckpt.s3_bucket='b'"])
+
+
+def _sft_config(model: Path, tmp_path: Path, *extra: str):
+    from setups import sft_overrides, write_chat_records
+
+    data = write_chat_records(tmp_path, 4)
+    return load_config(None, [
+        *sft_overrides(model, data, tmp_path / "run", lr="1e-3", logger="['jsonl']"),
+        "train.max_steps=2", "train.ckpt.save_freq=1", "train.ckpt.max_keep=1", "train.ckpt.export_safetensors=true",
+        "train.ckpt.upload_s3='all'", "train.ckpt.s3_prefix='e2e'", *extra,
+    ])  # fmt: skip
+
+
+@pytest.mark.slow
+def test_an_sft_run_uploads_every_checkpoint_and_export_even_those_max_keep_pruned(bucket, tiny_model_dir, tmp_path):
+    from physreason.train.sft import run_sft
+
+    config = _sft_config(tiny_model_dir, tmp_path, f"train.ckpt.s3_bucket='{bucket}'")
+    run_sft(config)
+    run = tmp_path / "run"
+    stored = _objects(bucket)
+    assert not (run / "checkpoints" / "step_1").exists()  # pruned locally (max_keep = 1) ...
+    for step in ("step_1", "step_2"):  # ... and uploaded all the same
+        assert f"e2e/checkpoints/{step}/.metadata" in stored
+        assert f"e2e/safetensors/{step}/config.json" in stored
+    for path in [*(run / "checkpoints" / "step_2").rglob("*"), *(run / "safetensors" / "step_2").rglob("*")]:
+        if path.is_file():
+            assert stored[f"e2e/{path.relative_to(run).as_posix()}"] == path.read_bytes()
+    assert json.loads((run / RECORD).read_text())["pending"] == []
+    assert not any(p.is_file() for p in (run / PIN_DIR).rglob("*"))
+
+
+@pytest.mark.slow
+def test_wrong_credentials_leave_training_running_and_a_resume_uploads_what_was_left(
+    bucket, s3_server, tiny_model_dir, tmp_path, capsys
+):
+    from physreason.train.sft import run_sft
+
+    config = _sft_config(tiny_model_dir, tmp_path, f"train.ckpt.s3_bucket='{bucket}'")
+    s3_server.require_auth(True)
+    try:
+        result = run_sft(config)
+    finally:
+        s3_server.require_auth(False)
+    assert len(result.losses) == 2 and result.last_checkpoint.name == "step_2"  # training went on to the end
+    err = capsys.readouterr().err
+    assert f"upload failed: upload to s3://{bucket}/e2e/checkpoints/step_1/.metadata failed: InvalidAccessKeyId" in err
+    assert SECRET not in err
+    run = tmp_path / "run"
+    assert len(json.loads((run / RECORD).read_text())["pending"]) == 4  # two checkpoints, two exports
+    assert _objects(bucket) == {}
+
+    # The keys fixed, the finished run resumed: nothing left to train, the queued uploads go out.
+    resumed = run_sft(_sft_config(tiny_model_dir, tmp_path, f"train.ckpt.s3_bucket='{bucket}'", "train.resume=true"))
+    assert resumed.finished_before is not None
+    stored = _objects(bucket)
+    assert "e2e/checkpoints/step_1/.metadata" in stored and "e2e/safetensors/step_2/config.json" in stored
+    assert json.loads((run / RECORD).read_text())["pending"] == []
