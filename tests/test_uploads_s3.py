@@ -20,6 +20,7 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 import requests
+from hub_server import serve_hub
 from moto.server import ThreadedMotoServer
 
 from physreason.config import load_config
@@ -118,6 +119,11 @@ def s3_server():
     server = S3Server()
     yield server
     server.close()
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    yield from serve_hub(monkeypatch, tmp_path)
 
 
 @pytest.fixture
@@ -343,3 +349,21 @@ def test_wrong_credentials_leave_training_running_and_a_resume_uploads_what_was_
     stored = _objects(bucket)
     assert "e2e/checkpoints/step_1/.metadata" in stored and "e2e/safetensors/step_2/config.json" in stored
     assert json.loads((run / RECORD).read_text())["pending"] == []
+
+
+@pytest.mark.slow
+def test_final_uploads_send_only_the_last_checkpoint_and_export_to_s3_and_the_hub(bucket, hub, tiny_model_dir, tmp_path):
+    from physreason.train.sft import run_sft
+
+    run_sft(_sft_config(
+        tiny_model_dir, tmp_path, f"train.ckpt.s3_bucket='{bucket}'", "train.ckpt.upload_s3='final'",
+        "train.ckpt.max_keep=2", "train.ckpt.upload_hf=true", "train.ckpt.hf_repo_name='physical-ai/tiny-sft'",
+    ))  # fmt: skip
+    run = tmp_path / "run"
+    assert {key.split("/")[1] + "/" + key.split("/")[2] for key in _objects(bucket)} == {
+        "checkpoints/step_2", "safetensors/step_2"
+    }
+    repo = hub.repos["physical-ai/tiny-sft"]
+    final = run / "safetensors" / "step_2"
+    assert repo["files"] == {p.relative_to(final).as_posix(): p.read_bytes() for p in final.rglob("*") if p.is_file()}
+    assert repo["commits"] == ["physreason: upload safetensors/step_2"]
