@@ -205,13 +205,15 @@ class Uploads:
         """Pin `folder` (under the run folder) and queue its upload to `kind` ('s3' or 'hf'); done ones are skipped."""
         relative = folder.resolve().relative_to(self.output.resolve()).as_posix()
         with self._lock:
-            if [kind, relative] in self._record["pending"]:
+            pending = self._record["pending"]
+            if [kind, relative] in pending:
                 return
             if kind == "hf" and self._record["hf"].get(relative, {}).get("repo_id") == self.hf_repo:
                 return
-        _pin(folder, self.output / PIN_DIR / relative)
-        with self._lock:
-            self._record["pending"].append([kind, relative])
+            # A pin another queued job reads from (an export bound for S3 and the Hub) is shared, not rebuilt.
+            if not any(job[1] == relative for job in pending):
+                _pin(folder, self.output / PIN_DIR / relative)
+            pending.append([kind, relative])
             self._save_record()
         self._enqueue(kind, relative)
 
