@@ -238,6 +238,48 @@ class CheckpointConfig(Section):
     save_freq: int = Field(100, gt=0, description="Steps between checkpoints.")
     max_keep: int = Field(2, ge=1, description="Checkpoints, and safetensors exports, kept; older ones are deleted.")
     export_safetensors: bool = Field(True, description="Also export a Hugging Face safetensors folder at each save.")
+    upload_s3: Literal[False, "final", "all"] = Field(
+        False,
+        description="Upload to S3 in the background: 'final' the last checkpoint and export of a finished run, 'all' "
+        "every checkpoint and export as it is saved; false uploads nothing. Credentials and endpoint come from the "
+        "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, ...); needs physreason[s3].",
+    )
+    s3_bucket: str | None = Field(None, description="S3 bucket that upload_s3 writes to (required with upload_s3).")
+    s3_prefix: str | None = Field(
+        None,
+        description="Key prefix in s3_bucket: objects go to <s3_prefix>/checkpoints/step_<n>/... and "
+        "<s3_prefix>/safetensors/step_<n>/...; None uses the name of train.output_dir's folder.",
+    )
+    upload_hf: bool = Field(
+        False,
+        description="Upload the final safetensors export to the Hugging Face Hub repo hf_repo_name when the run "
+        "finishes (token from HF_TOKEN; HF_ENDPOINT picks another Hub).",
+    )
+    hf_repo_name: str | None = Field(
+        None,
+        description="Hub model repo for upload_hf: 'namespace/name', or a bare name created under the token's user; "
+        "created (private) if missing.",
+    )
+    upload_wait_s: float = Field(
+        3600.0,
+        ge=0.0,
+        description="Seconds the end of a run waits for uploads still in flight; what is left then is listed, "
+        "and a resume (train.resume = true) uploads it.",
+    )
+
+    @model_validator(mode="after")
+    def _check_uploads(self) -> CheckpointConfig:
+        if self.upload_s3 and not self.s3_bucket:
+            raise ValueError(f"upload_s3 = '{self.upload_s3}' needs s3_bucket, the bucket to upload to")
+        if self.upload_hf and not self.hf_repo_name:
+            raise ValueError("upload_hf = true needs hf_repo_name, the Hub repo to upload the final export to")
+        if self.upload_hf and not self.export_safetensors:
+            raise ValueError("upload_hf = true uploads the final safetensors export: set export_safetensors = true")
+        if (self.upload_s3 or self.upload_hf) and not self.enable_checkpoint:
+            raise ValueError(
+                "upload_s3 / upload_hf upload checkpoints and exports, which enable_checkpoint = false turns off"
+            )
+        return self
 
 
 class ParallelismConfig(Section):

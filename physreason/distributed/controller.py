@@ -557,6 +557,8 @@ class Controller:
                     self._dispatch()
                     self._maybe_train()
                 self._poll()
+            # Before the policy ranks are killed: rank 0 holds the upload queue ([train.ckpt] upload_s3, upload_hf).
+            self.ray.get([worker.finish_uploads.remote() for worker in self.policy])
         finally:
             if self.step_log is not None:
                 self.step_log.close()

@@ -194,6 +194,11 @@ class PolicyWorker:
             "seconds": time.perf_counter() - started,
         }
 
+    def finish_uploads(self) -> None:
+        """At the end of a finished run: the final uploads and the wait for them ([train.ckpt] upload_s3, upload_hf)."""
+        self.checkpointer.finish()
+        self.checkpointer.close()
+
     def shutdown(self) -> None:
         """Leave the process group."""
         if dist.is_initialized():

@@ -21,6 +21,7 @@ for a run whose trajectory does not depend on where it saved).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -447,6 +448,8 @@ def run_grpo(
         sync.push()
     if nothing_to_do(resumed, total_steps):
         sync.close()
+        with contextlib.closing(checkpointer):
+            checkpointer.finish()  # uploads an earlier process of this run left unfinished
         result.finished_before = result.last_checkpoint = resumed.path
         return result
     _sleep(engine)
@@ -492,7 +495,11 @@ def run_grpo(
     def all_done(done: bool) -> bool:
         return all_reduce_sum(float(not done), runtime) == 0.0
 
-    with StepLog(config, total_steps, step, "grpo", enabled=runtime.is_main) as step_log, StopOnSignal(runtime) as stop:
+    with (
+        StepLog(config, total_steps, step, "grpo", enabled=runtime.is_main) as step_log,
+        contextlib.closing(checkpointer),
+        StopOnSignal(runtime) as stop,
+    ):
         while step < total_steps:
             started = time.perf_counter()
             _wake(engine)
@@ -571,5 +578,6 @@ def run_grpo(
             stop.after_step(checkpointer, step, saved, {"prompt_cursor": stream.cursor})
             if on_step is not None:
                 on_step(step)
+        checkpointer.finish()
     sync.close()
     return result

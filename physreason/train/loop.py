@@ -13,6 +13,10 @@ share these pieces; each trainer only writes its step. A trainer's run reads:
             if checkpoint_due(config, step, total_steps):
                 saved = checkpointer.save(step, state)  # DCP checkpoint, then the safetensors export
             stop.after_step(checkpointer, step, saved, state)  # Ctrl-C/SIGTERM: save, then stop
+        checkpointer.finish()                           # final uploads ([train.ckpt] upload_s3, upload_hf), bounded wait
+
+The checkpointer is closed when the run ends, finished or not (contextlib.closing): uploads still queued stay in
+<output_dir>/uploads.json, and a resume sends them.
 
 Metrics: logs/metrics.jsonl holds one run's history. A resumed run keeps the records up to its checkpoint's
 step and drops later ones (steps the interrupted run made after its last checkpoint, which the resumed run
@@ -46,9 +50,11 @@ from physreason.train.checkpoint import (
     refuse_stale_checkpoints,
     resolve_resume,
     save_checkpoint,
+    written_by_run,
 )
 from physreason.train.metrics import MetricLogger
 from physreason.train.runtime import Runtime, all_reduce_sum
+from physreason.train.upload import Uploads, check_upload_settings, s3_target
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +63,12 @@ def prepare_output(config: Config, runtime: Runtime | None = None) -> Path:
     """Create train.output_dir and write the fully resolved recipe there as config.toml (main process only).
 
     Raises ConfigError, before anything is written, when a fresh run would reuse a folder holding
-    checkpoints, and when train.resume names a checkpoint it may not load (see resolve_resume).
+    checkpoints, when train.resume names a checkpoint it may not load (see resolve_resume), and when an upload
+    ([train.ckpt] upload_s3, upload_hf) lacks its library or credentials.
     """
     output = Path(config.train.output_dir)
     refuse_stale_checkpoints(output, config.train.resume)
+    check_upload_settings(config)
     resolve_resume(config.train.resume, output, config.train.trust_checkpoint)
     if runtime is None or runtime.is_main:
         output.mkdir(parents=True, exist_ok=True)
@@ -119,13 +127,20 @@ class Saved:
 class Checkpointer:
     """Resume a trained model from, and save it to, <output_dir>/checkpoints; exports go to <output_dir>/safetensors.
 
-    Every rank calls resume and save (DCP is collective); the files are written once.
+    Every rank calls resume and save (DCP is collective); the files are written once. With [train.ckpt] upload_s3 or
+    upload_hf the main process also uploads them in the background (physreason.train.upload); finish() at the end
+    of a finished run, close() whenever the run ends.
     """
 
     def __init__(self, config: Config, trained: TrainingModel) -> None:
         self.config = config
         self.trained = trained
         self.output = Path(config.train.output_dir)
+        ckpt = config.train.ckpt
+        self.uploads: Uploads | None = None
+        if (ckpt.upload_s3 or ckpt.upload_hf) and (not dist.is_initialized() or dist.get_rank() == 0):
+            self.uploads = Uploads(self.output, s3_target(config), ckpt.hf_repo_name if ckpt.upload_hf else None)
+            self.uploads.start()  # an earlier process's queued uploads start again now
 
     def resume(self, resume: bool | str | None = None) -> Resumed | None:
         """Load the checkpoint `resume` names ([train] resume when None) into model, optimizer and schedule.
@@ -188,7 +203,54 @@ class Checkpointer:
             saved.export = self.export(step)
             if trained.peft is not None:
                 saved.adapter = saved.export / "adapter"
+        if self.uploads is not None and ckpt.upload_s3 == "all":
+            for folder in (saved.checkpoint, saved.export):
+                if folder is not None:
+                    self.uploads.submit(folder, "s3")
         return saved
+
+    def finish(self) -> None:
+        """At the end of a finished run: queue the final uploads, then wait for all of them (upload_wait_s at most).
+
+        upload_s3 = 'final' sends the last checkpoint and its export, upload_hf the last export. What is not
+        uploaded by then is listed; it stays queued in <output_dir>/uploads.json for a resume to send.
+        """
+        if self.uploads is None:
+            return
+        ckpt = self.config.train.ckpt
+        found = checkpoint_dirs(self.output)
+        if found:
+            last = found[-1]
+            export = self.output / "safetensors" / last.name
+            if ckpt.upload_s3 == "final":
+                if written_by_run(last, self.output):
+                    self.uploads.submit(last, "s3")
+                else:
+                    log.warning("not uploading %s: this run did not write it (see train.trust_checkpoint)", last)
+                if export.is_dir():
+                    self.uploads.submit(export, "s3")
+            if ckpt.upload_hf and export.is_dir():
+                self.uploads.submit(export, "hf")
+        left = self.uploads.wait(ckpt.upload_wait_s)
+        if left:
+            print(
+                f"uploads not finished after waiting up to {ckpt.upload_wait_s:g} s (train.ckpt.upload_wait_s): "
+                f"{_jobs(left)}. They stay queued in {self.output / 'uploads.json'}; a resume "
+                "(--set train.resume=true) uploads them",
+                file=sys.stderr,
+            )
+
+    def close(self) -> None:
+        """Stop the background uploads without waiting; name what is left queued for a resume to send."""
+        if self.uploads is None:
+            return
+        self.uploads.close()
+        left = self.uploads.pending()
+        for line in self.uploads.failed:
+            print(f"upload failed: {line}", file=sys.stderr)
+        if left:
+            log.warning("uploads left queued in %s for a resume: %s", self.output / "uploads.json", _jobs(left))
+        self.uploads = None
 
     def export(self, step: int) -> Path:
         """Write the model of `step` as a Hugging Face safetensors folder that transformers and vLLM load as is.
@@ -222,6 +284,10 @@ class Checkpointer:
         if not dist.is_initialized() or dist.get_rank() == 0:
             prune_step_dirs(out_dir.parent, self.config.train.ckpt.max_keep, keep=folder)
         return folder
+
+
+def _jobs(jobs: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{folder} ({'S3' if kind == 's3' else 'Hub'})" for kind, folder in jobs)
 
 
 class StepLog:

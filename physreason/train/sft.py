@@ -345,6 +345,8 @@ def run_sft(config: Config) -> SFTResult:
         log.info("resumed from %s at step %d", resumed.path, step)
     if nothing_to_do(resumed, total_steps):
         stream.close()
+        with contextlib.closing(checkpointer):
+            checkpointer.finish()  # uploads an earlier process of this run left unfinished
         result.finished_before = result.last_checkpoint = resumed.path
         return result
     stream.seek(step)
@@ -373,6 +375,7 @@ def run_sft(config: Config) -> SFTResult:
     with (
         StepLog(config, total_steps, step, "sft", enabled=runtime.is_main) as step_log,
         contextlib.closing(stream),
+        contextlib.closing(checkpointer),
         StopOnSignal(runtime) as stop,
     ):
         while step < total_steps:
@@ -409,6 +412,7 @@ def run_sft(config: Config) -> SFTResult:
                 if saved.export is not None:
                     result.export_dir = saved.export
             stop.after_step(checkpointer, step, saved, {"skipped": dict(result.skipped)})
+        checkpointer.finish()
     if result.skipped and runtime.is_main:
         log.warning("skipped samples: %s", dict(result.skipped))
     return result

@@ -1,0 +1,486 @@
+"""Moving a run's checkpoints and exports off the machine: S3 ([train.ckpt] upload_s3) and the Hugging Face Hub (upload_hf).
+
+One background thread on the main process uploads; training never waits for it, except at the end of a run
+(at most [train.ckpt] upload_wait_s). Failures are logged as one line each (bucket/key or repo, and what to do) and
+never stop training; credentials are never printed.
+
+Pinning: a folder queued for upload is first hard-linked file by file under <run>/.uploads/<folder> (no copy: the
+same data on disk; a copy where the filesystem has no hard links). max_keep pruning then deletes the checkpoint's
+own name at once, and the data stays until its upload has finished and the pin is removed.
+
+Record: <run>/uploads.json (written atomically) lists the folders still queued and every S3 object and Hub commit
+already made, so a restarted run (train.resume = true) picks up what is queued and never sends a finished file twice.
+Granularity: a file is done or not; a file of at least `part_size` bytes goes as an S3 multipart upload whose upload
+id is recorded, so after a restart only the parts the server does not list yet are sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from physreason.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+RECORD = "uploads.json"
+PIN_DIR = ".uploads"
+PART_SIZE = 64 * 1024**2  # S3 needs parts of at least 5 MiB (all but the last) and at most 10,000 of them
+_MIN_PART = 5 * 1024**2
+_MAX_PARTS = 10_000
+# S3 answers that retrying cannot fix: the settings or the credentials must change.
+_PERMANENT_S3 = {
+    "AccessDenied", "AllAccessDisabled", "ExpiredToken", "InvalidAccessKeyId", "InvalidBucketName", "InvalidToken",
+    "NoSuchBucket", "SignatureDoesNotMatch", "TokenRefreshRequired", "AuthorizationHeaderMalformed",
+}  # fmt: skip
+
+
+class UploadFailed(Exception):
+    """One upload gave up; the message names the destination and what to do (never a credential)."""
+
+
+@dataclass(frozen=True)
+class S3Target:
+    """Where upload_s3 writes: s3://<bucket>/<prefix>/<path under the run folder>."""
+
+    bucket: str
+    prefix: str
+
+    def key(self, relative: str) -> str:
+        return f"{self.prefix}/{relative}" if self.prefix else relative
+
+    def url(self, relative: str) -> str:
+        return f"s3://{self.bucket}/{self.key(relative)}"
+
+
+def s3_target(config: Any) -> S3Target | None:
+    """The S3 destination of a run's config, or None when upload_s3 is off."""
+    ckpt = config.train.ckpt
+    if not ckpt.upload_s3:
+        return None
+    prefix = ckpt.s3_prefix if ckpt.s3_prefix is not None else Path(config.train.output_dir).resolve().name
+    return S3Target(ckpt.s3_bucket, prefix.strip("/"))
+
+
+def check_upload_settings(config: Any) -> None:
+    """Raise ConfigError before training starts when an upload is asked for but cannot work here.
+
+    upload_s3 needs boto3 (physreason[s3]) and credentials boto3 can find; upload_hf needs a Hub token.
+    """
+    ckpt = config.train.ckpt
+    if ckpt.upload_s3:
+        try:
+            import boto3
+        except ImportError as exc:
+            raise ConfigError(
+                f"train.ckpt.upload_s3 = '{ckpt.upload_s3}' needs boto3: pip install 'physreason[s3]'"
+            ) from exc
+        if boto3.session.Session().get_credentials() is None:
+            raise ConfigError(
+                f"train.ckpt.upload_s3 = '{ckpt.upload_s3}': no AWS credentials found. Set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY (AWS_ENDPOINT_URL for an S3-compatible store other than AWS), or a profile"
+            )
+    if ckpt.upload_hf:
+        from huggingface_hub import get_token
+
+        if not get_token():
+            raise ConfigError(
+                f"train.ckpt.upload_hf = true uploads the final export to {ckpt.hf_repo_name!r}, but no Hub token "
+                "was found: set HF_TOKEN to a token with write access (or run `hf auth login`)"
+            )
+
+
+def _s3_error_text(exc: Exception) -> tuple[str, bool]:
+    """A one-line reason for a failed S3 call (with what to do) and whether retrying may help; never a credential.
+
+    Only the error code and status are shown: S3's messages can quote the signed request.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError, NoCredentialsError
+
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", "?"))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        reason = f"{code} (HTTP {status})"
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"):
+            return f"{reason}: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN)", False
+        if code == "AccessDenied":
+            return f"{reason}: these credentials may not write there; check the bucket policy and s3_prefix", False
+        if code == "NoSuchBucket":
+            return f"{reason}: create the bucket or fix train.ckpt.s3_bucket", False
+        return reason, not (code in _PERMANENT_S3 or (400 <= status < 500 and status not in (408, 429)))
+    if isinstance(exc, (ConnectionError, HTTPClientError)):
+        return f"{type(exc).__name__}: the endpoint did not answer; check AWS_ENDPOINT_URL and the network", True
+    if isinstance(exc, NoCredentialsError):
+        return "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", False
+    if isinstance(exc, BotoCoreError):
+        return type(exc).__name__, False
+    return f"{type(exc).__name__}: {exc}", False
+
+
+class Uploads:
+    """The upload queue of one run folder, worked by a background thread (start() once; finish()/close() at the end).
+
+    submit() pins a folder and queues it; nothing it does waits for the network. `session` is the boto3 Session to
+    build the S3 client from (None: a new one reading the environment).
+    """
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        s3: S3Target | None = None,
+        hf_repo: str | None = None,
+        *,
+        retries: int = 5,
+        backoff_s: float = 2.0,
+        part_size: int = PART_SIZE,
+        concurrency: int = 4,
+        session: Any = None,
+    ) -> None:
+        if part_size < _MIN_PART:
+            raise ValueError(f"part_size {part_size} is below S3's minimum of {_MIN_PART} bytes")
+        self.output = Path(output_dir)
+        self.s3, self.hf_repo = s3, hf_repo
+        self.retries, self.backoff_s = retries, backoff_s
+        self.part_size, self.concurrency = part_size, concurrency
+        self._session = session
+        self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)
+        self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._active: set[tuple[str, str]] = set()  # queued or running in this process
+        self.failed: list[str] = []  # one line per job that gave up in this process
+        self.bytes_total = self.bytes_done = 0
+        self._record = self._read_record()
+
+    # ---- the record -------------------------------------------------------------------------------------------
+    def _read_record(self) -> dict[str, Any]:
+        path = self.output / RECORD
+        if not path.is_file():
+            return {"pending": [], "s3": {}, "hf": {}}
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{path} is not valid JSON ({exc}): it lists this run's uploads; delete it to upload everything again"
+            ) from exc
+        for name, empty in (("pending", []), ("s3", {}), ("hf", {})):
+            record.setdefault(name, empty)
+        return record
+
+    def _save_record(self) -> None:
+        with self._lock:
+            path = self.output / RECORD
+            temporary = path.with_name(f".{RECORD}.tmp")
+            temporary.write_text(json.dumps(self._record, indent=1), encoding="utf-8")
+            os.replace(temporary, path)
+
+    def pending(self) -> list[tuple[str, str]]:
+        """(kind, folder) of every job queued and not finished, this run's and an earlier process's: 's3' or 'hf'."""
+        with self._lock:
+            return [tuple(job) for job in self._record["pending"]]  # type: ignore[misc]
+
+    # ---- queueing ---------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the worker thread and queue again what an earlier process of this run left pending."""
+        self._thread = threading.Thread(target=self._work, name="physreason-uploads", daemon=True)
+        self._thread.start()
+        for kind, folder in self.pending():
+            if (self.output / PIN_DIR / folder).is_dir():
+                self._enqueue(kind, folder)
+            else:
+                log.warning("upload of %s was queued by an earlier process but its pinned copy is gone: skipped", folder)
+                self._drop_pending(kind, folder)
+
+    def submit(self, folder: Path, kind: str) -> None:
+        """Pin `folder` (under the run folder) and queue its upload to `kind` ('s3' or 'hf'); done ones are skipped."""
+        relative = folder.resolve().relative_to(self.output.resolve()).as_posix()
+        with self._lock:
+            pending = self._record["pending"]
+            if [kind, relative] in pending:
+                return
+            if kind == "hf" and self._record["hf"].get(relative, {}).get("repo_id") == self.hf_repo:
+                return
+            # A pin another queued job reads from (an export bound for S3 and the Hub) is shared, not rebuilt.
+            if not any(job[1] == relative for job in pending):
+                _pin(folder, self.output / PIN_DIR / relative)
+            pending.append([kind, relative])
+            self._save_record()
+        self._enqueue(kind, relative)
+
+    def _enqueue(self, kind: str, folder: str) -> None:
+        with self._lock:
+            if (kind, folder) in self._active:
+                return
+            self._active.add((kind, folder))
+            self.bytes_total += _folder_bytes(self.output / PIN_DIR / folder)
+        self._queue.put((kind, folder))
+
+    def _drop_pending(self, kind: str, folder: str) -> None:
+        with self._lock:
+            self._record["pending"] = [job for job in self._record["pending"] if job != [kind, folder]]
+            self._save_record()
+            if not any(job[1] == folder for job in self._record["pending"]):
+                shutil.rmtree(self.output / PIN_DIR / folder, ignore_errors=True)
+
+    def _add_done(self, count: int) -> None:
+        with self._lock:
+            self.bytes_done += count
+
+    # ---- the worker -------------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while (job := self._queue.get()) is not None:
+            kind, folder = job
+            try:
+                if kind == "s3":
+                    self._upload_s3(folder)
+                else:
+                    self._upload_hf(folder)
+                self._drop_pending(kind, folder)
+                log.info("uploaded %s to %s", folder, self.s3.url(folder) if kind == "s3" else self.hf_repo)
+            except UploadFailed as exc:
+                with self._lock:
+                    self.failed.append(str(exc))
+                log.error("%s", exc)
+            except Exception as exc:  # a bug or an unexpected library error must not end the thread silently
+                with self._lock:
+                    self.failed.append(f"upload of {folder} failed: {type(exc).__name__}: {exc}")
+                log.exception("upload of %s failed", folder)
+            finally:
+                with self._lock:
+                    self._active.discard(job)
+                    self._idle.notify_all()
+
+    def _retrying(self, action: Callable[[], Any], where: str, describe: Callable[[Exception], tuple[str, bool]]) -> Any:
+        """Run `action`, retrying what may pass later with exponential backoff; raise UploadFailed naming `where`."""
+        for attempt in range(self.retries + 1):
+            try:
+                return action()
+            except Exception as exc:
+                reason, transient = describe(exc)
+                if not transient or attempt == self.retries:
+                    tries = f" after {attempt + 1} tries" if transient else ""
+                    raise UploadFailed(f"upload to {where} failed{tries}: {reason}") from exc
+                delay = min(self.backoff_s * 2**attempt, 60.0)
+                log.warning("upload to %s: %s; retrying in %.1f s", where, reason, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        session = self._session or boto3.session.Session()
+        # One attempt per call inside botocore: _retrying backs off over minutes, across an endpoint's restart.
+        return session.client("s3", config=Config(retries={"max_attempts": 1, "mode": "standard"}))
+
+    def _upload_s3(self, folder: str) -> None:
+        assert self.s3 is not None
+        client = self._client()
+        pinned = self.output / PIN_DIR / folder
+        for path in sorted(p for p in pinned.rglob("*") if p.is_file()):
+            relative = f"{folder}/{path.relative_to(pinned).as_posix()}"
+            info = path.stat()
+            url = self.s3.url(relative)
+            with self._lock:
+                entry = self._record["s3"].get(url, {})
+            if entry.get("size") != info.st_size or entry.get("mtime_ns") != info.st_mtime_ns:
+                entry = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "done": False}
+            if entry.get("done"):
+                self._add_done(info.st_size)
+                continue
+            if info.st_size >= self.part_size:
+                self._multipart(client, path, relative, entry)
+            else:
+                def put(path: Path = path, relative: str = relative) -> None:
+                    with path.open("rb") as body:
+                        client.put_object(Bucket=self.s3.bucket, Key=self.s3.key(relative), Body=body)
+
+                self._retrying(put, url, _s3_error_text)
+                self._add_done(info.st_size)
+            entry = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "done": True}
+            with self._lock:
+                self._record["s3"][url] = entry
+                self._save_record()
+
+    def _multipart(self, client: Any, path: Path, relative: str, entry: dict[str, Any]) -> None:
+        """Send `path` as an S3 multipart upload, continuing the recorded one: parts the server lists are not resent."""
+        assert self.s3 is not None
+        bucket, key, url = self.s3.bucket, self.s3.key(relative), self.s3.url(relative)
+        size = entry["size"]
+        part_size = max(self.part_size, -(-size // _MAX_PARTS))
+        count = -(-size // part_size)
+        upload_id, listed = entry.get("upload_id"), {}
+        if upload_id is not None and entry.get("part_size") == part_size:
+            listed = self._listed_parts(client, bucket, key, upload_id, url)
+            if listed is None:
+                upload_id, listed = None, {}
+        if upload_id is None or entry.get("part_size") != part_size:
+            created = self._retrying(
+                lambda: client.create_multipart_upload(Bucket=bucket, Key=key), url, _s3_error_text
+            )
+            upload_id, listed = created["UploadId"], {}
+            with self._lock:
+                self._record["s3"][url] = {**entry, "upload_id": upload_id, "part_size": part_size}
+                self._save_record()
+        etags: dict[int, str] = {}
+        for number, (etag, part_bytes) in listed.items():
+            if part_bytes == min(part_size, size - (number - 1) * part_size):
+                etags[number] = etag
+                self._add_done(part_bytes)
+
+        def send(number: int) -> None:
+            with path.open("rb") as source:
+                source.seek((number - 1) * part_size)
+                data = source.read(part_size)
+            answer = self._retrying(
+                lambda: client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data),
+                f"{url} (part {number} of {count})",
+                _s3_error_text,
+            )
+            etags[number] = answer["ETag"]
+            self._add_done(len(data))
+
+        missing = [n for n in range(1, count + 1) if n not in etags]
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            for future in [pool.submit(send, n) for n in missing]:
+                future.result()  # the first failure ends the file; its sent parts stay listed for the next try
+        parts = [{"PartNumber": n, "ETag": etags[n]} for n in sorted(etags)]
+        self._retrying(
+            lambda: client.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            ),
+            url,
+            _s3_error_text,
+        )
+
+    def _listed_parts(self, client: Any, bucket: str, key: str, upload_id: str, url: str) -> dict[int, tuple[str, int]] | None:
+        """Parts of a recorded multipart upload the server holds (number -> (ETag, size)); None if it is gone."""
+        from botocore.exceptions import ClientError
+
+        parts: dict[int, tuple[str, int]] = {}
+        marker = 0
+        while True:
+            try:
+                page = self._retrying(
+                    lambda marker=marker: client.list_parts(
+                        Bucket=bucket, Key=key, UploadId=upload_id, PartNumberMarker=marker
+                    ),
+                    url,
+                    _s3_error_text,
+                )
+            except UploadFailed as exc:
+                cause = exc.__cause__
+                if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") == "NoSuchUpload":
+                    return None
+                raise
+            for part in page.get("Parts", []):
+                parts[int(part["PartNumber"])] = (part["ETag"], int(part["Size"]))
+            if not page.get("IsTruncated"):
+                return parts
+            marker = int(page["NextPartNumberMarker"])
+
+    def _upload_hf(self, folder: str) -> None:
+        from huggingface_hub import HfApi
+
+        assert self.hf_repo is not None
+        pinned = self.output / PIN_DIR / folder
+        # Read at upload time, not at import: HF_ENDPOINT points at another Hub (a mirror, a test server).
+        api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
+        repo_id = self.hf_repo if "/" in self.hf_repo else None
+        if repo_id is None:
+            user = self._retrying(lambda: api.whoami()["name"], self.hf_repo, _hf_error_text)
+            repo_id = f"{user}/{self.hf_repo}"
+        where = f"the Hub repo {repo_id} ({api.endpoint})"
+        self._retrying(lambda: api.create_repo(repo_id, private=True, exist_ok=True), where, _hf_error_text)
+        commit = self._retrying(
+            lambda: api.upload_folder(
+                repo_id=repo_id, folder_path=pinned, commit_message=f"physreason: upload {folder}"
+            ),
+            where,
+            _hf_error_text,
+        )
+        self._add_done(_folder_bytes(pinned))
+        with self._lock:
+            self._record["hf"][folder] = {"repo_id": self.hf_repo, "resolved": repo_id, "commit": commit.oid}
+            self._save_record()
+
+    # ---- the end ----------------------------------------------------------------------------------------------
+    def wait(self, timeout_s: float, show: bool = True) -> list[tuple[str, str]]:
+        """Wait up to `timeout_s` for the queue to empty (a progress line when `show`); returns the jobs left."""
+        deadline = time.monotonic() + timeout_s
+        progress = None
+        try:
+            with self._lock:
+                busy = bool(self._active)
+            if show and busy:
+                from physreason.progress import LoggedProgress
+
+                progress = LoggedProgress(transient=False)
+                progress.start()
+                task = progress.add_task("uploads", total=max(self.bytes_total, 1))
+            while True:
+                with self._lock:
+                    if not self._active or time.monotonic() >= deadline:
+                        break
+                    self._idle.wait(timeout=min(1.0, max(deadline - time.monotonic(), 0.0)))
+                    done, total = self.bytes_done, max(self.bytes_total, 1)
+                if progress is not None:
+                    progress.update(task, completed=done, total=total, postfix=f"{done / 1e9:.2f} of {total / 1e9:.2f} GB")
+        except KeyboardInterrupt:
+            log.warning("stopped waiting for uploads (Ctrl-C)")
+        finally:
+            if progress is not None:
+                progress.stop()
+        return self.pending()
+
+    def close(self) -> None:
+        """Stop the worker without waiting for the network (a daemon thread: the process may end with jobs left)."""
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.put(None)
+
+
+def _hf_error_text(exc: Exception) -> tuple[str, bool]:
+    """A one-line reason for a failed Hub call and whether retrying may help; the token is never part of it."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if isinstance(exc, HfHubHTTPError):
+        status = exc.response.status_code if exc.response is not None else 0
+        if status in (401, 403):
+            return f"HTTP {status}: check that HF_TOKEN is valid and may write to that repo", False
+        return f"HTTP {status}", status >= 500 or status in (408, 429)
+    if type(exc).__module__.startswith(("httpx", "requests")) or isinstance(exc, OSError):
+        return f"{type(exc).__name__}: the Hub did not answer; check HF_ENDPOINT and the network", True
+    return f"{type(exc).__name__}: {exc}", False
+
+
+def _pin(folder: Path, pinned: Path) -> None:
+    """Hard-link every file of `folder` under `pinned` (copy where links are not possible); replaces an older pin."""
+    staging = pinned.with_name(pinned.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    for path in sorted(folder.rglob("*")):
+        target = staging / path.relative_to(folder)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)
+    staging.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(pinned, ignore_errors=True)
+    staging.rename(pinned)
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
