@@ -22,8 +22,10 @@ import json
 import os
 import random
 import shutil
+import threading
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +205,42 @@ def _single_process_quiet() -> Iterator[None]:
         yield
 
 
+def _step_paths(output_dir: str | Path, step: int) -> tuple[Path, Path]:
+    """(final, staging) folders of the checkpoint of `step`."""
+    root = Path(output_dir) / "checkpoints"
+    return root / f"{_PREFIX}{step}", root / f"{_PREFIX}{step}.tmp"
+
+
+def _fresh_staging(staging: Path) -> None:
+    """Rank 0 empties the staging folder; every rank returns once it exists."""
+    if _rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    _barrier()
+
+
+def _commit(output_dir: Path, staging: Path, final: Path, max_keep: int, export: bool) -> None:
+    """Rank 0, once every rank's files are in `staging`: record it as this run's, rename it to `final`, rotate."""
+    # Recorded before the rename: a kill in between leaves only the .tmp folder, which nothing loads.
+    record = read_record(output_dir)
+    record[final.name] = {"files": _fingerprint(staging), "export": export}
+    _write_record(output_dir, record)
+    if final.is_symlink():
+        final.unlink()  # a link someone put in place of this step: replaced, its target left alone
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    deleted = prune_step_dirs(final.parent, max_keep, keep=final)
+    if deleted:
+        _write_record(output_dir, {k: v for k, v in record.items() if k not in {p.name for p in deleted}})
+
+
+def _checkpoint_state(model: nn.Module, optimizer, scheduler, trainable_only: bool) -> dict[str, Any]:
+    model_state, optim_state = get_state_dict(
+        model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only)
+    )
+    return {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}
+
+
 def save_checkpoint(
     output_dir: str | Path,
     step: int,
@@ -219,35 +257,101 @@ def save_checkpoint(
     trainable_only: save only parameters that require gradients (LoRA adapters), not the frozen base.
     export: the caller exports this step next; recorded so a resume finishes an export a kill cut short.
     """
-    root = Path(output_dir) / "checkpoints"
-    final = root / f"{_PREFIX}{step}"
-    staging = root / f"{_PREFIX}{step}.tmp"
-    if _rank() == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-    _barrier()
-    model_state, optim_state = get_state_dict(
-        model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only)
-    )
+    final, staging = _step_paths(output_dir, step)
+    _fresh_staging(staging)
+    state = _checkpoint_state(model, optimizer, scheduler, trainable_only)
     with _single_process_quiet():
-        dcp.save({"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}, checkpoint_id=staging)
+        dcp.save(state, checkpoint_id=staging)
     torch.save({**trainer_state, "rng": rng_state()}, staging / f"trainer_rank{_rank()}.pt")
     _barrier()
     if _rank() == 0:
-        output = Path(output_dir)
-        # Recorded before the rename: a kill in between leaves only the .tmp folder, which nothing loads.
-        record = read_record(output)
-        record[final.name] = {"files": _fingerprint(staging), "export": export}
-        _write_record(output, record)
-        if final.is_symlink():
-            final.unlink()  # a link someone put in place of this step: replaced, its target left alone
-        shutil.rmtree(final, ignore_errors=True)
-        staging.rename(final)
-        deleted = prune_step_dirs(root, max_keep, keep=final)
-        if deleted:
-            _write_record(output, {k: v for k, v in record.items() if k not in {p.name for p in deleted}})
+        _commit(Path(output_dir), staging, final, max_keep, export)
     _barrier()
     return final
+
+
+class PendingCheckpoint:
+    """A checkpoint whose files DCP writes in a background thread; complete (recorded, renamed) once `wait` returns.
+
+    Rank 0 commits it (record, rename, rotation) as soon as its own write finishes, also when nobody waits (a run that
+    failed later still keeps it): DCP's rank 0 finishes only after every rank has written its shards and the
+    .metadata, and every rank wrote its trainer file before its write began.
+    """
+
+    def __init__(self, future: Future, output_dir: Path, staging: Path, final: Path, max_keep: int, export: bool) -> None:
+        self.path, self.staging = final, staging
+        self._committed = threading.Event()
+        self._commit_error: BaseException | None = None
+        self._future = future
+        if _rank() != 0:
+            self._committed.set()
+            return
+
+        def commit(done: Future) -> None:
+            try:
+                if done.exception() is None:
+                    _commit(output_dir, staging, final, max_keep, export)
+            except BaseException as exc:  # kept for wait(): an exception in a done-callback would only be logged
+                self._commit_error = exc
+            finally:
+                self._committed.set()
+
+        future.add_done_callback(commit)
+
+    def wait(self) -> Path:
+        """Block until this rank's write and rank 0's commit are done; returns the complete checkpoint folder.
+
+        Raises what the write raised (the files stay in the .tmp folder, which no resume loads).
+        """
+        try:
+            self._future.result()
+        except BaseException as exc:
+            exc.add_note(
+                f"checkpoint {self.path} was not completed: its partial files stay in {self.staging}, which resume "
+                "never loads; train.resume=true continues from the last complete checkpoint"
+            )
+            raise
+        self._committed.wait()
+        if self._commit_error is not None:
+            raise self._commit_error
+        return self.path
+
+
+def start_checkpoint(
+    output_dir: str | Path,
+    step: int,
+    model: nn.Module,
+    optimizer,
+    scheduler,
+    trainer_state: dict[str, Any],
+    max_keep: int,
+    trainable_only: bool = False,
+    export: bool = False,
+    process_group: dist.ProcessGroup | None = None,
+    stager: Any = None,
+) -> PendingCheckpoint:
+    """save_checkpoint, asynchronous: returns once the state is copied to host memory; DCP writes it in a thread.
+
+    The trained tensors may change as soon as this returns. process_group: a gloo group for the background write's
+    collectives, apart from the ones training uses (required under torchrun). stager: DCP's async stager (pinned
+    host buffers reused from save to save), or None for DCP's default copy.
+    """
+    final, staging = _step_paths(output_dir, step)
+    _fresh_staging(staging)
+    state = _checkpoint_state(model, optimizer, scheduler, trainable_only)
+    # Before the write starts: once rank 0's write is done, every rank's trainer file is on disk (see PendingCheckpoint).
+    torch.save({**trainer_state, "rng": rng_state()}, staging / f"trainer_rank{_rank()}.pt")
+    single = not dist.is_initialized()
+    if single:
+        # The write runs in DCP's thread, outside any catch_warnings here; its "assuming one process" note is the
+        # intent. (filterwarnings replaces an equal filter, so repeated saves add none.)
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+    response = dcp.async_save(
+        state, checkpoint_id=staging, process_group=process_group, async_stager=stager, no_dist=single
+    )
+    # torch returns an AsyncSaveResponse (staging and upload futures) for stagers that stage in the background.
+    future = getattr(response, "upload_completion", response)
+    return PendingCheckpoint(future, Path(output_dir), staging, final, max_keep, export)
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, trainable_only: bool = False) -> dict[str, Any]:

@@ -527,5 +527,6 @@ def run_grpo(config: Config, engine: Engine | None = None) -> GRPOResult:
                 if saved.export is not None:
                     result.export_dir = saved.export
             stop.after_step(checkpointer, step, saved, {"prompt_cursor": stream.cursor})
+        checkpointer.finish()
     sync.close()
     return result

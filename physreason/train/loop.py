@@ -13,6 +13,7 @@ share these pieces; each trainer only writes its step. A trainer's run reads:
             if checkpoint_due(config, step, total_steps):
                 saved = checkpointer.save(step, state)  # DCP checkpoint, then the safetensors export
             stop.after_step(checkpointer, step, saved, state)  # Ctrl-C/SIGTERM: save, then stop
+        checkpointer.finish()                               # save_mode "async": the last write completes
 
 Metrics: logs/metrics.jsonl holds one run's history. A resumed run keeps the records up to its checkpoint's
 step and drops later ones (steps the interrupted run made after its last checkpoint, which the resumed run
@@ -39,6 +40,7 @@ from physreason.config import Config, dump_config
 from physreason.errors import Interrupted, TrainingDiverged
 from physreason.train.build import TrainingModel
 from physreason.train.checkpoint import (
+    PendingCheckpoint,
     checkpoint_dirs,
     load_checkpoint,
     prune_step_dirs,
@@ -46,6 +48,7 @@ from physreason.train.checkpoint import (
     refuse_stale_checkpoints,
     resolve_resume,
     save_checkpoint,
+    start_checkpoint,
 )
 from physreason.train.metrics import MetricLogger
 from physreason.train.runtime import Runtime, all_reduce_sum
@@ -126,6 +129,9 @@ class Checkpointer:
         self.config = config
         self.trained = trained
         self.output = Path(config.train.output_dir)
+        self._pending: PendingCheckpoint | None = None  # [train.ckpt] save_mode = "async": the write in flight
+        self._async_group: dist.ProcessGroup | None = None
+        self._stager: Any = None
 
     def resume(self, resume: bool | str | None = None) -> Resumed | None:
         """Load the checkpoint `resume` names ([train] resume when None) into model, optimizer and schedule.
@@ -177,18 +183,70 @@ class Checkpointer:
             print(f"finished the safetensors export {folder} that checkpoint {checkpoint} promised (cut short before)")
 
     def save(self, step: int, state: dict[str, Any]) -> Saved:
-        """Write the checkpoint of `step` with the trainer's state (keeping [train.ckpt] max_keep), then export."""
+        """Write the checkpoint of `step` with the trainer's state (keeping [train.ckpt] max_keep), then export.
+
+        With [train.ckpt] save_mode = "async" the checkpoint's files are still being written when this returns
+        (Saved.checkpoint is where it will be once complete): call wait() before relying on it. The export is
+        written here either way, from the weights of this step, while the checkpoint's files are written.
+        """
         trained, ckpt = self.trained, self.config.train.ckpt
-        checkpoint = save_checkpoint(
-            self.output, step, trained.module, trained.optimizer, trained.scheduler, {"step": step, **state},
-            ckpt.max_keep, trainable_only=trained.peft is not None, export=ckpt.export_safetensors,
-        )
+        args = (self.output, step, trained.module, trained.optimizer, trained.scheduler, {"step": step, **state},
+                ckpt.max_keep)  # fmt: skip
+        options = {"trainable_only": trained.peft is not None, "export": ckpt.export_safetensors}
+        if ckpt.save_mode == "async":
+            # One write in flight: the previous one completes (and rotates) before this one starts, so rotation
+            # never meets a folder being written.
+            self.wait()
+            self._pending = start_checkpoint(
+                *args, **options, process_group=self._background_group(), stager=self._pinned_stager()
+            )
+            checkpoint = self._pending.path
+        else:
+            checkpoint = save_checkpoint(*args, **options)
         saved = Saved(checkpoint)
         if ckpt.export_safetensors:
             saved.export = self.export(step)
             if trained.peft is not None:
                 saved.adapter = saved.export / "adapter"
         return saved
+
+    def wait(self) -> Path | None:
+        """Block until the checkpoint written in the background (save_mode "async") is complete; its folder, or None.
+
+        Every rank calls it (a barrier follows). Raises what the write raised: that checkpoint stays incomplete.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        path = pending.wait()
+        if dist.is_initialized():
+            dist.barrier()
+        return path
+
+    def finish(self) -> None:
+        """At the end of training: wait for the checkpoint in flight and free the pinned host buffers of async saves."""
+        self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+    def _background_group(self) -> dist.ProcessGroup | None:
+        """A gloo group for the background writes' collectives, apart from training's (created once, on every rank)."""
+        if dist.is_initialized() and self._async_group is None:
+            self._async_group = dist.new_group(backend="gloo")
+        return self._async_group
+
+    def _pinned_stager(self) -> Any:
+        """On a GPU: DCP's stager copying into pinned host buffers kept from save to save (the copy is the step's stall)."""
+        if self._stager is None and self.trained.module is not None and _on_cuda(self.trained.module):
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True
+                )
+            )
+        return self._stager
 
     def export(self, step: int) -> Path:
         """Write the model of `step` as a Hugging Face safetensors folder that transformers and vLLM load as is.
@@ -353,7 +411,12 @@ class StopOnSignal:
         checkpoint = None
         if checkpointer.config.train.ckpt.enable_checkpoint:
             checkpoint = (saved or checkpointer.save(step, state)).checkpoint
+        checkpointer.finish()  # the command printed below resumes from that checkpoint: it must be complete
         raise TrainingInterrupted(self.signal_name or "SIGINT", step, checkpoint, resume_command())
+
+
+def _on_cuda(module: Any) -> bool:
+    return any(parameter.device.type == "cuda" for parameter in module.parameters())
 
 
 def parameter_counts(module: object) -> tuple[int, int]:

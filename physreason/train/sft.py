@@ -405,6 +405,7 @@ def run_sft(config: Config) -> SFTResult:
                 if saved.export is not None:
                     result.export_dir = saved.export
             stop.after_step(checkpointer, step, saved, {"skipped": dict(result.skipped)})
+        checkpointer.finish()
     if result.skipped and runtime.is_main:
         log.warning("skipped samples: %s", dict(result.skipped))
     return result
