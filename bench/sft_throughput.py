@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from shapes import PEAK_BF16_FLOPS, qwen3_vl_8b, qwen25_vl_3b, train_flops_per_token
+from shapes import PEAK_BF16_FLOPS, make_batch, qwen3_vl_8b, qwen25_vl_3b, train_flops_per_token
 
 # Rows of --sweep: the last recorded best first, then no checkpointing, optimizer amortisation,
 # larger micro-batches and longer rows, then the attention kernels (those change the compiled graphs, so last).
@@ -59,25 +59,6 @@ PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--
 SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
 ROW_OPTIONS = ("chunked_ce", "ce_chunk", "compile", "packing", "ac_every", "grad_accum", "batch", "seq_len",
                "sdpa_backend", "wrap")
-
-
-def make_batch(config, seq_len: int, rows: int, packing: bool, device):
-    """`rows` rows of seq_len tokens each: one sample per row, or (packing) four samples packed into one row."""
-    from physreason.data.collate import collate_padded
-    from physreason.data.packing import collate_packed
-    from physreason.data.sft import SFTSample
-
-    if packing and rows != 1:
-        raise ValueError("--packing builds one packed row; use --batch 1 with it")
-    generator = torch.Generator().manual_seed(0)
-    parts = 4 if packing else rows
-    length = seq_len // 4 if packing else seq_len
-    samples = []
-    for _ in range(parts):
-        ids = torch.randint(0, config.text_config.vocab_size, (length,), generator=generator)
-        samples.append(SFTSample(ids, ids.clone(), torch.arange(length).expand(3, -1)))
-    batch = collate_packed(samples, mrope=True) if packing else collate_padded(samples, 0, mrope=True)
-    return batch.to(device)
 
 
 def attention_backend(name: str):
