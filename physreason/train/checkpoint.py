@@ -36,7 +36,13 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from physreason.errors import ConfigError
 
@@ -354,16 +360,8 @@ def start_checkpoint(
     return PendingCheckpoint(future, Path(output_dir), staging, final, max_keep, export)
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, trainable_only: bool = False) -> dict[str, Any]:
-    """Load model, optimizer and scheduler in place and restore RNG; returns the saved trainer state.
-
-    trainable_only: the checkpoint holds only the parameters that require gradients (save_checkpoint's flag);
-    frozen ones keep the values they were loaded with.
-    """
-    model_state, optim_state = get_state_dict(
-        model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only)
-    )
-    state = {"model": model_state, "scheduler": scheduler.state_dict()}
+def _load_strict(path: Path, state: dict[str, Any], trainable_only: bool) -> None:
+    """dcp.load every entry of `state` in place; ConfigError naming the checkpoint when it lacks one of the model's."""
     try:
         with _single_process_quiet():
             dcp.load(state, checkpoint_id=path)
@@ -376,6 +374,30 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, trainabl
             f"checkpoint {path} does not hold the {kind} this run trains ({missing}): resume a checkpoint written with "
             "the same [train.lora] settings (enable, rank, target modules), or start a fresh output_dir"
         ) from exc
+
+
+def load_model_weights(path: Path, module: nn.Module, trainable_only: bool = False) -> None:
+    """Load only the model weights of a checkpoint into `module` (the trainer's wrapper, or one laid out like it).
+
+    trainable_only: as in load_checkpoint, the checkpoint holds the parameters that require gradients only.
+    """
+    options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+    state = {"model": get_model_state_dict(module, options=options)}
+    _load_strict(path, state, trainable_only)
+    set_model_state_dict(module, state["model"], options=options)
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, trainable_only: bool = False) -> dict[str, Any]:
+    """Load model, optimizer and scheduler in place and restore RNG; returns the saved trainer state.
+
+    trainable_only: the checkpoint holds only the parameters that require gradients (save_checkpoint's flag);
+    frozen ones keep the values they were loaded with.
+    """
+    model_state, optim_state = get_state_dict(
+        model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only)
+    )
+    state = {"model": model_state, "scheduler": scheduler.state_dict()}
+    _load_strict(path, state, trainable_only)
     # Parameters that never received a gradient (e.g. an unused vision tower) have no AdamW state in
     # the checkpoint; the fresh optimizer's zero state for them is equivalent, so the optimizer part
     # may be partial while model weights must be complete.

@@ -255,28 +255,11 @@ class Checkpointer:
         and, in its `adapter` subfolder, the PEFT adapter alone (adapter_config.json + adapter_model.safetensors).
         Older exports beyond [train.ckpt] max_keep are deleted, as checkpoints are.
         """
-        from physreason.models.export import export_safetensors
+        from physreason.models.export import export_trained
 
         model_cfg, trained = self.config.model, self.trained
         out_dir = self.output / "safetensors" / f"step_{step}"
-        merged, extra = None, None
-        if trained.peft is not None:
-            from physreason.models.lora import adapter_state, merged_named_tensors, save_adapter
-
-            # Gathered one tensor at a time on every rank (collective); kept on rank 0 alone.
-            main = not dist.is_initialized() or dist.get_rank() == 0
-            merged = {}
-            for name, tensor in merged_named_tensors(trained.model):
-                if main:
-                    merged[name] = tensor.cpu()
-            adapter = adapter_state(trained.peft)
-
-            def extra(folder: Path) -> None:
-                save_adapter(trained.peft, folder / "adapter", adapter)
-
-        folder = export_safetensors(
-            trained.model, model_cfg.model_name_or_path, out_dir, model_cfg.dtype, state=merged, extra=extra
-        )
+        folder = export_trained(trained.model, trained.peft, model_cfg.model_name_or_path, out_dir, model_cfg.dtype)
         if not dist.is_initialized() or dist.get_rank() == 0:
             prune_step_dirs(out_dir.parent, self.config.train.ckpt.max_keep, keep=folder)
         return folder
