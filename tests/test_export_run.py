@@ -153,3 +153,24 @@ def test_grpo_exports_and_starts_from_an_exported_folder(tiny_text, tmp_path):
     trained = load_file(out / "model.safetensors")
     base = load_file(tiny_text / "model.safetensors")
     assert any(not trained[k].equal(base[k].to(trained[k].dtype)) for k in base)  # the export holds trained weights
+
+
+@pytest.mark.vllm
+def test_vllm_serves_an_exported_checkpoint_as_transformers_does(full_run, tmp_path):
+    pytest.importorskip("vllm")
+    from physreason.config import EngineConfig, ModelConfig, SamplingConfig
+    from physreason.engines.base import GenerationRequest
+    from physreason.engines.hf import HFEngine
+    from physreason.engines.vllm import VLLMEngine
+
+    out = export_run(full_run, tmp_path / "export")  # float32, the run's model.dtype
+    model = ModelConfig(model_name_or_path=str(out), dtype="float32", model_max_length=2048)
+    greedy = SamplingConfig(temperature=0.0, repetition_penalty=1.0, max_tokens=10)
+    requests = [GenerationRequest(messages=[{"role": "user", "content": "Does the box slide?"}], request_id="a")]
+
+    def tokens(results) -> list[list[int]]:
+        assert all(r.error is None for r in results), [r.error for r in results]
+        return [r.completions[0].token_ids for r in results]
+
+    want = tokens(HFEngine(model, EngineConfig()).generate(requests, greedy))
+    assert tokens(VLLMEngine(model, EngineConfig(enforce_eager=True)).generate(requests, greedy)) == want

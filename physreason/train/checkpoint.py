@@ -3,7 +3,9 @@
 Layout: <output_dir>/checkpoints/step_<n>/ holds the DCP shards of model + optimizer + scheduler and
 one `trainer_rank<r>.pt` per rank (data position, RNG states). A save goes to `step_<n>.tmp` and is
 renamed only when every rank has finished, so a crash never leaves a checkpoint that looks complete.
-DCP reshards on load, so a run can resume on another number of processes.
+DCP reshards on load, so a run can resume on another number of processes. start_checkpoint is the asynchronous
+save ([train.ckpt] save_mode = "async"): DCP writes the files in a background thread, and the folder is recorded
+and renamed only once every file is written, exactly as a synchronous save does it.
 
 Trust: DCP reads a checkpoint's `.metadata` (and non-tensor entries of its shards) with pickle, so loading a
 checkpoint can run code that was put in it. A run trusts only the checkpoints it wrote itself: before each
