@@ -238,7 +238,7 @@ class Checkpointer:
 
     def _pinned_stager(self) -> Any:
         """On a GPU: DCP's stager copying into pinned host buffers kept from save to save (the copy is the step's stall)."""
-        if self._stager is None and self.trained.module is not None and _on_cuda(self.trained.module):
+        if self._stager is None and _on_cuda(self.trained.module):
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
             self._stager = DefaultStager(
