@@ -7,14 +7,15 @@ checkpoint holds the fp32 weights and both AdamW moments, about 3.75 B x 12 byte
 free disk under --work (each mode's checkpoint is deleted before the next mode) and, in async mode, as much host
 memory for the pinned copy.
 
-Each mode, on the same model, continuing its training: --steps plain steps (the baseline step time is their median),
-then physreason's own Checkpointer.save of the next step, then --after steps while an async write goes on, then
-Checkpointer.finish (waits for the write). Per mode:
+Each mode, on the same model, continuing its training, makes --saves saves with one Checkpointer, each: --steps plain
+steps (the baseline step time is their median), physreason's own Checkpointer.save of the next step, --after steps
+while an async write goes on, then Checkpointer.wait; the checkpoint is then deleted (one on disk at a time). The
+first async save also pins its host buffers (once per run): compare the later saves. Per save:
   save_s             time inside save(): the step's stall (sync: the whole write; async: the copy to host memory)
   window_overhead_s  save_s + the --after steps - as many baseline steps: the stall plus any slowdown of the steps
                      that run beside the background write
   write_s            save() called until the checkpoint is complete (recorded and renamed)
-The async rows also give both stalls as a fraction of the sync save_s (the goal: under 0.10). The safetensors export
+The async rows also give both stalls as a fraction of the sync save_s of the same index (the goal: under 0.10). The safetensors export
 is off here: it is written synchronously at each save in both modes.
 
 Run (one GPU):  python bench/checkpoint_stall.py                   JSON to $OUT/checkpoint_stall.json when OUT is set
@@ -99,33 +100,24 @@ class FolderWatch(threading.Thread):
         self.seen = time.perf_counter()
 
 
-def measure_mode(mode: str, trained, step, args, work: Path, first_step: int, device: torch.device) -> dict:
-    """Baseline steps, one save in `mode`, the steps beside its write, the wait for it; the timings of the docstring."""
-    from physreason.config import load_config
+def measure_save(checkpointer, out: Path, saved_step: int, trained_step, args, device: torch.device) -> dict:
+    """Baseline steps, one save, the steps beside its write, the wait for it; the timings of the docstring."""
     from physreason.train.checkpoint import checkpoint_dirs
-    from physreason.train.loop import Checkpointer
 
-    out = work / mode
-    shutil.rmtree(out, ignore_errors=True)
-    config = load_config(None, [f"train.output_dir='{out}'", f"train.ckpt.save_mode='{mode}'",
-                                "train.ckpt.max_keep=1", "train.ckpt.export_safetensors=false"])  # fmt: skip
-    checkpointer = Checkpointer(config, trained)
-    baseline = statistics.median(step() for _ in range(args.steps))
-    step()
-    saved_step = first_step + args.steps + 1
+    baseline = statistics.median(trained_step() for _ in range(args.steps))
+    trained_step()
     complete = FolderWatch(out / "checkpoints" / f"step_{saved_step}")
     started = time.perf_counter()
     checkpointer.save(saved_step, {})
     synchronize(device)
     save_s = time.perf_counter() - started
-    after = [step() for _ in range(args.after)]
-    checkpointer.finish()
+    after = [trained_step() for _ in range(args.after)]
+    checkpointer.wait()
     complete.join()
     (checkpoint,) = checkpoint_dirs(out)
     size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
-    shutil.rmtree(out)
+    shutil.rmtree(checkpoint)  # one checkpoint on disk at a time: the 3B shape's is 45 GB
     return {
-        "mode": mode,
         "baseline_step_s": baseline,
         "save_s": save_s,
         "window_overhead_s": save_s + sum(after) - args.after * baseline,
@@ -135,12 +127,33 @@ def measure_mode(mode: str, trained, step, args, work: Path, first_step: int, de
     }
 
 
+def measure_mode(mode: str, trained, trained_step, args, work: Path, first_step: int, device: torch.device) -> list:
+    """--saves saves in `mode` with one Checkpointer, as a run makes them (the first async one also pins its buffers)."""
+    from physreason.config import load_config
+    from physreason.train.loop import Checkpointer
+
+    out = work / mode
+    shutil.rmtree(out, ignore_errors=True)
+    config = load_config(None, [f"train.output_dir='{out}'", f"train.ckpt.save_mode='{mode}'",
+                                "train.ckpt.max_keep=1", "train.ckpt.export_safetensors=false"])  # fmt: skip
+    checkpointer = Checkpointer(config, trained)
+    rows, step = [], first_step
+    for index in range(args.saves):
+        step += args.steps + 1
+        rows.append({"mode": mode, "save": index + 1, **measure_save(checkpointer, out, step, trained_step, args, device)})
+        step += args.after
+    checkpointer.finish()
+    shutil.rmtree(out)
+    return rows
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=4096, help="tokens of the one row each step trains")
     parser.add_argument("--steps", type=int, default=5, help="plain steps before each save (their median: baseline)")
     parser.add_argument("--after", type=int, default=10, help="steps after each save, beside an async write")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start")
+    parser.add_argument("--saves", type=int, default=2, help="saves per mode (the first async one pins its buffers)")
     parser.add_argument("--modes", default="sync,async", help="comma-separated save modes, measured in this order")
     parser.add_argument("--work", type=Path, default=None, help="folder for the checkpoints (default: a temporary one)")
     parser.add_argument("--tiny", action="store_true", help="the tiny stand-in shape, to check the script on CPU")
@@ -154,7 +167,8 @@ def main() -> None:
         raise SystemExit(f"--modes {args.modes!r}: give a comma-separated list of {', '.join(MODES)}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = qwen25_vl_3b(args.tiny)
-    trained = build_trained(config, device, args.warmup + len(modes) * (args.steps + 1 + args.after) + 1)
+    per_save = args.steps + 1 + args.after
+    trained = build_trained(config, device, args.warmup + len(modes) * args.saves * per_save + 1)
     step = make_step(trained, make_batch(config, args.seq_len, 1, False, device), device)
     for _ in range(args.warmup):
         step()
@@ -162,13 +176,14 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     rows, done = [], args.warmup
     for mode in modes:
-        rows.append(measure_mode(mode, trained, step, args, work, done, device))
-        done += args.steps + 1 + args.after
-    sync = next((r for r in rows if r["mode"] == "sync"), None)
+        rows += measure_mode(mode, trained, step, args, work, done, device)
+        done += args.saves * per_save
+    # Each async save against the sync save of the same index (the first of each mode pays its one-time costs).
+    sync = {r["save"]: r for r in rows if r["mode"] == "sync"}
     for row in rows:
-        if sync is not None and row["mode"] == "async":
-            row["stall_vs_sync"] = row["save_s"] / sync["save_s"]
-            row["window_overhead_vs_sync"] = row["window_overhead_s"] / sync["save_s"]
+        if row["mode"] == "async" and row["save"] in sync:
+            row["stall_vs_sync"] = row["save_s"] / sync[row["save"]]["save_s"]
+            row["window_overhead_vs_sync"] = row["window_overhead_s"] / sync[row["save"]]["save_s"]
     result = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -177,10 +192,10 @@ def main() -> None:
         "rows": rows,
     }
     print(f"{result['device']}, torch {result['torch']}, {result['shape']}, seq {args.seq_len}")
-    print(f"{'mode':<6} {'step_s':>8} {'save_s':>8} {'overhead_s':>10} {'write_s':>8} {'GB':>7} {'stall/sync':>10}")
+    print(f"{'mode':<6} {'save':>4} {'step_s':>8} {'save_s':>8} {'overhead_s':>10} {'write_s':>8} {'GB':>7} {'stall/sync':>10}")
     for row in rows:
         ratio = f"{row['stall_vs_sync']:.3f}" if "stall_vs_sync" in row else "-"
-        print(f"{row['mode']:<6} {row['baseline_step_s']:8.3f} {row['save_s']:8.3f} {row['window_overhead_s']:10.3f} "
+        print(f"{row['mode']:<6} {row['save']:4d} {row['baseline_step_s']:8.3f} {row['save_s']:8.3f} {row['window_overhead_s']:10.3f} "
               f"{row['write_s']:8.3f} {row['checkpoint_gb']:7.2f} {ratio:>10}")  # fmt: skip
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "checkpoint_stall.json").write_text(json.dumps(result, indent=1))
