@@ -78,14 +78,14 @@ def test_checkpoints_are_rotated_and_never_left_half_written(tiny_vl, tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_failed_async_write_leaves_no_checkpoint_and_resume_takes_the_previous_one(tiny_vl, tmp_path, monkeypatch):
+def test_a_failed_async_write_leaves_no_checkpoint_and_resume_takes_the_previous_one(tiny_model_dir, tmp_path, monkeypatch):
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.api import CheckpointException
 
     data = write_chat_records(tmp_path, 8)
 
     def config(out: str, *extra: str):
-        return tiny_config(tiny_vl, data, tmp_path / out, "train.max_steps=6", "train.ckpt.save_freq=2",
+        return tiny_config(tiny_model_dir, data, tmp_path / out, "train.max_steps=6", "train.ckpt.save_freq=2",
                            "train.ckpt.max_keep=5", "train.ckpt.save_mode=async", *extra)
 
     straight = run_sft(config("straight"))
@@ -144,29 +144,29 @@ def test_a_resume_finishes_every_export_a_kill_left_undone_and_says_so(tiny_vl, 
 
 
 @pytest.mark.slow
-def test_a_kill_during_an_async_write_leaves_no_checkpoint_and_resume_takes_the_previous_one(tiny_vl, tmp_path):
+def test_a_kill_during_an_async_write_leaves_no_checkpoint_and_resume_takes_the_previous_one(tiny_model_dir, tmp_path):
     import os
     import subprocess
     import sys
 
     data = write_chat_records(tmp_path, 8)
     overrides = ["train.max_steps=6", "train.ckpt.save_freq=2", "train.ckpt.max_keep=5", "train.ckpt.save_mode=async"]
-    straight = run_sft(tiny_config(tiny_vl, data, tmp_path / "straight", *overrides))
+    straight = run_sft(tiny_config(tiny_model_dir, data, tmp_path / "straight", *overrides))
     run = tmp_path / "run"
     killed = subprocess.run(
         [sys.executable, str(Path(__file__).parent / "killed_async_save.py"), "4",
-         *sft_overrides(tiny_vl, data, run, lr="2e-3", logger="['jsonl']"), "train.ckpt.export_safetensors=false",
+         *sft_overrides(tiny_model_dir, data, run, lr="2e-3", logger="['jsonl']"), "train.ckpt.export_safetensors=false",
          *overrides],
         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
     )  # fmt: skip
     assert killed.returncode == 137, killed.stderr[-2000:]
     assert [p.name for p in checkpoint_dirs(run)] == ["step_2"]
     assert (run / "checkpoints" / "step_4.tmp" / "__0_0.distcp").read_bytes() == b"half a shard"
-    resumed = run_sft(tiny_config(tiny_vl, data, run, *overrides, "train.resume=true"))
+    resumed = run_sft(tiny_config(tiny_model_dir, data, run, *overrides, "train.resume=true"))
     assert resumed.losses == straight.losses[2:]
 
 
-def test_sigterm_during_async_saves_returns_only_once_its_checkpoint_is_complete(tiny_vl, tmp_path, monkeypatch):
+def test_sigterm_during_async_saves_returns_only_once_its_checkpoint_is_complete(tiny_model_dir, tmp_path, monkeypatch):
     import os
     import signal
     import time
@@ -193,7 +193,7 @@ def test_sigterm_during_async_saves_returns_only_once_its_checkpoint_is_complete
     data = write_chat_records(tmp_path, 8)
     out = tmp_path / "out"
     with pytest.raises(TrainingInterrupted, match="SIGTERM: stopped after step 3") as stopped:
-        run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=10", "train.ckpt.save_freq=2",
+        run_sft(tiny_config(tiny_model_dir, data, out, "train.max_steps=10", "train.ckpt.save_freq=2",
                             "train.ckpt.save_mode=async"))
     assert stopped.value.checkpoint == out / "checkpoints" / "step_3"
     assert [p.name for p in checkpoint_dirs(out)] == ["step_2", "step_3"]
