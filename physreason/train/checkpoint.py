@@ -313,7 +313,7 @@ class PendingCheckpoint:
         """
         try:
             self._future.result()
-        except Exception as exc:  # not a Ctrl-C while waiting: the write may still complete then
+        except (Exception, CheckpointException) as exc:  # DCP's error derives from BaseException; a Ctrl-C is no write error
             exc.add_note(
                 f"checkpoint {self.path} was not completed: its partial files stay in {self.staging}, which resume "
                 "never loads; train.resume=true continues from the last complete checkpoint"
