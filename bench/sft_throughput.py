@@ -60,6 +60,7 @@ import torch
 import torch.distributed as dist
 from profiling import Profiled
 from shapes import PEAK_BF16_FLOPS, qwen3_vl_8b, qwen25_vl_3b, train_flops_per_token
+from shapes import make_batch as make_text_batch
 
 # Rows of --sweep: the last recorded best first, then no checkpointing, optimizer amortisation,
 # larger micro-batches and longer rows, then the attention kernels (those change the compiled graphs, so last).
@@ -141,29 +142,17 @@ def video_sample(config, seq_len: int, grid: tuple[int, int, int], generator: to
 
 
 def make_batch(config, seq_len: int, rows: int, packing: bool, device, grid: tuple[int, int, int] | None = None):
-    """`rows` rows of seq_len tokens each: one sample per row, or (packing) four samples packed into one row;
-    with a video `grid`, each row one video sample (`video_sample`)."""
+    """`rows` rows of seq_len tokens (bench/shapes.make_batch); with a video `grid`, each row one video sample
+    (`video_sample`)."""
     from physreason.data.collate import collate_padded
-    from physreason.data.packing import collate_packed
-    from physreason.data.sft import SFTSample
 
-    if packing and rows != 1:
-        raise ValueError("--packing builds one packed row; use --batch 1 with it")
-    if grid is not None:
-        if packing:
-            raise ValueError("--packing is for text rows; a video row is one sample")
-        generator = torch.Generator().manual_seed(0)
-        samples = [video_sample(config, seq_len, grid, generator) for _ in range(rows)]
-        return collate_padded(samples, 0, mrope=True).to(device)
+    if grid is None:
+        return make_text_batch(config, seq_len, rows, packing, device)
+    if packing:
+        raise ValueError("--packing is for text rows; a video row is one sample")
     generator = torch.Generator().manual_seed(0)
-    parts = 4 if packing else rows
-    length = seq_len // 4 if packing else seq_len
-    samples = []
-    for _ in range(parts):
-        ids = torch.randint(0, config.text_config.vocab_size, (length,), generator=generator)
-        samples.append(SFTSample(ids, ids.clone(), torch.arange(length).expand(3, -1)))
-    batch = collate_packed(samples, mrope=True) if packing else collate_padded(samples, 0, mrope=True)
-    return batch.to(device)
+    samples = [video_sample(config, seq_len, grid, generator) for _ in range(rows)]
+    return collate_padded(samples, 0, mrope=True).to(device)
 
 
 def attention_backend(name: str):

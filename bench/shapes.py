@@ -111,6 +111,25 @@ def train_flops_per_token(config, seq_len: int) -> float:
     return 6 * matmul_params + attention
 
 
+def make_batch(config, seq_len: int, rows: int, packing: bool, device):
+    """`rows` rows of seq_len tokens each: one sample per row, or (packing) four samples packed into one row."""
+    from physreason.data.collate import collate_padded
+    from physreason.data.packing import collate_packed
+    from physreason.data.sft import SFTSample
+
+    if packing and rows != 1:
+        raise ValueError("--packing builds one packed row; use --batch 1 with it")
+    generator = torch.Generator().manual_seed(0)
+    parts = 4 if packing else rows
+    length = seq_len // 4 if packing else seq_len
+    samples = []
+    for _ in range(parts):
+        ids = torch.randint(0, config.text_config.vocab_size, (length,), generator=generator)
+        samples.append(SFTSample(ids, ids.clone(), torch.arange(length).expand(3, -1)))
+    batch = collate_packed(samples, mrope=True) if packing else collate_padded(samples, 0, mrope=True)
+    return batch.to(device)
+
+
 def build_model_folder(folder: Path, shape: str, tiny: bool) -> Path:
     """A Qwen2.5-VL folder, written once: the tiny model's tokenizer/processor files and `shape`'s random weights in bf16.
 

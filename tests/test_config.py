@@ -56,6 +56,12 @@ def test_out_of_range_value_is_rejected(tmp_path):
         load_config(write(tmp_path, "[generation]\ntop_p = 1.5\n"))
 
 
+def test_a_cosmos_rl_save_mode_ports_and_an_unknown_one_names_the_allowed_ones(tmp_path):
+    assert load_config(write(tmp_path, '[train.ckpt]\nsave_mode = "async"\n')).train.ckpt.save_mode == "async"
+    with pytest.raises(ConfigError, match=r"train.ckpt.save_mode: Input should be 'sync' or 'async' \(got 'background'\)"):
+        load_config(write(tmp_path, '[train.ckpt]\nsave_mode = "background"\n'))
+
+
 def test_invalid_toml_names_the_file(tmp_path):
     path = write(tmp_path, "[train\n")
     with pytest.raises(ConfigError, match="is not valid TOML"):

@@ -47,8 +47,10 @@ def test_grpo_raises_the_mean_reward_on_a_trivial_task(tiny_text, mcq_file, tmp_
 
 
 @pytest.mark.slow
-def test_resume_continues_the_reward_curve_exactly(tiny_text, mcq_file, tmp_path):
-    extra = ("train.max_steps=4", "grpo.mu_iterations=2", "train.sync_weight_interval=2")
+@pytest.mark.parametrize("save_mode", ["sync", "async"])
+def test_resume_continues_the_reward_curve_exactly(tiny_text, mcq_file, tmp_path, save_mode):
+    extra = ("train.max_steps=4", "grpo.mu_iterations=2", "train.sync_weight_interval=2",
+             f"train.ckpt.save_mode={save_mode}")
     straight = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path / "a", *extra, "train.ckpt.save_freq=100"))
     saved = run_grpo(grpo_config(tiny_text, mcq_file, tmp_path / "b", *extra, "train.ckpt.save_freq=2"))
     assert saved.rewards == straight.rewards

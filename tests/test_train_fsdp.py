@@ -29,6 +29,22 @@ def test_two_gloo_processes_with_fsdp2_match_one_process(tmp_path, vl_kind):
 
 
 @pytest.mark.slow
+def test_async_checkpoints_of_two_gloo_processes_complete_and_resume_in_one_process(tmp_path):
+    """Each rank's background write runs its collectives on its own gloo group while training's go on."""
+    model = save_tiny_model("qwen2_5_vl", tmp_path / "model")
+    data = write_chat_records(tmp_path, 8, "Does it roll {i}?")
+    single = run_sft(load_config(None, fsdp_overrides(model, data, tmp_path / "one", lr="2e-3")))
+    saves = ["train.ckpt.save_freq=1", "train.ckpt.max_keep=2", "train.ckpt.save_mode='async'"]
+    torchrun_sft(tmp_path, 2, 29551, fsdp_overrides(model, data, tmp_path / "two", lr="2e-3") + saves)
+    checkpoints = tmp_path / "two" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_2", "step_3", "written.json"]
+    assert {f"trainer_rank{r}.pt" for r in (0, 1)} <= {p.name for p in (checkpoints / "step_2").iterdir()}
+    resumed = run_sft(load_config(None, [*fsdp_overrides(model, data, tmp_path / "resumed", lr="2e-3"),
+                                         f"train.resume='{checkpoints / 'step_2'}'", "train.trust_checkpoint=true"]))
+    assert torch.allclose(torch.tensor(resumed.losses), torch.tensor(single.losses[2:]), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_one_torchrun_process_trains_a_bf16_vl_model_on_text_only_records(tmp_path, vl_kind):
     """The vision blocks sit out every forward; with bf16 compute and fp32 reduction over several micro-batches
     FSDP2's sync-off accumulation path used to raise AttributeError ('_unsharded_param')."""

@@ -119,9 +119,11 @@ def test_lora_export_merges_to_the_same_logits_as_base_plus_adapter(vl_model_dir
 
 
 @pytest.mark.slow
-def test_lora_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path):
+@pytest.mark.parametrize("save_mode", ["sync", "async"])
+def test_lora_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path, save_mode):
     data = write_chat_records(tmp_path, 8)
-    extra = ("train.max_steps=6", "train.lora.dropout=0.1")  # dropout: the restored RNG matters too
+    # dropout: the restored RNG matters too
+    extra = ("train.max_steps=6", "train.lora.dropout=0.1", f"train.ckpt.save_mode={save_mode}")
     straight = run_sft(lora_config(tiny_vl, data, tmp_path / "a", *extra, "train.ckpt.save_freq=100"))
     first = run_sft(lora_config(tiny_vl, data, tmp_path / "b", *extra, "train.ckpt.save_freq=3"))
     resumed = run_sft(lora_config(tiny_vl, data, tmp_path / "c", *extra,

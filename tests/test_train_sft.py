@@ -47,29 +47,66 @@ def test_validation_loss_is_reported_on_the_held_out_split(tiny_vl, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path):
+@pytest.mark.parametrize("save_mode", ["sync", "async"])
+def test_resume_continues_the_loss_curve_exactly(tiny_vl, tmp_path, save_mode):
     data = write_chat_records(tmp_path, 8)
+    mode = f"train.ckpt.save_mode={save_mode}"
     straight = run_sft(tiny_config(tiny_vl, data, tmp_path / "a", "train.max_steps=6", "train.ckpt.save_freq=100"))
-    first = run_sft(tiny_config(tiny_vl, data, tmp_path / "b", "train.max_steps=6", "train.ckpt.save_freq=3"))
+    first = run_sft(tiny_config(tiny_vl, data, tmp_path / "b", "train.max_steps=6", "train.ckpt.save_freq=3", mode))
     assert [p.name for p in checkpoint_dirs(tmp_path / "b")] == ["step_3", "step_6"]
     # Throw away the end of the run, then resume from step 3 in a fresh run.
     resumed = run_sft(tiny_config(tiny_vl, data, tmp_path / "c", "train.max_steps=6",
                                   f"train.resume='{tmp_path / 'b' / 'checkpoints' / 'step_3'}'",
-                                  "train.trust_checkpoint=true"))
+                                  "train.trust_checkpoint=true", mode))
     assert first.losses == straight.losses
     assert resumed.losses == straight.losses[3:]
 
 
 @pytest.mark.slow
-def test_checkpoints_are_rotated_and_never_left_half_written(tiny_vl, tmp_path):
+@pytest.mark.parametrize("save_mode", ["sync", "async"])
+def test_checkpoints_are_rotated_and_never_left_half_written(tiny_vl, tmp_path, save_mode):
     data = write_chat_records(tmp_path, 8)
-    run_sft(tiny_config(tiny_vl, data, tmp_path / "out", "train.max_steps=4", "train.ckpt.save_freq=1", "train.ckpt.max_keep=2"))
+    run_sft(tiny_config(tiny_vl, data, tmp_path / "out", "train.max_steps=4", "train.ckpt.save_freq=1",
+                        "train.ckpt.max_keep=2", f"train.ckpt.save_mode={save_mode}"))
     names = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())
     assert names == ["step_3", "step_4", "written.json"]  # the record of what the run wrote keeps pace with rotation
     assert sorted(json.loads((tmp_path / "out" / "checkpoints" / "written.json").read_text())) == ["step_3", "step_4"]
     assert (tmp_path / "out" / "checkpoints" / "step_4" / ".metadata").is_file()
+    # Trusted without train.trust_checkpoint: the record matches the files the background write left.
     again = run_sft(tiny_config(tiny_vl, data, tmp_path / "out", "train.max_steps=5", "train.resume=true"))
     assert len(again.losses) == 1
+
+
+@pytest.mark.slow
+def test_a_failed_async_write_leaves_no_checkpoint_and_resume_takes_the_previous_one(tiny_model_dir, tmp_path, monkeypatch):
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    data = write_chat_records(tmp_path, 8)
+
+    def config(out: str, *extra: str):
+        return tiny_config(tiny_model_dir, data, tmp_path / out, "train.max_steps=6", "train.ckpt.save_freq=2",
+                           "train.ckpt.max_keep=5", "train.ckpt.save_mode=async", *extra)
+
+    straight = run_sft(config("straight"))
+    real = FileSystemWriter.write_data
+
+    def failing(self, plan, planner):  # the background write of step 4 fails after it began
+        if Path(self.path).name == "step_4.tmp":
+            raise OSError(28, "No space left on device")
+        return real(self, plan, planner)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(FileSystemWriter, "write_data", failing)
+        with pytest.raises(CheckpointException, match="No space left") as raised:
+            run_sft(config("run"))
+    assert "step_4 was not completed" in "".join(raised.value.__notes__)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert [p.name for p in checkpoint_dirs(tmp_path / "run")] == ["step_2"]
+    assert (checkpoints / "step_4.tmp").is_dir()  # left for inspection; nothing loads a .tmp folder
+    assert sorted(json.loads((checkpoints / "written.json").read_text())) == ["step_2"]
+    resumed = run_sft(config("run", "train.resume=true"))
+    assert resumed.losses == straight.losses[2:]
 
 
 @pytest.mark.slow
@@ -104,6 +141,63 @@ def test_a_resume_finishes_every_export_a_kill_left_undone_and_says_so(tiny_vl, 
         got = load_file(exports / f"step_{step}" / "model.safetensors")
         want = load_file(tmp_path / "straight" / "safetensors" / f"step_{step}" / "model.safetensors")
         assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in want)
+
+
+@pytest.mark.slow
+def test_a_kill_during_an_async_write_leaves_no_checkpoint_and_resume_takes_the_previous_one(tiny_model_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    data = write_chat_records(tmp_path, 8)
+    overrides = ["train.max_steps=6", "train.ckpt.save_freq=2", "train.ckpt.max_keep=5", "train.ckpt.save_mode=async"]
+    straight = run_sft(tiny_config(tiny_model_dir, data, tmp_path / "straight", *overrides))
+    run = tmp_path / "run"
+    killed = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "killed_async_save.py"), "4",
+         *sft_overrides(tiny_model_dir, data, run, lr="2e-3", logger="['jsonl']"), "train.ckpt.export_safetensors=false",
+         *overrides],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )  # fmt: skip
+    assert killed.returncode == 137, killed.stderr[-2000:]
+    assert [p.name for p in checkpoint_dirs(run)] == ["step_2"]
+    assert (run / "checkpoints" / "step_4.tmp" / "__0_0.distcp").read_bytes() == b"half a shard"
+    resumed = run_sft(tiny_config(tiny_model_dir, data, run, *overrides, "train.resume=true"))
+    assert resumed.losses == straight.losses[2:]
+
+
+def test_sigterm_during_async_saves_returns_only_once_its_checkpoint_is_complete(tiny_model_dir, tmp_path, monkeypatch):
+    import os
+    import signal
+    import time
+
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from physreason.train import sft
+    from physreason.train.loop import TrainingInterrupted
+
+    real_step, real_write, calls = sft.train_step, FileSystemWriter.write_data, []
+
+    def signalled(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler only flags it: step 3 ends, then the stop saves
+        return real_step(*args, **kwargs)
+
+    def slow(self, plan, planner):  # a write still going when the run would otherwise raise
+        time.sleep(0.5)
+        return real_write(self, plan, planner)
+
+    monkeypatch.setattr(sft, "train_step", signalled)
+    monkeypatch.setattr(FileSystemWriter, "write_data", slow)
+    data = write_chat_records(tmp_path, 8)
+    out = tmp_path / "out"
+    with pytest.raises(TrainingInterrupted, match="SIGTERM: stopped after step 3") as stopped:
+        run_sft(tiny_config(tiny_model_dir, data, out, "train.max_steps=10", "train.ckpt.save_freq=2",
+                            "train.ckpt.save_mode=async"))
+    assert stopped.value.checkpoint == out / "checkpoints" / "step_3"
+    assert [p.name for p in checkpoint_dirs(out)] == ["step_2", "step_3"]
+    assert sorted(json.loads((out / "checkpoints" / "written.json").read_text())) == ["step_2", "step_3"]
 
 
 def test_a_nan_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(tiny_vl, tmp_path, monkeypatch):

@@ -305,10 +305,14 @@ def _sft_config(model: Path, tmp_path: Path, *extra: str):
 
 
 @pytest.mark.slow
-def test_an_sft_run_uploads_every_checkpoint_and_export_even_those_max_keep_pruned(bucket, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("save_mode", ["sync", "async"])
+def test_an_sft_run_uploads_every_checkpoint_and_export_even_those_max_keep_pruned(
+    bucket, tiny_model_dir, tmp_path, save_mode
+):
+    """In async mode a checkpoint is queued once its background write is complete (never a half-written folder)."""
     from physreason.train.sft import run_sft
 
-    config = _sft_config(tiny_model_dir, tmp_path, f"train.ckpt.s3_bucket='{bucket}'")
+    config = _sft_config(tiny_model_dir, tmp_path, f"train.ckpt.s3_bucket='{bucket}'", f"train.ckpt.save_mode='{save_mode}'")
     run_sft(config)
     run = tmp_path / "run"
     stored = _objects(bucket)

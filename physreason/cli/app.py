@@ -67,6 +67,7 @@ def _register() -> None:
         data_cmd,
         demo_cmd,
         eval_cmd,
+        export_cmd,
         grpo_cmd,
         infer_cmd,
         models_cmd,
@@ -82,6 +83,7 @@ def _register() -> None:
     app.add_typer(eval_cmd.app, name="eval")
     app.command("sft")(sft_cmd.sft)
     app.command("grpo")(grpo_cmd.grpo)
+    app.command("export")(export_cmd.export)
     app.command("plan")(plan_cmd.plan)
     app.command("plot")(plot_cmd.plot)
     app.add_typer(data_cmd.app, name="data")

@@ -36,6 +36,8 @@ def grpo(
     the command that resumes (colocated runs); a resumed run keeps logs/metrics.jsonl up to its checkpoint's step.
     Resuming loads a checkpoint with pickle (it can run code): a checkpoint folder this run
     did not write (outside output_dir, or linked or copied into it) needs --trust-checkpoint.
+    --set train.ckpt.save_mode=async writes checkpoints in the background while training goes on; `physreason
+    export RUN_DIR --out DIR` turns any checkpoint into a Hugging Face folder (docs/checkpoints.md).
 
     Exit codes: 0 done (or nothing left to do), 2 a usage or configuration error, 130 stopped by Ctrl-C or
     SIGTERM after saving a checkpoint.

@@ -236,6 +236,12 @@ class CheckpointConfig(Section):
 
     enable_checkpoint: bool = Field(True, description="Write checkpoints.")
     save_freq: int = Field(100, gt=0, description="Steps between checkpoints.")
+    save_mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="'sync': the step waits until the checkpoint is written; 'async': the step waits only for a copy "
+        "of the state in host memory and DCP writes the files in a background thread (one write in flight; the "
+        "checkpoint counts, and resume takes it, once every file is written).",
+    )
     max_keep: int = Field(2, ge=1, description="Checkpoints, and safetensors exports, kept; older ones are deleted.")
     export_safetensors: bool = Field(True, description="Also export a Hugging Face safetensors folder at each save.")
     upload_s3: Literal[False, "final", "all"] = Field(

@@ -62,6 +62,7 @@ class PolicyWorker:
         self.channels: dict[int, WeightChannel] = {}
         self.store: dist.TCPStore | None = None
         self.step = 0
+        self.total_steps = 0
 
     def address(self) -> tuple[str, int]:
         """(node address, a free port) for the process group's rendezvous."""
@@ -87,6 +88,7 @@ class PolicyWorker:
                 "MASTER_PORT": str(master[1]),
             })
         self.runtime = runtime = init_runtime()
+        self.total_steps = total_steps
         seed_everything(train_cfg.seed)
         tp, self.cp = config.policy.parallelism.tp_size, config.policy.parallelism.cp_size
         self.dp_size = runtime.world_size // (tp * self.cp)
@@ -188,6 +190,9 @@ class PolicyWorker:
         """Write a DCP checkpoint of this step (every rank), plus a safetensors export when configured."""
         started = time.perf_counter()
         saved = self.checkpointer.save(self.step, trainer_state)
+        if self.step >= self.total_steps:
+            # save_mode "async": the controller stops the policy ranks after the last save, which would cut the write.
+            self.checkpointer.wait()
         return {
             "checkpoint": str(saved.checkpoint),
             "export": str(saved.export) if saved.export is not None else None,

@@ -87,3 +87,29 @@ def export_safetensors(
     if dist.is_initialized():
         dist.barrier()
     return out_dir
+
+
+def export_trained(
+    model: nn.Module, peft_model: nn.Module | None, source: str, out_dir: str | Path, dtype: str = "bfloat16"
+) -> Path:
+    """export_safetensors of a trained model; with LoRA (peft_model, the PeftModel around `model`) the merged model.
+
+    A LoRA folder holds base + adapters merged under the plain Hugging Face names, so it loads like a full export,
+    and, in its `adapter` subfolder, the PEFT adapter alone. Every rank must call this (gathers are collective).
+    """
+    if peft_model is None:
+        return export_safetensors(model, source, out_dir, dtype)
+    from physreason.models.lora import adapter_state, merged_named_tensors, save_adapter
+
+    # Gathered one tensor at a time on every rank (collective); kept on rank 0 alone.
+    main = not dist.is_initialized() or dist.get_rank() == 0
+    merged = {}
+    for name, tensor in merged_named_tensors(model):
+        if main:
+            merged[name] = tensor.cpu()
+    adapter = adapter_state(peft_model)
+
+    def add_adapter(folder: Path) -> None:
+        save_adapter(peft_model, folder / "adapter", adapter)
+
+    return export_safetensors(model, source, out_dir, dtype, state=merged, extra=add_adapter)

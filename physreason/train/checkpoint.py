@@ -3,7 +3,9 @@
 Layout: <output_dir>/checkpoints/step_<n>/ holds the DCP shards of model + optimizer + scheduler and
 one `trainer_rank<r>.pt` per rank (data position, RNG states). A save goes to `step_<n>.tmp` and is
 renamed only when every rank has finished, so a crash never leaves a checkpoint that looks complete.
-DCP reshards on load, so a run can resume on another number of processes.
+DCP reshards on load, so a run can resume on another number of processes. start_checkpoint is the asynchronous
+save ([train.ckpt] save_mode = "async"): DCP writes the files in a background thread, and the folder is recorded
+and renamed only once every file is written, exactly as a synchronous save does it.
 
 Trust: DCP reads a checkpoint's `.metadata` (and non-tensor entries of its shards) with pickle, so loading a
 checkpoint can run code that was put in it. A run trusts only the checkpoints it wrote itself: before each
@@ -22,8 +24,10 @@ import json
 import os
 import random
 import shutil
+import threading
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +38,13 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from physreason.errors import ConfigError
 
@@ -203,6 +213,42 @@ def _single_process_quiet() -> Iterator[None]:
         yield
 
 
+def _step_paths(output_dir: str | Path, step: int) -> tuple[Path, Path]:
+    """(final, staging) folders of the checkpoint of `step`."""
+    root = Path(output_dir) / "checkpoints"
+    return root / f"{_PREFIX}{step}", root / f"{_PREFIX}{step}.tmp"
+
+
+def _fresh_staging(staging: Path) -> None:
+    """Rank 0 empties the staging folder; every rank returns once it exists."""
+    if _rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    _barrier()
+
+
+def _commit(output_dir: Path, staging: Path, final: Path, max_keep: int, export: bool) -> None:
+    """Rank 0, once every rank's files are in `staging`: record it as this run's, rename it to `final`, rotate."""
+    # Recorded before the rename: a kill in between leaves only the .tmp folder, which nothing loads.
+    record = read_record(output_dir)
+    record[final.name] = {"files": _fingerprint(staging), "export": export}
+    _write_record(output_dir, record)
+    if final.is_symlink():
+        final.unlink()  # a link someone put in place of this step: replaced, its target left alone
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    deleted = prune_step_dirs(final.parent, max_keep, keep=final)
+    if deleted:
+        _write_record(output_dir, {k: v for k, v in record.items() if k not in {p.name for p in deleted}})
+
+
+def _checkpoint_state(model: nn.Module, optimizer, scheduler, trainable_only: bool) -> dict[str, Any]:
+    model_state, optim_state = get_state_dict(
+        model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only)
+    )
+    return {"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}
+
+
 def save_checkpoint(
     output_dir: str | Path,
     step: int,
@@ -219,47 +265,105 @@ def save_checkpoint(
     trainable_only: save only parameters that require gradients (LoRA adapters), not the frozen base.
     export: the caller exports this step next; recorded so a resume finishes an export a kill cut short.
     """
-    root = Path(output_dir) / "checkpoints"
-    final = root / f"{_PREFIX}{step}"
-    staging = root / f"{_PREFIX}{step}.tmp"
-    if _rank() == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-    _barrier()
-    model_state, optim_state = get_state_dict(
-        model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only)
-    )
+    final, staging = _step_paths(output_dir, step)
+    _fresh_staging(staging)
+    state = _checkpoint_state(model, optimizer, scheduler, trainable_only)
     with _single_process_quiet():
-        dcp.save({"model": model_state, "optim": optim_state, "scheduler": scheduler.state_dict()}, checkpoint_id=staging)
+        dcp.save(state, checkpoint_id=staging)
     torch.save({**trainer_state, "rng": rng_state()}, staging / f"trainer_rank{_rank()}.pt")
     _barrier()
     if _rank() == 0:
-        output = Path(output_dir)
-        # Recorded before the rename: a kill in between leaves only the .tmp folder, which nothing loads.
-        record = read_record(output)
-        record[final.name] = {"files": _fingerprint(staging), "export": export}
-        _write_record(output, record)
-        if final.is_symlink():
-            final.unlink()  # a link someone put in place of this step: replaced, its target left alone
-        shutil.rmtree(final, ignore_errors=True)
-        staging.rename(final)
-        deleted = prune_step_dirs(root, max_keep, keep=final)
-        if deleted:
-            _write_record(output, {k: v for k, v in record.items() if k not in {p.name for p in deleted}})
+        _commit(Path(output_dir), staging, final, max_keep, export)
     _barrier()
     return final
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, trainable_only: bool = False) -> dict[str, Any]:
-    """Load model, optimizer and scheduler in place and restore RNG; returns the saved trainer state.
+class PendingCheckpoint:
+    """A checkpoint whose files DCP writes in a background thread; complete (recorded, renamed) once `wait` returns.
 
-    trainable_only: the checkpoint holds only the parameters that require gradients (save_checkpoint's flag);
-    frozen ones keep the values they were loaded with.
+    Rank 0 commits it (record, rename, rotation) as soon as its own write finishes, also when nobody waits (a run that
+    failed later still keeps it): DCP's rank 0 finishes only after every rank has written its shards and the
+    .metadata, and every rank wrote its trainer file before its write began.
     """
-    model_state, optim_state = get_state_dict(
-        model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only)
+
+    def __init__(self, future: Future, output_dir: Path, staging: Path, final: Path, max_keep: int, export: bool) -> None:
+        self.path, self.staging = final, staging
+        self._committed = threading.Event()
+        self._commit_error: BaseException | None = None
+        self._future = future
+        if _rank() != 0:
+            self._committed.set()
+            return
+
+        def commit(done: Future) -> None:
+            try:
+                if done.exception() is None:
+                    _commit(output_dir, staging, final, max_keep, export)
+            except BaseException as exc:  # kept for wait(): an exception in a done-callback would only be logged
+                self._commit_error = exc
+            finally:
+                self._committed.set()
+
+        future.add_done_callback(commit)
+
+    def wait(self) -> Path:
+        """Block until this rank's write and rank 0's commit are done; returns the complete checkpoint folder.
+
+        Raises what the write raised (the files stay in the .tmp folder, which no resume loads).
+        """
+        try:
+            self._future.result()
+        except (Exception, CheckpointException) as exc:  # DCP's error derives from BaseException; a Ctrl-C is no write error
+            exc.add_note(
+                f"checkpoint {self.path} was not completed: its partial files stay in {self.staging}, which resume "
+                "never loads; train.resume=true continues from the last complete checkpoint"
+            )
+            raise
+        self._committed.wait()
+        if self._commit_error is not None:
+            raise self._commit_error
+        return self.path
+
+
+def start_checkpoint(
+    output_dir: str | Path,
+    step: int,
+    model: nn.Module,
+    optimizer,
+    scheduler,
+    trainer_state: dict[str, Any],
+    max_keep: int,
+    trainable_only: bool = False,
+    export: bool = False,
+    process_group: dist.ProcessGroup | None = None,
+    stager: Any = None,
+) -> PendingCheckpoint:
+    """save_checkpoint, asynchronous: returns once the state is copied to host memory; DCP writes it in a thread.
+
+    The trained tensors may change as soon as this returns. process_group: a gloo group for the background write's
+    collectives, apart from the ones training uses (required under torchrun). stager: DCP's async stager (pinned
+    host buffers reused from save to save), or None for DCP's default copy.
+    """
+    final, staging = _step_paths(output_dir, step)
+    _fresh_staging(staging)
+    state = _checkpoint_state(model, optimizer, scheduler, trainable_only)
+    # Before the write starts: once rank 0's write is done, every rank's trainer file is on disk (see PendingCheckpoint).
+    torch.save({**trainer_state, "rng": rng_state()}, staging / f"trainer_rank{_rank()}.pt")
+    single = not dist.is_initialized()
+    if single:
+        # The write runs in DCP's thread, outside any catch_warnings here; its "assuming one process" note is the
+        # intent. (filterwarnings replaces an equal filter, so repeated saves add none.)
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+    response = dcp.async_save(
+        state, checkpoint_id=staging, process_group=process_group, async_stager=stager, no_dist=single
     )
-    state = {"model": model_state, "scheduler": scheduler.state_dict()}
+    # torch returns an AsyncSaveResponse (staging and upload futures) for stagers that stage in the background.
+    future = getattr(response, "upload_completion", response)
+    return PendingCheckpoint(future, Path(output_dir), staging, final, max_keep, export)
+
+
+def _load_strict(path: Path, state: dict[str, Any], trainable_only: bool) -> None:
+    """dcp.load every entry of `state` in place; ConfigError naming the checkpoint when it lacks one of the model's."""
     try:
         with _single_process_quiet():
             dcp.load(state, checkpoint_id=path)
@@ -272,6 +376,30 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, trainabl
             f"checkpoint {path} does not hold the {kind} this run trains ({missing}): resume a checkpoint written with "
             "the same [train.lora] settings (enable, rank, target modules), or start a fresh output_dir"
         ) from exc
+
+
+def load_model_weights(path: Path, module: nn.Module, trainable_only: bool = False) -> None:
+    """Load only the model weights of a checkpoint into `module` (the trainer's wrapper, or one laid out like it).
+
+    trainable_only: as in load_checkpoint, the checkpoint holds the parameters that require gradients only.
+    """
+    options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+    state = {"model": get_model_state_dict(module, options=options)}
+    _load_strict(path, state, trainable_only)
+    set_model_state_dict(module, state["model"], options=options)
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, trainable_only: bool = False) -> dict[str, Any]:
+    """Load model, optimizer and scheduler in place and restore RNG; returns the saved trainer state.
+
+    trainable_only: the checkpoint holds only the parameters that require gradients (save_checkpoint's flag);
+    frozen ones keep the values they were loaded with.
+    """
+    model_state, optim_state = get_state_dict(
+        model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only)
+    )
+    state = {"model": model_state, "scheduler": scheduler.state_dict()}
+    _load_strict(path, state, trainable_only)
     # Parameters that never received a gradient (e.g. an unused vision tower) have no AdamW state in
     # the checkpoint; the fresh optimizer's zero state for them is equivalent, so the optimizer part
     # may be partial while model weights must be complete.

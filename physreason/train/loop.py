@@ -13,7 +13,8 @@ share these pieces; each trainer only writes its step. A trainer's run reads:
             if checkpoint_due(config, step, total_steps):
                 saved = checkpointer.save(step, state)  # DCP checkpoint, then the safetensors export
             stop.after_step(checkpointer, step, saved, state)  # Ctrl-C/SIGTERM: save, then stop
-        checkpointer.finish()                           # final uploads ([train.ckpt] upload_s3, upload_hf), bounded wait
+        checkpointer.finish()                           # the async write in flight completes ([train.ckpt] save_mode),
+                                                        # then final uploads (upload_s3, upload_hf), bounded wait
 
 The checkpointer is closed when the run ends, finished or not (contextlib.closing): uploads still queued stay in
 <output_dir>/uploads.json, and a resume sends them.
@@ -43,6 +44,7 @@ from physreason.config import Config, dump_config
 from physreason.errors import Interrupted, TrainingDiverged
 from physreason.train.build import TrainingModel
 from physreason.train.checkpoint import (
+    PendingCheckpoint,
     checkpoint_dirs,
     load_checkpoint,
     prune_step_dirs,
@@ -50,6 +52,7 @@ from physreason.train.checkpoint import (
     refuse_stale_checkpoints,
     resolve_resume,
     save_checkpoint,
+    start_checkpoint,
     written_by_run,
 )
 from physreason.train.metrics import MetricLogger
@@ -141,6 +144,9 @@ class Checkpointer:
         if (ckpt.upload_s3 or ckpt.upload_hf) and (not dist.is_initialized() or dist.get_rank() == 0):
             self.uploads = Uploads(self.output, s3_target(config), ckpt.hf_repo_name if ckpt.upload_hf else None)
             self.uploads.start()  # an earlier process's queued uploads start again now
+        self._pending: PendingCheckpoint | None = None  # [train.ckpt] save_mode = "async": the write in flight
+        self._async_group: dist.ProcessGroup | None = None
+        self._stager: Any = None
 
     def resume(self, resume: bool | str | None = None) -> Resumed | None:
         """Load the checkpoint `resume` names ([train] resume when None) into model, optimizer and schedule.
@@ -192,29 +198,64 @@ class Checkpointer:
             print(f"finished the safetensors export {folder} that checkpoint {checkpoint} promised (cut short before)")
 
     def save(self, step: int, state: dict[str, Any]) -> Saved:
-        """Write the checkpoint of `step` with the trainer's state (keeping [train.ckpt] max_keep), then export."""
+        """Write the checkpoint of `step` with the trainer's state (keeping [train.ckpt] max_keep), then export.
+
+        With [train.ckpt] save_mode = "async" the checkpoint's files are still being written when this returns
+        (Saved.checkpoint is where it will be once complete): call wait() before relying on it. The export is
+        written here either way, from the weights of this step, while the checkpoint's files are written.
+        """
         trained, ckpt = self.trained, self.config.train.ckpt
-        checkpoint = save_checkpoint(
-            self.output, step, trained.module, trained.optimizer, trained.scheduler, {"step": step, **state},
-            ckpt.max_keep, trainable_only=trained.peft is not None, export=ckpt.export_safetensors,
-        )
+        args = (self.output, step, trained.module, trained.optimizer, trained.scheduler, {"step": step, **state},
+                ckpt.max_keep)  # fmt: skip
+        options = {"trainable_only": trained.peft is not None, "export": ckpt.export_safetensors}
+        if ckpt.save_mode == "async":
+            # One write in flight: the previous one completes (and rotates) before this one starts, so rotation
+            # never meets a folder being written.
+            self.wait()
+            self._pending = start_checkpoint(
+                *args, **options, process_group=self._background_group(), stager=self._pinned_stager()
+            )
+            checkpoint = self._pending.path
+        else:
+            checkpoint = save_checkpoint(*args, **options)
         saved = Saved(checkpoint)
         if ckpt.export_safetensors:
             saved.export = self.export(step)
             if trained.peft is not None:
                 saved.adapter = saved.export / "adapter"
         if self.uploads is not None and ckpt.upload_s3 == "all":
-            for folder in (saved.checkpoint, saved.export):
+            # an async checkpoint is submitted by wait(), once its files are complete
+            for folder in (None if self._pending is not None else saved.checkpoint, saved.export):
                 if folder is not None:
                     self.uploads.submit(folder, "s3")
         return saved
 
+    def wait(self) -> Path | None:
+        """Block until the checkpoint written in the background (save_mode "async") is complete; its folder, or None.
+
+        Every rank calls it (a barrier follows). Raises what the write raised: that checkpoint stays incomplete.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        path = pending.wait()
+        if dist.is_initialized():
+            dist.barrier()
+        if self.uploads is not None and self.config.train.ckpt.upload_s3 == "all":
+            self.uploads.submit(path, "s3")  # an async checkpoint is uploaded once complete, never half-written
+        return path
+
     def finish(self) -> None:
-        """At the end of a finished run: queue the final uploads, then wait for all of them (upload_wait_s at most).
+        """At the end of a finished run: wait for the checkpoint in flight (save_mode "async") and free the pinned host
+        buffers of async saves; then queue the final uploads and wait for all of them (upload_wait_s at most).
 
         upload_s3 = 'final' sends the last checkpoint and its export, upload_hf the last export. What is not
         uploaded by then is listed; it stays queued in <output_dir>/uploads.json for a resume to send.
         """
+        self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
         if self.uploads is None:
             return
         ckpt = self.config.train.ckpt
@@ -252,6 +293,24 @@ class Checkpointer:
             log.warning("uploads left queued in %s for a resume: %s", self.output / "uploads.json", _jobs(left))
         self.uploads = None
 
+    def _background_group(self) -> dist.ProcessGroup | None:
+        """A gloo group for the background writes' collectives, apart from training's (created once, on every rank)."""
+        if dist.is_initialized() and self._async_group is None:
+            self._async_group = dist.new_group(backend="gloo")
+        return self._async_group
+
+    def _pinned_stager(self) -> Any:
+        """On a GPU: DCP's stager copying into pinned host buffers kept from save to save (the copy is the step's stall)."""
+        if self._stager is None and _on_cuda(self.trained.module):
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True
+                )
+            )
+        return self._stager
+
     def export(self, step: int) -> Path:
         """Write the model of `step` as a Hugging Face safetensors folder that transformers and vLLM load as is.
 
@@ -259,28 +318,11 @@ class Checkpointer:
         and, in its `adapter` subfolder, the PEFT adapter alone (adapter_config.json + adapter_model.safetensors).
         Older exports beyond [train.ckpt] max_keep are deleted, as checkpoints are.
         """
-        from physreason.models.export import export_safetensors
+        from physreason.models.export import export_trained
 
         model_cfg, trained = self.config.model, self.trained
         out_dir = self.output / "safetensors" / f"step_{step}"
-        merged, extra = None, None
-        if trained.peft is not None:
-            from physreason.models.lora import adapter_state, merged_named_tensors, save_adapter
-
-            # Gathered one tensor at a time on every rank (collective); kept on rank 0 alone.
-            main = not dist.is_initialized() or dist.get_rank() == 0
-            merged = {}
-            for name, tensor in merged_named_tensors(trained.model):
-                if main:
-                    merged[name] = tensor.cpu()
-            adapter = adapter_state(trained.peft)
-
-            def extra(folder: Path) -> None:
-                save_adapter(trained.peft, folder / "adapter", adapter)
-
-        folder = export_safetensors(
-            trained.model, model_cfg.model_name_or_path, out_dir, model_cfg.dtype, state=merged, extra=extra
-        )
+        folder = export_trained(trained.model, trained.peft, model_cfg.model_name_or_path, out_dir, model_cfg.dtype)
         if not dist.is_initialized() or dist.get_rank() == 0:
             prune_step_dirs(out_dir.parent, self.config.train.ckpt.max_keep, keep=folder)
         return folder
@@ -419,7 +461,12 @@ class StopOnSignal:
         checkpoint = None
         if checkpointer.config.train.ckpt.enable_checkpoint:
             checkpoint = (saved or checkpointer.save(step, state)).checkpoint
+        checkpointer.wait()  # the command printed below resumes from that checkpoint: it must be complete
         raise TrainingInterrupted(self.signal_name or "SIGINT", step, checkpoint, resume_command())
+
+
+def _on_cuda(module: Any) -> bool:
+    return any(parameter.device.type == "cuda" for parameter in module.parameters())
 
 
 def parameter_counts(module: object) -> tuple[int, int]:

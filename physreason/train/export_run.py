@@ -1,0 +1,126 @@
+"""Export any checkpoint of a training run, finished or interrupted, full or LoRA, as a Hugging Face folder.
+
+The run folder (an sft or grpo train.output_dir) holds the resolved recipe (config.toml) and the DCP checkpoints
+(checkpoints/step_<n>). The export rebuilds the model the recipe trained (model.model_name_or_path, with its
+[train.lora] adapters when on), loads the checkpoint's weights into it and writes the same folder the run's own
+safetensors exports are: config.json, model safetensors, tokenizer, processor, chat template and generation config,
+which transformers' from_pretrained, vLLM and `model.model_name_or_path` of a new run load as they are.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from torch import nn
+
+from physreason.config import Config, load_config
+from physreason.errors import ConfigError
+from physreason.models.loading import DTYPES
+from physreason.train.checkpoint import checkpoint_dirs, load_model_weights, resolve_resume
+
+EXPORT_DTYPES = (*DTYPES, "auto")  # 'auto': the dtype the run trained in (float32 master weights)
+
+
+def _run_config(run_dir: Path) -> Config:
+    recipe = run_dir / "config.toml"
+    if not recipe.is_file():
+        what = "does not exist" if not run_dir.exists() else "holds no config.toml"
+        raise ConfigError(
+            f"{run_dir} {what}: give the train.output_dir of a physreason sft or grpo run (each run writes its "
+            "resolved recipe there as config.toml)"
+        )
+    return load_config(recipe)
+
+
+def pick_checkpoint(run_dir: Path, step: int | None) -> Path:
+    """The checkpoint of `step` in run_dir, or its latest complete one for None; ConfigError listing the steps there."""
+    found = checkpoint_dirs(run_dir)
+    steps = [int(p.name.removeprefix("step_")) for p in found]
+    if not found:
+        raise ConfigError(
+            f"{run_dir / 'checkpoints'} holds no complete checkpoint (step_<n> folders; a .tmp folder is a save that "
+            "never finished): the run stopped before its first save"
+        )
+    if step is None:
+        return found[-1]
+    if step not in steps:
+        raise ConfigError(
+            f"{run_dir} has no complete checkpoint of step {step}; available steps: {', '.join(map(str, steps))}"
+        )
+    return found[steps.index(step)]
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.is_file():
+        raise ConfigError(f"--out {out} is a file: give a folder to write the model into")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ConfigError(f"--out {out} is not empty: give a new or empty folder, or pass --force to replace it")
+
+
+def export_run(
+    run_dir: str | Path,
+    out: str | Path,
+    step: int | None = None,
+    adapter_only: bool = False,
+    dtype: str | None = None,
+    force: bool = False,
+    trust: bool = False,
+) -> Path:
+    """Write the checkpoint of `step` (None: the latest complete one) of the run in run_dir as a Hugging Face folder.
+
+    A LoRA run gives the merged model (with the adapter alone in its `adapter` subfolder), or with adapter_only
+    just the PEFT adapter folder. dtype: the saved dtype (None: the run's model.dtype; 'auto': float32 as trained).
+    A non-empty `out` is replaced only with force. A checkpoint the run did not write itself (its record in
+    checkpoints/written.json does not match) is loaded only with trust: loading unpickles its .metadata.
+    Raises ConfigError, before anything is written, for every mistake a user can fix.
+    """
+    run_dir, out = Path(run_dir), Path(out)
+    config = _run_config(run_dir)
+    checkpoint = pick_checkpoint(run_dir, step)
+    resolve_resume(str(checkpoint), run_dir, trust)  # the run's own trust rule: refuses a folder it did not write
+    lora = config.train.lora.enable
+    if adapter_only and not lora:
+        raise ConfigError(
+            f"--adapter-only: the run in {run_dir} trained the full model (train.lora.enable = false), so there is "
+            "no adapter; export without --adapter-only"
+        )
+    if dtype is not None and dtype not in EXPORT_DTYPES:
+        raise ConfigError(f"--dtype {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
+    _check_out(out, force)
+    if out.resolve().is_relative_to(run_dir.resolve() / "checkpoints"):
+        raise ConfigError(f"--out {out} lies inside the run's checkpoints folder: write the export elsewhere")
+
+    model, peft_model = _load_trained(config, checkpoint)
+    if adapter_only:
+        from physreason.models.lora import save_adapter
+
+        staging = out.with_name(out.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        save_adapter(peft_model, staging)
+        shutil.rmtree(out, ignore_errors=True)
+        staging.rename(out)
+        return out
+    from physreason.models.export import export_trained
+
+    return export_trained(model, peft_model, config.model.model_name_or_path, out, dtype or config.model.dtype)
+
+
+def _load_trained(config: Config, checkpoint: Path) -> tuple[nn.Module, nn.Module | None]:
+    """The recipe's model (fp32, LoRA adapters injected when on) holding the checkpoint's weights; and its PeftModel."""
+    import torch
+
+    from physreason.models.loading import load_model
+
+    model = load_model(config.model, dtype=torch.float32)
+    peft_model = None
+    if config.train.lora.enable:
+        from physreason.models.lora import apply_lora
+
+        peft_model = apply_lora(model, config.train.lora)
+    # Every trainer's wrapper (SFT's loss module, GRPO's policy scorer) holds the model as `.model`, which is
+    # where the checkpoint's names come from; neither wrapper has weights of its own.
+    wrapper = nn.Module()
+    wrapper.model = model
+    load_model_weights(checkpoint, wrapper, trainable_only=peft_model is not None)
+    return model, peft_model

@@ -1,0 +1,176 @@
+"""physreason export: any checkpoint of a run (full or LoRA) as a folder transformers loads and new runs start from."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from setups import grpo_overrides, sft_overrides, write_chat_records, write_mcq_file
+
+from physreason.config import load_config
+from physreason.errors import ConfigError
+from physreason.train.export_run import export_run
+from physreason.train.sft import run_sft
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sft_config(model: Path, data: Path, out: Path, *extra: str):
+    # float32 exports: the run's own export and `physreason export` are compared bit for bit
+    return load_config(None, [*sft_overrides(model, data, out, lr="2e-3", logger="['jsonl']"), "model.dtype='float32'",
+                              *extra])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, tiny_model_dir) -> Path:
+    """A 4-step SFT run saving (and exporting) steps 2 and 4, then cut short in the save of step 5."""
+    folder = tmp_path_factory.mktemp("full_run")
+    data = write_chat_records(folder, 4)
+    run = folder / "run"
+    run_sft(sft_config(tiny_model_dir, data, run, "train.max_steps=4", "train.ckpt.save_freq=2", "train.ckpt.max_keep=2"))
+    (run / "checkpoints" / "step_5.tmp").mkdir()  # a save a kill cut short: never a checkpoint
+    return run
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    got, want = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return got.keys() == want.keys() and all(got[k].equal(want[k]) for k in want)
+
+
+def test_the_latest_complete_checkpoint_exports_as_a_folder_transformers_loads_unchanged(full_run, tmp_path):
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer, GenerationConfig
+
+    out = export_run(full_run, tmp_path / "export")
+    assert same_weights(out, full_run / "safetensors" / "step_4")  # step 4, not the unfinished step_5.tmp
+    model, info = AutoModelForImageTextToText.from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info  # no missing, unexpected or mismatched weights
+    # (the video processor needs torchvision, which CPU torch lacks: its config file is checked below)
+    assert AutoTokenizer.from_pretrained(out).chat_template and AutoImageProcessor.from_pretrained(out) is not None
+    assert GenerationConfig.from_pretrained(out).eos_token_id is not None
+    for name in ("chat_template.jinja", "generation_config.json", "video_preprocessor_config.json", "tokenizer.json"):
+        assert (out / name).is_file(), name
+    older = export_run(full_run, tmp_path / "step2", step=2)
+    assert same_weights(older, full_run / "safetensors" / "step_2") and not same_weights(older, out)
+
+
+def test_export_mistakes_are_one_clear_error_before_anything_is_written(full_run, tmp_path):
+    with pytest.raises(ConfigError, match=r"no complete checkpoint of step 5; available steps: 2, 4"):
+        export_run(full_run, tmp_path / "a", step=5)
+    with pytest.raises(ConfigError, match="trained the full model"):
+        export_run(full_run, tmp_path / "b", adapter_only=True)
+    with pytest.raises(ConfigError, match=r"--dtype 'fp8' is not one of bfloat16, float16, float32, auto"):
+        export_run(full_run, tmp_path / "c", dtype="fp8")
+    with pytest.raises(ConfigError, match="holds no config.toml"):
+        export_run(tmp_path, tmp_path / "d")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="is not empty: .* --force"):
+        export_run(full_run, taken)
+    assert (taken / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+    export_run(full_run, taken, force=True, dtype="bfloat16")
+    assert not (taken / "notes.txt").exists()
+    assert {t.dtype for t in load_file(taken / "model.safetensors").values()} == {torch.bfloat16}
+
+
+def test_a_checkpoint_copied_into_a_run_is_exported_only_when_trusted(full_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "copy"
+    shutil.copytree(full_run, run)  # new inodes: not the folders the run recorded in written.json
+    with pytest.raises(ConfigError, match="unpickles its .metadata"):
+        export_run(run, tmp_path / "out")
+    assert same_weights(export_run(run, tmp_path / "out", trust=True), full_run / "safetensors" / "step_4")
+
+
+def test_the_cli_writes_the_folder_and_answers_a_wrong_step_with_exit_2_and_one_line(full_run, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "physreason", "export", str(full_run), "--out", str(tmp_path / "out")]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote the Hugging Face model to {tmp_path / 'out'}" in done.stdout
+    wrong = subprocess.run([*command, "--step", "3", "--force"], capture_output=True, text=True, env=env, timeout=300)
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip().splitlines() == [f"error: {full_run} has no complete checkpoint of step 3; available "
+                                                 "steps: 2, 4"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_lora_checkpoint_exports_merged_or_as_its_adapter(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    data = write_chat_records(tmp_path, 4)
+    run = tmp_path / "run"
+    run_sft(sft_config(tiny_model_dir, data, run, "train.max_steps=2", "train.ckpt.save_freq=2", "train.lora.enable=true",
+                       "train.lora.rank=8", "train.lora.alpha=16", "train.optm_lr=1e-2"))  # fmt: skip
+    own = run / "safetensors" / "step_2"
+    merged = export_run(run, tmp_path / "merged")
+    assert same_weights(merged, own)
+    _, info = AutoModelForImageTextToText.from_pretrained(merged, output_loading_info=True)
+    assert not any(info.values()), info
+    adapter = export_run(run, tmp_path / "adapter", adapter_only=True)
+    assert sorted(p.name for p in adapter.iterdir()) == ["README.md", "adapter_config.json", "adapter_model.safetensors"]
+    got, want = load_file(adapter / "adapter_model.safetensors"), load_file(own / "adapter" / "adapter_model.safetensors")
+    assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in want)
+    assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 8
+
+
+@pytest.mark.slow
+def test_sft_starts_from_an_exported_folder_with_the_trained_weights(full_run, tiny_model_dir, tmp_path):
+    out = export_run(full_run, tmp_path / "export", dtype="float32")
+    data = full_run.parent / "train.jsonl"
+    first = dict(overrides=("train.max_steps=1", "train.ckpt.enable_checkpoint=false"))
+    from_export = run_sft(sft_config(out, data, tmp_path / "from_export", *first["overrides"]))
+    from_base = run_sft(sft_config(tiny_model_dir, data, tmp_path / "from_base", *first["overrides"]))
+    # The same first batch: the model trained on these records for 4 steps fits it better than the base model.
+    assert from_export.losses[0] < from_base.losses[0]
+
+
+@pytest.mark.slow
+def test_grpo_exports_and_starts_from_an_exported_folder(tiny_text, tmp_path):
+    from physreason.train.grpo import run_grpo
+
+    data = write_mcq_file(tmp_path)
+
+    def config(model: Path, out: str, *extra: str):
+        return load_config(None, [*grpo_overrides(model, data, tmp_path / out, reward="test_mentions_b", lr="2e-2"),
+                                  "train.gradient_checkpointing=false", "train.ckpt.export_safetensors=false",
+                                  "logging.logger=['jsonl']", *extra])  # fmt: skip
+
+    run_grpo(config(tiny_text, "run", "train.max_steps=2", "train.ckpt.save_freq=2"))
+    out = export_run(tmp_path / "run", tmp_path / "export", dtype="float32")
+    assert json.loads((out / "config.json").read_text())["model_type"] == "qwen2"
+    started = run_grpo(config(out, "from_export", "train.max_steps=1", "train.ckpt.enable_checkpoint=false"))
+    # The rollout engine and the policy both loaded the export: their log-probs agree before any update.
+    assert started.metrics[0]["rollout/logprob_mismatch"] < 1e-4
+    trained = load_file(out / "model.safetensors")
+    base = load_file(tiny_text / "model.safetensors")
+    assert any(not trained[k].equal(base[k].to(trained[k].dtype)) for k in base)  # the export holds trained weights
+
+
+@pytest.mark.vllm
+def test_vllm_serves_an_exported_checkpoint_as_transformers_does(full_run, tmp_path):
+    pytest.importorskip("vllm")
+    from physreason.config import EngineConfig, ModelConfig, SamplingConfig
+    from physreason.engines.base import GenerationRequest
+    from physreason.engines.hf import HFEngine
+    from physreason.engines.vllm import VLLMEngine
+
+    out = export_run(full_run, tmp_path / "export")  # float32, the run's model.dtype
+    model = ModelConfig(model_name_or_path=str(out), dtype="float32", model_max_length=2048)
+    greedy = SamplingConfig(temperature=0.0, repetition_penalty=1.0, max_tokens=10)
+    requests = [GenerationRequest(messages=[{"role": "user", "content": "Does the box slide?"}], request_id="a")]
+
+    def tokens(results) -> list[list[int]]:
+        assert all(r.error is None for r in results), [r.error for r in results]
+        return [r.completions[0].token_ids for r in results]
+
+    want = tokens(HFEngine(model, EngineConfig()).generate(requests, greedy))
+    assert tokens(VLLMEngine(model, EngineConfig(enforce_eager=True)).generate(requests, greedy)) == want
