@@ -125,7 +125,8 @@ def main() -> None:
     layout = Layout(gpus=runtime.world_size, distributed=runtime.distributed, cpu_offload=args.offload,
                     optimizer_state_dtype=args.state, gradient_checkpointing=train.gradient_checkpointing,
                     mini_batch=args.batch, lora=train.lora.enable)
-    workload = Workload(seq_len=args.seq_len, loss_chunk_size=args.loss_chunk, vision_tokens=0,
+    # Text rows: the vision tower never runs, so it gets no gradients and no AdamW state (train_vision=False).
+    workload = Workload(seq_len=args.seq_len, loss_chunk_size=args.loss_chunk, vision_tokens=0, train_vision=False,
                         lora_rank=train.lora.rank, lora_targets=tuple(train.lora.target_modules))
     plan = plan_memory(shape, layout, workload)
     planned = plan.total - plan.parts["runtime overhead"]  # max_memory_allocated sees tensors only

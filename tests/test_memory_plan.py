@@ -26,6 +26,7 @@ from physreason.train.memory import (
     layout_overrides,
     plan_memory,
     shard_numel,
+    usable_bytes,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,10 +57,10 @@ def _issue_workload() -> Workload:
                                                                     "gate_proj", "up_proj", "down_proj"))
 
 
-def test_qwen3_vl_32b_full_sft_needs_offload_or_bf16_state_on_8_h100(shape_32b):
+def test_qwen3_vl_32b_full_sft_is_at_the_edge_of_8_h100_and_fits_with_offload_or_bf16_state(shape_32b):
     default = Layout(gpus=8)
     plan = plan_memory(shape_32b, default, _issue_workload())
-    assert not plan.fits(H100)
+    assert abs(plan.total - usable_bytes(H100)) < 0.02 * usable_bytes(H100)  # fp32 state: no room to spare
     # fp32 masters + gradients + two fp32 moments: 16 bytes a parameter, over 8 ranks
     sharded = plan.parts["parameters"] + plan.parts["gradients"] + plan.parts["optimizer state"]
     assert abs(sharded - 16 * shape_32b.total_params / 8) < 0.01 * sharded
@@ -94,7 +95,8 @@ def test_context_parallel_divides_row_activations_and_the_plan_offers_it(shape_3
 
 def test_plan_command_refuses_a_recipe_that_cannot_fit_in_one_line(tmp_path):
     recipe = tmp_path / "sft32b.toml"
-    recipe.write_text(f'[model]\nmodel_name_or_path = "{QWEN3_VL_32B}"\nmodel_max_length = 1024\n')
+    # 4,096-token rows: with fp32 AdamW state 32B full SFT then needs more than an H100 on each of 8 ranks
+    recipe.write_text(f'[model]\nmodel_name_or_path = "{QWEN3_VL_32B}"\nmodel_max_length = 4096\n')
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     done = subprocess.run([sys.executable, "-m", "physreason", "plan", str(recipe), "--gpus", "8"],
                           env=env, capture_output=True, text=True, timeout=120)
@@ -190,3 +192,22 @@ def test_start_up_check_refuses_a_plan_over_the_gpu_unless_told_to_skip(tmp_path
     config.train.skip_memory_check = True
     assert check_memory(config, 2, True, "sft", small).total == plan.total
     assert check_memory(config, 2, True, "sft", 4 * plan.total).fits(4 * plan.total)
+
+
+def test_the_total_adds_the_larger_of_the_forward_and_backward_peaks_to_what_lives_through_the_step(shape_32b):
+    plan = plan_memory(shape_32b, Layout(gpus=8), _issue_workload())
+    p = plan.parts
+    whole = p["parameters"] + p["optimizer state"] + p["reference model"] + p["rollout engine"] + p["runtime overhead"]
+    forward = p["activations"] + p["logits / loss"] + p["vision activations"]
+    backward = p["gradients"] + p["activations"]  # checkpointed: the block inputs stay small
+    assert backward > forward  # full fine-tuning: the gradients are the larger peak
+    assert plan.total == whole + p["gathered weights"] + backward < sum(p.values())
+    # every part is counted in one of the groups: a new part must be placed, not dropped
+    grouped = {"parameters", "optimizer state", "reference model", "rollout engine", "runtime overhead",
+               "gathered weights", "activations", "logits / loss", "vision activations", "gradients"}  # fmt: skip
+    assert set(p) == grouped
+    lora = plan_memory(shape_32b, Layout(gpus=8, lora=True), replace(_issue_workload(), seq_len=8192))
+    q = lora.parts  # LoRA: tiny gradients, so the end of forward (logits of 8,192 tokens) is the peak
+    assert q["logits / loss"] + q["activations"] + q["vision activations"] > q["gradients"] + q["activations"]
+    assert lora.total == (q["parameters"] + q["optimizer state"] + q["runtime overhead"] + q["gathered weights"]
+                          + q["activations"] + q["logits / loss"] + q["vision activations"])  # fmt: skip
