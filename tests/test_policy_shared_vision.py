@@ -95,7 +95,10 @@ def scores_and_grads(
     return logprobs.detach(), grads
 
 
-def assert_same_scores_and_grads(model, shared: CompletionBatch, reference: CompletionBatch) -> None:
+def assert_same_scores_and_grads(
+    model, shared: CompletionBatch, reference: CompletionBatch, unused: tuple[str, ...] = ()
+) -> None:
+    """Scores and every gradient equal; every tower parameter but those named in `unused` (prefixes) gets a gradient."""
     weights = torch.randn(shared.mask.shape, generator=torch.Generator().manual_seed(1))  # [B, T]
     got, got_grads = scores_and_grads(model, shared, weights)
     want, want_grads = scores_and_grads(model, reference, weights)
@@ -107,7 +110,8 @@ def assert_same_scores_and_grads(model, shared: CompletionBatch, reference: Comp
         scale = float(want_grad.abs().max()) + 1e-12
         assert float((got_grads[name] - want_grad).abs().max()) <= 1e-5 * scale, name
     tower = [name for name in want_grads if name.startswith("model.visual.")]
-    assert tower and all(float(want_grads[name].abs().max()) > 0 for name in tower)
+    zero = [name for name in tower if float(want_grads[name].abs().max()) == 0 and not name.startswith(unused)]
+    assert tower and not zero, zero
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -200,3 +204,27 @@ def test_placeholders_of_the_wrong_kind_are_refused_with_the_prompt_named(vision
     sample.prompt_ids = [vision.video_token_id if t == vision.image_token_id else t for t in sample.prompt_ids]
     with pytest.raises(PhysReasonError, match="prompt swapped: the engine's prompt has 0 image tokens"):
         build_completion_batch([sample], 0, vision)
+
+
+def test_qwen3_vl_shared_visuals_keep_deepstack_and_match_the_per_row_path(tiny_model_dirs):
+    """Qwen3-VL's DeepStack features (added to the visual positions of its first decoder layers) reach the shared
+    path too: images and videos in one batch, scores and every gradient equal to the model's own forward."""
+    from physreason.models.inputs import load_processor_params
+
+    folder = tiny_model_dirs["qwen3_vl"]
+    vision = read_vision_tokens(loading.load_model_config(ModelConfig(model_name_or_path=str(folder))))
+    params = load_processor_params(str(folder))
+    model = load(folder).train()
+    assert model.config.vision_config.deepstack_visual_indexes  # the tiny model has DeepStack layers
+    first = encode_visuals(images=[image(64, 96, seed=0)], params=params)
+    both = encode_visuals(images=[image(64, 64, seed=1)], videos=[video(64, 96, 2, seed=2)], params=params)
+    samples = group("i0", first, 3, vision, 0) + group("iv", both, 3, vision, 2)
+    batch = build_completion_batch(samples, 0, vision)
+    assert batch.visuals is not None
+    # The i-th DeepStack feature is added to the visual positions after decoder layer i; added after the last layer,
+    # it reaches no completion token (the tiny model has 2 decoder layers), so its merger gets no gradient.
+    last = model.config.text_config.num_hidden_layers - 1
+    indexes = model.config.vision_config.deepstack_visual_indexes
+    unused = tuple(f"model.visual.deepstack_merger_list.{i}." for i in range(len(indexes)) if i >= last)
+    assert len(unused) < len(indexes)  # at least one DeepStack merger is checked
+    assert_same_scores_and_grads(model, batch, per_row(batch, samples), unused)

@@ -418,11 +418,16 @@ class PolicyScorer(nn.Module):
             if attention is not None:
                 inputs["attention_mask"] = attention
             return self.model.model(**inputs, use_cache=False).last_hidden_state
-        return self.model.model(
-            inputs_embeds=self._embed_with_shared_visuals(model_batch.input_ids, shared),
+        embeds, deepstack = self._embed_with_shared_visuals(model_batch.input_ids, shared)
+        # Qwen3-VL adds its DeepStack features to the visual positions of its first decoder layers; its model's forward
+        # makes them from pixels only, so with features made here the language model is called with them directly.
+        core = self.model.model.language_model if deepstack else self.model.model
+        return core(
+            inputs_embeds=embeds,
             position_ids=model_batch.position_ids,
             attention_mask=attention,
             use_cache=False,
+            **deepstack,
         ).last_hidden_state
 
     def _token_scores(
@@ -506,11 +511,16 @@ class PolicyScorer(nn.Module):
             "model.attn_implementation = 'sdpa' or grpo.pack_completions = false"
         )
 
-    def _embed_with_shared_visuals(self, input_ids: torch.Tensor, shared: SharedVisuals) -> torch.Tensor:
-        """[B, L, H] token embeddings with each placeholder replaced by its visual's feature (tower run once each)."""
+    def _embed_with_shared_visuals(
+        self, input_ids: torch.Tensor, shared: SharedVisuals
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """[B, L, H] token embeddings with each placeholder replaced by its visual's feature (tower run once each), and
+        the DeepStack inputs of a Qwen3-VL (visual_pos_masks [B, L], deepstack_visual_embeds: per layer [visual
+        tokens, H] in position order, as its model's forward builds them; empty for other families)."""
         core = self.model.model
         embeds = core.get_input_embeddings()(input_ids)  # [B, L, H]
         config = self.model.config
+        masks, layers = [], []
         for pixels_name, grid_name, token_id, index in (
             ("pixel_values", "image_grid_thw", config.image_token_id, shared.image_index),
             ("pixel_values_videos", "video_grid_thw", config.video_token_id, shared.video_index),
@@ -519,8 +529,23 @@ class PolicyScorer(nn.Module):
             if pixels is None:
                 continue
             encode = core.get_image_features if pixels_name == "pixel_values" else core.get_video_features
-            features = visual_features(encode(pixels, shared.kwargs[grid_name], return_dict=True))  # [n, H]
-            placed = features.index_select(0, index).to(embeds.device, embeds.dtype)  # [placeholders, H]
-            where = (input_ids == token_id).unsqueeze(-1).expand_as(embeds)  # [B, L, H]
-            embeds = embeds.masked_scatter(where, placed)
-        return embeds
+            output = encode(pixels, shared.kwargs[grid_name], return_dict=True)
+            placed = visual_features(output).index_select(0, index).to(embeds.device, embeds.dtype)  # [placeholders, H]
+            where = input_ids == token_id  # [B, L]
+            embeds = embeds.masked_scatter(where.unsqueeze(-1).expand_as(embeds), placed)
+            deep = getattr(output, "deepstack_features", None)
+            if deep:
+                masks.append(where)
+                layers.append([visual_features(layer).index_select(0, index).to(embeds.device, embeds.dtype) for layer in deep])
+        if not masks:
+            return embeds, {}
+        visual = masks[0] if len(masks) == 1 else masks[0] | masks[1]  # [B, L]
+        if len(masks) == 1:
+            joint = layers[0]
+        else:  # images and videos in one batch: each layer's features in position order
+            joint = []
+            for image_layer, video_layer in zip(*layers, strict=True):
+                merged = image_layer.new_zeros(int(visual.sum()), image_layer.shape[-1])  # [visual tokens, H]
+                merged = merged.index_put((masks[0][visual].nonzero().squeeze(-1),), image_layer)
+                joint.append(merged.index_put((masks[1][visual].nonzero().squeeze(-1),), video_layer))
+        return embeds, {"visual_pos_masks": visual, "deepstack_visual_embeds": joint}
