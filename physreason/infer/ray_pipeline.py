@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import pickle
+import sys
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -153,7 +154,13 @@ class EngineReplica:
         return {"id": ids, "record": [json.dumps(result_record(results[rid], self.style), ensure_ascii=False) for rid in ids]}
 
 
-def _import_ray():
+def _import_ray(starts_local: bool):
+    """Import Ray; `starts_local`: this run will start a local Ray instance (no cluster address given)."""
+    if starts_local and "ray" not in sys.modules:
+        # Ray turns token authentication on for every local instance it starts and warns about that on each start
+        # unless RAY_AUTH_MODE says so; saying "token" keeps Ray's own secure default without the warning. It must
+        # be set before Ray is imported: Ray reads it once into its configuration on import.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     try:
         import ray
         import ray.data
@@ -162,11 +169,15 @@ def _import_ray():
     return ray
 
 
+def _cluster_address(address: str | None) -> str | None:
+    """The Ray cluster to join: `address` (--ray-address), else RAY_ADDRESS, else None (start one here)."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
 def _connect(ray, address: str | None) -> bool:
-    """Join the cluster at `address` (or RAY_ADDRESS), else start Ray here; True when this call started it."""
+    """Join the cluster at `address`, else start Ray here; True when this call started it."""
     if ray.is_initialized():
         return False
-    address = address or os.environ.get("RAY_ADDRESS") or None
     try:
         # Worker logs stay in the session's log folder (/tmp/ray/session_latest/logs) instead of
         # interleaving with the progress bar; errors come back to the driver as exceptions.
@@ -234,8 +245,9 @@ def run_ray_batch(
     loading.load_model_config(cfg.model)
     factor = patch_factor(cfg.model.model_name_or_path, cfg.model.revision)
     prompting, sampling = prompting_for(cfg)
-    ray = _import_ray()
-    started_here = _connect(ray, infer.ray_address)
+    address = _cluster_address(infer.ray_address)
+    ray = _import_ray(starts_local=address is None)
+    started_here = _connect(ray, address)
     try:
         resources = ray.cluster_resources()
         replicas, gpus_each = replica_layout(
@@ -274,6 +286,9 @@ def _build_dataset(
     # back missing and the driver records them as failed.
     context.max_errored_blocks = -1
     logging.getLogger("ray.data").setLevel(logging.WARNING)
+    # This logger only tells which progress bar Ray Data would draw, and warns that its bars are off: they are,
+    # on purpose (the line above), so the warning would only interrupt the driver's own bar on every run.
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     # default=str: extra Parquet columns (timestamps, decimals) need not be JSON types; decoding reads only the known keys
     rows = [{"id": rid, "record": json.dumps(record, ensure_ascii=False, default=str)} for rid, record in plan.pending]
     dataset = ray.data.from_items(rows, override_num_blocks=_block_count(len(rows), cfg.engine.batch_size))
