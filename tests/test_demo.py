@@ -7,7 +7,15 @@ import json
 import pytest
 
 from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
-from physreason.demo import DemoSizes, demo_config, grpo_config, letter_sft_records, reward_windows, run_demo
+from physreason.demo import (
+    DemoSizes,
+    demo_config,
+    grpo_config,
+    letter_sft_records,
+    reward_trend,
+    reward_windows,
+    run_demo,
+)
 
 
 @pytest.mark.slow
@@ -31,7 +39,7 @@ def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
     assert len(prompts) == 4 * len(TASKS) and json.loads(prompts[0])["video"].startswith(f"{TASKS[0]}/")
     # a rerun reuses the model, the clips and the trained models instead of making them again
     clip = train / "arrow_of_time" / records[0]["video"].split("/", 1)[1]
-    exports = [tmp_path / "demo" / "model-tower2", tmp_path / "demo" / "sft" / "safetensors" / "step_2",
+    exports = [tmp_path / "demo" / "model-tower2", tmp_path / "demo" / "sft-spatial_puzzle" / "safetensors" / "step_2",
                tmp_path / "demo" / "grpo" / "safetensors" / "step_1"]
     stamps = [path.stat().st_mtime_ns for path in (clip, *(e / "config.json" for e in exports))]
     assert run_demo(tmp_path / "demo", sizes) == table
@@ -63,6 +71,23 @@ def test_grpo_reward_is_summarised_as_window_means_not_two_single_steps():
     assert reward_windows([]) == []
 
 
+def test_grpo_reward_trend_says_rose_fell_or_noise_against_the_windows_standard_error():
+    noisy = [0.625, 0.5, 0.375, 0.5, 0.5, 0.625, 0.375, 0.5, 0.5, 0.625, 0.5, 0.312]
+    assert reward_trend(noisy).endswith("-0.016, standard error 0.082; no change beyond the step-to-step noise")
+    rising = [0.3, 0.32, 0.31, 0.3, 0.4, 0.4, 0.4, 0.4, 0.5, 0.52, 0.51, 0.5]
+    assert reward_trend(rising).startswith("from 0.307 (steps 1-4) to 0.508 (steps 9-12): +0.200")
+    assert reward_trend(rising).endswith("; it rose")
+    assert reward_trend(rising[::-1]).endswith("; it fell")  # a real fall is said plainly
+    assert reward_trend([0.5]) == ""
+
+
+def test_demo_seed_draws_the_training_runs_and_grpo_keeps_it(tmp_path):
+    cfg = demo_config(tmp_path, tmp_path / "model", DemoSizes(), seed=3)
+    assert cfg.train.seed == 3 and grpo_config(cfg, tmp_path, tmp_path / "sft", DemoSizes()).train.seed == 3
+    # without a seed the schema's stays (bench/intuitive_physics.py's published runs used it)
+    assert demo_config(tmp_path, tmp_path / "model", DemoSizes()).train.seed == 42
+
+
 def test_demo_recipe_trains_on_a_fixed_pretrained_tower_and_grpo_keeps_the_option_order(tmp_path):
     sizes = DemoSizes()
     cfg = demo_config(tmp_path, tmp_path / "model-tower", sizes)
@@ -86,7 +111,10 @@ def test_sft_on_some_tasks_has_its_own_records_and_run_folder(tmp_path):
     cfg = demo_config(tmp_path, tmp_path / "model", spatial)
     assert cfg.data.dataset.name == str(tmp_path / "data" / "train" / "sft-spatial_puzzle.jsonl")
     assert cfg.train.output_dir == str(tmp_path / "sft-spatial_puzzle")
-    assert demo_config(tmp_path, tmp_path / "model", DemoSizes()).train.output_dir == str(tmp_path / "sft")
+    # by default SFT trains on the spatial puzzle alone (the task the demo's tower makes learnable in minutes)
+    assert DemoSizes().sft_tasks == ("spatial_puzzle",)
+    every = DemoSizes(sft_tasks=TASKS)
+    assert demo_config(tmp_path, tmp_path / "model", every).train.output_dir == str(tmp_path / "sft")
     result = subprocess.run([sys.executable, "-m", "physreason", "demo", "--out", str(tmp_path), "--sft-task", "gravity"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--sft-task gravity: choose among arrow_of_time" in result.stderr
