@@ -345,7 +345,8 @@ def run_demo(
     else:
         _stage("4/8 vision tower pre-training: skipped (tower_steps 0); SFT trains the random tower")
 
-    start = _stage(f"5/8 supervised fine-tuning, letter answers{', tower fixed' if sizes.tower_steps else ''}")
+    tasks = ", ".join(sizes.sft_tasks)
+    start = _stage(f"5/8 SFT on {tasks}: letter answers{', tower fixed' if sizes.tower_steps else ''}")
     sft_export = _finished_export(Path(cfg.train.output_dir), sizes.sft_steps)
     if sft_export is None:
         cfg.train.resume = True  # a demo stopped during SFT continues from its last checkpoint
