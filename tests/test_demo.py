@@ -20,7 +20,8 @@ from physreason.demo import (
 
 @pytest.mark.slow
 def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
-    sizes = DemoSizes(train_per_task=4, test_per_task=2, sft_steps=2, grpo_steps=1, max_tokens=2, tower_steps=2)
+    # 8 clips per task: SFT's default, the spatial puzzle alone, fills one batch of 8
+    sizes = DemoSizes(train_per_task=8, test_per_task=2, sft_steps=2, grpo_steps=1, max_tokens=2, tower_steps=2)
     table = run_demo(tmp_path / "demo", sizes)
     assert list(table) == ["base model", "after SFT", "after SFT+GRPO"]
     for scores in table.values():
@@ -28,15 +29,17 @@ def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
         assert all(value is None or 0.0 <= value <= 1.0 for value in scores.values())
     train = tmp_path / "demo" / "data" / "train"
     records = [json.loads(line) for line in (train / "sft.jsonl").read_text().splitlines()]
-    assert len(records) == 4 * len(TASKS)
+    assert len(records) == 8 * len(TASKS)  # every task's: the tower trains on them all
     # options in one fixed order (a from-scratch model cannot learn shuffled letters), and the tower pre-trained
     for task in TASKS:
         entries = json.loads((train / task / f"{task}_benchmark_qa_pairs.json").read_text())
         assert len({json.dumps(entry["qa_pairs"]["index2ans"]) for entry in entries}) == 1
+    spatial = [json.loads(line) for line in (train / "sft-spatial_puzzle.jsonl").read_text().splitlines()]
+    assert len(spatial) == 8 and {r["video"].split("/")[0] for r in spatial} == {"spatial_puzzle"}
     tower = json.loads((tmp_path / "demo" / "model-tower2" / "tower_pretraining.json").read_text())
     assert tower["steps"] == 2 and set(tower["heldout_accuracy"]) <= set(TASKS)
     prompts = (train / "rl.jsonl").read_text().splitlines()
-    assert len(prompts) == 4 * len(TASKS) and json.loads(prompts[0])["video"].startswith(f"{TASKS[0]}/")
+    assert len(prompts) == 8 * len(TASKS) and json.loads(prompts[0])["video"].startswith(f"{TASKS[0]}/")
     # a rerun reuses the model, the clips and the trained models instead of making them again
     clip = train / "arrow_of_time" / records[0]["video"].split("/", 1)[1]
     exports = [tmp_path / "demo" / "model-tower2", tmp_path / "demo" / "sft-spatial_puzzle" / "safetensors" / "step_2",
