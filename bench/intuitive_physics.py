@@ -318,9 +318,12 @@ def finished_export(output_dir: Path, steps: int) -> Path | None:
 
 def stage_config(args: argparse.Namespace, out: Path, model_dir: Path, seed: int) -> Any:
     """The recipe's configuration of every stage for one seed (SFT settings; evaluation on the test clips)."""
+    from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
     from physreason.demo import DemoSizes, demo_config
 
-    sizes = DemoSizes(args.train_per_task, args.test_per_task, args.sft_steps, args.grpo_steps, max_tokens=4)
+    sizes = DemoSizes(
+        args.train_per_task, args.test_per_task, args.sft_steps, args.grpo_steps, max_tokens=4, sft_tasks=TASKS
+    )
     cfg = demo_config(out, model_dir, sizes).model_copy(deep=True)
     cfg.engine.batch_size = 64
     cfg.vision.min_pixels = min(cfg.vision.min_pixels, args.max_pixels)
@@ -386,9 +389,12 @@ def grpo_stage_config(
     args: argparse.Namespace, cfg: Any, out: Path, sft_dir: Path, prompts: Path, output_dir: Path
 ) -> Any:
     """GRPO from `sft_dir` on `prompts`: the bench's prompts per step, group size, lr and checkpointing."""
+    from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
     from physreason.demo import DemoSizes, grpo_config
 
-    sizes = DemoSizes(args.train_per_task, args.test_per_task, args.sft_steps, args.grpo_steps, max_tokens=4)
+    sizes = DemoSizes(
+        args.train_per_task, args.test_per_task, args.sft_steps, args.grpo_steps, max_tokens=4, sft_tasks=TASKS
+    )
     rl_cfg = grpo_config(cfg, out, sft_dir, sizes)
     rl_cfg.data.dataset.name = str(prompts)
     rl_cfg.train.output_dir = str(output_dir)

@@ -42,6 +42,14 @@ def test_defaults_are_the_recipe_and_variants_get_their_own_folders(bench):
     assert bench.variant_suffix(qwen3) == "-scale2-qwen3_vl-tp4"
 
 
+def test_the_bench_fine_tunes_on_every_tasks_records_with_the_schemas_seed_whatever_the_demo_does(bench, tmp_path):
+    # the demo's SFT default (the spatial puzzle alone) and its own seed must not move the bench's published runs
+    args = bench.parse_args([])
+    cfg = bench.stage_config(args, tmp_path, tmp_path / "model", 0)
+    assert cfg.data.dataset.name == str(tmp_path / "data" / "train" / "sft.jsonl") and cfg.train.seed == 42
+    assert bench.stage_config(args, tmp_path, tmp_path / "model", 2).train.seed == 44
+
+
 def test_seeds_and_an_early_stopped_sft_get_their_own_folders(bench):
     args = bench.parse_args(["--seeds", "1,2,3", "--sft-steps", "300"])
     assert args.seeds == [1, 2, 3]

@@ -7,12 +7,13 @@ import json
 import pytest
 
 from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
-from physreason.demo import DemoSizes, demo_config, grpo_config, reward_windows, run_demo
+from physreason.demo import DemoSizes, demo_config, grpo_config, reward_trend, reward_windows, run_demo
 
 
 @pytest.mark.slow
 def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
-    sizes = DemoSizes(train_per_task=4, test_per_task=2, sft_steps=2, grpo_steps=1, max_tokens=2, tower_steps=2)
+    # 8 clips per task: SFT's default, the spatial puzzle alone, fills one batch of 8
+    sizes = DemoSizes(train_per_task=8, test_per_task=2, sft_steps=2, grpo_steps=1, max_tokens=2, tower_steps=2)
     table = run_demo(tmp_path / "demo", sizes)
     assert list(table) == ["base model", "after SFT", "after SFT+GRPO"]
     for scores in table.values():
@@ -20,18 +21,20 @@ def test_demo_runs_every_stage_and_reuses_finished_work(tmp_path):
         assert all(value is None or 0.0 <= value <= 1.0 for value in scores.values())
     train = tmp_path / "demo" / "data" / "train"
     records = [json.loads(line) for line in (train / "sft.jsonl").read_text().splitlines()]
-    assert len(records) == 4 * len(TASKS)
+    assert len(records) == 8 * len(TASKS)  # every task's: the tower trains on them all
     # options in one fixed order (a from-scratch model cannot learn shuffled letters), and the tower pre-trained
     for task in TASKS:
         entries = json.loads((train / task / f"{task}_benchmark_qa_pairs.json").read_text())
         assert len({json.dumps(entry["qa_pairs"]["index2ans"]) for entry in entries}) == 1
+    spatial = [json.loads(line) for line in (train / "sft-spatial_puzzle.jsonl").read_text().splitlines()]
+    assert len(spatial) == 8 and {r["video"].split("/")[0] for r in spatial} == {"spatial_puzzle"}
     tower = json.loads((tmp_path / "demo" / "model-tower2" / "tower_pretraining.json").read_text())
     assert tower["steps"] == 2 and set(tower["heldout_accuracy"]) <= set(TASKS)
     prompts = (train / "rl.jsonl").read_text().splitlines()
-    assert len(prompts) == 4 * len(TASKS) and json.loads(prompts[0])["video"].startswith(f"{TASKS[0]}/")
+    assert len(prompts) == 8 * len(TASKS) and json.loads(prompts[0])["video"].startswith(f"{TASKS[0]}/")
     # a rerun reuses the model, the clips and the trained models instead of making them again
     clip = train / "arrow_of_time" / records[0]["video"].split("/", 1)[1]
-    exports = [tmp_path / "demo" / "model-tower2", tmp_path / "demo" / "sft" / "safetensors" / "step_2",
+    exports = [tmp_path / "demo" / "model-tower2", tmp_path / "demo" / "sft-spatial_puzzle" / "safetensors" / "step_2",
                tmp_path / "demo" / "grpo" / "safetensors" / "step_1"]
     stamps = [path.stat().st_mtime_ns for path in (clip, *(e / "config.json" for e in exports))]
     assert run_demo(tmp_path / "demo", sizes) == table
@@ -43,6 +46,23 @@ def test_grpo_reward_is_summarised_as_window_means_not_two_single_steps():
     assert reward_windows(rewards) == [(1, 4, 0.5), (5, 8, 0.5), (9, 12, pytest.approx(0.48425))]
     assert reward_windows([0.2, 0.4], windows=3) == [(1, 1, 0.2), (2, 2, 0.4)]
     assert reward_windows([]) == []
+
+
+def test_grpo_reward_trend_says_rose_fell_or_noise_against_the_windows_standard_error():
+    noisy = [0.625, 0.5, 0.375, 0.5, 0.5, 0.625, 0.375, 0.5, 0.5, 0.625, 0.5, 0.312]
+    assert reward_trend(noisy).endswith("-0.016, standard error 0.082; no change beyond the step-to-step noise")
+    rising = [0.3, 0.32, 0.31, 0.3, 0.4, 0.4, 0.4, 0.4, 0.5, 0.52, 0.51, 0.5]
+    assert reward_trend(rising).startswith("from 0.307 (steps 1-4) to 0.508 (steps 9-12): +0.200")
+    assert reward_trend(rising).endswith("; it rose")
+    assert reward_trend(rising[::-1]).endswith("; it fell")  # a real fall is said plainly
+    assert reward_trend([0.5]) == ""
+
+
+def test_demo_seed_draws_the_training_runs_and_grpo_keeps_it(tmp_path):
+    cfg = demo_config(tmp_path, tmp_path / "model", DemoSizes(), seed=3)
+    assert cfg.train.seed == 3 and grpo_config(cfg, tmp_path, tmp_path / "sft", DemoSizes()).train.seed == 3
+    # without a seed the schema's stays (bench/intuitive_physics.py's published runs used it)
+    assert demo_config(tmp_path, tmp_path / "model", DemoSizes()).train.seed == 42
 
 
 def test_demo_recipe_trains_on_a_fixed_pretrained_tower_and_grpo_keeps_the_option_order(tmp_path):
@@ -68,7 +88,10 @@ def test_sft_on_some_tasks_has_its_own_records_and_run_folder(tmp_path):
     cfg = demo_config(tmp_path, tmp_path / "model", spatial)
     assert cfg.data.dataset.name == str(tmp_path / "data" / "train" / "sft-spatial_puzzle.jsonl")
     assert cfg.train.output_dir == str(tmp_path / "sft-spatial_puzzle")
-    assert demo_config(tmp_path, tmp_path / "model", DemoSizes()).train.output_dir == str(tmp_path / "sft")
+    # by default SFT trains on the spatial puzzle alone (the task the demo's tower makes learnable in minutes)
+    assert DemoSizes().sft_tasks == ("spatial_puzzle",)
+    every = DemoSizes(sft_tasks=TASKS)
+    assert demo_config(tmp_path, tmp_path / "model", every).train.output_dir == str(tmp_path / "sft")
     result = subprocess.run([sys.executable, "-m", "physreason", "demo", "--out", str(tmp_path), "--sft-task", "gravity"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--sft-task gravity: choose among arrow_of_time" in result.stderr

@@ -183,6 +183,24 @@ def count_results(out: Path) -> int:
     return len(result_status(out))
 
 
+def test_a_run_that_starts_ray_itself_warns_of_neither_auth_nor_progress_bars(media, tiny_model_dir, tmp_path):
+    """Ray warned on every start that it turned token auth on (RAY_AUTH_MODE unset), and Ray Data that its bars
+    were off (the driver draws its own); both stood in every --num-gpus run's output."""
+    requests = write_requests(media, 2)
+    env = {key: value for key, value in os.environ.items() if key not in {"RAY_ADDRESS", "RAY_AUTH_MODE"}}
+    run = subprocess.run(
+        [sys.executable, "-m", "physreason", "infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--engine",
+         "hf", "--jsonl", str(requests), "--out", str(tmp_path / "out.jsonl"), "--num-gpus", "1", "--set",
+         "infer.device=cpu", "--max-tokens", "2", *SMALL_FLAGS],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert "Started a local Ray instance" in output and "2 answered" in output  # this run started Ray itself
+    assert "Token authentication" not in output and "RAY_AUTH_MODE" not in output
+    assert "Progress bars disabled" not in output
+
+
 @pytest.mark.parametrize(("name", "kills"), [("out.jsonl", 2), ("out.parquet", 1)])
 def test_driver_killed_at_random_points_resumes_exactly_once(ray_address, media, tiny_model_dir, tmp_path, name, kills):
     n = 30

@@ -16,9 +16,10 @@ def demo(
     tower_steps: int = typer.Option(150, help="Vision-tower pre-training steps (batches of 32 clips) before SFT."),
     sft_steps: int = typer.Option(80, help="SFT optimizer steps."),
     sft_task: list[str] = typer.Option(
-        [], "--sft-task", metavar="<task>", help="Train SFT on this task's clips only (repeatable) [default: every task]."
+        [], "--sft-task", metavar="<task>", help="Train SFT on this task's clips (repeatable; all three for every task) [default: spatial_puzzle]."
     ),
     grpo_steps: int = typer.Option(12, help="GRPO steps."),
+    seed: int = typer.Option(0, min=0, help="Seed of the clips, the tower and the training runs (use one --out per seed)."),
 ) -> None:
     """Tiny model + generated intuitive-physics clips: evaluate, pre-train the tower, fine-tune, GRPO, print the table."""
     from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASK_NAMES
@@ -39,4 +40,5 @@ def demo(
             grpo_steps=grpo_steps,
             **({"sft_tasks": tuple(sft_task)} if sft_task else {}),
         ),
+        seed=seed,
     )

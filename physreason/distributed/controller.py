@@ -19,6 +19,7 @@ cleared, and results generated before the restart are discarded.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from physreason.errors import ConfigError, PhysReasonError
 from physreason.models import loading
 from physreason.models.family import read_vision_tokens
 from physreason.models.parallelize import check_layout
+from physreason.ray_setup import import_ray
 from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, rollout_metrics
 from physreason.train.loop import StepLog, checkpoint_due, prepare_output
 from physreason.train.rollout import RolloutBatch, logged_reward_names
@@ -89,13 +91,9 @@ class _Replica:
 
 
 def _import_ray():
-    try:
-        import ray
-    except ImportError as exc:
-        raise ConfigError(
-            "grpo.mode = 'disaggregated' runs on Ray, which is not installed: pip install 'physreason[ray]'"
-        ) from exc
-    return ray
+    # ray.init() without an address starts a local instance unless RAY_ADDRESS names a cluster
+    return import_ray("RAY_ADDRESS" not in os.environ,
+                      "grpo.mode = 'disaggregated' runs on Ray, which is not installed: pip install 'physreason[ray]'")
 
 
 def policy_world_size(config: Config, cluster_gpus: float) -> int:

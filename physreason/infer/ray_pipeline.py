@@ -44,6 +44,7 @@ from physreason.infer.request import result_record
 from physreason.infer.results import open_sink
 from physreason.models import loading
 from physreason.models.inputs import patch_factor, prompting_for
+from physreason.ray_setup import import_ray
 
 log = logging.getLogger(__name__)
 
@@ -153,20 +154,25 @@ class EngineReplica:
         return {"id": ids, "record": [json.dumps(result_record(results[rid], self.style), ensure_ascii=False) for rid in ids]}
 
 
-def _import_ray():
+def _import_ray(starts_local: bool):
+    """Ray and Ray Data; `starts_local`: this run will start a local Ray instance (no cluster address given)."""
+    ray = import_ray(starts_local, "--num-gpus runs on Ray Data, which is not installed: pip install 'physreason[ray]'")
     try:
-        import ray
-        import ray.data
+        import ray.data  # noqa: F401  (ray.data is used through `ray`)
     except ImportError as exc:
         raise ConfigError("--num-gpus runs on Ray Data, which is not installed: pip install 'physreason[ray]'") from exc
     return ray
 
 
+def _cluster_address(address: str | None) -> str | None:
+    """The Ray cluster to join: `address` (--ray-address), else RAY_ADDRESS, else None (start one here)."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
 def _connect(ray, address: str | None) -> bool:
-    """Join the cluster at `address` (or RAY_ADDRESS), else start Ray here; True when this call started it."""
+    """Join the cluster at `address`, else start Ray here; True when this call started it."""
     if ray.is_initialized():
         return False
-    address = address or os.environ.get("RAY_ADDRESS") or None
     try:
         # Worker logs stay in the session's log folder (/tmp/ray/session_latest/logs) instead of
         # interleaving with the progress bar; errors come back to the driver as exceptions.
@@ -234,8 +240,9 @@ def run_ray_batch(
     loading.load_model_config(cfg.model)
     factor = patch_factor(cfg.model.model_name_or_path, cfg.model.revision)
     prompting, sampling = prompting_for(cfg)
-    ray = _import_ray()
-    started_here = _connect(ray, infer.ray_address)
+    address = _cluster_address(infer.ray_address)
+    ray = _import_ray(starts_local=address is None)
+    started_here = _connect(ray, address)
     try:
         resources = ray.cluster_resources()
         replicas, gpus_each = replica_layout(
@@ -274,6 +281,9 @@ def _build_dataset(
     # back missing and the driver records them as failed.
     context.max_errored_blocks = -1
     logging.getLogger("ray.data").setLevel(logging.WARNING)
+    # This logger only tells which progress bar Ray Data would draw, and warns that its bars are off: they are,
+    # on purpose (the line above), so the warning would only interrupt the driver's own bar on every run.
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     # default=str: extra Parquet columns (timestamps, decimals) need not be JSON types; decoding reads only the known keys
     rows = [{"id": rid, "record": json.dumps(record, ensure_ascii=False, default=str)} for rid, record in plan.pending]
     dataset = ray.data.from_items(rows, override_num_blocks=_block_count(len(rows), cfg.engine.batch_size))
