@@ -21,7 +21,6 @@ boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 import requests
 from hub_server import serve_hub
-from moto.server import ThreadedMotoServer
 
 from physreason.config import load_config
 from physreason.errors import ConfigError
@@ -98,6 +97,10 @@ class S3Server:
     """moto's S3 server on 127.0.0.1, reached through an Endpoint (`url`) that tests kill and restart."""
 
     def __init__(self) -> None:
+        # Imported here, not at collection: moto's server brings flask, whose context-bound module globals break
+        # vLLM's kernel registration when the vLLM stage collects this file in the same process.
+        from moto.server import ThreadedMotoServer
+
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
         self.server.start()
         self.direct = "http://{}:{}".format(*self.server.get_host_and_port())
