@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from setups import sft_overrides, write_chat_records
 
 from physreason.config import load_config
@@ -157,7 +158,9 @@ def test_a_kill_during_an_async_write_leaves_no_checkpoint_and_resume_takes_the_
         [sys.executable, str(Path(__file__).parent / "killed_async_save.py"), "4",
          *sft_overrides(tiny_model_dir, data, run, lr="2e-3", logger="['jsonl']"), "train.ckpt.export_safetensors=false",
          *overrides],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        # the same intra-op thread count as this process, whose runs it is compared with bit for bit
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]),
+                                                          "OMP_NUM_THREADS": str(torch.get_num_threads())},
     )  # fmt: skip
     assert killed.returncode == 137, killed.stderr[-2000:]
     assert [p.name for p in checkpoint_dirs(run)] == ["step_2"]
