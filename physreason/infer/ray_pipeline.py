@@ -154,13 +154,16 @@ class EngineReplica:
         return {"id": ids, "record": [json.dumps(result_record(results[rid], self.style), ensure_ascii=False) for rid in ids]}
 
 
+_NO_RAY_DATA = "--num-gpus runs on Ray Data, which is not installed: pip install 'physreason[ray]'"
+
+
 def _import_ray(starts_local: bool):
     """Ray and Ray Data; `starts_local`: this run will start a local Ray instance (no cluster address given)."""
-    ray = import_ray(starts_local, "--num-gpus runs on Ray Data, which is not installed: pip install 'physreason[ray]'")
+    ray = import_ray(starts_local, _NO_RAY_DATA)
     try:
         import ray.data  # noqa: F401  (ray.data is used through `ray`)
     except ImportError as exc:
-        raise ConfigError("--num-gpus runs on Ray Data, which is not installed: pip install 'physreason[ray]'") from exc
+        raise ConfigError(_NO_RAY_DATA) from exc
     return ray
 
 
