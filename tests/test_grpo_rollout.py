@@ -169,3 +169,23 @@ def test_a_nan_reward_stops_the_rollout_naming_the_reward_and_the_sample(monkeyp
     stream = PromptStream(prompts("mixed"), seed=0, shuffle=False, shuffle_options=False)
     with pytest.raises(InputError, match=r"sample 'mixed-0': Reward 'test_nan' .* returned nan"):
         collect_rollouts(ScriptedEngine(), stream, rollout, step=0)
+
+
+def test_reward_options_of_the_recipe_are_checked_and_shape_the_rollout_rewards():
+    import json
+
+    from physreason.config import load_config
+    from physreason.errors import ConfigError
+    from physreason.train.rollout import completion_rewards, rollout_settings
+
+    bad = load_config(values={"grpo.reward_function": {"localization": 1.0},
+                              "grpo.reward_options": {"localization": {"hit_weight": 1.5}}})  # fmt: skip
+    with pytest.raises(ConfigError, match="hit_weight = 1.5"):
+        rollout_settings(bad, groups_needed=1, prompts_per_round=1, max_rounds=1, processor_params=None)
+    reference = json.dumps([{"box_2d": [100, 200, 300, 400], "label": "the ball"}])
+    prompt = MCQPrompt("box-0", "Where is the ball?", {}, reference)
+    half = json.dumps({"box_2d": [200, 200, 300, 400]})  # IoU 0.5
+    weights = {"localization": 1.0}
+    assert completion_rewards(half, prompt, weights, "reason2")["total"] == pytest.approx(0.5)
+    hit = {"localization": {"hit_weight": 1.0}}
+    assert completion_rewards(half, prompt, weights, "reason2", hit)["total"] == 1.0

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from physreason.chat.structured import Box, Span, format_time, parse_json, parse_time
-from physreason.errors import InputError
+from physreason.errors import ConfigError, InputError
 from physreason.rewards import compute_rewards
 from physreason.rewards.localization import (
+    IoUShaping,
     box_iou,
     box_iou_reward,
     json_format_reward,
@@ -185,3 +186,65 @@ def test_localization_reward_follows_each_references_layout():
         localization_reward(reason2('{"point_2d": [150, 250]}'), answer=POINT_REF, box_2d=[100, 200, 300, 400]) == 1.0
     )
     assert localization_reward(reason2('{"start": "00:01.50", "end": "00:02.00"}'), answer=SPAN_REF) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("iou", "shaping", "reward"),
+    [
+        (0.3, IoUShaping(), 0.3),  # the default: the continuous IoU
+        (0.49, IoUShaping(hit_weight=1.0), 0.0),
+        (0.5, IoUShaping(hit_weight=1.0), 1.0),  # the threshold itself is a hit, as acc@0.5 counts it
+        (0.0, IoUShaping(hit_weight=1.0), 0.0),
+        (1.0, IoUShaping(hit_threshold=1.0, hit_weight=1.0), 1.0),
+        (0.99, IoUShaping(hit_threshold=1.0, hit_weight=1.0), 0.0),
+        (0.6, IoUShaping(hit_weight=0.5), 0.5 * 0.6 + 0.5),  # a mix
+        (0.4, IoUShaping(hit_weight=0.5), 0.5 * 0.4),
+        (0.4, IoUShaping(hit_threshold=0.3, hit_weight=0.25), 0.75 * 0.4 + 0.25),
+    ],
+)
+def test_iou_shaping_is_the_iou_the_hit_or_their_mix(iou, shaping, reward):
+    assert shaping(iou) == pytest.approx(reward)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"hit_threshold": 0.0}, {"hit_threshold": 1.5}, {"hit_threshold": float("nan")}, {"hit_weight": -0.1},
+     {"hit_weight": 1.01}, {"hit_weight": float("nan")}],
+)  # fmt: skip
+def test_iou_shaping_refuses_values_outside_its_ranges(options):
+    with pytest.raises(ConfigError, match=next(iter(options))):
+        IoUShaping(**options)
+
+
+def test_iou_reward_options_reach_box_span_and_localization_rewards_through_compute_rewards():
+    half_box = reason2(json.dumps({"box_2d": [200, 200, 300, 400]}))  # IoU 0.5 with BOX_REF
+    third_span = reason2(json.dumps({"start": "00:01.50", "end": "00:03.00"}))  # tIoU 0.5 / 2.0 = 0.25 with SPAN_REF
+    hit = {"hit_weight": 1.0}
+    assert compute_rewards(half_box, {"box_iou": 1.0}, {"box_iou": hit}, answer=BOX_REF)["box_iou"] == 1.0
+    strict = {"hit_weight": 1.0, "hit_threshold": 0.75}
+    assert compute_rewards(half_box, {"box_iou": 1.0}, {"box_iou": strict}, answer=BOX_REF)["box_iou"] == 0.0
+    assert compute_rewards(half_box, {"localization": 1.0}, {"localization": hit}, answer=BOX_REF)["total"] == 1.0
+    mix = {"temporal_iou": {"hit_weight": 0.5, "hit_threshold": 0.2}}
+    assert compute_rewards(third_span, {"temporal_iou": 2.0}, mix, answer=SPAN_REF)["total"] == pytest.approx(
+        2.0 * (0.5 * 0.25 + 0.5)
+    )
+    # options reach only the reward they are given to; the default stays the plain IoU
+    values = compute_rewards(half_box, {"box_iou": 1.0, "localization": 1.0}, {"localization": hit}, answer=BOX_REF)
+    assert values["box_iou"] == pytest.approx(0.5) and values["localization"] == 1.0
+
+
+def test_iou_reward_options_leave_unparsed_answers_and_points_as_they_were():
+    hit = {"hit_weight": 1.0, "hit_threshold": 0.1}
+    for garbage in ("no json here", reason2("{"), reason2(json.dumps({"box_2d": [1, 2]}))):
+        assert compute_rewards(garbage, {"localization": 1.0}, {"localization": hit}, answer=BOX_REF)["total"] == 0.0
+    inside, outside = reason2(json.dumps({"point_2d": [150, 250]})), reason2(json.dumps({"point_2d": [900, 900]}))
+    for options in ({}, {"hit_weight": 0.5}, hit, {"hit_weight": 1.0, "hit_threshold": 1.0}):
+        kw = {"answer": POINT_REF, "box_2d": [100, 200, 300, 400]}
+        assert compute_rewards(inside, {"localization": 1.0}, {"localization": options}, **kw)["total"] == 1.0
+        assert compute_rewards(outside, {"localization": 1.0}, {"localization": options}, **kw)["total"] == 0.0
+
+
+def test_evaluation_scores_the_plain_iou_whatever_the_reward_options():
+    half_box = reason2(json.dumps({"box_2d": [200, 200, 300, 400]}))
+    score = score_localization(half_box, BOX_REF)
+    assert score.iou == pytest.approx(0.5) and score.hit

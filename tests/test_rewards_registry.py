@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from physreason.errors import ConfigError, InputError
-from physreason.rewards import accuracy_reward, compute_rewards, format_reward, get_reward, registry
+from physreason.rewards import (
+    accuracy_reward,
+    check_reward_options,
+    compute_rewards,
+    format_reward,
+    get_reward,
+    registry,
+)
 
 GOOD = "<think>\nx\n</think>\n\n<answer>\nB\n</answer>"
 
@@ -73,3 +80,47 @@ def test_a_reward_that_returns_a_non_finite_value_is_an_error_naming_it(isolated
 
     with pytest.raises(InputError, match=r"Reward 'broken' \(.*broken_reward\) returned (nan|inf|-inf) for the completion"):
         compute_rewards(GOOD, {"accuracy": 1.0, "broken": 0.5}, answer="B")
+
+
+@pytest.mark.parametrize(
+    ("weights", "options", "message"),
+    [
+        ({"localization": 1.0}, {"localizaton": {"hit_weight": 1.0}}, r"Unknown reward 'localizaton'"),
+        ({"box_iou": 1.0}, {"localization": {"hit_weight": 1.0}}, r"reward 'localization', which .* \(box_iou\)"),
+        ({"format": 1.0}, {"format": {"hit_weight": 1.0}}, r"reward_options.format: reward 'format' takes no options"),
+        ({"localization": 1.0}, {"localization": {"hit_wieght": 1.0}}, r"\['hit_wieght'\]; .* hit_threshold, hit_weight"),
+        ({"localization": 1.0}, {"localization": {"hit_weight": 2.0}}, r"hit_weight = 2.0: give a value in \[0, 1\]"),
+    ],
+)
+def test_check_reward_options_names_the_reward_and_the_option_at_fault(weights, options, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        check_reward_options(weights, options)
+
+
+def test_check_reward_options_accepts_the_iou_rewards_options() -> None:
+    check_reward_options({"localization": 1.0, "json_format": 0.1}, {"localization": {"hit_weight": 0.5}})
+    check_reward_options({"accuracy": 1.0}, {})
+
+
+@pytest.mark.usefixtures("isolated_registry")
+def test_register_reward_refuses_options_its_function_does_not_take_with_the_same_default() -> None:
+    def shaping(*, bonus: float = 0.0) -> None:
+        """Validator of the option `bonus`."""
+
+    with pytest.raises(ConfigError, match=r"option 'bonus' must be a keyword-only parameter .* default 0.0"):
+        registry.register_reward("no_bonus", options=shaping)(lambda completion, **sample: 1.0)
+
+    def other_default(completion: str, *, bonus: float = 1.0, **sample: object) -> float:
+        return bonus
+
+    with pytest.raises(ConfigError, match="'bonus'"):
+        registry.register_reward("other_default", options=shaping)(other_default)
+
+    def with_bonus(completion: str, *, bonus: float = 0.0, **sample: object) -> float:
+        return bonus
+
+    registry.register_reward("with_bonus", options=shaping)(with_bonus)
+    assert compute_rewards(GOOD, {"with_bonus": 2.0}, {"with_bonus": {"bonus": 0.25}})["total"] == 0.5
+    # a sample field must not pass for an option
+    with pytest.raises(InputError, match=r"'with_bonus': sample field\(s\) \['bonus'\]"):
+        compute_rewards(GOOD, {"with_bonus": 1.0}, {"with_bonus": {"bonus": 0.25}}, bonus=0.5)

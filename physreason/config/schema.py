@@ -529,6 +529,15 @@ class GRPOConfig(Section):
     reward_function: dict[str, float] = Field(
         default_factory=lambda: {"accuracy": 1.0, "format": 1.0}, description="Reward name -> weight."
     )
+    reward_options: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description=(
+            "Reward name -> its options, for rewards that take some (checked when GRPO starts). The IoU rewards "
+            "(box_iou, temporal_iou, localization) take hit_weight and hit_threshold: reward = (1 - hit_weight) x IoU "
+            "+ hit_weight x [IoU >= hit_threshold]; e.g. localization = {hit_weight = 1.0} pays the hit at IoU 0.5 "
+            "alone. Unset: the continuous IoU."
+        ),
+    )
     importance_sampling_level: Literal["token", "sequence"] = Field(
         "token", description="Probability ratio per token (GRPO) or per sequence (GSPO)."
     )

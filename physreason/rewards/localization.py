@@ -4,6 +4,9 @@ The answers are parsed by `physreason.chat.structured` (layouts, and the decisio
 swapped corners, clipping and end before start) from the shared extractor's answer region
 (`answer_region`): the `<answer>` block of the Cosmos-Reason1 layout, else the text after `</think>`
 (Cosmos-Reason2), else the whole completion. A box of zero area covers nothing (IoU 0).
+
+The IoU rewards (box_iou, temporal_iou, localization) take two options (grpo.reward_options, IoUShaping): the
+continuous IoU by default, a 0/1 hit at an IoU threshold, or a mix of both. Evaluation scores the plain IoU always.
 """
 
 from __future__ import annotations
@@ -21,11 +24,36 @@ from physreason.chat.structured import (
     point_from,
     span_from,
 )
-from physreason.errors import InputError
+from physreason.errors import ConfigError, InputError
 from physreason.rewards.extract import answer_region
 from physreason.rewards.registry import register_reward
 
 IOU_HIT = 0.5  # accuracy at IoU 0.5 and temporal R@0.5 count an answer right from this overlap
+NO_HIT_BONUS = 0.0  # the IoU rewards' default hit_weight: the continuous IoU alone
+
+
+@dataclass(frozen=True)
+class IoUShaping:
+    """How an IoU in [0, 1] becomes a reward: (1 - hit_weight) x IoU + hit_weight x [IoU >= hit_threshold].
+
+    hit_weight 0 (the default) is the continuous IoU, 1 the thresholded hit alone (the reward evaluation's acc@0.5
+    counts, at the default threshold), values between a mix. The IoU rewards' options; ConfigError for values
+    outside 0 < hit_threshold <= 1 and 0 <= hit_weight <= 1.
+    """
+
+    hit_threshold: float = IOU_HIT
+    hit_weight: float = NO_HIT_BONUS
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.hit_threshold <= 1.0:
+            # A threshold of 0 would pay every answer, parsed or not, the whole hit bonus.
+            raise ConfigError(f"IoU reward option hit_threshold = {self.hit_threshold}: give a value in (0, 1]")
+        if not 0.0 <= self.hit_weight <= 1.0:
+            raise ConfigError(f"IoU reward option hit_weight = {self.hit_weight}: give a value in [0, 1]")
+
+    def __call__(self, iou: float) -> float:
+        """The reward of one IoU."""
+        return (1.0 - self.hit_weight) * iou + self.hit_weight * float(iou >= self.hit_threshold)
 
 
 def answer_item(text: str) -> dict[str, Any] | None:
@@ -63,10 +91,18 @@ def _reference(answer: str, parse: Any, what: str) -> Any:
     return value
 
 
-@register_reward("box_iou")
-def box_iou_reward(completion: str, *, answer: str, **sample: Any) -> float:
-    """IoU of the completion's first `box_2d` with the reference answer's box (0 when it has none)."""
-    return box_iou(box_from(answer_item(completion)), _reference(answer, box_from, "box_2d"))
+@register_reward("box_iou", options=IoUShaping)
+def box_iou_reward(
+    completion: str,
+    *,
+    answer: str,
+    hit_threshold: float = IOU_HIT,
+    hit_weight: float = NO_HIT_BONUS,
+    **sample: Any,
+) -> float:
+    """IoU of the completion's first `box_2d` with the reference answer's box (0 when it has none), IoUShaping'd."""
+    iou = box_iou(box_from(answer_item(completion)), _reference(answer, box_from, "box_2d"))
+    return IoUShaping(hit_threshold, hit_weight)(iou)
 
 
 @register_reward("point_in_box")
@@ -85,10 +121,18 @@ def point_in_box_reward(completion: str, *, answer: str, box_2d: list[float] | N
     return float(point_in(point_from(answer_item(completion)), box))
 
 
-@register_reward("temporal_iou")
-def temporal_iou_reward(completion: str, *, answer: str, **sample: Any) -> float:
-    """Temporal IoU of the completion's first start/end span with the reference answer's span."""
-    return span_iou(span_from(answer_item(completion)), _reference(answer, span_from, "start/end span"))
+@register_reward("temporal_iou", options=IoUShaping)
+def temporal_iou_reward(
+    completion: str,
+    *,
+    answer: str,
+    hit_threshold: float = IOU_HIT,
+    hit_weight: float = NO_HIT_BONUS,
+    **sample: Any,
+) -> float:
+    """Temporal IoU of the completion's first start/end span with the reference answer's span, IoUShaping'd."""
+    iou = span_iou(span_from(answer_item(completion)), _reference(answer, span_from, "start/end span"))
+    return IoUShaping(hit_threshold, hit_weight)(iou)
 
 
 @register_reward("json_format")
@@ -110,7 +154,7 @@ class LocalizationScore:
 def score_localization(completion: str, answer: str, box_2d: list[float] | None = None) -> LocalizationScore:
     """The evaluation score of a structured answer: box IoU, point in box, or temporal IoU, and the hit at 0.5."""
     kind = answer_kind(answer)
-    if kind == "box_2d":
+    if kind == "box_2d":  # the rewards' default options: the plain IoU
         iou = box_iou_reward(completion, answer=answer)
     elif kind == "point_2d":
         iou = point_in_box_reward(completion, answer=answer, box_2d=box_2d)
@@ -119,7 +163,16 @@ def score_localization(completion: str, answer: str, box_2d: list[float] | None 
     return LocalizationScore(kind, iou, iou >= IOU_HIT)
 
 
-@register_reward("localization")
-def localization_reward(completion: str, *, answer: str, box_2d: list[float] | None = None, **sample: Any) -> float:
-    """The IoU the reference's layout calls for: box IoU, point in box, or temporal IoU (for files that mix them)."""
-    return score_localization(completion, answer, box_2d).iou
+@register_reward("localization", options=IoUShaping)
+def localization_reward(
+    completion: str,
+    *,
+    answer: str,
+    box_2d: list[float] | None = None,
+    hit_threshold: float = IOU_HIT,
+    hit_weight: float = NO_HIT_BONUS,
+    **sample: Any,
+) -> float:
+    """The IoU the reference's layout calls for: box IoU, point in box, or temporal IoU (for files that mix them),
+    IoUShaping'd (a point's 0/1 stays as it is at any threshold in (0, 1])."""
+    return IoUShaping(hit_threshold, hit_weight)(score_localization(completion, answer, box_2d).iou)

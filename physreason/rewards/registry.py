@@ -1,4 +1,9 @@
-"""A registry of reward functions by name, and the weighted sum a training step uses."""
+"""A registry of reward functions by name, their options, and the weighted sum a training step uses.
+
+A reward may take options (a recipe's `grpo.reward_options`, e.g. how an IoU becomes a reward): keyword-only
+parameters with defaults, declared at registration by a validator whose keyword parameters are their names and whose
+call checks their values (a dataclass does both).
+"""
 
 from __future__ import annotations
 
@@ -14,26 +19,76 @@ from physreason.errors import ConfigError, InputError
 RewardFn = Callable[..., float]
 
 _REWARDS: dict[str, RewardFn] = {}
+_OPTIONS: dict[str, Callable[..., Any]] = {}  # reward name -> the validator of its options
 # The key compute_rewards adds for the weighted sum, so no reward may take its name.
 TOTAL_KEY = "total"
 
 
-def register_reward(name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[RewardFn], RewardFn]:
+def register_reward(
+    name: str, *, aliases: tuple[str, ...] = (), options: Callable[..., Any] | None = None
+) -> Callable[[RewardFn], RewardFn]:
     """Decorator: register a reward function under `name` (and `aliases`) for configs to name.
 
-    Raises ConfigError when a name is taken, or is "total".
+    `options` validates the reward's options: called with them as keywords, it raises ConfigError for a bad value;
+    its keyword parameters name them, and each must be a keyword-only parameter of the reward with the same default.
+    Raises ConfigError when a name is taken, or is "total", or an option is not such a parameter.
     """
 
     def decorate(fn: RewardFn) -> RewardFn:
+        if options is not None:
+            _check_option_parameters(name, fn, options)
         for key in (name, *aliases):
             if key == TOTAL_KEY:
                 raise ConfigError(f"A reward cannot be named {TOTAL_KEY!r}: compute_rewards uses that key for the sum.")
             if key in _REWARDS:
                 raise ConfigError(f"Reward name {key!r} is already registered; choose another name.")
             _REWARDS[key] = fn
+            if options is not None:
+                _OPTIONS[key] = options
         return fn
 
     return decorate
+
+
+def _option_defaults(validator: Callable[..., Any]) -> dict[str, Any]:
+    """The option names a validator takes as keywords, with their defaults."""
+    return {param.name: param.default for param in inspect.signature(validator).parameters.values()}
+
+
+def _check_option_parameters(name: str, fn: RewardFn, validator: Callable[..., Any]) -> None:
+    """Each option must reach `fn` as a keyword-only parameter whose default is the validator's (one meaning of an
+    unset option)."""
+    params = inspect.signature(fn).parameters
+    for option, default in _option_defaults(validator).items():
+        param = params.get(option)
+        if param is None or param.kind is not inspect.Parameter.KEYWORD_ONLY or param.default != default:
+            raise ConfigError(
+                f"Reward {name!r}: option {option!r} must be a keyword-only parameter of {fn.__qualname__} with "
+                f"default {default!r}, as its options validator declares"
+            )
+
+
+def check_reward_options(weights: Mapping[str, float], reward_options: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse options for a reward that `weights` does not name or that takes none, unknown option names, and values
+    the reward's validator rejects; ConfigError names the reward, the option and what it takes."""
+    for name, values in reward_options.items():
+        get_reward(name)  # an unknown name: the error lists the registered ones
+        if name not in weights:
+            raise ConfigError(
+                f"grpo.reward_options has options for reward {name!r}, which grpo.reward_function does not name "
+                f"({', '.join(weights) or 'none'}): add it there or drop its options"
+            )
+        validator = _OPTIONS.get(name)
+        if validator is None:
+            raise ConfigError(f"grpo.reward_options.{name}: reward {name!r} takes no options; drop them")
+        allowed = _option_defaults(validator)
+        unknown = sorted(set(values) - set(allowed))
+        if unknown:
+            raise ConfigError(
+                f"grpo.reward_options.{name}: unknown option(s) {unknown}; reward {name!r} takes "
+                f"{', '.join(sorted(allowed))}"
+            )
+        validator(**values)
 
 
 def registered_rewards() -> list[str]:
@@ -49,13 +104,23 @@ def get_reward(name: str) -> RewardFn:
         raise ConfigError(f"Unknown reward {name!r}. Registered rewards: {', '.join(registered_rewards())}.") from None
 
 
-def compute_rewards(completion: str, weights: Mapping[str, float], **sample: Any) -> dict[str, float]:
+def compute_rewards(
+    completion: str,
+    weights: Mapping[str, float],
+    reward_options: Mapping[str, Mapping[str, Any]] | None = None,
+    /,
+    **sample: Any,
+) -> dict[str, float]:
     """Return each named reward of `completion` and their weighted sum under the key "total".
 
     Every reward in `weights` is computed, zero weights included, so logs show it. The sample's
-    fields go to every reward as keywords; InputError names a field a reward needs and lacks, or a
+    fields go to every reward as keywords, and a reward's `reward_options` (checked by check_reward_options)
+    to it alone; InputError names a field a reward needs and lacks, a field that shadows an option, or a
     reward that returned NaN or infinity.
     """
+    # The first three parameters are positional-only so that a sample field of any name (multiple-choice
+    # samples carry `options`) lands in `sample`.
+    reward_options = reward_options or {}
     values: dict[str, float] = {}
     for name in weights:
         fn = get_reward(name)
@@ -65,7 +130,14 @@ def compute_rewards(completion: str, weights: Mapping[str, float], **sample: Any
                 f"Reward {name!r} needs sample field(s) {missing}; the sample has {sorted(sample)}. "
                 "Add them to the data records or drop the reward from the weights."
             )
-        value = float(fn(completion, **sample))
+        options = reward_options.get(name, {})
+        shadowed = sorted(set(options) & set(sample))
+        if shadowed:
+            raise InputError(
+                f"Reward {name!r}: sample field(s) {shadowed} have the names of its options in grpo.reward_options; "
+                "rename those fields in the data records"
+            )
+        value = float(fn(completion, **sample, **options))
         if not math.isfinite(value):
             # One NaN would turn its whole group's advantages, and then the loss, into NaN.
             raise InputError(

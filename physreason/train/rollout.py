@@ -24,7 +24,7 @@ from physreason.data.mcq import MCQPrompt, PromptStream
 from physreason.engines import Completion, Engine, GenerationRequest
 from physreason.errors import ConfigError, InputError
 from physreason.models.inputs import ProcessorParams, VisualInputs, encode_visuals, prompting_for
-from physreason.rewards import compute_rewards
+from physreason.rewards import check_reward_options, compute_rewards
 from physreason.train.grpo_advantages import compute_group_advantages
 from physreason.train.grpo_loss import soft_overlong_penalty
 from physreason.vision import load_image, load_video
@@ -83,15 +83,20 @@ def mcq_request(
 
 
 def completion_rewards(
-    text: str, prompt: MCQPrompt, weights: Mapping[str, float], style: StyleName = "reason1"
+    text: str,
+    prompt: MCQPrompt,
+    weights: Mapping[str, float],
+    style: StyleName = "reason1",
+    reward_options: Mapping[str, Mapping[str, float]] | None = None,
 ) -> dict[str, float]:
     """Each configured reward and the diagnostic ones for one completion, plus the weighted "total".
 
-    Rewards also get `prompt_style`, so the format reward checks the layout the prompt asked for.
+    Rewards also get `prompt_style`, so the format reward checks the layout the prompt asked for, and their
+    `reward_options` ([grpo] reward_options).
     """
     every = {name: 0.0 for name in DIAGNOSTIC_REWARDS} | dict(weights)
     try:
-        return compute_rewards(text, every, prompt_style=style, **prompt.reward_fields())
+        return compute_rewards(text, every, reward_options, prompt_style=style, **prompt.reward_fields())
     except InputError as exc:
         raise InputError(f"sample {prompt.id!r}: {exc}") from exc
 
@@ -116,6 +121,7 @@ class RolloutSettings:
     sampling: SamplingConfig  # n = group size, max_tokens = max_response_length
     vision: VisionConfig
     reward_weights: dict[str, float]
+    reward_options: dict[str, dict[str, float]] = field(default_factory=dict)  # [grpo] reward_options, checked
     advantage: str = "grpo"
     dynamic_sampling: bool = False
     max_rounds: int = 8
@@ -155,12 +161,14 @@ def rollout_settings(
             f"grpo.overlong_buffer_length ({grpo.overlong_buffer_length}) exceeds rollout.max_response_length "
             f"({config.rollout.max_response_length}): the punishment starts that many tokens before the limit"
         )
+    check_reward_options(grpo.reward_function, grpo.reward_options)
     return RolloutSettings(
         groups_needed=groups_needed,
         prompts_per_round=prompts_per_round,
         sampling=sampling,
         vision=config.vision,
         reward_weights=dict(grpo.reward_function),
+        reward_options={name: dict(options) for name, options in grpo.reward_options.items()},
         advantage=grpo.advantage,
         dynamic_sampling=grpo.dynamic_sampling,
         max_rounds=max_rounds,
@@ -254,7 +262,7 @@ def _rollout_round(
             log.warning("rollout: prompt %s skipped: %s", prompt.id, result.error or "incomplete group of completions")
             continue
         rewards = [
-            completion_rewards(c.text, prompt, settings.reward_weights, settings.prompt_style)
+            completion_rewards(c.text, prompt, settings.reward_weights, settings.prompt_style, settings.reward_options)
             for c in result.completions
         ]
         if settings.overlong_buffer_length:
