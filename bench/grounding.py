@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,11 +100,114 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grpo-prompts", type=int, default=16, help="prompts per GRPO step (and control batch)")
     parser.add_argument("--grpo-temperature", type=float, default=1.0)
     parser.add_argument("--json-format-weight", type=float, default=0.1, help="weight of the json_format reward")
+    parser.add_argument(
+        "--iou-hit-weight",
+        type=float,
+        default=0.0,
+        help="reward shaping (grpo.reward_options.localization.hit_weight): the IoU reward is (1 - W) x IoU + W x "
+        "[IoU >= --iou-hit-threshold]; 0 the continuous IoU, 1 the thresholded hit, between a mix",
+    )
+    parser.add_argument(
+        "--iou-hit-threshold", type=float, default=0.5, help="IoU from which the hit bonus is paid (see above)"
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        metavar="NAME[:KEY=VALUE,...]",
+        help="several GRPO runs from each seed's one SFT export, each against the same control, in one table: e.g. "
+        "`grpo grpo-hit:iou-hit-weight=1 grpo-n16:grpo-n=16 grpo-dyn:grpo-dynamic-sampling=true`. A name starts "
+        "with grpo (its run folder and results label); the keys override this command's settings of that run: "
+        f"{', '.join(VARIANT_KEYS)} (default: one variant, grpo, with this command's settings)",
+    )
     parser.add_argument("--stop-after", choices=("data", "sft", "all"), default="all")
     args = parser.parse_args(argv)
-    args.grpo_name = "grpo"  # folder names shared with the letter bench's helpers
     args.option_order = "fixed"  # the letter clips of the tower pre-training (a JSON answer has no options)
+    args.variants = parse_variants(args.variants or [DEFAULT_VARIANT], args, parser)
     return args
+
+
+BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
+def boolean(text: str) -> bool:
+    """true/false, 1/0, yes/no, on/off as a bool; ValueError otherwise."""
+    if text.lower() not in BOOLEANS:
+        raise ValueError(text)
+    return BOOLEANS[text.lower()]
+
+
+VARIANT_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {  # --variants key -> the argument it sets, its type
+    "iou-hit-weight": ("iou_hit_weight", float),
+    "iou-hit-threshold": ("iou_hit_threshold", float),
+    "grpo-n": ("grpo_n", int),
+    "grpo-dynamic-sampling": ("grpo_dynamic_sampling", boolean),
+    "grpo-temperature": ("grpo_temperature", float),
+    "json-format-weight": ("json_format_weight", float),
+}
+# GRPO settings a variant may not change: the control continues SFT with GRPO's steps, prompts per step and lr,
+# so a variant that changed them would no longer be paired with the control it is tested against.
+CONTROL_KEYS = ("grpo-steps", "grpo-prompts", "grpo-lr")
+DEFAULT_VARIANT = "grpo"
+VARIANT_NAME = re.compile(r"grpo([-_.][A-Za-z0-9]+)*")
+
+
+def parse_variants(
+    specs: list[str], args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> dict[str, dict[str, Any]]:
+    """`--variants` as {name: {argument: value}}: each name's overrides of this command's GRPO settings, checked
+    (names, keys, values, the IoU shaping's ranges) before anything runs; parser.error names the bad part."""
+    from physreason.errors import ConfigError
+    from physreason.rewards.localization import IoUShaping
+
+    variants: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        name, _, settings = spec.partition(":")
+        if not VARIANT_NAME.fullmatch(name) or "sft-control" in name:
+            parser.error(
+                f"--variants {spec!r}: name a variant grpo or grpo-<letters, digits> (e.g. grpo-hit), not containing "
+                "sft-control: it names the run folder beside the control's"
+            )
+        if name in variants:
+            parser.error(f"--variants: {name!r} is given twice; give each variant one name")
+        overrides: dict[str, Any] = {}
+        for item in filter(None, settings.split(",")):
+            key, equals, value = item.partition("=")
+            if key in CONTROL_KEYS:
+                parser.error(
+                    f"--variants {spec!r}: {key} is shared by every variant and the control (the control continues "
+                    f"SFT with GRPO's steps, prompts per step and lr); set --{key} for the whole command instead"
+                )
+            if key not in VARIANT_KEYS or not equals:
+                parser.error(
+                    f"--variants {spec!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(VARIANT_KEYS)}"
+                )
+            dest, kind = VARIANT_KEYS[key]
+            try:
+                overrides[dest] = kind(value)
+            except ValueError:
+                parser.error(f"--variants {spec!r}: {key}={value!r} is not a valid {kind.__name__}")
+        settings_of = variant_args(args, overrides)
+        try:
+            IoUShaping(settings_of.iou_hit_threshold, settings_of.iou_hit_weight)
+        except ConfigError as exc:
+            parser.error(f"--variants {spec!r} (or --iou-hit-*): {exc}")
+        variants[name] = overrides
+    return variants
+
+
+def variant_args(args: argparse.Namespace, overrides: dict[str, Any]) -> argparse.Namespace:
+    """This command's arguments with one variant's overrides laid over them."""
+    return argparse.Namespace(**{**vars(args), **overrides})
+
+
+def variant_text(args: argparse.Namespace) -> str:
+    """One line of a variant's GRPO settings: its reward, completions per prompt, dynamic sampling, temperature."""
+    w, t = args.iou_hit_weight, args.iou_hit_threshold
+    reward = "IoU" if w == 0 else f"hit@{t:g}" if w == 1 else f"{1 - w:g} x IoU + {w:g} x hit@{t:g}"
+    return (
+        f"reward {reward} + {args.json_format_weight:g} x json_format; {args.grpo_n} completions per prompt at "
+        f"temperature {args.grpo_temperature:g}; dynamic sampling {'on' if args.grpo_dynamic_sampling else 'off'}"
+    )
 
 
 def generate(out: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -190,12 +295,75 @@ def paired_test(a: dict[str, float], b: dict[str, float], seed: int = 0) -> dict
     }
 
 
-STAGES = {  # table row -> its run and evaluation folder name, given the variant suffix (the letter bench's names)
-    "untrained model": "base{seed}",
-    "after SFT": "sft{suffix}",
-    "after SFT+GRPO": "grpo{suffix}",
-    "after SFT+SFT (control)": "grpo{suffix}-sft-control",
-}
+BASE_ROW, SFT_ROW, CONTROL_ROW = "untrained model", "after SFT", "after SFT+SFT (control)"
+
+
+def grpo_row(variant: str) -> str:
+    """The table row of a GRPO variant: "after SFT+GRPO" for the default variant, else with its name."""
+    return "after SFT+GRPO" if variant == DEFAULT_VARIANT else f"after SFT+GRPO ({variant})"
+
+
+def stage_labels(variants: list[str], suffix: str, seed: int) -> dict[str, str]:
+    """Table row -> its run and evaluation folder name, in table order (the letter bench's names: the control keeps
+    grpo<suffix>-sft-control whatever the variants, as they share it)."""
+    return {
+        BASE_ROW: f"base{seed_tag(seed)}",
+        SFT_ROW: f"sft{suffix}",
+        **{grpo_row(name): f"{name}{suffix}" for name in variants},
+        CONTROL_ROW: f"grpo{suffix}-sft-control",
+    }
+
+
+# The settings a GRPO run folder's config.toml must share with a variant that reuses the folder, as the same name
+# with other settings (an edited --variants) would otherwise resume or reuse the other variant's run.
+VARIANT_CONFIG_KEYS = (
+    "grpo.reward_function",
+    "grpo.reward_options",
+    "grpo.dynamic_sampling",
+    "rollout.n_generation",
+    "rollout.batch_size",
+    "rollout.sampling_config.temperature",
+    "train.optm_lr",
+)
+
+
+def config_value(cfg: Any, key: str) -> Any:
+    """The value of a dotted key in a Config."""
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def refuse_other_settings(rl_cfg: Any) -> None:
+    """Stop the bench when rl_cfg's run folder holds a run of the same name with other VARIANT_CONFIG_KEYS."""
+    from physreason.config import load_config
+
+    recorded = Path(rl_cfg.train.output_dir) / "config.toml"
+    if not recorded.is_file():
+        return
+    earlier = load_config(recorded)
+    differ = [k for k in VARIANT_CONFIG_KEYS if config_value(earlier, k) != config_value(rl_cfg, k)]
+    if differ:
+        raise SystemExit(
+            f"{recorded.parent} holds a GRPO run with other settings ("
+            + "; ".join(f"{k}: {config_value(earlier, k)} there, {config_value(rl_cfg, k)} now" for k in differ)
+            + "): give this variant another name in --variants, or another --out"
+        )
+
+
+def variant_grpo_config(args: argparse.Namespace, cfg: Any, out: Path, sft_dir: Path, output_dir: Path) -> Any:
+    """GRPO from `sft_dir` on the RL prompts with one variant's arguments: the IoU reward (shaped when
+    --iou-hit-weight is set), json_format, completions per prompt, temperature, dynamic sampling."""
+    rl_cfg = grpo_stage_config(args, cfg, out, sft_dir, out / "data" / "rl" / "grpo.jsonl", output_dir)
+    rl_cfg.grpo.reward_function = {"localization": 1.0, "json_format": args.json_format_weight}
+    if args.iou_hit_weight:  # without a hit bonus the threshold does nothing: the recipe keeps no options
+        rl_cfg.grpo.reward_options = {
+            "localization": {"hit_weight": args.iou_hit_weight, "hit_threshold": args.iou_hit_threshold}
+        }
+    rl_cfg.grpo.shuffle_options = False  # no options: the question is asked as written
+    rl_cfg.rollout.max_response_length = args.max_tokens
+    rl_cfg.rollout.sampling_config.temperature = args.grpo_temperature
+    return rl_cfg
 
 
 def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any]:
@@ -211,7 +379,7 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any]:
     cfg.generation.max_tokens = args.max_tokens
     suffix = variant_suffix(args, seed)
     cfg.train.output_dir = str(out / f"sft{suffix}")
-    labels = {row: name.format(suffix=suffix, seed=seed_tag(seed)) for row, name in STAGES.items()}
+    labels = stage_labels(list(args.variants), suffix, seed)
     results = out / "results"
 
     def evaluate(row: str, model: Path) -> None:
@@ -219,7 +387,7 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any]:
         _evaluate(_with_model(cfg, model), labels[row], results)
         timings[f"eval {row}"] = time.perf_counter() - t
 
-    evaluate("untrained model", model_dir)
+    evaluate(BASE_ROW, model_dir)
     tower = None
     if args.tower_steps:
         t = time.perf_counter()
@@ -229,32 +397,31 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any]:
     t = time.perf_counter()
     sft_dir = finished_export(Path(cfg.train.output_dir), args.sft_steps) or run_sft(cfg).export_dir
     timings["sft_s"] = time.perf_counter() - t
-    evaluate("after SFT", sft_dir)
+    evaluate(SFT_ROW, sft_dir)
     if args.stop_after == "all":
+        for name, overrides in args.variants.items():
+            row = grpo_row(name)
+            t = time.perf_counter()
+            rl_cfg = variant_grpo_config(variant_args(args, overrides), cfg, out, sft_dir, out / labels[row])
+            refuse_other_settings(rl_cfg)
+            grpo_dir = finished_export(Path(rl_cfg.train.output_dir), args.grpo_steps) or run_grpo(rl_cfg).export_dir
+            timings[f"grpo_s {name}"] = time.perf_counter() - t
+            evaluate(row, grpo_dir)
         t = time.perf_counter()
-        rl_cfg = grpo_stage_config(
-            args, cfg, out, sft_dir, out / "data" / "rl" / "grpo.jsonl", out / labels["after SFT+GRPO"]
-        )
-        rl_cfg.grpo.reward_function = {"localization": 1.0, "json_format": args.json_format_weight}
-        rl_cfg.grpo.shuffle_options = False  # no options: the question is asked as written
-        rl_cfg.rollout.max_response_length = args.max_tokens
-        rl_cfg.rollout.sampling_config.temperature = args.grpo_temperature
-        grpo_dir = finished_export(Path(rl_cfg.train.output_dir), args.grpo_steps) or run_grpo(rl_cfg).export_dir
-        timings["grpo_s"] = time.perf_counter() - t
-        evaluate("after SFT+GRPO", grpo_dir)
-        t = time.perf_counter()
-        control = out / labels["after SFT+SFT (control)"]
+        control = out / labels[CONTROL_ROW]
         control_dir = sft_control(cfg, sft_dir, out / "data" / "rl" / "control-sft.jsonl", control, args)
         timings["sft_control_s"] = time.perf_counter() - t
-        evaluate("after SFT+SFT (control)", control_dir)
+        evaluate(CONTROL_ROW, control_dir)
     ious = {row: clip_ious(results / label) for row, label in labels.items() if (results / label).is_dir()}
     tables = {row: {kind: clip_summary(list(scores[kind].values())) for kind in KINDS} for row, scores in ious.items()}
-    paired = None
-    if "after SFT+GRPO" in ious and "after SFT+SFT (control)" in ious:
-        grpo, ctl = ious["after SFT+GRPO"], ious["after SFT+SFT (control)"]
-        paired = {kind: paired_test(grpo[kind], ctl[kind], seed) for kind in KINDS}
-    rewards = logged(out / labels["after SFT+GRPO"], "reward/total_mean")
-    print(f"seed {seed}: GRPO mean reward, means of 10 steps:", window_means(rewards, 10))
+    paired = {
+        row: {kind: paired_test(ious[row][kind], ious[CONTROL_ROW][kind], seed) for kind in KINDS}
+        for row in grpo_rows(labels)
+        if row in ious and CONTROL_ROW in ious
+    }
+    rewards = {row: logged(out / labels[row], "reward/total_mean") for row in grpo_rows(labels)}
+    for row, values in rewards.items():
+        print(f"seed {seed}: {row}: GRPO mean reward, means of 10 steps:", window_means(values, 10))
     print({k: round(v, 1) for k, v in timings.items()})
     return {
         "seed": seed,
@@ -269,6 +436,18 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any]:
     }
 
 
+def grpo_rows(rows: Any) -> list[str]:
+    """The GRPO variants' rows among `rows` (a run's labels or tables), in their order."""
+    return [row for row in rows if row.startswith("after SFT+GRPO")]
+
+
+def table_rows(runs: list[dict[str, Any]]) -> list[str]:
+    """Every stage row of the runs' tables, in table order (runs combined from several files may differ in their
+    variants: the union, each file's order kept)."""
+    rows = list(dict.fromkeys(row for run in runs for row in run["tables"]))
+    return [BASE_ROW, SFT_ROW, *grpo_rows(rows), CONTROL_ROW]
+
+
 def seed_summary(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """Per stage and question kind, mean IoU and acc@0.5 over seeds (mean, std, min, max, n: seed_stats)."""
     tables = [
@@ -279,40 +458,59 @@ def seed_summary(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, An
     return {row: {key: stats for key, stats in values.items() if stats} for row, values in spread(tables).items()}
 
 
-def pooled_paired(runs: list[dict[str, Any]]) -> dict[str, dict[str, float] | None]:
-    """GRPO - control per question kind over all seeds: each clip's difference averaged over the seeds, then tested."""
-    pooled: dict[str, dict[str, float] | None] = {}
-    for kind in KINDS:
-        arms = [
-            (run["clip_ious"]["after SFT+GRPO"][kind], run["clip_ious"]["after SFT+SFT (control)"][kind])
-            for run in runs
-            if "after SFT+GRPO" in run["clip_ious"]
-        ]
-        if not arms:
-            pooled[kind] = None
-            continue
-        common = set.intersection(*(set(g) & set(c) for g, c in arms))
-        mean = {arm: {k: sum(pair[arm][k] for pair in arms) / len(arms) for k in common} for arm in (0, 1)}
-        pooled[kind] = paired_test(mean[0], mean[1])
-        if pooled[kind] is not None:
-            pooled[kind]["seeds"] = len(arms)
+def pooled_paired(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float] | None]]:
+    """Each GRPO variant minus the control, per question kind over all seeds that ran both: each clip's difference
+    averaged over those seeds, then tested; {variant's row: {kind: test or None}}."""
+    pooled: dict[str, dict[str, dict[str, float] | None]] = {}
+    for row in grpo_rows(dict.fromkeys(row for run in runs for row in run["clip_ious"])):
+        pooled[row] = {}
+        for kind in KINDS:
+            arms = [
+                (run["clip_ious"][row][kind], run["clip_ious"][CONTROL_ROW][kind])
+                for run in runs
+                if row in run["clip_ious"] and CONTROL_ROW in run["clip_ious"]
+            ]
+            if not arms:
+                pooled[row][kind] = None
+                continue
+            common = set.intersection(*(set(g) & set(c) for g, c in arms))
+            mean = {arm: {k: sum(pair[arm][k] for pair in arms) / len(arms) for k in common} for arm in (0, 1)}
+            test = paired_test(mean[0], mean[1])
+            if test is not None:
+                test["seeds"] = len(arms)
+            pooled[row][kind] = test
     return pooled
 
 
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjustment of p-values (the family-wise error over all of them), in the given order.
+
+    With several variants the table holds several tests; the smallest raw p is then likelier to fall under 0.05 by
+    chance alone. Holm keeps the chance of any false claim at 0.05 without assuming the tests independent.
+    """
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * len(pvalues), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
 def markdown(runs: list[dict[str, Any]], pooled: dict[str, Any], header: list[str]) -> str:
-    """The stage table (mean IoU and acc@0.5 per question kind) and the paired GRPO-vs-control table."""
+    """The stage table (mean IoU and acc@0.5 per question kind) and the paired table of each GRPO variant against
+    the control."""
     single = len(runs) == 1
     note = (
         "(%; ± one standard error over the test clips)"
         if single
         else f"(%; mean ± std over {len(runs)} seeds [min-max]; standard errors over clips per seed in the JSON)"
     )
-    kinds = [kind for kind in KINDS if any(run["tables"]["after SFT"][kind] for run in runs)]
+    kinds = [kind for kind in KINDS if any(run["tables"][SFT_ROW][kind] for run in runs)]
     columns = [f"{KIND_LABELS[k]}: {'mean tIoU' if k == 'time_span' else 'mean IoU'}" for k in kinds]
     columns = [c for kind, col in zip(kinds, columns) for c in (col, f"{KIND_LABELS[kind]}: acc@0.5")]
     lines = [*header, "", f"Held-out test clips {note}", ""]
     lines += ["| stage | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for row in STAGES:
+    for row in table_rows(runs):
         cells = []
         for kind in kinds:
             for key in ("mean_iou", "acc50"):
@@ -326,29 +524,42 @@ def markdown(runs: list[dict[str, Any]], pooled: dict[str, Any], header: list[st
                     cells.append(spread_text(seed_stats(values)))
         if any(cell != "-" for cell in cells):
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    if any(pooled.values()):
+    tests = [(row, kind, test) for row, by_kind in pooled.items() for kind in kinds if (test := by_kind.get(kind))]
+    if tests:
+        adjusted = holm([test["p"] for _, _, test in tests])
         lines += [
             "",
             "GRPO minus its SFT control, clip by clip (mean IoU points; pooled: each clip's difference averaged over "
-            "seeds; p: two-sided sign-flip permutation test)",
+            "seeds; p: two-sided sign-flip permutation test; Holm: p adjusted over the table's "
+            f"{len(tests)} tests)",
             "",
-            "| question | difference | standard error | p | clips | per seed (difference, p) |",
-            "|---|---|---|---|---|---|",
+            "| question | difference | standard error | p | p (Holm) | clips | per seed (difference, p) |",
+            "|---|---|---|---|---|---|---|",
         ]
-        for kind in kinds:
-            test = pooled.get(kind)
-            if not test:
-                continue
+        for (row, kind, test), p_holm in zip(tests, adjusted, strict=True):
             per_seed = ", ".join(
                 f"seed {run['seed']}: {100 * t['mean_diff']:+.1f}, p {t['p']:.3f}"
                 for run in runs
-                if run["paired_grpo_minus_control"] and (t := run["paired_grpo_minus_control"][kind])
+                if (t := run["paired_grpo_minus_control"].get(row, {}).get(kind))
             )
+            name = row.removeprefix("after SFT+GRPO").strip(" ()")
+            question = f"{name}: {KIND_LABELS[kind]}" if name else KIND_LABELS[kind]
             lines.append(
-                f"| {KIND_LABELS[kind]} | {100 * test['mean_diff']:+.1f} | {100 * test['se']:.1f} | {test['p']:.4f} | "
-                f"{test['n']} | {per_seed} |"
+                f"| {question} | {100 * test['mean_diff']:+.1f} | {100 * test['se']:.1f} | {test['p']:.4f} | "
+                f"{p_holm:.4f} | {test['n']} | {per_seed} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def recipe_lines(args: argparse.Namespace) -> list[str]:
+    """Header lines of what the run trained on and with: clip counts, SFT, GRPO and each variant's settings."""
+    return [
+        f"- clips per task: {args.train_per_task} SFT (labelled), {args.rl_per_task} RL prompts, "
+        f"{args.test_per_task} test",
+        f"- SFT {args.sft_steps} steps of {args.sft_batch}; GRPO and the control {args.grpo_steps} steps of "
+        f"{args.grpo_prompts} prompts at lr {args.grpo_lr:g}",
+        *(f"- {name}: {variant_text(variant_args(args, overrides))}" for name, overrides in args.variants.items()),
+    ]
 
 
 def combine(files: list[Path]) -> dict[str, Any]:
@@ -377,7 +588,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     runs = [run_seed(args, out, seed) for seed in args.seeds]
     device = device_name()
     pooled = pooled_paired(runs)
-    header = run_header(device, args.seeds)
+    header = [*run_header(device, args.seeds), *recipe_lines(args)]
     text = markdown(runs, pooled, header)
     print(text)
     payload = {

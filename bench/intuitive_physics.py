@@ -77,8 +77,19 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, results: str, out: Pat
     """The knobs of the stages this bench and bench/grounding.py share: clip counts, the from-scratch model, the tower
     pre-training's schedule, SFT and GRPO settings, seeds, processes, the output folder (default `out`) and --combine
     of earlier runs' $OUT/<results>.json (the defaults are the recipe's)."""
-    parser.add_argument("--train-per-task", type=int, default=2000, help="SFT clips per task")
-    parser.add_argument("--rl-per-task", type=int, default=1000, help="GRPO prompt clips per task (unseen by SFT)")
+    parser.add_argument(
+        "--train-per-task",
+        type=int,
+        default=DEFAULT_TRAIN_PER_TASK,
+        help="SFT clips per task: the labelled answers SFT sees (fewer than --rl-per-task: fewer SFT labels than RL "
+        "prompts)",
+    )
+    parser.add_argument(
+        "--rl-per-task",
+        type=int,
+        default=DEFAULT_RL_PER_TASK,
+        help="GRPO prompt clips per task (unseen by SFT; the control's labelled answers)",
+    )
     parser.add_argument("--scale", type=int, default=2, help="model size multiplier of the tiny architecture")
     parser.add_argument(
         "--family",
@@ -217,6 +228,8 @@ def architecture_tag(args: argparse.Namespace) -> str:
 
 
 DEFAULT_SFT_STEPS = 1500
+DEFAULT_TRAIN_PER_TASK = 2000
+DEFAULT_RL_PER_TASK = 1000
 
 
 def seed_tag(seed: int) -> str:
@@ -231,15 +244,19 @@ def model_folder_name(args: argparse.Namespace, seed: int = 0) -> str:
 
 def variant_suffix(args: argparse.Namespace, seed: int = 0) -> str:
     """What tells this run's trained stages apart from other variants' under the same --out ("" for the recipe):
-    the architecture when not the recipe's, the tower pre-training, a frozen tower, an SFT length other than the
-    recipe's (`--sft-steps 300`: GRPO from an SFT stopped early) and the seed. The SFT folder, its evaluation and the
-    GRPO / control folders carry it, so a variant never reuses another's finished stage."""
+    the architecture when not the recipe's, the tower pre-training, a frozen tower, SFT / RL clip counts other than
+    the recipe's (`--train-per-task 250`: fewer SFT labels; the clip files hold the first N clips, so a count alone
+    would not tell the runs apart), an SFT length other than the recipe's (`--sft-steps 300`: GRPO from an SFT stopped
+    early) and the seed. The SFT folder, its evaluation and the GRPO / control folders carry it, so a variant never
+    reuses another's finished stage."""
     tag = architecture_tag(args)
     model = "" if tag == "scale2" else f"-{tag}"
     tower = f"-tower{args.tower_steps}" if args.tower_steps else ""
     frozen = "-frozen" if args.sft_freeze_tower else ""
+    train = "" if args.train_per_task == DEFAULT_TRAIN_PER_TASK else f"-train{args.train_per_task}"
+    rl = "" if args.rl_per_task == DEFAULT_RL_PER_TASK else f"-rl{args.rl_per_task}"
     sft = "" if args.sft_steps == DEFAULT_SFT_STEPS else f"-sft{args.sft_steps}"
-    return f"{model}{tower}{frozen}{sft}{seed_tag(seed)}"
+    return f"{model}{tower}{frozen}{train}{rl}{sft}{seed_tag(seed)}"
 
 
 def generate(out: Path, args: argparse.Namespace, timings: dict[str, float]) -> None:

@@ -65,10 +65,36 @@ def test_pooled_paired_averages_each_clips_difference_over_seeds(bench):
             },
         }
 
-    pooled = bench.pooled_paired([run(1, 0.1), run(2, 0.3)])
+    pooled = bench.pooled_paired([run(1, 0.1), run(2, 0.3)])[grpo]
     assert pooled["box_2d"]["mean_diff"] == pytest.approx(0.2) and pooled["box_2d"]["seeds"] == 2
     assert pooled["box_2d"]["n"] == 10
     assert pooled["point_2d"] is None and pooled["time_span"] is None
+
+
+def test_pooled_paired_tests_each_variant_against_the_one_control_over_the_seeds_that_ran_it(bench):
+    control = "after SFT+SFT (control)"
+    base = {f"grounding/{i}": 0.02 * i for i in range(10)}
+
+    def run(seed: int, gains: dict[str, float]) -> dict:
+        arms = {row: {k: v + gain for k, v in base.items()} for row, gain in gains.items()}
+        rows = {**arms, control: base}
+        return {"seed": seed, "clip_ious": {row: {"box_2d": ious, "point_2d": {}, "time_span": {}}
+                                            for row, ious in rows.items()}}  # fmt: skip
+
+    hit = bench.grpo_row("grpo-hit")
+    assert hit == "after SFT+GRPO (grpo-hit)" and bench.grpo_row("grpo") == "after SFT+GRPO"
+    pooled = bench.pooled_paired([run(1, {"after SFT+GRPO": 0.1, hit: -0.2}), run(2, {"after SFT+GRPO": 0.3})])
+    assert list(pooled) == ["after SFT+GRPO", hit]
+    assert pooled["after SFT+GRPO"]["box_2d"]["mean_diff"] == pytest.approx(0.2)
+    assert pooled[hit]["box_2d"]["mean_diff"] == pytest.approx(-0.2) and pooled[hit]["box_2d"]["seeds"] == 1
+
+
+def test_holm_adjusts_p_values_step_down_in_their_given_order(bench):
+    # sorted 0.01, 0.02, 0.04: x3, x2, x1 -> 0.03, 0.04, 0.04 (kept monotone), back in the given order
+    assert bench.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert bench.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert bench.holm([0.03]) == pytest.approx([0.03])
+    assert bench.holm([]) == []
 
 
 def test_markdown_reports_mean_and_spread_over_seeds_and_the_paired_table(bench):
@@ -76,15 +102,19 @@ def test_markdown_reports_mean_and_spread_over_seeds_and_the_paired_table(bench)
         stats = {"mean_iou": level, "mean_iou_se": 0.01, "acc50": level / 2, "acc50_se": 0.02, "n": 50}
         return {"box_2d": stats, "point_2d": None, "time_span": stats}
 
+    grpo = "after SFT+GRPO"
     runs = [
         {
             "seed": seed,
-            "tables": {row: table(level) for row in bench.STAGES},
-            "paired_grpo_minus_control": {"box_2d": {"mean_diff": 0.05, "p": 0.01}, "point_2d": None, "time_span": None},
+            "tables": {row: table(level) for row in bench.stage_labels(["grpo"], "", seed)},
+            "paired_grpo_minus_control": {
+                grpo: {"box_2d": {"mean_diff": 0.05, "p": 0.01}, "point_2d": None, "time_span": None}
+            },
         }
         for seed, level in ((1, 0.4), (2, 0.6))
     ]
-    pooled = {"box_2d": {"mean_diff": 0.05, "se": 0.02, "p": 0.012, "n": 50}, "point_2d": None, "time_span": None}
+    pooled = {grpo: {"box_2d": {"mean_diff": 0.05, "se": 0.02, "p": 0.012, "n": 50}, "point_2d": None,
+                     "time_span": None}}  # fmt: skip
     text = bench.markdown(runs, pooled, ["- device: test"])
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("| stage |"))
@@ -92,7 +122,7 @@ def test_markdown_reports_mean_and_spread_over_seeds_and_the_paired_table(bench)
     sft = next(line for line in lines if line.startswith("| after SFT |"))
     assert "50.0 ± 14.1 [40.0-60.0]" in sft  # mean ± sample std [min-max] over the two seeds
     paired = next(line for line in lines if line.startswith("| grounding, box |"))
-    assert "+5.0" in paired and "0.0120" in paired and "seed 1: +5.0, p 0.010" in paired
+    assert "+5.0" in paired and "| 0.0120 | 0.0120 |" in paired and "seed 1: +5.0, p 0.010" in paired
     # one seed: the cells carry the standard error over clips instead
     single = bench.markdown(runs[:1], pooled, [])
     assert "| after SFT | 40.0 ± 1.0 | 20.0 ± 2.0 |" in single
@@ -105,16 +135,17 @@ def test_combine_pools_the_paired_test_over_runs_of_separate_leases(bench, tmp_p
         arms = {"after SFT+GRPO": {k: v + gain for k, v in base.items()}, "after SFT+SFT (control)": base}
         return {
             "seed": seed,
-            "tables": {row: {"box_2d": stats, "point_2d": None, "time_span": None} for row in bench.STAGES},
+            "tables": {row: {"box_2d": stats, "point_2d": None, "time_span": None}
+                       for row in bench.stage_labels(["grpo"], "", seed)},
             "clip_ious": {row: {"box_2d": ious, "point_2d": {}, "time_span": {}} for row, ious in arms.items()},
-            "paired_grpo_minus_control": {"box_2d": bench.paired_test(arms["after SFT+GRPO"], base), "point_2d": None,
-                                          "time_span": None},
+            "paired_grpo_minus_control": {"after SFT+GRPO": {"box_2d": bench.paired_test(arms["after SFT+GRPO"], base),
+                                                             "point_2d": None, "time_span": None}},
         }  # fmt: skip
 
     for seed, gain in ((1, 0.04), (2, 0.08)):
         (tmp_path / f"s{seed}.json").write_text(json.dumps({"device": f"gpu{seed}", "per_seed": [run(seed, gain)]}))
     payload = bench.main(["--combine", str(tmp_path / "s1.json"), str(tmp_path / "s2.json")])
-    assert payload["paired_grpo_minus_control"]["box_2d"]["mean_diff"] == pytest.approx(0.06)
+    assert payload["paired_grpo_minus_control"]["after SFT+GRPO"]["box_2d"]["mean_diff"] == pytest.approx(0.06)
     assert payload["device"] == "gpu1 / gpu2"
     text = (tmp_path / "grounding-combined.md").read_text()
     assert "- seeds: 1, 2" in text and "| grounding, box | +6.0 |" in text
@@ -131,39 +162,156 @@ def test_seeds_option_rejects_repeats_and_non_integers(bench):
 
 
 @pytest.mark.slow
-def test_whole_pipeline_writes_a_table_of_every_stage_and_question_kind(bench, tmp_path, monkeypatch):
+def test_whole_pipeline_writes_a_table_of_every_stage_variant_and_question_kind(bench, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     monkeypatch.setenv("OUT", str(tmp_path / "report"))
     (tmp_path / "report").mkdir()
-    payload = bench.main(
-        [
-            "--train-per-task", "4", "--rl-per-task", "4", "--test-per-task", "4", "--sft-steps", "2",
-            "--sft-batch", "2", "--grpo-steps", "1", "--grpo-prompts", "2", "--grpo-n", "2", "--scale", "1",
-            "--max-tokens", "8", "--max-pixels", "12544", "--ckpt-every", "1", "--workers", "1",
-            "--loader-workers", "0", "--out", str(tmp_path / "run"),
-        ]
-    )  # fmt: skip
+    argv = [
+        "--train-per-task", "4", "--rl-per-task", "4", "--test-per-task", "4", "--sft-steps", "2",
+        "--sft-batch", "2", "--grpo-steps", "1", "--grpo-prompts", "2", "--grpo-n", "2", "--scale", "1",
+        "--max-tokens", "8", "--max-pixels", "12544", "--ckpt-every", "1", "--workers", "1",
+        "--loader-workers", "0", "--out", str(tmp_path / "run"),
+        "--variants", "grpo", "grpo-hit:iou-hit-weight=1,grpo-n=3",
+    ]  # fmt: skip
+    payload = bench.main(argv)
     run = payload["per_seed"][0]
+    rows = ["untrained model", "after SFT", "after SFT+GRPO", "after SFT+GRPO (grpo-hit)", "after SFT+SFT (control)"]
+    assert list(run["clip_ious"]) == rows
     # every test clip scored at every stage: 4 grounding clips (2 box, 2 point questions) and 4 time spans
-    for row in bench.STAGES:
+    for row in rows:
         assert {kind: len(ious) for kind, ious in run["clip_ious"][row].items()} == {
             "box_2d": 2, "point_2d": 2, "time_span": 4,
         }  # fmt: skip
         for stats in run["tables"][row].values():
             for key in ("mean_iou", "mean_iou_se", "acc50", "acc50_se"):
                 assert math.isfinite(stats[key]) and 0.0 <= stats[key] <= 1.0
-    for test in payload["paired_grpo_minus_control"].values():
-        assert test["n"] in (2, 4) and 0.0 < test["p"] <= 1.0 and -1.0 <= test["mean_diff"] <= 1.0
+    # both variants ran from the one SFT export, each with its own settings, and are tested against the one control
+    folder = tmp_path / "run" / "qwen2_5_vl"
+    from physreason.config import load_config
+
+    hit = load_config(folder / "grpo-hit-scale1-train4-rl4-sft2" / "config.toml")
+    plain = load_config(folder / "grpo-scale1-train4-rl4-sft2" / "config.toml")
+    assert hit.grpo.reward_options == {"localization": {"hit_weight": 1.0, "hit_threshold": 0.5}}
+    assert (hit.rollout.n_generation, plain.rollout.n_generation, plain.grpo.reward_options) == (3, 2, {})
+    assert hit.model.model_name_or_path == plain.model.model_name_or_path  # the SFT export
+    assert len(run["grpo_rewards"]["after SFT+GRPO (grpo-hit)"]) == 1
+    assert list(payload["paired_grpo_minus_control"]) == ["after SFT+GRPO", "after SFT+GRPO (grpo-hit)"]
+    for tests in payload["paired_grpo_minus_control"].values():
+        for test in tests.values():
+            assert test["n"] in (2, 4) and 0.0 < test["p"] <= 1.0 and -1.0 <= test["mean_diff"] <= 1.0
     assert payload["device"] == "cpu"
     text = (tmp_path / "report" / "grounding.md").read_text()
-    assert text == (tmp_path / "run" / "qwen2_5_vl" / "grounding-scale1-sft2.md").read_text()  # the variant's name
+    assert text == (folder / "grounding-scale1-train4-rl4-sft2.md").read_text()  # the variant's name
     assert "- device: cpu" in text and "- command: `python " in text
+    assert "- grpo-hit: reward hit@0.5 + 0.1 x json_format; 3 completions per prompt" in text
     table = [line for line in text.splitlines() if line.startswith("| ")]
-    rows = [line.split(" | ")[0].removeprefix("| ") for line in table]
-    assert rows[:5] == ["stage", *bench.STAGES]
-    assert all(line.count("|") == 8 for line in table[:5])  # stage + 3 question kinds x (mean IoU, acc@0.5)
-    assert rows[5:] == ["question", "grounding, box", "grounding, point", "temporal localization"]
-    for line in table[1:5]:
+    labels = [line.split(" | ")[0].removeprefix("| ") for line in table]
+    assert labels[:6] == ["stage", *rows]
+    assert all(line.count("|") == 8 for line in table[:6])  # stage + 3 question kinds x (mean IoU, acc@0.5)
+    for line in table[1:6]:
         cells = [cell.split(" ± ") for cell in line.strip("| ").split(" | ")[1:]]
         assert all(0.0 <= float(mean) <= 100.0 and 0.0 <= float(se) <= 100.0 for mean, se in cells)
+    kinds = ["grounding, box", "grounding, point", "temporal localization"]
+    assert labels[6:] == ["question", *kinds, *(f"grpo-hit: {kind}" for kind in kinds)]
+    for line in table[7:]:
+        cells = line.strip("| ").split(" | ")
+        assert -100.0 <= float(cells[1]) <= 100.0 and all(0.0 < float(p) <= 1.0 for p in cells[3:5])
+        assert float(cells[4]) >= float(cells[3])  # Holm never lowers a p-value
     assert json.loads((tmp_path / "report" / "grounding.json").read_text())["summary"]["after SFT"]
+    # a rerun with the same --out reuses every finished stage; the same variant name with other settings stops
+    rerun = bench.main(argv)
+    assert rerun["per_seed"][0]["clip_ious"] == run["clip_ious"]
+    with pytest.raises(SystemExit, match="grpo-hit-scale1-train4-rl4-sft2 holds a GRPO run with other settings"):
+        bench.main([*argv[:-1], "grpo-hit:iou-hit-weight=0.5,grpo-n=3"])
+
+
+def test_variants_parse_into_each_runs_overrides_of_the_commands_grpo_settings(bench):
+    assert bench.parse_args([]).variants == {"grpo": {}}  # the recipe: one GRPO run, as before --variants
+    args = bench.parse_args(
+        ["--grpo-n", "4", "--variants", "grpo", "grpo-hit:iou-hit-weight=1", "grpo-mix:iou-hit-weight=0.5,"
+         "iou-hit-threshold=0.3", "grpo-n16:grpo-n=16", "grpo-dyn:grpo-dynamic-sampling=true,grpo-temperature=1.2"]
+    )  # fmt: skip
+    assert args.variants == {
+        "grpo": {},
+        "grpo-hit": {"iou_hit_weight": 1.0},
+        "grpo-mix": {"iou_hit_weight": 0.5, "iou_hit_threshold": 0.3},
+        "grpo-n16": {"grpo_n": 16},
+        "grpo-dyn": {"grpo_dynamic_sampling": True, "grpo_temperature": 1.2},
+    }
+    n16 = bench.variant_args(args, args.variants["grpo-n16"])
+    assert (n16.grpo_n, bench.variant_args(args, {}).grpo_n, args.grpo_n) == (16, 4, 4)  # the command's args unchanged
+    assert bench.variant_text(bench.variant_args(args, args.variants["grpo-mix"])).startswith(
+        "reward 0.5 x IoU + 0.5 x hit@0.3 + 0.1 x json_format; 4 completions"
+    )
+    assert "reward hit@0.5 +" in bench.variant_text(bench.variant_args(args, args.variants["grpo-hit"]))
+    assert "reward IoU +" in bench.variant_text(args) and "dynamic sampling off" in bench.variant_text(args)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--variants", "hit"], "name a variant grpo or grpo-"),
+        (["--variants", "grpo-sft-control"], "name a variant"),
+        (["--variants", "grpo/x"], "name a variant"),
+        (["--variants", "grpo", "grpo"], "'grpo' is given twice"),
+        (["--variants", "grpo-a:grpo-steps=10"], "grpo-steps is shared by every variant and the control"),
+        (["--variants", "grpo-a:grpo-lr=1e-4"], "grpo-lr is shared"),
+        (["--variants", "grpo-a:kl=1"], "'kl=1' is not KEY=VALUE"),
+        (["--variants", "grpo-a:grpo-n"], "'grpo-n' is not KEY=VALUE"),
+        (["--variants", "grpo-a:grpo-n=many"], "grpo-n='many' is not a valid int"),
+        (["--variants", "grpo-a:grpo-dynamic-sampling=maybe"], "is not a valid boolean"),
+        (["--variants", "grpo-a:iou-hit-weight=1.5"], "hit_weight = 1.5: give a value in"),
+        (["--iou-hit-threshold", "0"], "hit_threshold = 0.0: give a value in"),
+    ],
+)
+def test_bad_variants_stop_the_bench_before_it_runs_naming_the_part_at_fault(bench, argv, message, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_a_variants_grpo_config_carries_its_reward_shaping_group_size_and_sampling(bench, tmp_path):
+    args = bench.parse_args(["--variants", "grpo", "grpo-x:iou-hit-weight=0.5,grpo-n=16,grpo-dynamic-sampling=1"])
+    cfg = bench.stage_config(args, tmp_path, tmp_path / "model", 1)
+    plain = bench.variant_grpo_config(bench.variant_args(args, {}), cfg, tmp_path, tmp_path / "sft", tmp_path / "g")
+    assert plain.grpo.reward_function == {"localization": 1.0, "json_format": 0.1}
+    assert plain.grpo.reward_options == {}  # the continuous IoU: the recipe of the runs before reward shaping
+    assert (plain.rollout.n_generation, plain.grpo.dynamic_sampling) == (8, False)
+    shaped_args = bench.variant_args(args, args.variants["grpo-x"])
+    shaped = bench.variant_grpo_config(shaped_args, cfg, tmp_path, tmp_path / "sft", tmp_path / "g2")
+    assert shaped.grpo.reward_options == {"localization": {"hit_weight": 0.5, "hit_threshold": 0.5}}
+    assert (shaped.rollout.n_generation, shaped.grpo.dynamic_sampling) == (16, True)
+    assert shaped.train.train_batch_per_replica == 16 * args.grpo_prompts  # prompts per step as the control's
+    assert (shaped.rollout.batch_size, shaped.train.optm_lr) == (plain.rollout.batch_size, plain.train.optm_lr)
+
+
+def test_a_variant_name_reused_with_other_settings_stops_the_bench(bench, tmp_path):
+    from physreason.config.loader import dump_config
+
+    args = bench.parse_args([])
+    cfg = bench.stage_config(args, tmp_path, tmp_path / "model", 1)
+    folder = tmp_path / "grpo-x"
+    first = bench.variant_grpo_config(args, cfg, tmp_path, tmp_path / "sft", folder)
+    bench.refuse_other_settings(first)  # no run there yet
+    folder.mkdir()
+    dump_config(first, folder / "config.toml")
+    bench.refuse_other_settings(bench.variant_grpo_config(args, cfg, tmp_path, tmp_path / "sft", folder))  # the same
+    other = bench.variant_grpo_config(bench.variant_args(args, {"iou_hit_weight": 1.0}), cfg, tmp_path,
+                                      tmp_path / "sft", folder)  # fmt: skip
+    with pytest.raises(SystemExit, match=r"grpo-x holds a GRPO run with other settings \(grpo.reward_options: \{\} th"):
+        bench.refuse_other_settings(other)
+
+
+def test_fewer_sft_labels_than_rl_prompts_get_their_own_sft_grpo_and_control_folders(bench):
+    args = bench.parse_args(["--train-per-task", "250", "--rl-per-task", "500", "--sft-steps", "300", "--seeds", "2"])
+    suffix = bench.variant_suffix(args, 2)
+    assert suffix == "-train250-rl500-sft300-seed2"
+    labels = bench.stage_labels(["grpo", "grpo-hit"], suffix, 2)
+    assert labels == {
+        "untrained model": "base-seed2",
+        "after SFT": "sft-train250-rl500-sft300-seed2",
+        "after SFT+GRPO": "grpo-train250-rl500-sft300-seed2",
+        "after SFT+GRPO (grpo-hit)": "grpo-hit-train250-rl500-sft300-seed2",
+        "after SFT+SFT (control)": "grpo-train250-rl500-sft300-seed2-sft-control",
+    }
+    assert bench.variant_suffix(bench.parse_args(["--sft-steps", "1500"])) == ""  # the recipe's counts and length
