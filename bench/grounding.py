@@ -22,19 +22,62 @@ Per initialisation seed (`--seeds 1,2,3`):
    time spans apart; and GRPO against the control clip by clip (paired: mean difference, its standard error and a
    two-sided sign-flip permutation p-value), per seed and pooled over seeds (each clip's difference averaged).
 
-GRPO from an SFT stopped early against its control: `--sft-steps 300` (its folders carry the step count).
+The levers the issue names, each selectable (bench/RESULTS.md says what they gave when run):
+- SFT stopped early: `--sft-steps 300` (its folders carry the step count);
+- fewer SFT labels than RL prompts: `--train-per-task 250 --rl-per-task 500` (SFT trains on the answers of
+  --train-per-task clips per task, GRPO asks --rl-per-task other clips; counts other than the recipe's are in the
+  folder names). Runs that differ in clip counts and run side by side need their own --out: a clip folder's index
+  files hold the first N clips of the last run that wrote them;
+- reward shaping: `--iou-hit-weight W --iou-hit-threshold T` (grpo.reward_options of the `localization` reward:
+  (1 - W) x IoU + W x [IoU >= T]; 0 the continuous IoU, 1 the thresholded hit, between a mix);
+- more completions per prompt: `--grpo-n 16`; dynamic sampling: `--grpo-dynamic-sampling` (up to 8 prompt draws
+  per step when every completion of a group scores the same: a step can take several times as long).
+`--variants` runs several GRPO settings from each seed's one SFT export, each against the one control, in one table
+(a row and a paired test per variant; p-values also Holm-adjusted over the table's tests):
+`--variants grpo grpo-mix:iou-hit-weight=0.5 grpo-n16:grpo-n=16`. Each variant has its own run folder
+(`<name><suffix>`); a name reused with other settings under the same --out stops the bench.
 Stages are resumable as in the letter bench: a rerun with the same --out reuses clips, finished exports and
 evaluations, and continues an interrupted SFT or GRPO from its last checkpoint (`--ckpt-every`).
 Prints and writes the table as markdown and JSON to <out>/grounding<variant>.{md,json} and, when OUT is set, to
-$OUT/grounding.{md,json}, with the GPU's name, the date and the command.
+$OUT/grounding.{md,json}, with the GPU's name, the date, the command, the clip counts and each variant's settings.
 Run: python bench/grounding.py --seeds 1,2,3
 CPU check: python bench/grounding.py --train-per-task 4 --rl-per-task 4 --test-per-task 2 --sft-steps 2 \
-    --sft-batch 2 --grpo-steps 1 --grpo-prompts 2 --grpo-n 2 --scale 1 --max-tokens 8 --ckpt-every 1 --workers 1
+    --sft-batch 2 --grpo-steps 1 --grpo-prompts 2 --grpo-n 2 --scale 1 --max-tokens 8 --ckpt-every 1 --workers 1 \
+    --variants grpo grpo-hit:iou-hit-weight=1
+
+Next GPU slot (one call of at most 10 minutes; not run yet). The image lacks PyAV, pydantic, tomli-w and a
+transformers >= 5.18: carry them as wheels in `.whl` (device README; earlier runs carried transformers 5.24.0, PyAV
+19.0.2, pydantic 2.12.5 with pydantic-core, annotated-types and typing-inspection) and start with
+`python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+&& export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit;`. Then, on one GPU, two seeds side by side (as the
+letter bench's eighth session ran three), SFT stopped early, two variants (plain IoU; half IoU, half hit@0.5),
+GRPO and the control 30 steps:
+    A="--train-per-task 1000 --rl-per-task 500 --test-per-task 150 --sft-steps 300 --grpo-steps 30 \
+       --ckpt-every 1000 --out /tmp/g --variants grpo grpo-mix:iou-hit-weight=0.5"
+    python3 bench/grounding.py $A --workers 16 --stop-after data > $OUT/log0 2>&1
+    for s in 1 2; do OUT= timeout 540 python3 bench/grounding.py $A --workers 7 --seeds $s > $OUT/log$s 2>&1 & done
+    wait; python3 bench/grounding.py --combine /tmp/g/qwen2_5_vl/grounding-*-seeds?.json > $OUT/logc 2>&1
+    cp /tmp/g/qwen2_5_vl/grounding-combined.* $OUT/
+(`OUT=` keeps the seeds from writing the same $OUT/grounding.json; the combined table holds each seed's paired tests
+and its JSON every seed's per-clip IoUs.) Estimate from the 2026-11-25 run on H200, one seed alone on its GPU with
+12 workers (SFT 800 steps 130 s, GRPO 50 steps 168 s, control 50 steps 75 s, evaluations 9-20 s, clips 16 s): per
+seed 15 (untrained eval) + 60 (SFT 300) + 15 + 2 x (105 (GRPO 30) + 15) + 50 (control 30) + 15 = 395 s alone. Two
+side by side on 16 cores and one GPU share both; that slowdown is not measured for this bench: at 1.3x, 515 s, plus
+about 30 s of clips and 10 s of installs, 9 minutes. A seed past 540 s is stopped and leaves no table: if the first
+call overruns, or on an H100 (slower here, not measured), drop the second variant or use --grpo-steps 20.
+With a kind of four GPUs (nvidia-h100-x4, 64 cores), four seeds at the shortened run's 50 GRPO steps, each alone on
+its GPU as measured, same data, combine and copy lines:
+    for s in 1 2 3 4; do CUDA_VISIBLE_DEVICES=$((s - 1)) OUT= timeout 560 python3 bench/grounding.py \
+        ${A/--grpo-steps 30/--grpo-steps 40} --workers 14 --seeds $s > $OUT/log$s 2>&1 & done
+15 + 60 + 15 + 2 x (140 + 15) + 65 + 15 = 480 s per seed, plus clips and installs: about 8.5 minutes on H200.
+Letter tasks, GRPO from an SFT stopped early against its control: bench/intuitive_physics.py --sft-steps 300
+--sft-control (its tower pre-training alone takes minutes: bench/RESULTS.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import time
@@ -563,8 +606,12 @@ def recipe_lines(args: argparse.Namespace) -> list[str]:
 
 
 def combine(files: list[Path]) -> dict[str, Any]:
-    """The tables and pooled paired test over the seeds of earlier runs' JSON files, written beside the first."""
+    """The tables and pooled paired test over the seeds of earlier runs' JSON files, written beside the first; the
+    header keeps each file's recipe lines (clip counts, steps, variants), once each."""
     runs, devices, header = combined_runs(files)
+    run_keys = ("- device:", "- date:", "- command:", "- seeds:")
+    recipes = [line for path in files for line in json.loads(path.read_text()).get("header", [])]
+    header += list(dict.fromkeys(line for line in recipes if not line.startswith(run_keys)))
     pooled = pooled_paired(runs)
     text = markdown(runs, pooled, header)
     print(text)

@@ -143,12 +143,16 @@ def test_combine_pools_the_paired_test_over_runs_of_separate_leases(bench, tmp_p
         }  # fmt: skip
 
     for seed, gain in ((1, 0.04), (2, 0.08)):
-        (tmp_path / f"s{seed}.json").write_text(json.dumps({"device": f"gpu{seed}", "per_seed": [run(seed, gain)]}))
+        header = ["- device: x", f"- seeds: {seed}", "- clips per task: 4 SFT (labelled)", "- grpo: reward IoU"]
+        payload = {"device": f"gpu{seed}", "header": header, "per_seed": [run(seed, gain)]}
+        (tmp_path / f"s{seed}.json").write_text(json.dumps(payload))
     payload = bench.main(["--combine", str(tmp_path / "s1.json"), str(tmp_path / "s2.json")])
     assert payload["paired_grpo_minus_control"]["after SFT+GRPO"]["box_2d"]["mean_diff"] == pytest.approx(0.06)
     assert payload["device"] == "gpu1 / gpu2"
     text = (tmp_path / "grounding-combined.md").read_text()
     assert "- seeds: 1, 2" in text and "| grounding, box | +6.0 |" in text
+    assert text.count("- clips per task: 4 SFT (labelled)") == 1 and "- grpo: reward IoU" in text
+    assert "- seeds: 1\n" not in text  # the files' own run lines give way to the combined ones
     with pytest.raises(SystemExit):
         bench.main(["--combine", str(tmp_path / "s1.json"), str(tmp_path / "s1.json")])
 

@@ -57,3 +57,15 @@ def test_meta_records_the_option_order_and_a_rerun_with_the_other_order_is_refus
 def test_unknown_option_order_is_refused_with_the_choices(tmp_path):
     with pytest.raises(InputError, match="shuffled, fixed"):
         generate_task("arrow_of_time", 1, tmp_path, "val", option_order="sorted")
+
+
+def test_index_files_are_written_through_a_temporary_file_of_each_writers_own(tmp_path):
+    # Seeds run side by side rewrite one clip folder's index files: another writer's temporary file must survive.
+    folder = tmp_path / "arrow_of_time"
+    folder.mkdir()
+    other = folder / "arrow_of_time_benchmark_qa_pairs.json.partial"  # the name every writer once shared
+    other.write_text("another process's half-written file")
+    generate_task("arrow_of_time", 1, tmp_path, "train", show_progress=False, option_order="fixed")
+    assert other.read_text() == "another process's half-written file"
+    assert len(json.loads((folder / "arrow_of_time_benchmark_qa_pairs.json").read_text())) == 1
+    assert not [path for path in folder.iterdir() if path.name.endswith(".partial") and path != other]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -63,9 +64,14 @@ def build_sample(
 
 
 def _write_json(path: Path, payload: Any, lines: bool = False) -> None:
+    """Write `payload` as JSON (or JSON lines) through a temporary file of this process's own, renamed over `path`.
+
+    Benches run seeds side by side over one clip folder, each process rewriting the same index files: with one
+    shared temporary name a writer could truncate the file another had just renamed into place.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "w", encoding="utf-8") as f:
+    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    with os.fdopen(handle, "w", encoding="utf-8") as f:
         if lines:
             f.writelines(json.dumps(item, ensure_ascii=False) + "\n" for item in payload)
         else:
