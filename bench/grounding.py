@@ -151,7 +151,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "[IoU >= --iou-hit-threshold]; 0 the continuous IoU, 1 the thresholded hit, between a mix",
     )
     parser.add_argument(
-        "--iou-hit-threshold", type=float, default=0.5, help="IoU from which the hit bonus is paid (see above)"
+        "--iou-hit-threshold", type=float, default=IOU_HIT, help="IoU from which the hit bonus is paid (see above)"
     )
     parser.add_argument(
         "--variants",
