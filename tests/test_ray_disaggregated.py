@@ -107,6 +107,7 @@ def test_lost_replica_is_replaced_and_joiners_start_from_current_weights(recipe_
 
     config = recipe_factory("chaos", max_steps=9)
     config.grpo.allowed_outdated_steps = 0  # fully on-policy: every group was made with the weights it trains
+    config.rollout.replica_timeout_s = 120.0  # a replica hung by a kill mid-transfer is replaced, not waited on
     result = run_disaggregated(config, on_step=chaos)
 
     assert len(result.metrics) == 9
@@ -119,6 +120,19 @@ def test_lost_replica_is_replaced_and_joiners_start_from_current_weights(recipe_
         assert first >= 2, f"replica {replica} generated with weights of step {first}, before it joined at step 2"
     assert all(replica != 0 for step, _, replica in result.group_versions if step > 3)
     assert any("rollout replica 1 lost" in event for event in result.events)
+
+
+def test_a_replica_past_its_timeout_is_handled_as_lost_naming_the_setting(recipe_factory):
+    from physreason.distributed.controller import run_disaggregated
+    from physreason.errors import PhysReasonError
+
+    config = recipe_factory("hung", max_steps=2)
+    # Shorter than any call can take: every replica's connect or first generate runs past it, so every
+    # replica is lost before it produces, and the third in a row stops the run.
+    config.rollout.replica_timeout_s = 0.001
+    with pytest.raises(PhysReasonError, match=r"3 rollout replicas in a row were lost before producing a batch; last: "
+                       r"(connect|generate) gave no answer within rollout.replica_timeout_s = 0.001 s"):
+        run_disaggregated(config)
 
 
 def test_policy_failure_resumes_from_last_checkpoint(recipe_factory):

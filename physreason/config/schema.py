@@ -442,6 +442,13 @@ class RolloutConfig(Section):
         description="Rollout sampling; its temperature is also the policy's logit temperature.",
     )
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
+    replica_timeout_s: float = Field(
+        1800.0,
+        gt=0.0,
+        description="Disaggregated GRPO: a rollout replica whose weight-channel connect, weight receive or generate "
+        "call has not returned after this many seconds is taken as hung and handled as lost (killed, its prompts "
+        "drawn again, a new replica started); engine start-up is not timed. Above the longest generate call.",
+    )
     quantization: Literal["none", "fp8"] = Field(
         "none",
         description="Weights of the rollout engine (vLLM's argument): 'fp8' runs the language model's linear layers "

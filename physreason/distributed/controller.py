@@ -51,6 +51,10 @@ MAX_POLICY_RESTARTS = 3
 # Rollout replicas in a row lost before producing anything: the recipe or the nodes are broken.
 MAX_FAILED_STARTS = 3
 POLL_S = 1.0
+# With nothing finishing for this long, the controller logs what it waits on (a hang's first clue).
+WAITING_LOG_S = 60.0
+# Replica calls that rollout.replica_timeout_s bounds; "ready" (engine start-up) is not bounded.
+TIMED_REPLICA_CALLS = ("connect", "receive", "generate")
 
 
 @dataclass
@@ -74,6 +78,7 @@ class _Op:
     payload: Any = None
     results: dict[int, Any] = field(default_factory=dict)  # by position in refs
     error: BaseException | None = None
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def pending(self) -> list[Any]:
@@ -152,6 +157,7 @@ class Controller:
         self._failed_starts = 0
         self._train_op: _Op | None = None
         self._window = _StepWindow()
+        self._last_progress = time.monotonic()  # when an operation last finished
         hf_config = loading.load_model_config(config.model)
         self.vision_tokens = read_vision_tokens(hf_config)
         self.reward_names = logged_reward_names(config)
@@ -308,6 +314,19 @@ class Controller:
                     f"{self._failed_starts} rollout replicas in a row were lost before producing a batch; last: {reason}"
                 )
 
+    def _expire_hung_replicas(self) -> None:
+        """Handle as lost every replica with a call running past rollout.replica_timeout_s (a hung engine or channel).
+
+        Killing it also ends a policy-side transfer blocked on it (its sockets close), so the policy goes on.
+        """
+        limit = self.config.rollout.replica_timeout_s
+        now = time.monotonic()
+        for op in list(self.ops):
+            if op.replica is not None and op.kind in TIMED_REPLICA_CALLS and now - op.started > limit:
+                self._lose_rollout(
+                    op.replica, f"{op.kind} gave no answer within rollout.replica_timeout_s = {limit:g} s"
+                )
+
     def _top_up_rollouts(self) -> None:
         for _ in range(self.target_rollouts - len(self.replicas)):
             self._start_rollout()
@@ -440,6 +459,16 @@ class Controller:
         if not owner:
             raise PhysReasonError("nothing is running and the step cannot finish: no rollout replica could be started")
         done, _ = self.ray.wait(list(owner), num_returns=1, timeout=POLL_S)
+        now = time.monotonic()
+        if done:
+            self._last_progress = now
+        elif now - self._last_progress >= WAITING_LOG_S:
+            self._last_progress = now
+            waits = ", ".join(
+                f"{op.kind}" + (f" on replica {op.replica}" if op.replica is not None else "") + f" ({now - op.started:.0f} s)"
+                for op in self.ops
+            )
+            self._event(f"nothing finished for {WAITING_LOG_S:.0f} s; waiting on: {waits}")
         for ref in done:
             op, i = owner[ref]
             try:
@@ -550,6 +579,7 @@ class Controller:
             self._window = _StepWindow()
             policy_kinds = ("train", "publish", "channel", "save")
             while self.step < self.total_steps or any(op.kind in policy_kinds for op in self.ops):
+                self._expire_hung_replicas()
                 if self.step < self.total_steps:
                     self._top_up_rollouts()
                     self._dispatch()
