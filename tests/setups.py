@@ -115,7 +115,13 @@ def grpo_overrides(model: Path, data: Path, out: Path, reward: str, lr: str) -> 
 
 
 def load_bench(name: str) -> ModuleType:
-    """bench/<name>.py imported as module `name`, registered in sys.modules (processes it spawns import it by name)."""
+    """bench/<name>.py imported as module `name`, registered in sys.modules (processes it spawns import it by name).
+
+    bench/ stays on sys.path, as for a script run from there: the scripts import shapes, profiling and each other by name,
+    some of them inside functions.
+    """
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

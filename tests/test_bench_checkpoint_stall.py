@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_bench_profiling import _bench
+from setups import load_bench
 
 
 @pytest.fixture(scope="module")
 def stall():
-    return _bench("checkpoint_stall")
+    return load_bench("checkpoint_stall")
 
 
 def test_tiny_run_prints_progress_and_a_stall_per_save_for_both_modes(stall, tmp_path, monkeypatch, capsys):

@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from setups import load_bench
 from torch import nn
 
 from physreason.train import phases
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _bench(name: str):
-    sys.path.insert(0, str(BENCH))  # the bench scripts import shapes and profiling by name, as scripts do
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
 def profiling():
-    return _bench("profiling")
+    return load_bench("profiling")
 
 
 @pytest.fixture(scope="module")
 def sft_bench():
-    return _bench("sft_throughput")
+    return load_bench("sft_throughput")
 
 
 class _Toy(nn.Module):
