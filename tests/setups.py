@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -112,6 +113,13 @@ def grpo_overrides(model: Path, data: Path, out: Path, reward: str, lr: str) -> 
         f"train.optm_lr={lr}", "train.optm_weight_decay=0", "train.optm_decay_type='constant'",
         "train.param_dtype='float32'",
     ]  # fmt: skip
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a child's process group (MASTER_PORT)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def load_bench(name: str) -> ModuleType:

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from setups import load_bench
+from setups import free_port, load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,15 +21,9 @@ def fp8():
     return load_bench("fp8")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_tiny_sft_prints_a_bf16_row_and_a_float8_row_with_the_options_passed_through(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MASTER_PORT": str(_free_port())}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
     command = [sys.executable, str(ROOT / "bench" / "fp8.py"), "sft", "--tiny", "--recipes", "rowwise", "--",
                "--seq-len", "32", "--steps", "1", "--warmup", "0"]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
