@@ -24,17 +24,21 @@ def fp8():
 @pytest.mark.slow
 def test_tiny_sft_prints_a_bf16_row_and_a_float8_row_with_the_options_passed_through(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
-    command = [sys.executable, str(ROOT / "bench" / "fp8.py"), "sft", "--tiny", "--recipes", "rowwise", "--",
-               "--seq-len", "32", "--steps", "1", "--warmup", "0"]  # fmt: skip
+    command = [sys.executable, str(ROOT / "bench" / "fp8.py"), "sft", "--tiny", "--layers", "1", "--recipes", "rowwise",
+               "--", "--seq-len", "32", "--steps", "1", "--warmup", "0"]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines[0]["what"] == "device" and lines[0]["options"] == ["--seq-len", "32", "--steps", "1", "--warmup", "0"]
+    shapes = load_bench("shapes")
+    config = shapes.qwen25_vl_3b(True)
+    config.text_config.num_hidden_layers = 1  # --layers reaches the model the rows train
+    flops = 32 * shapes.train_flops_per_token(config, 32)
     rows = [line for line in lines if line["what"] == "sft"]
     assert [r["float8"] for r in rows] == ["none", "rowwise"]
     for row in rows:
         assert "error" not in row, row
-        assert row["tokens_per_step"] == 32 and row["seconds_per_step"] > 0
+        assert row["tokens_per_step"] == 32 and row["flops_per_step"] == flops and row["seconds_per_step"] > 0
         assert row["tokens_per_s"] == pytest.approx(32 / row["seconds_per_step"], rel=1e-3)
     assert rows[0]["vs_bf16"] == 1.0
     assert rows[1]["vs_bf16"] == pytest.approx(rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"], abs=1e-3)
