@@ -3,8 +3,8 @@
 The model is built from a config.json with random weights (no download): --config names a folder (default: the
 Qwen3-VL-32B config in tests/fixtures), --layers truncates its decoder to the first N blocks so a 32B shape fits one
 GPU, and the plan is made for that truncated shape. One step runs through the trainer's own pieces: fp32 masters,
-activation checkpointing, FSDP2 under torchrun (or one plain process), CausalLMLoss with --loss-chunk, AdamW (fp32
-or bf16 state), --offload. Rows are --seq-len text tokens. Prints planned parts, planned total and
+activation checkpointing, FSDP2 under torchrun (or one plain process), CausalLMLoss with --loss-chunk, global-norm
+clipping, AdamW (fp32 or bf16 state), --offload (FSDP2's, so under torchrun only). Rows are --seq-len text tokens. Prints planned parts, planned total and
 torch.cuda.max_memory_allocated (+ the CUDA context is not in either); JSON to $OUT/memory_plan.json when OUT is set.
 
 Run (one GPU, FSDP2 on one rank as the trainers do under torchrun):
