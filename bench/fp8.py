@@ -7,17 +7,22 @@ decode: the language-model shape (--shape) with random weights, pushed by the po
         GPU memory in-process). Also times each engine's weight push.
 sft:    sft_throughput.py's trainer step (FSDP2, fp32 masters, bf16 compute) on --shape, bf16 and then each float8
         recipe ([train.fp8] quant_recipe) in this one process; extra options go to sft_throughput's parser.
+        --recipes picks the float8 rows (default both).
 Prints one JSON line per measurement. GRPO step time: bench/grpo_step.py --quantization fp8.
+What a machine cannot run is refused before any model is built, with one line that says what is missing: decode needs
+a CUDA GPU, vLLM and a tokenizer folder; sft needs torchao and a GPU of compute capability 8.9 or more (H100, L40S),
+except with --tiny, whose float8 rows torchao runs (slowly) on CPU to check the script.
 
     python bench/fp8.py decode --tokenizer DIR [--shape qwen3-vl-8b] [--batches 1 64 256]
     python bench/fp8.py sft [--shape qwen3-vl-8b --layers 14] [-- --chunked-ce --ac-every 2]
-    python bench/fp8.py sft --tiny -- --seq-len 128 --steps 1 --warmup 1     (CPU: checks the script)
+    python bench/fp8.py sft --tiny --recipes rowwise -- --seq-len 32 --steps 1 --warmup 0    (CPU: checks the script)
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import subprocess
 import sys
@@ -27,10 +32,42 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+RECIPES = ("rowwise", "tensorwise")  # torchao's float8 recipes ([train.fp8] quant_recipe)
 
 
 def out(**fields) -> None:
     print(json.dumps(fields), flush=True)
+
+
+def require_decode_support(tokenizer: Path) -> None:
+    """Exit with one line naming what is missing when this machine cannot run the decode measurement."""
+    if not any((tokenizer / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise SystemExit(f"--tokenizer {tokenizer}: no tokenizer.json or tokenizer_config.json there; give the folder "
+                         "of the Qwen2.5 tokenizer files")  # fmt: skip
+    if not torch.cuda.is_available():
+        raise SystemExit("fp8.py decode runs vLLM engines on a CUDA GPU and this machine has none; "
+                         "fp8.py sft --tiny checks the SFT part on CPU")  # fmt: skip
+    if importlib.util.find_spec("vllm") is None:
+        raise SystemExit("fp8.py decode needs vLLM (0.26 or later) importable: install it, or put its wheels on "
+                         "PYTHONPATH, then run again")  # fmt: skip
+
+
+def require_sft_support(tiny: bool) -> None:
+    """Exit with one line naming what is missing when this machine cannot run the float8 rows (--tiny: CPU is fine)."""
+    from physreason.models.float8 import MIN_CAPABILITY, TORCHAO_RANGE
+
+    if importlib.util.find_spec("torchao") is None:
+        raise SystemExit(f"fp8.py sft needs torchao{TORCHAO_RANGE}: pip install 'physreason[fp8]' (or its wheel on "
+                         "PYTHONPATH where no registry can be reached)")  # fmt: skip
+    if not torch.cuda.is_available():
+        if tiny:
+            return  # torchao's float8 layers run on CPU, slowly: enough to check the script
+        raise SystemExit("fp8.py sft measures float8 matmuls on a CUDA GPU of compute capability 8.9 or more (H100, "
+                         "L40S) and this machine has none; --tiny checks the script on CPU")  # fmt: skip
+    capability = torch.cuda.get_device_capability()
+    if capability < MIN_CAPABILITY:
+        raise SystemExit(f"fp8.py sft needs float8 tensor cores (compute capability 8.9 or more), but "
+                         f"{torch.cuda.get_device_name()} is {capability[0]}.{capability[1]}: run it on an H100 or L40S")  # fmt: skip
 
 
 def random_weights(folder: Path, device: str, seed: int = 0):
@@ -88,6 +125,7 @@ def bench_decode(args: argparse.Namespace) -> None:
     from engine_throughput import make_folder
     from shapes import DECODER_SHAPES
 
+    require_decode_support(args.tokenizer)
     out(what="device", device=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape)
     folder = make_folder(args.folder, args.tokenizer, DECODER_SHAPES[args.shape])
     for quantization in ("none", "fp8"):
@@ -98,22 +136,21 @@ def bench_decode(args: argparse.Namespace) -> None:
 
 
 def bench_sft(args: argparse.Namespace, rest: list[str]) -> None:
+    require_sft_support(args.tiny)
     import torch.distributed as dist
-    from sft_throughput import SHAPES, build_parser, init_distributed, measure, run_ours
+    from sft_throughput import build_parser, init_distributed, measure, model_config, run_ours
     from torch.distributed.device_mesh import init_device_mesh
 
     parser = build_parser()
-    base = parser.parse_args(["--shape", args.shape, *(["--tiny"] if args.tiny else []), *rest])
+    layers = ["--layers", str(args.layers)] if args.layers else []
+    base = parser.parse_args(["--shape", args.shape, *layers, *(["--tiny"] if args.tiny else []), *rest])
     device = init_distributed(1)
     mesh = init_device_mesh(device.type, (dist.get_world_size(), 1), mesh_dim_names=("dp", "tp"))
-    config = SHAPES[args.shape](args.tiny)
-    if args.layers:
-        config.text_config.num_hidden_layers = args.layers
-    config.text_config._attn_implementation = "sdpa"
+    config = model_config(parser, base)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     out(what="device", device=name, torch=torch.__version__, shape=args.shape, layers=args.layers, options=rest)
     baseline = None
-    for recipe in ("none", "rowwise", "tensorwise"):
+    for recipe in ("none", *args.recipes):
         row = copy.copy(base)
         row.float8 = recipe
         result = measure(run_ours, config, row, device, mesh)
@@ -125,7 +162,8 @@ def bench_sft(args: argparse.Namespace, rest: list[str]) -> None:
     dist.destroy_process_group()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Parse the command line and run the decode or the SFT measurement (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     decode = commands.add_parser("decode", help="vLLM decode tokens/s, FP8 rollout weights vs bf16")
@@ -139,7 +177,8 @@ def main() -> None:
     sft.add_argument("--shape", choices=["qwen2.5-vl-3b", "qwen3-vl-8b"], default="qwen2.5-vl-3b")
     sft.add_argument("--layers", type=int, default=None, help="decoder layers instead of the shape's (fits one GPU)")
     sft.add_argument("--tiny", action="store_true", help="tiny shapes, to check the script on CPU")
-    args, rest = parser.parse_known_args()
+    sft.add_argument("--recipes", default="rowwise,tensorwise", help="float8 recipes measured after bf16, comma-separated")
+    args, rest = parser.parse_known_args(argv)
     rest = [r for r in rest if r != "--"]
     if args.command == "decode":
         if rest:
@@ -149,6 +188,9 @@ def main() -> None:
         else:
             decode_one(args.folder, args.only, args.batches, args.runs)
     else:
+        args.recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+        if not args.recipes or any(r not in RECIPES for r in args.recipes):
+            parser.error(f"--recipes: give a comma-separated list of {', '.join(RECIPES)}")
         bench_sft(args, rest)
 
 

@@ -3,22 +3,34 @@
 The model is built from a config.json with random weights (no download): --config names a folder (default: the
 Qwen3-VL-32B config in tests/fixtures), --layers truncates its decoder to the first N blocks so a 32B shape fits one
 GPU, and the plan is made for that truncated shape. One step runs through the trainer's own pieces: fp32 masters,
-activation checkpointing, FSDP2 under torchrun (or one plain process), CausalLMLoss with --loss-chunk, AdamW (fp32
-or bf16 state), --offload. Rows are --seq-len text tokens. Prints planned parts, planned total and
+activation checkpointing, FSDP2 under torchrun (or one plain process), CausalLMLoss with --loss-chunk, global-norm
+clipping, AdamW (fp32 or bf16 state), --offload (FSDP2's, so under torchrun only). Rows are --seq-len text tokens. Prints planned parts, planned total and
 torch.cuda.max_memory_allocated (+ the CUDA context is not in either); JSON to $OUT/memory_plan.json when OUT is set.
 
 Run (one GPU, FSDP2 on one rank as the trainers do under torchrun):
   torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --config tests/fixtures/qwen3_vl_32b --layers 4
   torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --config tests/fixtures/qwen3_vl_32b --layers 4 --state bfloat16
   torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --config tests/fixtures/qwen3_vl_32b --layers 4 --offload
+
+Throughput of the memory-saving modes (--modes), each against none on the same shape, in one run: for each mode in
+turn a fresh model (same seed) is built, sharded and trained for --warmup untimed and --steps timed steps (clipping
+and AdamW included, as the trainer's step); a row per mode prints as it finishes (tokens/s, its ratio to none,
+measured peak, planned tensors). Modes: none (fp32 AdamW state on the GPU), offload (train.cpu_offload: FSDP2
+keeps parameters, gradients and AdamW state on the host, AdamW runs there), bf16-state
+(train.optimizer_state_dtype = 'bfloat16'). Offload is FSDP2's, so the run needs torchrun (one rank works):
+  torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --shape qwen2.5-vl-3b --layers 0 --seq-len 4096 \
+      --modes none,offload,bf16-state --steps 3 --warmup 1
 CPU check of the script: python bench/memory_plan.py --tiny
+                         torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --tiny --modes none,offload,bf16-state --steps 1
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -38,6 +50,8 @@ from physreason.train.runtime import init_runtime
 from physreason.train.schedule import build_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
+# --modes: each mode's settings over the command line's (none: as given, fp32 state on the GPU)
+MODES = {"none": {}, "offload": {"cpu_offload": True}, "bf16-state": {"optimizer_state_dtype": "bfloat16"}}
 
 
 def build_config(args: argparse.Namespace):
@@ -61,7 +75,7 @@ def synthetic_batch(rows: int, seq_len: int, below: int, device: torch.device) -
     return SFTBatch(ids, ids.roll(-1, dims=1), positions, torch.ones_like(ids), num_samples=rows)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "tests" / "fixtures" / "qwen3_vl_32b"))
     parser.add_argument("--shape", choices=sorted(SHAPES), default=None, help="a bench shape instead of --config")
@@ -74,23 +88,36 @@ def main() -> None:
     parser.add_argument("--state", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--offload", action="store_true")
     parser.add_argument("--no-checkpointing", action="store_true")
+    parser.add_argument("--modes", default=None, metavar="none,offload,bf16-state",
+                        help="measure tokens/s of each mode against none in this run (instead of one memory row)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per mode (--modes)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per mode before the timed ones (--modes)")
     parser.add_argument("--tiny", action="store_true", help="the tiny Qwen3-VL on CPU, to check the script")
-    args = parser.parse_args()
+    return parser
 
-    runtime = init_runtime()
-    hf_config = build_config(args)
-    train = TrainConfig(
-        gradient_checkpointing=not args.no_checkpointing, loss_chunk_size=args.loss_chunk,
-        optimizer_state_dtype=args.state, cpu_offload=args.offload, mini_batch=args.batch,
-        lora=LoraConfig(enable=args.lora > 0, rank=max(args.lora, 1)),
-    )
+
+def train_config(args: argparse.Namespace, **mode) -> TrainConfig:
+    """The trainer settings of the command line, with one --modes entry's settings over them."""
+    settings = dict(optimizer_state_dtype=args.state, cpu_offload=args.offload) | mode
+    return TrainConfig(
+        gradient_checkpointing=not args.no_checkpointing, loss_chunk_size=args.loss_chunk, mini_batch=args.batch,
+        lora=LoraConfig(enable=args.lora > 0, rank=max(args.lora, 1)), **settings,
+    )  # fmt: skip
+
+
+def build_trained(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, draw_on: torch.device):
+    """(module, optimizer) as the trainer builds them: random fp32 weights drawn on `draw_on`, LoRA, checkpointing,
+    CausalLMLoss, FSDP2 under torchrun (or onto the device), AdamW with train's state dtype."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    if train.cpu_offload and not runtime.distributed:
+        raise SystemExit(
+            "offload is FSDP2's CPU offload, and FSDP2 runs under torchrun: launch with "
+            "torchrun --standalone --nproc-per-node 1 bench/memory_plan.py ..."
+        )
     cls = AutoModelForImageTextToText if model_family(hf_config).is_vision_language else AutoModelForCausalLM
     torch.manual_seed(0)
-    # Random weights are drawn on the GPU (minutes faster than a CPU draw for a 7B shape); with --offload they start on
-    # the host as the trainer's do. The peak is measured from the first step on, after sharding, either way.
-    with torch.device("cpu" if args.offload else runtime.device):
+    with torch.device(draw_on):
         model = cls.from_config(hf_config, dtype=torch.float32, attn_implementation="sdpa")
     if train.lora.enable:  # as the trainer's load_trainable: adapters before checkpointing, the base frozen
         apply_lora(model, train.lora)
@@ -100,36 +127,58 @@ def main() -> None:
     mesh = None
     if runtime.distributed:
         mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, 1)
-    shard(module, model, runtime, mesh, train)
+    shard(module, model, runtime, mesh, train)  # FSDP2 moves offloaded shards to the host
     module.train()
-    optimizer, _ = build_optimizer(module, train, 1, fused=runtime.device.type == "cuda" and not args.offload)
+    optimizer, _ = build_optimizer(module, train, 1, fused=runtime.device.type == "cuda" and not train.cpu_offload)
+    return module, optimizer
+
+
+def make_step(module, optimizer, batch: SFTBatch, runtime):
+    """One optimizer step as the trainer's: forward (bf16 autocast outside FSDP2), backward, clipping, AdamW."""
+    parameters = [p for p in module.parameters() if p.requires_grad]
+    autocast = not runtime.distributed  # FSDP2 casts to bf16 itself
+
+    def step() -> None:
+        with torch.autocast(runtime.device.type, dtype=torch.bfloat16, enabled=autocast):
+            loss = module(batch)
+        (loss / batch.num_targets).backward()
+        parallelize.clip_grad_norm(parameters, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def planned_tensors(args: argparse.Namespace, runtime, hf_config, train: TrainConfig):
+    """(plan, planned tensor bytes) of physreason's memory plan for this shape and layout."""
+    shape = shape_from_hf_config(hf_config)
+    layout = Layout(gpus=runtime.world_size, distributed=runtime.distributed, cpu_offload=train.cpu_offload,
+                    optimizer_state_dtype=train.optimizer_state_dtype, gradient_checkpointing=train.gradient_checkpointing,
+                    mini_batch=args.batch, lora=train.lora.enable)  # fmt: skip
+    # Text rows: the vision tower never runs, so it gets no gradients and no AdamW state (train_vision=False).
+    workload = Workload(seq_len=args.seq_len, loss_chunk_size=args.loss_chunk, vision_tokens=0, train_vision=False,
+                        lora_rank=train.lora.rank, lora_targets=tuple(train.lora.target_modules))  # fmt: skip
+    plan = plan_memory(shape, layout, workload)
+    return plan, plan.total - plan.parts["runtime overhead"]  # max_memory_allocated sees tensors only
+
+
+def measure_memory(args: argparse.Namespace, runtime, hf_config) -> None:
+    """One memory row: the second step's measured peak beside the plan's parts and total."""
+    train = train_config(args)
+    # Random weights are drawn on the GPU (minutes faster than a CPU draw for a 7B shape); with --offload they start on
+    # the host as the trainer's do. The peak is measured from the first step on, after sharding, either way.
+    module, optimizer = build_trained(args, runtime, hf_config, train, torch.device("cpu") if args.offload else runtime.device)
     text = getattr(hf_config, "text_config", hf_config)
     below = min(vision_special_token_ids(hf_config) or [text.vocab_size])
-    batch = synthetic_batch(args.batch, args.seq_len, below, runtime.device)
+    step = make_step(module, optimizer, synthetic_batch(args.batch, args.seq_len, below, runtime.device), runtime)
     cuda = runtime.device.type == "cuda"
-    autocast = torch.autocast(runtime.device.type, dtype=torch.bfloat16) if not runtime.distributed else None
     for _ in range(2):  # the second step holds the optimizer state from the start, as every later step does
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        if autocast is not None:
-            with autocast:
-                loss = module(batch)
-        else:
-            loss = module(batch)
-        (loss / batch.num_targets).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        step()
     measured = torch.cuda.max_memory_allocated() if cuda else 0
-
+    plan, planned = planned_tensors(args, runtime, hf_config, train)
     shape = shape_from_hf_config(hf_config)
-    layout = Layout(gpus=runtime.world_size, distributed=runtime.distributed, cpu_offload=args.offload,
-                    optimizer_state_dtype=args.state, gradient_checkpointing=train.gradient_checkpointing,
-                    mini_batch=args.batch, lora=train.lora.enable)
-    # Text rows: the vision tower never runs, so it gets no gradients and no AdamW state (train_vision=False).
-    workload = Workload(seq_len=args.seq_len, loss_chunk_size=args.loss_chunk, vision_tokens=0, train_vision=False,
-                        lora_rank=train.lora.rank, lora_targets=tuple(train.lora.target_modules))
-    plan = plan_memory(shape, layout, workload)
-    planned = plan.total - plan.parts["runtime overhead"]  # max_memory_allocated sees tensors only
     if runtime.is_main:
         for part, value in plan.parts.items():
             print(f"  planned {part:<22} {value / GIB:8.2f} GiB")
@@ -139,6 +188,75 @@ def main() -> None:
             record = {"args": vars(args), "parts": plan.parts, "planned": planned, "measured": measured,
                       "device": torch.cuda.get_device_name() if cuda else "cpu", "world_size": runtime.world_size}
             Path(os.environ["OUT"], "memory_plan.json").write_text(json.dumps(record, indent=1))
+
+
+def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]) -> list[dict]:
+    """Tokens/s of each mode on the same shape and rows, one after the other in this process (see the docstring)."""
+    cuda = runtime.device.type == "cuda"
+    device_name = torch.cuda.get_device_name() if cuda else "cpu"
+    text = getattr(hf_config, "text_config", hf_config)
+    below = min(vision_special_token_ids(hf_config) or [text.vocab_size])
+    tokens = args.batch * args.seq_len * runtime.world_size
+    rows: list[dict] = []
+    if runtime.is_main:
+        print(f"{device_name} x {runtime.world_size}, {shape_from_hf_config(hf_config).total_params / 1e9:.2f} B "
+              f"parameters, {tokens:,} tokens per step; {args.warmup} warm-up + {args.steps} timed steps per mode", flush=True)
+        print(f"{'mode':<11} {'s/step':>8} {'tokens/s':>10} {'vs none':>8} {'peak GiB':>9} {'planned GiB':>12}", flush=True)
+    for mode in modes:
+        train = train_config(args, **MODES[mode])
+        # Drawn on the device for every mode (fast); with offload, FSDP2 moves the shards to the host when it wraps.
+        module, optimizer = build_trained(args, runtime, hf_config, train, runtime.device)
+        step = make_step(module, optimizer, synthetic_batch(args.batch, args.seq_len, below, runtime.device), runtime)
+        for _ in range(args.warmup):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = (time.perf_counter() - started) / args.steps
+        _, planned = planned_tensors(args, runtime, hf_config, train)
+        row = {"mode": mode, "seconds_per_step": seconds, "tokens_per_s": tokens / seconds,
+               "peak_gib": torch.cuda.max_memory_allocated() / GIB if cuda else 0.0, "planned_gib": planned / GIB}  # fmt: skip
+        none = next((r for r in rows if r["mode"] == "none"), row if mode == "none" else None)
+        row["vs_none"] = row["tokens_per_s"] / none["tokens_per_s"] if none else None
+        rows.append(row)
+        del module, optimizer, step
+        gc.collect()  # the next mode starts from an empty GPU (and frees the offloaded shards' pinned host memory)
+        if cuda:
+            torch.cuda.empty_cache()
+        if runtime.is_main:
+            ratio = f"{row['vs_none']:.3f}" if row["vs_none"] is not None else "-"
+            print(f"{mode:<11} {seconds:8.3f} {row['tokens_per_s']:10,.0f} {ratio:>8} {row['peak_gib']:9.2f} "
+                  f"{row['planned_gib']:12.2f}", flush=True)  # fmt: skip
+            if os.environ.get("OUT"):
+                record = {"args": vars(args), "device": device_name, "world_size": runtime.world_size, "rows": rows}
+                Path(os.environ["OUT"], "memory_plan_modes.json").write_text(json.dumps(record, indent=1, default=str))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    """One memory row, or with --modes the throughput of each mode (see the module docstring)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    modes = None
+    if args.modes is not None:
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        if not modes or any(m not in MODES for m in modes):
+            parser.error(f"--modes {args.modes!r}: give a comma-separated list of {', '.join(MODES)}")
+        if args.offload or args.state != "float32":
+            parser.error("--modes sets offload and the state dtype per mode: leave out --offload and --state")
+        if args.steps < 1:
+            parser.error("--steps must be at least 1")
+    runtime = init_runtime()
+    hf_config = build_config(args)
+    if modes is None:
+        measure_memory(args, runtime, hf_config)
+    else:
+        measure_modes(args, runtime, hf_config, modes)
 
 
 if __name__ == "__main__":

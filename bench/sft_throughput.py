@@ -424,6 +424,27 @@ def describe(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     return " ".join(["physreason", *parts])
 
 
+def model_config(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The transformers config of --shape (--tiny, --layers, sdpa) for the process; sets args.grid, the patch grid of
+    the video rows (None: text rows)."""
+    config = SHAPES[args.shape](args.tiny)
+    if args.layers:
+        config.text_config.num_hidden_layers = args.layers
+    config.text_config._attn_implementation = "sdpa"
+    args.grid = None
+    if args.video_seconds > 0:
+        if not hasattr(config.vision_config, "deepstack_visual_indexes"):
+            parser.error("--video-seconds builds Qwen3-VL video rows: use --shape qwen3-vl-8b")
+        config.vision_config._attn_implementation = "sdpa"
+        if args.tiny:  # the tiny vocabulary has no room for Qwen's special ids: take its last four
+            top = config.text_config.vocab_size
+            names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+            for offset, key in enumerate(names, start=1):
+                setattr(config, key, top - offset)
+        args.grid = video_grid(config, args)
+    return config
+
+
 def init_distributed(tp: int) -> torch.device:
     """Join torchrun's process group (or make a world of one) and return this rank's device."""
     cuda = torch.cuda.is_available()
@@ -478,21 +499,7 @@ def main() -> None:
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
     main_rank = dist.get_rank() == 0
-    config = SHAPES[args.shape](args.tiny)
-    if args.layers:
-        config.text_config.num_hidden_layers = args.layers
-    config.text_config._attn_implementation = "sdpa"
-    args.grid = None
-    if args.video_seconds > 0:
-        if not hasattr(config.vision_config, "deepstack_visual_indexes"):
-            parser.error("--video-seconds builds Qwen3-VL video rows: use --shape qwen3-vl-8b")
-        config.vision_config._attn_implementation = "sdpa"
-        if args.tiny:  # the tiny vocabulary has no room for Qwen's special ids: take its last four
-            top = config.text_config.vocab_size
-            names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-            for offset, key in enumerate(names, start=1):
-                setattr(config, key, top - offset)
-        args.grid = video_grid(config, args)
+    config = model_config(parser, args)
     # every row builds new blocks; let dynamo keep their compiled code instead of falling back to eager
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

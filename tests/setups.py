@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -114,8 +115,21 @@ def grpo_overrides(model: Path, data: Path, out: Path, reward: str, lr: str) -> 
     ]  # fmt: skip
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a child's process group (MASTER_PORT)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def load_bench(name: str) -> ModuleType:
-    """bench/<name>.py imported as module `name`, registered in sys.modules (processes it spawns import it by name)."""
+    """bench/<name>.py imported as module `name`, registered in sys.modules (processes it spawns import it by name).
+
+    bench/ stays on sys.path, as for a script run from there: the scripts import shapes, profiling and each other by name,
+    some of them inside functions.
+    """
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from setups import load_bench
 from torch import nn
 
 from physreason.train import phases
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _bench(name: str):
-    sys.path.insert(0, str(BENCH))  # the bench scripts import shapes and profiling by name, as scripts do
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
 def profiling():
-    return _bench("profiling")
+    return load_bench("profiling")
 
 
 @pytest.fixture(scope="module")
 def sft_bench():
-    return _bench("sft_throughput")
+    return load_bench("sft_throughput")
 
 
 class _Toy(nn.Module):
@@ -144,3 +130,39 @@ def test_video_sample_places_one_pad_per_visual_token_and_the_loss_on_the_answer
     assert batch.visual_kwargs["video_grid_thw"].tolist() == [list(grid)]
     with pytest.raises(ValueError, match="raise it"):
         sft_bench.video_sample(config, 50, grid, torch.Generator().manual_seed(0))
+
+
+@pytest.mark.slow
+def test_sft_bench_with_profile_writes_each_rows_trace_and_summary(tmp_path):
+    """`sft_throughput.py --profile DIR` on CPU at tiny size, as a person runs it: both rows traced and summarised."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from setups import BENCH, free_port
+
+    folder = tmp_path / "profiles"
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent), "OUT": str(tmp_path), "OMP_NUM_THREADS": "1",
+           "MASTER_PORT": str(free_port())}  # fmt: skip
+    command = [sys.executable, str(BENCH / "sft_throughput.py"), "--tiny", "--seq-len", "32", "--steps", "1",
+               "--warmup", "0", "--profile", str(folder), "--profile-steps", "2", "--rows=--chunked-ce --ce-chunk 16"]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours = "0-physreason_--chunked-ce_--ce-chunk_16_--seq-len_32"  # the row label, options off their default
+    for name in ("transformers-baseline", ours):
+        assert (folder / f"{name}.trace.json").stat().st_size > 0
+        summary = json.loads((folder / f"{name}.profile.json").read_text())
+        assert summary["device_time"] == "cpu" and summary["total_ms_per_step"] > 0
+        by_category = summary["by_category_ms_per_step"]
+        assert list(by_category) == ["communication", "optimizer", "loss/logits", "vision tower", "attention", "GEMMs",
+                                     "other"]  # fmt: skip
+        assert sum(by_category.values()) == pytest.approx(summary["total_ms_per_step"])
+        assert by_category["optimizer"] > 0 and by_category["GEMMs"] > 0
+    ours_summary = json.loads((folder / f"{ours}.profile.json").read_text())
+    assert ours_summary["by_category_ms_per_step"]["loss/logits"] > 0  # the chunked loss runs inside its phase
+    assert ours_summary["by_category_ms_per_step"]["communication"] > 0  # FSDP2's own work, even on one rank
+    assert done.stdout.count("profile of ") == 2 and "CPU self time per step" in done.stdout
+    runs = json.loads((tmp_path / "sft_throughput.json").read_text())["runs"]
+    assert set(runs) == {"transformers baseline", "physreason --chunked-ce --ce-chunk 16 --seq-len 32"}
+    assert all(run["tokens_per_s"] > 0 for run in runs.values())

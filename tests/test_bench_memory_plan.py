@@ -1,0 +1,58 @@
+"""bench/memory_plan.py on CPU with the tiny Qwen3-VL, run as a person runs it: the throughput of each memory mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from setups import load_bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def memory_bench():
+    return load_bench("memory_plan")
+
+
+@pytest.mark.slow
+def test_modes_run_in_one_torchrun_and_print_tokens_per_second_against_none(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+               str(ROOT / "bench" / "memory_plan.py"), "--tiny", "--seq-len", "64", "--modes", "none,offload,bf16-state",
+               "--steps", "1", "--warmup", "1"]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["none"], ["offload"], ["bf16-state"])]
+    assert [row[0] for row in table] == ["none", "offload", "bf16-state"]
+    rows = json.loads((tmp_path / "memory_plan_modes.json").read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["none", "offload", "bf16-state"]
+    none = rows[0]
+    for row in rows:
+        assert row["seconds_per_step"] > 0
+        assert row["tokens_per_s"] == pytest.approx(64 / row["seconds_per_step"])
+        assert row["vs_none"] == pytest.approx(row["tokens_per_s"] / none["tokens_per_s"])
+    # the plan of each mode, beside its figure: offload moves the state to the host, bf16 state halves the moments
+    assert rows[1]["planned_gib"] < none["planned_gib"] and rows[2]["planned_gib"] < none["planned_gib"]
+
+
+def test_offload_without_torchrun_is_refused_instead_of_measured_without_offload(memory_bench, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit, match="torchrun --standalone --nproc-per-node 1"):
+        memory_bench.main(["--tiny", "--offload"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--modes", "none,fast"], "--modes 'none,fast'"), (["--modes", "none,offload", "--offload"], "leave out"),
+     (["--modes", "none", "--steps", "0"], "--steps must be")],
+)  # fmt: skip
+def test_mode_options_that_cannot_run_are_refused_with_the_option_named(memory_bench, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        memory_bench.main(["--tiny", *argv])
+    assert message in capsys.readouterr().err
