@@ -41,7 +41,8 @@ def test_a_process_takes_its_local_gpu_before_the_nccl_group_starts(one_gpu, mon
     monkeypatch.setattr(dist, "get_world_size", lambda: 1)
     monkeypatch.setattr(dist, "is_initialized", lambda: bool([c for c in one_gpu if c[0] == "init"]))
     runtime = init_runtime()
-    assert one_gpu == [("set_device", 0), ("init", "nccl")]
+    # gloo beside NCCL: offloaded (host) gradients are reduced over ranks when the gradient norm is clipped
+    assert one_gpu == [("set_device", 0), ("init", "cpu:gloo,cuda:nccl")]
     assert runtime.device == torch.device("cuda", 0) and runtime.distributed and runtime.world_size == 1
 
 

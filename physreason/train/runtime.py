@@ -36,7 +36,7 @@ class Runtime:
 
 
 def init_runtime() -> Runtime:
-    """Join the torchrun process group when launched by torchrun (NCCL on GPUs, gloo on CPU).
+    """Join the torchrun process group when launched by torchrun (NCCL for GPU tensors and gloo for host ones on GPUs; gloo on CPU).
 
     Each process takes the GPU of its LOCAL_RANK, before the process group starts. With more processes on a node
     than visible GPUs this raises ConfigError naming both counts (CUDA_VISIBLE_DEVICES= runs on CPU with gloo).
@@ -55,7 +55,9 @@ def init_runtime() -> Runtime:
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
+        # On GPUs, gloo beside NCCL for collectives on host tensors: with train.cpu_offload the gradients live in
+        # host memory, and the gradient norm's reduction over ranks runs on them (NCCL takes no CPU tensors).
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     return Runtime(rank, world, device, distributed="WORLD_SIZE" in os.environ)
