@@ -32,11 +32,15 @@ def run_worker(tmp_path: Path, nproc: int, cases: list[str], port: int) -> dict:
     return json.loads(out.read_text())
 
 
-def assert_split_equals_whole(case: str, result: dict) -> None:
+def assert_split_equals_whole(case: str, result: dict, vision: bool = True) -> None:
     whole, split = result["losses"]
     assert split == pytest.approx(whole, rel=1e-6), case
     assert result["missing"] == [], case  # the same parameters get gradients
-    assert result["tower_grad"] > 0, case  # the vision tower is in the backward
+    assert result["grads"] > 0, case
+    if vision:
+        assert result["tower_grad"] > 0, case  # the vision tower is in the backward
+    else:
+        assert result["tower_grad"] == 0, case  # text rows: the tower takes no part
     worst = max(result["grad_rel"].items(), key=lambda item: item[1])
     assert worst[1] <= 1e-5, (case, worst)
     if "logprob_diff" in result:
@@ -59,6 +63,36 @@ def test_cp4_losses_and_gradients_equal_one_process_with_repeated_kv_heads(tmp_p
     results = run_worker(tmp_path, 4, cases, 29612)
     for case in cases:
         assert_split_equals_whole(case, results[case])
+
+
+@pytest.mark.slow
+def test_tp2_x_cp2_losses_and_gradients_equal_one_process(tmp_path):
+    # 4 ranks: heads split over tp pairs (2 query heads, 1 KV head each), each pair's sequence over cp 2 (its one KV
+    # head repeated); tensor-parallel gradients gathered, then summed over the cp group as FSDP2 would
+    cases = ["qwen2_5_vl:padded:tp2", "qwen3_vl:packed:tp2", "qwen3_vl_moe:grpo_packed:tp2"]
+    results = run_worker(tmp_path, 4, cases, 29613)
+    for case in cases:
+        assert_split_equals_whole(case, results[case])
+
+
+@pytest.mark.slow
+def test_cp2_with_lora_adapters_equals_one_process(tmp_path):
+    # adapters on the language and vision blocks (B initialised non-zero, so A gets a gradient too)
+    cases = ["qwen2_5_vl:packed:lora", "qwen3_vl:grpo:lora"]
+    results = run_worker(tmp_path, 2, cases, 29614)
+    for case in cases:
+        assert_split_equals_whole(case, results[case])
+        assert results[case]["trained"] == ["lora"], case  # only adapters train: the frozen base has no gradient
+
+
+@pytest.mark.slow
+def test_cp2_text_only_rows_equal_one_process_for_vision_and_text_models(tmp_path):
+    # rows without pixels on the VL families (M-RoPE positions of text), and the text-only Qwen families
+    cases = ["qwen2_5_vl:padded:text", "qwen3_vl:packed:text", "qwen3_vl:grpo:text", "qwen2:padded", "qwen3:grpo_packed",
+             "qwen3_moe:packed"]  # fmt: skip
+    results = run_worker(tmp_path, 2, cases, 29615)
+    for case in cases:
+        assert_split_equals_whole(case, results[case], vision=False)
 
 
 def test_sequence_shards_pad_to_a_multiple_of_cp_and_tile_it():
