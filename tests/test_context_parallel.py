@@ -173,6 +173,33 @@ def test_sft_under_cp_matches_one_process_and_resumes_at_another_cp_size(tmp_pat
     assert torch.allclose(torch.tensor(first + last), torch.tensor(one), rtol=1e-5, atol=1e-6), (first + last, one)
 
 
+LORA = ["train.lora.enable=true", "train.lora.vision=true"]  # adapters on the language and vision blocks, base frozen
+
+
+@pytest.mark.slow
+@pytest.mark.cpu_only
+@pytest.mark.parametrize(
+    ("kind", "tp", "recipe"),
+    [("qwen3_vl", 2, []), ("qwen2_5_vl", 1, LORA)],
+    ids=["tp2_x_cp2", "lora_cp2"],
+)
+def test_sft_under_cp_with_tp_or_lora_matches_one_process(tmp_path, kind, tp, recipe):
+    # tp 2: FSDP2 shards over dp x cp while each rank's decoder blocks are tensor-parallel over its pair
+    from setups import torchrun_sft
+
+    from physreason.config import load_config
+    from physreason.models.tiny import save_tiny_model
+    from physreason.train.sft import run_sft
+
+    model = save_tiny_model(kind, tmp_path / "model")
+    data = write_video_records(tmp_path)
+    one = run_sft(load_config(None, cp_overrides(model, data, tmp_path / "one", 2, 1) + recipe)).losses
+    split_recipe = cp_overrides(model, data, tmp_path / "cp", 2, 2) + recipe + [f"policy.parallelism.tp_size={tp}"]
+    split = torchrun_sft(tmp_path, 2 * tp, 29623, split_recipe)
+    assert len(one) == 2 and one[1] != one[0]  # the second step's loss shows the first step's update
+    assert torch.allclose(torch.tensor(split), torch.tensor(one), rtol=1e-5, atol=1e-6), (split, one)
+
+
 def test_cp_size_that_does_not_divide_the_processes_is_refused_naming_both():
     from physreason.models.parallelize import check_layout
 
