@@ -206,3 +206,20 @@ def test_cp_size_that_does_not_divide_the_processes_is_refused_naming_both():
     assert check_layout(8, 2, 2) == 2
     with pytest.raises(ConfigError, match=r"tp_size \(1\) x policy.parallelism.cp_size \(4\) = 4 must divide the number of processes \(6\)"):
         check_layout(6, 1, 4)
+
+
+def test_disaggregated_policy_counts_cp_ranks_and_sends_a_cp_group_one_share():
+    from physreason.config import Config
+    from physreason.distributed.controller import policy_shares, policy_world_size
+    from physreason.distributed.rollout_queue import ScoredGroup
+
+    def recipe(tp: int, cp: int, dp_shard: int) -> Config:
+        parallelism = {"tp_size": tp, "cp_size": cp, "dp_shard_size": dp_shard}
+        return Config.model_validate({"model": {"model_name_or_path": "-"}, "policy": {"parallelism": parallelism}})
+
+    assert policy_world_size(recipe(1, 2, 2), 0) == 4  # dp 2 x cp 2
+    assert policy_world_size(recipe(1, 2, -1), 0) == 2  # CPU: one replica of cp ranks
+    assert policy_world_size(recipe(2, 2, -1), 8) == 4  # 7 GPUs left by one rollout replica: whole tp x cp replicas only
+    groups = [ScoredGroup([f"g{i}a", f"g{i}b"], 0, 0, i) for i in range(4)]  # samples stand in as names
+    shares = policy_shares(groups, 4, 2)  # ranks (0, 1) and (2, 3): one cp group per data-parallel share
+    assert shares == [["g0a", "g0b", "g2a", "g2b"]] * 2 + [["g1a", "g1b", "g3a", "g3b"]] * 2
