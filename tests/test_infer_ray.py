@@ -6,6 +6,7 @@ One Ray session serves the module (starting Ray costs seconds); the CLI runs joi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
@@ -86,7 +87,7 @@ def read_parquet(path: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if v is not None} for row in pq.read_table(path).to_pylist()]
 
 
-def test_two_replicas_answer_like_one_process_and_record_failures(ray_address, media, tiny_model_dir, tmp_path):
+def test_two_replicas_answer_like_one_process_and_record_failures(ray_address, media, tiny_model_dir, tmp_path, caplog):
     lines = [
         {"id": "a", "question": "Is it falling?", "video": "clips/a.mp4"},
         {"id": "img", "question": "What is it?", "image": "img.png"},
@@ -98,8 +99,13 @@ def test_two_replicas_answer_like_one_process_and_record_failures(ray_address, m
     requests = media / "mixed.jsonl"
     requests.write_text("".join(json.dumps(x) + "\n" for x in lines))
     cfg = make_config(tiny_model_dir, batch_size=1)  # batch 1 in both paths: identical greedy tokens
+    caplog.set_level(logging.DEBUG, logger="physreason.infer.ray_pipeline")
     summary = run_ray_batch(cfg, requests, tmp_path / "ray.parquet", show_progress=False)
     assert (summary.total, summary.done, summary.failed, summary.skipped) == (6, 6, 2, 0)
+    # bench/ray_infer.py times the driver's start-up phases by these marks
+    marks = [r.getMessage() for r in caplog.records if r.name == "physreason.infer.ray_pipeline" and r.levelno == logging.DEBUG]
+    assert marks == ["planned 6 pending requests; model config checked", "joined Ray", "Ray Data pipeline built; executing",
+                     "first result"]  # fmt: skip
     engine = HFEngine(ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig(batch_size=1))
     run_batch(engine, requests, tmp_path / "one.jsonl", sampling=cfg.generation, vision=cfg.vision, show_progress=False)
     by_ray = {r["id"]: r for r in read_parquet(tmp_path / "ray.parquet")}

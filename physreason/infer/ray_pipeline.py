@@ -243,9 +243,11 @@ def run_ray_batch(
     loading.load_model_config(cfg.model)
     factor = patch_factor(cfg.model.model_name_or_path, cfg.model.revision)
     prompting, sampling = prompting_for(cfg)
+    log.debug("planned %d pending requests; model config checked", len(plan.pending))
     address = _cluster_address(infer.ray_address)
     ray = _import_ray(starts_local=address is None)
     started_here = _connect(ray, address)
+    log.debug("joined Ray")
     try:
         resources = ray.cluster_resources()
         replicas, gpus_each = replica_layout(
@@ -329,6 +331,7 @@ def _engine_stage(dataset, cfg: Config, replicas: int, gpus_each: int, prompt: t
 
 def _drain(dataset, plan, summary: BatchSummary, out: Path, infer, show_progress: bool) -> None:
     """Write results as Ray Data yields them; at the end, record the pending ids that got none as failed."""
+    log.debug("Ray Data pipeline built; executing")
     sink = open_sink(out, rows_per_file=infer.parquet_rows_per_file, flush_s=infer.parquet_flush_s)
     written: set[str] = set()
     try:
@@ -340,6 +343,8 @@ def _drain(dataset, plan, summary: BatchSummary, out: Path, infer, show_progress
                     if rid in written:  # a retried batch answered twice: the first answer stays
                         log.warning("request %s came back twice; keeping the first result", rid)
                         continue
+                    if not written:
+                        log.debug("first result")
                     written.add(rid)
                     record_to(sink, summary, json.loads(row["record"]))
                     progress.advance(task)
