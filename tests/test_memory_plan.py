@@ -4,8 +4,8 @@ Qwen3-VL-32B layouts (config.json in tests/fixtures/qwen3_vl_32b, hyper-paramete
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
