@@ -15,6 +15,7 @@ from physreason.cli.train_options import (
     OUTPUT_DIR_HELP,
     TRUST_HELP,
     echo_finished_before,
+    exit_if_uploads_left,
     option_values,
     window_means,
 )
@@ -65,6 +66,7 @@ def grpo(
             dist.destroy_process_group()
     if getattr(result, "finished_before", None) is not None:
         echo_finished_before(result.finished_before)
+        exit_if_uploads_left(recipe)
         return
     if result.rewards:
         # Single steps are noisy (a few prompt groups each): compare the means of the first and last windows.
@@ -77,3 +79,4 @@ def grpo(
         typer.echo(f"checkpoint: {result.last_checkpoint}")
     if result.export_dir is not None:
         typer.echo(f"Hugging Face export: {result.export_dir}")
+    exit_if_uploads_left(recipe)

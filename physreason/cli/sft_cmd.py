@@ -13,6 +13,7 @@ from physreason.cli.train_options import (
     OUTPUT_DIR_HELP,
     TRUST_HELP,
     echo_finished_before,
+    exit_if_uploads_left,
     option_values,
 )
 
@@ -53,6 +54,7 @@ def sft(
             dist.destroy_process_group()
     if result.finished_before is not None:
         echo_finished_before(result.finished_before)
+        exit_if_uploads_left(recipe)
         return
     if result.losses:
         typer.echo(f"finished {len(result.losses)} steps, last loss {result.losses[-1]:.4f}")
@@ -60,3 +62,4 @@ def sft(
         typer.echo(f"checkpoint: {result.last_checkpoint}")
     if result.export_dir is not None:
         typer.echo(f"Hugging Face export: {result.export_dir}")
+    exit_if_uploads_left(recipe)
