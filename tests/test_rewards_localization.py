@@ -272,3 +272,22 @@ def test_accuracy_of_a_structured_answer_is_the_hit_that_evaluation_counts(refer
     assert compute_rewards(reason1(answer), {"accuracy": 1.0}, answer=reference, **fields)["accuracy"] == float(
         score_localization(reason1(answer), reference, fields.get("box_2d")).iou >= 0.5
     )
+
+
+@pytest.mark.parametrize(
+    ("reference", "text", "readable"),
+    [
+        (BOX_REF, "8 8 8 8 8 8", False),  # no JSON at all: what a random model writes
+        (BOX_REF, '[{"point_2d": [150, 250]}]', False),  # JSON, not the reference's layout
+        (BOX_REF, '[{"box_2d": [0, 0, 10, 10]}]', True),  # readable, and wrong
+        (SPAN_REF, "the ball falls at one second", False),
+        (SPAN_REF, '[{"start": "00:05.00", "end": "00:06.00"}]', True),
+    ],
+)
+def test_a_structured_answer_without_json_in_the_references_layout_is_unparsed(reference, text, readable):
+    from physreason.eval.benchmark import EvalSample
+    from physreason.eval.scoring import score_completion
+
+    score = score_completion(reason1(text), EvalSample(id="v#0", video="v.mp4", answer=reference))
+    assert (score.prediction is not None) == readable and not score.is_correct
+    assert score.prediction is None or score.prediction == text
