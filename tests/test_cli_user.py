@@ -1,4 +1,5 @@
-"""Commands typed as the docs show them: exit codes, one-line errors that name the key, no traceback."""
+"""Commands typed as the docs show them (exit codes, one-line errors that name the key, no traceback, output printed
+once) and the mechanisms behind what they got wrong."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,3 +43,35 @@ def test_grpo_refuses_a_bad_reward_before_loading_the_model(tmp_path):
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(message), done.stderr
         assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.cpu_only
+def test_sft_under_torchrun_with_context_parallel_prints_its_summary_once(tmp_path, tiny_model_dir):
+    from setups import write_chat_records
+
+    data = write_chat_records(tmp_path, 4)
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text("[train]\ntrain_batch_per_replica = 2\nmini_batch = 1\nmax_steps = 1\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29641",
+         "-m", "physreason", "sft", "-c", str(recipe), "-m", str(tiny_model_dir), "--output-dir", str(tmp_path / "run"),
+         "--set", f"data.dataset.name='{data}'", "--set", "data.num_workers=0", "--set", "policy.parallelism.cp_size=2"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("finished 1 steps") == 1 and done.stdout.count("checkpoint: ") == 1, done.stdout
+
+
+@pytest.mark.parametrize("targets", [[-100, -100, -100], [5, -100, 7]], ids=["no-target", "targets"])
+def test_the_sft_loss_is_fp32_whether_or_not_a_slice_has_targets(targets):
+    # a context-parallel rank whose slice of the row holds only the prompt sums its loss with the others' (all-reduce)
+    import torch
+
+    from physreason.train.loss import cross_entropy_sum
+
+    hidden = torch.randn(1, 3, 8, dtype=torch.bfloat16)  # [B, L, H]
+    weight = torch.randn(16, 8, dtype=torch.bfloat16)  # [V, H]
+    for chunk_size in (0, 1):
+        assert cross_entropy_sum(hidden, weight, torch.tensor([targets]), chunk_size).dtype == torch.float32

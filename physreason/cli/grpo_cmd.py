@@ -64,6 +64,9 @@ def grpo(
             vllm_compat.release_distributed()  # vLLM's groups live inside torchrun's: they go first
         if dist.is_initialized():
             dist.destroy_process_group()
+    if os.environ.get("RANK", "0") != "0":
+        exit_if_uploads_left(recipe)  # every torchrun rank exits with the same code; rank 0 prints the summary
+        return
     if getattr(result, "finished_before", None) is not None:
         echo_finished_before(result.finished_before)
         exit_if_uploads_left(recipe)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import typer
@@ -52,6 +53,9 @@ def sft(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    if os.environ.get("RANK", "0") != "0":
+        exit_if_uploads_left(recipe)  # every torchrun rank exits with the same code; rank 0 prints the summary
+        return
     if result.finished_before is not None:
         echo_finished_before(result.finished_before)
         exit_if_uploads_left(recipe)
