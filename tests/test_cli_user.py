@@ -75,3 +75,16 @@ def test_the_sft_loss_is_fp32_whether_or_not_a_slice_has_targets(targets):
     weight = torch.randn(16, 8, dtype=torch.bfloat16)  # [V, H]
     for chunk_size in (0, 1):
         assert cross_entropy_sum(hidden, weight, torch.tensor([targets]), chunk_size).dtype == torch.float32
+
+
+def test_export_of_a_checkpoint_folder_points_at_its_run_and_step(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_3").mkdir(parents=True)
+    (run / "config.toml").write_text("")
+    done = run_cli("export", str(run / "checkpoints" / "step_3"), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == (
+        f"error: {run / 'checkpoints' / 'step_3'} is inside the run {run}: give the run folder, "
+        f"e.g. physreason export {run} --step 3 --out DIR"
+    )
+    assert not (tmp_path / "out").exists()
