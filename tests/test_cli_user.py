@@ -3,6 +3,7 @@ once) and the mechanisms behind what they got wrong."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -88,3 +89,15 @@ def test_export_of_a_checkpoint_folder_points_at_its_run_and_step(tmp_path):
         f"e.g. physreason export {run} --step 3 --out DIR"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_option_order_is_refused_for_a_json_task_and_left_out_of_its_folder_under_all(tmp_path):
+    done = run_cli("data", "synth", "--task", "grounding", "--option-order", "fixed", "--n", "1", "--out", str(tmp_path / "g"))
+    assert done.returncode == 2 and not (tmp_path / "g").exists()
+    assert done.stderr.strip() == "error: --option-order is for the letter tasks; grounding is answered in JSON and has no options"
+    done = run_cli("data", "synth", "--task", "all", "--option-order", "fixed", "--n", "1", "--workers", "1", "--no-progress",
+                   "--out", str(tmp_path / "all"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    orders = {p.parent.name: json.loads(p.read_text())["option_order"] for p in (tmp_path / "all").glob("*/meta.json")}
+    assert orders == {"arrow_of_time": "fixed", "spatial_puzzle": "fixed", "object_permanence": "fixed",
+                      "grounding": "shuffled", "temporal_localization": "shuffled"}  # fmt: skip
