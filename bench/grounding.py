@@ -411,7 +411,8 @@ def variant_grpo_config(args: argparse.Namespace, cfg: Any, out: Path, sft_dir: 
 
 def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any]:
     """Every stage after the data for one seed: the per-clip IoUs of each evaluated stage, and the runs' logs."""
-    from physreason.demo import _evaluate, _with_model
+    from physreason.config import with_model
+    from physreason.eval.launch import accuracy_by_dataset
     from physreason.train.grpo import run_grpo
     from physreason.train.sft import run_sft
 
@@ -427,7 +428,7 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any]:
 
     def evaluate(row: str, model: Path) -> None:
         t = time.perf_counter()
-        _evaluate(_with_model(cfg, model), labels[row], results)
+        accuracy_by_dataset(with_model(cfg, model), results / labels[row])
         timings[f"eval {row}"] = time.perf_counter() - t
 
     evaluate(BASE_ROW, model_dir)
@@ -435,7 +436,7 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any]:
     if args.tower_steps:
         t = time.perf_counter()
         tower_dir, tower = tower_stage(args, model_dir, out / "data" / "tower", cfg, seed)
-        cfg = _with_model(cfg, tower_dir)
+        cfg = with_model(cfg, tower_dir)
         timings["tower_s"] = time.perf_counter() - t
     t = time.perf_counter()
     sft_dir = finished_export(Path(cfg.train.output_dir), args.sft_steps) or run_sft(cfg).export_dir

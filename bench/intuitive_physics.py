@@ -386,10 +386,10 @@ def tower_stage(args: argparse.Namespace, model_dir: Path, data_root: Path, cfg:
 
 def sft_control(cfg: Any, sft_dir: Path, records: Path, output_dir: Path, args: argparse.Namespace) -> Path:
     """The control: SFT continued from `sft_dir` on `records` with GRPO's prompts per step, steps and (constant) lr."""
-    from physreason.demo import _with_model
+    from physreason.config import with_model
     from physreason.train.sft import run_sft
 
-    ctl_cfg = _with_model(cfg, sft_dir).model_copy(deep=True)
+    ctl_cfg = with_model(cfg, sft_dir).model_copy(deep=True)
     ctl_cfg.data.dataset.name = str(records)
     ctl_cfg.train.output_dir = str(output_dir)
     ctl_cfg.train.max_steps = args.grpo_steps
@@ -433,7 +433,8 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any] |
     """Every stage after the data for one initialisation seed; its table and logs (None when stopped before SFT)."""
     import torch
 
-    from physreason.demo import _evaluate, _with_model
+    from physreason.config import with_model
+    from physreason.eval.launch import accuracy_by_dataset
     from physreason.train.grpo import run_grpo
     from physreason.train.sft import run_sft
 
@@ -448,13 +449,13 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any] |
     table: dict[str, dict[str, float | None]] = {}
     t = time.perf_counter()
     # resumable: finished clips are kept
-    table["untrained model"] = _evaluate(cfg, f"base{seed_tag(seed)}", out / "results")
+    table["untrained model"] = accuracy_by_dataset(cfg, out / "results" / f"base{seed_tag(seed)}")
     timings["eval_base_s"] = time.perf_counter() - t
     tower: dict | None = None
     if args.tower_steps:
         t = time.perf_counter()
         tower_dir, tower = tower_stage(args, model_dir, out / "data" / "train", cfg, seed)
-        cfg = _with_model(cfg, tower_dir)
+        cfg = with_model(cfg, tower_dir)
         timings["tower_s"] = time.perf_counter() - t
     if args.stop_after == "tower":
         print({k: round(v, 1) for k, v in timings.items()})
@@ -463,7 +464,7 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any] |
     sft_dir = finished_export(Path(cfg.train.output_dir), args.sft_steps) or run_sft(cfg).export_dir
     timings["sft_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    table["after SFT"] = _evaluate(_with_model(cfg, sft_dir), f"sft{suffix}", out / "results")
+    table["after SFT"] = accuracy_by_dataset(with_model(cfg, sft_dir), out / "results" / f"sft{suffix}")
     timings["eval_sft_s"] = time.perf_counter() - t
     grpo_dir = None
     if args.stop_after == "grpo":
@@ -474,7 +475,7 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any] |
         grpo_dir = finished_export(Path(rl_cfg.train.output_dir), args.grpo_steps) or run_grpo(rl_cfg).export_dir
         timings["grpo_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        table["after SFT+GRPO"] = _evaluate(_with_model(cfg, grpo_dir), grpo_name, out / "results")
+        table["after SFT+GRPO"] = accuracy_by_dataset(with_model(cfg, grpo_dir), out / "results" / grpo_name)
         timings["eval_grpo_s"] = time.perf_counter() - t
         if args.sft_control:
             t = time.perf_counter()
@@ -482,7 +483,7 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any] |
             control_dir = sft_control(cfg, sft_dir, control_records(out, args), out / label, args)
             timings["sft_control_s"] = time.perf_counter() - t
             t = time.perf_counter()
-            table["after SFT+SFT (control)"] = _evaluate(_with_model(cfg, control_dir), label, out / "results")
+            table["after SFT+SFT (control)"] = accuracy_by_dataset(with_model(cfg, control_dir), out / "results" / label)
             timings["eval_sft_control_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from physreason.config import Config, load_config
+from physreason.config import Config, load_config, with_model
 from physreason.data.synth.records import letter_sft_records, rl_records
 from physreason.data.synth.tasks import LETTER_TASK_NAMES, TASKS
 from physreason.errors import PhysReasonError
@@ -137,7 +137,7 @@ def grpo_config(cfg: Config, out: Path, model_dir: Path, sizes: DemoSizes) -> Co
         },
     )
     return recipe.model_copy(
-        update={"model": _with_model(cfg, model_dir).model, "engine": cfg.engine, "vision": cfg.vision, "logging": cfg.logging}
+        update={"model": with_model(cfg, model_dir).model, "engine": cfg.engine, "vision": cfg.vision, "logging": cfg.logging}
     )
 
 
@@ -194,21 +194,6 @@ def sft_file(out: Path, sizes: DemoSizes) -> Path:
     return out / "data" / "train" / f"{name}.jsonl"
 
 
-def _with_model(cfg: Config, model_dir: Path) -> Config:
-    """The same recipe pointed at another model folder (a stage's export)."""
-    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"model_name_or_path": str(model_dir)})})
-
-
-def _evaluate(cfg: Config, label: str, results_dir: Path) -> dict[str, float | None]:
-    from physreason.eval.launch import run_eval
-    from physreason.eval.report import collect_reports
-
-    cfg = cfg.model_copy(deep=True)
-    cfg.eval.results_dir = str(results_dir / label)
-    run_eval(cfg, show_progress=True)
-    return {r.dataset: r.mean_std()[0] for r in collect_reports(cfg.eval.results_dir)}
-
-
 def _finished_export(output_dir: Path, steps: int) -> Path | None:
     """The safetensors export of a training run that reached `steps` (an earlier demo's), or None."""
     folder = output_dir / "safetensors" / f"step_{steps}"
@@ -224,6 +209,7 @@ def run_demo(
     GRPO's data order and sampling: another seed is another run of the same recipe, on clips of its own.
     """
     from physreason.data.synth.generate import generate_task
+    from physreason.eval.launch import accuracy_by_dataset
     from physreason.models.tiny import save_tiny_model
     from physreason.train.grpo import run_grpo
     from physreason.train.sft import run_sft
@@ -256,7 +242,7 @@ def run_demo(
     cfg = demo_config(out, model_dir, sizes, seed)
     table: dict[str, dict[str, float | None]] = {}
     start = _stage("3/8 evaluate the base model")
-    table["base model"] = _evaluate(cfg, "base", out / "results")
+    table["base model"] = accuracy_by_dataset(cfg, out / "results" / "base")
     console.print(f"({_took(start)})")
 
     if sizes.tower_steps:
@@ -276,7 +262,7 @@ def run_demo(
             f"{tower['steps']} steps; its accuracy (%) on the tenth of training clips it did not train on: {held_out}"
         )
         console.print(f"({_took(start)})")
-        cfg = _with_model(cfg, tower_dir)
+        cfg = with_model(cfg, tower_dir)
     else:
         _stage("4/8 vision tower pre-training: skipped (tower_steps 0); SFT trains the random tower")
 
@@ -295,7 +281,7 @@ def run_demo(
     console.print(f"fine-tuned model: {sft_export} ({_took(start)})")
 
     start = _stage("6/8 evaluate the fine-tuned model")
-    table["after SFT"] = _evaluate(_with_model(cfg, sft_export), "sft", out / "results")
+    table["after SFT"] = accuracy_by_dataset(with_model(cfg, sft_export), out / "results" / "sft")
     console.print(f"({_took(start)})")
 
     start = _stage("7/8 GRPO from the fine-tuned model (accuracy reward)")
@@ -316,7 +302,7 @@ def run_demo(
     console.print(f"GRPO model: {rl_export} ({_took(start)})")
 
     start = _stage("8/8 evaluate the GRPO model")
-    table["after SFT+GRPO"] = _evaluate(_with_model(cfg, rl_export), "grpo", out / "results")
+    table["after SFT+GRPO"] = accuracy_by_dataset(with_model(cfg, rl_export), out / "results" / "grpo")
     console.print(f"({_took(start)})")
 
     print_table(table, sizes.test_per_task)

@@ -1,9 +1,12 @@
 """torchrun worker for tests/test_context_parallel.py: one model split over the ranks vs the same model whole.
 
-argv: cases as "kind:layout,kind:layout" (layout "padded" | "packed" | "grpo" | "grpo_packed"), output JSON path.
-Per case every rank builds the same tiny model twice (same seed): one runs whole in this process, the other with its
-sequence and vision patches split over all ranks. Rank 0 writes, per case, the two losses and, per parameter, the
-largest gradient difference relative to that parameter's largest gradient entry.
+argv: cases as "kind:layout[:option+option],..." (layout "padded" | "packed" | "grpo" | "grpo_packed"; options
+"tp2": the split model is also tensor-parallel over pairs of ranks, cp = the other factor of the world; "lora": both
+models get the same LoRA adapters, vision tower included; "text": text-only rows, no pixels), output JSON path.
+Text-only kinds (qwen2, qwen3, qwen3_moe) always get text rows. Per case every rank builds the same tiny model twice
+(same seed): one runs whole in this process, the other with its sequence and vision patches split over the
+context-parallel ranks. Rank 0 writes, per case, the two losses and, per parameter, the largest gradient difference
+relative to that parameter's largest gradient entry.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import sys
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
+from physreason.config.schema import LoraConfig
 from physreason.data.collate import collate_padded
 from physreason.data.packing import collate_packed
 from physreason.data.sft import IGNORE_INDEX, SFTSample
@@ -22,6 +27,9 @@ from physreason.engines import Completion
 from physreason.models.context_parallel import ContextParallel
 from physreason.models.family import model_family, read_vision_tokens
 from physreason.models.inputs import encode_visuals
+from physreason.models.kinds import VISION_LANGUAGE_KINDS
+from physreason.models.lora import apply_lora
+from physreason.models.parallelize import apply_tensor_parallel, build_mesh
 from physreason.models.tiny import build_tiny_model, build_tiny_tokenizer
 from physreason.train.model import CausalLMLoss
 from physreason.vision.video import VideoFrames
@@ -53,8 +61,33 @@ def video_sample(model, frames: int, before: int, after: int, seed: int) -> SFTS
     return SFTSample(input_ids, labels, spec.positions(input_ids, visuals), visuals)
 
 
+def text_sample(model, length: int, answer: int, seed: int) -> SFTSample:
+    """A text-only row of `length` tokens whose last `answer` are targets (positions as the data pipeline makes them)."""
+    spec = read_vision_tokens(model.config)
+    input_ids = torch.tensor(np.random.default_rng(seed).integers(10, 300, length))
+    labels = input_ids.clone()
+    labels[: length - answer] = IGNORE_INDEX
+    positions = spec.positions(input_ids, None) if spec is not None else torch.arange(length).expand(3, -1)  # [3, L]
+    return SFTSample(input_ids, labels, positions)
+
+
 def grads(model) -> dict[str, torch.Tensor]:
-    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    """Each parameter's whole gradient (tensor-parallel shards gathered)."""
+    out = {}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            out[name] = grad.clone()
+    return out
+
+
+def add_lora(model) -> None:
+    """The same LoRA adapters on every call (seeded), B non-zero so that both A and B get gradients."""
+    torch.manual_seed(4)
+    apply_lora(model, LoraConfig(enable=True, rank=4, alpha=8.0, vision=True))
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.05)
 
 
 def main() -> None:
@@ -66,17 +99,32 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def compare(kind: str, layout: str) -> dict:
+def compare(kind: str, layout: str, options: str = "") -> dict:
     """One case: the whole model's and the split model's losses and gradients."""
+    chosen = set(options.split("+")) - {""}
     tokenizer = build_tiny_tokenizer()
     whole = build_tiny_model(kind, tokenizer, seed=0).train()
     split = build_tiny_model(kind, tokenizer, seed=0).train()
-    ContextParallel(dist.group.WORLD).install(split)
-    samples = [video_sample(whole, 8, 5, 13, seed=1), video_sample(whole, 4, 3, 7, seed=2)]
-    if layout == "packed":
-        batch = collate_packed(samples, mrope=True)
+    if "lora" in chosen:
+        add_lora(whole)
+        add_lora(split)
+    tp = 2 if "tp2" in chosen else 1
+    world = dist.get_world_size()
+    group = dist.group.WORLD
+    if tp > 1:
+        mesh = build_mesh("cpu", world, tp, world // tp)  # dp 1: every rank holds the same rows
+        apply_tensor_parallel(split, mesh["tp"])
+        group = mesh["cp"].get_group()
+    ContextParallel(group).install(split, tp)
+    vision = kind in VISION_LANGUAGE_KINDS
+    if vision and "text" not in chosen:
+        samples = [video_sample(whole, 8, 5, 13, seed=1), video_sample(whole, 4, 3, 7, seed=2)]
     else:
-        batch = collate_padded(samples, tokenizer.pad_token_id, mrope=True)
+        samples = [text_sample(whole, 23, 9, seed=1), text_sample(whole, 14, 6, seed=2)]
+    if layout == "packed":
+        batch = collate_packed(samples, mrope=vision)
+    else:
+        batch = collate_padded(samples, tokenizer.pad_token_id, mrope=vision)
     result = {}
     if layout.startswith("grpo"):
         result = grpo_scores(whole, split, samples, tokenizer.pad_token_id, pack=layout == "grpo_packed")
@@ -89,12 +137,16 @@ def compare(kind: str, layout: str) -> dict:
         result["losses"] = losses
     want, got = grads(whole), grads(split)
     for g in got.values():
-        dist.all_reduce(g)  # what FSDP2's reduction over the dp x cp ranks adds up
+        dist.all_reduce(g, group=group)  # what FSDP2's reduction over the dp x cp ranks adds up
     result["missing"] = sorted(set(want) ^ set(got))
     result["grad_rel"] = {
         name: float((got[name] - w).abs().max()) / (float(w.abs().max()) + 1e-12) for name, w in want.items() if name in got
     }
-    result["tower_grad"] = max(float(w.abs().max()) for name, w in want.items() if name.startswith("model.visual."))
+    result["grads"] = len(want)
+    tower = [float(w.abs().max()) for name, w in want.items() if name.startswith("model.visual.")]
+    result["tower_grad"] = max(tower) if tower else 0.0
+    if "lora" in chosen:
+        result["trained"] = sorted({"lora" if "lora_" in name else name for name in want})
     return result
 
 

@@ -1,7 +1,8 @@
-"""Set-ups shared by the SFT, FSDP and GRPO tests and their LoRA variants: records, base overrides, the torchrun worker;
+"""Set-ups shared by the SFT, FSDP and GRPO tests and their LoRA variants: records, base recipes, the torchrun worker;
 and the loader of bench/ scripts for their tests.
 
-Each test module adds its own settings (learning rate, LoRA, checkpoints) to these bases.
+Each test module adds its own settings (learning rate, LoRA, checkpoints) to these bases: sft_recipe and grpo_recipe
+for in-process runs, the *_overrides lists for torchrun workers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import textwrap
 from pathlib import Path
 from types import ModuleType
 
+from physreason.config import Config, load_config
 from physreason.rewards import register_reward
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -47,6 +49,11 @@ def sft_overrides(model: Path, data: Path, out: Path, lr: str, logger: str) -> l
         "data.num_workers=0",
         f"logging.logger={logger}",
     ]
+
+
+def sft_recipe(model: Path, data: Path, out: Path, *settings: str, lr: str, logger: str) -> Config:
+    """The recipe of an in-process SFT test: sft_overrides, then the test's own `settings` (later ones win)."""
+    return load_config(None, [*sft_overrides(model, data, out, lr, logger), *settings])
 
 
 def fsdp_overrides(model: Path, data: Path, out: Path, lr: str) -> list[str]:
@@ -113,6 +120,11 @@ def grpo_overrides(model: Path, data: Path, out: Path, reward: str, lr: str) -> 
         f"train.optm_lr={lr}", "train.optm_weight_decay=0", "train.optm_decay_type='constant'",
         "train.param_dtype='float32'",
     ]  # fmt: skip
+
+
+def grpo_recipe(model: Path, data: Path, out: Path, *settings: str, lr: str, reward: str = "test_mentions_b") -> Config:
+    """The recipe of a GRPO test: grpo_overrides, then the test's own `settings` (later ones win)."""
+    return load_config(None, [*grpo_overrides(model, data, out, reward, lr), *settings])
 
 
 def free_port() -> int:

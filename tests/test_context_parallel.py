@@ -1,7 +1,9 @@
 """Context parallelism (models/context_parallel.py): a model split over 2 or 4 gloo ranks equals the model whole.
 
 Tolerance: float32 everywhere; losses and log-probs within 1e-6 relative (summation order), every parameter's
-gradient within 1e-5 of that parameter's largest gradient entry, on video rows of both families.
+gradient within 1e-5 of that parameter's largest gradient entry: on video rows of both families, with tensor
+parallelism (tp 2 x cp 2), with LoRA adapters, and on text-only rows (VL models without pixels, text-only models).
+Whole SFT runs (cp with resume at another cp size, tp 2 x cp 2, LoRA) match one process's losses within 1e-5.
 """
 
 from __future__ import annotations
@@ -32,11 +34,15 @@ def run_worker(tmp_path: Path, nproc: int, cases: list[str], port: int) -> dict:
     return json.loads(out.read_text())
 
 
-def assert_split_equals_whole(case: str, result: dict) -> None:
+def assert_split_equals_whole(case: str, result: dict, vision: bool = True) -> None:
     whole, split = result["losses"]
     assert split == pytest.approx(whole, rel=1e-6), case
     assert result["missing"] == [], case  # the same parameters get gradients
-    assert result["tower_grad"] > 0, case  # the vision tower is in the backward
+    assert result["grads"] > 0, case
+    if vision:
+        assert result["tower_grad"] > 0, case  # the vision tower is in the backward
+    else:
+        assert result["tower_grad"] == 0, case  # text rows: the tower takes no part
     worst = max(result["grad_rel"].items(), key=lambda item: item[1])
     assert worst[1] <= 1e-5, (case, worst)
     if "logprob_diff" in result:
@@ -59,6 +65,36 @@ def test_cp4_losses_and_gradients_equal_one_process_with_repeated_kv_heads(tmp_p
     results = run_worker(tmp_path, 4, cases, 29612)
     for case in cases:
         assert_split_equals_whole(case, results[case])
+
+
+@pytest.mark.slow
+def test_tp2_x_cp2_losses_and_gradients_equal_one_process(tmp_path):
+    # 4 ranks: heads split over tp pairs (2 query heads, 1 KV head each), each pair's sequence over cp 2 (its one KV
+    # head repeated); tensor-parallel gradients gathered, then summed over the cp group as FSDP2 would
+    cases = ["qwen2_5_vl:padded:tp2", "qwen3_vl:packed:tp2", "qwen3_vl_moe:grpo_packed:tp2"]
+    results = run_worker(tmp_path, 4, cases, 29613)
+    for case in cases:
+        assert_split_equals_whole(case, results[case])
+
+
+@pytest.mark.slow
+def test_cp2_with_lora_adapters_equals_one_process(tmp_path):
+    # adapters on the language and vision blocks (B initialised non-zero, so A gets a gradient too)
+    cases = ["qwen2_5_vl:packed:lora", "qwen3_vl:grpo:lora"]
+    results = run_worker(tmp_path, 2, cases, 29614)
+    for case in cases:
+        assert_split_equals_whole(case, results[case])
+        assert results[case]["trained"] == ["lora"], case  # only adapters train: the frozen base has no gradient
+
+
+@pytest.mark.slow
+def test_cp2_text_only_rows_equal_one_process_for_vision_and_text_models(tmp_path):
+    # rows without pixels on the VL families (M-RoPE positions of text), and the text-only Qwen families
+    cases = ["qwen2_5_vl:padded:text", "qwen3_vl:packed:text", "qwen3_vl:grpo:text", "qwen2:padded", "qwen3:grpo_packed",
+             "qwen3_moe:packed"]  # fmt: skip
+    results = run_worker(tmp_path, 2, cases, 29615)
+    for case in cases:
+        assert_split_equals_whole(case, results[case], vision=False)
 
 
 def test_sequence_shards_pad_to_a_multiple_of_cp_and_tile_it():
@@ -139,9 +175,53 @@ def test_sft_under_cp_matches_one_process_and_resumes_at_another_cp_size(tmp_pat
     assert torch.allclose(torch.tensor(first + last), torch.tensor(one), rtol=1e-5, atol=1e-6), (first + last, one)
 
 
+LORA = ["train.lora.enable=true", "train.lora.vision=true"]  # adapters on the language and vision blocks, base frozen
+
+
+@pytest.mark.slow
+@pytest.mark.cpu_only
+@pytest.mark.parametrize(
+    ("kind", "tp", "recipe"),
+    [("qwen3_vl", 2, []), ("qwen2_5_vl", 1, LORA)],
+    ids=["tp2_x_cp2", "lora_cp2"],
+)
+def test_sft_under_cp_with_tp_or_lora_matches_one_process(tmp_path, kind, tp, recipe):
+    # tp 2: FSDP2 shards over dp x cp while each rank's decoder blocks are tensor-parallel over its pair
+    from setups import torchrun_sft
+
+    from physreason.config import load_config
+    from physreason.models.tiny import save_tiny_model
+    from physreason.train.sft import run_sft
+
+    model = save_tiny_model(kind, tmp_path / "model")
+    data = write_video_records(tmp_path)
+    one = run_sft(load_config(None, cp_overrides(model, data, tmp_path / "one", 2, 1) + recipe)).losses
+    split_recipe = cp_overrides(model, data, tmp_path / "cp", 2, 2) + recipe + [f"policy.parallelism.tp_size={tp}"]
+    split = torchrun_sft(tmp_path, 2 * tp, 29623, split_recipe)
+    assert len(one) == 2 and one[1] != one[0]  # the second step's loss shows the first step's update
+    assert torch.allclose(torch.tensor(split), torch.tensor(one), rtol=1e-5, atol=1e-6), (split, one)
+
+
 def test_cp_size_that_does_not_divide_the_processes_is_refused_naming_both():
     from physreason.models.parallelize import check_layout
 
     assert check_layout(8, 2, 2) == 2
     with pytest.raises(ConfigError, match=r"tp_size \(1\) x policy.parallelism.cp_size \(4\) = 4 must divide the number of processes \(6\)"):
         check_layout(6, 1, 4)
+
+
+def test_disaggregated_policy_counts_cp_ranks_and_sends_a_cp_group_one_share():
+    from physreason.config import Config
+    from physreason.distributed.controller import policy_shares, policy_world_size
+    from physreason.distributed.rollout_queue import ScoredGroup
+
+    def recipe(tp: int, cp: int, dp_shard: int) -> Config:
+        parallelism = {"tp_size": tp, "cp_size": cp, "dp_shard_size": dp_shard}
+        return Config.model_validate({"model": {"model_name_or_path": "-"}, "policy": {"parallelism": parallelism}})
+
+    assert policy_world_size(recipe(1, 2, 2), 0) == 4  # dp 2 x cp 2
+    assert policy_world_size(recipe(1, 2, -1), 0) == 2  # CPU: one replica of cp ranks
+    assert policy_world_size(recipe(2, 2, -1), 8) == 4  # 7 GPUs left by one rollout replica: whole tp x cp replicas only
+    groups = [ScoredGroup([f"g{i}a", f"g{i}b"], 0, 0, i) for i in range(4)]  # samples stand in as names
+    shares = policy_shares(groups, 4, 2)  # ranks (0, 1) and (2, 3): one cp group per data-parallel share
+    assert shares == [["g0a", "g0b", "g2a", "g2b"]] * 2 + [["g1a", "g1b", "g3a", "g3b"]] * 2

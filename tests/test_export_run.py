@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from setups import grpo_overrides, sft_overrides, write_chat_records, write_mcq_file
+from setups import grpo_recipe, sft_recipe, write_chat_records, write_mcq_file
 
-from physreason.config import load_config
 from physreason.errors import ConfigError
 from physreason.train.export_run import export_run
 from physreason.train.sft import run_sft
@@ -23,8 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def sft_config(model: Path, data: Path, out: Path, *extra: str):
     # float32 exports: the run's own export and `physreason export` are compared bit for bit
-    return load_config(None, [*sft_overrides(model, data, out, lr="2e-3", logger="['jsonl']"), "model.dtype='float32'",
-                              *extra])  # fmt: skip
+    return sft_recipe(model, data, out, "model.dtype='float32'", *extra, lr="2e-3", logger="['jsonl']")
 
 
 @pytest.fixture(scope="module")
@@ -140,9 +138,8 @@ def test_grpo_exports_and_starts_from_an_exported_folder(tiny_text, tmp_path):
     data = write_mcq_file(tmp_path)
 
     def config(model: Path, out: str, *extra: str):
-        return load_config(None, [*grpo_overrides(model, data, tmp_path / out, reward="test_mentions_b", lr="2e-2"),
-                                  "train.gradient_checkpointing=false", "train.ckpt.export_safetensors=false",
-                                  "logging.logger=['jsonl']", *extra])  # fmt: skip
+        return grpo_recipe(model, data, tmp_path / out, "train.gradient_checkpointing=false",
+                           "train.ckpt.export_safetensors=false", "logging.logger=['jsonl']", *extra, lr="2e-2")  # fmt: skip
 
     run_grpo(config(tiny_text, "run", "train.max_steps=2", "train.ckpt.save_freq=2"))
     out = export_run(tmp_path / "run", tmp_path / "export", dtype="float32")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from setups import grpo_overrides
+from setups import grpo_recipe
 from typer.testing import CliRunner
 
-from physreason.config import EngineConfig, ModelConfig, SamplingConfig, load_config
+from physreason.config import SamplingConfig, load_config
 from physreason.engines import GenerationRequest
 from physreason.engines.hf import HFEngine
 from physreason.train.checkpoint import checkpoint_dirs
@@ -22,14 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def grpo_config(model: Path, data: Path, out: Path, *extra: str):
-    return load_config(None, [
-        *grpo_overrides(model, data, out, reward="test_mentions_b", lr="2e-2"),
-        "train.gradient_checkpointing=false",
-        "train.ckpt.export_safetensors=false",
-        "logging.logger=['jsonl', 'tensorboard']",
-        "train.log_freq=1",
-        *extra,
-    ])
+    return grpo_recipe(model, data, out, "train.gradient_checkpointing=false", "train.ckpt.export_safetensors=false",
+                       "logging.logger=['jsonl', 'tensorboard']", "train.log_freq=1", *extra, lr="2e-2")  # fmt: skip
 
 
 @pytest.mark.slow
@@ -71,11 +65,11 @@ def greedy_answer(engine: HFEngine) -> list[int]:
 
 @pytest.mark.slow
 def test_weights_reach_the_engine_only_at_the_sync_interval(tiny_text, mcq_file, tmp_path):
-    engine = HFEngine(ModelConfig(model_name_or_path=str(tiny_text), dtype="float32"), EngineConfig(batch_size=16))
-    before = greedy_answer(engine)
-    lm_head = engine.model.lm_head.weight.detach().clone()
     config = grpo_config(tiny_text, mcq_file, tmp_path / "a", "train.max_steps=1", "train.sync_weight_interval=2",
                          "train.ckpt.enable_checkpoint=false", "train.optm_lr=0.2")
+    engine = HFEngine(config.model, config.engine)  # the recipe's engine, built here to look at it before and after
+    before = greedy_answer(engine)
+    lm_head = engine.model.lm_head.weight.detach().clone()
     run_grpo(config, engine=engine)
     assert torch.equal(engine.model.lm_head.weight, lm_head)  # one step < interval: nothing pushed
     config.train.sync_weight_interval = 1

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from setups import grpo_overrides
+from setups import grpo_recipe
 
-from physreason.config import EngineConfig, LoraConfig, ModelConfig, load_config
+from physreason.config import LoraConfig, ModelConfig
 from physreason.engines.hf import HFEngine
 from physreason.models import loading
 from physreason.train.grpo import run_grpo
@@ -19,10 +19,8 @@ pytest.importorskip("peft")
 
 
 def grpo_config(model: Path, data: Path, out: Path, *extra: str):
-    return load_config(None, [
-        *grpo_overrides(model, data, out, reward="test_mentions_b", lr="5e-2"),
-        "logging.logger=['jsonl']", "train.lora.enable=true", "train.lora.rank=8", *extra,
-    ])
+    return grpo_recipe(model, data, out, "logging.logger=['jsonl']", "train.lora.enable=true", "train.lora.rank=8",
+                       *extra, lr="5e-2")  # fmt: skip
 
 
 def next_token_logprobs(engine: HFEngine) -> torch.Tensor:
@@ -37,11 +35,11 @@ def next_token_logprobs(engine: HFEngine) -> torch.Tensor:
 
 @pytest.mark.slow
 def test_lora_grpo_pushes_merged_weights_that_move_the_engine(tiny_text, mcq_file, tmp_path):
-    engine = HFEngine(ModelConfig(model_name_or_path=str(tiny_text), dtype="float32"), EngineConfig(batch_size=16))
-    before = next_token_logprobs(engine)
-    lm_head = engine.model.lm_head.weight.detach().clone()
     config = grpo_config(tiny_text, mcq_file, tmp_path / "out", "train.max_steps=2", "train.ckpt.save_freq=2",
                          "train.ckpt.export_safetensors=true")
+    engine = HFEngine(config.model, config.engine)  # the recipe's engine, built here to look at it before and after
+    before = next_token_logprobs(engine)
+    lm_head = engine.model.lm_head.weight.detach().clone()
     result = run_grpo(config, engine=engine)
     assert len(result.rewards) == 2 and "time/sync_s" in result.metrics[-1]
     after = next_token_logprobs(engine)

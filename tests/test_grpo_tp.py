@@ -1,11 +1,13 @@
-"""Colocated GRPO under torchrun (gloo, tiny Qwen2.5-VL) with mixed visual inputs and tensor parallelism.
+"""Colocated GRPO under torchrun (gloo, tiny Qwen2.5-VL and Qwen3-VL) with mixed visual inputs, tensor and context parallelism.
 
 One single-process run is the reference, on two prompts: the first with an image, the second text-only.
 Two data-parallel processes each draw one of them, so one rank's micro-batches carry pixels and the
 other's do not: without vision balancing the text-only rank skips the vision tower's FSDP2
 collectives and the job crashes (gloo) or hangs (NCCL). Two processes with tp_size=2 hold the same batch
 on both ranks: token counts summed over every rank, not the data-parallel group, would halve the
-gradients, and torch's clip_grad_norm_ fails on parameters that live on two meshes.
+gradients, and torch's clip_grad_norm_ fails on parameters that live on two meshes. Two processes with cp_size=2
+split each micro-batch's rows (the image row and the text-only row) over both ranks: each scores and back-propagates
+its own tokens, and the policy update must equal one process's.
 """
 
 from __future__ import annotations
@@ -106,4 +108,13 @@ def test_data_parallel_ranks_with_image_and_text_only_prompts_train_like_one_pro
 def test_tensor_parallel_policy_matches_one_process_loss_and_grad_norm(setup, tmp_path):
     overrides = _run_overrides(setup["model"], setup["data"], tmp_path, "policy.parallelism.tp_size=2")
     record = _torchrun(2, overrides, tmp_path)
+    _assert_matches(record, setup["one"])
+
+
+@pytest.mark.slow
+def test_context_parallel_policy_matches_one_process_loss_and_grad_norm(setup, tmp_path):
+    # one data-parallel rank: both ranks generate the same rollouts (the engine seeds per prompt), then split the rows
+    overrides = _run_overrides(setup["model"], setup["data"], tmp_path, "policy.parallelism.cp_size=2")
+    record = _torchrun(2, overrides, tmp_path)
+    assert all(loss != 0.0 for loss in setup["one"]["losses"])
     _assert_matches(record, setup["one"])

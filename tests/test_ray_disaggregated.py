@@ -154,3 +154,19 @@ def test_policy_failure_resumes_from_last_checkpoint(recipe_factory):
     steps = [json.loads(line)["step"] for line in (Path(config.train.output_dir) / "logs" / "metrics.jsonl").open()]
     assert steps == [1, 2, 3, 3, 4, 5]
     assert result.last_checkpoint is not None and result.last_checkpoint.name == "step_5"
+
+
+def test_context_parallel_policy_ranks_train_on_one_share(recipe_factory):
+    # cp_size 2 on CPU: a policy replica of 2 gloo ranks (the module's 4 CPUs: 2 policy ranks, 2 rollout replicas) that
+    # split every row of the one data-parallel share the controller sends both of them (policy_shares)
+    from physreason.distributed.controller import run_disaggregated
+
+    config = recipe_factory("cp", max_steps=2)
+    config.grpo.dynamic_sampling = True  # every trained group has rewards that differ, so every step has a gradient
+    config.policy.parallelism.cp_size = 2
+    result = run_disaggregated(config)
+
+    assert any(event.endswith("policy ranks on GPUs [[], []]") for event in result.events)  # two policy ranks
+    assert len(result.metrics) == 2
+    assert all(m["policy/grad_norm"] > 0 for m in result.metrics)
+    assert result.last_checkpoint is not None and result.last_checkpoint.name == "step_2"

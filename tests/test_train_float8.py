@@ -8,7 +8,12 @@ import torch
 
 from physreason.config import Config
 from physreason.errors import ConfigError
-from physreason.models.float8 import check_float8_support, convert_to_float8, float8_linear_filter
+from physreason.models.float8 import (
+    check_float8_support,
+    convert_to_float8,
+    emulated_float8_on_cpu,
+    float8_linear_filter,
+)
 from physreason.models.tiny import build_tiny_model, build_tiny_tokenizer
 from physreason.train.build import apply_float8
 from physreason.train.runtime import Runtime
@@ -24,7 +29,7 @@ def test_only_language_model_linears_with_sides_multiple_of_16_are_chosen(tokeni
     model = build_tiny_model(kind, tokenizer)
     seen = []
 
-    def converter(m, recipe, fsdp, module_filter_fn):
+    def converter(m, recipe, fsdp, module_filter_fn, emulate):
         seen.extend(name for name, module in m.named_modules() if module_filter_fn(module, name))
 
     chosen = convert_to_float8(model, "rowwise", convert=converter)
@@ -59,6 +64,7 @@ def test_torchao_conversion_keeps_every_state_dict_key_and_dtype(tokenizer, reci
     assert type(model.lm_head).__name__ == "Linear"
     after = {name: (tuple(t.shape), t.dtype) for name, t in model.state_dict().items()}
     assert after == before
+    assert not modules[chosen[0]].config.emulate  # real float8 matmuls unless a CPU check asks for emulation
     if fsdp:  # tensorwise under FSDP2: weights all-gather in float8
         assert modules[chosen[0]].config.enable_fsdp_float8_all_gather
 
@@ -67,6 +73,20 @@ def test_float8_on_cpu_is_a_config_error():
     pytest.importorskip("torchao")
     with pytest.raises(ConfigError, match="runs float8 matmuls on a CUDA GPU, but this run is on cpu"):
         check_float8_support(torch.device("cpu"))
+
+
+def test_cpu_float8_runs_emulated_only_inside_the_block_that_allows_it(tokenizer):
+    pytest.importorskip("torchao")
+    config = Config.model_validate({"train": {"fp8": {"enable_fp8": True}}})
+    runtime = Runtime(rank=0, world_size=1, device=torch.device("cpu"))
+    with emulated_float8_on_cpu():
+        check_float8_support(torch.device("cpu"))
+        model = build_tiny_model("qwen2", tokenizer)
+        apply_float8(model, config, runtime)
+    converted = [m for m in model.modules() if type(m).__name__ == "Float8Linear"]
+    assert len(converted) == 7 * model.config.num_hidden_layers and all(m.config.emulate for m in converted)
+    with pytest.raises(ConfigError, match="this run is on cpu"):  # the block is over: CPU is refused again
+        apply_float8(build_tiny_model("qwen2", tokenizer), config, runtime)
 
 
 def test_missing_torchao_is_a_config_error_naming_the_extra(monkeypatch):

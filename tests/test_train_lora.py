@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from setups import sft_overrides, write_chat_records
+from setups import sft_recipe, write_chat_records
 from torch.distributed.checkpoint import FileSystemReader
 
 from physreason.config import load_config
@@ -34,14 +34,8 @@ def tiny_vl(tmp_path_factory) -> Path:
 
 
 def lora_config(model: Path, data: Path, out: Path, *extra: str):
-    return load_config(None, [
-        *sft_overrides(model, data, out, lr="1e-2", logger="['jsonl']"),
-        "train.lora.enable=true",
-        "train.lora.rank=8",
-        "train.lora.alpha=16",
-        "train.ckpt.export_safetensors=false",
-        *extra,
-    ])
+    return sft_recipe(model, data, out, "train.lora.enable=true", "train.lora.rank=8", "train.lora.alpha=16",
+                      "train.ckpt.export_safetensors=false", *extra, lr="1e-2", logger="['jsonl']")  # fmt: skip
 
 
 def test_lora_sft_lowers_the_loss_while_the_base_weights_stay_bit_exact(vl_model_dir, tmp_path):

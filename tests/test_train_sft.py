@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from setups import sft_overrides, write_chat_records
+from setups import sft_overrides, sft_recipe, write_chat_records
 
-from physreason.config import load_config
 from physreason.models.tiny import save_tiny_model
 from physreason.train.checkpoint import checkpoint_dirs
 from physreason.train.sft import run_sft
@@ -21,11 +20,8 @@ def tiny_vl(tmp_path_factory, vl_kind) -> Path:
 
 
 def tiny_config(model: Path, data: Path, out: Path, *extra: str):
-    return load_config(None, [
-        *sft_overrides(model, data, out, lr="2e-3", logger="['jsonl', 'tensorboard']"),
-        "train.ckpt.export_safetensors=false",
-        *extra,
-    ])
+    return sft_recipe(model, data, out, "train.ckpt.export_safetensors=false", *extra, lr="2e-3",
+                      logger="['jsonl', 'tensorboard']")  # fmt: skip
 
 
 @pytest.mark.slow

@@ -78,12 +78,7 @@ def infer(
     timestamps: bool | None = typer.Option(
         None, "--timestamps/--no-timestamps", help="Draw each frame's time under it."
     ),
-    reasoning: bool | None = typer.Option(
-        None,
-        "--reasoning/--no-reasoning",
-        help="Ask for <think> reasoning before the answer [default: the prompt style's: on for Cosmos-Reason1, "
-        "off for Cosmos-Reason2].",
-    ),
+    reasoning: bool | None = opt.reasoning_option("Ask for <think> reasoning before the answer"),
     prompt_style: opt.PromptStyle = None,
     temperature: opt.Temperature = None,
     top_p: opt.TopP = None,

@@ -71,6 +71,17 @@ EnforceEager = Annotated[
     bool | None, typer.Option("--enforce-eager/--cuda-graphs", help="vLLM: disable CUDA graphs.")
 ]
 Fps = Annotated[float | None, typer.Option(help="Frames per second sampled from videos [default: 4].")]
+
+
+def reasoning_option(what: str) -> Any:
+    """The --reasoning/--no-reasoning option (prompt.reasoning): `what` it sets, then the default every style has."""
+    return typer.Option(
+        None,
+        "--reasoning/--no-reasoning",
+        help=f"{what} [default: the prompt style's: on for Cosmos-Reason1, off for Cosmos-Reason2].",
+    )
+
+
 PromptStyle = Annotated[
     str | None,
     typer.Option(

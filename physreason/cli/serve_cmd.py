@@ -36,11 +36,8 @@ def serve(
     system_prompt: str | None = typer.Option(
         None, help="System prompt for requests that send none [default: the prompt style's for the mode]."
     ),
-    reasoning: bool | None = typer.Option(
-        None,
-        "--reasoning/--no-reasoning",
-        help="Default mode of requests (each may send chat_template_kwargs {\"reasoning\": ...}) [default: the "
-        "prompt style's: on for Cosmos-Reason1, off for Cosmos-Reason2].",
+    reasoning: bool | None = opt.reasoning_option(
+        'Default mode of requests (each may send chat_template_kwargs {"reasoning": ...})'
     ),
     prompt_style: opt.PromptStyle = None,
     chat_template: Path | None = typer.Option(

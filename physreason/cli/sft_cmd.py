@@ -2,68 +2,31 @@
 
 from __future__ import annotations
 
-import logging
-import os
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-import typer
+from physreason.cli.train_options import training_command
 
-from physreason.cli.train_options import (
-    CONFIG_HELP,
-    MODEL_HELP,
-    OUTPUT_DIR_HELP,
-    TRUST_HELP,
-    echo_finished_before,
-    exit_if_uploads_left,
-    option_values,
-)
+if TYPE_CHECKING:
+    from physreason.config import Config
+    from physreason.train.sft import SFTResult
 
 
-def sft(
-    config: Path = typer.Option(..., "--config", "-c", help=CONFIG_HELP.format(example="sft_tiny.toml")),
-    model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
-    output_dir: Path | None = typer.Option(None, "--output-dir", help=OUTPUT_DIR_HELP),
-    overrides: list[str] = typer.Option(
-        [], "--set", metavar="KEY=VALUE", help="Override a key, e.g. --set train.optm_lr=2e-6 (repeatable)."
-    ),
-    trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint", help=TRUST_HELP),
-) -> None:
-    """Fine-tune a model on conversation records; launch with torchrun for FSDP2 over several GPUs.
-
-    A rerun into a train.output_dir that has checkpoints is refused: continue it with --set train.resume=true,
-    or choose a new or empty folder. Ctrl-C (or SIGTERM) saves a checkpoint after the current step and prints
-    the command that resumes; a resumed run keeps logs/metrics.jsonl up to its checkpoint's step. Resuming loads
-    a checkpoint with pickle (it can run code): a checkpoint folder this run
-    did not write (outside output_dir, or linked or copied into it) needs --trust-checkpoint.
-    --set train.ckpt.save_mode=async writes checkpoints in the background while training goes on; `physreason
-    export RUN_DIR --out DIR` turns any checkpoint into a Hugging Face folder (docs/checkpoints.md).
-
-    Exit codes: 0 done (or nothing left to do), 2 a usage or configuration error, 130 stopped by Ctrl-C or
-    SIGTERM after saving a checkpoint.
-    """
-    import torch.distributed as dist
-
-    from physreason.config import load_config
+def _train(recipe: Config) -> SFTResult:
     from physreason.train.sft import run_sft
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    recipe = load_config(config, overrides, option_values(model, output_dir, trust_checkpoint))
-    try:
-        result = run_sft(recipe)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    if os.environ.get("RANK", "0") != "0":
-        exit_if_uploads_left(recipe)  # every torchrun rank exits with the same code; rank 0 prints the summary
-        return
-    if result.finished_before is not None:
-        echo_finished_before(result.finished_before)
-        exit_if_uploads_left(recipe)
-        return
-    if result.losses:
-        typer.echo(f"finished {len(result.losses)} steps, last loss {result.losses[-1]:.4f}")
-    if result.last_checkpoint is not None:
-        typer.echo(f"checkpoint: {result.last_checkpoint}")
-    if result.export_dir is not None:
-        typer.echo(f"Hugging Face export: {result.export_dir}")
-    exit_if_uploads_left(recipe)
+    return run_sft(recipe)
+
+
+def _summary(result: SFTResult) -> str | None:
+    if not result.losses:
+        return None
+    return f"finished {len(result.losses)} steps, last loss {result.losses[-1]:.4f}"
+
+
+sft = training_command(
+    "Fine-tune a model on conversation records; launch with torchrun for FSDP2 over several GPUs.",
+    example="sft_tiny.toml",
+    set_example="train.optm_lr=2e-6",
+    train=_train,
+    summary=_summary,
+)

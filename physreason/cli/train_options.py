@@ -1,44 +1,111 @@
-"""Options and messages that `physreason sft` and `physreason grpo` share."""
+"""The training command that `physreason sft` and `physreason grpo` are made from: options, help, run and report.
+
+Each command gives only its own parts (first help line, example recipe, trainer, summary line) to training_command.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
 
 if TYPE_CHECKING:
     from physreason.config import Config
+    from physreason.train.loop import TrainingResult
 
-CONFIG_HELP = "TOML recipe (see configs/{example})."
-MODEL_HELP = "Model to train: hub id or local model folder (sets model.model_name_or_path)."
-OUTPUT_DIR_HELP = "Folder for checkpoints, exports and logs (sets train.output_dir)."
-TRUST_HELP = (
-    "Allow resuming a checkpoint this run did not write (outside train.output_dir, or linked or copied into it). "
-    "Resuming unpickles the checkpoint's DCP "
-    ".metadata, which can run code: only for checkpoint folders you trust as you trust code."
-)
+Result = TypeVar("Result", bound="TrainingResult")
 
+# The --help paragraphs after each command's own first line; {resumes} says which runs print their resume command.
+RUN_HELP = """A rerun into a train.output_dir that has checkpoints is refused: continue it with --set train.resume=true,
+or choose a new or empty folder. Ctrl-C (or SIGTERM) saves a checkpoint after the current step and prints the command
+that resumes{resumes}; a resumed run keeps logs/metrics.jsonl up to its checkpoint's step. Resuming loads a checkpoint
+with pickle (it can run code): a checkpoint folder this run did not write (outside output_dir, or linked or copied
+into it) needs --trust-checkpoint. --set train.ckpt.save_mode=async writes checkpoints in the background while
+training goes on; `physreason export RUN_DIR --out DIR` turns any checkpoint into a Hugging Face folder
+(docs/checkpoints.md).
 
-def option_values(model: str | None, output_dir: Path | None, trust_checkpoint: bool) -> dict[str, object]:
-    """The recipe keys the shared options set (only those given)."""
-    values: dict[str, object] = {}
-    if model is not None:
-        values["model.model_name_or_path"] = model
-    if output_dir is not None:
-        values["train.output_dir"] = str(output_dir)
-    if trust_checkpoint:
-        values["train.trust_checkpoint"] = True
-    return values
+Exit codes: 0 done (or nothing left to do), 1 done but uploads ([train.ckpt] upload_s3 / upload_hf) still queued,
+2 a usage or configuration error, 130 stopped by Ctrl-C or SIGTERM after saving a checkpoint."""
 
 
-def echo_finished_before(checkpoint: Path) -> None:
-    """Say that a resumed run had no step left."""
-    typer.echo(
-        f"nothing to do: the run already finished at {checkpoint}; raise train.max_steps or train.epoch to train further"
-    )
+def training_command(
+    title: str,
+    example: str,
+    set_example: str,
+    train: Callable[[Config], Result],
+    summary: Callable[[Result], str | None],
+    resumes: str = "",
+) -> Callable[..., None]:
+    """A typer command that reads a recipe with the shared options, runs `train` on it and reports the run.
+
+    title: the help's first line; example: the recipe under configs/ the --config help points at; set_example: a
+    KEY=VALUE the --set help shows; summary: the result's progress line (None: nothing to say); resumes: which runs
+    print a resume command on Ctrl-C, after "prints the command that resumes" in the help.
+    """
+
+    def command(
+        config: Path = typer.Option(..., "--config", "-c", help=f"TOML recipe (see configs/{example})."),
+        model: str | None = typer.Option(
+            None, "--model", "-m", help="Model to train: hub id or local model folder (sets model.model_name_or_path)."
+        ),
+        output_dir: Path | None = typer.Option(
+            None, "--output-dir", help="Folder for checkpoints, exports and logs (sets train.output_dir)."
+        ),
+        overrides: list[str] = typer.Option(
+            [], "--set", metavar="KEY=VALUE", help=f"Override a key, e.g. --set {set_example} (repeatable)."
+        ),
+        trust_checkpoint: bool = typer.Option(
+            False,
+            "--trust-checkpoint",
+            help="Allow resuming a checkpoint this run did not write (outside train.output_dir, or linked or copied "
+            "into it). Resuming unpickles the checkpoint's DCP .metadata, which can run code: only for checkpoint "
+            "folders you trust as you trust code.",
+        ),
+    ) -> None:
+        import torch.distributed as dist
+
+        from physreason.config import load_config
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        values: dict[str, object] = {}
+        if model is not None:
+            values["model.model_name_or_path"] = model
+        if output_dir is not None:
+            values["train.output_dir"] = str(output_dir)
+        if trust_checkpoint:
+            values["train.trust_checkpoint"] = True
+        recipe = load_config(config, overrides, values)
+        try:
+            result = train(recipe)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        if os.environ.get("RANK", "0") != "0":
+            exit_if_uploads_left(recipe)  # every torchrun rank exits with the same code; rank 0 prints the summary
+            return
+        if result.finished_before is not None:
+            typer.echo(
+                f"nothing to do: the run already finished at {result.finished_before}; raise train.max_steps or "
+                "train.epoch to train further"
+            )
+            exit_if_uploads_left(recipe)
+            return
+        line = summary(result)
+        if line is not None:
+            typer.echo(line)
+        if result.last_checkpoint is not None:
+            typer.echo(f"checkpoint: {result.last_checkpoint}")
+        if result.export_dir is not None:
+            typer.echo(f"Hugging Face export: {result.export_dir}")
+        exit_if_uploads_left(recipe)
+
+    command.__doc__ = f"{title}\n\n{RUN_HELP.format(resumes=resumes)}"
+    return command
 
 
 def window_means(values: list[float]) -> tuple[int, float, float]:

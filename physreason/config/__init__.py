@@ -1,6 +1,6 @@
 """Typed configuration: pydantic sections read from TOML with `--set a.b=value` overrides."""
 
-from physreason.config.loader import dump_config, load_config, parse_override
+from physreason.config.loader import dump_config, load_config, parse_override, with_model
 from physreason.config.schema import (
     CheckpointConfig,
     Config,
@@ -39,6 +39,7 @@ __all__ = [
     "SamplingConfig",
     "TrainConfig",
     "VisionConfig",
+    "with_model",
     "dump_config",
     "load_config",
     "parse_override",

@@ -280,3 +280,8 @@ def load_config(
 def dump_config(config: Config, path: str | Path) -> None:
     """Write the fully resolved config as TOML (runs store it beside their outputs)."""
     Path(path).write_text(tomli_w.dumps(config.model_dump(mode="json", exclude_none=True)), encoding="utf-8")
+
+
+def with_model(config: Config, model_dir: str | Path) -> Config:
+    """The same recipe pointed at another model folder (e.g. a training stage's export)."""
+    return config.model_copy(update={"model": config.model.model_copy(update={"model_name_or_path": str(model_dir)})})

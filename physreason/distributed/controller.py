@@ -43,7 +43,7 @@ from physreason.ray_setup import import_ray
 from physreason.rewards import check_reward_options
 from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, rollout_metrics
 from physreason.train.loop import StepLog, checkpoint_due, prepare_output
-from physreason.train.rollout import RolloutBatch, logged_reward_names
+from physreason.train.rollout import RolloutBatch, RolloutSample, logged_reward_names
 from physreason.train.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,19 @@ def policy_world_size(config: Config, cluster_gpus: float) -> int:
         return replica * policy.dp_shard_size
     left = int(cluster_gpus) - rollout.n_init_replicas * rollout.tp_size
     return max(left // replica, 1) * replica if cluster_gpus else replica
+
+
+def policy_shares(groups: list[ScoredGroup], world: int, dp_size: int) -> list[list[RolloutSample]]:
+    """Each policy rank's samples of a step: groups dealt round-robin to data-parallel shares, one per rank.
+
+    The ranks of one tensor- x context-parallel replica (world / dp_size consecutive ranks, as build_mesh lays them
+    out) get the same share: they split its heads or its rows, never its samples.
+    """
+    shares: list[list[RolloutSample]] = [[] for _ in range(dp_size)]
+    for i, group in enumerate(groups):
+        shares[i % dp_size].extend(group.samples)
+    replica = world // dp_size
+    return [shares[rank // replica] for rank in range(world)]
 
 
 class Controller:
@@ -375,14 +388,10 @@ class Controller:
         groups = self.queue.take(self.step, self.groups_per_step)
         if groups is None:
             return
-        shares = [[] for _ in range(self.dp_size)]
-        for i, group in enumerate(groups):
-            shares[i % self.dp_size].extend(group.samples)
-        refs = [self.ray.put(share) for share in shares]
-        parallelism = self.config.policy.parallelism
-        replica = parallelism.tp_size * parallelism.cp_size  # consecutive ranks that share one data-parallel share
+        shares = policy_shares(groups, len(self.policy), self.dp_size)
+        refs = {id(share): self.ray.put(share) for share in shares}  # one object per data-parallel share
         self._train_op = self._submit(
-            "train", [w.train.remote(refs[rank // replica]) for rank, w in enumerate(self.policy)]
+            "train", [w.train.remote(refs[id(share)]) for w, share in zip(self.policy, shares, strict=True)]
         )
         self._train_op.payload = groups
         self._window.policy_waiting_s += time.perf_counter() - self._window.policy_free_at

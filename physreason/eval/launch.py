@@ -330,3 +330,13 @@ def run_eval(cfg: Config, *, show_progress: bool = True) -> EvalOutcome:
         details = "; ".join(f"shard {s} exited with code {code} (log: {path})" for s, code, path in failed_shards)
         raise PhysReasonError(f"{details}. Results so far are saved in {plan.base}; rerun the same command to resume")
     return outcome
+
+
+def accuracy_by_dataset(cfg: Config, results_dir: str | Path, *, show_progress: bool = True) -> dict[str, float | None]:
+    """Evaluate cfg's model on its benchmarks into `results_dir` (resumable there); mean accuracy per dataset."""
+    from physreason.eval.report import collect_reports
+
+    cfg = cfg.model_copy(deep=True)
+    cfg.eval.results_dir = str(results_dir)
+    run_eval(cfg, show_progress=show_progress)
+    return {report.dataset: report.mean_std()[0] for report in collect_reports(cfg.eval.results_dir)}

@@ -6,13 +6,16 @@ with dynamic scales inside each matmul. So parameters, optimizer state, checkpoi
 were; only the compute changes. The vision tower and the lm_head stay in bf16, as cosmos-rl leaves them, and
 so does any layer whose sides are not multiples of 16 (float8 matmul kernels need them). Conversion comes
 before FSDP2 wraps the blocks; with the 'tensorwise' recipe FSDP2 all-gathers the weights in float8.
+Float8 training is refused off CUDA, except inside `emulated_float8_on_cpu()`, which scripts' CPU checks use.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -23,6 +26,23 @@ from physreason.errors import ConfigError
 # torchao's float8 training releases this code was written and tested against (pyproject's `fp8` extra).
 TORCHAO_RANGE = ">=0.18,<0.19"
 MIN_CAPABILITY = (8, 9)  # Ada / Hopper: the first GPUs with float8 tensor cores
+_CPU_EMULATION: ContextVar[bool] = ContextVar("float8_cpu_emulation", default=False)
+
+
+@contextlib.contextmanager
+def emulated_float8_on_cpu() -> Iterator[None]:
+    """Within this block, [train.fp8] runs on CPU with torchao's emulated matmuls (for scripts' CPU checks only).
+
+    The casts to float8 and their dynamic scales are the real ones; each matmul then runs on the dequantized values in
+    high precision (torchao's `emulate`, its own test mode). torchao's CPU float8 matmul kernel is a reference loop
+    (seconds per linear layer for a few hundred tokens), so emulation is what lets a CPU run of a whole SFT job finish.
+    It says nothing about float8's speed.
+    """
+    token = _CPU_EMULATION.set(True)
+    try:
+        yield
+    finally:
+        _CPU_EMULATION.reset(token)
 
 
 def float8_linear_filter(name: str, module: nn.Module) -> bool:
@@ -41,6 +61,8 @@ def check_float8_support(device: torch.device) -> None:
             f"train.fp8.enable_fp8 = true needs torchao: pip install 'physreason[fp8]' (torchao{TORCHAO_RANGE}), "
             "or set train.fp8.enable_fp8 = false"
         )
+    if device.type == "cpu" and _CPU_EMULATION.get():
+        return
     if device.type != "cuda":
         raise ConfigError(
             f"train.fp8.enable_fp8 = true runs float8 matmuls on a CUDA GPU, but this run is on {device.type}: "
@@ -55,10 +77,12 @@ def check_float8_support(device: torch.device) -> None:
         )
 
 
-def _torchao_convert(model: nn.Module, recipe: str, fsdp: bool, module_filter_fn: Callable[[nn.Module, str], bool]):
+def _torchao_convert(
+    model: nn.Module, recipe: str, fsdp: bool, module_filter_fn: Callable[[nn.Module, str], bool], emulate: bool
+):
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    config = Float8LinearConfig.from_recipe_name(recipe)
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
     if fsdp and recipe == "tensorwise":
         # One scale per weight lets each rank cast its shard and FSDP2 all-gather float8: half the traffic.
         config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
@@ -66,18 +90,23 @@ def _torchao_convert(model: nn.Module, recipe: str, fsdp: bool, module_filter_fn
 
 
 def convert_to_float8(
-    model: nn.Module, recipe: str = "rowwise", fsdp: bool = False, convert: Callable[..., Any] | None = None
+    model: nn.Module,
+    recipe: str = "rowwise",
+    fsdp: bool = False,
+    convert: Callable[..., Any] | None = None,
+    emulate: bool = False,
 ) -> list[str]:
     """Swap the language model's linear layers (float8_linear_filter) for float8 ones in place; returns their names.
 
     recipe: torchao's 'rowwise' or 'tensorwise'. fsdp: the model will be wrapped by FSDP2 (tensorwise then
-    all-gathers in float8). convert: torchao's converter by default (tests pass a stand-in; the signature is
-    `convert(model, recipe, fsdp, module_filter_fn)`).
+    all-gathers in float8). emulate: float8 casts with high-precision matmuls (CPU checks, see
+    emulated_float8_on_cpu). convert: torchao's converter by default (tests pass a stand-in; the signature is
+    `convert(model, recipe, fsdp, module_filter_fn, emulate)`).
     """
     if recipe not in ("rowwise", "tensorwise"):
         raise ConfigError(f"train.fp8.quant_recipe = {recipe!r} is not known: use 'rowwise' or 'tensorwise'")
     chosen = [name for name, module in model.named_modules() if float8_linear_filter(name, module)]
     if not chosen:
         raise ConfigError("train.fp8.enable_fp8 = true but the model has no language-model linear layer to convert")
-    (convert or _torchao_convert)(model, recipe, fsdp, lambda module, name: float8_linear_filter(name, module))
+    (convert or _torchao_convert)(model, recipe, fsdp, lambda module, name: float8_linear_filter(name, module), emulate)
     return chosen

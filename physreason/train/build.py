@@ -99,7 +99,9 @@ def apply_float8(model: nn.Module, config: Config, runtime: Runtime) -> None:
             "here; use tp_size = 1 (FSDP2)"
         )
     check_float8_support(runtime.device)
-    convert_to_float8(model, config.train.fp8.quant_recipe, fsdp=runtime.distributed)
+    # Off CUDA only under emulated_float8_on_cpu (the check refuses CPU otherwise).
+    emulate = runtime.device.type == "cpu"
+    convert_to_float8(model, config.train.fp8.quant_recipe, fsdp=runtime.distributed, emulate=emulate)
 
 
 def shard(wrapper: nn.Module, model: nn.Module, runtime: Runtime, mesh: DeviceMesh | None, train: TrainConfig) -> None:

@@ -27,7 +27,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,6 +47,7 @@ from physreason.train.loop import (
     Checkpointer,
     StepLog,
     StopOnSignal,
+    TrainingResult,
     checkpoint_due,
     nothing_to_do,
     parameter_counts,
@@ -72,14 +72,11 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class GRPOResult:
+class GRPOResult(TrainingResult):
     """What a run did: per-step mean total reward (over every scored completion), metrics, final folders."""
 
     rewards: list[float] = field(default_factory=list)
     metrics: list[dict[str, float]] = field(default_factory=list)
-    last_checkpoint: Path | None = None
-    export_dir: Path | None = None
-    finished_before: Path | None = None  # the checkpoint of a run resumed at its last step: nothing was left to train
 
 
 def aggregation_count(mask: torch.Tensor, mode: str) -> float:

@@ -62,6 +62,15 @@ from physreason.train.upload import Uploads, check_upload_settings, s3_target
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class TrainingResult:
+    """The folders a training run leaves, which every trainer's result carries (and the CLI prints)."""
+
+    last_checkpoint: Path | None = None
+    export_dir: Path | None = None
+    finished_before: Path | None = None  # the checkpoint of a run resumed at its last step: nothing was left to train
+
+
 def prepare_output(config: Config, runtime: Runtime | None = None) -> Path:
     """Create train.output_dir and write the fully resolved recipe there as config.toml (main process only).
 

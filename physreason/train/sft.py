@@ -13,7 +13,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +36,7 @@ from physreason.train.loop import (
     Checkpointer,
     StepLog,
     StopOnSignal,
+    TrainingResult,
     checkpoint_due,
     nothing_to_do,
     parameter_counts,
@@ -52,15 +52,12 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class SFTResult:
+class SFTResult(TrainingResult):
     """What a run did: per-step training losses, validation losses, skip counts, final folders."""
 
     losses: list[float] = field(default_factory=list)
     val_losses: dict[int, float] = field(default_factory=dict)
     skipped: Counter = field(default_factory=Counter)
-    last_checkpoint: Path | None = None
-    export_dir: Path | None = None
-    finished_before: Path | None = None  # the checkpoint of a run resumed at its last step: nothing was left to train
 
 
 def sft_system_prompt(config: Config, hf_config: Any) -> str | None:
