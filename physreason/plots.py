@@ -177,7 +177,8 @@ def curves_figure(metrics: dict[str, list[tuple[int, float]]], source: str) -> t
             (line,) = axes.plot(
                 steps,
                 values,
-                label=" = ".join(names),
+                # one name a line: five identical rewards on one line made the legend wider than the figure
+                label="\n= ".join(names),
                 linestyle=_LINESTYLES[k % len(_LINESTYLES)],
                 marker=_MARKERS[k % len(_MARKERS)] if marked else None,
                 markersize=6 if len(points) == 1 else 4,

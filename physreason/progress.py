@@ -32,6 +32,11 @@ def _clock(seconds: float | None) -> str:
     return "?" if seconds is None else str(timedelta(seconds=int(seconds)))
 
 
+def _count(value: float) -> str:
+    """A count as written in a line: whole numbers in full with separators (1,000,000, not 1e+06)."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
 class LoggedProgress(Progress):
     """A rich `Progress` that, on a console that is not a terminal, writes periodic text lines instead of a bar.
 
@@ -79,7 +84,7 @@ class LoggedProgress(Progress):
     def _write_lines(self) -> None:
         self._last_line = time.monotonic()
         for task in self.tasks:
-            done = f"{task.completed:g}/{task.total:g}" if task.total else f"{task.completed:g}"
+            done = f"{_count(task.completed)}/{_count(task.total)}" if task.total else _count(task.completed)
             percent = f" ({100 * task.completed / task.total:.0f}%)" if task.total else ""
             left = ", done" if task.finished else f", {_clock(self._time_left(task))} left"
             postfix = task.fields.get("postfix")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -211,3 +212,21 @@ def test_the_total_adds_the_larger_of_the_forward_and_backward_peaks_to_what_liv
     assert q["logits / loss"] + q["activations"] + q["vision activations"] > q["gradients"] + q["activations"]
     assert lora.total == (q["parameters"] + q["optimizer state"] + q["runtime overhead"] + q["gathered weights"]
                           + q["activations"] + q["logits / loss"] + q["vision activations"])  # fmt: skip
+
+
+def test_plan_command_plans_a_grpo_recipe_as_grpo_without_being_told(tmp_path, tiny_model_dir):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    grpo = tmp_path / "grpo.toml"
+    grpo.write_text(f'[model]\nmodel_name_or_path = "{tiny_model_dir}"\n\n[grpo]\nkl_beta = 0.04\n')
+    sft = tmp_path / "sft.toml"
+    sft.write_text(f'[model]\nmodel_name_or_path = "{tiny_model_dir}"\n')
+    done = {name: subprocess.run([sys.executable, "-m", "physreason", "plan", str(path), *extra], env=env,
+                                 capture_output=True, text=True, timeout=120)
+            for name, path, extra in [("grpo", grpo, []), ("sft", sft, []), ("forced", grpo, ["--job", "sft"])]}
+    assert all(result.returncode == 0 for result in done.values()), {k: v.stderr for k, v in done.items()}
+    assert "(grpo job)" in done["grpo"].stdout and "rollout engine" in done["grpo"].stdout
+    assert "reference model" in done["grpo"].stdout
+    assert "(sft job)" in done["sft"].stdout and "rollout engine" not in done["sft"].stdout
+    assert "(sft job)" in done["forced"].stdout and "rollout engine" not in done["forced"].stdout
+    # a tiny model's count is readable, not "0.00 B"
+    assert re.search(r": [\d,]+ parameters", done["sft"].stdout), done["sft"].stdout

@@ -134,11 +134,11 @@ def test_identical_series_are_drawn_once_under_a_joint_label_and_others_look_dif
     figure, _ = curves_figure(read_metrics(path), str(path))
     reward = panel(figure, "reward")
     lines = reward.get_lines()
-    assert [line.get_label() for line in lines] == ["reward/accuracy_mean = reward/total_mean", "reward/format_mean"]
+    assert [line.get_label() for line in lines] == ["reward/accuracy_mean\n= reward/total_mean", "reward/format_mean"]
     assert lines[0].get_linestyle() != lines[1].get_linestyle() and lines[0].get_marker() != lines[1].get_marker()
     legend = [text.get_text() for text in reward.get_legend().get_texts()]
-    assert legend == ["reward/accuracy_mean = reward/total_mean", "± std", "reward/format_mean"]
-    assert [line.get_label() for line in panel(figure, "loss").get_lines()] == ["loss = policy/pg_loss"]
+    assert legend == ["reward/accuracy_mean\n= reward/total_mean", "± std", "reward/format_mean"]
+    assert [line.get_label() for line in panel(figure, "loss").get_lines()] == ["loss\n= policy/pg_loss"]
 
 
 def test_a_run_with_few_logged_steps_shows_every_point_and_says_how_to_log_more(tmp_path):
@@ -188,3 +188,15 @@ def test_plot_without_metrics_is_a_clear_error(tmp_path):
     write_metrics(tmp_path / "run", [{"step": 1, "rollout/queue": 2}])
     with pytest.raises(InputError, match="no loss, reward, learning-rate or accuracy metrics"):
         curves_figure(read_metrics(tmp_path / "run" / "logs" / "metrics.jsonl"), "m")
+
+
+def test_many_identical_series_leave_the_panels_their_width(tmp_path):
+    # a GRPO run whose every reward is still 0: five identical reward series under one legend entry
+    rewards = ["accuracy", "format", "json_format", "localization", "total"]
+    records = [{"step": 2, "loss": 0.0, "train/lr": 1e-3, **{f"reward/{name}_mean": 0.0 for name in rewards}}]
+    path = write_metrics(tmp_path / "run", records)
+    figure, _ = curves_figure(read_metrics(path), str(path))
+    figure.savefig(tmp_path / "curves.png")
+    assert all(axes.get_position().width > 0.6 for axes in figure.axes), [a.get_position().width for a in figure.axes]
+    (label,) = [line.get_label() for line in panel(figure, "reward").get_lines()]
+    assert label.splitlines() == ["reward/accuracy_mean", *(f"= reward/{name}_mean" for name in rewards[1:])]

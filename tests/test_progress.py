@@ -70,3 +70,12 @@ def test_data_synth_in_a_log_prints_lines_not_a_bar_and_library_bars_stay_quiet(
     tiny = subprocess.run([sys.executable, "-m", "physreason", "models", "tiny", str(tmp_path / "m")],
                           capture_output=True, text=True, timeout=300)
     assert tiny.returncode == 0 and "\r" not in tiny.stderr  # transformers' "Writing model shards" bar
+
+
+def test_a_large_count_is_written_in_full_not_in_exponent_notation():
+    # a million synthetic samples, or the bytes of an upload
+    console, buffer = log_console()
+    with progress_display(interval_s=0.0, console=console) as progress:
+        task = progress.add_task("uploads", total=23_066_200)
+        progress.advance(task, 1_500_000)
+    assert buffer.getvalue().startswith("uploads: 1,500,000/23,066,200 (7%)"), buffer.getvalue()

@@ -248,3 +248,46 @@ def test_evaluation_scores_the_plain_iou_whatever_the_reward_options():
     half_box = reason2(json.dumps({"box_2d": [200, 200, 300, 400]}))
     score = score_localization(half_box, BOX_REF)
     assert score.iou == pytest.approx(0.5) and score.hit
+
+
+@pytest.mark.parametrize(
+    ("reference", "answer", "fields"),
+    [
+        (BOX_REF, '[{"box_2d": [110, 200, 300, 410]}]', {}),  # IoU 0.9: right, though its text differs
+        (BOX_REF, '[{"box_2d": [100, 200, 150, 250]}]', {}),  # IoU 0.0625: wrong
+        (SPAN_REF, '[{"start": "00:01.10", "end": "00:02.00"}]', {}),
+        (SPAN_REF, '[{"start": "00:01.90", "end": "00:03.00"}]', {}),
+        (POINT_REF, '[{"point_2d": [150, 250]}]', {"box_2d": [100, 200, 300, 400]}),
+        (POINT_REF, '[{"point_2d": [50, 50]}]', {"box_2d": [100, 200, 300, 400]}),
+    ],
+)
+def test_accuracy_of_a_structured_answer_is_the_hit_that_evaluation_counts(reference, answer, fields):
+    from physreason.eval.benchmark import EvalSample
+    from physreason.eval.scoring import score_completion
+
+    sample = EvalSample(id="v#0", video="v.mp4", answer=reference, reference=fields)
+    for layout in (reason1, reason2):
+        rewards = compute_rewards(layout(answer), {"accuracy": 1.0}, answer=reference, **fields)
+        assert rewards["accuracy"] == float(score_completion(layout(answer), sample).is_correct)
+    assert compute_rewards(reason1(answer), {"accuracy": 1.0}, answer=reference, **fields)["accuracy"] == float(
+        score_localization(reason1(answer), reference, fields.get("box_2d")).iou >= 0.5
+    )
+
+
+@pytest.mark.parametrize(
+    ("reference", "text", "readable"),
+    [
+        (BOX_REF, "8 8 8 8 8 8", False),  # no JSON at all: what a random model writes
+        (BOX_REF, '[{"point_2d": [150, 250]}]', False),  # JSON, not the reference's layout
+        (BOX_REF, '[{"box_2d": [0, 0, 10, 10]}]', True),  # readable, and wrong
+        (SPAN_REF, "the ball falls at one second", False),
+        (SPAN_REF, '[{"start": "00:05.00", "end": "00:06.00"}]', True),
+    ],
+)
+def test_a_structured_answer_without_json_in_the_references_layout_is_unparsed(reference, text, readable):
+    from physreason.eval.benchmark import EvalSample
+    from physreason.eval.scoring import score_completion
+
+    score = score_completion(reason1(text), EvalSample(id="v#0", video="v.mp4", answer=reference))
+    assert (score.prediction is not None) == readable and not score.is_correct
+    assert score.prediction is None or score.prediction == text

@@ -374,3 +374,36 @@ def test_final_uploads_send_only_the_last_checkpoint_and_export_to_s3_and_the_hu
     final = run / "safetensors" / "step_2"
     assert repo["files"] == {p.relative_to(final).as_posix(): p.read_bytes() for p in final.rglob("*") if p.is_file()}
     assert repo["commits"] == ["physreason: upload safetensors/step_2"]
+
+
+@pytest.mark.slow
+def test_the_sft_command_exits_1_naming_the_uploads_left_and_0_once_a_resume_sent_them(
+    bucket, s3_server, tiny_model_dir, tmp_path
+):
+    import subprocess
+    import sys
+
+    from setups import sft_overrides, write_chat_records
+
+    root = Path(__file__).resolve().parents[1]
+    data = write_chat_records(tmp_path, 4)
+    sets = [*sft_overrides(tiny_model_dir, data, tmp_path / "run", lr="1e-3", logger="['jsonl']"),
+            "train.max_steps=1", "train.ckpt.upload_s3='final'", f"train.ckpt.s3_bucket='{bucket}'"]  # fmt: skip
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text("")  # every key from --set, as the in-process tests build theirs
+    command = [sys.executable, "-m", "physreason", "sft", "-c", str(recipe), *(a for key in sets for a in ("--set", key))]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    s3_server.require_auth(True)
+    try:
+        failed = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        s3_server.require_auth(False)
+    assert failed.returncode == 1, failed.stderr
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: training finished, but 2 upload(s) did not: checkpoints/step_1 (S3), "), last
+    assert "--set train.resume=true" in last and "Traceback" not in failed.stderr and SECRET not in failed.stderr
+
+    resumed = subprocess.run([*command, "--set", "train.resume=true"], capture_output=True, text=True, timeout=300,
+                             env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "e2e" not in _objects(bucket) and "run/checkpoints/step_1/.metadata" in _objects(bucket)

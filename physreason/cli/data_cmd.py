@@ -30,22 +30,28 @@ def synth(
         str,
         typer.Option(
             "--option-order",
-            help="shuffled: the correct letter is balanced over samples (benchmark layout); "
-            "fixed: the same options in the same order in every sample.",
+            help="Letter tasks: shuffled balances the correct letter over samples (benchmark layout); "
+            "fixed gives the same options in the same order in every sample.",
         ),
     ] = "shuffled",
 ) -> None:
-    """Generate arrow-of-time, spatial-puzzle and object-permanence clips; a rerun completes what is missing."""
+    """Generate intuitive-physics clips with their questions (letter tasks: arrow of time, spatial puzzle, object
+    permanence; JSON answers: grounding, temporal localization); a rerun completes what is missing."""
     from physreason.data.synth.generate import generate_task
+    from physreason.data.synth.tasks import TASKS
     from physreason.errors import InputError
 
     if task != "all" and task not in TASK_NAMES:
         raise InputError(f"--task {task!r} is not a synthetic task; choose one of {', '.join(TASK_NAMES)} or all")
     if workers < 0:
         raise InputError(f"--workers must be >= 0, got {workers}")
+    if task != "all" and not TASKS[task].n_options and option_order != "shuffled":
+        raise InputError(f"--option-order is for the letter tasks; {task} is answered in JSON and has no options")
     n_workers = workers or min(4, os.cpu_count() or 1)
     for name in TASK_NAMES if task == "all" else (task,):
-        summary = generate_task(name, n, out, split, seed, n_workers, show_progress=progress, option_order=option_order)
+        # a JSON task has no options to order: its folder stays the same whatever the letter tasks were given
+        order = option_order if TASKS[name].n_options else "shuffled"
+        summary = generate_task(name, n, out, split, seed, n_workers, show_progress=progress, option_order=order)
         typer.echo(
             f"{name}: {summary.count} samples in {summary.folder} "
             f"({summary.generated} generated, {summary.reused} already there)"

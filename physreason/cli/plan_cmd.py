@@ -13,7 +13,12 @@ def plan(
     gpu_memory: float = typer.Option(
         79.2, "--gpu-memory", min=1.0, help="Memory of one GPU in GiB (an 80 GB H100 reports 79.2)."
     ),
-    job: str = typer.Option("sft", "--job", help="'sft' or 'grpo' (GRPO counts its rollout engine and KL reference)."),
+    job: str = typer.Option(
+        "auto",
+        "--job",
+        help="'sft', 'grpo' (counts the rollout engine and KL reference) or 'auto': grpo when the recipe sets any "
+        "[grpo] or [rollout] key, else sft.",
+    ),
     torchrun: bool = typer.Option(
         False, "--torchrun", help="With --gpus 1: plan a torchrun launch (FSDP2 on one rank) instead of one plain process."
     ),
@@ -41,9 +46,13 @@ def plan(
         refusal,
     )
 
-    if job not in ("sft", "grpo"):
-        raise ConfigError(f"--job {job!r}: use 'sft' or 'grpo'")
+    if job not in ("sft", "grpo", "auto"):
+        raise ConfigError(f"--job {job!r}: use 'sft', 'grpo' or 'auto'")
     recipe_config = load_config(config, overrides)
+    if job == "auto":
+        # a GRPO recipe planned as SFT would leave out the rollout engine and the KL reference: a plan that fits
+        # on paper and not on the GPU
+        job = "grpo" if any(key.startswith(("grpo.", "rollout.")) for key in recipe_config.explicit_keys) else "sft"
     capacity = int(gpu_memory * GIB)
     shape = read_model_shape(recipe_config.model)
     recipe = recipe_layout(recipe_config, gpus, gpus > 1 or torchrun or recipe_config.train.cpu_offload, job)  # type: ignore[arg-type]
@@ -51,14 +60,23 @@ def plan(
     plan_ = plan_memory(shape, recipe, workload)
     console = Console(width=160)
     console.print(
-        f"{recipe_config.model.model_name_or_path}: {shape.total_params / 1e9:.2f} B parameters, "
+        f"{recipe_config.model.model_name_or_path}: {_parameter_count(shape.total_params)} parameters, "
         f"{shape.layers} blocks of hidden {shape.hidden}; {recipe_config.model.model_max_length} tokens x "
         f"micro-batch {recipe.mini_batch} per forward"
     )
-    console.print(f"recipe: {describe(recipe)}")
+    console.print(f"recipe ({job} job): {describe(recipe)}")
     console.print(plan_table(plan_, capacity))
     fitting = fitting_layouts(shape, recipe, workload, capacity)
     if fitting:
         console.print(layouts_table(fitting, recipe, job))  # type: ignore[arg-type]
     if not plan_.fits(capacity):
         raise ConfigError(refusal(plan_, capacity, fitting, job, f"a {gpu_memory:g} GiB GPU"))  # type: ignore[arg-type]
+
+
+def _parameter_count(count: int) -> str:
+    """A parameter count at a readable scale: '8.77 B', '3.4 M', '688,064'."""
+    if count >= 1e9:
+        return f"{count / 1e9:.2f} B"
+    if count >= 1e6:
+        return f"{count / 1e6:.1f} M"
+    return f"{count:,}"

@@ -6,6 +6,8 @@ Each command gives only its own parts (first help line, example recipe, trainer,
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -27,8 +29,8 @@ into it) needs --trust-checkpoint. --set train.ckpt.save_mode=async writes check
 training goes on; `physreason export RUN_DIR --out DIR` turns any checkpoint into a Hugging Face folder
 (docs/checkpoints.md).
 
-Exit codes: 0 done (or nothing left to do), 2 a usage or configuration error, 130 stopped by Ctrl-C or
-SIGTERM after saving a checkpoint."""
+Exit codes: 0 done (or nothing left to do), 1 done but uploads ([train.ckpt] upload_s3 / upload_hf) still queued,
+2 a usage or configuration error, 130 stopped by Ctrl-C or SIGTERM after saving a checkpoint."""
 
 
 def training_command(
@@ -83,11 +85,15 @@ def training_command(
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+        if os.environ.get("RANK", "0") != "0":
+            exit_if_uploads_left(recipe)  # every torchrun rank exits with the same code; rank 0 prints the summary
+            return
         if result.finished_before is not None:
             typer.echo(
                 f"nothing to do: the run already finished at {result.finished_before}; raise train.max_steps or "
                 "train.epoch to train further"
             )
+            exit_if_uploads_left(recipe)
             return
         line = summary(result)
         if line is not None:
@@ -96,6 +102,7 @@ def training_command(
             typer.echo(f"checkpoint: {result.last_checkpoint}")
         if result.export_dir is not None:
             typer.echo(f"Hugging Face export: {result.export_dir}")
+        exit_if_uploads_left(recipe)
 
     command.__doc__ = f"{title}\n\n{RUN_HELP.format(resumes=resumes)}"
     return command
@@ -105,3 +112,28 @@ def window_means(values: list[float]) -> tuple[int, float, float]:
     """(k, mean of the first k values, mean of the last k): k is a quarter of the run, 1 to 10 steps."""
     k = max(1, min(10, len(values) // 4))
     return k, sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+def exit_if_uploads_left(recipe: Config) -> None:
+    """After a run: exit 1, in one line naming them and the resume, when uploads it was asked for are still queued.
+
+    Training did its work, but the uploads did not: `physreason sft ... && next` must not go on as if they had.
+    """
+    from physreason.train.upload import RECORD, pending_uploads
+
+    ckpt = recipe.train.ckpt
+    if not (ckpt.upload_s3 or ckpt.upload_hf):
+        return
+    output = Path(recipe.train.output_dir)
+    left = pending_uploads(output)
+    if not left:
+        return
+    if os.environ.get("RANK", "0") == "0":
+        jobs = ", ".join(f"{folder} ({'S3' if kind == 's3' else 'Hub'})" for kind, folder in left)
+        print(
+            f"error: training finished, but {len(left)} upload(s) did not: {jobs}. They stay queued in "
+            f"{output / RECORD}; fix the cause above, then run the same command with --set train.resume=true "
+            "to send them",
+            file=sys.stderr,
+        )
+    raise typer.Exit(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -172,7 +173,7 @@ def _explain(error: ValidationError, source: str) -> ConfigError:
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """Split `a.b=value` into a key path and a TOML-typed value (bare words stay strings)."""
+    """Split `a.b=value` into a key path and a TOML-typed value (else JSON; bare words stay strings)."""
     if "=" not in text:
         raise ConfigError(f"override {text!r} has no '=': write --set section.key=value, e.g. --set train.optm_lr=2e-6")
     key, raw = text.split("=", 1)
@@ -183,7 +184,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
-        value = raw
+        # a table or list typed as JSON ({"accuracy": 1.0}) is what shells and other tools' docs hand users
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
     return [p.strip() for p in parts], value
 
 

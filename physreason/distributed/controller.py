@@ -40,6 +40,7 @@ from physreason.models import loading
 from physreason.models.family import read_vision_tokens
 from physreason.models.parallelize import check_layout
 from physreason.ray_setup import import_ray
+from physreason.rewards import check_reward_options
 from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, rollout_metrics
 from physreason.train.loop import StepLog, checkpoint_due, prepare_output
 from physreason.train.rollout import RolloutBatch, RolloutSample, logged_reward_names
@@ -621,6 +622,7 @@ class _StepWindow:
 
 def run_disaggregated(config: Config, on_step: Callable[[Controller, int], None] | None = None) -> DisaggregatedResult:
     """Train config.model with disaggregated asynchronous GRPO on Ray (joins the running cluster or starts a local one)."""
+    check_reward_options(config.grpo.reward_function, config.grpo.reward_options)  # before any replica starts
     ray = _import_ray()
     started_here = not ray.is_initialized()
     if started_here:

@@ -3,7 +3,7 @@
 Accuracy of a repeat = correct / scored, where scored samples are those with a completion; samples
 that failed (corrupt clip, path outside the data root, engine error) are counted in their own column,
 and samples with no result yet (a run that stopped early) in `missing`. `unparsed` counts scored
-completions from which no option could be read (scored wrong; many of them mean a format problem, not
+completions from which no option could be read, or no JSON in the reference's layout (scored wrong; many of them mean a format problem, not
 a reasoning one). Chance is the mean over questions of 1 / options, recorded in run.json by the run. The `average` row of a model is
 the mean over data sets of each repeat's accuracy (macro average, as the Cosmos-Reason1 paper reports),
 then mean ± std over the repeats that every data set has.

@@ -7,16 +7,16 @@ from dataclasses import dataclass
 
 from physreason.eval.benchmark import EvalSample
 from physreason.rewards import accuracy_reward, answer_region, extract_answer
-from physreason.rewards.localization import score_localization
+from physreason.rewards.localization import json_format_reward, score_localization
 
 
 @dataclass(frozen=True)
 class Score:
     """What was read from a completion and whether it is right; `iou` for a structured answer.
 
-    Multiple choice: the option letter (None when none could be read). Structured: the answer region's text,
-    its IoU with the reference (box, or time span; 1/0 for a point in the body's box), right when IoU >= 0.5
-    (accuracy at IoU 0.5, temporal R@0.5).
+    Multiple choice: the option letter (None when none could be read). Structured: the answer region's text
+    (None when it holds no JSON in the reference's layout), its IoU with the reference (box, or time span; 1/0 for a
+    point in the body's box), right when IoU >= 0.5 (accuracy at IoU 0.5, temporal R@0.5).
     """
 
     prediction: str | None
@@ -28,7 +28,10 @@ def score_completion(text: str, sample: EvalSample) -> Score:
     """Score a completion with the extractor rewards use; raises InputError if the sample's answer names no option."""
     if sample.structured:
         score = score_localization(text, sample.answer, sample.reference.get("box_2d"))
-        return Score(prediction=answer_region(text)[0].strip() or None, is_correct=score.hit, iou=score.iou)
+        # an answer that is not JSON in the reference's layout is unparsed, as a letter task's answer without a letter
+        readable = json_format_reward(text, answer=sample.answer) == 1.0
+        prediction = answer_region(text)[0].strip() if readable else None
+        return Score(prediction=prediction or None, is_correct=score.hit, iou=score.iou)
     correct = accuracy_reward(text, answer=sample.answer, options=sample.options) == 1.0
     return Score(prediction=extract_answer(text, sample.options), is_correct=correct)
 

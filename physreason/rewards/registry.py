@@ -69,8 +69,14 @@ def _check_option_parameters(name: str, fn: RewardFn, validator: Callable[..., A
 
 
 def check_reward_options(weights: Mapping[str, float], reward_options: Mapping[str, Mapping[str, Any]]) -> None:
-    """Refuse options for a reward that `weights` does not name or that takes none, unknown option names, and values
-    the reward's validator rejects; ConfigError names the reward, the option and what it takes."""
+    """Refuse unknown reward names, options for a reward that `weights` does not name or that takes none, unknown
+    option names, and values the reward's validator rejects; ConfigError names the reward, the option and what it
+    takes."""
+    for name in weights:
+        try:
+            get_reward(name)
+        except ConfigError as exc:
+            raise ConfigError(f"grpo.reward_function: {exc}") from None
     for name, values in reward_options.items():
         get_reward(name)  # an unknown name: the error lists the registered ones
         if name not in weights:
@@ -88,7 +94,10 @@ def check_reward_options(weights: Mapping[str, float], reward_options: Mapping[s
                 f"grpo.reward_options.{name}: unknown option(s) {unknown}; reward {name!r} takes "
                 f"{', '.join(sorted(allowed))}"
             )
-        validator(**values)
+        try:
+            validator(**values)
+        except ConfigError as exc:
+            raise ConfigError(f"grpo.reward_options.{name}: {exc}") from None
 
 
 def registered_rewards() -> list[str]:

@@ -6,8 +6,10 @@ import re
 from typing import Any
 
 from physreason.chat.parse import parse_completion
+from physreason.chat.structured import answer_kind
 from physreason.errors import InputError
 from physreason.rewards.extract import extract_answer
+from physreason.rewards.localization import score_localization
 from physreason.rewards.registry import register_reward
 
 _LETTER_ANSWER = re.compile(r"^[(\[]?[A-Za-z][)\]]?$")
@@ -33,10 +35,15 @@ def accuracy_reward(
     """Return 1.0 when the completion's extracted answer equals the sample's `answer`, else 0.0.
 
     Multiple choice when `options` are given or `answer` is a lone letter: the answer may be a
-    letter or an option's text, and letters are compared. Otherwise both sides are compared as
+    letter or an option's text, and letters are compared. A structured `answer` (box_2d, point_2d or
+    a time span) is right at IoU >= 0.5, as evaluation counts it. Otherwise both sides are compared as
     normalised free-form text. One extractor serves both sides and evaluation alike. Registered
     also as "single_choice", the name cosmos-rl recipes use.
     """
+    if options is None and _is_structured(answer):
+        # the exact JSON text almost never matches: GRPO's accuracy on these tasks would read 0 for a model that
+        # localises well, while evaluation counts the same answer right
+        return float(score_localization(completion, answer, sample.get("box_2d")).hit)
     multiple_choice = options is not None or bool(_LETTER_ANSWER.match(answer.strip()))
     reference = extract_answer(answer, options, multiple_choice=multiple_choice)
     if reference is None:
@@ -47,3 +54,12 @@ def accuracy_reward(
             else "The sample's answer is empty; every sample needs a reference answer."
         )
     return 1.0 if extract_answer(completion, options, multiple_choice=multiple_choice) == reference else 0.0
+
+
+def _is_structured(answer: str) -> bool:
+    """Whether a reference answer is a box, point or time span in Cosmos-Reason2's JSON layout."""
+    try:
+        answer_kind(answer)
+    except ValueError:
+        return False
+    return True

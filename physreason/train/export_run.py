@@ -25,6 +25,15 @@ EXPORT_DTYPES = (*DTYPES, "auto")  # 'auto': the dtype the run trained in (float
 def _run_config(run_dir: Path) -> Config:
     recipe = run_dir / "config.toml"
     if not recipe.is_file():
+        # a checkpoint or export folder (<run>/checkpoints/step_<n>, <run>/safetensors/step_<n>) is what one finds
+        # when looking for weights: point at its run and the --step that picks it
+        run = next((parent for parent in run_dir.parents[:2] if (parent / "config.toml").is_file()), None)
+        if run is not None and run_dir.exists():
+            step = run_dir.name.removeprefix("step_").removesuffix(".tmp")
+            pick = f" --step {step}" if run_dir.name.startswith("step_") and step.isdigit() else ""
+            raise ConfigError(
+                f"{run_dir} is inside the run {run}: give the run folder, e.g. physreason export {run}{pick} --out DIR"
+            )
         what = "does not exist" if not run_dir.exists() else "holds no config.toml"
         raise ConfigError(
             f"{run_dir} {what}: give the train.output_dir of a physreason sft or grpo run (each run writes its "

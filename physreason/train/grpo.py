@@ -39,6 +39,7 @@ from physreason.engines import Engine, create_engine
 from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
 from physreason.models.family import VisionTokens, read_vision_tokens
+from physreason.rewards import check_reward_options
 from physreason.train import phases
 from physreason.train.build import TrainingModel, build_training_model
 from physreason.train.grpo_loss import mask_truncated, masked_sum, policy_loss, truncated_importance_weights
@@ -379,6 +380,8 @@ def run_grpo(
     `engine` defaults to the recipe's rollout engine (`rollout_engine_config`); pass one to share it (tests, the demo).
     `on_step(step)` is called after each finished step (benchmarks step a profiler with it).
     """
+    # before any model is loaded or engine started: a misspelt reward would otherwise stop the run at its first step
+    check_reward_options(config.grpo.reward_function, config.grpo.reward_options)
     runtime = init_runtime()
     train_cfg, grpo_cfg, rollout_cfg = config.train, config.grpo, config.rollout
     seed_everything(train_cfg.seed)

@@ -31,8 +31,9 @@ def cross_entropy_sum(
     wanted = targets[keep]  # [n]
     if selected.shape[0] == 0:
         # Zero, but tied to the hidden states and the lm_head: every rank gives every parameter a gradient, so the
-        # data-parallel (and context-parallel) reductions see the same tensors on all ranks.
-        return (hidden.sum() + weight.sum()) * 0.0
+        # data-parallel (and context-parallel) reductions see the same tensors on all ranks. fp32 as the other path:
+        # a bf16 zero on one context-parallel rank beside fp32 losses on the others breaks their all-reduce.
+        return (hidden.sum() + weight.sum()).float() * 0.0
     if chunk_size <= 0 or selected.shape[0] <= chunk_size:
         return _chunk_loss(selected, weight, wanted)
     total = selected.new_zeros((), dtype=torch.float32)

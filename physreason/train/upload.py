@@ -127,6 +127,27 @@ def _s3_error_text(exc: Exception) -> tuple[str, bool]:
     return f"{type(exc).__name__}: {exc}", False
 
 
+def read_record(output_dir: Path) -> dict[str, Any]:
+    """The run's upload record (`<output_dir>/uploads.json`), empty when there is none; ConfigError when corrupt."""
+    path = output_dir / RECORD
+    if not path.is_file():
+        return {"pending": [], "s3": {}, "hf": {}}
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not valid JSON ({exc}): it lists this run's uploads; delete it to upload everything again"
+        ) from exc
+    for name, empty in (("pending", []), ("s3", {}), ("hf", {})):
+        record.setdefault(name, empty)
+    return record
+
+
+def pending_uploads(output_dir: Path) -> list[tuple[str, str]]:
+    """(kind, folder) of every upload a run's record still lists as queued: 's3' or 'hf'."""
+    return [tuple(job) for job in read_record(output_dir)["pending"]]  # type: ignore[misc]
+
+
 class Uploads:
     """The upload queue of one run folder, worked by a background thread (start() once; finish()/close() at the end).
 
@@ -164,18 +185,7 @@ class Uploads:
 
     # ---- the record -------------------------------------------------------------------------------------------
     def _read_record(self) -> dict[str, Any]:
-        path = self.output / RECORD
-        if not path.is_file():
-            return {"pending": [], "s3": {}, "hf": {}}
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"{path} is not valid JSON ({exc}): it lists this run's uploads; delete it to upload everything again"
-            ) from exc
-        for name, empty in (("pending", []), ("s3", {}), ("hf", {})):
-            record.setdefault(name, empty)
-        return record
+        return read_record(self.output)
 
     def _save_record(self) -> None:
         with self._lock:
