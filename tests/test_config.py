@@ -177,6 +177,11 @@ def test_vision_lower_bounds_must_not_exceed_their_upper_bounds(low, high, value
 def test_parse_override_keeps_bare_words_as_strings():
     assert parse_override("model.dtype=float32") == (["model", "dtype"], "float32")
     assert parse_override("train.resume=true") == (["train", "resume"], True)
+    # JSON reads these too, but only a JSON table or list is taken as JSON
+    for word in ("null", "NaN", "Infinity"):
+        assert parse_override(f"model.revision={word}") == (["model", "revision"], word)
+    assert parse_override('grpo.reward_function={"accuracy": 1.0}') == (["grpo", "reward_function"], {"accuracy": 1.0})
+    assert parse_override('data.tasks=["a", "b"]') == (["data", "tasks"], ["a", "b"])
 
 
 def test_dump_then_load_round_trips(tmp_path):

@@ -184,11 +184,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
-        # a table or list typed as JSON ({"accuracy": 1.0}) is what shells and other tools' docs hand users
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            value = raw
+        value = raw
+        # a table or list typed as JSON ({"accuracy": 1.0}) is what shells and other tools' docs hand users; only
+        # those, so bare words that JSON also reads (null, NaN, Infinity) stay strings
+        if raw.strip().startswith(("{", "[")):
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                pass
     return [p.strip() for p in parts], value
 
 
