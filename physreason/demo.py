@@ -19,15 +19,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from physreason.config import Config, load_config, with_model
 from physreason.data.synth.records import letter_sft_records, rl_records
 from physreason.data.synth.tasks import LETTER_TASK_NAMES, TASKS
 from physreason.errors import PhysReasonError
+from physreason.progress import make_console
 
-console = Console()
+console = make_console()
 
 
 @dataclass

@@ -8,6 +8,8 @@ and once more when the display stops.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from datetime import timedelta
 from typing import Any
@@ -26,6 +28,15 @@ from rich.progress import (
 )
 
 LINE_INTERVAL_S = 30.0
+# Line width off a terminal (a log file, a pipe, a cluster job's output): rich's 80 would break plan and report lines.
+LOG_WIDTH = 200
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A rich Console for physreason's output: the terminal's width on a terminal (or $COLUMNS), else LOG_WIDTH."""
+    stream = sys.stderr if stderr else sys.stdout
+    on_terminal = getattr(stream, "isatty", lambda: False)()
+    return Console(stderr=stderr, width=None if on_terminal or "COLUMNS" in os.environ else LOG_WIDTH)
 
 
 def _clock(seconds: float | None) -> str:
@@ -47,7 +58,7 @@ class LoggedProgress(Progress):
     def __init__(
         self, *columns: str | ProgressColumn, interval_s: float | None = None, disable: bool = False, **kwargs: Any
     ) -> None:
-        console = kwargs.pop("console", None) or Console()
+        console = kwargs.pop("console", None) or make_console()
         self._lines = not disable and not console.is_terminal
         # Off a terminal rich's own display would draw the bar once, at the end: lines replace it.
         super().__init__(*columns, console=console, disable=disable or self._lines, **kwargs)

@@ -79,3 +79,16 @@ def test_a_large_count_is_written_in_full_not_in_exponent_notation():
         task = progress.add_task("uploads", total=23_066_200)
         progress.advance(task, 1_500_000)
     assert buffer.getvalue().startswith("uploads: 1,500,000/23,066,200 (7%)"), buffer.getvalue()
+
+
+def test_off_a_terminal_long_lines_stay_whole_and_columns_is_honoured(monkeypatch, capsys):
+    from physreason.progress import LOG_WIDTH, make_console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    console = make_console()  # pytest's captured stdout is not a terminal, as a log file or a pipe is not
+    assert console.width == LOG_WIDTH
+    line = "memory plan: " + "x" * 150
+    console.print(line)
+    assert capsys.readouterr().out == line + "\n"  # rich's default off a terminal (80 columns) broke it in two
+    monkeypatch.setenv("COLUMNS", "100")
+    assert make_console().width == 100

@@ -7,11 +7,11 @@ import os
 import sys
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
 import physreason
 from physreason.errors import Interrupted, PhysReasonError
+from physreason.progress import make_console
 
 app = typer.Typer(
     name="physreason",
@@ -22,7 +22,7 @@ app = typer.Typer(
     # Help texts name TOML sections like [model]; rich markup would swallow them.
     rich_markup_mode=None,
 )
-err_console = Console(stderr=True)
+err_console = make_console(stderr=True)
 # transformers imports torchao (the fp8 extra) whenever it is installed, on every model load; torchao then warns about
 # each of its CUDA kernel libraries a CPU machine cannot load (kernels only float8 training on a GPU uses, which
 # checks for itself), and newer torch warns that torchao registers its enums in a deprecated way. Neither is the

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
-console = Console()
+from physreason.progress import make_console
+
+console = make_console()
 
 app = typer.Typer(
     help="Benchmark evaluation: `physreason eval --config eval.toml` runs it, `physreason eval report DIR` scores it.",

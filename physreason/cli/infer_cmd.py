@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.panel import Panel
 
 from physreason.cli import recipe_options as opt
 from physreason.errors import PhysReasonError
+from physreason.progress import make_console
 
-console = Console()
+console = make_console()
 
 
 def infer(

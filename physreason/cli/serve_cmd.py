@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from physreason.cli import recipe_options as opt
 from physreason.errors import PhysReasonError
+from physreason.progress import make_console
 
-err_console = Console(stderr=True)
+err_console = make_console(stderr=True)
 
 
 def serve(

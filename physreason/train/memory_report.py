@@ -7,12 +7,12 @@ import logging
 from typing import Literal
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from physreason.config import Config
 from physreason.errors import ConfigError
 from physreason.models.sizes import ModelShape, read_model_shape
+from physreason.progress import make_console
 from physreason.train.memory import (
     DTYPE_BYTES,
     GIB,
@@ -158,7 +158,7 @@ def check_runtime_memory(config: Config, runtime: Runtime, job: Job) -> MemoryPl
     gpu_bytes = None
     if runtime.device.type == "cuda":
         gpu_bytes = torch.cuda.get_device_properties(runtime.device).total_memory
-    console = Console(stderr=True) if runtime.is_main else None
+    console = make_console(stderr=True) if runtime.is_main else None
     return check_memory(config, runtime.world_size, runtime.distributed, job, gpu_bytes, console)
 
 
