@@ -97,13 +97,45 @@ def test_a_failed_async_write_leaves_no_checkpoint_and_resume_takes_the_previous
         patch.setattr(FileSystemWriter, "write_data", failing)
         with pytest.raises(CheckpointException, match="No space left") as raised:
             run_sft(config("run"))
-    assert "step_4 was not completed" in "".join(raised.value.__notes__)
+    note = "".join(raised.value.__notes__)
+    assert "step_4 (step 4) was not completed" in note and "step_2, the last complete checkpoint" in note
     checkpoints = tmp_path / "run" / "checkpoints"
     assert [p.name for p in checkpoint_dirs(tmp_path / "run")] == ["step_2"]
     assert (checkpoints / "step_4.tmp").is_dir()  # left for inspection; nothing loads a .tmp folder
     assert sorted(json.loads((checkpoints / "written.json").read_text())) == ["step_2"]
     resumed = run_sft(config("run", "train.resume=true"))
     assert resumed.losses == straight.losses[2:]
+
+
+@pytest.mark.slow
+def test_a_failed_async_staging_names_the_step_and_the_checkpoint_resume_takes(tiny_model_dir, tmp_path, monkeypatch):
+    from physreason.train.checkpoint import ReusingStager
+
+    data = write_chat_records(tmp_path, 8)
+
+    def config(out: str, *extra: str):
+        return tiny_config(tiny_model_dir, data, tmp_path / out, "train.max_steps=8", "train.ckpt.save_freq=2",
+                           "train.ckpt.max_keep=5", "train.ckpt.save_mode=async", *extra)
+
+    straight = run_sft(config("straight"))  # four async saves with one stager, as a GPU run makes them
+    assert [p.name for p in checkpoint_dirs(tmp_path / "straight")] == ["step_2", "step_4", "step_6", "step_8"]
+    real = ReusingStager.stage
+
+    def failing(self, state_dict, **kwargs):  # the copy to host memory of the third save fails
+        if self.stages == 2:
+            raise KeyError(type)
+        return real(self, state_dict, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ReusingStager, "stage", failing)
+        with pytest.raises(KeyError) as raised:
+            run_sft(config("run"))
+    note = "".join(raised.value.__notes__)
+    assert "step_6 (step 6) was not completed" in note
+    assert f"continues from {tmp_path / 'run' / 'checkpoints' / 'step_4'}, the last complete checkpoint" in note
+    assert [p.name for p in checkpoint_dirs(tmp_path / "run")] == ["step_2", "step_4"]
+    resumed = run_sft(config("run", "train.resume=true"))
+    assert resumed.losses == straight.losses[4:]
 
 
 @pytest.mark.slow

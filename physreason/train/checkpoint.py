@@ -278,6 +278,48 @@ def save_checkpoint(
     return final
 
 
+class ReusingStager:
+    """DCP's async stager for physreason's saves: copies the state into host buffers kept from save to save.
+
+    torch's DefaultStager (2.11) releases its copier after every stage, which empties the copier's table of atomic
+    types: the second async save of a run then raised `KeyError: <class 'type'>` on the first class object in the
+    state, and every save paid the host allocation (and pinning) again. This stager keeps torch's copier and its
+    buffers open until close(): from the second save on, staging is one device-to-host copy into the same buffers.
+    On a GPU the buffers are pinned and the copy runs on its own stream; on a CPU they are plain host memory.
+    The caller must not stage again before the previous write finished (the trainer waits for it first).
+    """
+
+    _synchronize_after_execute = False
+
+    def __init__(self, pin_memory: bool) -> None:
+        from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+
+        self._copier = StateDictStager(pin_memory=pin_memory, share_memory=False)
+        self._stream = torch.cuda.Stream() if pin_memory and torch.cuda.is_available() else None
+        self.stages = 0
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return False
+
+    def stage(self, state_dict: dict[str, Any], **_: Any) -> dict[str, Any]:
+        self.stages += 1
+        if self._stream is None:
+            return self._copier.stage(state_dict, non_blocking=False)
+        self._stream.wait_stream(torch.cuda.current_stream())  # the step's last writes land before the copy
+        with torch.cuda.stream(self._stream):
+            staged = self._copier.stage(state_dict, non_blocking=True)
+        self._stream.synchronize()  # the host copy is complete: training may change the tensors again
+        return staged
+
+    def synchronize_staging(self) -> None:
+        """Staging is complete when stage() returns."""
+
+    def close(self) -> None:
+        """Free the host buffers (and unpin them); the stager is not used again."""
+        self._copier.close()
+
+
 class PendingCheckpoint:
     """A checkpoint whose files DCP writes in a background thread; complete (recorded, renamed) once `wait` returns.
 
@@ -314,15 +356,26 @@ class PendingCheckpoint:
         try:
             self._future.result()
         except (Exception, CheckpointException) as exc:  # DCP's error derives from BaseException; a Ctrl-C is no write error
-            exc.add_note(
-                f"checkpoint {self.path} was not completed: its partial files stay in {self.staging}, which resume "
-                "never loads; train.resume=true continues from the last complete checkpoint"
-            )
+            exc.add_note(_not_completed(self.path.parent.parent, self.path, self.staging))
             raise
         self._committed.wait()
         if self._commit_error is not None:
             raise self._commit_error
         return self.path
+
+
+def _not_completed(output_dir: str | Path, final: Path, staging: Path) -> str:
+    """The note on a failed async save: which step, where its partial files are, what a resume loads instead."""
+    earlier = [p for p in checkpoint_dirs(output_dir) if p != final]
+    resume = (
+        f"train.resume=true continues from {earlier[-1]}, the last complete checkpoint"
+        if earlier
+        else "no earlier checkpoint is complete: train.resume=true would start from step 0"
+    )
+    return (
+        f"checkpoint {final} (step {final.name.removeprefix(_PREFIX)}) was not completed: its partial files stay in "
+        f"{staging}, which resume never loads; {resume}"
+    )
 
 
 def start_checkpoint(
@@ -354,9 +407,14 @@ def start_checkpoint(
         # The write runs in DCP's thread, outside any catch_warnings here; its "assuming one process" note is the
         # intent. (filterwarnings replaces an equal filter, so repeated saves add none.)
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-    response = dcp.async_save(
-        state, checkpoint_id=staging, process_group=process_group, async_stager=stager, no_dist=single
-    )
+    try:
+        response = dcp.async_save(
+            state, checkpoint_id=staging, process_group=process_group, async_stager=stager, no_dist=single
+        )
+    except BaseException as exc:  # staging (the copy to host memory) failed before the write began
+        if isinstance(exc, Exception | CheckpointException):
+            exc.add_note(_not_completed(output_dir, final, staging))
+        raise
     # torch returns an AsyncSaveResponse (staging and upload futures) for stagers that stage in the background.
     future = getattr(response, "upload_completion", response)
     return PendingCheckpoint(future, Path(output_dir), staging, final, max_keep, export)

@@ -45,6 +45,7 @@ from physreason.errors import Interrupted, TrainingDiverged
 from physreason.train.build import TrainingModel
 from physreason.train.checkpoint import (
     PendingCheckpoint,
+    ReusingStager,
     checkpoint_dirs,
     load_checkpoint,
     prune_step_dirs,
@@ -309,15 +310,10 @@ class Checkpointer:
         return self._async_group
 
     def _pinned_stager(self) -> Any:
-        """On a GPU: DCP's stager copying into pinned host buffers kept from save to save (the copy is the step's stall)."""
-        if self._stager is None and _on_cuda(self.trained.module):
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            self._stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True
-                )
-            )
+        """The stager of async saves, made once: host buffers kept from save to save, pinned on a GPU (the copy into
+        them is the step's stall)."""
+        if self._stager is None:
+            self._stager = ReusingStager(pin_memory=_on_cuda(self.trained.module))
         return self._stager
 
     def export(self, step: int) -> Path:
