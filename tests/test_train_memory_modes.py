@@ -117,3 +117,26 @@ def test_cpu_offload_on_two_gloo_processes_trains_and_resumes_exactly(tmp_path):
                      "train.trust_checkpoint=true")
     assert len(straight) == 4 and straight[-1] < straight[0]
     assert resumed == straight[2:]
+
+
+def test_the_fused_gpu_update_computes_the_eager_bf16_state_step():
+    """adamw_bf16_update (compiled on a GPU) against the eager CPU step it replaces there, over three steps."""
+    from physreason.train.adamw import _scalar_tensors, adamw_bf16_update
+
+    torch.manual_seed(0)
+    start = torch.randn(64, 32)
+    ours, eager = start.clone().requires_grad_(), start.clone().requires_grad_()
+    reference = AdamWBF16State([eager], lr=1e-2, weight_decay=0.1)
+    m, v = torch.zeros(64, 32, dtype=torch.bfloat16), torch.zeros(64, 32, dtype=torch.bfloat16)
+    for step in range(1, 4):
+        grad = torch.randn(64, 32)
+        eager.grad = grad.clone()
+        reference.step()
+        scalars = (1e-2, 0.9, 0.999, 1e-8, 0.1, 1 - 0.9**step, (1 - 0.999**step) ** 0.5)
+        with torch.no_grad():
+            adamw_bf16_update(ours, grad, m, v, *_scalar_tensors(scalars, ours.device))
+        # Same math; the float32 rounding order differs, which can move a bf16 moment by one unit in its last place
+        # (2**-8 relative): the weights then differ by at most lr x 2**-8, a wrong formula by about lr.
+        assert torch.allclose(ours, eager, rtol=0, atol=1e-2 * 2**-7)
+        assert torch.allclose(m.float(), reference.state[eager]["exp_avg"].float(), rtol=2**-7, atol=1e-6)
+        assert torch.allclose(v.float(), reference.state[eager]["exp_avg_sq"].float(), rtol=2**-7, atol=1e-9)

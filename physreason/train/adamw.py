@@ -48,7 +48,12 @@ class AdamWBF16State(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One AdamW update of every parameter that has a gradient; returns closure's loss when given one."""
+        """One AdamW update of every parameter that has a gradient; returns closure's loss when given one.
+
+        On a GPU each parameter's update is one fused kernel (torch.compile of `adamw_bf16_update`, one kernel for
+        every shape): read weight, gradient and both moments once, write them once. The eager form below launched
+        about a dozen full-size kernels per parameter and ran SFT at 0.60x of fused float32 AdamW (H100, 3B shape).
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -67,6 +72,12 @@ class AdamWBF16State(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.bfloat16)
                 state["step"] += 1
                 step = float(state["step"])
+                if param.device.type == "cuda":
+                    tensors = [_local(t) for t in (param, param.grad, state["exp_avg"], state["exp_avg_sq"])]
+                    scalars = (lr, beta1, beta2, eps, decay, 1 - beta1**step, math.sqrt(1 - beta2**step))
+                    _compiled_update()(*tensors, *_scalar_tensors(scalars, tensors[0].device))
+                    continue
+                # Elsewhere torch's single-tensor AdamW, operation for operation (its first step, bit for bit)
                 grad = param.grad.float()
                 exp_avg = state["exp_avg"].float().lerp_(grad, 1 - beta1)
                 exp_avg_sq = state["exp_avg_sq"].float().mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
@@ -76,3 +87,58 @@ class AdamWBF16State(torch.optim.Optimizer):
                 denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**step)).add_(eps)
                 param.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1**step))
         return loss
+
+
+def adamw_bf16_update(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    lr: torch.Tensor,
+    beta1: torch.Tensor,
+    beta2: torch.Tensor,
+    eps: torch.Tensor,
+    decay: torch.Tensor,
+    bias1: torch.Tensor,
+    bias2_sqrt: torch.Tensor,
+) -> None:
+    """torch's AdamW update of one tensor in float32 from bfloat16 moments, in place; scalars as 0-dim float32 tensors
+    (so a compiled kernel takes every step's learning rate and bias corrections without compiling again)."""
+    g = grad.float()
+    m = exp_avg.float()
+    m = m + (g - m) * (1 - beta1)
+    v = exp_avg_sq.float() * beta2 + g * g * (1 - beta2)
+    exp_avg.copy_(m)
+    exp_avg_sq.copy_(v)
+    denom = v.sqrt() / bias2_sqrt + eps
+    param.copy_(param * (1 - lr * decay) - (lr / bias1) * m / denom)
+
+
+_COMPILED: dict[str, Callable[..., None]] = {}
+
+
+def _compiled_update() -> Callable[..., None]:
+    """adamw_bf16_update compiled once for every shape (dynamic shapes; scalars are tensors, so no recompiles)."""
+    if "update" not in _COMPILED:
+        _COMPILED["update"] = torch.compile(adamw_bf16_update, dynamic=True, fullgraph=True)
+    return _COMPILED["update"]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (the update is elementwise, so each rank updates its own), else the tensor."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+_SCALARS: dict[tuple, list[torch.Tensor]] = {}
+
+
+def _scalar_tensors(values: tuple[float, ...], device: torch.device) -> list[torch.Tensor]:
+    """0-dim float32 tensors of `values` on `device` (one small copy a parameter group would need; cached by value)."""
+    key = (values, str(device))
+    found = _SCALARS.get(key)
+    if found is None:
+        if len(_SCALARS) > 64:
+            _SCALARS.clear()
+        found = list(torch.tensor(values, dtype=torch.float32, device=device).unbind())
+        _SCALARS[key] = found
+    return found

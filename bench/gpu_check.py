@@ -1,0 +1,418 @@
+"""Every path only a GPU reaches, at tiny size, in one call: one pass/fail line each (exit 1 if any failed).
+
+CPU tests never reach the pinned-memory stager of async saves, float8 kernels, compiled blocks on CUDA, FSDP2 over
+NCCL or the engines on a GPU; this script does, in a few minutes, so a change to any of those paths is checked on a GPU
+before it lands. Each check is one named override list of the same tiny recipe (the demo's tiny random Qwen2.5-VL, a
+few chat records, 6 steps) with the GPU count it needs, as torchtitan keeps its integration tests; a check needing more
+GPUs than the machine has, or vLLM when it is not installed, prints `skip` with the reason.
+
+One GPU:   sft-sync-saves, sft-async-saves (three saves each, then a resume from the second whose losses must equal
+           the uninterrupted run's), float8-rowwise, float8-tensorwise, cpu-offload, bf16-optimizer-state,
+           compiled-blocks, chunked-loss (against the full loss of the same step), fsdp2-torchrun, hf-generate,
+           grpo-step
+Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losses within 1e-3 relative
+--vllm:    vllm-generate, vllm-weight-push (the engine's output follows pushed weights), vllm-fp8-rollout
+
+Set up on a bare GPU machine (the image has torch and an older transformers; nothing can be downloaded there):
+    here, once:  bash bench/gpu_wheels.sh            (makes .device-wheels, about 60 MiB, git-ignored)
+    run call:    carry [".device-wheels"], command:
+                 source .device-wheels/setup.sh && python bench/gpu_check.py 2>&1 | tee $OUT/gpu_check.log
+    with vLLM:   the parts of ../shared/gpu/vllm-wheels.sh first (see its header), then add --vllm
+Each check runs in a worker process of its own (a CUDA fault cannot take the next check with it) with a time limit
+(--timeout, 120 s). With OUT set, $OUT/gpu_check.json is rewritten after every check. --only NAME[,NAME] runs some.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_STARTED = time.perf_counter()
+BENCH = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    gpus: int = 1
+    needs: str = ""  # "vllm" or "torchao": skipped when the package is missing
+    cuda_only: bool = False  # not run by --cpu (CUDA kernels, pinned memory)
+    settings: tuple[str, ...] = field(default_factory=tuple)
+
+
+# SFT settings each check adds to the base recipe (base_settings); the checks' bodies are in run_check.
+CHECKS = (
+    Check("sft-sync-saves", settings=("train.ckpt.save_mode='sync'",)),
+    Check("sft-async-saves", settings=("train.ckpt.save_mode='async'",)),
+    Check("float8-rowwise", needs="torchao", cuda_only=True, settings=("train.fp8.enable_fp8=true", "train.fp8.quant_recipe='rowwise'")),
+    Check("float8-tensorwise", needs="torchao", cuda_only=True,
+          settings=("train.fp8.enable_fp8=true", "train.fp8.quant_recipe='tensorwise'")),
+    Check("cpu-offload", cuda_only=True, settings=("train.cpu_offload=true",)),
+    Check("bf16-optimizer-state", settings=("train.optimizer_state_dtype='bfloat16'",)),
+    Check("compiled-blocks", cuda_only=True, settings=("train.compile=true",)),
+    Check("chunked-loss", settings=("train.loss_chunk_size=16",)),
+    Check("fsdp2-torchrun"),
+    Check("hf-generate"),
+    Check("grpo-step"),
+    Check("dp2", gpus=2, settings=("policy.parallelism.dp_shard_size=2",)),
+    Check("tp2", gpus=2, settings=("policy.parallelism.tp_size=2", "policy.parallelism.dp_shard_size=1")),
+    Check("cp2", gpus=2, settings=("policy.parallelism.cp_size=2", "policy.parallelism.dp_shard_size=1")),
+    Check("vllm-generate", needs="vllm", cuda_only=True),
+    Check("vllm-weight-push", needs="vllm", cuda_only=True),
+    Check("vllm-fp8-rollout", needs="vllm", cuda_only=True),
+)
+
+
+def say(message: str) -> None:
+    print(f"[{time.perf_counter() - _STARTED:6.1f} s] {message}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def prepare(work: Path) -> tuple[Path, Path, Path]:
+    """The tiny model (bf16-friendly widths), 32 chat records and 8 multiple-choice prompts, made once under work."""
+    from physreason.models.tiny import save_tiny_model
+
+    model = work / "model"
+    if not (model / "config.json").is_file():
+        save_tiny_model("qwen2_5_vl", model)
+    chat, mcq = work / "chat.jsonl", work / "mcq.jsonl"
+    if not chat.is_file():
+        rows = [{"conversations": [{"role": "user", "content": f"Does box {i} slide down the ramp?"},
+                                   {"role": "assistant", "content": "<think>steep</think><answer>yes</answer>"}]}
+                for i in range(32)]  # fmt: skip
+        chat.write_text("\n".join(json.dumps(r) for r in rows))
+    if not mcq.is_file():
+        rows = [{"question": f"Which way does ball {i} go?", "options": ["up", "down", "left", "right"], "answer": "B"}
+                for i in range(8)]  # fmt: skip
+        mcq.write_text("\n".join(json.dumps(r) for r in rows))
+    return model, chat, mcq
+
+
+def base_settings(model: Path, data: Path, out: Path, steps: int = 6) -> list[str]:
+    """The tiny SFT recipe every SFT check starts from: bf16 compute over fp32 masters, 4 rows a step, a save every 2."""
+    return [
+        f"model.model_name_or_path='{model}'", f"data.dataset.name='{data}'", f"train.output_dir='{out}'",
+        f"train.max_steps={steps}", "train.train_batch_per_replica=4", "train.mini_batch=2", "train.optm_lr=2e-3",
+        "train.optm_warmup_steps=1", "data.num_workers=0", "logging.logger=['jsonl']", "train.seed=7",
+        "train.ckpt.save_freq=2", "train.ckpt.max_keep=3", "train.ckpt.export_safetensors=false",
+    ]  # fmt: skip
+
+
+SFT_WORKER = """
+import json, sys
+import torch.distributed as dist
+from physreason.config import load_config
+from physreason.train.sft import run_sft
+result = run_sft(load_config(None, json.loads(sys.argv[1])))
+if not dist.is_initialized() or dist.get_rank() == 0:
+    json.dump(result.losses, open(sys.argv[2], "w"))
+if dist.is_initialized():
+    dist.destroy_process_group()
+"""
+
+
+def torchrun(work: Path, nproc: int, settings: list[str], timeout: float) -> list[float]:
+    """SFT with `settings` in `nproc` torchrun processes (NCCL on GPUs); rank 0's losses."""
+    script, losses = work / "sft_worker.py", work / f"losses_{nproc}_{time.monotonic_ns()}.json"
+    script.write_text(SFT_WORKER)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+               str(free_port()), str(script), json.dumps(settings), str(losses)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchrun {nproc} exited {done.returncode}: {last_error(done.stderr)}")
+    return json.loads(losses.read_text())
+
+
+def last_error(text: str) -> str:
+    """The line that names the error in a traceback or log: the last line that looks like one, else the last line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "Exception" in line or line.startswith("error"):
+            return line[:300]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def close(a: list[float], b: list[float], rtol: float) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= rtol * max(abs(x), abs(y), 1e-6) for x, y in zip(a, b))
+
+
+def sft(settings: list[str]):
+    from physreason.config import load_config
+    from physreason.train.sft import run_sft
+
+    return run_sft(load_config(None, settings))
+
+
+def finite(losses: list[float], expected: int) -> str:
+    import math
+
+    if len(losses) != expected or not all(math.isfinite(x) for x in losses):
+        raise AssertionError(f"expected {expected} finite losses, got {losses}")
+    return f"losses {losses[0]:.4f} -> {losses[-1]:.4f}"
+
+
+def check_saves(check: Check, model: Path, chat: Path, work: Path) -> str:
+    """Three saves (steps 2, 4, 6) with one checkpointer, then a resume from step 4 whose losses equal the run's."""
+    from physreason.train.checkpoint import checkpoint_dirs
+
+    out = work / check.name
+    straight = sft(base_settings(model, chat, out) + list(check.settings))
+    found = [p.name for p in checkpoint_dirs(out)]
+    if found != ["step_2", "step_4", "step_6"]:
+        raise AssertionError(f"checkpoints {found}, expected step_2, step_4, step_6")
+    leftovers = sorted(p.name for p in (out / "checkpoints").glob("*.tmp"))
+    if leftovers:
+        raise AssertionError(f"half-written checkpoints left: {leftovers}")
+    resumed = sft(base_settings(model, chat, work / f"{check.name}-resumed") + list(check.settings)
+                  + [f"train.resume='{out / 'checkpoints' / 'step_4'}'", "train.trust_checkpoint=true"])
+    tail = straight.losses[4:]
+    if resumed.losses != tail:
+        gap = max((abs(a - b) for a, b in zip(resumed.losses, tail)), default=float("nan"))
+        raise AssertionError(f"resumed losses {resumed.losses} != uninterrupted {tail} (max gap {gap:.3g})")
+    return f"3 saves, resume from step_4 bitwise equal ({tail[0]:.6f}, {tail[1]:.6f})"
+
+
+def check_chunked(model: Path, chat: Path, work: Path, settings: tuple[str, ...]) -> str:
+    full = sft(base_settings(model, chat, work / "loss-full", steps=2) + ["train.ckpt.enable_checkpoint=false"])
+    chunked = sft(base_settings(model, chat, work / "loss-chunked", steps=2) + ["train.ckpt.enable_checkpoint=false",
+                                                                             *settings])
+    if not close(full.losses, chunked.losses, 2e-3):
+        raise AssertionError(f"chunked losses {chunked.losses} differ from the full loss's {full.losses}")
+    return f"chunked {chunked.losses[0]:.5f} vs full {full.losses[0]:.5f}"
+
+
+def check_generate(model: Path) -> str:
+    from physreason.config import load_config
+    from physreason.engines.base import GenerationRequest
+    from physreason.engines.factory import create_engine
+
+    config = load_config(None, [f"model.model_name_or_path='{model}'", "engine.backend='hf'", "model.dtype='bfloat16'"])
+    engine = create_engine(config.model, config.engine)
+    requests = [GenerationRequest(messages=[{"role": "user", "content": [{"type": "text", "text": f"Does {i} roll?"}]}])
+                for i in range(4)]  # fmt: skip
+    sampling = config.generation.model_copy(update={"max_tokens": 16, "temperature": 1.0})
+    results = engine.generate(requests, sampling)
+    errors = [r.error for r in results if r.error]
+    if errors:
+        raise AssertionError(f"generation failed: {errors[0]}")
+    tokens = [len(c.token_ids) for r in results for c in r.completions]
+    if not tokens or min(tokens) == 0:
+        raise AssertionError(f"completions without tokens: {tokens}")
+    return f"{len(tokens)} completions, {sum(tokens)} tokens on {next(engine_devices(engine))}"
+
+
+def engine_devices(engine):
+    model = getattr(engine, "model", None)
+    if model is not None:
+        yield next(model.parameters()).device
+    else:
+        yield "?"
+
+
+def check_grpo(model: Path, mcq: Path, work: Path) -> str:
+    from physreason.config import load_config
+    from physreason.train.grpo import run_grpo
+
+    settings = [
+        f"model.model_name_or_path='{model}'", f"data.dataset.name='{mcq}'", f"train.output_dir='{work / 'grpo'}'",
+        "engine.backend='hf'", "engine.batch_size=16", "train.train_batch_per_replica=16", "rollout.n_generation=8",
+        "rollout.batch_size=2", "rollout.max_response_length=8", "grpo.mini_batch=8", "train.max_steps=2",
+        "train.optm_lr=1e-3", "logging.logger=['jsonl']", "train.ckpt.enable_checkpoint=false",
+    ]  # fmt: skip
+    result = run_grpo(load_config(None, settings))
+    if len(result.rewards) != 2:
+        raise AssertionError(f"expected 2 GRPO steps, got rewards {result.rewards}")
+    return f"2 steps, mean rewards {result.rewards}"
+
+
+def check_vllm(name: str, model: Path) -> str:
+    import torch
+
+    from physreason.config import load_config
+    from physreason.engines.base import GenerationRequest
+    from physreason.engines.factory import create_engine
+
+    config = load_config(None, [f"model.model_name_or_path='{model}'", "engine.backend='vllm'", "model.dtype='bfloat16'",
+                                "engine.gpu_memory_utilization=0.3"])  # fmt: skip
+    quantization = "fp8" if name == "vllm-fp8-rollout" else "none"
+    engine = create_engine(config.model, config.engine, vllm_executor="uni", quantization=quantization)
+    request = [GenerationRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "Does it roll?"}]}])]
+    greedy = config.generation.model_copy(update={"max_tokens": 12, "temperature": 0.0})
+    first = engine.generate(request, greedy)[0]
+    if first.error or not first.completions[0].token_ids:
+        raise AssertionError(f"vLLM generation failed: {first.error}")
+    if name != "vllm-weight-push":
+        return f"{len(first.completions[0].token_ids)} tokens ({quantization})"
+    from safetensors.torch import load_file
+
+    weights = {}
+    for path in sorted(model.glob("*.safetensors")):
+        weights.update(load_file(path))
+    generator = torch.Generator().manual_seed(1)
+    pushed = [(k, torch.randn(v.shape, generator=generator).to(v.dtype) * 0.5 if v.ndim == 2 else v)
+              for k, v in weights.items()]  # fmt: skip
+    engine.update_weights(pushed)
+    second = engine.generate(request, greedy)[0]
+    engine.update_weights(list(weights.items()))
+    third = engine.generate(request, greedy)[0]
+    if second.completions[0].token_ids == first.completions[0].token_ids:
+        raise AssertionError("greedy output did not change after pushing other weights")
+    if third.completions[0].token_ids != first.completions[0].token_ids:
+        raise AssertionError("pushing the original weights back did not restore the greedy output")
+    return "greedy output followed the pushed weights and came back with the originals"
+
+
+def run_check(check: Check, work: Path, timeout: float) -> str:
+    """The body of one check, in this (worker) process; returns the detail of a pass, raises on a failure."""
+    import torch
+
+    torch.backends.cudnn.deterministic = True
+    model, chat, mcq = prepare(work)
+    name = check.name
+    if name.startswith("sft-"):
+        return check_saves(check, model, chat, work)
+    if name.startswith("float8-") or name in ("cpu-offload", "bf16-optimizer-state", "compiled-blocks"):
+        settings = base_settings(model, chat, work / name, steps=3) + ["train.ckpt.enable_checkpoint=false"]
+        if name.startswith("float8-") or name == "compiled-blocks":
+            settings.append("train.param_dtype='bfloat16'")
+        result = sft(settings + list(check.settings))
+        return finite(result.losses, 3)
+    if name == "chunked-loss":
+        return check_chunked(model, chat, work, check.settings)
+    if name == "fsdp2-torchrun":
+        losses = torchrun(work, 1, base_settings(model, chat, work / name, steps=3)
+                          + ["train.ckpt.enable_checkpoint=false"], timeout)  # fmt: skip
+        return finite(losses, 3)
+    if name == "hf-generate":
+        return check_generate(model)
+    if name == "grpo-step":
+        return check_grpo(model, mcq, work)
+    if name in ("dp2", "tp2", "cp2"):
+        common = base_settings(model, chat, work / name, steps=3) + ["train.ckpt.enable_checkpoint=false",
+                                                                     "model.dtype='float32'", "train.param_dtype='float32'"]
+        one = torchrun(work, 1, common + [f"train.output_dir='{work / (name + '-one')}'"], timeout)
+        two = torchrun(work, 2, common + list(check.settings), timeout)
+        if not close(one, two, 1e-3):
+            raise AssertionError(f"2 GPUs {two} vs 1 GPU {one}")
+        return f"2 GPUs {two[-1]:.6f} vs 1 GPU {one[-1]:.6f} at step 3"
+    if name.startswith("vllm-"):
+        return check_vllm(name, model)
+    raise ValueError(f"unknown check {name}")
+
+
+def missing(check: Check, gpus: int, vllm: bool, cpu: bool) -> str | None:
+    """Why `check` cannot run here, or None."""
+    if cpu and check.cuda_only:
+        return "needs CUDA (--cpu runs the checks' logic on CPU processes)"
+    if check.gpus > gpus:
+        return f"needs {check.gpus} GPUs, {gpus} visible"
+    if check.needs == "vllm" and not vllm:
+        return "needs --vllm (vLLM carried and installed)"
+    if check.needs and importlib.util.find_spec(check.needs) is None:
+        return f"{check.needs} is not installed"
+    return None
+
+
+def worker(name: str, work: Path, timeout: float, result_file: Path) -> int:
+    check = next(c for c in CHECKS if c.name == name)
+    try:
+        detail = run_check(check, work, timeout)
+        result = {"ok": True, "detail": detail}
+    except BaseException as exc:  # noqa: BLE001 - the line names it
+        traceback.print_exc()
+        result = {"ok": False, "detail": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"}
+    result_file.write_text(json.dumps(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--vllm", action="store_true", help="also run the vLLM checks (vLLM must be installed)")
+    parser.add_argument("--only", default="", help="comma-separated check names (default: all)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds each check may take")
+    parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    parser.add_argument("--list", action="store_true", help="print the checks and exit")
+    parser.add_argument("--cpu", action="store_true",
+                        help="run the checks' logic on CPU (gloo processes stand in for GPUs): the script's own test")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.list:
+        for c in CHECKS:
+            print(f"{c.name:22s} {c.gpus} GPU{'s' if c.gpus > 1 else ''} {c.needs}")
+        return 0
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    work.mkdir(parents=True, exist_ok=True)
+    if args.worker:
+        return worker(args.worker, work, args.timeout, args.result)
+
+    import torch
+
+    gpus = 2 if args.cpu else torch.cuda.device_count()
+    names = [n for n in args.only.split(",") if n]
+    unknown = sorted(set(names) - {c.name for c in CHECKS})
+    if unknown:
+        parser.error(f"unknown check(s) {', '.join(unknown)}; --list shows them")
+    chosen = [c for c in CHECKS if not names or c.name in names]
+    device = "CPU (--cpu)" if args.cpu else torch.cuda.get_device_name(0) if gpus else "no CUDA GPU"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=BENCH).stdout.strip()
+    versions = f"torch {torch.__version__}"
+    for package in ("transformers", "torchao", "vllm"):
+        if importlib.util.find_spec(package) is not None:
+            versions += f", {package} {__import__(package).__version__}"
+    say(f"gpu_check on {gpus} x {device}; {versions}; commit {commit or '?'}")
+    prepare(work)  # the tiny model and data, once, before the workers
+    rows = []
+    out = os.environ.get("OUT")
+    for check in chosen:
+        reason = missing(check, gpus, args.vllm, args.cpu)
+        started = time.perf_counter()
+        if reason is not None:
+            row = {"check": check.name, "status": "skip", "detail": reason, "seconds": 0.0}
+        else:
+            result_file = work / f"{check.name}.result.json"
+            result_file.unlink(missing_ok=True)
+            log = work / f"{check.name}.log"
+            command = [sys.executable, __file__, "--worker", check.name, "--work", str(work), "--result", str(result_file),
+                       "--timeout", str(args.timeout)]  # fmt: skip
+            try:
+                with open(log, "w") as sink:
+                    subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, timeout=args.timeout, check=False)
+                if result_file.is_file():
+                    outcome = json.loads(result_file.read_text())
+                else:
+                    outcome = {"ok": False, "detail": f"worker died: {last_error(log.read_text(errors='replace'))}"}
+            except subprocess.TimeoutExpired:
+                outcome = {"ok": False, "detail": f"did not finish in {args.timeout:g} s ({log})"}
+            row = {"check": check.name, "status": "pass" if outcome["ok"] else "FAIL", "detail": outcome["detail"],
+                   "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+        rows.append(row)
+        say(f"{row['status']:4s} {check.name:22s} {row['seconds']:6.1f} s  {row['detail']}")
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            summary = {"device": device, "gpus": gpus, "versions": versions, "commit": commit, "rows": rows}
+            (Path(out) / "gpu_check.json").write_text(json.dumps(summary, indent=1))
+    failed = [r["check"] for r in rows if r["status"] == "FAIL"]
+    passed = sum(r["status"] == "pass" for r in rows)
+    skipped = sum(r["status"] == "skip" for r in rows)
+    say(f"{passed} passed, {len(failed)} failed, {skipped} skipped" + (f": {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
