@@ -16,7 +16,7 @@ Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losse
 Set up on a bare GPU machine (the image has torch and an older transformers; nothing can be downloaded there):
     here, once:  bash bench/gpu_wheels.sh            (makes .device-wheels, about 60 MiB, git-ignored)
     run call:    carry [".device-wheels"], command:
-                 source .device-wheels/setup.sh && python bench/gpu_check.py 2>&1 | tee $OUT/gpu_check.log
+                 source .device-wheels/setup.sh && python bench/gpu_check.py --commit C 2>&1 | tee $OUT/gpu_check.log
     with vLLM:   the parts of ../shared/gpu/vllm-wheels.sh first (see its header), then add --vllm
 Each check runs in a worker process of its own (a CUDA fault cannot take the next check with it) with a time limit
 (--timeout, 120 s). With OUT set, $OUT/gpu_check.json is rewritten after every check. --only NAME[,NAME] runs some.
@@ -286,7 +286,11 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
     name = check.name
     if name.startswith("sft-"):
         return check_saves(check, model, chat, work)
-    if name.startswith("float8-") or name in ("cpu-offload", "bf16-optimizer-state", "compiled-blocks"):
+    if name == "cpu-offload":  # FSDP2 offloads its shards: it runs under torchrun, as users launch it
+        losses = torchrun(work, 1, base_settings(model, chat, work / name, steps=3)
+                          + ["train.ckpt.enable_checkpoint=false", *check.settings], timeout)  # fmt: skip
+        return finite(losses, 3)
+    if name.startswith("float8-") or name in ("bf16-optimizer-state", "compiled-blocks"):
         settings = base_settings(model, chat, work / name, steps=3) + ["train.ckpt.enable_checkpoint=false"]
         if name.startswith("float8-") or name == "compiled-blocks":
             settings.append("train.param_dtype='bfloat16'")
@@ -349,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the checks and exit")
     parser.add_argument("--cpu", action="store_true",
                         help="run the checks' logic on CPU (gloo processes stand in for GPUs): the script's own test")
+    parser.add_argument("--commit", default="", help="the commit the tree is at, for the report (git rev-parse here)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -370,12 +375,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown check(s) {', '.join(unknown)}; --list shows them")
     chosen = [c for c in CHECKS if not names or c.name in names]
     device = "CPU (--cpu)" if args.cpu else torch.cuda.get_device_name(0) if gpus else "no CUDA GPU"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=BENCH).stdout.strip()
+    # The device machine gets the working tree without its git history: pass the commit (--commit) to name it.
+    commit = args.commit
     versions = f"torch {torch.__version__}"
     for package in ("transformers", "torchao", "vllm"):
         if importlib.util.find_spec(package) is not None:
             versions += f", {package} {__import__(package).__version__}"
-    say(f"gpu_check on {gpus} x {device}; {versions}; commit {commit or '?'}")
+    say(f"gpu_check on {gpus} x {device}; {versions}; commit {commit or '(not given: --commit)'}")
     prepare(work)  # the tiny model and data, once, before the workers
     rows = []
     out = os.environ.get("OUT")

@@ -69,3 +69,21 @@ def test_packed_samples_with_images_restart_mrope_positions(tiny):
     padded = collate_padded(samples, tokenizer.pad_token_id, mrope=True)
     with torch.no_grad():
         assert torch.allclose(module(packed), module(padded), rtol=1e-5)
+
+
+def test_rows_rounded_to_sixteen_tokens_for_float8_keep_the_loss(tiny):
+    """[train.fp8] rounds a batch's token count up to a multiple of 16 (torch._scaled_mm refuses 138 tokens in the
+    weight gradient, as an H100 run of bench/gpu_check.py found); the padding changes no loss and no target count."""
+    tokenizer, model = tiny
+    module = CausalLMLoss(model)
+    samples = [_text_sample(list(range(10, 40)), 12), _text_sample(list(range(50, 62)), 4), _text_sample(list(range(70, 95)), 20)]
+    padded, padded16 = (collate_padded(samples, tokenizer.pad_token_id, mrope=True, pad_multiple=m) for m in (1, 16))
+    packed, packed16 = (collate_packed(samples, mrope=True, pad_multiple=m, pad_token_id=tokenizer.pad_token_id)
+                        for m in (1, 16))  # fmt: skip
+    assert padded.input_ids.shape == (3, 30) and padded16.input_ids.shape == (3, 32)
+    assert packed.input_ids.shape == (1, 67) and packed16.input_ids.shape == (1, 80)
+    assert packed16.position_ids.shape == (4, 1, 80) and packed16.position_ids[:, 0, 67].eq(0).all()  # its own segment
+    assert padded16.num_targets == padded.num_targets == packed16.num_targets
+    with torch.no_grad():
+        assert torch.allclose(module(padded16), module(padded), rtol=1e-5)
+        assert torch.allclose(module(packed16), module(packed), rtol=1e-5)

@@ -87,12 +87,23 @@ def empty_batch(skipped: Counter) -> SFTBatch:
     return SFTBatch(nothing, nothing, nothing, None, {}, 0, skipped)
 
 
-def collate_padded(items: list[SFTSample | SkippedSample], pad_token_id: int, mrope: bool) -> SFTBatch:
-    """Right-pad samples into [B, L] rows (a batch of skipped samples only carries their reasons)."""
+def round_up(length: int, multiple: int) -> int:
+    """`length` rounded up to a multiple of `multiple` (float8 matmuls need token counts that are multiples of 16)."""
+    return -(-length // multiple) * multiple
+
+
+def collate_padded(
+    items: list[SFTSample | SkippedSample], pad_token_id: int, mrope: bool, pad_multiple: int = 1
+) -> SFTBatch:
+    """Right-pad samples into [B, L] rows (a batch of skipped samples only carries their reasons).
+
+    pad_multiple: L is rounded up to a multiple of it (16 under [train.fp8]: torch._scaled_mm takes the batch's
+    token count as a matmul side in the weight gradient); the extra columns are padding, masked and without targets.
+    """
     samples, skipped = split_samples(items)
     if not samples:
         return empty_batch(skipped)
-    length = max(len(s.input_ids) for s in samples)
+    length = round_up(max(len(s.input_ids) for s in samples), pad_multiple)
     batch = len(samples)
     input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)  # [B, L]
     targets = torch.full((batch, length), IGNORE_INDEX, dtype=torch.long)  # [B, L]

@@ -73,7 +73,7 @@ class AdamWBF16State(torch.optim.Optimizer):
                 state["step"] += 1
                 step = float(state["step"])
                 if param.device.type == "cuda":
-                    tensors = [_local(t) for t in (param, param.grad, state["exp_avg"], state["exp_avg_sq"])]
+                    tensors = [_flat(_local(t)) for t in (param, param.grad, state["exp_avg"], state["exp_avg_sq"])]
                     scalars = (lr, beta1, beta2, eps, decay, 1 - beta1**step, math.sqrt(1 - beta2**step))
                     _compiled_update()(*tensors, *_scalar_tensors(scalars, tensors[0].device))
                     continue
@@ -127,6 +127,11 @@ def _compiled_update() -> Callable[..., None]:
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (the update is elementwise, so each rank updates its own), else the tensor."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    """A 1-D view of a contiguous tensor: one compiled kernel then serves every size (only the length varies)."""
+    return tensor.view(-1) if tensor.is_contiguous() else tensor
 
 
 _SCALARS: dict[tuple, list[torch.Tensor]] = {}

@@ -134,10 +134,15 @@ def batch_layout(config: Config, world_size: int, tp_size: int, cp_size: int = 1
     return per_rank, per_rank // mini
 
 
+# Float8 matmuls (torch._scaled_mm) need every side a multiple of 16, the batch's token count included.
+FLOAT8_TOKEN_MULTIPLE = 16
+
+
 def _collate_fn(config: Config, pad_id: int, mrope: bool):
+    multiple = FLOAT8_TOKEN_MULTIPLE if config.train.fp8.enable_fp8 else 1
     if config.data.packing:
-        return functools.partial(collate_packed, mrope=mrope)
-    return functools.partial(collate_padded, pad_token_id=pad_id, mrope=mrope)
+        return functools.partial(collate_packed, mrope=mrope, pad_multiple=multiple, pad_token_id=pad_id)
+    return functools.partial(collate_padded, pad_token_id=pad_id, mrope=mrope, pad_multiple=multiple)
 
 
 def _exit_without_finalising(_worker_id: int) -> None:
