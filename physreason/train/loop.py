@@ -49,6 +49,7 @@ from physreason.train.checkpoint import (
     load_checkpoint,
     prune_step_dirs,
     read_record,
+    reapply_retention,
     refuse_stale_checkpoints,
     resolve_resume,
     save_checkpoint,
@@ -168,6 +169,7 @@ class Checkpointer:
         path = resolve_resume(train.resume if resume is None else resume, self.output, train.trust_checkpoint)
         if path is None:
             return None
+        self._reapply_retention(path)
         missing = self.missing_exports()
         for checkpoint in missing:
             if checkpoint.resolve() != path.resolve():
@@ -178,6 +180,14 @@ class Checkpointer:
         if any(checkpoint.resolve() == path.resolve() for checkpoint in missing):
             self._finish_export(path)
         return Resumed(path, state)
+
+    def _reapply_retention(self, resumed: Path) -> None:
+        """[train.ckpt] max_keep over this run's own checkpoints (a kill right after a save skipped its rotation)."""
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            for folder in reapply_retention(self.output, self.config.train.ckpt.max_keep, keep=resumed):
+                log.info("deleted %s: beyond train.ckpt.max_keep = %d", folder, self.config.train.ckpt.max_keep)
+        if dist.is_initialized():
+            dist.barrier()  # no rank lists the checkpoints while rank 0 deletes
 
     def missing_exports(self) -> list[Path]:
         """This run's checkpoints, oldest first, whose promised safetensors export is not on disk.
