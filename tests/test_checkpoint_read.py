@@ -200,3 +200,28 @@ def test_a_resume_deletes_the_surplus_a_kill_after_a_save_left_and_only_the_runs
     assert reapply_retention(output, 2, keep=latest) == []
     # Never the checkpoint resumed from, even when older than the ones kept.
     assert reapply_retention(output, 1, keep=output / "checkpoints" / "step_2") == []
+
+
+def test_a_resumed_sft_run_reapplies_max_keep_that_a_kill_after_a_save_skipped(tmp_path, monkeypatch):
+    from setups import sft_recipe, write_chat_records
+
+    import physreason.train.checkpoint as checkpoint
+    from physreason.models.tiny import save_tiny_model
+    from physreason.train.sft import run_sft
+
+    model = save_tiny_model("qwen2_5_vl", tmp_path / "tiny")
+    data = write_chat_records(tmp_path, 4)
+
+    def config(*extra: str):
+        return sft_recipe(model, data, tmp_path / "out", "train.max_steps=3", "train.ckpt.save_freq=1",
+                          "train.ckpt.max_keep=2", "train.ckpt.export_safetensors=false", *extra, lr="1e-3",
+                          logger="['jsonl']")  # fmt: skip
+
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoint, "prune_step_dirs", lambda root, max_keep, keep: [])  # killed before each rotation
+        run_sft(config())
+    assert [p.name for p in checkpoint_dirs(tmp_path / "out")] == ["step_1", "step_2", "step_3"]
+    resumed = run_sft(config("train.resume=true"))
+    assert resumed.losses == []
+    assert [p.name for p in checkpoint_dirs(tmp_path / "out")] == ["step_2", "step_3"]
+    assert sorted(json.loads((tmp_path / "out" / "checkpoints" / "written.json").read_text())) == ["step_2", "step_3"]
