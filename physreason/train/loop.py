@@ -153,7 +153,7 @@ class Checkpointer:
         self.uploads: Uploads | None = None
         if (ckpt.upload_s3 or ckpt.upload_hf) and (not dist.is_initialized() or dist.get_rank() == 0):
             self.uploads = Uploads(self.output, s3_target(config), ckpt.hf_repo_name if ckpt.upload_hf else None)
-            self.uploads.start()  # an earlier process's queued uploads start again now
+            self.uploads.start(ckpt.upload_wait_s)  # an earlier process's queued uploads start again now
         self._pending: PendingCheckpoint | None = None  # [train.ckpt] save_mode = "async": the write in flight
         self._async_group: dist.ProcessGroup | None = None
         self._stager: Any = None
