@@ -146,15 +146,15 @@ def _one_line(exc: BaseException) -> str:
 
 
 class SafeReader(FileSystemReader):
-    """DCP's file reader, reading `.metadata` with read_metadata (checked once, when made) instead of pickle.load."""
+    """DCP's file reader, reading `.metadata` with read_metadata (once, when made) instead of pickle.load."""
 
     def __init__(self, folder: str | Path) -> None:
         super().__init__(folder)
-        self._folder = Path(folder)
-        read_metadata(self._folder)  # every rank checks before any collective: all refuse alike, none hangs
+        # Read and checked here, on every rank before any collective: all refuse alike, none waits on another.
+        self._metadata = read_metadata(folder)
 
     def read_metadata(self) -> Any:  # no rank keyword: DCP then never falls back to per-rank metadata files
-        metadata = read_metadata(self._folder)
+        metadata = self._metadata
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = dcp_metadata.StorageMeta()
         metadata.storage_meta.load_id = self.load_id
