@@ -8,7 +8,7 @@ torch.load(weights_only=True). Anything else is refused with a ConfigError namin
 byte of its shards; nothing in the pickle runs. A damaged `.metadata` or shard gives the same kind of one-line
 error, saying to resume from an earlier step or delete the folder.
 
-Checked against torch 2.11 and 2.13 (the classes below exist in both under these names; older pickles name
+Checked against torch 2.11 (the GPU image) and 2.13: the .metadata either writes names only these (older pickles name
 TensorProperties under torch.distributed._shard.sharded_tensor.metadata, which resolves to the same class).
 """
 
@@ -167,7 +167,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
         loaded = torch.load(value, weights_only=True)
         if self.flatten_state_dict:
-            from torch.distributed.checkpoint._nested_dict import set_element  # noqa: PLC0415
+            from torch.distributed.checkpoint._traverse import set_element  # as DefaultLoadPlanner does
 
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
