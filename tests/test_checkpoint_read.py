@@ -225,3 +225,35 @@ def test_a_resumed_sft_run_reapplies_max_keep_that_a_kill_after_a_save_skipped(t
     assert resumed.losses == []
     assert [p.name for p in checkpoint_dirs(tmp_path / "out")] == ["step_2", "step_3"]
     assert sorted(json.loads((tmp_path / "out" / "checkpoints" / "written.json").read_text())) == ["step_2", "step_3"]
+
+
+def test_sft_resume_from_a_forged_checkpoint_exits_2_with_one_line_and_runs_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    from physreason.models.tiny import save_tiny_model
+
+    model = save_tiny_model("qwen2_5_vl", tmp_path / "tiny")
+    answer = "<think>\nthe ball falls\n</think>\n\n<answer>\nyes\n</answer>"
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"conversations": [{"role": "user", "content": f"Does it slide {i}?"},
+                                                          {"role": "assistant", "content": answer}]}) + "\n"
+                            for i in range(4)))  # fmt: skip
+    out, marker = tmp_path / "out", tmp_path / "pickle-ran"
+    recipe = Path(__file__).resolve().parent.parent / "configs" / "sft_tiny.toml"
+
+    def sft(*sets: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "physreason", "sft", "--config", str(recipe)]
+        for item in (f"model.model_name_or_path={model}", f"data.dataset.name={data}", f"train.output_dir={out}",
+                     "data.val_fraction=0", "train.ckpt.export_safetensors=false", *sets):  # fmt: skip
+            command += ["--set", item]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    assert sft("train.max_steps=1").returncode == 0
+    (step,) = checkpoint_dirs(out)
+    (step / ".metadata").write_bytes(pickle.dumps(_System(marker)))
+    _forge_record(out, step)
+    resumed = sft("train.max_steps=2", "train.resume=true")
+    assert resumed.returncode == 2, resumed.stderr
+    assert f"checkpoint {step}: its .metadata names {os.system.__module__}.system" in resumed.stderr
+    assert "Traceback" not in resumed.stderr and not marker.exists()
