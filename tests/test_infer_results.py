@@ -113,3 +113,20 @@ def test_replicas_must_leave_a_cpu_for_decoding():
     check_cpus(2, 1.0, 1.0, cluster_cpus=3)
     with pytest.raises(ConfigError, match="reserve 2 CPUs and a decoding task 1, but the Ray cluster has 2"):
         check_cpus(2, 1.0, 1.0, cluster_cpus=2)
+
+
+def test_a_torn_line_in_the_middle_of_a_jsonl_output_is_dropped_on_resume_and_said_once(tmp_path, capsys):
+    requests = tmp_path / "r.jsonl"
+    requests.write_text("".join(json.dumps({"id": i, "question": "q"}) + "\n" for i in "abcd"))
+    out = tmp_path / "out.jsonl"
+    good = [json.dumps(answered(i)) for i in "ac"]
+    # b's write was torn (kill, full disk) and a later run appended after it; d is torn at the very end.
+    out.write_bytes(f'{good[0]}\n{{"id": "b", "outp\n\xff\xfe broken\n{good[1]}\n{{"id": "d"'.encode("latin-1"))
+    plan = plan_batch(requests, out)
+    assert [rid for rid, _ in plan.pending] == ["b", "d"] and plan.skipped == 2
+    assert out.read_text() == f"{good[0]}\n{good[1]}\n"  # every good line kept, in order, and readable JSONL
+    assert all(json.loads(line) for line in out.read_text().splitlines())
+    err = capsys.readouterr().err
+    assert f"{out}: dropped 2 broken line(s)" in err and "line 2, 3" in err and len(err.strip().splitlines()) == 1
+    plan_batch(requests, out)
+    assert capsys.readouterr().err == ""  # nothing left to repair: nothing said

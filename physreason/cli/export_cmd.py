@@ -25,8 +25,8 @@ def export(
     trust_checkpoint: bool = typer.Option(
         False,
         "--trust-checkpoint",
-        help="Load a checkpoint the run did not write itself (copied or linked in): loading unpickles its DCP "
-        ".metadata, which can run code; only for folders you trust as you trust code.",
+        help="Load a checkpoint the run did not write itself (copied or linked in); only for folders you trust. "
+        "Its DCP .metadata is unpickled admitting only checkpoint types: a forged pickle is refused, never run.",
     ),
 ) -> None:
     """Export a run's checkpoint as a safetensors folder that transformers and vLLM load with no changes.

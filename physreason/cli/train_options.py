@@ -23,9 +23,9 @@ Result = TypeVar("Result", bound="TrainingResult")
 # The --help paragraphs after each command's own first line; {resumes} says which runs print their resume command.
 RUN_HELP = """A rerun into a train.output_dir that has checkpoints is refused: continue it with --set train.resume=true,
 or choose a new or empty folder. Ctrl-C (or SIGTERM) saves a checkpoint after the current step and prints the command
-that resumes{resumes}; a resumed run keeps logs/metrics.jsonl up to its checkpoint's step. Resuming loads a checkpoint
-with pickle (it can run code): a checkpoint folder this run did not write (outside output_dir, or linked or copied
-into it) needs --trust-checkpoint. --set train.ckpt.save_mode=async writes checkpoints in the background while
+that resumes{resumes}; a resumed run keeps logs/metrics.jsonl up to its checkpoint's step. Resuming reads a checkpoint's
+pickles admitting only checkpoint types (a forged one is refused, never run); a checkpoint folder this run did not
+write (outside output_dir, or linked or copied into it) needs --trust-checkpoint. --set train.ckpt.save_mode=async writes checkpoints in the background while
 training goes on; `physreason export RUN_DIR --out DIR` turns any checkpoint into a Hugging Face folder
 (docs/checkpoints.md).
 
@@ -63,8 +63,8 @@ def training_command(
             False,
             "--trust-checkpoint",
             help="Allow resuming a checkpoint this run did not write (outside train.output_dir, or linked or copied "
-            "into it). Resuming unpickles the checkpoint's DCP .metadata, which can run code: only for checkpoint "
-            "folders you trust as you trust code.",
+            "into it); only for checkpoint folders you trust. Resuming unpickles the checkpoint's DCP .metadata, "
+            "admitting only checkpoint types: a forged pickle is refused, never run.",
         ),
     ) -> None:
         import torch.distributed as dist

@@ -364,16 +364,17 @@ class TrainConfig(Section):
     output_dir: str = Field("./outputs", description="Folder for checkpoints, logs and exports.")
     resume: bool | str = Field(
         False,
-        description="true resumes from the latest checkpoint in output_dir; a path resumes from it. Loading a "
-        "checkpoint unpickles its DCP metadata, which can run code: a folder this run did not write (outside "
-        "output_dir, or linked or copied into it) needs trust_checkpoint. A resume first writes any safetensors "
+        description="true resumes from the latest checkpoint in output_dir; a path resumes from it. A folder this run "
+        "did not write (outside output_dir, or linked or copied into it) needs trust_checkpoint; any checkpoint's "
+        "pickled DCP metadata is read admitting only checkpoint types, so a forged one is refused, never run. A resume first writes any safetensors "
         "export that a kill left unfinished.",
     )
     trust_checkpoint: bool = Field(
         False,
         description="Allow train.resume to load a checkpoint folder this run did not write (outside output_dir, "
         "or linked or copied into it; output_dir/checkpoints/written.json lists the ones it wrote). Only for "
-        "folders you trust as you trust code: resuming unpickles the checkpoint's .metadata.",
+        "folders you trust: their weights and state come from elsewhere (pickles in them are read admitting only "
+        "checkpoint types, so they run no code).",
     )
     seed: int = Field(42, description="Seed for data order, initialisation and sampling.")
     epoch: int = Field(1, ge=1, description="Passes over the training data.")

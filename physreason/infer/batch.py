@@ -8,6 +8,7 @@ one engine in this process.
 from __future__ import annotations
 
 import logging
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -32,7 +33,14 @@ from physreason.data.video_range import record_video_range
 from physreason.engines import Engine, GenerationRequest, GenerationResult
 from physreason.errors import InputError, PhysReasonError
 from physreason.infer.request import build_request, result_record
-from physreason.infer.results import ResultSink, drop_results, is_parquet, open_sink, result_status
+from physreason.infer.results import (
+    ResultSink,
+    drop_broken_lines,
+    drop_results,
+    is_parquet,
+    open_sink,
+    result_status,
+)
 from physreason.infer.settings import check_and_store_settings, delete_results
 from physreason.progress import LoggedProgress
 
@@ -162,6 +170,17 @@ def request_id(record: dict[str, Any], index: int) -> str:
     return str(index if value is None else value)
 
 
+def _repair_jsonl(out: Path) -> None:
+    """Drop lines of a JSONL output that are not JSON (a torn write in the middle), saying so in one line."""
+    if is_parquet(out):
+        return
+    dropped = drop_broken_lines(out)
+    if dropped:
+        numbers = ", ".join(map(str, dropped[:10])) + (f" and {len(dropped) - 10} more" if len(dropped) > 10 else "")
+        print(f"{out}: dropped {len(dropped)} broken line(s) that were not JSON (line {numbers}, numbered as "
+              "before); every other line is kept and their requests are run again", file=sys.stderr)  # fmt: skip
+
+
 def plan_batch(
     requests_path: str | Path,
     out: Path,
@@ -181,6 +200,7 @@ def plan_batch(
     records, root = read_requests(requests_path, media_root)
     if overwrite:
         delete_results(out)
+    _repair_jsonl(out)
     status = result_status(out)
     if settings is not None:
         check_and_store_settings(out, settings, has_results=bool(status))

@@ -141,8 +141,42 @@ def truncate_torn_tail(out: Path) -> None:
         out.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
+def _broken_line(line: bytes) -> bool:
+    """A complete line that is not a JSON value (torn by a kill, or garbled): readers of the file fail on it."""
+    try:
+        json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return True
+    return False
+
+
+def drop_broken_lines(out: Path) -> list[int]:
+    """Rewrite a JSONL result file without its lines that are not JSON (atomic; every other line kept as is).
+
+    A torn last line is cut as before (truncate_torn_tail); this is for one in the middle, which left the file
+    unreadable to JSONL readers while its request was redone. Returns the 1-based numbers of the lines dropped.
+    """
+    truncate_torn_tail(out)
+    if not out.is_file():
+        return []
+    with out.open("rb") as handle:
+        broken = [number for number, line in enumerate(handle, 1) if _broken_line(line)]
+    if not broken:
+        return []
+    temporary = out.with_name(f".{out.name}.tmp")
+    skip = set(broken)
+    with out.open("rb") as source, temporary.open("wb") as target:
+        for number, line in enumerate(source, 1):
+            if number not in skip:
+                target.write(line)
+        target.flush()
+        os.fsync(target.fileno())
+    os.replace(temporary, out)
+    return broken
+
+
 def _jsonl_status(out: Path) -> Iterator[tuple[str, bool]]:
-    with out.open(encoding="utf-8") as handle:
+    with out.open(encoding="utf-8", errors="replace") as handle:
         for line in handle:
             if not line.endswith("\n"):
                 # A kill can stop a write just before its newline: the record parses, but truncate_torn_tail

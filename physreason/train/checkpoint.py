@@ -7,11 +7,13 @@ DCP reshards on load, so a run can resume on another number of processes. start_
 save ([train.ckpt] save_mode = "async"): DCP writes the files in a background thread, and the folder is recorded
 and renamed only once every file is written, exactly as a synchronous save does it.
 
-Trust: DCP reads a checkpoint's `.metadata` (and non-tensor entries of its shards) with pickle, so loading a
-checkpoint can run code that was put in it. A run trusts only the checkpoints it wrote itself: before each
-rename it adds the folder to `checkpoints/written.json`, with every file's size, modification time and inode.
-A folder that does not match its entry (copied or linked into output_dir, changed, or from elsewhere) needs
-`train.trust_checkpoint = true`. The entry also records whether the checkpoint promised a safetensors export,
+Trust: DCP would read a checkpoint's `.metadata` (and non-tensor entries of its shards) with full pickle, which
+runs code put there; physreason reads both with unpicklers that admit only the types a checkpoint holds
+(physreason.train.checkpoint_read), for every checkpoint it resumes from or exports, trusted or not: a forged
+pickle is refused naming the folder, and nothing in it runs. On top of that a run loads, unasked, only the
+checkpoints it wrote itself: before each rename it adds the folder to `checkpoints/written.json`, with every file's
+size, modification time and inode. A folder that does not match its entry (copied or linked into output_dir,
+changed, or from elsewhere) needs `train.trust_checkpoint = true`: its weights and state come from elsewhere. The entry also records whether the checkpoint promised a safetensors export,
 so a resume can finish an export that a kill between checkpoint and export left undone.
 With `trainable_only` (LoRA) the checkpoint holds the trained tensors (adapters) and their optimizer
 state only: the frozen base is the model the run loads from model.model_name_or_path.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import random
 import shutil
 import threading
@@ -36,7 +39,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -47,6 +49,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from physreason.errors import ConfigError
+from physreason.train.checkpoint_read import SafeLoadPlanner, SafeReader, damaged, read_metadata
 
 _PREFIX = "step_"
 # The record of the checkpoints this run wrote, beside them (a file, so checkpoint_dirs never lists it).
@@ -135,8 +138,8 @@ def written_by_run(path: Path, output_dir: str | Path) -> bool:
 def resolve_resume(resume: bool | str, output_dir: str | Path, trust: bool = False) -> Path | None:
     """The checkpoint to resume from: None for a fresh run, the latest for `true`, else the given path.
 
-    Unless `trust`, a checkpoint this run did not write (see written_by_run) is refused with ConfigError:
-    loading it unpickles its metadata.
+    Unless `trust`, a checkpoint this run did not write (see written_by_run) is refused with ConfigError. Either
+    way its .metadata is read (restricted, see checkpoint_read.read_metadata): ConfigError when forged or damaged.
     """
     if resume is False:
         return None
@@ -160,11 +163,13 @@ def resolve_resume(resume: bool | str, output_dir: str | Path, trust: bool = Fal
                 f"{Path(output_dir) / 'checkpoints' / _RECORD}"
             )
         raise ConfigError(
-            f"checkpoint {path} {where}. Loading a checkpoint unpickles its .metadata, which can run any code put "
-            "there: if you trust that folder as you would trust code, set train.trust_checkpoint = true "
-            "(--trust-checkpoint). To start from that run's weights without loading code, set "
-            "model.model_name_or_path to its safetensors export (<run>/safetensors/step_N) and start a fresh run"
+            f"checkpoint {path} {where}. Loading a checkpoint unpickles its .metadata and state (only the types a "
+            "checkpoint holds are admitted, so no code in it runs, but its weights and optimizer state come from "
+            "elsewhere): if you trust that folder, set train.trust_checkpoint = true (--trust-checkpoint). To start "
+            "from that run's weights alone, set model.model_name_or_path to its safetensors export "
+            "(<run>/safetensors/step_N) and start a fresh run"
         )
+    read_metadata(path)  # a forged or damaged .metadata is refused here, naming the folder, before anything is written
     return path
 
 
@@ -202,6 +207,23 @@ def prune_step_dirs(root: Path, max_keep: int, keep: Path) -> list[Path]:
                 shutil.rmtree(old, ignore_errors=True)
             deleted.append(old)
     return deleted
+
+
+def reapply_retention(output_dir: str | Path, max_keep: int, keep: Path) -> list[Path]:
+    """Delete this run's own checkpoints beyond the newest `max_keep`; never `keep` (the one resumed from).
+
+    A kill between a save's rename and its rotation leaves one checkpoint too many; a resume calls this first.
+    Only folders the run wrote, unchanged (written_by_run), are counted and deleted: never a folder copied or linked
+    in. Returns the folders deleted (their entries leave the record too).
+    """
+    own = [path for path in checkpoint_dirs(output_dir) if written_by_run(path, output_dir)]
+    surplus = [path for path in own[: max(len(own) - max_keep, 0)] if path.resolve() != keep.resolve()]
+    for path in surplus:
+        shutil.rmtree(path)
+    if surplus:
+        record = read_record(output_dir)
+        _write_record(Path(output_dir), {k: v for k, v in record.items() if k not in {p.name for p in surplus}})
+    return surplus
 
 
 @contextlib.contextmanager
@@ -420,11 +442,40 @@ def start_checkpoint(
     return PendingCheckpoint(future, Path(output_dir), staging, final, max_keep, export)
 
 
+def _dcp_load(path: Path, state: dict[str, Any], allow_partial_load: bool = False) -> None:
+    """dcp.load `state` in place from `path`, without running code put in the checkpoint (see checkpoint_read).
+
+    ConfigError naming the folder for a forged or damaged .metadata, or shards that do not match it.
+    """
+    reader = SafeReader(path)  # reads and checks .metadata first: ConfigError before any collective
+    try:
+        with _single_process_quiet():
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(allow_partial_load=allow_partial_load))
+    except (RuntimeError, CheckpointException, AssertionError, OSError, EOFError, pickle.UnpicklingError) as exc:
+        cause = _read_failure(exc)
+        if cause is None:
+            raise
+        raise damaged(path, cause) from exc
+
+
+def _read_failure(exc: BaseException) -> BaseException | None:
+    """The error of reading a checkpoint's files behind `exc` (DCP wraps each rank's), or None for any other error."""
+    if isinstance(exc, CheckpointException):
+        # each rank's failure: (exception, its traceback) as DCP wraps it
+        causes = [failure[0] if isinstance(failure, tuple) else failure for failure in exc.failures.values()]
+        found = [_read_failure(cause) for cause in causes]
+        return found[0] if found and all(isinstance(cause, BaseException) for cause in found) else None
+    if isinstance(exc, (AssertionError, OSError, EOFError, pickle.UnpicklingError)):
+        return exc  # DCP asserts shard sizes against .metadata; a missing or short shard file; a garbled entry
+    if isinstance(exc, RuntimeError) and ("PytorchStreamReader" in str(exc) or "Weights only load failed" in str(exc)):
+        return exc  # a shard entry that is not the tensor or plain value .metadata says
+    return None
+
+
 def _load_strict(path: Path, state: dict[str, Any], trainable_only: bool) -> None:
     """dcp.load every entry of `state` in place; ConfigError naming the checkpoint when it lacks one of the model's."""
     try:
-        with _single_process_quiet():
-            dcp.load(state, checkpoint_id=path)
+        _dcp_load(path, state)
     except (RuntimeError, CheckpointException) as exc:  # one process raises the first, several the second
         if "Missing key" not in str(exc):
             raise
@@ -462,8 +513,7 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, trainabl
     # the checkpoint; the fresh optimizer's zero state for them is equivalent, so the optimizer part
     # may be partial while model weights must be complete.
     optim = {"optim": optim_state}
-    with _single_process_quiet():
-        dcp.load(optim, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
+    _dcp_load(path, optim, allow_partial_load=True)
     # strict=False lets the frozen base keep its loaded values; every trained tensor was read above (DCP is strict).
     set_state_dict(
         model,
@@ -475,6 +525,9 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer, scheduler, trainabl
     scheduler.load_state_dict(state["scheduler"])
     own = path / f"trainer_rank{_rank()}.pt"
     trainer_file = own if own.is_file() else path / "trainer_rank0.pt"
-    trainer_state = torch.load(trainer_file, weights_only=True)
+    try:
+        trainer_state = torch.load(trainer_file, weights_only=True)
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as exc:
+        raise damaged(path, exc) from exc
     set_rng_state(trainer_state.pop("rng"))
     return trainer_state

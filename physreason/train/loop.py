@@ -50,6 +50,7 @@ from physreason.train.checkpoint import (
     load_checkpoint,
     prune_step_dirs,
     read_record,
+    reapply_retention,
     refuse_stale_checkpoints,
     resolve_resume,
     save_checkpoint,
@@ -153,7 +154,7 @@ class Checkpointer:
         self.uploads: Uploads | None = None
         if (ckpt.upload_s3 or ckpt.upload_hf) and (not dist.is_initialized() or dist.get_rank() == 0):
             self.uploads = Uploads(self.output, s3_target(config), ckpt.hf_repo_name if ckpt.upload_hf else None)
-            self.uploads.start()  # an earlier process's queued uploads start again now
+            self.uploads.start(ckpt.upload_wait_s)  # an earlier process's queued uploads start again now
         self._pending: PendingCheckpoint | None = None  # [train.ckpt] save_mode = "async": the write in flight
         self._async_group: dist.ProcessGroup | None = None
         self._stager: Any = None
@@ -169,6 +170,7 @@ class Checkpointer:
         path = resolve_resume(train.resume if resume is None else resume, self.output, train.trust_checkpoint)
         if path is None:
             return None
+        self._reapply_retention(path)
         missing = self.missing_exports()
         for checkpoint in missing:
             if checkpoint.resolve() != path.resolve():
@@ -179,6 +181,14 @@ class Checkpointer:
         if any(checkpoint.resolve() == path.resolve() for checkpoint in missing):
             self._finish_export(path)
         return Resumed(path, state)
+
+    def _reapply_retention(self, resumed: Path) -> None:
+        """[train.ckpt] max_keep over this run's own checkpoints (a kill right after a save skipped its rotation)."""
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            for folder in reapply_retention(self.output, self.config.train.ckpt.max_keep, keep=resumed):
+                log.info("deleted %s: beyond train.ckpt.max_keep = %d", folder, self.config.train.ckpt.max_keep)
+        if dist.is_initialized():
+            dist.barrier()  # no rank lists the checkpoints while rank 0 deletes
 
     def missing_exports(self) -> list[Path]:
         """This run's checkpoints, oldest first, whose promised safetensors export is not on disk.

@@ -24,7 +24,6 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,6 +180,7 @@ class Uploads:
         self._active: set[tuple[str, str]] = set()  # queued or running in this process
         self.failed: list[str] = []  # one line per job that gave up in this process
         self.bytes_total = self.bytes_done = 0
+        self._give_up_at: float | None = None  # set by wait(): no attempt starts, or retry waits, past it
         self._record = self._read_record()
 
     # ---- the record -------------------------------------------------------------------------------------------
@@ -200,8 +200,17 @@ class Uploads:
             return [tuple(job) for job in self._record["pending"]]  # type: ignore[misc]
 
     # ---- queueing ---------------------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the worker thread and queue again what an earlier process of this run left pending."""
+    def start(self, wait_s: float | None = None) -> None:
+        """Start the worker thread and queue again what an earlier process of this run left pending.
+
+        wait_s: [train.ckpt] upload_wait_s, said in one line: the most the end of the run will wait for uploads.
+        """
+        if wait_s is not None:
+            log.info(
+                "uploads run in the background; the end of the run waits for them at most %g s "
+                "(train.ckpt.upload_wait_s), then names what is left queued for a resume (train.resume=true)",
+                wait_s,
+            )
         self._thread = threading.Thread(target=self._work, name="physreason-uploads", daemon=True)
         self._thread.start()
         for kind, folder in self.pending():
@@ -273,6 +282,7 @@ class Uploads:
     def _retrying(self, action: Callable[[], Any], where: str, describe: Callable[[Exception], tuple[str, bool]]) -> Any:
         """Run `action`, retrying what may pass later with exponential backoff; raise UploadFailed naming `where`."""
         for attempt in range(self.retries + 1):
+            self._stop_if_out_of_time(where, 0.0)
             try:
                 return action()
             except Exception as exc:
@@ -281,9 +291,23 @@ class Uploads:
                     tries = f" after {attempt + 1} tries" if transient else ""
                     raise UploadFailed(f"upload to {where} failed{tries}: {reason}") from exc
                 delay = min(self.backoff_s * 2**attempt, 60.0)
+                self._stop_if_out_of_time(where, delay, reason)
                 log.warning("upload to %s: %s; retrying in %.1f s", where, reason, delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _stop_if_out_of_time(self, where: str, delay: float, reason: str = "") -> None:
+        """UploadFailed once the end-of-run wait (wait's timeout_s) is over, or would be before `delay` has passed.
+
+        Without it, an endpoint that never answers holds each queued folder for all its retries (minutes each).
+        """
+        give_up_at = self._give_up_at
+        if give_up_at is not None and time.monotonic() + delay >= give_up_at:
+            said = f" ({reason})" if reason else ""
+            raise UploadFailed(
+                f"upload to {where} stopped{said}: the wait for uploads at the end of the run "
+                "(train.ckpt.upload_wait_s) is over; it stays queued for a resume"
+            )
 
     def _client(self) -> Any:
         import boto3
@@ -360,10 +384,8 @@ class Uploads:
             etags[number] = answer["ETag"]
             self._add_done(len(data))
 
-        missing = [n for n in range(1, count + 1) if n not in etags]
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            for future in [pool.submit(send, n) for n in missing]:
-                future.result()  # the first failure ends the file; its sent parts stay listed for the next try
+        # The first failure ends the file; its sent parts stay listed for the next try.
+        _in_parallel(send, [n for n in range(1, count + 1) if n not in etags], self.concurrency)
         parts = [{"PartNumber": n, "ETag": etags[n]} for n in sorted(etags)]
         self._retrying(
             lambda: client.complete_multipart_upload(
@@ -428,6 +450,8 @@ class Uploads:
     def wait(self, timeout_s: float, show: bool = True) -> list[tuple[str, str]]:
         """Wait up to `timeout_s` for the queue to empty (a progress line when `show`); returns the jobs left."""
         deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._give_up_at = deadline  # the worker stops too: nothing holds a folder past the end of the wait
         progress = None
         try:
             with self._lock:
@@ -457,6 +481,37 @@ class Uploads:
         """Stop the worker without waiting for the network (a daemon thread: the process may end with jobs left)."""
         if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
+
+
+def _in_parallel(action: Callable[[int], None], items: list[int], workers: int) -> None:
+    """Run `action` on every item on up to `workers` threads; raise the first error (no new item starts after it).
+
+    Daemon threads, unlike ThreadPoolExecutor's, which the interpreter joins at exit: a part hanging on an endpoint
+    that never answers must not keep the process alive after the end-of-run wait (upload_wait_s) is over.
+    """
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for item in items:
+        todo.put(item)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while not errors:
+            try:
+                item = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                action(item)
+            except BaseException as exc:  # handed to the caller's thread below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=work, name="physreason-upload-part", daemon=True) for _ in range(min(workers, len(items)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 def _hf_error_text(exc: Exception) -> tuple[str, bool]:
