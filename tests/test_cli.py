@@ -17,7 +17,7 @@ runner = CliRunner()
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_version():
