@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 from setups import grpo_recipe, sft_recipe, write_chat_records, write_mcq_file
 
-from physreason.errors import ConfigError
 from physreason.config import load_config
+from physreason.errors import ConfigError
 from physreason.train.export_run import EXPORT_MANIFEST, export_run, is_export
 from physreason.train.sft import run_sft
 
