@@ -2,8 +2,8 @@
 
 Every command names the folder or file it writes with `--out`, and lets an earlier output of its own be replaced
 with `--overwrite`. The names some commands used before (`--output-dir` of sft and grpo, `--results-dir` of eval,
-`--force` of export) keep working as hidden aliases, so scripts written for them run unchanged; `--output-dir` and
-`--force` are accepted wherever `--out` and `--overwrite` are, since they mean the same thing there.
+`--force` of export) keep working as hidden aliases, so scripts written for them run unchanged; `--output-dir` also
+works for the commands that write a folder (export, eval, data synth) and `--force` for every --overwrite.
 """
 
 from __future__ import annotations
@@ -12,11 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-
-# The names that mean --out / --overwrite in some command; each command accepts them as hidden aliases.
-OUT_ALIASES = ("--output-dir", "--results-dir")
-OVERWRITE_ALIASES = ("--force",)
-
 
 def hidden_alias(name: str, flag: bool = False) -> Any:
     """A parameter default for an alias that works and stays out of --help (typer shows every name of one option)."""
