@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+
 def hidden_alias(name: str, flag: bool = False) -> Any:
     """A parameter default for an alias that works and stays out of --help (typer shows every name of one option)."""
     return typer.Option(False if flag else None, name, hidden=True)
