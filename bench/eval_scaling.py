@@ -28,7 +28,7 @@ from shapes import SHAPES, build_model_folder
 def run_eval(model: Path, data: Path, gpus: int, max_tokens: int, results: Path) -> dict:
     """One `physreason eval` over the arrow-of-time clips with `gpus` shards; its wall time and accuracy table."""
     command = [sys.executable, "-m", "physreason", "eval", "-m", str(model), "--engine", "hf", "--benchmark-root",
-               str(data), "-d", "arrow_of_time", "--num-gpus", str(gpus), "--no-progress", "--results-dir", str(results),
+               str(data), "-d", "arrow_of_time", "--num-gpus", str(gpus), "--no-progress", "--out", str(results),
                "--set", f"generation.max_tokens={max_tokens}"]  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)

@@ -28,7 +28,7 @@ def test_tiny_run_prints_progress_and_a_stall_per_save_for_both_modes(stall, tmp
     assert [(r["mode"], r["save"]) for r in rows] == [("sync", 1), ("sync", 2), ("async", 1), ("async", 2)]
     for row in rows:
         assert row["save_s"] > 0 and row["baseline_step_s"] > 0 and len(row["after_steps_s"]) == 1
-        assert 0 < row["write_s"] < 60  # the folder watch saw the complete checkpoint appear
+        assert row["write_s"] > 0  # the folder watch saw the complete checkpoint appear (NaN if it never did)
         # the free-space check's estimate bounds what was written: more than the weights alone, at most all three
         # copies (the vision tower of text rows gets no AdamW moments)
         assert result["checkpoint_estimate_gb"] / 3 < row["checkpoint_gb"] <= 1.05 * result["checkpoint_estimate_gb"]

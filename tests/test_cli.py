@@ -17,7 +17,7 @@ runner = CliRunner()
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_version():
@@ -143,3 +143,15 @@ def test_a_model_folder_with_its_own_code_is_refused_naming_physreason_s_setting
     assert "Traceback" not in result.stderr and "custom code ran" not in result.stderr
     error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and "model.trust_remote_code = true" in error[0] and "trust_remote_code=True" not in error[0]
+
+
+def test_models_tiny_overwrite_replaces_only_a_tiny_model_it_wrote(tmp_path):
+    other = tmp_path / "real"  # a model folder of someone else's (a download, an export)
+    other.mkdir()
+    (other / "config.json").write_text('{"model_type": "qwen2_5_vl"}')
+    for flag in ("--overwrite", "--force"):
+        refused = run_cli("models", "tiny", str(other), flag)
+        assert refused.returncode == 2 and "physreason-tiny.json" in refused.stderr, refused.stderr
+    assert sorted(p.name for p in other.iterdir()) == ["config.json"]
+    assert run_cli("models", "tiny", str(tmp_path / "m")).returncode == 0
+    assert run_cli("models", "tiny", str(tmp_path / "m"), "--force").returncode == 0  # the older name

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
     return subprocess.run(
-        [sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd
+        [sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=300, env=env, cwd=cwd
     )
 
 
@@ -105,3 +105,83 @@ def test_every_option_of_infer_and_serve_sets_a_key_the_recipe_has():
         "engine.lora": "adapter",
         "generation.top_k": 0,
     }
+
+
+class Ran(Exception):
+    """Raised by a stand-in trainer or evaluator with the recipe the command built, so nothing runs."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__("ran")
+        self.cfg = cfg
+
+
+def invoke(monkeypatch, target: str, *args: str):
+    """Run `physreason ARGS` in this process with `target` (module:function) replaced; the recipe it was given."""
+    import importlib
+
+    from typer.testing import CliRunner
+
+    from physreason.cli.app import app
+
+    module, name = target.split(":")
+
+    def stand_in(cfg, *a, **k):
+        raise Ran(cfg)
+
+    monkeypatch.setattr(importlib.import_module(module), name, stand_in)
+    result = CliRunner().invoke(app, list(args))
+    if isinstance(result.exception, Ran):
+        return result.exception.cfg
+    return result
+
+
+@pytest.mark.parametrize("command, target", [("sft", "physreason.train.sft:run_sft"),
+                                             ("grpo", "physreason.train.grpo:run_grpo")])  # fmt: skip
+def test_train_commands_take_out_and_still_take_output_dir(monkeypatch, tmp_path, command, target):
+    recipe = str(ROOT / "configs" / "sft_tiny.toml")
+    for flag in ("--out", "--output-dir"):
+        cfg = invoke(monkeypatch, target, command, "-c", recipe, flag, str(tmp_path / flag))
+        assert cfg.train.output_dir == str(tmp_path / flag)
+    both = invoke(monkeypatch, target, command, "-c", recipe, "--out", "a", "--output-dir", "b")
+    assert both.exit_code == 2 and "--out and --output-dir name the same output" in both.output
+    same = invoke(monkeypatch, target, command, "-c", recipe, "--out", "a", "--output-dir", "a")
+    assert same.train.output_dir == "a"
+
+
+def test_eval_takes_out_and_still_takes_results_dir(monkeypatch, tmp_path):
+    for flag in ("--out", "--results-dir", "--output-dir"):
+        cfg = invoke(monkeypatch, "physreason.eval:run_eval", "eval", "-m", "some/model", flag, str(tmp_path / flag))
+        assert cfg.eval.results_dir == str(tmp_path / flag)
+
+
+def test_data_synth_takes_out_or_output_dir_and_needs_one(tmp_path):
+    done = run_cli("data", "synth", "--task", "arrow_of_time", "--n", "1", "--workers", "1", "--no-progress",
+                   "--output-dir", str(tmp_path / "clips"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "clips" / "arrow_of_time").is_dir()
+    missing = run_cli("data", "synth", "--task", "arrow_of_time")
+    assert missing.returncode == 2 and "--out" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_help_shows_one_name_per_meaning():
+    from typer.testing import CliRunner
+
+    from physreason.cli.app import app
+
+    def shown(*path: str) -> str:
+        return CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"}).output
+
+    for path in (["sft"], ["grpo"], ["eval"], ["export"], ["data", "synth"], ["infer"]):
+        text = shown(*path)
+        assert "--out " in text, path
+        assert "--output-dir" not in text and "--results-dir" not in text and "--force" not in text, path
+    for path in (["export"], ["infer"], ["models", "tiny"]):
+        assert "--overwrite" in shown(*path), path
+
+
+def test_plan_takes_model_as_the_other_commands_do(tiny_model_dir, tmp_path):
+    recipe = str(ROOT / "configs" / "sft_tiny.toml")
+    for flag in ("-m", "--model"):
+        done = run_cli("plan", recipe, flag, str(tiny_model_dir), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"{tiny_model_dir}: "), done.stdout

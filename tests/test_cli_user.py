@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd
+        [sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=300, env=env, cwd=cwd
     )
 
 

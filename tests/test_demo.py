@@ -93,6 +93,6 @@ def test_sft_on_some_tasks_has_its_own_records_and_run_folder(tmp_path):
     every = DemoSizes(sft_tasks=TASKS)
     assert demo_config(tmp_path, tmp_path / "model", every).train.output_dir == str(tmp_path / "sft")
     result = subprocess.run([sys.executable, "-m", "physreason", "demo", "--out", str(tmp_path), "--sft-task", "gravity"],
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "--sft-task gravity: choose among arrow_of_time" in result.stderr
     assert "Traceback" not in result.stderr

@@ -228,7 +228,7 @@ def test_report_table_fits_80_columns_without_cutting_names(tmp_path):
         write_run(results / model / "reasoning", "spatial_puzzle", 1, correct=2, wrong=2, total=5)
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     result = subprocess.run([sys.executable, "-m", "physreason", "eval", "report", str(results)], capture_output=True,
-                            text=True, timeout=120, env=env)
+                            text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr
     table_lines = [line for line in result.stdout.splitlines() if not line.startswith("wrote ")]
     assert max(len(line) for line in table_lines) <= 80

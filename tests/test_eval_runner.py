@@ -156,12 +156,21 @@ def test_resume_after_kill_loses_nothing_and_counts_nothing_twice(tmp_path, tiny
     run = results / model_slug(str(tiny_model_dir)) / "reasoning" / "big" / "seed_1"
     shard = run / "shard-0-of-1.jsonl"
 
-    # One sample per batch, so results arrive one by one and the kill lands part-way through.
+    # One sample per batch, so results arrive one by one and the kill lands part-way through. Each generate also
+    # waits 0.25 s in the killed process: the 20 results after the 4th take 5 s or more, so a test process that a
+    # busy machine leaves unscheduled for a while still kills it part-way (tiny answers alone take a few ms each).
     slow = ["--set", "engine.batch_size=1", "--set", "generation.max_tokens=8"]
+    paced = (
+        "import time\n"
+        "from physreason.engines.hf import HFEngine\n"
+        "generate = HFEngine.generate\n"
+        "HFEngine.generate = lambda self, *a, **k: time.sleep(0.25) or generate(self, *a, **k)\n"
+        "from physreason.cli.eval_cmd import app; app()"
+    )
     command = [
         sys.executable,
         "-c",
-        "from physreason.cli.eval_cmd import app; app()",
+        paced,
         "--config",
         str(config),
         *slow,

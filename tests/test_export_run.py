@@ -13,8 +13,9 @@ import torch
 from safetensors.torch import load_file
 from setups import grpo_recipe, sft_recipe, write_chat_records, write_mcq_file
 
+from physreason.config import load_config
 from physreason.errors import ConfigError
-from physreason.train.export_run import export_run
+from physreason.train.export_run import EXPORT_MANIFEST, export_run, is_export
 from physreason.train.sft import run_sft
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,13 +70,39 @@ def test_export_mistakes_are_one_clear_error_before_anything_is_written(full_run
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "notes.txt").write_text("mine")
-    with pytest.raises(ConfigError, match="is not empty: .* --force"):
-        export_run(full_run, taken)
+    for force in (False, True):  # a folder physreason export did not write is never replaced
+        with pytest.raises(ConfigError, match=f"--out {taken} is not empty and is not an earlier output .*"
+                                              f"{EXPORT_MANIFEST}"):  # fmt: skip
+            export_run(full_run, taken, force=force)
     assert (taken / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
-    export_run(full_run, taken, force=True, dtype="bfloat16")
-    assert not (taken / "notes.txt").exists()
-    assert {t.dtype for t in load_file(taken / "model.safetensors").values()} == {torch.bfloat16}
+    earlier = export_run(full_run, tmp_path / "earlier", step=2)
+    assert is_export(earlier) and json.loads((earlier / EXPORT_MANIFEST).read_text())["checkpoint"] == "step_2"
+    with pytest.raises(ConfigError, match="holds an earlier physreason export: pass --overwrite"):
+        export_run(full_run, earlier)
+    export_run(full_run, earlier, force=True, dtype="bfloat16")  # an earlier export is replaced
+    assert {t.dtype for t in load_file(earlier / "model.safetensors").values()} == {torch.bfloat16}
+    assert json.loads((earlier / EXPORT_MANIFEST).read_text())["checkpoint"] == "step_4"
+
+
+def test_force_never_replaces_the_run_a_folder_holding_it_or_one_of_its_folders(full_run, tmp_path):
+    before = sorted(str(p.relative_to(full_run.parent)) for p in full_run.parent.rglob("*"))
+    for out, why in [(full_run, "is the run being exported"), (full_run.parent, f"holds {full_run}: the run"),
+                     (full_run / "logs", "is not empty and is not an earlier output"),
+                     (full_run / "safetensors" / "step_4", "is not empty and is not an earlier output")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=f"--out {out} {why}"):
+            export_run(full_run, out, force=True)
+    model = Path(load_config(full_run / "config.toml").model.model_name_or_path)
+    with pytest.raises(ConfigError, match=f"--out {model} is the model the run trained from"):
+        export_run(full_run, model, force=True)
+    assert (model / "config.json").is_file()
+    assert sorted(str(p.relative_to(full_run.parent)) for p in full_run.parent.rglob("*")) == before
+    # a folder in the way of the staging folder (<out>.tmp) is not removed either
+    (tmp_path / "new.tmp").mkdir()
+    (tmp_path / "new.tmp" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"staging folder of --out .*new, .*new.tmp is not empty"):
+        export_run(full_run, tmp_path / "new")
+    assert (tmp_path / "new.tmp" / "notes.txt").read_text() == "mine"
 
 
 def test_a_checkpoint_copied_into_a_run_is_exported_only_when_trusted(full_run, tmp_path):
@@ -100,6 +127,35 @@ def test_the_cli_writes_the_folder_and_answers_a_wrong_step_with_exit_2_and_one_
                                                  "steps: 2, 4"]  # fmt: skip
 
 
+def test_the_cli_refuses_to_replace_the_run_its_parent_or_another_folder_and_replaces_an_earlier_export(full_run,
+                                                                                                         tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def export(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "physreason", "export", str(full_run), *args]
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+
+    unrelated = tmp_path / "notes"
+    unrelated.mkdir()
+    (unrelated / "todo.txt").write_text("mine")
+    before = sorted(map(str, full_run.parent.rglob("*")))
+    for out, why in [(full_run, "is the run being exported"), (full_run.parent, f"holds {full_run}: the run"),
+                     (unrelated, "is not empty and is not an earlier output")]:  # fmt: skip
+        refused = export("--out", str(out), "--force")
+        assert refused.returncode == 2, refused.stderr
+        (line,) = refused.stderr.strip().splitlines()
+        assert line.startswith(f"error: --out {out} {why}"), line
+    assert sorted(map(str, full_run.parent.rglob("*"))) == before  # nothing of the run deleted
+    assert (unrelated / "todo.txt").read_text() == "mine"
+    out = tmp_path / "exported"
+    first = export("--out", str(out), "--step", "2")
+    assert first.returncode == 0, first.stderr
+    again = export("--out", str(out), "--force")  # the old name of --overwrite
+    assert again.returncode == 0, again.stderr
+    assert json.loads((out / EXPORT_MANIFEST).read_text())["checkpoint"] == "step_4"
+    assert same_weights(out, full_run / "safetensors" / "step_4")
+
+
 @pytest.mark.slow
 def test_a_lora_checkpoint_exports_merged_or_as_its_adapter(tiny_model_dir, tmp_path):
     from transformers import AutoModelForImageTextToText
@@ -114,7 +170,8 @@ def test_a_lora_checkpoint_exports_merged_or_as_its_adapter(tiny_model_dir, tmp_
     _, info = AutoModelForImageTextToText.from_pretrained(merged, output_loading_info=True)
     assert not any(info.values()), info
     adapter = export_run(run, tmp_path / "adapter", adapter_only=True)
-    assert sorted(p.name for p in adapter.iterdir()) == ["README.md", "adapter_config.json", "adapter_model.safetensors"]
+    assert sorted(p.name for p in adapter.iterdir()) == ["README.md", "adapter_config.json", "adapter_model.safetensors",
+                                                         EXPORT_MANIFEST]  # fmt: skip
     got, want = load_file(adapter / "adapter_model.safetensors"), load_file(own / "adapter" / "adapter_model.safetensors")
     assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in want)
     assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 8

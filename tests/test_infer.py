@@ -269,3 +269,36 @@ def test_a_whole_last_record_without_its_newline_is_redone_not_lost(engine, batc
     ids = [r["id"] for r in read_out(out)]
     assert sorted(ids) == sorted({"a", "img", "broken", "escape", "missing", "b"})  # nothing lost, nothing twice
     assert summary.done == 1 and summary.skipped == 5
+
+
+def test_cli_one_clip_with_out_writes_its_record_in_the_batch_format(tiny_model_dir, tmp_path):
+    clip = write_clip(tmp_path / "c.mp4")
+    out = tmp_path / "answers.jsonl"
+    args = ["infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--video", str(clip), "-q", "What moves?",
+            "--max-tokens", "2", "--temperature", "0", "--out", str(out), *SMALL_FLAGS]  # fmt: skip
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+    (record,) = read_out(out)  # it was silently ignored before
+    assert record["id"] == str(clip) and len(record["outputs"]) == 1 and "text" in record["outputs"][0]
+    assert (tmp_path / "answers.jsonl.settings.json").is_file()  # marked as infer's own, like a batch's output
+    again = cli(*args)  # the same clip again: refused, not written twice
+    assert again.returncode == 2 and f"already holds a result of {clip}" in again.stderr
+    replaced = cli(*args, "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert [r["id"] for r in read_out(out)] == [str(clip)]
+
+
+def test_cli_overwrite_never_deletes_the_requests_or_a_file_infer_did_not_write(tiny_model_dir, tmp_path):
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text('{"id": "a", "question": "q"}\n')
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text('{"id": "mine"}\n')
+    model = str(tiny_model_dir)
+    for out, flag, why in [(requests, "--overwrite", "is the requests file it reads"),
+                           (requests, "--force", "is the requests file it reads"),
+                           (notes, "--overwrite", "is not an earlier output of this command")]:  # fmt: skip
+        refused = cli("infer", "--model", model, "--jsonl", str(requests), "--out", str(out), flag)
+        assert refused.returncode == 2, refused.stderr
+        (line,) = refused.stderr.strip().splitlines()
+        assert line.startswith(f"error: --out {out} {why}"), line
+    assert requests.read_text() == '{"id": "a", "question": "q"}\n' and notes.read_text() == '{"id": "mine"}\n'

@@ -100,7 +100,7 @@ def test_plan_command_refuses_a_recipe_that_cannot_fit_in_one_line(tmp_path):
     recipe.write_text(f'[model]\nmodel_name_or_path = "{QWEN3_VL_32B}"\nmodel_max_length = 4096\n')
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     done = subprocess.run([sys.executable, "-m", "physreason", "plan", str(recipe), "--gpus", "8"],
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert "optimizer state" in done.stdout and "layouts that fit on 8 GPU(s)" in done.stdout
     assert "train.optimizer_state_dtype='bfloat16'" in done.stdout
@@ -221,7 +221,7 @@ def test_plan_command_plans_a_grpo_recipe_as_grpo_without_being_told(tmp_path, t
     sft = tmp_path / "sft.toml"
     sft.write_text(f'[model]\nmodel_name_or_path = "{tiny_model_dir}"\n')
     done = {name: subprocess.run([sys.executable, "-m", "physreason", "plan", str(path), *extra], env=env,
-                                 capture_output=True, text=True, timeout=120)
+                                 capture_output=True, text=True, timeout=300)
             for name, path, extra in [("grpo", grpo, []), ("sft", sft, []), ("forced", grpo, ["--job", "sft"])]}
     assert all(result.returncode == 0 for result in done.values()), {k: v.stderr for k, v in done.items()}
     assert "(grpo job)" in done["grpo"].stdout and "rollout engine" in done["grpo"].stdout

@@ -18,7 +18,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=300)
 
 
 def two_models(tmp_path: Path) -> Path:

@@ -5,25 +5,39 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from collections.abc import Callable
 
 from rich.console import Console
 
 from physreason.progress import StepBar, progress_display
 
 
-def log_console() -> tuple[Console, io.StringIO]:
+def log_console(clock: Callable[[], float] | None = None) -> tuple[Console, io.StringIO]:
     buffer = io.StringIO()
-    return Console(file=buffer, force_terminal=False, width=80), buffer
+    return Console(file=buffer, force_terminal=False, width=80, get_time=clock), buffer
+
+
+class Clock:
+    """rich's clock under the test's control: elapsed and left times that do not depend on how busy the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def test_off_a_terminal_each_due_update_is_one_plain_line():
-    console, buffer = log_console()
+    clock = Clock()
+    console, buffer = log_console(clock)  # a Progress takes its console's clock
     with progress_display(interval_s=0.0, console=console) as progress:
         task = progress.add_task("infer", total=4)
         for _ in range(4):
+            clock.now += 10
             progress.advance(task)
     lines = buffer.getvalue().splitlines()
-    assert lines[0].startswith("infer: 1/4 (25%), 0:00:00 elapsed, 0:00:00 left")
+    assert lines[0].startswith("infer: 1/4 (25%), 0:00:10 elapsed, 0:00:30 left")
+    assert lines[1].startswith("infer: 2/4 (50%), 0:00:20 elapsed, 0:00:20 left")
     assert lines[-1].startswith("infer: 4/4 (100%)") and lines[-1].endswith("done")
     assert len(lines) == 5  # one per advance and the final line
     assert "\r" not in buffer.getvalue() and "━" not in buffer.getvalue()

@@ -66,7 +66,8 @@ def test_gloo_channel_delivers_a_versioned_transfer():
     tensors = iter([(n, p.detach()) for n, p in model.named_parameters()])
     for bucket in buckets:
         sender.send(pack_bucket(bucket, tensors, torch.device("cpu")))
-    thread.join(timeout=60)
+    thread.join(timeout=300)
+    assert not thread.is_alive(), "the receiver never got every bucket"
 
     assert got["version"] == 7
     assert [n for n, _ in got["tensors"]] == [n for n, _ in model.named_parameters()]

@@ -22,7 +22,7 @@ from physreason.serve.server import ServeOptions, build_server_command, with_pro
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-m", "physreason", *args], capture_output=True, text=True, timeout=300, env=env
     )
 
 

@@ -108,7 +108,7 @@ def test_rerun_into_a_run_folder_is_refused_until_resumed_and_exports_are_rotate
 def test_help_says_resuming_loads_pickle_and_names_the_trust_flag():
     for command in ("sft", "grpo"):
         result = subprocess.run([sys.executable, "-m", "physreason", command, "--help"], capture_output=True, text=True,
-                                timeout=60)
+                                timeout=300)
         assert result.returncode == 0
         assert "pickle" in result.stdout and "--trust-checkpoint" in result.stdout
 

@@ -74,7 +74,7 @@ def test_loader_workers_leave_at_exit_before_the_interpreter_finalises():
         "print('flushed', end='')\n"
         "sys.exit(3)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "flushed"
     stream = _stream(2)

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from physreason.cli.output_options import one_path
 from physreason.data.synth.tasks import TASK_NAMES
 
 app = typer.Typer(
@@ -17,7 +18,9 @@ app = typer.Typer(
 
 @app.command("synth")
 def synth(
-    out: Annotated[Path, typer.Option("--out", help="Folder to write into; each task gets its own sub-folder.")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Folder to write into; each task gets its own sub-folder. [required]")
+    ] = None,
     task: Annotated[str, typer.Option("--task", help=f"One of {', '.join(TASK_NAMES)}, or all.")] = "all",
     n: Annotated[int, typer.Option("--n", help="Samples per task.")] = 100,
     split: Annotated[
@@ -34,6 +37,7 @@ def synth(
             "fixed gives the same options in the same order in every sample.",
         ),
     ] = "shuffled",
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", hidden=True)] = None,
 ) -> None:
     """Generate intuitive-physics clips with their questions (letter tasks: arrow of time, spatial puzzle, object
     permanence; JSON answers: grounding, temporal localization); a rerun completes what is missing."""
@@ -41,6 +45,9 @@ def synth(
     from physreason.data.synth.tasks import TASKS
     from physreason.errors import InputError
 
+    out = one_path("--out", out, {"--output-dir": output_dir})
+    if out is None:
+        raise typer.BadParameter("give the folder to write into", param_hint="'--out'")
     if task != "all" and task not in TASK_NAMES:
         raise InputError(f"--task {task!r} is not a synthetic task; choose one of {', '.join(TASK_NAMES)} or all")
     if workers < 0:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from physreason.cli.output_options import hidden_alias, one_path
 from physreason.progress import make_console
 
 console = make_console()
@@ -48,14 +49,16 @@ def run(
     ),
     num_repeats: int | None = typer.Option(None, help="Runs with seeds seed, seed+1, ...; mean ± std is reported."),
     seed: int | None = typer.Option(None, help="Seed of the first repeat."),
-    results_dir: Path | None = typer.Option(
-        None, help="Results go under RESULTS_DIR / model / answer type / data set / seed_N."
+    out: Path | None = typer.Option(
+        None, "--out", help="Results go under OUT / model / answer type / data set / seed_N (sets eval.results_dir)."
     ),
     num_gpus: int | None = typer.Option(None, help="GPUs in all; shards = num_gpus / tensor-parallel size."),
     tensor_parallel_size: int | None = typer.Option(
         None, "--tensor-parallel-size", "--tp", help="GPUs per engine (vLLM's name; sets eval.tp_size)."
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    results_dir: Path | None = hidden_alias("--results-dir"),  # the older name of --out: scripts keep working
+    output_dir: Path | None = hidden_alias("--output-dir"),
 ) -> None:
     """Evaluate a model on Cosmos-Reason1-layout benchmarks or Physical AI Bench; rerunning resumes from saved results."""
     if ctx.invoked_subcommand is not None:
@@ -63,6 +66,7 @@ def run(
     from physreason.config import load_config
     from physreason.eval import board_rich_tables, collect_boards, collect_reports, report_rows, rich_table, run_eval
 
+    results_dir = one_path("--out", out, {"--results-dir": results_dir, "--output-dir": output_dir})
     flags = {
         "model.model_name_or_path": model,
         "engine.backend": engine,

@@ -9,6 +9,7 @@ import typer
 from rich.panel import Panel
 
 from physreason.cli import recipe_options as opt
+from physreason.cli.output_options import hidden_alias
 from physreason.errors import PhysReasonError
 from physreason.progress import make_console
 
@@ -32,8 +33,8 @@ def infer(
         None, "--parquet", help="Batch input: a Parquet file or folder with columns id, question, video|image."
     ),
     out: Path | None = typer.Option(
-        None, "--out", help="Batch output: JSONL file, or a folder of Parquet parts if it ends in .parquet; "
-        "rerunning skips ids already there."
+        None, "--out", help="Results file: JSONL, or a folder of Parquet parts if it ends in .parquet. A batch's "
+        "rerun skips ids already there; one --video/--image question adds its record (id: the first media path)."
     ),
     retry_failed: bool | None = typer.Option(
         None, "--retry-failed", help="Batch: run the requests whose earlier result is an error again."
@@ -41,9 +42,11 @@ def infer(
     overwrite: bool = typer.Option(
         False,
         "--overwrite",
-        help="Batch: delete OUT's earlier results first. Without it a rerun adds to OUT only if it uses the same "
-        "model and settings (stored in OUT.settings.json, or _settings.json in a Parquet folder).",
+        help="Delete OUT's earlier results first (only an output of physreason infer: one with its settings file). "
+        "Without it a rerun adds to OUT only if it uses the same model and settings (stored in OUT.settings.json, "
+        "or _settings.json in a Parquet folder).",
     ),
+    force: bool = hidden_alias("--force", flag=True),
     num_gpus: int | None = typer.Option(
         None, "--num-gpus", help="Batch on Ray Data: num_gpus / tp engine replicas [default: one engine, this process]."
     ),
@@ -111,9 +114,11 @@ def infer(
     from physreason.config import load_config
     from physreason.engines import create_engine
     from physreason.infer import build_request, result_record, run_batch, run_ray_batch
+    from physreason.infer.batch import prepare_single_out, write_single_result
     from physreason.infer.settings import answer_settings
     from physreason.models.inputs import patch_factor, prompting_for
 
+    overwrite = overwrite or force
     if fps is not None and nframes is not None:
         raise typer.BadParameter("give --fps or --nframes, not both", param_hint="'--nframes'")
     cfg = load_config(config, overrides, opt.recipe_values(ctx.params))
@@ -130,11 +135,12 @@ def infer(
     if batch is None and not video and not image:
         console.print("[yellow]no --video or --image given: asking a text-only question[/]")
 
-    if batch is not None:
+    if batch is not None or out is not None:
         prompting, sampling = prompting_for(cfg)
         # The style, mode and sampling as resolved for this checkpoint, so `auto` cannot hide a change of answers.
         resolved = {f"generation.{key}": value for key, value in sampling.model_dump(mode="json").items()}
         settings = answer_settings(cfg, **resolved, **{f"resolved.{k}": v for k, v in prompting.describe().items()})
+    if batch is not None:
         if cfg.infer.num_gpus is not None:
             summary = run_ray_batch(cfg, batch, out, media_root=media_root, settings=settings, overwrite=overwrite)
         else:
@@ -166,9 +172,15 @@ def infer(
 
         typer.echo(describe_prompt(request, cfg.model))
         return
+    rid = str((video or image or ["question"])[0])
+    if out is not None:  # the one result goes to OUT in the batch format; checked before the model loads
+        prepare_single_out(out, rid, settings, overwrite)
     generator = create_engine(cfg.model, cfg.engine)
     (result,) = generator.generate([request], sampling, logprobs=False)
     record = result_record(result, prompting.style)
+    if out is not None:
+        write_single_result(out, {**record, "id": rid})
+        console.print(f"wrote the result of {rid} to {out}", soft_wrap=True, highlight=False)
     if as_json:
         typer.echo(json.dumps(record, ensure_ascii=False, indent=2))
     elif result.error:

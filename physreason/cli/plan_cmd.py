@@ -9,6 +9,9 @@ import typer
 
 def plan(
     config: Path = typer.Argument(..., help="TOML recipe (SFT or GRPO)."),
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="Model to plan for: hub id or local model folder (sets model.model_name_or_path)."
+    ),
     gpus: int = typer.Option(1, "--gpus", min=1, help="Processes, one GPU each (torchrun --nproc-per-node x nodes)."),
     gpu_memory: float = typer.Option(
         79.2, "--gpu-memory", min=1.0, help="Memory of one GPU in GiB (an 80 GB H100 reports 79.2)."
@@ -48,7 +51,7 @@ def plan(
 
     if job not in ("sft", "grpo", "auto"):
         raise ConfigError(f"--job {job!r}: use 'sft', 'grpo' or 'auto'")
-    recipe_config = load_config(config, overrides)
+    recipe_config = load_config(config, overrides, {"model.model_name_or_path": model} if model is not None else None)
     if job == "auto":
         # a GRPO recipe planned as SFT would leave out the rollout engine and the KL reference: a plan that fits
         # on paper and not on the GPU

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import typer
 
+from physreason.cli.output_options import hidden_alias, one_path
+
 if TYPE_CHECKING:
     from physreason.config import Config
     from physreason.train.loop import TrainingResult
@@ -53,8 +55,8 @@ def training_command(
         model: str | None = typer.Option(
             None, "--model", "-m", help="Model to train: hub id or local model folder (sets model.model_name_or_path)."
         ),
-        output_dir: Path | None = typer.Option(
-            None, "--output-dir", help="Folder for checkpoints, exports and logs (sets train.output_dir)."
+        out: Path | None = typer.Option(
+            None, "--out", help="Folder for checkpoints, exports and logs (sets train.output_dir)."
         ),
         overrides: list[str] = typer.Option(
             [], "--set", metavar="KEY=VALUE", help=f"Override a key, e.g. --set {set_example} (repeatable)."
@@ -66,6 +68,7 @@ def training_command(
             "into it); only for checkpoint folders you trust. Resuming unpickles the checkpoint's DCP .metadata, "
             "admitting only checkpoint types: a forged pickle is refused, never run.",
         ),
+        output_dir: Path | None = hidden_alias("--output-dir"),  # the older name of --out: scripts keep working
     ) -> None:
         import torch.distributed as dist
 
@@ -75,6 +78,7 @@ def training_command(
         values: dict[str, object] = {}
         if model is not None:
             values["model.model_name_or_path"] = model
+        output_dir = one_path("--out", out, {"--output-dir": output_dir})
         if output_dir is not None:
             values["train.output_dir"] = str(output_dir)
         if trust_checkpoint:

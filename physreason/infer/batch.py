@@ -41,7 +41,8 @@ from physreason.infer.results import (
     open_sink,
     result_status,
 )
-from physreason.infer.settings import check_and_store_settings, delete_results
+from physreason.infer.settings import check_and_store_settings, delete_results, settings_path
+from physreason.overwrite import check_replace
 from physreason.progress import LoggedProgress
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,44 @@ def _repair_jsonl(out: Path) -> None:
               "before); every other line is kept and their requests are run again", file=sys.stderr)  # fmt: skip
 
 
+def _check_out(out: Path, requests: Path | None, overwrite: bool) -> None:
+    """Refuse an --out that is, or holds, the requests; with overwrite also one whose results physreason infer did
+    not write (no settings file beside them): --overwrite deletes only an earlier output of this command."""
+    marker = settings_path(out)
+    protected = [] if requests is None else [(requests, "the requests file it reads")]
+    check_replace(out, option="--out", protected=protected,
+                  marked=not overwrite or marker.is_file(),
+                  mark=f"{marker.name} beside it, the settings physreason infer stores with its results",
+                  remedy="give another --out, or delete it yourself")  # fmt: skip
+
+
+def prepare_single_out(out: Path, rid: str, settings: Mapping[str, Any], overwrite: bool = False) -> None:
+    """Before one request (--video/--image/--question) runs: check that its result may go to `out`, as a batch's.
+
+    Results made with other settings, or an earlier result of the same id, are refused unless `overwrite` deletes
+    the earlier output (only one this command wrote); the settings are stored beside `out`.
+    """
+    _check_out(out, None, overwrite)
+    if overwrite:
+        delete_results(out)
+    status = result_status(out)
+    if rid in status:
+        raise InputError(
+            f"{out} already holds a result of {rid}: give another --out, or pass --overwrite to delete its results "
+            "and start anew"
+        )
+    check_and_store_settings(out, settings, has_results=bool(status))
+
+
+def write_single_result(out: Path, record: dict[str, Any]) -> None:
+    """Add one request's result record to `out` (a JSONL line, or a Parquet part file), as a batch writes it."""
+    sink = open_sink(out)
+    try:
+        sink.write(record)
+    finally:
+        sink.close()
+
+
 def plan_batch(
     requests_path: str | Path,
     out: Path,
@@ -198,6 +237,7 @@ def plan_batch(
     unless `overwrite` deletes them first.
     """
     records, root = read_requests(requests_path, media_root)
+    _check_out(Path(out), Path(requests_path), overwrite)
     if overwrite:
         delete_results(out)
     _repair_jsonl(out)

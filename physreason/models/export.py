@@ -48,14 +48,16 @@ def export_safetensors(
     dtype: str = "bfloat16",
     state: dict[str, torch.Tensor] | None = None,
     extra: Callable[[Path], None] | None = None,
+    mark: Callable[[Path], None] | None = None,
 ) -> Path:
     """Gather full weights on rank 0 and write safetensors + config, copying tokenizer/processor files from source.
 
     Every rank must call this (the gather is collective); only rank 0 writes. dtype is the saved
     parameter dtype ('auto' keeps the training dtype). state: the full Hugging Face-named weights to
     write instead of the model's own (a LoRA model's merged weights; read on rank 0 only). extra: called on
-    rank 0 with the staging folder to add more files (a PEFT adapter subfolder). The folder is written
-    under a temporary name and renamed when complete.
+    rank 0 with the staging folder to add more files (a PEFT adapter subfolder); mark: called on rank 0 with the
+    staging folder before anything else is written into it (`physreason export`'s manifest, so even a cut-short
+    folder is known as its own). The folder is written under a temporary name and renamed when complete.
     """
     out_dir = Path(out_dir)
     if state is None:
@@ -68,6 +70,8 @@ def export_safetensors(
         staging = out_dir.with_name(out_dir.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
+        if mark is not None:
+            mark(staging)
         config = model.config
         saved_dtype = getattr(config, "dtype", None)
         if target is not None:
@@ -90,15 +94,21 @@ def export_safetensors(
 
 
 def export_trained(
-    model: nn.Module, peft_model: nn.Module | None, source: str, out_dir: str | Path, dtype: str = "bfloat16"
+    model: nn.Module,
+    peft_model: nn.Module | None,
+    source: str,
+    out_dir: str | Path,
+    dtype: str = "bfloat16",
+    mark: Callable[[Path], None] | None = None,
 ) -> Path:
     """export_safetensors of a trained model; with LoRA (peft_model, the PeftModel around `model`) the merged model.
 
     A LoRA folder holds base + adapters merged under the plain Hugging Face names, so it loads like a full export,
     and, in its `adapter` subfolder, the PEFT adapter alone. Every rank must call this (gathers are collective).
+    mark: see export_safetensors.
     """
     if peft_model is None:
-        return export_safetensors(model, source, out_dir, dtype)
+        return export_safetensors(model, source, out_dir, dtype, mark=mark)
     from physreason.models.lora import adapter_state, merged_named_tensors, save_adapter
 
     # Gathered one tensor at a time on every rank (collective); kept on rank 0 alone.
@@ -112,4 +122,4 @@ def export_trained(
     def add_adapter(folder: Path) -> None:
         save_adapter(peft_model, folder / "adapter", adapter)
 
-    return export_safetensors(model, source, out_dir, dtype, state=merged, extra=add_adapter)
+    return export_safetensors(model, source, out_dir, dtype, state=merged, extra=add_adapter, mark=mark)

@@ -9,6 +9,7 @@ which transformers' from_pretrained, vLLM and `model.model_name_or_path` of a ne
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from torch import nn
 from physreason.config import Config, load_config
 from physreason.errors import ConfigError
 from physreason.models.loading import DTYPES
+from physreason.overwrite import check_replace
 from physreason.train.checkpoint import checkpoint_dirs, load_model_weights, resolve_resume
 
 EXPORT_DTYPES = (*DTYPES, "auto")  # 'auto': the dtype the run trained in (float32 master weights)
@@ -60,11 +62,50 @@ def pick_checkpoint(run_dir: Path, step: int | None) -> Path:
     return found[steps.index(step)]
 
 
-def _check_out(out: Path, force: bool) -> None:
+# The manifest every `physreason export` folder carries: the mark --overwrite looks for before it replaces a folder.
+EXPORT_MANIFEST = "physreason-export.json"
+WRITTEN_BY = "physreason export"
+
+
+def is_export(folder: Path) -> bool:
+    """Whether `folder` is a folder `physreason export` wrote (its manifest says so)."""
+    try:
+        manifest = json.loads((folder / EXPORT_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("written_by") == WRITTEN_BY
+
+
+def write_manifest(folder: Path, run_dir: Path, checkpoint: Path, adapter_only: bool, dtype: str) -> None:
+    """Mark `folder` as an export of `checkpoint` of the run in run_dir (written first, so a cut-short one is marked)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = {"written_by": WRITTEN_BY, "run": str(run_dir.resolve()), "checkpoint": checkpoint.name,
+                "adapter_only": adapter_only, "dtype": dtype}  # fmt: skip
+    (folder / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def _check_out(out: Path, force: bool, run_dir: Path, config: Config) -> None:
+    """Refuse an --out that is a file, holds the run or the model it trained from, or is a non-empty folder other
+    than an earlier export (replaced only with --overwrite); the same for the staging folder beside it."""
     if out.is_file():
         raise ConfigError(f"--out {out} is a file: give a folder to write the model into")
+    protected: list[tuple[Path, str]] = [(run_dir, "the run being exported")]
+    source = Path(config.model.model_name_or_path).expanduser()
+    if source.is_dir():
+        protected.append((source, "the model the run trained from (model.model_name_or_path)"))
+    remedy = "give a new or empty folder, or an earlier physreason export with --overwrite"
+    mark = f"{EXPORT_MANIFEST}, the manifest physreason export writes"
+    check_replace(out, option="--out", protected=protected, marked=is_export(out), mark=mark, remedy=remedy)
+    staging = out.with_name(out.name + ".tmp")  # where the folder is written before it is renamed into place
+    check_replace(staging, option=f"the staging folder of --out {out},", protected=protected,
+                  marked=is_export(staging), mark=mark, remedy="move it away or give another --out")  # fmt: skip
+    if out.resolve().is_relative_to(run_dir.resolve() / "checkpoints"):
+        raise ConfigError(f"--out {out} lies inside the run's checkpoints folder: write the export elsewhere")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise ConfigError(f"--out {out} is not empty: give a new or empty folder, or pass --force to replace it")
+        raise ConfigError(
+            f"--out {out} holds an earlier physreason export: pass --overwrite to replace it, or give a new or empty "
+            "folder"
+        )
 
 
 def export_run(
@@ -80,7 +121,8 @@ def export_run(
 
     A LoRA run gives the merged model (with the adapter alone in its `adapter` subfolder), or with adapter_only
     just the PEFT adapter folder. dtype: the saved dtype (None: the run's model.dtype; 'auto': float32 as trained).
-    A non-empty `out` is replaced only with force. A checkpoint the run did not write itself (its record in
+    A non-empty `out` is replaced only with force, and only when it is an earlier export (its EXPORT_MANIFEST says
+    so) that holds neither the run nor the model the run trained from. A checkpoint the run did not write itself (its record in
     checkpoints/written.json does not match) is loaded only with trust: loading unpickles its .metadata.
     Raises ConfigError, before anything is written, for every mistake a user can fix.
     """
@@ -96,9 +138,8 @@ def export_run(
         )
     if dtype is not None and dtype not in EXPORT_DTYPES:
         raise ConfigError(f"--dtype {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
-    _check_out(out, force)
-    if out.resolve().is_relative_to(run_dir.resolve() / "checkpoints"):
-        raise ConfigError(f"--out {out} lies inside the run's checkpoints folder: write the export elsewhere")
+    _check_out(out, force, run_dir, config)
+    saved_dtype = dtype or config.model.dtype
 
     model, peft_model = _load_trained(config, checkpoint)
     if adapter_only:
@@ -106,13 +147,17 @@ def export_run(
 
         staging = out.with_name(out.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
+        write_manifest(staging, run_dir, checkpoint, adapter_only, saved_dtype)
         save_adapter(peft_model, staging)
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
         return out
     from physreason.models.export import export_trained
 
-    return export_trained(model, peft_model, config.model.model_name_or_path, out, dtype or config.model.dtype)
+    return export_trained(
+        model, peft_model, config.model.model_name_or_path, out, saved_dtype,
+        mark=lambda staging: write_manifest(staging, run_dir, checkpoint, adapter_only, saved_dtype),
+    )  # fmt: skip
 
 
 def _load_trained(config: Config, checkpoint: Path) -> tuple[nn.Module, nn.Module | None]:
