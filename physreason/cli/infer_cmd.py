@@ -113,6 +113,7 @@ def infer(
     from physreason.infer import build_request, result_record, run_batch, run_ray_batch
     from physreason.infer.settings import answer_settings
     from physreason.models.inputs import patch_factor, prompting_for
+    from physreason.rewards.extract import answer_region
 
     if fps is not None and nframes is not None:
         raise typer.BadParameter("give --fps or --nframes, not both", param_hint="'--nframes'")
@@ -168,7 +169,7 @@ def infer(
         return
     generator = create_engine(cfg.model, cfg.engine)
     (result,) = generator.generate([request], sampling, logprobs=False)
-    record = result_record(result, prompting.style)
+    record = result_record(result, prompting.style, prompting.reasoning)
     if as_json:
         typer.echo(json.dumps(record, ensure_ascii=False, indent=2))
     elif result.error:
@@ -178,7 +179,9 @@ def infer(
             title = f"completion {k + 1}" if len(record["outputs"]) > 1 else "completion"
             if output["reasoning"] is not None:
                 console.print(Panel(output["reasoning"].strip() or "(empty)", title=f"{title}: reasoning", expand=True))
-            answer = output["answer"] if output["answer"] is not None else output["text"]
+            answer = output["answer"]
+            if answer is None:  # the text the rewards and evaluation read as the answer, or none at all
+                answer = answer_region(output["text"])[0] or "(none: the reasoning never ended)"
             console.print(Panel(answer.strip() or "(empty)", title=f"{title}: answer", border_style="green"))
             if output["format_problems"]:
                 console.print(f"[yellow]format: {'; '.join(output['format_problems'])}[/]")

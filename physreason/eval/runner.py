@@ -86,8 +86,14 @@ def _with_system_prompt(messages: list[dict[str, Any]], system_prompt: str, styl
     return [{"role": "system", "content": system_prompt}, *turns]
 
 
-def result_line(sample: EvalSample, result: GenerationResult, seed: int | None) -> dict[str, Any]:
-    """The stored record of one answered sample: the response, its parsed parts and its score, or its error."""
+def result_line(
+    sample: EvalSample, result: GenerationResult, seed: int | None, prompting: Prompting | None = None
+) -> dict[str, Any]:
+    """The stored record of one answered sample: the response, its parsed parts and its score, or its error.
+
+    Format problems are those of the layout the sample was asked for (`asked_layout`); `prompting` None is
+    Cosmos-Reason1 with reasoning.
+    """
     record: dict[str, Any] = {"id": sample.id, "video": sample.video, "seed": seed}
     if sample.category is not None:  # Physical AI Bench: the report's columns come from these
         record |= {"category": sample.category, "subcategory": sample.subcategory}
@@ -100,7 +106,7 @@ def result_line(sample: EvalSample, result: GenerationResult, seed: int | None) 
         score = score_completion(completion.text, sample)
     except PhysReasonError as exc:
         return record | {"error": str(exc), "full_response": completion.text}
-    parsed = parse_completion(completion.text)
+    parsed = parse_completion(completion.text, *asked_layout(sample, prompting or Prompting()))
     if score.iou is not None:
         record["iou"] = score.iou
     return record | {
@@ -114,6 +120,14 @@ def result_line(sample: EvalSample, result: GenerationResult, seed: int | None) 
         "prompt_tokens": len(result.prompt_token_ids),
         "completion_tokens": len(completion.token_ids),
     }
+
+
+def asked_layout(sample: EvalSample, prompting: Prompting) -> tuple[StyleName, bool]:
+    """The style and reasoning mode a sample's question was asked in: a structured question is asked as
+    Cosmos-Reason2 asks it, without reasoning (build_eval_request); a multiple-choice one in the run's prompting."""
+    if sample.options is None:
+        return "reason2", False
+    return prompting.style, prompting.reasoning
 
 
 def _requests(
@@ -169,7 +183,7 @@ def evaluate_shard(
     with out.open("a", encoding="utf-8") as sink:
 
         def write(sample: EvalSample, result: GenerationResult) -> None:
-            record = result_line(sample, result, sampling.seed)
+            record = result_line(sample, result, sampling.seed, prompting)
             sink.write(json.dumps(record, ensure_ascii=False) + "\n")
             sink.flush()
             counts.answered += "error" not in record

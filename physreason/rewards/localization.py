@@ -3,7 +3,8 @@
 The answers are parsed by `physreason.chat.structured` (layouts, and the decisions on several boxes,
 swapped corners, clipping and end before start) from the shared extractor's answer region
 (`answer_region`): the `<answer>` block of the Cosmos-Reason1 layout, else the text after `</think>`
-(Cosmos-Reason2), else the whole completion. A box of zero area covers nothing (IoU 0).
+(Cosmos-Reason2), else the whole completion; none when the reasoning never ended (cut off mid-reasoning). A box
+of zero area covers nothing (IoU 0).
 
 The IoU rewards (box_iou, temporal_iou, localization) take two options (grpo.reward_options, IoUShaping): the
 continuous IoU by default, a 0/1 hit at an IoU threshold, or a mix of both. Evaluation scores the plain IoU always.
@@ -58,7 +59,8 @@ class IoUShaping:
 
 def answer_item(text: str) -> dict[str, Any] | None:
     """The answer object of a completion: the JSON in its answer region (see the module docstring)."""
-    return json_item(answer_region(text)[0])
+    region = answer_region(text)[0]
+    return None if region is None else json_item(region)
 
 
 def box_iou(a: Box | None, b: Box | None) -> float:
