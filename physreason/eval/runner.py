@@ -19,7 +19,7 @@ from physreason.engines.base import Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
 from physreason.eval.benchmark import Benchmark, EvalSample
 from physreason.eval.results import finished_in_run, shard_file
-from physreason.eval.scoring import score_completion
+from physreason.eval.scoring import Score, score_completion
 from physreason.infer.results import truncate_torn_tail
 from physreason.vision import load_video
 from physreason.vision.resize import PATCH_FACTOR
@@ -106,6 +106,12 @@ def result_line(
         score = score_completion(completion.text, sample)
     except PhysReasonError as exc:
         return record | {"error": str(exc), "full_response": completion.text}
+    except Exception as exc:  # model output is untrusted: no completion stops a run; it scores as unanswered
+        log.warning(
+            "sample %s: scoring its completion raised %s: %s; counted wrong", sample.id, type(exc).__name__, exc
+        )
+        record["score_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        score = Score(prediction=None, is_correct=False, iou=0.0 if sample.structured else None)
     parsed = parse_completion(completion.text, *asked_layout(sample, prompting or Prompting()))
     if score.iou is not None:
         record["iou"] = score.iou

@@ -93,6 +93,14 @@ def _reference(answer: str, parse: Any, what: str) -> Any:
     return value
 
 
+def _reference_kind(answer: str) -> AnswerKind:
+    """The layout of the sample's reference answer; InputError (the data's fault, not the completion's) for none."""
+    try:
+        return answer_kind(answer)
+    except ValueError as exc:
+        raise InputError(f"{exc}; fix the data record") from None
+
+
 @register_reward("box_iou", options=IoUShaping)
 def box_iou_reward(
     completion: str,
@@ -140,7 +148,7 @@ def temporal_iou_reward(
 @register_reward("json_format")
 def json_format_reward(completion: str, *, answer: str, **sample: Any) -> float:
     """1.0 when the completion's answer is JSON in the reference answer's layout (box, point or span), else 0.0."""
-    parse = {"box_2d": box_from, "point_2d": point_from, "time_span": span_from}[answer_kind(answer)]
+    parse = {"box_2d": box_from, "point_2d": point_from, "time_span": span_from}[_reference_kind(answer)]
     return float(parse(answer_item(completion)) is not None)
 
 
@@ -155,7 +163,7 @@ class LocalizationScore:
 
 def score_localization(completion: str, answer: str, box_2d: list[float] | None = None) -> LocalizationScore:
     """The evaluation score of a structured answer: box IoU, point in box, or temporal IoU, and the hit at 0.5."""
-    kind = answer_kind(answer)
+    kind = _reference_kind(answer)
     if kind == "box_2d":  # the rewards' default options: the plain IoU
         iou = box_iou_reward(completion, answer=answer)
     elif kind == "point_2d":

@@ -89,8 +89,11 @@ def completion_rewards(
     style: StyleName = "reason1",
     reward_options: Mapping[str, Mapping[str, float]] | None = None,
     answer_type: AnswerType = "grpo",
+    failed: list[str] | None = None,
 ) -> dict[str, float]:
     """Each configured reward and the diagnostic ones for one completion, plus the weighted "total".
+
+    A reward that raises on the completion scores 0 and its name is appended to `failed` (compute_rewards).
 
     Rewards also get `prompt_style` and `reasoning`, the layout the prompt asked for (`MCQPrompt.layout`), which
     the format reward checks, and their `reward_options` ([grpo] reward_options).
@@ -100,7 +103,7 @@ def completion_rewards(
     # The layout wins over a record field of the same name (a structured record's qa may carry "reasoning").
     fields = prompt.reward_fields() | {"prompt_style": asked_style, "reasoning": reasoning}
     try:
-        return compute_rewards(text, every, reward_options, **fields)
+        return compute_rewards(text, every, reward_options, failed, **fields)
     except InputError as exc:
         raise InputError(f"sample {prompt.id!r}: {exc}") from exc
 
@@ -265,6 +268,7 @@ def _rollout_round(
             batch.counts["requests_failed"] += 1
             log.warning("rollout: prompt %s skipped: %s", prompt.id, result.error or "incomplete group of completions")
             continue
+        failed: list[str] = []
         rewards = [
             completion_rewards(
                 c.text,
@@ -273,9 +277,11 @@ def _rollout_round(
                 settings.prompt_style,
                 settings.reward_options,
                 settings.answer_type,
+                failed,
             )
             for c in result.completions
         ]
+        batch.counts["reward_errors"] += len(failed)  # a reward that raised on a completion: scored 0, logged once
         if settings.overlong_buffer_length:
             lengths = torch.tensor([len(c.token_ids) for c in result.completions])  # [n]
             penalties = soft_overlong_penalty(
