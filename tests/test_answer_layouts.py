@@ -170,3 +170,31 @@ def test_infer_in_reason2_plain_mode_prints_no_reason1_format_problems(tiny_mode
     assert "answer" in result.stdout
     assert "missing <think>" not in result.stdout and "missing </think>" not in result.stdout
     assert "missing <answer>" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "shown", "hidden"),
+    [
+        ("<think>\nit falls, so the answer is B", "(none: the reasoning never ended)", "missing <answer>"),
+        ("<think>\nit falls\n</think>\n\nB", "B", "missing"),
+    ],
+)
+def test_infer_prints_the_answer_the_rewards_read_and_the_problems_of_the_mode_asked(
+    tiny_model_dirs, monkeypatch, text, shown, hidden
+) -> None:
+    from typer.testing import CliRunner
+
+    import physreason.engines
+    from physreason.cli import app
+
+    class Scripted:
+        def generate(self, requests, sampling, *, logprobs=True):
+            return [GenerationResult(r.request_id, [1], [Completion(text, [1], [], "length")]) for r in requests]
+
+    monkeypatch.setattr(physreason.engines, "create_engine", lambda model, engine: Scripted())
+    model = str(tiny_model_dirs["qwen3_vl"])
+    result = CliRunner().invoke(app, ["infer", "--model", model, "--question", "Does it fall?", "--reasoning"])
+    assert result.exit_code == 0, result.output
+    answer_panel = result.output[result.output.index("completion: answer") :]
+    assert shown in answer_panel and "so the answer is B" not in answer_panel
+    assert hidden not in result.output
