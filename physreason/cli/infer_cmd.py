@@ -181,7 +181,8 @@ def infer(
                 console.print(Panel(output["reasoning"].strip() or "(empty)", title=f"{title}: reasoning", expand=True))
             answer = output["answer"]
             if answer is None:  # the text the rewards and evaluation read as the answer, or none at all
-                answer = answer_region(output["text"])[0] or "(none: the reasoning never ended)"
+                region = answer_region(output["text"])[0]
+                answer = "(none: the reasoning never ended)" if region is None else region
             console.print(Panel(answer.strip() or "(empty)", title=f"{title}: answer", border_style="green"))
             if output["format_problems"]:
                 console.print(f"[yellow]format: {'; '.join(output['format_problems'])}[/]")
