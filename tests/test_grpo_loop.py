@@ -268,5 +268,6 @@ def test_a_prompt_longer_than_the_context_is_skipped_and_counted_not_fatal(tiny_
     with caplog.at_level("WARNING", logger="physreason.train.rollout"):
         result = run_grpo(config)
     assert result.metrics[0]["rollout/requests_failed"] == 1.0
+    assert result.metrics[0]["rollout/reward_errors"] == 0.0  # logged every step beside the other counts
     assert result.metrics[0]["rollout/groups_kept"] == 3.0
     assert any("q1" in r.getMessage() and "256" in r.getMessage() for r in caplog.records)

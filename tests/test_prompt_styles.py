@@ -162,8 +162,8 @@ REASON2_CASES = [
     ("<think>\nThe cup is held.\n</think>\n\nThe answer is (A).", "A", "(a)", True),
     ("<think>\nno</think>\n\nyes", "A", "yes", True),  # an option's text names its letter
     ("B", "B", "b", False),  # non-reasoning mode: the whole completion is the answer
-    # unclosed: no format credit; the extractor reads the whole completion, as for Reason1
-    ("<think>\nstill thinking about B", "B", "<think> still thinking about b", False),
+    # cut off mid-reasoning: no answer, whatever the reasoning names, and no format credit
+    ("<think>\nstill thinking about B", None, None, False),
     ("<think>\nA or B?\n</think>\n\n", None, None, False),  # empty answer
     ("<think>\nx\n</think>\n\n<answer>\nA\n</answer>", "A", "a", False),  # Reason1 tags: read, but not Reason2's format
     ("<think>a</think>\n\nB</think>\n\nA", "A", "a", False),  # two closes: the text after the last is the answer

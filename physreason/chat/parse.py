@@ -12,6 +12,8 @@ _TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
 # cosmos-rl's format regex ends in `$`, which also matches before one final newline; generation
 # that stops right after "</answer>\n" is therefore well-formed there, and here.
 _ALLOWED_AFTER_ANSWER = ("", "\n")
+NO_ANSWER_AFTER_REASONING = "no answer after the reasoning"
+_REASON2_ANSWER_TAGS = "<answer> tags (Cosmos-Reason2 writes the answer right after </think>)"
 
 
 @dataclass(frozen=True)
@@ -28,17 +30,23 @@ class ParsedCompletion:
     problems: list[str] = field(default_factory=list)
 
 
-def parse_completion(text: str, style: str = "reason1") -> ParsedCompletion:
+def parse_completion(text: str, style: str = "reason1", reasoning: bool = True) -> ParsedCompletion:
     """Split `text` into think and answer, extracting leniently and listing format problems strictly.
 
     Extraction: think is the text from the first `<think>` (or the start, when only `</think>` is
     there) to the first `</think>` (or to `<answer>`, or the end, when unclosed). The answer is
     the content of the last innermost `<answer>...</answer>` pair; failing that, the text after
-    an unclosed `<answer>`, or the text between `</think>` and a stray `</answer>`.
+    an unclosed `<answer>`, or the text between `</think>` and a stray `</answer>`. Reasoning that never
+    ended (see `reasoning_cut_off`) holds no answer: only the text before it is read.
     style "reason2" (Cosmos-Reason2: the answer follows `</think>` with no tags) reads the answer from
     `<answer>` tags where there are any, else the text after the last `</think>`, else the whole text when
     there is no think tag (non-reasoning output); see `parse_reason2`.
+    `reasoning` False (the question was asked without reasoning, in either style): the layout asked for is a
+    bare answer, so the answer is read as `locate_answer` does and only an empty or missing answer (and, for
+    reason2, `<answer>` tags) is a problem; see `parse_plain`.
     """
+    if not reasoning:
+        return parse_plain(text, style)
     if style == "reason2":
         return parse_reason2(text)
     counts = {tag: text.count(tag) for tag in _TAGS}
@@ -46,7 +54,8 @@ def parse_completion(text: str, style: str = "reason1") -> ParsedCompletion:
     problems += [f"more than one {tag}" for tag in _TAGS if counts[tag] > 1]
 
     think = _extract_think(text, counts)
-    answer = _extract_answer(text, counts)
+    cut = reasoning_cut_off(text)
+    answer = _extract_answer(text, counts) if cut is None else _extract_answer(text[:cut])
 
     if all(count == 1 for count in counts.values()):
         problems += _layout_problems(text)
@@ -68,8 +77,48 @@ def _extract_think(text: str, counts: dict[str, int]) -> str | None:
     return text[start:end].strip()
 
 
-def _extract_answer(text: str, counts: dict[str, int]) -> str | None:
+def reasoning_cut_off(text: str) -> int | None:
+    """Offset of the `<think>` whose reasoning never ended, or None when every reasoning block ended.
+
+    Reasoning ends at `</think>`, or at `<answer>` when `</think>` is missing (the model opened its answer);
+    the last `<think>` followed by neither is a completion cut off mid-reasoning (max_tokens), or a model that
+    never stopped thinking. Nothing after that `<think>` is an answer, whatever it names.
+    """
+    opened = text.rfind(THINK_OPEN)
+    if opened < 0:
+        return None
+    after = opened + len(THINK_OPEN)
+    if text.find(THINK_CLOSE, after) >= 0 or text.find(ANSWER_OPEN, after) >= 0:
+        return None
+    return opened
+
+
+def locate_answer(text: str) -> tuple[str | None, bool]:
+    """The raw answer text of a completion in any style or mode, and whether it came from `<answer>` tags.
+
+    The one rule every reader shares (rewards, evaluation, infer records): the answer lies outside the
+    reasoning. Read in order: the `<answer>` tags (`_extract_answer`), else the text after the last
+    `</think>`, else the whole text when there is no think tag at all (an answer without reasoning). Reasoning
+    that never ended (`reasoning_cut_off`) is left out, so a completion cut off mid-reasoning has no answer
+    (None), however plainly its reasoning names one. The text is returned as written (not stripped).
+    """
+    cut = reasoning_cut_off(text)
+    scope = text if cut is None else text[:cut]
+    tagged = _extract_answer(scope)
+    if tagged is not None:
+        return tagged, True
+    think_end = scope.rfind(THINK_CLOSE)
+    if think_end >= 0:
+        return scope[think_end + len(THINK_CLOSE) :], False
+    if cut is not None:
+        return None, False
+    return text, False
+
+
+def _extract_answer(text: str, counts: dict[str, int] | None = None) -> str | None:
     """The answer text, or None when neither answer tag is present."""
+    if counts is None:
+        counts = {tag: text.count(tag) for tag in _TAGS}
     pair = _last_answer_pair(text)
     if pair is not None:
         return pair.strip()
@@ -120,24 +169,18 @@ def parse_reason2(text: str) -> ParsedCompletion:
 
     Well-formed (no problems): one `<think>` at the start (after optional whitespace), one `</think>` after it,
     a non-empty answer after it, no `<answer>` tags. A completion with no think tag at all is a non-reasoning
-    answer: its whole text is the answer, and only "missing <think>" / "missing </think>" are reported, which
-    callers in non-reasoning mode ignore. `<answer>` tags, when a model writes them anyway, still give the answer.
+    answer: its whole text is the answer, and only "missing <think>" / "missing </think>" are reported (a question
+    asked without reasoning is parsed by `parse_plain` instead). `<answer>` tags, when a model writes them anyway,
+    still give the answer. Reasoning that never ended gives no answer (`locate_answer`).
     """
     counts = {tag: text.count(tag) for tag in _TAGS}
     problems = [f"missing {tag}" for tag in (THINK_OPEN, THINK_CLOSE) if counts[tag] == 0]
     problems += [f"more than one {tag}" for tag in (THINK_OPEN, THINK_CLOSE) if counts[tag] > 1]
     if counts[ANSWER_OPEN] or counts[ANSWER_CLOSE]:
-        problems.append("<answer> tags (Cosmos-Reason2 writes the answer right after </think>)")
+        problems.append(_REASON2_ANSWER_TAGS)
     think = _extract_think(text, counts)
-    tagged = _extract_answer(text, counts)
-    if tagged is not None:
-        answer: str | None = tagged
-    elif counts[THINK_CLOSE]:
-        answer = text[text.rindex(THINK_CLOSE) + len(THINK_CLOSE) :].strip()
-    elif counts[THINK_OPEN]:
-        answer = None  # the reasoning never ended: there is no answer
-    else:
-        answer = text.strip()
+    located, _ = locate_answer(text)
+    answer = None if located is None else located.strip()
     if counts[THINK_OPEN] == 1 and counts[THINK_CLOSE] == 1:
         open_at, close_at = text.index(THINK_OPEN), text.index(THINK_CLOSE)
         if close_at < open_at:
@@ -147,5 +190,25 @@ def parse_reason2(text: str) -> ParsedCompletion:
     if answer is not None and not answer:
         problems.append("empty answer")
     elif answer is None and counts[THINK_OPEN]:
-        problems.append("no answer after the reasoning")
+        problems.append(NO_ANSWER_AFTER_REASONING)
     return ParsedCompletion(think=think, answer=answer, problems=problems)
+
+
+def parse_plain(text: str, style: str = "reason1") -> ParsedCompletion:
+    """Split a completion to a question asked without reasoning, in either style: the answer is the text.
+
+    Well-formed: a non-empty answer. A think block the model writes anyway is read as reasoning and is no
+    problem; one it never closes leaves no answer ("no answer after the reasoning"). `<answer>` tags give the
+    answer; for reason2, whose layout has none, they are also a problem, as in `parse_reason2`.
+    """
+    counts = {tag: text.count(tag) for tag in _TAGS}
+    problems = []
+    if style == "reason2" and (counts[ANSWER_OPEN] or counts[ANSWER_CLOSE]):
+        problems.append(_REASON2_ANSWER_TAGS)
+    located, _ = locate_answer(text)
+    answer = None if located is None else located.strip()
+    if answer is None:
+        problems.append(NO_ANSWER_AFTER_REASONING)
+    elif not answer:
+        problems.append("empty answer")
+    return ParsedCompletion(think=_extract_think(text, counts), answer=answer, problems=problems)

@@ -99,9 +99,20 @@ def _first_item(value: Any) -> dict[str, Any] | None:
 def _numbers(value: Any, count: int) -> list[float] | None:
     if not isinstance(value, list) or len(value) != count:
         return None
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
+    numbers = [_finite(v) for v in value]
+    return None if any(v is None for v in numbers) else numbers  # type: ignore[return-value]
+
+
+def _finite(value: Any) -> float | None:
+    """A JSON number as a finite float; None for a non-number, a bool, NaN, infinity, or an int too large for a
+    float (a model may write hundreds of digits: untrusted output is unparsed, never an OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return [float(v) for v in value]
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _clip(value: float) -> float:

@@ -117,6 +117,7 @@ def infer(
     from physreason.infer.batch import prepare_single_out, write_single_result
     from physreason.infer.settings import answer_settings
     from physreason.models.inputs import patch_factor, prompting_for
+    from physreason.rewards.extract import answer_region
 
     overwrite = overwrite or force
     if fps is not None and nframes is not None:
@@ -177,7 +178,7 @@ def infer(
         prepare_single_out(out, rid, settings, overwrite)
     generator = create_engine(cfg.model, cfg.engine)
     (result,) = generator.generate([request], sampling, logprobs=False)
-    record = result_record(result, prompting.style)
+    record = result_record(result, prompting.style, prompting.reasoning)
     if out is not None:
         write_single_result(out, {**record, "id": rid})
         console.print(f"wrote the result of {rid} to {out}", soft_wrap=True, highlight=False)
@@ -190,7 +191,10 @@ def infer(
             title = f"completion {k + 1}" if len(record["outputs"]) > 1 else "completion"
             if output["reasoning"] is not None:
                 console.print(Panel(output["reasoning"].strip() or "(empty)", title=f"{title}: reasoning", expand=True))
-            answer = output["answer"] if output["answer"] is not None else output["text"]
+            answer = output["answer"]
+            if answer is None:  # the text the rewards and evaluation read as the answer, or none at all
+                region = answer_region(output["text"])[0]
+                answer = "(none: the reasoning never ended)" if region is None else region
             console.print(Panel(answer.strip() or "(empty)", title=f"{title}: answer", border_style="green"))
             if output["format_problems"]:
                 console.print(f"[yellow]format: {'; '.join(output['format_problems'])}[/]")

@@ -55,6 +55,14 @@ class MCQPrompt:
             self.question, self.options, videos=self.videos, images=self.images, answer_type=answer_type, style=style
         )
 
+    def layout(self, answer_type: AnswerType = "grpo", style: StyleName = "reason1") -> tuple[StyleName, bool]:
+        """The style and reasoning mode `messages` asks the question in, which a completion's format is checked
+        against: a structured question is asked as Cosmos-Reason2 asks it, without reasoning; answer type
+        "letter" asks for the letter alone."""
+        if not self.options:
+            return "reason2", False
+        return style, answer_type != "letter"
+
     def reward_fields(self) -> dict[str, Any]:
         """The sample fields rewards read (`answer`, and `options` or a structured question's ground truth)."""
         if not self.options:

@@ -19,7 +19,7 @@ from physreason.engines.base import Engine, GenerationRequest, GenerationResult
 from physreason.errors import PhysReasonError
 from physreason.eval.benchmark import Benchmark, EvalSample
 from physreason.eval.results import finished_in_run, shard_file
-from physreason.eval.scoring import score_completion
+from physreason.eval.scoring import Score, score_completion
 from physreason.infer.results import truncate_torn_tail
 from physreason.vision import load_video
 from physreason.vision.resize import PATCH_FACTOR
@@ -86,8 +86,14 @@ def _with_system_prompt(messages: list[dict[str, Any]], system_prompt: str, styl
     return [{"role": "system", "content": system_prompt}, *turns]
 
 
-def result_line(sample: EvalSample, result: GenerationResult, seed: int | None) -> dict[str, Any]:
-    """The stored record of one answered sample: the response, its parsed parts and its score, or its error."""
+def result_line(
+    sample: EvalSample, result: GenerationResult, seed: int | None, prompting: Prompting | None = None
+) -> dict[str, Any]:
+    """The stored record of one answered sample: the response, its parsed parts and its score, or its error.
+
+    Format problems are those of the layout the sample was asked for (`asked_layout`); `prompting` None is
+    Cosmos-Reason1 with reasoning.
+    """
     record: dict[str, Any] = {"id": sample.id, "video": sample.video, "seed": seed}
     if sample.category is not None:  # Physical AI Bench: the report's columns come from these
         record |= {"category": sample.category, "subcategory": sample.subcategory}
@@ -100,7 +106,13 @@ def result_line(sample: EvalSample, result: GenerationResult, seed: int | None) 
         score = score_completion(completion.text, sample)
     except PhysReasonError as exc:
         return record | {"error": str(exc), "full_response": completion.text}
-    parsed = parse_completion(completion.text)
+    except Exception as exc:  # model output is untrusted: no completion stops a run; it scores as unanswered
+        log.warning(
+            "sample %s: scoring its completion raised %s: %s; counted wrong", sample.id, type(exc).__name__, exc
+        )
+        record["score_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        score = Score(prediction=None, is_correct=False, iou=0.0 if sample.structured else None)
+    parsed = parse_completion(completion.text, *asked_layout(sample, prompting or Prompting()))
     if score.iou is not None:
         record["iou"] = score.iou
     return record | {
@@ -114,6 +126,14 @@ def result_line(sample: EvalSample, result: GenerationResult, seed: int | None) 
         "prompt_tokens": len(result.prompt_token_ids),
         "completion_tokens": len(completion.token_ids),
     }
+
+
+def asked_layout(sample: EvalSample, prompting: Prompting) -> tuple[StyleName, bool]:
+    """The style and reasoning mode a sample's question was asked in: a structured question is asked as
+    Cosmos-Reason2 asks it, without reasoning (build_eval_request); a multiple-choice one in the run's prompting."""
+    if sample.options is None:
+        return "reason2", False
+    return prompting.style, prompting.reasoning
 
 
 def _requests(
@@ -169,7 +189,7 @@ def evaluate_shard(
     with out.open("a", encoding="utf-8") as sink:
 
         def write(sample: EvalSample, result: GenerationResult) -> None:
-            record = result_line(sample, result, sampling.seed)
+            record = result_line(sample, result, sampling.seed, prompting)
             sink.write(json.dumps(record, ensure_ascii=False) + "\n")
             sink.flush()
             counts.answered += "error" not in record

@@ -377,7 +377,7 @@ def run_batch(
             task = progress.add_task("infer", total=len(plan.pending))
 
             def write(result: GenerationResult) -> None:
-                record_to(sink, summary, result_record(result, prompting.style))
+                record_to(sink, summary, result_record(result, prompting.style, prompting.reasoning))
                 progress.advance(task)
 
             batch: list[GenerationRequest] = []

@@ -126,11 +126,17 @@ class EngineReplica:
     """GPU stage: one engine (tp GPUs) answering batches of decoded requests; rows {"id", "record": JSON text}."""
 
     def __init__(
-        self, model: ModelConfig, engine: EngineConfig, sampling: SamplingConfig, style: StyleName = "reason1"
+        self,
+        model: ModelConfig,
+        engine: EngineConfig,
+        sampling: SamplingConfig,
+        style: StyleName = "reason1",
+        reasoning: bool = True,
     ) -> None:
         self.engine = replica_engine(model, engine)
         self.sampling = sampling
         self.style = style
+        self.reasoning = reasoning
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
         """Answer the decodable requests of a batch; carry decoding errors through as error records."""
@@ -151,7 +157,8 @@ class EngineReplica:
                 answered = [GenerationResult(request_id=r.request_id, error=message) for r in requests]
             for result in answered:
                 results[str(result.request_id)] = result
-        return {"id": ids, "record": [json.dumps(result_record(results[rid], self.style), ensure_ascii=False) for rid in ids]}
+        records = [result_record(results[rid], self.style, self.reasoning) for rid in ids]
+        return {"id": ids, "record": [json.dumps(record, ensure_ascii=False) for record in records]}
 
 
 _NO_RAY_DATA = "--num-gpus runs on Ray Data, which is not installed: pip install 'physreason[ray]'"
@@ -314,6 +321,7 @@ def _engine_stage(dataset, cfg: Config, replicas: int, gpus_each: int, prompt: t
             "engine": cfg.engine,
             "sampling": prompt[1],
             "style": prompt[0].style,
+            "reasoning": prompt[0].reasoning,
         },
         # One batch generating and one waiting per replica: the engine never idles between batches, and a
         # replica that dies has at most TASKS_IN_FLIGHT batches (of engine.batch_size items) in flight.

@@ -42,8 +42,9 @@ def build_request(
     return GenerationRequest(messages=messages, images=pictures, videos=frames, request_id=request_id)
 
 
-def result_record(result: GenerationResult, style: StyleName = "reason1") -> dict[str, Any]:
-    """A JSON-ready record: each completion's text, parsed reasoning and answer (in the style's layout), problems."""
+def result_record(result: GenerationResult, style: StyleName = "reason1", reasoning: bool = True) -> dict[str, Any]:
+    """A JSON-ready record: each completion's text, parsed reasoning and answer, and its format problems against
+    the layout the question was asked for (the style's, in the reasoning mode `reasoning`)."""
     record: dict[str, Any] = {"id": result.request_id}
     if result.error is not None:
         record["error"] = result.error
@@ -51,7 +52,7 @@ def result_record(result: GenerationResult, style: StyleName = "reason1") -> dic
     record["prompt_tokens"] = len(result.prompt_token_ids)
     outputs = []
     for completion in result.completions:
-        parsed = parse_completion(completion.text, style)
+        parsed = parse_completion(completion.text, style, reasoning)
         outputs.append(
             {
                 "text": completion.text,

@@ -7,7 +7,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from physreason.chat.mcq import OPTION_LETTERS, lettered_options
-from physreason.chat.parse import THINK_CLOSE, parse_completion
+from physreason.chat.parse import locate_answer
 
 # Zero-width characters are not whitespace to str.strip but are invisible in every report.
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
@@ -83,32 +83,33 @@ def extract(
 
     The answer region is the content of the last `<answer>...</answer>` pair (see
     `parse_completion`); without answer tags it is the text after the last `</think>`, or the whole
-    completion. Multiple choice (when `options` are given, or `multiple_choice` is True, then any
-    letter A-Z counts) reads, in order: a bare letter, a letter opening the answer with a delimiter,
-    an option's full text, "answer is X", "option X", and finally a single capital letter standing
-    alone; a letter that is not an option is ignored. A hedge that names two different options
+    completion when it has no think tag; a completion whose reasoning never ended (cut off by max_tokens)
+    has no answer (None), whatever its reasoning names. Multiple choice (when `options` are given, or
+    `multiple_choice` is True, then any letter A-Z counts) reads, in order: a bare letter, a letter opening
+    the answer with a delimiter, an option's full text, "answer is X", "option X", and finally a single
+    capital letter standing alone; a letter that is not an option is ignored. A hedge that names two different options
     ("A or B", "A, C", "the answer is A and B") is no answer (None).
     """
     region, tagged = answer_region(text)
     if multiple_choice is None:
         multiple_choice = options is not None
+    if region is None:
+        return ExtractedAnswer(answer=None, tagged=False)
     if not multiple_choice:
         return ExtractedAnswer(answer=normalize_answer(region) or None, tagged=tagged)
     lettered = lettered_options(options) if options is not None else None
     return ExtractedAnswer(answer=_option_letter(region, lettered), tagged=tagged)
 
 
-def answer_region(text: str) -> tuple[str, bool]:
+def answer_region(text: str) -> tuple[str | None, bool]:
     """The raw answer text of a completion and whether it came from `<answer>` tags (see `extract`).
 
-    Structured answers (JSON boxes, time spans) are parsed from this region as written, before any
-    normalisation that would change their text.
+    None when the completion has no answer: its reasoning never ended (`chat.parse.locate_answer`, the rule the
+    parsers share). Structured answers (JSON boxes, time spans) are parsed from this region as written, before
+    any normalisation that would change their text.
     """
-    parsed = parse_completion(text)
-    if parsed.answer is not None:
-        return parsed.answer, True
-    think_end = text.rfind(THINK_CLOSE)
-    return (text[think_end + len(THINK_CLOSE) :] if think_end >= 0 else text), False
+    region, tagged = locate_answer(text)
+    return (region.strip() if tagged and region is not None else region), tagged
 
 
 def extract_answer(

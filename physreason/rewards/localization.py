@@ -3,7 +3,8 @@
 The answers are parsed by `physreason.chat.structured` (layouts, and the decisions on several boxes,
 swapped corners, clipping and end before start) from the shared extractor's answer region
 (`answer_region`): the `<answer>` block of the Cosmos-Reason1 layout, else the text after `</think>`
-(Cosmos-Reason2), else the whole completion. A box of zero area covers nothing (IoU 0).
+(Cosmos-Reason2), else the whole completion; none when the reasoning never ended (cut off mid-reasoning). A box
+of zero area covers nothing (IoU 0).
 
 The IoU rewards (box_iou, temporal_iou, localization) take two options (grpo.reward_options, IoUShaping): the
 continuous IoU by default, a 0/1 hit at an IoU threshold, or a mix of both. Evaluation scores the plain IoU always.
@@ -58,7 +59,8 @@ class IoUShaping:
 
 def answer_item(text: str) -> dict[str, Any] | None:
     """The answer object of a completion: the JSON in its answer region (see the module docstring)."""
-    return json_item(answer_region(text)[0])
+    region = answer_region(text)[0]
+    return None if region is None else json_item(region)
 
 
 def box_iou(a: Box | None, b: Box | None) -> float:
@@ -89,6 +91,14 @@ def _reference(answer: str, parse: Any, what: str) -> Any:
     if value is None:
         raise InputError(f"the sample's reference answer {answer[:80]!r} holds no valid {what}; fix the data record")
     return value
+
+
+def _reference_kind(answer: str) -> AnswerKind:
+    """The layout of the sample's reference answer; InputError (the data's fault, not the completion's) for none."""
+    try:
+        return answer_kind(answer)
+    except ValueError as exc:
+        raise InputError(f"{exc}; fix the data record") from None
 
 
 @register_reward("box_iou", options=IoUShaping)
@@ -138,7 +148,7 @@ def temporal_iou_reward(
 @register_reward("json_format")
 def json_format_reward(completion: str, *, answer: str, **sample: Any) -> float:
     """1.0 when the completion's answer is JSON in the reference answer's layout (box, point or span), else 0.0."""
-    parse = {"box_2d": box_from, "point_2d": point_from, "time_span": span_from}[answer_kind(answer)]
+    parse = {"box_2d": box_from, "point_2d": point_from, "time_span": span_from}[_reference_kind(answer)]
     return float(parse(answer_item(completion)) is not None)
 
 
@@ -153,7 +163,7 @@ class LocalizationScore:
 
 def score_localization(completion: str, answer: str, box_2d: list[float] | None = None) -> LocalizationScore:
     """The evaluation score of a structured answer: box IoU, point in box, or temporal IoU, and the hit at 0.5."""
-    kind = answer_kind(answer)
+    kind = _reference_kind(answer)
     if kind == "box_2d":  # the rewards' default options: the plain IoU
         iou = box_iou_reward(completion, answer=answer)
     elif kind == "point_2d":

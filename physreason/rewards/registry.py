@@ -8,18 +8,21 @@ call checks their values (a dataclass does both).
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from physreason.errors import ConfigError, InputError
+from physreason.errors import ConfigError, InputError, PhysReasonError
 
+log = logging.getLogger(__name__)
 # A reward: `fn(completion, **sample_fields) -> float`. Rewards declare the fields they need as
 # required keyword-only parameters (accuracy needs `answer`), which a Protocol cannot express.
 RewardFn = Callable[..., float]
 
 _REWARDS: dict[str, RewardFn] = {}
 _OPTIONS: dict[str, Callable[..., Any]] = {}  # reward name -> the validator of its options
+_WARNED: set[tuple[str, str]] = set()  # (reward, exception type) already logged in this process
 # The key compute_rewards adds for the weighted sum, so no reward may take its name.
 TOTAL_KEY = "total"
 
@@ -117,6 +120,7 @@ def compute_rewards(
     completion: str,
     weights: Mapping[str, float],
     reward_options: Mapping[str, Mapping[str, Any]] | None = None,
+    failed: list[str] | None = None,
     /,
     **sample: Any,
 ) -> dict[str, float]:
@@ -125,7 +129,10 @@ def compute_rewards(
     Every reward in `weights` is computed, zero weights included, so logs show it. The sample's
     fields go to every reward as keywords, and a reward's `reward_options` (checked by check_reward_options)
     to it alone; InputError names a field a reward needs and lacks, a field that shadows an option, or a
-    reward that returned NaN or infinity.
+    reward that returned NaN or infinity. A PhysReasonError a reward raises (the sample's reference is bad) goes
+    on. Any other exception is the completion's doing (model output is untrusted) and never stops a step: that
+    reward is 0 for this completion, its name is appended to `failed`, and the first such error of each reward
+    and exception type is logged as a warning.
     """
     # The first three parameters are positional-only so that a sample field of any name (multiple-choice
     # samples carry `options`) lands in `sample`.
@@ -146,7 +153,24 @@ def compute_rewards(
                 f"Reward {name!r}: sample field(s) {shadowed} have the names of its options in grpo.reward_options; "
                 "rename those fields in the data records"
             )
-        value = float(fn(completion, **sample, **options))
+        try:
+            value = float(fn(completion, **sample, **options))
+        except PhysReasonError:
+            raise
+        except Exception as exc:
+            value = 0.0
+            if failed is not None:
+                failed.append(name)
+            if (name, type(exc).__name__) not in _WARNED:
+                _WARNED.add((name, type(exc).__name__))
+                log.warning(
+                    "reward %r raised %s: %s on the completion %s; it scores 0 (later errors like it are counted, "
+                    "not logged)",
+                    name,
+                    type(exc).__name__,
+                    _preview(str(exc), 200),
+                    _preview(completion),
+                )
         if not math.isfinite(value):
             # One NaN would turn its whole group's advantages, and then the loss, into NaN.
             raise InputError(

@@ -16,16 +16,17 @@ _LETTER_ANSWER = re.compile(r"^[(\[]?[A-Za-z][)\]]?$")
 
 
 @register_reward("format")
-def format_reward(completion: str, *, prompt_style: str = "reason1", **sample: Any) -> float:
-    """Return 1.0 when the completion has exactly the layout its prompt style asks for, else 0.0.
+def format_reward(completion: str, *, prompt_style: str = "reason1", reasoning: bool = True, **sample: Any) -> float:
+    """Return 1.0 when the completion has exactly the layout its prompt style (and reasoning mode) asks for, else 0.0.
 
     reason1: `<think>...</think>\\n\\n<answer>...</answer>`, "exactly" being what `parse_completion` reports
     no problem for: each tag once, in order, nothing before `<think>`, a blank line between the blocks, at
     most a newline after `</answer>`, and a non-empty answer (cosmos-rl's `format` reward accepts an empty
     answer and repeated answer tags; this one does not). reason2: one `<think>...</think>` block at the start,
-    then a non-empty answer, no `<answer>` tags (`parse_reason2`).
+    then a non-empty answer, no `<answer>` tags (`parse_reason2`). `reasoning` False (a question asked without
+    reasoning): a non-empty answer (`parse_plain`). Reasoning that never ended scores 0 in every layout.
     """
-    return 0.0 if parse_completion(completion, prompt_style).problems else 1.0
+    return 0.0 if parse_completion(completion, prompt_style, reasoning).problems else 1.0
 
 
 @register_reward("accuracy", aliases=("single_choice",))

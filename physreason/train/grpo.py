@@ -338,7 +338,7 @@ def rollout_metrics(
     out["rollout/truncated_frac"], _ = stats.mean_std(truncated)
     cut = [float(first_vision_token(s.completion.token_ids, vision) is not None) for s in batch.samples]
     out["rollout/vision_token_cut_frac"], _ = stats.mean_std(cut)
-    keys = ("prompts_drawn", "groups_dropped", "requests_failed", "rounds")
+    keys = ("prompts_drawn", "groups_dropped", "requests_failed", "reward_errors", "rounds")
     summed = stats.reduce([float(batch.counts[k]) for k in keys] + [float(batch.num_groups)]).tolist()
     out.update({f"rollout/{k}": v for k, v in zip(keys, summed[:-1], strict=True)})
     out["rollout/groups_kept"] = summed[-1]

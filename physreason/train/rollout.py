@@ -88,15 +88,22 @@ def completion_rewards(
     weights: Mapping[str, float],
     style: StyleName = "reason1",
     reward_options: Mapping[str, Mapping[str, float]] | None = None,
+    answer_type: AnswerType = "grpo",
+    failed: list[str] | None = None,
 ) -> dict[str, float]:
     """Each configured reward and the diagnostic ones for one completion, plus the weighted "total".
 
-    Rewards also get `prompt_style`, so the format reward checks the layout the prompt asked for, and their
-    `reward_options` ([grpo] reward_options).
+    A reward that raises on the completion scores 0 and its name is appended to `failed` (compute_rewards).
+
+    Rewards also get `prompt_style` and `reasoning`, the layout the prompt asked for (`MCQPrompt.layout`), which
+    the format reward checks, and their `reward_options` ([grpo] reward_options).
     """
     every = {name: 0.0 for name in DIAGNOSTIC_REWARDS} | dict(weights)
+    asked_style, reasoning = prompt.layout(answer_type, style)
+    # The layout wins over a record field of the same name (a structured record's qa may carry "reasoning").
+    fields = prompt.reward_fields() | {"prompt_style": asked_style, "reasoning": reasoning}
     try:
-        return compute_rewards(text, every, reward_options, prompt_style=style, **prompt.reward_fields())
+        return compute_rewards(text, every, reward_options, failed, **fields)
     except InputError as exc:
         raise InputError(f"sample {prompt.id!r}: {exc}") from exc
 
@@ -261,10 +268,20 @@ def _rollout_round(
             batch.counts["requests_failed"] += 1
             log.warning("rollout: prompt %s skipped: %s", prompt.id, result.error or "incomplete group of completions")
             continue
+        failed: list[str] = []
         rewards = [
-            completion_rewards(c.text, prompt, settings.reward_weights, settings.prompt_style, settings.reward_options)
+            completion_rewards(
+                c.text,
+                prompt,
+                settings.reward_weights,
+                settings.prompt_style,
+                settings.reward_options,
+                settings.answer_type,
+                failed,
+            )
             for c in result.completions
         ]
+        batch.counts["reward_errors"] += len(failed)  # a reward that raised on a completion: scored 0, logged once
         if settings.overlong_buffer_length:
             lengths = torch.tensor([len(c.token_ids) for c in result.completions])  # [n]
             penalties = soft_overlong_penalty(
