@@ -38,6 +38,8 @@ POINT_KEY = "point_2d"
 
 AnswerKind = Literal["box_2d", "point_2d", "time_span"]
 GridName = Literal["norm1000", "pixels"]
+NEUTRAL_GRID: GridName = "norm1000"  # the grid references and generated data are stored on, for every family
+COORDS_KEY = "coords"  # an SFT record's statement of the grid its answers' boxes and points are written on
 
 # "mm:ss.ff": minutes (1-3 digits), seconds 00-59, an optional decimal fraction of 1-3 digits.
 _TIME = re.compile(r"(\d{1,3}):([0-5]\d)(?:\.(\d{1,3}))?")
@@ -89,8 +91,9 @@ class CoordSpace:
         return COORD_MAX * x / x_max, COORD_MAX * y / y_max
 
     def from_common(self, x: float, y: float) -> tuple[int, int]:
-        """A point of the common 0-1000 grid on this grid, rounded to integers as models write them."""
+        """A point of the common 0-1000 grid (clipped to it) on this grid, rounded to integers as models write them."""
         x_max, y_max = self.limits
+        x, y = min(max(x, 0.0), COORD_MAX), min(max(y, 0.0), COORD_MAX)
         return round(x * x_max / COORD_MAX), round(y * y_max / COORD_MAX)
 
     def describe(self) -> str:
@@ -228,3 +231,39 @@ def grounds_2d(reference: str) -> bool:
         return answer_kind(reference) in ("box_2d", "point_2d")
     except ValueError:
         return False
+
+
+def _regrid_item(item: Any, space: CoordSpace) -> bool:
+    """Rewrite the 0-1000 box and point of one answer object on `space`'s grid, in place; True when it held one."""
+    if not isinstance(item, dict):
+        return False
+    found = False
+    for key, count in ((BOX_KEYS[0], 4), (BOX_KEYS[1], 4), (POINT_KEY, 2)):
+        numbers = _numbers(item.get(key), count)
+        if numbers is not None:
+            item[key] = [v for i in range(0, count, 2) for v in space.from_common(numbers[i], numbers[i + 1])]
+            found = True
+    return found
+
+
+def regrid_answer(text: str, space: CoordSpace) -> str | None:
+    """`text` with the boxes and points of its JSON answer, written on the 0-1000 grid, rewritten on `space`'s grid
+    (integers, as models write them); None when the answer holds no box or point.
+
+    The answer is the first JSON value after the last `</think>` (the whole text without one), so an `<answer>`
+    block or a bare answer both work; the text around it is kept as it is.
+    """
+    close = text.rfind("</think>")
+    offset = close + len("</think>") if close >= 0 else 0
+    region = text[offset:]
+    decoder = json.JSONDecoder(parse_constant=_reject_constant)
+    for start in sorted({region.find("{"), region.find("[")} - {-1}):
+        try:
+            value, end = decoder.raw_decode(region, start)
+        except (ValueError, RecursionError):
+            continue
+        items = value if isinstance(value, list) else [value]
+        if not [item for item in items if _regrid_item(item, space)]:
+            return None
+        return text[: offset + start] + json.dumps(value) + text[offset + end :]
+    return None
