@@ -97,7 +97,7 @@ def test_the_grounding_prompt_per_family():
     reason1 = prompt.messages("grpo", "reason1", (196, 252))[1]["content"][-1]["text"]
     assert reason1.startswith(QUESTION + " ") and "absolute pixels" in reason1 and "252x196 pixels" in reason1
     assert "y from 0 at the top edge to 196" in reason1
-    with pytest.raises(InputError, match="no image or video"):
+    with pytest.raises(InputError, match="without image or video"):
         prompt.messages("grpo", "reason1")
 
 

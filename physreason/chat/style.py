@@ -102,14 +102,14 @@ def coord_space(style: StyleName, frame_size: tuple[int, int] | None) -> CoordSp
     """The grid a model of `style` writes 2D coordinates on, for a question about a frame of `frame_size`
     ((height, width) as the model sees it: GenerationRequest.frame_size()).
 
-    Raises InputError when the style writes pixels and there is no frame (a question without image or video).
+    Raises InputError when the style writes pixels and no frame size is given (a question without image or video).
     """
     if STYLES[style].coord_grid == "norm1000":
         return NORM_1000
     if frame_size is None:
         raise InputError(
-            f"prompt style {style} answers 2D coordinates in pixels of the frame it sees, but the question has no "
-            "image or video: give the record its media"
+            f"prompt style {style} answers 2D coordinates in pixels of the frame it sees, but no frame is known (a "
+            "question without image or video): give the record its media"
         )
     height, width = frame_size
     return CoordSpace("pixels", width=width, height=height)
