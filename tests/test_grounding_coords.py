@@ -160,6 +160,8 @@ def test_eval_scores_each_familys_own_grid(tmp_path, clip, style):
     assert counts.answered == 1
     (line,) = [json.loads(x) for x in next((tmp_path / "run").rglob("*.jsonl")).read_text().splitlines()]
     assert line["iou"] == pytest.approx(1.0, abs=0.02) and line["is_correct"]
+    assert line["coords"] == ("absolute pixels of the 392x280 frame" if style == "reason1" else
+                              "a 0-1000 grid of each axis of the frame")
     asked = engine.requests[0].messages[-1]["content"][-1]["text"]
     assert ("absolute pixels" in asked) == (style == "reason1")
 

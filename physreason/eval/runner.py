@@ -119,6 +119,8 @@ def result_line(
     parsed = parse_completion(completion.text)
     if score.iou is not None:
         record["iou"] = score.iou
+    if coords is not None:  # the grid the answer was read on, for an audit of its IoU
+        record["coords"] = coords.describe()
     return record | {
         "correct_answer": sample.answer,
         "prediction": score.prediction,
