@@ -117,9 +117,11 @@ def test_eval_and_grpo_read_the_json_tasks_and_score_them_by_iou(tmp_path):
         perfect = f"<think>\nlooking\n</think>\n\n{sample.answer}"
         assert score_completion(perfect, sample).iou == 1.0 and score_completion(perfect, sample).is_correct
         assert score_completion("<think>\n.\n</think>\n\nno idea", sample).iou == 0.0
-        messages = prompt.messages("letter")
+        messages = prompt.messages("letter", "reason2")
         assert messages[0]["content"] == "You are a helpful assistant."
         assert messages[1]["content"][-1]["text"] == sample.question  # Cosmos-Reason2's prompt, as written
+        pixels = prompt.messages("letter", "reason1", (280, 392))[1]["content"][-1]["text"]
+        assert pixels.startswith(sample.question + " ") and "392x280 pixels" in pixels  # Reason1 grounds in pixels
         fields = prompt.reward_fields()
         assert fields["answer"] == sample.answer and ("box_2d" in fields) == ("point_2d" in sample.answer)
         assert format_reward(perfect) == 0.0  # the Reason1 format reward does not apply: json_format does

@@ -44,8 +44,10 @@ def test_json_sft_records_ask_what_evaluation_and_grpo_ask_and_answer_with_the_j
         system, user, assistant = record["conversations"]
         assert record["video"].endswith(prompt.videos[0].name)
         # evaluation's request for a structured question (eval/runner.py) and GRPO's (data/mcq.py) are this prompt
+        # (for Cosmos-Reason2's grid; SFT adds the pixel sentence to a box or point question for Reason1, as they do)
         evaluation = build_messages(user["content"], videos=["clip"], reasoning=False)
-        assert prompt.messages() == [
+        assert ("coords" in record) == prompt.grounding_2d
+        assert prompt.messages("grpo", "reason2") == [
             {"role": "system", "content": system["content"]},
             {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": user["content"]}]},
         ]

@@ -75,4 +75,10 @@ TEMPORAL_LOCALIZATION_PROMPT = (
 # `point_2d` key the reference's prompts/robot_cot.yaml asks for, and a sentence that names one event
 # before the temporal-localization instructions (the reference asks for every notable event).
 POINT_GROUNDING_PROMPT = "Locate the center point of {object_name}. Return a json with the key 'point_2d'."
+# physreason's own wording: appended to a 2D grounding question for Cosmos-Reason1 (Qwen2.5-VL), which grounds in
+# absolute pixels of its resized input. Qwen3-VL's 0-1000 grid needs no words: Cosmos-Reason2's prompts say none.
+PIXEL_GRID_INSTRUCTION = (
+    "Give the coordinates in absolute pixels of the frame as you see it, {width}x{height} pixels: x from 0 at the "
+    "left edge to {width}, y from 0 at the top edge to {height}."
+)
 NAMED_EVENT_PROMPT = "Find one event in the provided video: {event}. " + TEMPORAL_LOCALIZATION_PROMPT.split(". ", 1)[1]

@@ -1,4 +1,4 @@
-"""Cosmos-Reason2's structured answers: 2D boxes and points (0-1000 per axis) and time spans (`mm:ss.ff`) in JSON.
+"""Structured answers: 2D boxes and points and time spans (`mm:ss.ff`) in JSON, and each family's coordinate grid.
 
 Layouts (Cosmos-Reason2 `prompts/2d_grounding.yaml` and `prompts/temporal_localization.yaml`):
 - a box: `{"box_2d": [x1, y1, x2, y2], "label": ...}` (Qwen3-VL's own key `bbox_2d` is read too);
@@ -10,11 +10,18 @@ by text.
 Decisions, the same for a model's answer and a reference:
 - several items in a list: the first one counts. Every question names one body or one event, so
   listing more only hedges, and scoring the best of them would reward listing many.
-- box corners in either order are sorted (x1 <= x2, y1 <= y2); coordinates are clipped to 0-1000.
+- box corners in either order are sorted (x1 <= x2, y1 <= y2); coordinates are clipped to the grid they are
+  written on (0-1000, or the frame's pixels) and returned on the common 0-1000 grid.
 - a time span whose end is before its start is no answer; times are `m:ss` or `mm:ss` with an optional
   fraction of 1-3 digits (`00:01.5`, `00:01.50`, `00:01.500`).
 Every parser here runs in time linear in its input: JSON is decoded at most three times (from the
 first `{`, the first `[`, and after a ```json fence) and no regex has nested quantifiers.
+
+Coordinate grids (`CoordSpace`): Cosmos-Reason2 (Qwen3-VL) writes x and y on a 0-1000 grid of each axis of the
+frame; Cosmos-Reason1 (Qwen2.5-VL) writes absolute pixels of the frame as the model sees it (after the processor's
+smart resize, sides multiples of 28; a timestamp bar under the frame is not part of it). References are stored on
+the 0-1000 grid, the one family-neutral form; a completion is read on its model's grid and converted to 0-1000
+with the frame's size, so every comparison happens on one grid.
 """
 
 from __future__ import annotations
@@ -25,11 +32,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-COORD_MAX = 1000.0
+COORD_MAX = 1000.0  # the common grid: 0-1000 per axis of the frame
 BOX_KEYS = ("box_2d", "bbox_2d")
 POINT_KEY = "point_2d"
 
 AnswerKind = Literal["box_2d", "point_2d", "time_span"]
+GridName = Literal["norm1000", "pixels"]
+NEUTRAL_GRID: GridName = "norm1000"  # the grid references and generated data are stored on, for every family
+COORDS_KEY = "coords"  # an SFT record's statement of the grid its answers' boxes and points are written on
 
 # "mm:ss.ff": minutes (1-3 digits), seconds 00-59, an optional decimal fraction of 1-3 digits.
 _TIME = re.compile(r"(\d{1,3}):([0-5]\d)(?:\.(\d{1,3}))?")
@@ -49,6 +59,51 @@ class Box:
     def area(self) -> float:
         """Area in squared 0-1000 units; 0 for a degenerate box."""
         return (self.x2 - self.x1) * (self.y2 - self.y1)
+
+
+@dataclass(frozen=True)
+class CoordSpace:
+    """The grid a model writes 2D coordinates on: "norm1000" (0-1000 per axis, Qwen3-VL / Cosmos-Reason2), or
+    "pixels" of a `width` x `height` frame (the frame as the model sees it, Qwen2.5-VL / Cosmos-Reason1).
+
+    Raises ValueError for a pixel grid without a positive frame size.
+    """
+
+    grid: GridName = "norm1000"
+    width: int = 0
+    height: int = 0
+
+    def __post_init__(self) -> None:
+        if self.grid == "pixels" and (self.width <= 0 or self.height <= 0):
+            raise ValueError(f"a pixel grid needs the frame's size, got {self.width}x{self.height}")
+        if self.grid not in ("norm1000", "pixels"):
+            raise ValueError(f"unknown coordinate grid {self.grid!r}: norm1000 or pixels")
+
+    @property
+    def limits(self) -> tuple[float, float]:
+        """The largest x and y on this grid."""
+        return (float(self.width), float(self.height)) if self.grid == "pixels" else (COORD_MAX, COORD_MAX)
+
+    def to_common(self, x: float, y: float) -> tuple[float, float]:
+        """A point on this grid, clipped to the frame, on the common 0-1000 grid."""
+        x_max, y_max = self.limits
+        x, y = min(max(x, 0.0), x_max), min(max(y, 0.0), y_max)
+        return COORD_MAX * x / x_max, COORD_MAX * y / y_max
+
+    def from_common(self, x: float, y: float) -> tuple[int, int]:
+        """A point of the common 0-1000 grid (clipped to it) on this grid, rounded to integers as models write them."""
+        x_max, y_max = self.limits
+        x, y = min(max(x, 0.0), COORD_MAX), min(max(y, 0.0), COORD_MAX)
+        return round(x * x_max / COORD_MAX), round(y * y_max / COORD_MAX)
+
+    def describe(self) -> str:
+        """The grid in words, for prompts and messages."""
+        if self.grid == "pixels":
+            return f"absolute pixels of the {self.width}x{self.height} frame"
+        return "a 0-1000 grid of each axis of the frame"
+
+
+NORM_1000 = CoordSpace()
 
 
 @dataclass(frozen=True)
@@ -115,26 +170,25 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _clip(value: float) -> float:
-    return min(max(value, 0.0), COORD_MAX)
-
-
-def box_from(item: dict[str, Any] | None) -> Box | None:
-    """The box of an answer object (`box_2d` or `bbox_2d`), sorted and clipped; None when absent or malformed."""
+def box_from(item: dict[str, Any] | None, space: CoordSpace = NORM_1000) -> Box | None:
+    """The box of an answer object (`box_2d` or `bbox_2d`) written on `space`'s grid, clipped to the frame, sorted,
+    on the common 0-1000 grid; None when absent or malformed."""
     if item is None:
         return None
     raw = next((item[key] for key in BOX_KEYS if key in item), None)
     numbers = _numbers(raw, 4)
     if numbers is None:
         return None
-    x1, y1, x2, y2 = (_clip(v) for v in numbers)
+    x1, y1 = space.to_common(numbers[0], numbers[1])
+    x2, y2 = space.to_common(numbers[2], numbers[3])
     return Box(min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))
 
 
-def point_from(item: dict[str, Any] | None) -> tuple[float, float] | None:
-    """The `point_2d` of an answer object, clipped to 0-1000; None when absent or malformed."""
+def point_from(item: dict[str, Any] | None, space: CoordSpace = NORM_1000) -> tuple[float, float] | None:
+    """The `point_2d` of an answer object written on `space`'s grid, clipped to the frame, on the common 0-1000
+    grid; None when absent or malformed."""
     numbers = _numbers(item.get(POINT_KEY), 2) if item is not None else None
-    return None if numbers is None else (_clip(numbers[0]), _clip(numbers[1]))
+    return None if numbers is None else space.to_common(numbers[0], numbers[1])
 
 
 def parse_time(text: Any) -> float | None:
@@ -180,3 +234,47 @@ def answer_kind(reference: str) -> AnswerKind:
     if span_from(item) is not None:
         return "time_span"
     raise ValueError(f"the reference answer {reference[:80]!r} holds no box_2d, point_2d or start/end time span")
+
+
+def grounds_2d(reference: str) -> bool:
+    """Whether a reference answer is a 2D box or point (answered on its model's coordinate grid); False otherwise."""
+    try:
+        return answer_kind(reference) in ("box_2d", "point_2d")
+    except ValueError:
+        return False
+
+
+def _regrid_item(item: Any, space: CoordSpace) -> bool:
+    """Rewrite the 0-1000 box and point of one answer object on `space`'s grid, in place; True when it held one."""
+    if not isinstance(item, dict):
+        return False
+    found = False
+    for key, count in ((BOX_KEYS[0], 4), (BOX_KEYS[1], 4), (POINT_KEY, 2)):
+        numbers = _numbers(item.get(key), count)
+        if numbers is not None:
+            item[key] = [v for i in range(0, count, 2) for v in space.from_common(numbers[i], numbers[i + 1])]
+            found = True
+    return found
+
+
+def regrid_answer(text: str, space: CoordSpace) -> str | None:
+    """`text` with the boxes and points of its JSON answer, written on the 0-1000 grid, rewritten on `space`'s grid
+    (integers, as models write them); None when the answer holds no box or point.
+
+    The answer is the first JSON value after the last `</think>` (the whole text without one), so an `<answer>`
+    block or a bare answer both work; the text around it is kept as it is.
+    """
+    close = text.rfind("</think>")
+    offset = close + len("</think>") if close >= 0 else 0
+    region = text[offset:]
+    decoder = json.JSONDecoder(parse_constant=_reject_constant)
+    for start in sorted({region.find("{"), region.find("[")} - {-1}):
+        try:
+            value, end = decoder.raw_decode(region, start)
+        except (ValueError, RecursionError):
+            continue
+        items = value if isinstance(value, list) else [value]
+        if not [item for item in items if _regrid_item(item, space)]:
+            return None
+        return text[: offset + start] + json.dumps(value) + text[offset + end :]
+    return None

@@ -7,6 +7,9 @@
   (cosmos_reason2_utils/text.py `create_conversation`); reasoning is opt-in by appending the reasoning
   instruction to the user text after a blank line (script/inference.py); the answer follows `</think>` directly.
 
+2D grounding coordinates follow the generation's base model: reason1 (Qwen2.5-VL) writes absolute pixels of the
+frame as the model sees it, reason2 (Qwen3-VL) a 0-1000 grid per axis (`coord_space`; chat.structured.CoordSpace).
+
 A recipe's `[prompt] style = "auto"` is resolved from the checkpoint's family (physreason.models.family), never
 from its name: Qwen3-VL (dense or MoE) is reason2, everything else reason1.
 """
@@ -22,11 +25,13 @@ from physreason.chat.prompts import (
     GRPO_SYSTEM_PROMPT,
     MCQ_LETTER_INSTRUCTION,
     MCQ_SYSTEM_PROMPT,
+    PIXEL_GRID_INSTRUCTION,
     PLAIN_SYSTEM_PROMPT,
     REASON2_REASONING_INSTRUCTION,
     REASON2_SYSTEM_PROMPT,
     REASONING_SYSTEM_PROMPT,
 )
+from physreason.chat.structured import NORM_1000, CoordSpace, GridName
 from physreason.config.schema import Config, SamplingConfig
 from physreason.errors import InputError
 
@@ -66,12 +71,14 @@ _REASON2_PLAIN_SAMPLING: Mapping[str, Any] = {
 
 @dataclass(frozen=True)
 class PromptStyle:
-    """One generation's conventions: its default reasoning mode and its sampling defaults per mode."""
+    """One generation's conventions: its default reasoning mode, its sampling defaults per mode, and the grid its
+    model writes 2D coordinates on."""
 
     name: StyleName
     reasoning_default: bool
     reasoning_sampling: Mapping[str, Any]
     plain_sampling: Mapping[str, Any]
+    coord_grid: GridName = "norm1000"
 
     def sampling_defaults(self, reasoning: bool) -> Mapping[str, Any]:
         """The generation settings this style uses in the given mode."""
@@ -79,7 +86,8 @@ class PromptStyle:
 
 
 STYLES: dict[str, PromptStyle] = {
-    "reason1": PromptStyle("reason1", True, _REASON1_SAMPLING, _REASON1_SAMPLING),
+    # Qwen2.5-VL grounds in absolute pixels of its resized input; Qwen3-VL on a 0-1000 grid.
+    "reason1": PromptStyle("reason1", True, _REASON1_SAMPLING, _REASON1_SAMPLING, "pixels"),
     # The reference inference script's --reasoning defaults to off.
     "reason2": PromptStyle("reason2", False, _REASON2_REASONING_SAMPLING, _REASON2_PLAIN_SAMPLING),
 }
@@ -88,6 +96,32 @@ STYLES: dict[str, PromptStyle] = {
 def style_for_family(family_name: str) -> StyleName:
     """The prompt style of a model family: Qwen3-VL checkpoints are Cosmos-Reason2's, the rest Cosmos-Reason1's."""
     return "reason2" if family_name in ("qwen3_vl", "qwen3_vl_moe") else "reason1"
+
+
+def coord_space(style: StyleName, frame_size: tuple[int, int] | None) -> CoordSpace:
+    """The grid a model of `style` writes 2D coordinates on, for a question about a frame of `frame_size`
+    ((height, width) as the model sees it: GenerationRequest.frame_size()).
+
+    Raises InputError when the style writes pixels and no frame size is given (a question without image or video).
+    """
+    if STYLES[style].coord_grid == "norm1000":
+        return NORM_1000
+    if frame_size is None:
+        raise InputError(
+            f"prompt style {style} answers 2D coordinates in pixels of the frame it sees, but no frame is known (a "
+            "question without image or video): give the record its media"
+        )
+    height, width = frame_size
+    return CoordSpace("pixels", width=width, height=height)
+
+
+def grounding_question(question: str, space: CoordSpace) -> str:
+    """A 2D grounding question as asked on `space`'s grid: Cosmos-Reason2's prompt as written for the 0-1000 grid
+    (Qwen3-VL's own, which its prompts leave unsaid); for a pixel grid, the question and a sentence asking for
+    absolute pixels of the frame as the model sees it, with its size."""
+    if space.grid == "norm1000":
+        return question
+    return f"{question.rstrip()} {PIXEL_GRID_INSTRUCTION.format(width=space.width, height=space.height)}"
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ Two record layouts are read from a JSON/JSONL file or dataset folder (`[data.dat
 - flat records `{"question", "options" | "index2ans", "answer" | "correct_answer", "video"?, "image"?, "id"?}`,
   where options are a `{"A": ...}` dict or a list lettered A, B, ...; media are optional.
 A question without options is a structured one (`data synth` tasks grounding and temporal_localization):
-its answer is Cosmos-Reason2's JSON (`box_2d`, `point_2d` or `start`/`end`), its other fields (a point
-question's `box_2d`) go to the rewards, and it is asked as Cosmos-Reason2 asks it: the question alone,
-after the media, under the system prompt "You are a helpful assistant.".
+its answer is Cosmos-Reason2's JSON (`box_2d`, `point_2d` or `start`/`end`, 2D coordinates on the 0-1000 grid of
+the frame), its other fields (a point question's `box_2d`) go to the rewards, and it is asked as Cosmos-Reason2
+asks it: the question alone, after the media, under the system prompt "You are a helpful assistant."; a 2D
+question to a reason1 model also asks for absolute pixels of the frame it sees (chat.style.grounding_question).
 Media paths are relative to the data root and may not leave it.
 """
 
@@ -23,8 +24,8 @@ import torch
 
 from physreason.chat.mcq import AnswerType, lettered_options, shuffle_options
 from physreason.chat.messages import Message, build_mcq_messages, build_messages
-from physreason.chat.structured import answer_kind
-from physreason.chat.style import StyleName
+from physreason.chat.structured import answer_kind, grounds_2d
+from physreason.chat.style import StyleName, coord_space, grounding_question
 from physreason.config import DatasetConfig
 from physreason.data.loaders import load_records, media_path_in_root
 from physreason.data.video_range import record_video_range
@@ -44,13 +45,23 @@ class MCQPrompt:
     video_range: dict[str, float] = field(default_factory=dict)  # the record's video_start / video_end, seconds
     reference: dict[str, Any] = field(default_factory=dict)  # a structured question's ground truth beside its answer
 
-    def messages(self, answer_type: AnswerType = "grpo", style: StyleName = "reason1") -> list[Message]:
+    @property
+    def grounding_2d(self) -> bool:
+        """True for a structured question answered with a 2D box or point (on its model's coordinate grid)."""
+        return not self.options and grounds_2d(self.answer)
+
+    def messages(
+        self, answer_type: AnswerType = "grpo", style: StyleName = "reason1", frame_size: tuple[int, int] | None = None
+    ) -> list[Message]:
         """Chat messages in the given prompt style (media first; "grpo" is Cosmos-Reason1's RL recipe's wording),
-        or for a structured question as Cosmos-Reason2 does (its task prompt as written, whatever the answer type)."""
+        or for a structured question as Cosmos-Reason2 does (its task prompt as written, whatever the answer type;
+        a 2D question on the style's coordinate grid, for a frame of `frame_size` (height, width) as the model sees
+        it: GenerationRequest.frame_size()). InputError for a 2D question to a reason1 model without a frame."""
         if not self.options:
-            return build_messages(
-                self.question, videos=self.videos, images=self.images, reasoning=False, style="reason2"
-            )
+            question = self.question
+            if self.grounding_2d:
+                question = grounding_question(question, coord_space(style, frame_size))
+            return build_messages(question, videos=self.videos, images=self.images, reasoning=False, style="reason2")
         return build_mcq_messages(
             self.question, self.options, videos=self.videos, images=self.images, answer_type=answer_type, style=style
         )

@@ -12,6 +12,10 @@ When no record has the configured column (the default, "conversations") and ever
 `messages` is read and the log says so once.
 Media paths are relative to data.dataset.media_root (default: the data file's folder).
 A record's `video_start` / `video_end` (seconds) select the part of its videos that is sampled.
+A record with `"coords": "norm1000"` (as `data synth` writes for grounding) states that the boxes and points of its
+JSON answers are on the 0-1000 grid of the frame; for a model that grounds in pixels (prompt style reason1) they are
+rewritten in pixels of the frame as the model sees it, and its questions ask for pixels (`regrid_conversation`).
+Records without it are trained as written.
 Labels are the token ids of each assistant reply through its `<|im_end|>`; every other token,
 vision pads included, is -100.
 """
@@ -28,6 +32,8 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import Dataset
 
+from physreason.chat.structured import COORDS_KEY, NEUTRAL_GRID, CoordSpace, regrid_answer
+from physreason.chat.style import StyleName, coord_space, grounding_question
 from physreason.config import DataConfig, VisionConfig
 from physreason.data.loaders import media_path_in_root
 from physreason.data.video_range import record_video_range
@@ -41,6 +47,54 @@ MESSAGES_COLUMN = "messages"
 END_OF_TURN = "<|im_end|>"
 ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 _PLACEHOLDER = re.compile(r"<(video|image)>")
+
+
+def record_grid(record: dict[str, Any], where: str) -> str | None:
+    """The grid a record declares for its 2D coordinates (COORDS_KEY), or None; InputError for any other value."""
+    value = record.get(COORDS_KEY)
+    if value is not None and value != NEUTRAL_GRID:
+        raise InputError(
+            f"{where}: {COORDS_KEY} = {value!r}; the only grid a record may declare is {NEUTRAL_GRID!r} (boxes and "
+            f"points on 0-1000 of the frame, converted for the model); leave the key out to train answers as written"
+        )
+    return value
+
+
+def regrid_conversation(messages: list[dict[str, Any]], space: CoordSpace, where: str) -> list[dict[str, Any]]:
+    """The conversation with its 0-1000 boxes and points rewritten on `space`'s grid: each assistant answer that
+    holds one in pixels, and the user turn before it asking for pixels (chat.style.grounding_question).
+
+    InputError when no assistant answer holds a box or point (the record's `coords` key names nothing to convert).
+    """
+    if space.grid == NEUTRAL_GRID:
+        return messages
+    out = [dict(message) for message in messages]
+    converted = 0
+    for number, message in enumerate(out):
+        if message["role"] != "assistant":
+            continue
+        answer = regrid_answer(message["content"], space)
+        if answer is None:
+            continue
+        message["content"] = answer
+        converted += 1
+        asker = next((m for m in reversed(out[:number]) if m["role"] == "user"), None)
+        if asker is None:
+            continue
+        if isinstance(asker["content"], str):
+            asker["content"] = grounding_question(asker["content"], space)
+            continue
+        parts = [dict(part) for part in asker["content"]]
+        text = next((part for part in reversed(parts) if part.get("type") == "text"), None)
+        if text is not None:
+            text["text"] = grounding_question(str(text.get("text", "")), space)
+        asker["content"] = parts
+    if not converted:
+        raise InputError(
+            f"{where}: {COORDS_KEY} = {NEUTRAL_GRID!r} but no assistant answer holds a JSON box_2d or point_2d to "
+            f"convert; drop the key or fix the answer"
+        )
+    return out
 
 
 @dataclass(frozen=True)
@@ -285,6 +339,7 @@ class SFTDataset(Dataset):
         source: str = "data set",
         locations: list[str] | None = None,
         default_system_prompt: str | None = None,
+        prompt_style: StyleName | None = None,
     ) -> None:
         self.records = records
         self.root = Path(root).resolve()
@@ -300,6 +355,8 @@ class SFTDataset(Dataset):
         # The prompt style's system turn for records that bring none (None: the chat template's own default),
         # so a model is trained on the prompt it is served with.
         self.default_system_prompt = default_system_prompt
+        # The style whose coordinate grid records declaring "coords" are converted to (None: trained as written).
+        self.prompt_style = prompt_style
 
     def __len__(self) -> int:
         return len(self.records)
@@ -323,11 +380,14 @@ class SFTDataset(Dataset):
                     raise InputError(f"{where}: the record has images or videos but the model has no vision tower")
                 if media:
                     record_video_range(record, where)
+                record_grid(record, where)
             except InputError as exc:
                 problems.append(str(exc))
         return problems
 
-    def _load_visuals(self, media: list[MediaRef], record: dict[str, Any], where: str) -> Any:
+    def _load_visuals(self, media: list[MediaRef], record: dict[str, Any], where: str) -> tuple[Any, Any]:
+        """The record's encoded visual inputs, and its GenerationRequest-like frame (first video, else image)."""
+        from physreason.engines.base import GenerationRequest
         from physreason.models.inputs import encode_visuals
         from physreason.vision import load_image, load_video
         from physreason.vision.resize import PATCH_FACTOR
@@ -338,7 +398,8 @@ class SFTDataset(Dataset):
         clip = self.vision_config.model_copy(update=record_video_range(record, where))
         images = [load_image(str(m.path), self.vision_config, factor) for m in media if m.kind == "image"]
         videos = [load_video(str(m.path), clip, factor) for m in media if m.kind == "video"]
-        return encode_visuals(images, videos, self.processor_params)
+        frame_size = GenerationRequest(messages=[], images=images, videos=videos).frame_size()
+        return encode_visuals(images, videos, self.processor_params), frame_size
 
     def __getitem__(self, index: int) -> SFTSample | SkippedSample:
         where = self.where(index)
@@ -346,7 +407,9 @@ class SFTDataset(Dataset):
         if self.default_system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.default_system_prompt})
         media = media_of(messages, self.root, where)
-        visuals = self._load_visuals(media, self.records[index], where) if media else None
+        visuals, frame_size = self._load_visuals(media, self.records[index], where) if media else (None, None)
+        if record_grid(self.records[index], where) is not None and self.prompt_style is not None:
+            messages = regrid_conversation(messages, coord_space(self.prompt_style, frame_size), where)
         segments = conversation_segments(self.tokenizer, messages, where)
         ids, labels = tokenize_segments(
             self.tokenizer,

@@ -25,6 +25,15 @@ class GenerationRequest:
     videos: list[VideoFrames] = field(default_factory=list)
     request_id: str | None = None
 
+    def frame_size(self) -> tuple[int, int] | None:
+        """(height, width) of the frame the model sees: the first video's (without its timestamp bar), else the
+        first image's; None without media. 2D coordinates in Cosmos-Reason1's pixel grid refer to it."""
+        if self.videos:
+            return self.videos[0].frame_size
+        if self.images:
+            return int(self.images[0].shape[0]), int(self.images[0].shape[1])
+        return None
+
 
 @dataclass
 class Completion:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from physreason.chat.structured import answer_kind
+from physreason.chat.structured import answer_kind, grounds_2d
 from physreason.config import DatasetConfig
 from physreason.data.loaders import load_records, load_snapshot_records
 from physreason.data.video_range import record_video_range
@@ -53,6 +53,11 @@ class EvalSample:
     def structured(self) -> bool:
         """True for a question answered in Cosmos-Reason2's JSON (box, point, time span) instead of a letter."""
         return self.error is None and self.options is None
+
+    @property
+    def grounding_2d(self) -> bool:
+        """True for a structured question answered with a 2D box or point (on its model's coordinate grid)."""
+        return self.structured and grounds_2d(self.answer)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from typing import Any
 from physreason.chat.mcq import AnswerType
 from physreason.chat.messages import build_messages
 from physreason.chat.parse import parse_completion
-from physreason.chat.style import Prompting, StyleName, build_mcq_messages
+from physreason.chat.structured import CoordSpace
+from physreason.chat.style import Prompting, StyleName, build_mcq_messages, coord_space, grounding_question
 from physreason.config import SamplingConfig, VisionConfig
 from physreason.data.loaders import media_path_in_root
 from physreason.engines.base import Engine, GenerationRequest, GenerationResult
@@ -58,16 +59,21 @@ def build_eval_request(
     The clip path must stay inside the benchmark's media root. reason1: the reference benchmark's prompt
     ("Answer the questions." system prompt; question, lettered options and instructions as user text);
     reason2: Cosmos-Reason2's (chat.style.build_mcq_messages). A structured question (no options) is asked
-    with Cosmos-Reason2's task prompt as written, whatever the style. `system_prompt` (prompt.system_prompt)
-    replaces the style's; '' leaves the system message empty (reason1) or out (reason2), as build_messages does.
+    with Cosmos-Reason2's task prompt as written, whatever the style, except that a 2D grounding question to a
+    reason1 model asks for absolute pixels of the frame it sees (chat.style.grounding_question). `system_prompt`
+    (prompt.system_prompt) replaces the style's; '' leaves the system message empty (reason1) or out (reason2), as
+    build_messages does.
     """
     if sample.error is not None:
         raise PhysReasonError(sample.error)
     assert sample.video is not None  # guaranteed when error is None
     path = media_path_in_root(benchmark.media_root, sample.video, f"data set {benchmark.name}")
     frames = load_video(path, vision.model_copy(update=sample.video_range), factor)
-    if sample.options is None:  # Cosmos-Reason2's task prompt, asked as written
-        messages = build_messages(sample.question, videos=[frames], reasoning=False, style="reason2")
+    if sample.options is None:  # Cosmos-Reason2's task prompt, asked as written on the model's coordinate grid
+        question = sample.question
+        if sample.grounding_2d:
+            question = grounding_question(question, coord_space(style, frames.frame_size))
+        messages = build_messages(question, videos=[frames], reasoning=False, style="reason2")
         style = "reason2"
     else:
         messages = build_mcq_messages(
@@ -86,13 +92,24 @@ def _with_system_prompt(messages: list[dict[str, Any]], system_prompt: str, styl
     return [{"role": "system", "content": system_prompt}, *turns]
 
 
+def answer_coords(sample: EvalSample, request: GenerationRequest, style: StyleName) -> CoordSpace | None:
+    """The grid the model answers a 2D grounding sample on (its prompt style's, with the request's frame); None for
+    other samples."""
+    return coord_space(style, request.frame_size()) if sample.grounding_2d else None
+
+
 def result_line(
-    sample: EvalSample, result: GenerationResult, seed: int | None, prompting: Prompting | None = None
+    sample: EvalSample,
+    result: GenerationResult,
+    seed: int | None,
+    prompting: Prompting | None = None,
+    coords: CoordSpace | None = None,
 ) -> dict[str, Any]:
     """The stored record of one answered sample: the response, its parsed parts and its score, or its error.
 
     Format problems are those of the layout the sample was asked for (`asked_layout`); `prompting` None is
-    Cosmos-Reason1 with reasoning.
+    Cosmos-Reason1 with reasoning. `coords`: the grid a 2D grounding answer is written on (answer_coords); None
+    reads it on the 0-1000 grid.
     """
     record: dict[str, Any] = {"id": sample.id, "video": sample.video, "seed": seed}
     if sample.category is not None:  # Physical AI Bench: the report's columns come from these
@@ -103,7 +120,7 @@ def result_line(
         return record | {"error": "the engine returned no completion"}
     completion = result.completions[0]
     try:
-        score = score_completion(completion.text, sample)
+        score = score_completion(completion.text, sample, coords)
     except PhysReasonError as exc:
         return record | {"error": str(exc), "full_response": completion.text}
     except Exception as exc:  # model output is untrusted: no completion stops a run; it scores as unanswered
@@ -115,6 +132,8 @@ def result_line(
     parsed = parse_completion(completion.text, *asked_layout(sample, prompting or Prompting()))
     if score.iou is not None:
         record["iou"] = score.iou
+    if coords is not None:  # the grid the answer was read on, for an audit of its IoU
+        record["coords"] = coords.describe()
     return record | {
         "correct_answer": sample.answer,
         "prediction": score.prediction,
@@ -188,8 +207,8 @@ def evaluate_shard(
     truncate_torn_tail(out)
     with out.open("a", encoding="utf-8") as sink:
 
-        def write(sample: EvalSample, result: GenerationResult) -> None:
-            record = result_line(sample, result, sampling.seed, prompting)
+        def write(sample: EvalSample, result: GenerationResult, coords: CoordSpace | None = None) -> None:
+            record = result_line(sample, result, sampling.seed, prompting, coords)
             sink.write(json.dumps(record, ensure_ascii=False) + "\n")
             sink.flush()
             counts.answered += "error" not in record
@@ -201,8 +220,8 @@ def evaluate_shard(
 
         def flush() -> None:
             results = engine.generate([request for _, request in batch], sampling, logprobs=False)
-            for (sample, _), result in zip(batch, results, strict=True):
-                write(sample, result)
+            for (sample, request), result in zip(batch, results, strict=True):
+                write(sample, result, answer_coords(sample, request, prompting.style))
             batch.clear()
 
         for sample, item in _requests(pending, benchmark, vision, prompting, engine.vision_factor):

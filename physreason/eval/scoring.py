@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from physreason.chat.structured import CoordSpace
 from physreason.eval.benchmark import EvalSample
 from physreason.rewards import accuracy_reward, answer_region, extract_answer
 from physreason.rewards.localization import json_format_reward, score_localization
@@ -24,10 +25,13 @@ class Score:
     iou: float | None = None
 
 
-def score_completion(text: str, sample: EvalSample) -> Score:
-    """Score a completion with the extractor rewards use; raises InputError if the sample's answer names no option."""
+def score_completion(text: str, sample: EvalSample, coords: CoordSpace | None = None) -> Score:
+    """Score a completion with the extractor rewards use; raises InputError if the sample's answer names no option.
+
+    `coords`: the grid a 2D grounding answer is written on (Cosmos-Reason1's pixels of the frame it saw, or 0-1000);
+    None reads it on the 0-1000 grid of the reference."""
     if sample.structured:
-        score = score_localization(text, sample.answer, sample.reference.get("box_2d"))
+        score = score_localization(text, sample.answer, sample.reference.get("box_2d"), coords)
         # an answer that is not JSON in the reference's layout is unparsed, as a letter task's answer without a letter
         readable = json_format_reward(text, answer=sample.answer) == 1.0
         prediction = answer_region(text)[0].strip() if readable else None

@@ -6,6 +6,11 @@ swapped corners, clipping and end before start) from the shared extractor's answ
 (Cosmos-Reason2), else the whole completion; none when the reasoning never ended (cut off mid-reasoning). A box
 of zero area covers nothing (IoU 0).
 
+Coordinates: references are on the 0-1000 grid of the frame; a completion is read on its model's grid, the sample
+field `coords` (a CoordSpace: Cosmos-Reason1's pixels of the frame it saw, or the 0-1000 grid; GRPO rollouts and
+evaluation set it from the prompt style and the request's frame), and converted to 0-1000 before any comparison.
+Without `coords` a completion is read on the 0-1000 grid.
+
 The IoU rewards (box_iou, temporal_iou, localization) take two options (grpo.reward_options, IoUShaping): the
 continuous IoU by default, a 0/1 hit at an IoU threshold, or a mix of both. Evaluation scores the plain IoU always.
 """
@@ -16,8 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from physreason.chat.structured import (
+    NORM_1000,
     AnswerKind,
     Box,
+    CoordSpace,
     Span,
     answer_kind,
     box_from,
@@ -108,16 +115,25 @@ def box_iou_reward(
     answer: str,
     hit_threshold: float = IOU_HIT,
     hit_weight: float = NO_HIT_BONUS,
+    coords: CoordSpace | None = None,
     **sample: Any,
 ) -> float:
-    """IoU of the completion's first `box_2d` with the reference answer's box (0 when it has none), IoUShaping'd."""
-    iou = box_iou(box_from(answer_item(completion)), _reference(answer, box_from, "box_2d"))
+    """IoU of the completion's first `box_2d` (read on the `coords` grid) with the reference answer's box (0 when it
+    has none), IoUShaping'd."""
+    iou = box_iou(box_from(answer_item(completion), coords or NORM_1000), _reference(answer, box_from, "box_2d"))
     return IoUShaping(hit_threshold, hit_weight)(iou)
 
 
 @register_reward("point_in_box")
-def point_in_box_reward(completion: str, *, answer: str, box_2d: list[float] | None = None, **sample: Any) -> float:
-    """1.0 when the completion's first `point_2d` lies inside the body's box, else 0.0.
+def point_in_box_reward(
+    completion: str,
+    *,
+    answer: str,
+    box_2d: list[float] | None = None,
+    coords: CoordSpace | None = None,
+    **sample: Any,
+) -> float:
+    """1.0 when the completion's first `point_2d` (read on the `coords` grid) lies inside the body's box, else 0.0.
 
     The box is the sample's `box_2d` field (the point variant of grounding carries it beside its
     point answer), else the reference answer's own box.
@@ -128,7 +144,7 @@ def point_in_box_reward(completion: str, *, answer: str, box_2d: list[float] | N
         box = box_from({"box_2d": box_2d})
         if box is None:
             raise InputError(f"the sample's box_2d {box_2d!r} is not four numbers; fix the data record")
-    return float(point_in(point_from(answer_item(completion)), box))
+    return float(point_in(point_from(answer_item(completion), coords or NORM_1000), box))
 
 
 @register_reward("temporal_iou", options=IoUShaping)
@@ -161,13 +177,17 @@ class LocalizationScore:
     hit: bool
 
 
-def score_localization(completion: str, answer: str, box_2d: list[float] | None = None) -> LocalizationScore:
-    """The evaluation score of a structured answer: box IoU, point in box, or temporal IoU, and the hit at 0.5."""
+def score_localization(
+    completion: str, answer: str, box_2d: list[float] | None = None, coords: CoordSpace | None = None
+) -> LocalizationScore:
+    """The evaluation score of a structured answer: box IoU, point in box, or temporal IoU, and the hit at 0.5.
+
+    `coords` is the grid the completion's 2D coordinates are written on (None: 0-1000, the reference's)."""
     kind = _reference_kind(answer)
     if kind == "box_2d":  # the rewards' default options: the plain IoU
-        iou = box_iou_reward(completion, answer=answer)
+        iou = box_iou_reward(completion, answer=answer, coords=coords)
     elif kind == "point_2d":
-        iou = point_in_box_reward(completion, answer=answer, box_2d=box_2d)
+        iou = point_in_box_reward(completion, answer=answer, box_2d=box_2d, coords=coords)
     else:
         iou = temporal_iou_reward(completion, answer=answer)
     return LocalizationScore(kind, iou, iou >= IOU_HIT)
@@ -181,8 +201,9 @@ def localization_reward(
     box_2d: list[float] | None = None,
     hit_threshold: float = IOU_HIT,
     hit_weight: float = NO_HIT_BONUS,
+    coords: CoordSpace | None = None,
     **sample: Any,
 ) -> float:
     """The IoU the reference's layout calls for: box IoU, point in box, or temporal IoU (for files that mix them),
     IoUShaping'd (a point's 0/1 stays as it is at any threshold in (0, 1])."""
-    return IoUShaping(hit_threshold, hit_weight)(score_localization(completion, answer, box_2d).iou)
+    return IoUShaping(hit_threshold, hit_weight)(score_localization(completion, answer, box_2d, coords).iou)

@@ -44,7 +44,7 @@ def accuracy_reward(
     if options is None and _is_structured(answer):
         # the exact JSON text almost never matches: GRPO's accuracy on these tasks would read 0 for a model that
         # localises well, while evaluation counts the same answer right
-        return float(score_localization(completion, answer, sample.get("box_2d")).hit)
+        return float(score_localization(completion, answer, sample.get("box_2d"), sample.get("coords")).hit)
     multiple_choice = options is not None or bool(_LETTER_ANSWER.match(answer.strip()))
     reference = extract_answer(answer, options, multiple_choice=multiple_choice)
     if reference is None:

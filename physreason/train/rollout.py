@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from physreason.chat.mcq import AnswerType
-from physreason.chat.style import StyleName
+from physreason.chat.style import StyleName, coord_space
 from physreason.config import Config, EngineConfig, SamplingConfig, VisionConfig
 from physreason.data.mcq import MCQPrompt, PromptStream
 from physreason.engines import Completion, Engine, GenerationRequest
@@ -74,12 +74,14 @@ def mcq_request(
     factor: int = PATCH_FACTOR,
     style: StyleName = "reason1",
 ) -> GenerationRequest:
-    """Decode the prompt's media (sides multiples of the model's patch factor) and build its chat request."""
+    """Decode the prompt's media (sides multiples of the model's patch factor) and build its chat request (a 2D
+    grounding question on the style's coordinate grid for the frame as decoded)."""
     clip = vision.model_copy(update=prompt.video_range)  # the record's own video_start / video_end
     videos = [load_video(path, clip, factor) for path in prompt.videos]
     images = [load_image(path, vision, factor) for path in prompt.images]
-    messages = prompt.messages(answer_type, style)
-    return GenerationRequest(messages=messages, images=images, videos=videos, request_id=prompt.id)
+    request = GenerationRequest(messages=[], images=images, videos=videos, request_id=prompt.id)
+    request.messages = prompt.messages(answer_type, style, request.frame_size())
+    return request
 
 
 def completion_rewards(
@@ -90,19 +92,24 @@ def completion_rewards(
     reward_options: Mapping[str, Mapping[str, float]] | None = None,
     answer_type: AnswerType = "grpo",
     failed: list[str] | None = None,
+    frame_size: tuple[int, int] | None = None,
 ) -> dict[str, float]:
     """Each configured reward and the diagnostic ones for one completion, plus the weighted "total".
 
     A reward that raises on the completion scores 0 and its name is appended to `failed` (compute_rewards).
 
     Rewards also get `prompt_style` and `reasoning`, the layout the prompt asked for (`MCQPrompt.layout`), which
-    the format reward checks, and their `reward_options` ([grpo] reward_options).
+    the format reward checks, their `reward_options` ([grpo] reward_options), and for a 2D grounding question
+    `coords`, the grid the style's model writes coordinates on for the frame of `frame_size` (height, width) it saw
+    (request.frame_size()).
     """
     every = {name: 0.0 for name in DIAGNOSTIC_REWARDS} | dict(weights)
     asked_style, reasoning = prompt.layout(answer_type, style)
     # The layout wins over a record field of the same name (a structured record's qa may carry "reasoning").
     fields = prompt.reward_fields() | {"prompt_style": asked_style, "reasoning": reasoning}
     try:
+        if prompt.grounding_2d:
+            fields["coords"] = coord_space(style, frame_size)
         return compute_rewards(text, every, reward_options, failed, **fields)
     except InputError as exc:
         raise InputError(f"sample {prompt.id!r}: {exc}") from exc
@@ -278,6 +285,7 @@ def _rollout_round(
                 settings.reward_options,
                 settings.answer_type,
                 failed,
+                request.frame_size(),
             )
             for c in result.completions
         ]

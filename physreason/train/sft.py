@@ -106,6 +106,7 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
         processor_params=params,
         conversation_column=config.data.conversation_column_name,
         default_system_prompt=sft_system_prompt(config, hf_config),
+        prompt_style=resolve_prompting(config, model_family(hf_config).name).style,
     )
     train = make(records, root, source=config.data.dataset.name, locations=where)
     val_name = (config.data.val_dataset or DatasetConfig(name=f"{config.data.dataset.name} (held out)")).name

@@ -54,6 +54,14 @@ class VideoFrames:
     """(height, width) of the source frames before resizing."""
     path: str
     """The local file the frames came from."""
+    bar_height: int = 0
+    """Rows of the timestamp bar under each frame (overlay_timestamps); 0 without one."""
+
+    @property
+    def frame_size(self) -> tuple[int, int]:
+        """(height, width) of a frame as the model sees it, without the timestamp bar: the size Cosmos-Reason1's
+        pixel coordinates are written in."""
+        return self.frames.shape[1] - self.bar_height, self.frames.shape[2]
 
 
 @dataclass(frozen=True)
@@ -238,4 +246,5 @@ def load_video(source: str | Path, config: VisionConfig | None = None, factor: i
         duration=duration,
         source_size=(info.height, info.width),
         path=str(path),
+        bar_height=factor if config.timestamps else 0,
     )

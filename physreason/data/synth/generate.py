@@ -6,7 +6,8 @@ Layout under `<out>/<task>/`:
   <task>_benchmark_qa_pairs.json       [{"video", "qa_pairs": {"question", "index2ans", "answer"}}] (letter tasks)
                                        [{"video", "qa_pairs": {"question", "answer", ...}}] (JSON-answer tasks:
                                        the reference JSON, and e.g. the body's "box_2d" for a point question)
-  <task>_sft.jsonl                     {"video", "conversations": [user, assistant]} per line
+  <task>_sft.jsonl                     {"video", "conversations": [user, assistant]} per line (grounding: and
+                                       "coords": "norm1000", converted by SFT for the model's family)
   meta.json                            count, split, seeds, option order, generator version, class and letter balance
 
 Generation is resumable: a sample whose clip and record exist is not generated again. Samples are
@@ -28,6 +29,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
+from physreason.chat.structured import COORDS_KEY, NEUTRAL_GRID, grounds_2d
 from physreason.data.synth.sample import OPTION_ORDERS, SPLITS, Sample, balanced_slot, scene_seed, seed_rule
 from physreason.data.synth.scenarios import FPS, HEIGHT_PX, N_FRAMES, WIDTH_PX
 from physreason.data.synth.tasks import TASKS
@@ -113,6 +115,15 @@ def _qa_pairs(sample: Sample) -> dict[str, Any]:
     if sample.options:
         return {"question": sample.question, "index2ans": sample.options, "answer": sample.answer}
     return {"question": sample.question, "answer": sample.answer, **sample.reference}
+
+
+def _sft_line(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's SFT line; a box or point answer states its 0-1000 grid, which SFT converts for the model's family."""
+    line = {"video": record["video"], "conversations": record["conversations"]}
+    qa = record["qa_pairs"]
+    if "index2ans" not in qa and grounds_2d(qa["answer"]):
+        line[COORDS_KEY] = NEUTRAL_GRID
+    return line
 
 
 def _existing_record(
@@ -212,11 +223,7 @@ def generate_task(
     _write_json(
         folder / f"{task}_benchmark_qa_pairs.json", [{"video": r["video"], "qa_pairs": r["qa_pairs"]} for r in ordered]
     )
-    _write_json(
-        folder / f"{task}_sft.jsonl",
-        [{"video": r["video"], "conversations": r["conversations"]} for r in ordered],
-        lines=True,
-    )
+    _write_json(folder / f"{task}_sft.jsonl", [_sft_line(r) for r in ordered], lines=True)
     seeds = [r["seed"] for r in ordered]
     meta = {
         "task": task,

@@ -4,6 +4,11 @@ Half the samples ask for the body's bounding box (`box_2d`), half for its centre
 axis normalised to 0-1000 of the frame (Cosmos-Reason2's `prompts/2d_grounding.yaml`). The box is the
 body's exact extent projected by the scene's camera, so it is true of the rendered pixels to within the
 anti-aliased edge. Named times are multiples of 0.5 s, so any sampling of 2 fps or more shows that frame.
+
+The 0-1000 grid is the one stored form for every family: Cosmos-Reason1 (Qwen2.5-VL) grounds in pixels of the
+frame as it sees it, a size set by the run's vision settings, not known here; rewards, evaluation and SFT
+(the records' `"coords": "norm1000"`) convert with that size. So the reasoning names positions as shares of the
+frame, true on either grid, and leaves the numbers to the answer.
 """
 
 from __future__ import annotations
@@ -53,6 +58,11 @@ def _where(box: list[int]) -> str:
     return "left" if centre < 333 else "right" if centre > 667 else "middle"
 
 
+def _share(coordinate: int) -> str:
+    """A 0-1000 coordinate as a percentage of the frame, the same on every family's grid."""
+    return f"{round(coordinate / 10)}%"
+
+
 def make_sample(seed: int, slot: int, option_order: str = "shuffled") -> Sample:
     """Build the sample for scene `seed`; `slot` in [0, 2) picks the box or the point question.
 
@@ -78,18 +88,18 @@ def make_sample(seed: int, slot: int, option_order: str = "shuffled") -> Sample:
     on_floor = trajectory.positions[frame, body, 1] - scene.bodies[body].half_height < 0.02
     seen = (
         f"I look at the frame at {time} for {noun}. It is {'on the floor' if on_floor else 'in mid-air'}, in the "
-        f"{_where(box)} part of the frame; its edges lie at about x {box[0]} to {box[2]} and y {box[1]} to {box[3]} "
-        "on a 0-1000 grid of the frame."
+        f"{_where(box)} part of the frame; its edges lie at about {_share(box[0])} to {_share(box[2])} of the "
+        f"frame's width from the left and {_share(box[1])} to {_share(box[3])} of its height from the top."
     )
     if variant == "box_2d":
         question = GROUNDING_PROMPT.format(object_name=object_name)
         answer = json.dumps([{"box_2d": box, "label": noun}])
-        reasoning = f"{seen}\nSo its bounding box is {box}."
+        reasoning = f"{seen}\nSo I give its bounding box."
         reference = {}
     else:
         question = POINT_GROUNDING_PROMPT.format(object_name=object_name)
         answer = json.dumps([{"point_2d": point, "label": noun}])
-        reasoning = f"{seen}\nSo its centre is at about {point}."
+        reasoning = f"{seen}\nSo I give its centre point, halfway between those edges."
         reference = {"box_2d": box}  # the point reward credits any point inside the body
     return Sample(
         task=TASK,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from physreason.chat.mcq import format_mcq
 from physreason.chat.prompts import MCQ_SYSTEM_PROMPT, REASON2_SYSTEM_PROMPT
+from physreason.chat.structured import COORDS_KEY, NEUTRAL_GRID, grounds_2d
 from physreason.data.synth.tasks import JSON_TASK_NAMES, LETTER_TASK_NAMES
 
 
@@ -49,7 +50,10 @@ def _answer_only_records(
             {"role": "user", "content": user_text(qa)},
             {"role": "assistant", "content": qa["answer"]},
         ]
-        rows.append({"video": f"{task}/{entry['video']}", "conversations": conversation})
+        row = {"video": f"{task}/{entry['video']}", "conversations": conversation}
+        if "index2ans" not in qa and grounds_2d(qa["answer"]):
+            row[COORDS_KEY] = NEUTRAL_GRID  # SFT writes the box in the model's family's grid
+        rows.append(row)
     return rows
 
 
@@ -71,7 +75,8 @@ def json_sft_records(data_root: Path, out_file: Path, tasks: Sequence[str] = JSO
 
     The prompt is the one evaluation and GRPO send for a structured question (Cosmos-Reason2's: "You are a helpful
     assistant." and the task prompt as written, no reasoning instruction); the assistant turn is the JSON answer
-    alone, without the generated reasoning, for a model too small to write it.
+    alone, without the generated reasoning, for a model too small to write it. Box and point records carry
+    `"coords": "norm1000"`: SFT rewrites them, and their question, for a model that grounds in pixels.
     """
     rows = _answer_only_records(data_root, tasks, REASON2_SYSTEM_PROMPT, lambda qa: qa["question"])
     return write_records(out_file, rows)
