@@ -112,7 +112,7 @@ def infer(
     from physreason.engines import create_engine
     from physreason.infer import build_request, result_record, run_batch, run_ray_batch
     from physreason.infer.settings import answer_settings
-    from physreason.models.inputs import patch_factor, prompting_for
+    from physreason.models.inputs import checked_vision_factor, patch_factor, prompting_for
 
     if fps is not None and nframes is not None:
         raise typer.BadParameter("give --fps or --nframes, not both", param_hint="'--nframes'")
@@ -131,6 +131,7 @@ def infer(
         console.print("[yellow]no --video or --image given: asking a text-only question[/]")
 
     if batch is not None:
+        checked_vision_factor(cfg)  # a bad pixel setting fails here, before OUT holds a result made with it
         prompting, sampling = prompting_for(cfg)
         # The style, mode and sampling as resolved for this checkpoint, so `auto` cannot hide a change of answers.
         resolved = {f"generation.{key}": value for key, value in sampling.model_dump(mode="json").items()}

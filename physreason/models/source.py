@@ -134,3 +134,41 @@ def _check_hub_id(name: str, revision: str | None, key: str) -> None:
             f"{key} = {name!r}: no such model on the hub (HTTP 404){f' at revision {revision}' if revision else ''}; "
             f"check the id, or pass a local model folder ({MODEL_FOLDER_NEEDS})"
         )
+
+
+# Where transformers finds a checkpoint's weights: sharded (an index naming its files) or one file.
+_WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def check_model_weights(name: str, key: str = "model.model_name_or_path") -> None:
+    """Raise ConfigError naming the folder and what is missing when a local model folder lacks its weights.
+
+    A folder with config.json but no weight file (an interrupted copy or download, a config-only folder) would
+    otherwise fail deep in transformers. Hub ids are left to the hub: their files are fetched as they are needed.
+    """
+    if not looks_like_path(name):
+        return
+    folder = Path(name).expanduser()
+    for index_name in _WEIGHT_INDEXES:
+        index = folder / index_name
+        if not index.is_file():
+            continue
+        try:
+            files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{index} is not a weight index (no readable weight_map: {exc}); {MODEL_FOLDER_NEEDS}") from exc
+        missing = [file for file in files if not (folder / file).is_file()]
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise ConfigError(
+                f"{key} = {name!r}: {index_name} names {len(files)} weight files and {len(missing)} are missing "
+                f"({shown}): finish the copy or download of that folder"
+            )
+        return
+    if any((folder / file).is_file() for file in _WEIGHT_FILES) or any(folder.glob("*.safetensors")):
+        return
+    raise ConfigError(
+        f"{key} = {name!r} has config.json but no weights (model.safetensors, a sharded *.safetensors set with its "
+        "index, or pytorch_model.bin): finish the copy or download of that folder, or point at a complete one"
+    )
