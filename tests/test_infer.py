@@ -269,3 +269,19 @@ def test_a_whole_last_record_without_its_newline_is_redone_not_lost(engine, batc
     ids = [r["id"] for r in read_out(out)]
     assert sorted(ids) == sorted({"a", "img", "broken", "escape", "missing", "b"})  # nothing lost, nothing twice
     assert summary.done == 1 and summary.skipped == 5
+
+
+def test_cli_batch_with_a_bad_pixel_setting_is_one_error_and_the_fix_reruns(tiny_model_dir, tmp_path):
+    requests, out = tmp_path / "requests.jsonl", tmp_path / "o.jsonl"
+    requests.write_text("".join(json.dumps({"id": str(i), "question": f"What falls {i}?"}) + "\n" for i in range(2)))
+    args = ["infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--jsonl", str(requests), "--out", str(out),
+            "--max-tokens", "2", "--temperature", "0"]
+    # max_pixels under the default min_pixels (128 tokens of 28x28 = 100352): every request would fail alike
+    bad = cli(*args, "--max-pixels", "1000")
+    assert bad.returncode == 2, bad.stderr
+    assert "vision.min_pixels (100352) exceeds vision.max_pixels (1000)" in bad.stderr
+    assert "--set vision.min_pixels=N" in bad.stderr and "set both" not in bad.stderr
+    assert not out.exists() and not (tmp_path / "o.jsonl.settings.json").exists()
+    fixed = cli(*args, "--max-pixels", "1000", "--set", "vision.min_pixels=784")
+    assert fixed.returncode == 0, fixed.stderr
+    assert "2 answered, 0 failed, 0 already in" in fixed.stdout
