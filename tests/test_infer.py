@@ -285,3 +285,26 @@ def test_cli_batch_with_a_bad_pixel_setting_is_one_error_and_the_fix_reruns(tiny
     fixed = cli(*args, "--max-pixels", "1000", "--set", "vision.min_pixels=784")
     assert fixed.returncode == 0, fixed.stderr
     assert "2 answered, 0 failed, 0 already in" in fixed.stdout
+
+
+def test_cli_rerun_compares_the_model_on_disk_not_the_path_as_typed(tiny_model_dirs, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dirs["qwen2_5_vl"], model)
+    requests, out = tmp_path / "requests.jsonl", tmp_path / "answers.jsonl"
+    requests.write_text("".join(json.dumps({"id": str(i), "question": f"What falls {i}?"}) + "\n" for i in range(2)))
+    assert _answer_batch(model, requests, out).returncode == 0
+    requests.write_text(requests.read_text() + json.dumps({"id": "2", "question": "And now?"}) + "\n")
+    slash = _answer_batch(f"{model}/", requests, out)  # the same folder, typed with a trailing slash
+    assert slash.returncode == 0, slash.stderr
+    assert "1 answered, 0 failed, 2 already in" in slash.stdout
+    # another model of the same family saved over the same path: its answers must not join the others
+    shutil.rmtree(model)
+    shutil.copytree(tiny_model_dirs["qwen2_5_vl"], model)
+    (model / "config.json").write_text((model / "config.json").read_text().replace("{", '{"note": "retrained",', 1))
+    requests.write_text(requests.read_text() + json.dumps({"id": "3", "question": "And then?"}) + "\n")
+    other = _answer_batch(model, requests, out)
+    assert other.returncode == 2, other.stderr
+    assert "model.fingerprint: 'config " in other.stderr and "Traceback" not in other.stderr
+    assert len(read_out(out)) == 3

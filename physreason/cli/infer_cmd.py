@@ -113,6 +113,7 @@ def infer(
     from physreason.infer import build_request, result_record, run_batch, run_ray_batch
     from physreason.infer.settings import answer_settings
     from physreason.models.inputs import checked_vision_factor, patch_factor, prompting_for
+    from physreason.models.source import model_fingerprint
 
     if fps is not None and nframes is not None:
         raise typer.BadParameter("give --fps or --nframes, not both", param_hint="'--nframes'")
@@ -136,6 +137,8 @@ def infer(
         # The style, mode and sampling as resolved for this checkpoint, so `auto` cannot hide a change of answers.
         resolved = {f"generation.{key}": value for key, value in sampling.model_dump(mode="json").items()}
         settings = answer_settings(cfg, **resolved, **{f"resolved.{k}": v for k, v in prompting.describe().items()})
+        # The model as it is on disk (or its hub commit), not as typed: `m/` is `m`, a new model saved at `m` is not.
+        settings |= model_fingerprint(cfg.model.model_name_or_path, cfg.model.revision)
         if cfg.infer.num_gpus is not None:
             summary = run_ray_batch(cfg, batch, out, media_root=media_root, settings=settings, overwrite=overwrite)
         else:

@@ -172,3 +172,29 @@ def check_model_weights(name: str, key: str = "model.model_name_or_path") -> Non
         f"{key} = {name!r} has config.json but no weights (model.safetensors, a sharded *.safetensors set with its "
         "index, or pytorch_model.bin): finish the copy or download of that folder, or point at a complete one"
     )
+
+
+def model_fingerprint(name: str, revision: str | None = None) -> dict[str, str]:
+    """What identifies the model `name` names now, for outputs that must not mix two models' answers.
+
+    A local folder: its resolved path (so `m` and `m/` agree), a hash of its config.json and of its weight files'
+    names, sizes and modification times (another model saved at the same path differs). A hub id: the commit its
+    cached config.json belongs to, else the revision asked for.
+    """
+    import hashlib
+
+    if looks_like_path(name):
+        folder = Path(name).expanduser().resolve()
+        config = folder / "config.json"
+        config_hash = hashlib.sha256(config.read_bytes()).hexdigest()[:16] if config.is_file() else "none"
+        weights = hashlib.sha256()
+        for path in sorted(p for pattern in ("*.safetensors", "*.bin") for p in folder.glob(pattern)):
+            stat = path.stat()
+            weights.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        return {"model.model_name_or_path": str(folder),
+                "model.fingerprint": f"config {config_hash}, weights {weights.hexdigest()[:16]}"}
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(name, "config.json", revision=revision)
+    commit = Path(cached).parent.name if isinstance(cached, str) else None
+    return {"model.model_name_or_path": name, "model.fingerprint": f"revision {commit or revision or 'main'}"}
