@@ -107,7 +107,9 @@ def resume_changes(stored_path: Path, config: Config) -> list[str]:
     """The [data], [model] and train.optm_* keys whose value in `config` differs from the run's stored config.toml."""
     if not stored_path.is_file():
         return []
-    stored = _flat(tomllib.loads(stored_path.read_text(encoding="utf-8")))
+    # A key the stored file lacks (None then, or added to physreason since) had its default value.
+    stored = _flat(type(config)().model_dump(mode="json", exclude_none=True))
+    stored |= _flat(tomllib.loads(stored_path.read_text(encoding="utf-8")))
     current = _flat(config.model_dump(mode="json", exclude_none=True))
     return sorted(
         key for key in set(stored) | set(current) if key.startswith(_RESUME_FIXED) and stored.get(key) != current.get(key)
