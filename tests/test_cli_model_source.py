@@ -126,3 +126,76 @@ def test_serve_print_command_of_a_hub_recipe_needs_no_network(tmp_path):
     assert f"--model {HUB_ID}" in result.stdout and "network used" not in result.stderr
     assert result.stdout.startswith("VLLM_API_KEY=*** ") and "s3cret" not in result.stdout
     assert "is not downloaded, so this command has no --chat-template" in result.stderr
+
+
+def test_eval_of_an_unreachable_hub_id_is_one_line_without_retries(tmp_path):
+    # eval read the checkpoint's config.json for its prompt style before checking the source: five retries per file.
+    (tmp_path / "q.jsonl").write_text('{"question": "q?", "video": "a.mp4", "options": {"A": "x", "B": "y"}, "answer": "A"}\n')
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
+    result = run_cli("eval", "-m", "nvidia/Cosmos-Reason2-8B", "-d", "q.jsonl", "--no-progress", cwd=tmp_path, **env)
+    assert result.returncode == 2, result.stderr
+    assert "'nvidia/Cosmos-Reason2-8B': cannot reach http://127.0.0.1:9" in result.stderr
+    assert "Retry" not in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_model_folder_without_weights_is_one_line_naming_what_is_missing(tmp_path, tiny_model_dir):
+    import shutil
+
+    from physreason.config import ModelConfig
+    from physreason.errors import ConfigError
+    from physreason.models.loading import load_model
+
+    half = tmp_path / "half"
+    shutil.copytree(tiny_model_dir, half, ignore=shutil.ignore_patterns("*.safetensors"))
+    result = run_cli("infer", "-m", str(half), "-q", "x", "--engine", "hf", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"'{half}' has config.json but no weights" in result.stderr
+    assert "Traceback" not in result.stderr
+    with pytest.raises(ConfigError, match="has config.json but no weights"):  # what sft, grpo and export load with
+        load_model(ModelConfig(model_name_or_path=str(half)))
+
+
+def test_a_sharded_model_folder_names_its_missing_shards(tmp_path):
+    import json
+
+    from physreason.errors import ConfigError
+    from physreason.models.source import check_model_weights
+
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"names 2 weight files and 1 are missing \(model-00002-of-00002"):
+        check_model_weights(str(tmp_path))
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"x")
+    check_model_weights(str(tmp_path))
+
+
+def test_plan_of_a_shipped_recipe_needs_no_network(tmp_path):
+    recipe = ROOT / "configs" / "cosmos-reason2-8b-sft.toml"
+    result = run_cli("plan", str(recipe), "--gpus", "8", cwd=tmp_path, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    assert result.returncode == 0, result.stderr
+    assert "planning with the published shape physreason ships for it" in result.stderr
+    assert "nvidia/Cosmos-Reason2-8B: 8.77 B parameters, 36 blocks of hidden 4096" in result.stdout
+
+
+def test_every_shipped_recipe_model_has_its_published_shape():
+    import tomllib
+
+    from physreason.models.sizes import shape_from_hf_config, shipped_config
+
+    named = {tomllib.loads(p.read_text())["model"]["model_name_or_path"] for p in (ROOT / "configs").glob("*.toml")}
+    hub_ids = {name for name in named if not name.startswith(".")}
+    assert hub_ids == {"nvidia/Cosmos-Reason1-7B", "nvidia/Cosmos-Reason2-2B", "nvidia/Cosmos-Reason2-8B"}
+    counts = {name: round(shape_from_hf_config(shipped_config(name)).total_params / 1e9, 2) for name in hub_ids}
+    assert counts == {"nvidia/Cosmos-Reason1-7B": 8.29, "nvidia/Cosmos-Reason2-2B": 2.13, "nvidia/Cosmos-Reason2-8B": 8.77}
+    assert shipped_config("someone/Other-VL-7B") is None
+
+
+def test_plan_of_another_hub_model_offline_is_still_refused(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[model]\nmodel_name_or_path = "someone/Other-VL-7B"\n')
+    result = run_cli("plan", str(recipe), cwd=tmp_path, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    assert result.returncode == 2 and "'someone/Other-VL-7B' is a hub id that is not in the local cache" in result.stderr
+    assert "ships" not in result.stderr

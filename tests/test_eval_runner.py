@@ -212,3 +212,32 @@ def test_shard_processes_split_the_samples_and_merge(tmp_path, tiny_model_dir, b
     assert ids[:3] == ["clips/c0.mp4#0", "clips/c1.mp4#0", "clips/corrupt.mp4#0"]  # merged in benchmark order
     assert sorted(p.name for p in (base / "logs").iterdir()) == ["shard-0-of-2.log", "shard-1-of-2.log"]
     assert "shard 1/2" in (base / "logs" / "shard-1-of-2.log").read_text()
+
+
+def test_a_bad_pixel_setting_fails_before_the_folder_is_written_and_the_fix_reruns(tmp_path, tiny_model_dir, bench_root):
+    # max_pixels under the default min_pixels of the model's patch factor: known only once the model is read.
+    results = tmp_path / "results"
+    config = write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, results, limit=2)
+    config.write_text(config.read_text().replace("min_pixels = 3136\n", ""))
+    bad = ["vision.max_pixels=1000"]
+    with pytest.raises(ConfigError, match=r"vision.min_pixels \(100352\) exceeds vision.max_pixels \(1000\).*--set vision.min_pixels"):
+        run_eval(load_config(config, bad), show_progress=False)
+    assert not results.exists()  # no config.toml, no sample recorded as failed
+    outcome = run_eval(load_config(config, ["vision.min_pixels=784"]), show_progress=False)
+    assert [(r.answered, r.failed) for r in outcome.runs] == [(2, 0)]
+
+
+def test_a_folder_with_settings_but_no_result_takes_new_settings(tmp_path, tiny_model_dir, bench_root, caplog):
+    from physreason.config import dump_config
+    from physreason.eval.launch import plan_eval
+
+    config = write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, tmp_path / "results")
+    base = plan_eval(load_config(config)).base
+    base.mkdir(parents=True)
+    dump_config(load_config(config, ["generation.max_tokens=9"]), base / "config.toml")  # a run that stopped early
+    (base / "mini" / "seed_1").mkdir(parents=True)
+    check_resumable(base, load_config(config))
+    assert "holds no result yet" in caplog.text
+    (base / "mini" / "seed_1" / "results.jsonl").write_text('{"id": "x", "error": "e"}\n')
+    with pytest.raises(ConfigError, match="different generation"):
+        check_resumable(base, load_config(config))

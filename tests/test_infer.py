@@ -302,3 +302,42 @@ def test_cli_overwrite_never_deletes_the_requests_or_a_file_infer_did_not_write(
         (line,) = refused.stderr.strip().splitlines()
         assert line.startswith(f"error: --out {out} {why}"), line
     assert requests.read_text() == '{"id": "a", "question": "q"}\n' and notes.read_text() == '{"id": "mine"}\n'
+
+
+def test_cli_batch_with_a_bad_pixel_setting_is_one_error_and_the_fix_reruns(tiny_model_dir, tmp_path):
+    requests, out = tmp_path / "requests.jsonl", tmp_path / "o.jsonl"
+    requests.write_text("".join(json.dumps({"id": str(i), "question": f"What falls {i}?"}) + "\n" for i in range(2)))
+    args = ["infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--jsonl", str(requests), "--out", str(out),
+            "--max-tokens", "2", "--temperature", "0"]
+    # max_pixels under the default min_pixels (128 tokens of 28x28 = 100352): every request would fail alike
+    bad = cli(*args, "--max-pixels", "1000")
+    assert bad.returncode == 2, bad.stderr
+    assert "vision.min_pixels (100352) exceeds vision.max_pixels (1000)" in bad.stderr
+    assert "--set vision.min_pixels=N" in bad.stderr and "set both" not in bad.stderr
+    assert not out.exists() and not (tmp_path / "o.jsonl.settings.json").exists()
+    fixed = cli(*args, "--max-pixels", "1000", "--set", "vision.min_pixels=784")
+    assert fixed.returncode == 0, fixed.stderr
+    assert "2 answered, 0 failed, 0 already in" in fixed.stdout
+
+
+def test_cli_rerun_compares_the_model_on_disk_not_the_path_as_typed(tiny_model_dirs, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dirs["qwen2_5_vl"], model)
+    requests, out = tmp_path / "requests.jsonl", tmp_path / "answers.jsonl"
+    requests.write_text("".join(json.dumps({"id": str(i), "question": f"What falls {i}?"}) + "\n" for i in range(2)))
+    assert _answer_batch(model, requests, out).returncode == 0
+    requests.write_text(requests.read_text() + json.dumps({"id": "2", "question": "And now?"}) + "\n")
+    slash = _answer_batch(f"{model}/", requests, out)  # the same folder, typed with a trailing slash
+    assert slash.returncode == 0, slash.stderr
+    assert "1 answered, 0 failed, 2 already in" in slash.stdout
+    # another model of the same family saved over the same path: its answers must not join the others
+    shutil.rmtree(model)
+    shutil.copytree(tiny_model_dirs["qwen2_5_vl"], model)
+    (model / "config.json").write_text((model / "config.json").read_text().replace("{", '{"note": "retrained",', 1))
+    requests.write_text(requests.read_text() + json.dumps({"id": "3", "question": "And then?"}) + "\n")
+    other = _answer_batch(model, requests, out)
+    assert other.returncode == 2, other.stderr
+    assert "model.fingerprint: 'config " in other.stderr and "Traceback" not in other.stderr
+    assert len(read_out(out)) == 3

@@ -233,3 +233,26 @@ def test_start_up_summary_names_samples_steps_batch_and_trainable_parameters(tin
                  "Effective batch (samples per optimizer step) = 4", "Gradient accumulation steps                  = 2"):
         assert line in summary
     assert "Trainable parameters" in summary and "(100.00%)" in summary
+
+
+def test_a_resume_with_other_data_or_learning_rate_is_refused_unless_allowed_and_keeps_the_old_config(tiny_vl, tmp_path):
+    import tomllib
+
+    data, other = tmp_path / "train.jsonl", tmp_path / "other.jsonl"
+    data.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(8)))
+    other.write_text(data.read_text())
+    out = tmp_path / "run"
+    sets = ("train.max_steps=1", "train.ckpt.export_safetensors=false")
+    assert run_sft_cli(tiny_vl, data, out, *sets).returncode == 0
+    first = (out / "config.toml").read_text()
+    changed = run_sft_cli(tiny_vl, other, out, *sets, "train.resume=true", "train.optm_lr=5e-4")
+    assert changed.returncode == 2, changed.stderr
+    assert "has other data.dataset.name, train.optm_lr; resuming would" in changed.stderr
+    assert "--set train.resume_allow_changes=true" in changed.stderr and "Traceback" not in changed.stderr
+    assert (out / "config.toml").read_text() == first
+    allowed = run_sft_cli(tiny_vl, other, out, *sets, "train.resume=true", "train.optm_lr=5e-4",
+                          "train.resume_allow_changes=true")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "resuming with changed data.dataset.name, train.optm_lr" in allowed.stderr
+    assert (out / "config.before-resume-1.toml").read_text() == first
+    assert tomllib.loads((out / "config.toml").read_text())["train"]["optm_lr"] == 5e-4

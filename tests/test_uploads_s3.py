@@ -296,6 +296,43 @@ def test_start_up_refuses_s3_uploads_without_credentials_or_bucket(tmp_path, mon
         load_config(None, ["train.ckpt.upload_s3='every'", "train.ckpt.s3_bucket='b'"])
 
 
+def test_start_up_checks_the_endpoint_credentials_and_bucket_in_one_call(bucket, s3_server, monkeypatch):
+    setting = "train.ckpt.upload_s3='all'"
+    config = load_config(None, [setting, f"train.ckpt.s3_bucket='{bucket}'"])
+    check_upload_settings(config)  # reachable, keys accepted, bucket there
+    with pytest.raises(ConfigError, match=r"s3://no-such-bucket at .* cannot be used \(checked before training\): NoSuchBucket"):
+        check_upload_settings(load_config(None, [setting, "train.ckpt.s3_bucket='no-such-bucket'"]))
+    s3_server.require_auth(True)
+    try:
+        with pytest.raises(ConfigError, match="InvalidAccessKeyId .*check AWS_ACCESS_KEY_ID") as refused:
+            check_upload_settings(config)
+    finally:
+        s3_server.require_auth(False)
+    assert SECRET not in str(refused.value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
+    with pytest.raises(ConfigError, match=r"at http://127.0.0.1:\d+ cannot be used .*the endpoint did not answer"):
+        check_upload_settings(config)
+
+
+def test_an_sft_run_with_an_unreachable_endpoint_stops_before_training(tiny_model_dir, tmp_path, monkeypatch):
+    from physreason.train.sft import run_sft
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "physreason-test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
+    with pytest.raises(ConfigError, match="the endpoint did not answer"):
+        run_sft(_sft_config(tiny_model_dir, tmp_path, "train.ckpt.s3_bucket='b'"))
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def _keys_revoked_after_start(monkeypatch):
+    # The start-up check would refuse the wrong keys; these tests are about keys that stop working mid-run.
+    import physreason.train.upload as upload
+
+    monkeypatch.setattr(upload, "check_s3_bucket", lambda *args, **kwargs: None)
+
+
 def _sft_config(model: Path, tmp_path: Path, *extra: str):
     from setups import sft_overrides, write_chat_records
 
@@ -332,11 +369,12 @@ def test_an_sft_run_uploads_every_checkpoint_and_export_even_those_max_keep_prun
 
 @pytest.mark.slow
 def test_wrong_credentials_leave_training_running_and_a_resume_uploads_what_was_left(
-    bucket, s3_server, tiny_model_dir, tmp_path, capsys
+    bucket, s3_server, tiny_model_dir, tmp_path, capsys, monkeypatch
 ):
     from physreason.train.sft import run_sft
 
     config = _sft_config(tiny_model_dir, tmp_path, f"train.ckpt.s3_bucket='{bucket}'")
+    _keys_revoked_after_start(monkeypatch)
     s3_server.require_auth(True)
     try:
         result = run_sft(config)
@@ -391,7 +429,9 @@ def test_the_sft_command_exits_1_naming_the_uploads_left_and_0_once_a_resume_sen
             "train.max_steps=1", "train.ckpt.upload_s3='final'", f"train.ckpt.s3_bucket='{bucket}'"]  # fmt: skip
     recipe = tmp_path / "recipe.toml"
     recipe.write_text("")  # every key from --set, as the in-process tests build theirs
-    command = [sys.executable, "-m", "physreason", "sft", "-c", str(recipe), *(a for key in sets for a in ("--set", key))]
+    # Keys that stop working after the start-up check (which would refuse them): the check is switched off here.
+    revoked = "import physreason.train.upload as u; u.check_s3_bucket = lambda *a, **k: None; from physreason.cli import main; main()"
+    command = [sys.executable, "-c", revoked, "sft", "-c", str(recipe), *(a for key in sets for a in ("--set", key))]
     env = {**os.environ, "PYTHONPATH": str(root)}
     s3_server.require_auth(True)
     try:

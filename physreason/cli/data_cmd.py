@@ -12,7 +12,8 @@ from physreason.cli.output_options import one_path
 from physreason.data.synth.tasks import TASK_NAMES
 
 app = typer.Typer(
-    help="Data sets: synthetic intuitive-physics clips with benchmark and SFT records.", no_args_is_help=True
+    help="Data sets: synthetic intuitive-physics clips with benchmark and SFT records, and answer-layout conversion.",
+    no_args_is_help=True,
 )
 
 
@@ -63,3 +64,24 @@ def synth(
             f"{name}: {summary.count} samples in {summary.folder} "
             f"({summary.generated} generated, {summary.reused} already there)"
         )
+
+
+@app.command("convert")
+def convert(
+    source: Annotated[Path, typer.Argument(help="SFT records (JSONL) with Cosmos-Reason1 replies (<answer> tags).")],
+    target: Annotated[Path, typer.Argument(help="JSONL file to write; keep it beside SOURCE so media paths still resolve.")],
+    style: Annotated[str, typer.Option("--style", help="The answer layout to write: reason2 (the only conversion).")],
+) -> None:
+    """Rewrite SFT records' assistant replies from Cosmos-Reason1's layout (<think>..</think><answer>..</answer>) to
+    Cosmos-Reason2's (the answer right after </think>), for fine-tuning a Reason2 (Qwen3-VL) model."""
+    from physreason.data.convert import convert_records
+    from physreason.errors import InputError
+
+    if style != "reason2":
+        raise InputError(f"--style {style!r}: only reason2 is written (Reason1's layout is what synth and the demo write)")
+    if not source.is_file():
+        raise InputError(f"{source} does not exist: give a JSONL file of SFT records")
+    converted, total = convert_records(source, target)
+    typer.echo(f"{converted} of {total} records rewritten in Cosmos-Reason2's layout into {target}")
+    if source.resolve().parent != target.resolve().parent:
+        typer.echo(f"media paths are relative: set data.dataset.media_root = {str(source.resolve().parent)!r}")

@@ -116,7 +116,8 @@ def infer(
     from physreason.infer import build_request, result_record, run_batch, run_ray_batch
     from physreason.infer.batch import prepare_single_out, write_single_result
     from physreason.infer.settings import answer_settings
-    from physreason.models.inputs import patch_factor, prompting_for
+    from physreason.models.inputs import checked_vision_factor, patch_factor, prompting_for
+    from physreason.models.source import model_fingerprint
     from physreason.rewards.extract import answer_region
 
     overwrite = overwrite or force
@@ -137,10 +138,13 @@ def infer(
         console.print("[yellow]no --video or --image given: asking a text-only question[/]")
 
     if batch is not None or out is not None:
+        checked_vision_factor(cfg)  # a bad pixel setting fails here, before OUT holds a result made with it
         prompting, sampling = prompting_for(cfg)
         # The style, mode and sampling as resolved for this checkpoint, so `auto` cannot hide a change of answers.
         resolved = {f"generation.{key}": value for key, value in sampling.model_dump(mode="json").items()}
         settings = answer_settings(cfg, **resolved, **{f"resolved.{k}": v for k, v in prompting.describe().items()})
+        # The model as it is on disk (or its hub commit), not as typed: `m/` is `m`, a new model saved at `m` is not.
+        settings |= model_fingerprint(cfg.model.model_name_or_path, cfg.model.revision)
     if batch is not None:
         if cfg.infer.num_gpus is not None:
             summary = run_ray_batch(cfg, batch, out, media_root=media_root, settings=settings, overwrite=overwrite)

@@ -369,6 +369,11 @@ class TrainConfig(Section):
         "pickled DCP metadata is read admitting only checkpoint types, so a forged one is refused, never run. A resume first writes any safetensors "
         "export that a kill left unfinished.",
     )
+    resume_allow_changes: bool = Field(
+        False,
+        description="Let a resume change [data], [model] or train.optm_* keys from the run's config.toml (refused "
+        "otherwise, naming the keys); the earlier config.toml is kept as config.before-resume-N.toml.",
+    )
     trust_checkpoint: bool = Field(
         False,
         description="Allow train.resume to load a checkpoint folder this run did not write (outside output_dir, "

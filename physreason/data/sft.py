@@ -129,13 +129,19 @@ def _as_list(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
-def _split_placeholders(text: str, pending: dict[str, list[str]]) -> list[dict[str, Any]]:
+def _split_placeholders(text: str, pending: dict[str, list[str]], where: str, record: dict[str, Any]) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     position = 0
     for match in _PLACEHOLDER.finditer(text):
         kind = match.group(1)
         if not pending[kind]:
-            continue
+            # An error, not a silent strip: the model would learn a literal "<video>", and which clip belongs to which
+            # placeholder is no longer certain when the record lists fewer media than its text places.
+            named = len(_record_media(record, kind, where))
+            raise InputError(
+                f"{where}: the user text has more <{kind}> placeholders than the record's {named} {kind}(s); remove "
+                f"the extra <{kind}> or list its {kind} in the record"
+            )
         if match.start() > position:
             parts.append({"type": "text", "text": text[position : match.start()].strip("\n")})
         parts.append({"type": kind, kind: pending[kind].pop(0)})
@@ -190,7 +196,7 @@ def normalize_conversation(record: dict[str, Any], column: str, where: str) -> l
             raise InputError(f"{where}: turn {number}'s content list must hold {{'type': ...}} objects")
         if role == "user":
             if isinstance(content, str):
-                content = _split_placeholders(content, pending)
+                content = _split_placeholders(content, pending, where, record)
             else:
                 content = [_present(part) for part in content]
                 for part in content:

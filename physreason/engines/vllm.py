@@ -24,6 +24,7 @@ from physreason.models import loading
 from physreason.models.family import model_family, vision_special_token_ids
 from physreason.models.inputs import IMAGE_PAD, VIDEO_PAD, ProcessorParams, load_processor_params
 from physreason.models.qwen3_vl import frame_group_seconds
+from physreason.models.source import check_model_weights
 from physreason.vision import VideoFrames
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,8 @@ class VLLMEngine(Engine):
         self.engine_config = engine
         source = model.model_name_or_path
         hf_config = loading.load_model_config(model)
+        if quantization in (None, "none"):  # fp8 rollouts start from dummy weights and wait for the first push
+            check_model_weights(source)
         self.hf_config = hf_config
         self.is_vl = model_family(hf_config).is_vision_language
         self._weight_names: frozenset[str] | None = None

@@ -8,6 +8,7 @@ CUDA_VISIBLE_DEVICES and answers every k-th sample. On CPU the shards are proces
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import subprocess
 import sys
@@ -34,6 +35,8 @@ from physreason.eval.results import (
 from physreason.eval.runner import ShardCounts, evaluate_shard, shard_samples
 from physreason.eval.settings import effective_config, reproduction_settings, resolve_eval_setup
 from physreason.progress import LoggedProgress, progress_display
+
+log = logging.getLogger(__name__)
 
 # Settings that change what a model answers: a resumed run must not mix results made under others.
 _RESULT_SETTINGS = ("generation", "vision", "prompt", "model.model_name_or_path", "model.revision", "model.dtype")
@@ -108,6 +111,10 @@ def check_resumable(base: Path, cfg: Config) -> None:
     settings (compared as resolved: a style's sampling defaults count as set)."""
     stored_path = base / CONFIG_FILE
     if not stored_path.is_file():
+        return
+    if not any(finished_in_run(run) for run in base.glob("*/seed_*")):
+        # A run that stopped before its first result made nothing its settings could skew.
+        log.warning("%s holds no result yet: its settings (%s) are replaced by this run's", base, stored_path)
         return
     stored = tomllib.loads(stored_path.read_text(encoding="utf-8"))
     current = effective_config(cfg)[0].model_dump(mode="json", exclude_none=True)
@@ -302,10 +309,13 @@ def run_eval(cfg: Config, *, show_progress: bool = True) -> EvalOutcome:
 
     Raises PhysReasonError after merging when a shard process failed; rerunning resumes.
     """
+    from physreason.models.inputs import checked_vision_factor
+
     plan = plan_eval(cfg)
     for seed in plan.seeds:
         repeat_sampling(cfg.generation, seed)
     _engine_config(cfg)
+    checked_vision_factor(cfg)  # the model is found and the pixel budgets fit it before the folder is touched
     num_shards = cfg.eval.num_gpus // cfg.eval.tp_size
     outcome = EvalOutcome(base=plan.base, resumed=prepare_runs(plan, cfg))
     failed_shards: list[tuple[int, int, Path]] = []

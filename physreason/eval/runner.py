@@ -17,7 +17,7 @@ from physreason.chat.style import Prompting, StyleName, build_mcq_messages, coor
 from physreason.config import SamplingConfig, VisionConfig
 from physreason.data.loaders import media_path_in_root
 from physreason.engines.base import Engine, GenerationRequest, GenerationResult
-from physreason.errors import PhysReasonError
+from physreason.errors import ConfigError, PhysReasonError
 from physreason.eval.benchmark import Benchmark, EvalSample
 from physreason.eval.results import finished_in_run, shard_file
 from physreason.eval.scoring import Score, score_completion
@@ -172,6 +172,8 @@ def _requests(
                 system_prompt=prompting.system_prompt,
             )
             yield sample, request
+        except ConfigError:
+            raise  # a setting, not this sample: every sample would fail the same way
         except PhysReasonError as exc:
             log.warning("sample %s: %s", sample.id, exc)
             yield sample, GenerationResult(request_id=sample.id, error=str(exc))

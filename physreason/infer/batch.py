@@ -31,7 +31,7 @@ from physreason.config import DatasetConfig, SamplingConfig, VisionConfig
 from physreason.data.loaders import jsonl_lines, load_records, media_path_in_root
 from physreason.data.video_range import record_video_range
 from physreason.engines import Engine, GenerationRequest, GenerationResult
-from physreason.errors import InputError, PhysReasonError
+from physreason.errors import ConfigError, InputError, PhysReasonError
 from physreason.infer.request import build_request, result_record
 from physreason.infer.results import (
     ResultSink,
@@ -290,6 +290,8 @@ def _requests(
     for rid, record in plan.pending:
         try:
             yield request_from_record(record, rid, plan.root, vision, prompting, factor)
+        except ConfigError:
+            raise  # a setting, not this record: every request would fail the same way
         except PhysReasonError as exc:
             yield GenerationResult(request_id=rid, error=str(exc))
 

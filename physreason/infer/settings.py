@@ -65,8 +65,12 @@ def check_and_store_settings(out: Path, settings: Mapping[str, Any], has_results
     if has_results and path.is_file():
         stored = json.loads(path.read_text(encoding="utf-8"))
         # The model and the prompt first: they explain the rest (another family resolves other sampling defaults).
+        if "model.fingerprint" not in stored and _same_folder(stored.get("model.model_name_or_path"), settings):
+            # Written before fingerprints were stored, with the path as typed: compared on the rest.
+            stored = {**stored, "model.model_name_or_path": settings.get("model.model_name_or_path")}
+        keys = (set(stored) | set(settings)) - ({"model.fingerprint"} - set(stored))
         changed = sorted(
-            (k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k)),
+            (k for k in keys if stored.get(k) != settings.get(k)),
             key=lambda k: (not k.startswith(("model.", "resolved.")), k),
         )
         if changed:
@@ -78,6 +82,13 @@ def check_and_store_settings(out: Path, settings: Mapping[str, Any], has_results
             )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(settings), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _same_folder(stored: Any, settings: Mapping[str, Any]) -> bool:
+    current = settings.get("model.model_name_or_path")
+    if not isinstance(stored, str) or not isinstance(current, str) or not Path(stored).expanduser().is_dir():
+        return False
+    return Path(stored).expanduser().resolve() == Path(current).expanduser().resolve()
 
 
 def delete_results(out: Path) -> None:

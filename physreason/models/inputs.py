@@ -23,7 +23,7 @@ from physreason.config.schema import Config, SamplingConfig
 from physreason.errors import ConfigError, InputError
 from physreason.models.family import QWEN2_5_VL_PARAMS, QWEN3_VL_PARAMS, ModelFamily, ProcessorParams, model_family
 from physreason.models.qwen3_vl import frame_group_seconds, video_placeholder
-from physreason.models.source import check_model_source, looks_like_path
+from physreason.models.source import check_model_source
 from physreason.vision import VideoFrames, num_visual_tokens, patchify
 
 IMAGE_PAD = "<|image_pad|>"
@@ -70,8 +70,9 @@ def prompting_for(config: Config) -> tuple[Prompting, SamplingConfig]:
     """
     family_name = ""
     if config.prompt.style == "auto":
-        if looks_like_path(config.model.model_name_or_path):  # one line for a wrong folder; hub ids are read below
-            check_model_source(config.model.model_name_or_path, config.model.revision)
+        # One line for a wrong folder, and for a hub id that can be neither fetched nor found in the cache: without
+        # it an unreachable hub costs transformers' retries (a minute) before the same answer.
+        check_model_source(config.model.model_name_or_path, config.model.revision)
         try:
             family = checkpoint_family(config.model.model_name_or_path, config.model.revision)
         except (OSError, ValueError) as exc:
@@ -114,6 +115,18 @@ def patch_factor(model_name_or_path: str, revision: str | None = None) -> int:
     """
     check_model_source(model_name_or_path, revision)
     return load_processor_params(model_name_or_path, revision).factor
+
+
+def checked_vision_factor(config: Config) -> int:
+    """The checkpoint's patch factor, after checking that the recipe's pixel budgets fit it (ConfigError if not).
+
+    Commands call this before they write anything, so a bad [vision] setting fails once, not once per request.
+    """
+    from physreason.vision.resize import pixel_budgets
+
+    factor = patch_factor(config.model.model_name_or_path, config.model.revision)
+    pixel_budgets(config.vision, factor)
+    return factor
 
 
 @dataclass

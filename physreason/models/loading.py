@@ -11,7 +11,7 @@ from torch import nn
 from physreason.config import ModelConfig
 from physreason.errors import ConfigError
 from physreason.models.family import model_family
-from physreason.models.source import check_model_source
+from physreason.models.source import check_model_source, check_model_weights
 from physreason.models.vision_attention import use_grouped_vision_attention
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -57,6 +57,7 @@ def load_model(config: ModelConfig, dtype: torch.dtype | None = None, device: st
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     hf_config = load_model_config(config)
+    check_model_weights(config.model_name_or_path)
     if dtype is None:
         dtype = "auto" if config.dtype == "auto" else DTYPES[config.dtype]
     cls = AutoModelForImageTextToText if model_family(hf_config).is_vision_language else AutoModelForCausalLM

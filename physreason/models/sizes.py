@@ -6,15 +6,21 @@ included) is known in seconds, before a job starts. The memory plan (physreason.
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from physreason.config import ModelConfig
+from physreason.errors import ConfigError
 from physreason.models.family import model_family
 from physreason.models.loading import decoder_layers, load_model_config, vision_tower
+
+log = logging.getLogger(__name__)
 
 # Which FSDP2 unit a parameter belongs to (apply_fsdp2 shards each decoder block and vision block on its own and
 # everything else with the root), and how tensor parallelism splits it (apply_tensor_parallel's plan).
@@ -150,6 +156,38 @@ def shape_from_hf_config(hf_config: Any) -> ModelShape:
     return shape
 
 
+# The architecture fields of the models the shipped recipes name (configs/*.toml), for planning them offline.
+RECIPE_SHAPES = Path(__file__).with_name("recipe_shapes.json")
+
+
+def shipped_config(name: str) -> Any | None:
+    """The transformers config of a model a shipped recipe names, from RECIPE_SHAPES; None for any other model."""
+    from transformers import AutoConfig
+
+    fields = json.loads(RECIPE_SHAPES.read_text(encoding="utf-8")).get(name)
+    if not isinstance(fields, dict):
+        return None
+    fields = dict(fields)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
 def read_model_shape(model_config: ModelConfig) -> ModelShape:
-    """The shape of model.model_name_or_path, from its config.json only (ConfigError when it cannot be read)."""
-    return shape_from_hf_config(load_model_config(model_config))
+    """The shape of model.model_name_or_path, from its config.json only (ConfigError when it cannot be read).
+
+    A model a shipped recipe names (nvidia/Cosmos-Reason1-7B, Cosmos-Reason2-2B and -8B) whose config cannot be
+    read here (no network, not in the cache) is planned from its published shape in RECIPE_SHAPES, with a warning.
+    """
+    try:
+        hf_config = load_model_config(model_config)
+    except ConfigError as exc:
+        shipped = shipped_config(model_config.model_name_or_path) if model_config.revision is None else None
+        if shipped is None:
+            raise
+        log.warning(
+            "%s: config.json can be read neither from the hub nor from the local cache; planning with the published "
+            "shape physreason ships for it",
+            model_config.model_name_or_path,
+        )
+        log.debug("why the config could not be read: %s", exc)
+        hf_config = shipped
+    return shape_from_hf_config(hf_config)

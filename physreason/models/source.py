@@ -134,3 +134,67 @@ def _check_hub_id(name: str, revision: str | None, key: str) -> None:
             f"{key} = {name!r}: no such model on the hub (HTTP 404){f' at revision {revision}' if revision else ''}; "
             f"check the id, or pass a local model folder ({MODEL_FOLDER_NEEDS})"
         )
+
+
+# Where transformers finds a checkpoint's weights: sharded (an index naming its files) or one file.
+_WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def check_model_weights(name: str, key: str = "model.model_name_or_path") -> None:
+    """Raise ConfigError naming the folder and what is missing when a local model folder lacks its weights.
+
+    A folder with config.json but no weight file (an interrupted copy or download, a config-only folder) would
+    otherwise fail deep in transformers. Hub ids are left to the hub: their files are fetched as they are needed.
+    """
+    if not looks_like_path(name):
+        return
+    folder = Path(name).expanduser()
+    for index_name in _WEIGHT_INDEXES:
+        index = folder / index_name
+        if not index.is_file():
+            continue
+        try:
+            files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{index} is not a weight index (no readable weight_map: {exc}); {MODEL_FOLDER_NEEDS}") from exc
+        missing = [file for file in files if not (folder / file).is_file()]
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise ConfigError(
+                f"{key} = {name!r}: {index_name} names {len(files)} weight files and {len(missing)} are missing "
+                f"({shown}): finish the copy or download of that folder"
+            )
+        return
+    if any((folder / file).is_file() for file in _WEIGHT_FILES) or any(folder.glob("*.safetensors")):
+        return
+    raise ConfigError(
+        f"{key} = {name!r} has config.json but no weights (model.safetensors, a sharded *.safetensors set with its "
+        "index, or pytorch_model.bin): finish the copy or download of that folder, or point at a complete one"
+    )
+
+
+def model_fingerprint(name: str, revision: str | None = None) -> dict[str, str]:
+    """What identifies the model `name` names now, for outputs that must not mix two models' answers.
+
+    A local folder: its resolved path (so `m` and `m/` agree), a hash of its config.json and of its weight files'
+    names, sizes and modification times (another model saved at the same path differs). A hub id: the commit its
+    cached config.json belongs to, else the revision asked for.
+    """
+    import hashlib
+
+    if looks_like_path(name):
+        folder = Path(name).expanduser().resolve()
+        config = folder / "config.json"
+        config_hash = hashlib.sha256(config.read_bytes()).hexdigest()[:16] if config.is_file() else "none"
+        weights = hashlib.sha256()
+        for path in sorted(p for pattern in ("*.safetensors", "*.bin") for p in folder.glob(pattern)):
+            stat = path.stat()
+            weights.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        return {"model.model_name_or_path": str(folder),
+                "model.fingerprint": f"config {config_hash}, weights {weights.hexdigest()[:16]}"}
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(name, "config.json", revision=revision)
+    commit = Path(cached).parent.name if isinstance(cached, str) else None
+    return {"model.model_name_or_path": name, "model.fingerprint": f"revision {commit or revision or 'main'}"}

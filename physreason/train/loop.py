@@ -32,6 +32,7 @@ import shlex
 import signal
 import sys
 import threading
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,7 @@ from typing import Any
 import torch.distributed as dist
 
 from physreason.config import Config, dump_config
-from physreason.errors import Interrupted, TrainingDiverged
+from physreason.errors import ConfigError, Interrupted, TrainingDiverged
 from physreason.train.build import TrainingModel
 from physreason.train.checkpoint import (
     PendingCheckpoint,
@@ -83,11 +84,57 @@ def prepare_output(config: Config, runtime: Runtime | None = None) -> Path:
     output = Path(config.train.output_dir)
     refuse_stale_checkpoints(output, config.train.resume)
     check_upload_settings(config)
-    resolve_resume(config.train.resume, output, config.train.trust_checkpoint)
+    resumed = resolve_resume(config.train.resume, output, config.train.trust_checkpoint)
+    changed = resume_changes(output / "config.toml", config) if resumed is not None else []
+    if changed and not config.train.resume_allow_changes:
+        raise ConfigError(
+            f"train.resume: this run's {output / 'config.toml'} has other {', '.join(changed)}; resuming would "
+            "silently continue with new data, model or optimizer settings. Restore them, start a fresh run in "
+            "another train.output_dir, or pass --set train.resume_allow_changes=true to change them on purpose"
+        )
     if runtime is None or runtime.is_main:
         output.mkdir(parents=True, exist_ok=True)
+        if changed:
+            kept = _keep_earlier_config(output / "config.toml")
+            log.warning("resuming with changed %s; the earlier settings are kept in %s", ", ".join(changed), kept)
         dump_config(config, output / "config.toml")
     return output
+
+
+# What a resume may not change without train.resume_allow_changes: what the run learns from and how.
+_RESUME_FIXED = ("data.", "model.", "train.optm_")
+
+
+def resume_changes(stored_path: Path, config: Config) -> list[str]:
+    """The [data], [model] and train.optm_* keys whose value in `config` differs from the run's stored config.toml."""
+    if not stored_path.is_file():
+        return []
+    # A key the stored file lacks (None then, or added to physreason since) had its default value.
+    stored = _flat(type(config)().model_dump(mode="json", exclude_none=True))
+    stored |= _flat(tomllib.loads(stored_path.read_text(encoding="utf-8")))
+    current = _flat(config.model_dump(mode="json", exclude_none=True))
+    return sorted(
+        key for key in set(stored) | set(current) if key.startswith(_RESUME_FIXED) and stored.get(key) != current.get(key)
+    )
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _keep_earlier_config(path: Path) -> Path:
+    """Rename the run's config.toml to the first free config.before-resume-N.toml beside it; return that path."""
+    number = 1
+    while (kept := path.with_name(f"config.before-resume-{number}.toml")).exists():
+        number += 1
+    path.rename(kept)
+    return kept
 
 
 def checkpoint_due(config: Config, step: int, total_steps: int) -> bool:

@@ -72,6 +72,23 @@ def sft_system_prompt(config: Config, hf_config: Any) -> str | None:
     return REASON2_SYSTEM_PROMPT if prompting.style == "reason2" else None
 
 
+def warn_reason1_layout(config: Config, hf_config: Any, train: SFTDataset) -> None:
+    """One warning line when a model prompted in Reason2's style would learn Reason1's <answer> tags from the data."""
+    from physreason.data.convert import count_reason1_records
+
+    if resolve_prompting(config, model_family(hf_config).name).style != "reason2":
+        return
+    count = count_reason1_records(train.records, train.column)
+    if count:
+        log.warning(
+            "%d of %d records of %s answer in Cosmos-Reason1's layout (<answer> tags) but %s is prompted in "
+            "Cosmos-Reason2's (the answer right after </think>), so it would learn to write the tags: convert them "
+            "with `physreason data convert --style reason2 IN OUT`, or set prompt.style = \"reason1\" to train that "
+            "layout on purpose",
+            count, len(train), config.data.dataset.name, config.model.model_name_or_path,
+        )
+
+
 def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTDataset, SFTDataset | None]:
     """Train and validation sets (a held-out fraction of train when no val_dataset is given).
 
@@ -111,6 +128,7 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
     train = make(records, root, source=config.data.dataset.name, locations=where)
     val_name = (config.data.val_dataset or DatasetConfig(name=f"{config.data.dataset.name} (held out)")).name
     val = make(val_records, val_root, source=val_name, locations=val_where) if val_records else None
+    warn_reason1_layout(config, hf_config, train)
     problems = [p for dataset in (train, val) if dataset is not None for p in dataset.record_problems()]
     if problems:
         shown, total = 5, len(records) + len(val_records)

@@ -89,6 +89,7 @@ def check_upload_settings(config: Any) -> None:
                 f"train.ckpt.upload_s3 = '{ckpt.upload_s3}': no AWS credentials found. Set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY (AWS_ENDPOINT_URL for an S3-compatible store other than AWS), or a profile"
             )
+        check_s3_bucket(ckpt.s3_bucket, f"train.ckpt.upload_s3 = '{ckpt.upload_s3}'")
     if ckpt.upload_hf:
         from huggingface_hub import get_token
 
@@ -97,6 +98,33 @@ def check_upload_settings(config: Any) -> None:
                 f"train.ckpt.upload_hf = true uploads the final export to {ckpt.hf_repo_name!r}, but no Hub token "
                 "was found: set HF_TOKEN to a token with write access (or run `hf auth login`)"
             )
+
+
+PROBE_TIMEOUT_S = 5.0
+
+
+def check_s3_bucket(bucket: str, setting: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """One small ListObjectsV2 call, without retries and with a short timeout: ConfigError in seconds when the
+    endpoint does not answer, the credentials are refused or the bucket is missing, instead of at the run's end.
+
+    AccessDenied is let through: a key may be allowed to write and not to list, and the uploads then tell.
+    """
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+
+    config = Config(connect_timeout=timeout_s, read_timeout=timeout_s, retries={"max_attempts": 1, "mode": "standard"})
+    client = boto3.session.Session().client("s3", config=config)
+    try:
+        client.list_objects_v2(Bucket=bucket, MaxKeys=1)
+    except Exception as exc:  # botocore's errors, and the odd transport one beneath them
+        code = str(exc.response.get("Error", {}).get("Code", "")) if isinstance(exc, ClientError) else ""
+        if code in ("AccessDenied", "AllAccessDisabled"):
+            return
+        reason, _ = _s3_error_text(exc)
+        raise ConfigError(
+            f"{setting}: s3://{bucket} at {client.meta.endpoint_url} cannot be used (checked before training): {reason}"
+        ) from None
 
 
 def _s3_error_text(exc: Exception) -> tuple[str, bool]:

@@ -108,11 +108,13 @@ def pixel_budgets(config: Any, factor: int = PATCH_FACTOR) -> PixelBudgets:
     if budgets.min_pixels > budgets.max_pixels:
         raise ConfigError(
             f"vision.min_pixels ({budgets.min_pixels}) exceeds vision.max_pixels ({budgets.max_pixels}) at patch "
-            f"factor {factor}; set both"
+            f"factor {factor}: raise vision.max_pixels to at least {budgets.min_pixels}, or lower vision.min_pixels "
+            "too (--set vision.min_pixels=N, or min_pixels under [vision] in the recipe)"
         )
     if budgets.image_min_pixels > budgets.image_max_pixels:
         raise ConfigError(
             f"vision.image_min_pixels ({budgets.image_min_pixels}) exceeds vision.image_max_pixels "
-            f"({budgets.image_max_pixels}) at patch factor {factor}; set both"
+            f"({budgets.image_max_pixels}) at patch factor {factor}: raise vision.image_max_pixels to at least "
+            f"{budgets.image_min_pixels}, or lower vision.image_min_pixels too (--set vision.image_min_pixels=N)"
         )
     return budgets

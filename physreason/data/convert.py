@@ -1,0 +1,109 @@
+"""Rewrite SFT records from Cosmos-Reason1's answer layout to Cosmos-Reason2's (`physreason data convert`).
+
+Reason1 replies `<think>...</think>` then `<answer>...</answer>`; Reason2 answers right after `</think>`, with no
+answer tags. A Reason2 model fine-tuned on Reason1 replies learns to write the tags, which its own parser and the
+prompts it is served with do not expect. Only assistant replies change; every other key of a record is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from physreason.data.loaders import jsonl_lines
+from physreason.errors import InputError
+
+# One <answer> block, after the reasoning (or alone), and nothing else after it.
+_REASON1 = re.compile(r"^(?P<head>.*?)\s*<answer>\s*(?P<answer>.*?)\s*</answer>\s*$", re.DOTALL)
+_ASSISTANT = ("assistant", "gpt")
+CONVERSATION_KEYS = ("conversations", "messages")
+
+
+def reason1_reply(text: str) -> bool:
+    """Whether an assistant reply is in Cosmos-Reason1's layout (it holds an <answer> block)."""
+    return "<answer>" in text and "</answer>" in text
+
+
+def to_reason2(text: str) -> str:
+    """The reply in Reason2's layout: the reasoning, a blank line, the answer; a reply without <answer> unchanged."""
+    match = _REASON1.match(text)
+    if match is None:
+        return text
+    head = match.group("head").rstrip()
+    return f"{head}\n\n{match.group('answer')}" if head else match.group("answer")
+
+
+def _assistant_texts(turns: Any) -> list[str]:
+    texts = []
+    for turn in turns if isinstance(turns, list) else []:
+        if not isinstance(turn, dict) or str(turn.get("role", turn.get("from", ""))) not in _ASSISTANT:
+            continue
+        content = turn.get("content", turn.get("value"))
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts += [part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)]
+    return texts
+
+
+def count_reason1_records(records: list[dict[str, Any]], column: str) -> int:
+    """How many records have an assistant reply in Cosmos-Reason1's layout (under the conversation key `column`)."""
+    count = 0
+    for record in records:
+        turns = record.get(column)
+        if isinstance(turns, str):
+            try:
+                turns = json.loads(turns)
+            except json.JSONDecodeError:
+                continue
+        count += any(reason1_reply(text) for text in _assistant_texts(turns))
+    return count
+
+
+def _convert_turns(turns: Any) -> int:
+    changed = 0
+    for turn in turns if isinstance(turns, list) else []:
+        if not isinstance(turn, dict) or str(turn.get("role", turn.get("from", ""))) not in _ASSISTANT:
+            continue
+        key = "content" if "content" in turn else "value"
+        content = turn.get(key)
+        if isinstance(content, str) and reason1_reply(content):
+            turn[key] = to_reason2(content)
+            changed += 1
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str) and reason1_reply(part["text"]):
+                    part["text"] = to_reason2(part["text"])
+                    changed += 1
+    return changed
+
+
+def convert_records(source: Path, target: Path) -> tuple[int, int]:
+    """Write `source`'s JSONL records to `target` with every Reason1 reply in Reason2's layout: (converted, total)."""
+    if source.resolve() == target.resolve():
+        raise InputError(f"{target} is the input file: write the converted records to another file")
+    converted = total = 0
+    lines = []
+    for number, record in jsonl_lines(source):
+        if not isinstance(record, dict):
+            raise InputError(f"{source}:{number} holds a JSON {type(record).__name__}, not a record object")
+        total += 1
+        changes = 0
+        for key in CONVERSATION_KEYS:
+            turns = record.get(key)
+            if isinstance(turns, str):  # a conversation stored as JSON text stays JSON text
+                try:
+                    parsed = json.loads(turns)
+                except json.JSONDecodeError:
+                    continue
+                changes += _convert_turns(parsed)
+                record[key] = json.dumps(parsed, ensure_ascii=False)
+            else:
+                changes += _convert_turns(turns)
+        converted += changes > 0
+        lines.append(json.dumps(record, ensure_ascii=False))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return converted, total
