@@ -23,7 +23,9 @@ def test_off_a_terminal_each_due_update_is_one_plain_line():
         for _ in range(4):
             progress.advance(task)
     lines = buffer.getvalue().splitlines()
-    assert lines[0].startswith("infer: 1/4 (25%), 0:00:00 elapsed, 0:00:00 left")
+    # one step gives no pace yet (its time is mostly start-up); from the second on, the pace since the first
+    assert lines[0].startswith("infer: 1/4 (25%), 0:00:00 elapsed, ? left")
+    assert lines[1].startswith("infer: 2/4 (50%), 0:00:00 elapsed, 0:00:00 left")
     assert lines[-1].startswith("infer: 4/4 (100%)") and lines[-1].endswith("done")
     assert len(lines) == 5  # one per advance and the final line
     assert "\r" not in buffer.getvalue() and "━" not in buffer.getvalue()
@@ -44,11 +46,43 @@ def test_step_bar_line_shows_the_step_count_with_its_metrics_and_time_left_from_
     bar = StepBar(10, initial=6, desc="sft", interval_s=0.0, console=console)
     bar.set_postfix(loss="0.5000")
     bar.update(1)
+    bar.update(1)
     bar.close()
-    first, last = buffer.getvalue().splitlines()
-    assert first.startswith("sft: 7/10 (70%)") and first.endswith("left, loss=0.5000")
-    assert "? left" not in first  # estimated from the one step this run took, not from steps 1-6
-    assert last.startswith("sft: 7/10 (70%)")
+    first, second, last = buffer.getvalue().splitlines()
+    assert first.startswith("sft: 7/10 (70%)") and first.endswith("? left, loss=0.5000")
+    assert second.startswith("sft: 8/10 (80%)") and second.endswith("left, loss=0.5000")
+    assert "? left" not in second  # estimated from the steps this run took, not from steps 1-6
+    assert last.startswith("sft: 8/10 (80%)")
+
+
+class FakeClock:
+    """time.monotonic for physreason.progress, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_time_left_is_the_pace_after_the_first_step_not_the_start_up(monkeypatch):
+    # a run that spends 1000 s loading and compiling before its first step, then takes 10 s a step: 8 steps left
+    # are 80 s, not (1010 s / 2 steps) * 8 = 4040 s as an average since the start said
+    clock = FakeClock()
+    monkeypatch.setattr("physreason.progress.time", clock)
+    console, buffer = log_console()
+    with progress_display(interval_s=0.0, console=console) as progress:
+        task = progress.add_task("sft", total=10)
+        clock.now = 1000.0
+        progress.advance(task)
+        clock.now = 1010.0
+        progress.advance(task)
+        clock.now = 1030.0
+        progress.advance(task)
+    lines = buffer.getvalue().splitlines()
+    assert ", ? left" in lines[0]
+    assert ", 0:01:20 left" in lines[1]  # (10 - 2) steps x 10 s
+    assert ", 0:01:45 left" in lines[2]  # (10 - 3) steps x (30 s / 2 steps since the first)
 
 
 def test_on_a_terminal_the_bar_is_drawn():
