@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from physreason.eval.results import (
     write_run_info,
 )
 from physreason.eval.runner import ShardCounts, evaluate_shard, shard_samples
-from physreason.eval.settings import effective_config, reproduction_settings, resolve_eval_setup
+from physreason.eval.settings import EvalSetup, effective_config, reproduction_settings, resolve_eval_setup
 from physreason.progress import LoggedProgress, progress_display
 
 # Settings that change what a model answers: a resumed run must not mix results made under others.
@@ -88,9 +89,37 @@ def plan_eval(cfg: Config) -> EvalPlan:
     names = [b.name for b in benchmarks]
     if len(set(names)) != len(names):
         raise ConfigError(f"eval.datasets names the same data set twice ({names}); each needs its own results folder")
-    base = answer_type_dir(cfg.eval.results_dir, cfg.model.model_name_or_path, answer_type, cfg.eval.model_name)
+    base = answer_type_dir(
+        cfg.eval.results_dir, cfg.model.model_name_or_path, results_label(answer_type, benchmarks), cfg.eval.model_name
+    )
     seeds = [cfg.eval.seed + k for k in range(cfg.eval.num_repeats)]
     return EvalPlan(base=base, benchmarks=benchmarks, seeds=seeds)
+
+
+# The answer-type folder of a non-reasoning run, by the kind of question its data sets ask.
+_TASK_LABELS = {"box_2d": "grounding", "point_2d": "grounding", "time_span": "localization"}
+
+
+def results_label(answer_type: str, benchmarks: list[Benchmark]) -> str:
+    """The answer-type folder's name: `reasoning`, or for a run without reasoning its task type: `letter` for
+    multiple choice, `grounding` for boxes and points, `localization` for time spans (joined with '-' when the
+    data sets mix them, e.g. `grounding-letter`)."""
+    if answer_type == "reasoning":
+        return answer_type
+    from physreason.chat.structured import answer_kind
+
+    kinds = set()
+    for benchmark in benchmarks:
+        for sample in benchmark.samples:
+            if not sample.structured:
+                kinds.add("letter" if sample.error is None else None)
+                continue
+            try:
+                kinds.add(_TASK_LABELS[answer_kind(sample.answer)])
+            except ValueError:
+                kinds.add(None)  # scored as a failure; it names no task
+    kinds.discard(None)
+    return "-".join(sorted(kinds)) if kinds else answer_type
 
 
 def repeat_sampling(sampling: SamplingConfig, seed: int) -> SamplingConfig:
@@ -297,9 +326,13 @@ def _finished_count(plan: EvalPlan) -> int:
     return sum(len(finished_in_run(run)) for _, _, run in plan.runs())
 
 
-def run_eval(cfg: Config, *, show_progress: bool = True) -> EvalOutcome:
+def run_eval(
+    cfg: Config, *, show_progress: bool = True, on_start: Callable[[EvalPlan, EvalSetup], None] | None = None
+) -> EvalOutcome:
     """Evaluate every repeat of every data set, resuming from saved results, and merge the shards' files.
 
+    `on_start` is called with the plan and the resolved setup once the settings are checked, before anything is
+    written or a model loads (the CLI prints its start-up summary there).
     Raises PhysReasonError after merging when a shard process failed; rerunning resumes.
     """
     plan = plan_eval(cfg)
@@ -307,6 +340,8 @@ def run_eval(cfg: Config, *, show_progress: bool = True) -> EvalOutcome:
         repeat_sampling(cfg.generation, seed)
     _engine_config(cfg)
     num_shards = cfg.eval.num_gpus // cfg.eval.tp_size
+    if on_start is not None:
+        on_start(plan, resolve_eval_setup(cfg))
     outcome = EvalOutcome(base=plan.base, resumed=prepare_runs(plan, cfg))
     failed_shards: list[tuple[int, int, Path]] = []
     try:
