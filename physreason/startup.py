@@ -105,3 +105,30 @@ def describe_device(dtype: str, backend: str | None = None, tensor_parallel_size
         text += f", {tensor_parallel_size} GPUs per engine"
     return text
 
+
+
+def print_training_startup(
+    config: Any,
+    job: str,
+    *,
+    prompt: str,
+    data: str,
+    steps: str,
+    device: Any,
+    world_size: int,
+    sampling: str | None = None,
+) -> None:
+    """sft's and grpo's start-up summary (main process): model, family, prompt, data (format and counts), dtype on
+    device over the processes, steps, rollout sampling (grpo) and the output folder."""
+    processes = f", {world_size} processes" if world_size > 1 else ""
+    items: dict[str, object] = {
+        "model": describe_model(config.model),
+        "family": describe_family(config.model),
+        "prompt": prompt,
+        "data": data,
+        "device": f"{config.train.param_dtype} compute on {device}{processes}",
+        "sampling": sampling,
+        "steps": steps,
+        "output": Path(config.train.output_dir).expanduser().resolve(),
+    }
+    print_startup(f"physreason {job}", items)

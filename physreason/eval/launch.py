@@ -371,7 +371,14 @@ def accuracy_by_dataset(cfg: Config, results_dir: str | Path, *, show_progress: 
     """Evaluate cfg's model on its benchmarks into `results_dir` (resumable there); mean accuracy per dataset."""
     from physreason.eval.report import collect_reports
 
+    from physreason.eval.scoring import mean_std
+
     cfg = cfg.model_copy(deep=True)
     cfg.eval.results_dir = str(results_dir)
-    run_eval(cfg, show_progress=show_progress)
-    return {report.dataset: report.mean_std()[0] for report in collect_reports(cfg.eval.results_dir)}
+    outcome = run_eval(cfg, show_progress=show_progress)
+    # This run's model and seeds only: repeats of other seeds an earlier run left in the folder are not averaged in.
+    seeds = {str(run.seed) for run in outcome.runs}
+    return {
+        report.dataset: mean_std([r.accuracy for r in report.repeats if r.seed in seeds and r.accuracy is not None])[0]
+        for report in collect_reports(outcome.base)
+    }
