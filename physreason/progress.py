@@ -82,7 +82,15 @@ class LoggedProgress(Progress):
         self._lines_if_due()
 
     def update(self, task_id: TaskID, **kwargs: Any) -> None:  # type: ignore[override]
-        """Update a task (see rich's Progress.update) and, off a terminal, write the progress lines when due."""
+        """Update a task (see rich's Progress.update) and, off a terminal, write the progress lines when due.
+
+        Off a terminal, a new description (eval's next data set or seed) first writes the line of the part that ended
+        under the old one, so every part has its line however short it was.
+        """
+        task = self._tasks.get(task_id)
+        renamed = task is not None and "description" in kwargs and kwargs["description"] != task.description
+        if self._lines and renamed and task.completed > self._started_at.get(task_id, 0.0):
+            self._write_lines()
         super().update(task_id, **kwargs)
         self._note_first_done(task_id)
         self._lines_if_due()

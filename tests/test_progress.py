@@ -126,3 +126,16 @@ def test_off_a_terminal_long_lines_stay_whole_and_columns_is_honoured(monkeypatc
     assert capsys.readouterr().out == line + "\n"  # rich's default off a terminal (80 columns) broke it in two
     monkeypatch.setenv("COLUMNS", "100")
     assert make_console().width == 100
+
+
+def test_each_part_of_a_renamed_task_gets_its_own_line_off_a_terminal():
+    # eval renames its task per data set and seed: a short repeat must not vanish between two 30 s lines
+    console, buffer = log_console()
+    with progress_display(interval_s=3600.0, console=console) as progress:
+        task = progress.add_task("eval", total=4)
+        for seed in (1, 2):
+            progress.update(task, description=f"av seed {seed}")
+            progress.advance(task, 2)
+    lines = buffer.getvalue().splitlines()
+    assert lines[0].startswith("av seed 1: 2/4 (50%)")
+    assert lines[-1].startswith("av seed 2: 4/4 (100%)") and len(lines) == 2

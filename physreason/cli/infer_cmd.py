@@ -133,7 +133,8 @@ def infer(
     if print_prompt and batch is not None:
         raise PhysReasonError("--print-prompt shows one question's prompt: give --question with --video/--image")
     if batch is None and not video and not image:
-        console.print("[yellow]no --video or --image given: asking a text-only question[/]")
+        # on stderr: with --json, stdout is the JSON alone
+        make_console(stderr=True).print("[yellow]no --video or --image given: asking a text-only question[/]")
 
     if batch is not None:
         prompting, sampling = prompting_for(cfg)

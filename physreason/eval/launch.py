@@ -370,7 +370,6 @@ def run_eval(
 def accuracy_by_dataset(cfg: Config, results_dir: str | Path, *, show_progress: bool = True) -> dict[str, float | None]:
     """Evaluate cfg's model on its benchmarks into `results_dir` (resumable there); mean accuracy per dataset."""
     from physreason.eval.report import collect_reports
-
     from physreason.eval.scoring import mean_std
 
     cfg = cfg.model_copy(deep=True)
