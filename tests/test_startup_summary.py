@@ -198,3 +198,18 @@ def test_grpo_summary_names_prompts_answer_type_and_rollout_sampling(tiny_text, 
     assert block["data"] == f"{mcq_file}: 8 prompts"
     assert block["sampling"].endswith("max_tokens 6, n 8, seed none; 8 completions per prompt on the hf engine")
     assert block["steps"] == "1"
+
+
+def test_accuracy_by_dataset_averages_only_the_seeds_this_run_evaluated(tmp_path, monkeypatch):
+    # a demo or bench folder holding an earlier run's seed_1 beside this run's seed_5
+    from physreason.eval import launch
+
+    base = tmp_path / "r" / "m" / "letter"
+    for seed, right in ((1, True), (5, False)):
+        run = run_dir(base, "av", seed)
+        run.mkdir(parents=True)
+        (run / "results.jsonl").write_text(json.dumps({"id": "q0", "is_correct": right, "prediction": "A"}) + "\n")
+    outcome = launch.EvalOutcome(base=base, runs=[launch.RunStatus("av", 5, 1, 1, 0)])
+    monkeypatch.setattr(launch, "run_eval", lambda cfg, show_progress=True: outcome)
+    cfg = load_config(None, ["eval.seed=5"])
+    assert launch.accuracy_by_dataset(cfg, tmp_path / "r", show_progress=False) == {"av": 0.0}
