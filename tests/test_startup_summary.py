@@ -205,8 +205,8 @@ def test_accuracy_by_dataset_averages_only_the_seeds_this_run_evaluated(tmp_path
     from physreason.eval import launch
 
     base = tmp_path / "r" / "m" / "letter"
-    for seed, right in ((1, True), (5, False)):
-        run = run_dir(base, "av", seed)
+    for dataset, seed, right in (("av", 1, True), ("av", 5, False), ("old", 5, True)):
+        run = run_dir(base, dataset, seed)
         run.mkdir(parents=True)
         (run / "results.jsonl").write_text(json.dumps({"id": "q0", "is_correct": right, "prediction": "A"}) + "\n")
     outcome = launch.EvalOutcome(base=base, runs=[launch.RunStatus("av", 5, 1, 1, 0)])

@@ -375,9 +375,10 @@ def accuracy_by_dataset(cfg: Config, results_dir: str | Path, *, show_progress: 
     cfg = cfg.model_copy(deep=True)
     cfg.eval.results_dir = str(results_dir)
     outcome = run_eval(cfg, show_progress=show_progress)
-    # This run's model and seeds only: repeats of other seeds an earlier run left in the folder are not averaged in.
-    seeds = {str(run.seed) for run in outcome.runs}
+    # This run's model, data sets and seeds only: what an earlier run left in the folder is not averaged in.
+    seeds, datasets = {str(run.seed) for run in outcome.runs}, {run.dataset for run in outcome.runs}
     return {
         report.dataset: mean_std([r.accuracy for r in report.repeats if r.seed in seeds and r.accuracy is not None])[0]
         for report in collect_reports(outcome.base)
+        if report.dataset in datasets
     }
