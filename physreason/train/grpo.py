@@ -372,8 +372,9 @@ def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Training
     )
 
 
-def _print_startup(config: Config, runtime: Runtime, prompts: int, steps: int) -> None:
-    """The start-up summary of a GRPO run: model, family, prompt style and answer type, prompts, rollout sampling."""
+def print_grpo_startup(config: Config, prompts: int, steps: int, device: object, world_size: int) -> None:
+    """The start-up summary of a GRPO run (colocated or disaggregated): model, family, prompt style and answer type,
+    prompts, rollout sampling, policy dtype on its device and processes, steps, output folder."""
     from physreason.engines.factory import resolve_backend
     from physreason.models.inputs import prompting_for
     from physreason.startup import describe_sampling, print_training_startup
@@ -390,8 +391,8 @@ def _print_startup(config: Config, runtime: Runtime, prompts: int, steps: int) -
         prompt=f"{prompting_for(config)[0].style}, answer type {config.grpo.answer_type}",
         data=f"{config.data.dataset.name}: {prompts} prompts",
         steps=str(steps),
-        device=runtime.device,
-        world_size=runtime.world_size,
+        device=device,
+        world_size=world_size,
         sampling=sampling,
     )
 
@@ -433,7 +434,7 @@ def run_grpo(
         )
     total_steps = train_cfg.max_steps or train_cfg.epoch * (len(prompts) // prompts_per_step)
     if runtime.is_main:
-        _print_startup(config, runtime, len(prompts), total_steps)
+        print_grpo_startup(config, len(prompts), total_steps, runtime.device, runtime.world_size)
 
     lora = train_cfg.lora
     quantization = rollout_cfg.quantization
