@@ -347,6 +347,8 @@ def stage_config(args: argparse.Namespace, out: Path, model_dir: Path, seed: int
     cfg.vision.max_pixels = args.max_pixels
     cfg.data.num_workers = args.workers if args.loader_workers is None else args.loader_workers
     cfg.train.seed += seed  # seed 0 keeps the schema's default: the runs before --seeds
+    if seed:  # evaluations name the run's seed (greedy answers do not depend on it); seed 0 keeps its folders' seed_1
+        cfg.eval.seed = seed
     cfg.train.train_batch_per_replica = args.sft_batch
     cfg.train.mini_batch = args.sft_batch
     cfg.train.optm_lr = args.sft_lr

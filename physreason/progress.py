@@ -65,6 +65,9 @@ class LoggedProgress(Progress):
         self._interval_s = LINE_INTERVAL_S if interval_s is None else interval_s
         self._last_line = time.monotonic()
         self._started_at: dict[TaskID, float] = {}  # completed count when each task was added (a resumed run)
+        # (time, completed count) when each task first counted work: its rate is measured from there, so model
+        # loading, compilation and data start-up before the first step do not inflate the time left.
+        self._first_done: dict[TaskID, tuple[float, float]] = {}
 
     def add_task(self, description: str, *args: Any, **kwargs: Any) -> TaskID:
         """Add a task (see rich's Progress.add_task)."""
@@ -75,11 +78,21 @@ class LoggedProgress(Progress):
     def advance(self, task_id: TaskID, advance: float = 1) -> None:
         """Advance a task and, off a terminal, write the progress lines when they are due."""
         super().advance(task_id, advance)
+        self._note_first_done(task_id)
         self._lines_if_due()
 
     def update(self, task_id: TaskID, **kwargs: Any) -> None:  # type: ignore[override]
-        """Update a task (see rich's Progress.update) and, off a terminal, write the progress lines when due."""
+        """Update a task (see rich's Progress.update) and, off a terminal, write the progress lines when due.
+
+        Off a terminal, a new description (eval's next data set or seed) first writes the line of the part that ended
+        under the old one, so every part has its line however short it was.
+        """
+        task = self._tasks.get(task_id)
+        renamed = task is not None and "description" in kwargs and kwargs["description"] != task.description
+        if self._lines and renamed and task.completed > self._started_at.get(task_id, 0.0):
+            self._write_lines()
         super().update(task_id, **kwargs)
+        self._note_first_done(task_id)
         self._lines_if_due()
 
     def stop(self) -> None:
@@ -87,6 +100,11 @@ class LoggedProgress(Progress):
         if self._lines and self.tasks:
             self._write_lines()
         super().stop()
+
+    def _note_first_done(self, task_id: TaskID) -> None:
+        task = self._tasks.get(task_id)
+        if task is not None and task_id not in self._first_done and task.completed > self._started_at.get(task_id, 0.0):
+            self._first_done[task_id] = (self.get_time(), task.completed)
 
     def _lines_if_due(self) -> None:
         if self._lines and time.monotonic() - self._last_line >= self._interval_s:
@@ -105,11 +123,19 @@ class LoggedProgress(Progress):
 
 
     def _time_left(self, task: Task) -> float | None:
-        """Seconds left at the average pace since the task was added; rich's own estimate needs a step per 30 s."""
-        done = task.completed - self._started_at.get(task.id, 0.0)
-        if task.total is None or done <= 0 or not task.elapsed:
+        """Seconds left at the pace since the task's first counted work (None until work after it is counted).
+
+        The time before the first step (loading a model, compiling, starting loader workers) is start-up, not
+        pace: counting it made a 90 s run's first line say hours. rich's own estimate needs a step per 30 s.
+        """
+        first = self._first_done.get(task.id)
+        if task.total is None or first is None:
             return None
-        return (task.total - task.completed) * task.elapsed / done
+        since, done_then = first
+        done = task.completed - done_then
+        if done <= 0:
+            return None
+        return (task.total - task.completed) * (self.get_time() - since) / done
 
 
 def progress_display(

@@ -48,6 +48,8 @@ def test_the_bench_fine_tunes_on_every_tasks_records_with_the_schemas_seed_whate
     cfg = bench.stage_config(args, tmp_path, tmp_path / "model", 0)
     assert cfg.data.dataset.name == str(tmp_path / "data" / "train" / "sft.jsonl") and cfg.train.seed == 42
     assert bench.stage_config(args, tmp_path, tmp_path / "model", 2).train.seed == 44
+    # each seed's evaluations name that seed (every seed's progress said "seed 1"); seed 0 keeps its folders' seed_1
+    assert bench.stage_config(args, tmp_path, tmp_path / "model", 2).eval.seed == 2 and cfg.eval.seed == 1
 
 
 def test_seeds_and_an_early_stopped_sft_get_their_own_folders(bench):

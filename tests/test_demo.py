@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -63,6 +64,36 @@ def test_demo_seed_draws_the_training_runs_and_grpo_keeps_it(tmp_path):
     assert cfg.train.seed == 3 and grpo_config(cfg, tmp_path, tmp_path / "sft", DemoSizes()).train.seed == 3
     # without a seed the schema's stays (bench/intuitive_physics.py's published runs used it)
     assert demo_config(tmp_path, tmp_path / "model", DemoSizes()).train.seed == 42
+    # the evaluations name the demo's seed (their progress said "seed 1" for every seed)
+    assert cfg.eval.seed == 3 and demo_config(tmp_path, tmp_path / "model", DemoSizes(), seed=0).eval.seed == 0
+
+
+def table_lines(sft_tasks) -> list[str]:
+    from rich.console import Console
+
+    from physreason.demo import task_table
+
+    scores = {"arrow_of_time": 0.4, "spatial_puzzle": 0.633, "object_permanence": 0.233}
+    table = {"base model": dict.fromkeys(TASKS, 0.5), "after SFT": scores, "after SFT+GRPO": dict(scores)}
+    buffer = io.StringIO()
+    Console(file=buffer, width=120).print(task_table(table, 30, sft_tasks))
+    return buffer.getvalue().splitlines()
+
+
+def test_demo_table_shows_the_sft_task_apart_from_the_tasks_sft_did_not_train():
+    lines = table_lines(("spatial_puzzle",))
+    at = {name: next(i for i, line in enumerate(lines) if name in line)
+          for name in ("trained by SFT", "spatial_puzzle", "not in SFT's data", "arrow_of_time", "object_permanence")}
+    assert at["trained by SFT"] < at["spatial_puzzle"] < at["not in SFT's data"] < at["arrow_of_time"]
+    assert at["not in SFT's data"] < at["object_permanence"]
+    assert any(set(line.strip()) <= set("├┼─┤") for line in lines[at["spatial_puzzle"] + 1 : at["not in SFT's data"]])
+    # each task's row: chance, then every stage
+    row = lines[at["spatial_puzzle"]].split("│")
+    assert [cell.strip() for cell in row[1:-1]] == ["spatial_puzzle", "25.0", "50.0", "63.3", "63.3"]
+    # SFT on every task: one section, no "not in SFT's data"
+    every = table_lines(TASKS)
+    assert not any("not in SFT's data" in line for line in every)
+    assert all(any(task in line for line in every) for task in TASKS)
 
 
 def test_demo_recipe_trains_on_a_fixed_pretrained_tower_and_grpo_keeps_the_option_order(tmp_path):

@@ -36,7 +36,8 @@ def test_off_a_terminal_each_due_update_is_one_plain_line():
             clock.now += 10
             progress.advance(task)
     lines = buffer.getvalue().splitlines()
-    assert lines[0].startswith("infer: 1/4 (25%), 0:00:10 elapsed, 0:00:30 left")
+    # one step gives no pace yet (its time is mostly start-up); from the second on, the pace since the first
+    assert lines[0].startswith("infer: 1/4 (25%), 0:00:10 elapsed, ? left")
     assert lines[1].startswith("infer: 2/4 (50%), 0:00:20 elapsed, 0:00:20 left")
     assert lines[-1].startswith("infer: 4/4 (100%)") and lines[-1].endswith("done")
     assert len(lines) == 5  # one per advance and the final line
@@ -58,11 +59,33 @@ def test_step_bar_line_shows_the_step_count_with_its_metrics_and_time_left_from_
     bar = StepBar(10, initial=6, desc="sft", interval_s=0.0, console=console)
     bar.set_postfix(loss="0.5000")
     bar.update(1)
+    bar.update(1)
     bar.close()
-    first, last = buffer.getvalue().splitlines()
-    assert first.startswith("sft: 7/10 (70%)") and first.endswith("left, loss=0.5000")
-    assert "? left" not in first  # estimated from the one step this run took, not from steps 1-6
-    assert last.startswith("sft: 7/10 (70%)")
+    first, second, last = buffer.getvalue().splitlines()
+    assert first.startswith("sft: 7/10 (70%)") and first.endswith("? left, loss=0.5000")
+    assert second.startswith("sft: 8/10 (80%)") and second.endswith("left, loss=0.5000")
+    assert "? left" not in second  # estimated from the steps this run took, not from steps 1-6
+    assert last.startswith("sft: 8/10 (80%)")
+
+
+def test_time_left_is_the_pace_after_the_first_step_not_the_start_up():
+    # a run that spends 1000 s loading and compiling before its first step, then takes 10 s a step: 8 steps left
+    # are 80 s, not (1010 s / 2 steps) * 8 = 4040 s as an average since the start said
+    clock = Clock()
+    clock.now = 0.0
+    console, buffer = log_console(clock)  # the progress measures with its console's clock
+    with progress_display(interval_s=0.0, console=console) as progress:
+        task = progress.add_task("sft", total=10)
+        clock.now = 1000.0
+        progress.advance(task)
+        clock.now = 1010.0
+        progress.advance(task)
+        clock.now = 1030.0
+        progress.advance(task)
+    lines = buffer.getvalue().splitlines()
+    assert ", ? left" in lines[0]
+    assert ", 0:01:20 left" in lines[1]  # (10 - 2) steps x 10 s
+    assert ", 0:01:45 left" in lines[2]  # (10 - 3) steps x (30 s / 2 steps since the first)
 
 
 def test_on_a_terminal_the_bar_is_drawn():
@@ -106,3 +129,16 @@ def test_off_a_terminal_long_lines_stay_whole_and_columns_is_honoured(monkeypatc
     assert capsys.readouterr().out == line + "\n"  # rich's default off a terminal (80 columns) broke it in two
     monkeypatch.setenv("COLUMNS", "100")
     assert make_console().width == 100
+
+
+def test_each_part_of_a_renamed_task_gets_its_own_line_off_a_terminal():
+    # eval renames its task per data set and seed: a short repeat must not vanish between two 30 s lines
+    console, buffer = log_console()
+    with progress_display(interval_s=3600.0, console=console) as progress:
+        task = progress.add_task("eval", total=4)
+        for seed in (1, 2):
+            progress.update(task, description=f"av seed {seed}")
+            progress.advance(task, 2)
+    lines = buffer.getvalue().splitlines()
+    assert lines[0].startswith("av seed 1: 2/4 (50%)")
+    assert lines[-1].startswith("av seed 2: 4/4 (100%)") and len(lines) == 2

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from physreason.cli.output_options import hidden_alias, one_path
 from physreason.progress import make_console
+
+if TYPE_CHECKING:
+    from physreason.config import Config
+    from physreason.eval.launch import EvalPlan
+    from physreason.eval.settings import EvalSetup
 
 console = make_console()
 
@@ -82,7 +88,7 @@ def run(
         "eval.tp_size": tensor_parallel_size,
     }
     cfg = load_config(config, overrides, {key: value for key, value in flags.items() if value is not None})
-    outcome = run_eval(cfg, show_progress=progress)
+    outcome = run_eval(cfg, show_progress=progress, on_start=lambda plan, setup: _startup(cfg, plan, setup))
     answered = sum(r.answered for r in outcome.runs)
     failed = sum(r.failed for r in outcome.runs)
     console.print(f"{answered} answered, {failed} failed ({outcome.resumed} were already saved) in {outcome.base}")
@@ -92,6 +98,51 @@ def run(
     console.print(rich_table(report_rows(reports), title=str(outcome.base), reports=reports))
     for table in board_rich_tables(collect_boards(outcome.base)):
         console.print(table)
+
+
+def _startup(cfg: Config, plan: EvalPlan, setup: EvalSetup) -> None:
+    """eval's start-up summary, before any model loads: what the report's header will say, and the work ahead."""
+    from physreason.engines.factory import resolve_backend
+    from physreason.eval.launch import chance_accuracy
+    from physreason.eval.settings import model_fingerprint, system_prompt_text
+    from physreason.startup import (
+        describe_device,
+        describe_family,
+        describe_model,
+        describe_prompting,
+        describe_sampling,
+        print_startup,
+    )
+
+    model = describe_model(cfg.model)
+    local = Path(cfg.model.model_name_or_path).expanduser()
+    if local.is_dir():
+        model = f"{local.resolve()} (local folder, content hash {model_fingerprint(local)})"
+    prompt = describe_prompting(setup.prompting)
+    if setup.prompting.system_prompt is None:
+        prompt += f", system prompt {system_prompt_text(setup.prompting, setup.answer_type)!r} (the style's)"
+    data = []
+    for benchmark in plan.benchmarks:
+        chance = chance_accuracy(benchmark)
+        data.append(
+            f"{benchmark.name} ({len(benchmark.samples)} questions"
+            + (f", chance {100 * chance:.1f}%" if chance is not None else "")
+            + ")"
+        )
+    shards = cfg.eval.num_gpus // cfg.eval.tp_size
+    items: dict[str, object] = {
+        "model": model,
+        "family": describe_family(cfg.model),
+        "prompt": prompt,
+        "device": describe_device(cfg.model.dtype, resolve_backend(cfg.engine), cfg.eval.tp_size),
+        # each repeat's seed replaces the sampling seed
+        "sampling": describe_sampling(setup.sampling, seed=False),
+        "seeds": ", ".join(map(str, plan.seeds)),
+        "data sets": "; ".join(data),
+        "shards": shards if shards > 1 else None,
+        "results": plan.base,
+    }
+    print_startup("physreason eval", items, console=console)
 
 
 @app.command("report")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.panel import Panel
@@ -12,6 +13,10 @@ from physreason.cli import recipe_options as opt
 from physreason.cli.output_options import hidden_alias
 from physreason.errors import PhysReasonError
 from physreason.progress import make_console
+
+if TYPE_CHECKING:
+    from physreason.chat.style import Prompting
+    from physreason.config import Config, SamplingConfig
 
 console = make_console()
 
@@ -135,11 +140,13 @@ def infer(
     if print_prompt and batch is not None:
         raise PhysReasonError("--print-prompt shows one question's prompt: give --question with --video/--image")
     if batch is None and not video and not image:
-        console.print("[yellow]no --video or --image given: asking a text-only question[/]")
+        # on stderr: with --json, stdout is the JSON alone
+        make_console(stderr=True).print("[yellow]no --video or --image given: asking a text-only question[/]")
 
     if batch is not None or out is not None:
         checked_vision_factor(cfg)  # a bad pixel setting fails here, before OUT holds a result made with it
         prompting, sampling = prompting_for(cfg)
+        _startup(cfg, prompting, sampling, {"input": batch, "output": out}, stderr=False)
         # The style, mode and sampling as resolved for this checkpoint, so `auto` cannot hide a change of answers.
         resolved = {f"generation.{key}": value for key, value in sampling.model_dump(mode="json").items()}
         settings = answer_settings(cfg, **resolved, **{f"resolved.{k}": v for k, v in prompting.describe().items()})
@@ -172,6 +179,8 @@ def infer(
     request = build_request(
         question, videos=video, images=image, vision=cfg.vision, prompting=prompting, request_id="0", factor=factor
     )
+    # Before the model loads: which model, style, mode, dtype and sampling the answer below comes from.
+    _startup(cfg, prompting, sampling, {}, stderr=as_json)
     if print_prompt:
         from physreason.infer.prompt_view import describe_prompt
 
@@ -204,3 +213,26 @@ def infer(
                 console.print(f"[yellow]format: {'; '.join(output['format_problems'])}[/]")
     if record.get("error"):
         raise typer.Exit(1)
+
+
+def _startup(cfg: Config, prompting: Prompting, sampling: SamplingConfig, extra: dict[str, object], *, stderr: bool) -> None:
+    """infer's start-up summary: model, family, prompt style and mode, dtype/device/engine, sampling, then `extra`."""
+    from physreason.engines.factory import resolve_backend
+    from physreason.startup import (
+        describe_device,
+        describe_family,
+        describe_model,
+        describe_prompting,
+        describe_sampling,
+        print_startup,
+    )
+
+    items: dict[str, object] = {
+        "model": describe_model(cfg.model),
+        "family": describe_family(cfg.model),
+        "lora": cfg.engine.lora,
+        "prompt": describe_prompting(prompting),
+        "device": describe_device(cfg.model.dtype, resolve_backend(cfg.engine), cfg.engine.tensor_parallel_size),
+        "sampling": describe_sampling(sampling),
+    }
+    print_startup("physreason infer", items | extra, stderr=stderr)

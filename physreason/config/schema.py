@@ -594,7 +594,8 @@ class EvalConfig(Section):
     )
     answer_type: Literal["reasoning", "letter"] | None = Field(
         None,
-        description="Think then answer ('reasoning'), or the letter only ('letter'); names the results folder. "
+        description="Think then answer ('reasoning'), or the answer only ('letter'); the results folder is "
+        "'reasoning', or without reasoning the task type ('letter', 'grounding', 'localization'). "
         "None follows prompt.reasoning (itself the prompt style's default when unset); setting both to "
         "different modes is an error.",
     )

@@ -328,6 +328,39 @@ def truncation_problem(
     return keep, None
 
 
+def record_layout(record: dict[str, Any], column: str) -> str:
+    """The layout of one record's conversation, in words (start-up summaries name the format they detected)."""
+    turns = record.get(column)
+    prefix = ""
+    if isinstance(turns, str):
+        prefix = "JSON text of "
+        try:
+            turns = json.loads(turns)
+        except json.JSONDecodeError:
+            return "unreadable"
+    if not isinstance(turns, list) or not turns or not isinstance(turns[0], dict):
+        return "unreadable"
+    if "from" in turns[0] or "value" in turns[0]:
+        return prefix + "LLaVA/ShareGPT from/value turns"
+    if any(isinstance(turn, dict) and isinstance(turn.get("content"), list) for turn in turns):
+        return prefix + "role/content turns with typed parts"
+    return prefix + "role/content turns"
+
+
+def data_layout(records: list[dict[str, Any]], column: str) -> str:
+    """The layouts of a data set's records with their counts: "LLaVA/ShareGPT from/value turns under
+    'conversations'", or "role/content turns: 3, LLaVA/ShareGPT from/value turns: 1 under 'messages'" when mixed."""
+    counts: dict[str, int] = {}
+    for record in records:
+        layout = record_layout(record, column)
+        counts[layout] = counts.get(layout, 0) + 1
+    if not counts:
+        return "no records"
+    if len(counts) == 1:
+        return f"{next(iter(counts))} under {column!r}"
+    return ", ".join(f"{layout}: {count}" for layout, count in counts.items()) + f" under {column!r}"
+
+
 class SFTDataset(Dataset):
     """Conversation records turned into `SFTSample`s (or `SkippedSample`s that say why) on access."""
 
@@ -363,6 +396,10 @@ class SFTDataset(Dataset):
         self.default_system_prompt = default_system_prompt
         # The style whose coordinate grid records declaring "coords" are converted to (None: trained as written).
         self.prompt_style = prompt_style
+
+    def layout(self) -> str:
+        """The detected record layout(s) and the conversation key (data_layout)."""
+        return data_layout(self.records, self.column)
 
     def __len__(self) -> int:
         return len(self.records)

@@ -41,7 +41,7 @@ from physreason.models.family import read_vision_tokens
 from physreason.models.parallelize import check_layout
 from physreason.ray_setup import import_ray
 from physreason.rewards import check_reward_options
-from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, rollout_metrics
+from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, print_grpo_startup, rollout_metrics
 from physreason.train.loop import StepLog, checkpoint_due, prepare_output
 from physreason.train.rollout import RolloutBatch, RolloutSample, logged_reward_names
 from physreason.train.runtime import Runtime
@@ -580,6 +580,9 @@ class Controller:
         """Train until `total_steps` and the last checkpoint are done; returns the run's record."""
         prepare_output(self.config)
         self._layout()
+        print_grpo_startup(
+            self.config, len(self.prompts), self.total_steps, "cuda" if self.use_gpu else "cpu", self.policy_world
+        )
         self.step_log: StepLog | None = None
         try:
             # Rollout engines start loading first, so their start-up overlaps the policy's.

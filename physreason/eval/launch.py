@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from physreason.eval.results import (
     write_run_info,
 )
 from physreason.eval.runner import ShardCounts, evaluate_shard, shard_samples
-from physreason.eval.settings import effective_config, reproduction_settings, resolve_eval_setup
+from physreason.eval.settings import EvalSetup, effective_config, reproduction_settings, resolve_eval_setup
 from physreason.progress import LoggedProgress, progress_display
 
 log = logging.getLogger(__name__)
@@ -91,9 +92,37 @@ def plan_eval(cfg: Config) -> EvalPlan:
     names = [b.name for b in benchmarks]
     if len(set(names)) != len(names):
         raise ConfigError(f"eval.datasets names the same data set twice ({names}); each needs its own results folder")
-    base = answer_type_dir(cfg.eval.results_dir, cfg.model.model_name_or_path, answer_type, cfg.eval.model_name)
+    base = answer_type_dir(
+        cfg.eval.results_dir, cfg.model.model_name_or_path, results_label(answer_type, benchmarks), cfg.eval.model_name
+    )
     seeds = [cfg.eval.seed + k for k in range(cfg.eval.num_repeats)]
     return EvalPlan(base=base, benchmarks=benchmarks, seeds=seeds)
+
+
+# The answer-type folder of a non-reasoning run, by the kind of question its data sets ask.
+_TASK_LABELS = {"box_2d": "grounding", "point_2d": "grounding", "time_span": "localization"}
+
+
+def results_label(answer_type: str, benchmarks: list[Benchmark]) -> str:
+    """The answer-type folder's name: `reasoning`, or for a run without reasoning its task type: `letter` for
+    multiple choice, `grounding` for boxes and points, `localization` for time spans (joined with '-' when the
+    data sets mix them, e.g. `grounding-letter`)."""
+    if answer_type == "reasoning":
+        return answer_type
+    from physreason.chat.structured import answer_kind
+
+    kinds = set()
+    for benchmark in benchmarks:
+        for sample in benchmark.samples:
+            if not sample.structured:
+                kinds.add("letter" if sample.error is None else None)
+                continue
+            try:
+                kinds.add(_TASK_LABELS[answer_kind(sample.answer)])
+            except ValueError:
+                kinds.add(None)  # scored as a failure; it names no task
+    kinds.discard(None)
+    return "-".join(sorted(kinds)) if kinds else answer_type
 
 
 def repeat_sampling(sampling: SamplingConfig, seed: int) -> SamplingConfig:
@@ -304,9 +333,13 @@ def _finished_count(plan: EvalPlan) -> int:
     return sum(len(finished_in_run(run)) for _, _, run in plan.runs())
 
 
-def run_eval(cfg: Config, *, show_progress: bool = True) -> EvalOutcome:
+def run_eval(
+    cfg: Config, *, show_progress: bool = True, on_start: Callable[[EvalPlan, EvalSetup], None] | None = None
+) -> EvalOutcome:
     """Evaluate every repeat of every data set, resuming from saved results, and merge the shards' files.
 
+    `on_start` is called with the plan and the resolved setup once the settings are checked, before anything is
+    written or a model loads (the CLI prints its start-up summary there).
     Raises PhysReasonError after merging when a shard process failed; rerunning resumes.
     """
     from physreason.models.inputs import checked_vision_factor
@@ -317,6 +350,8 @@ def run_eval(cfg: Config, *, show_progress: bool = True) -> EvalOutcome:
     _engine_config(cfg)
     checked_vision_factor(cfg)  # the model is found and the pixel budgets fit it before the folder is touched
     num_shards = cfg.eval.num_gpus // cfg.eval.tp_size
+    if on_start is not None:
+        on_start(plan, resolve_eval_setup(cfg))
     outcome = EvalOutcome(base=plan.base, resumed=prepare_runs(plan, cfg))
     failed_shards: list[tuple[int, int, Path]] = []
     try:
@@ -345,8 +380,15 @@ def run_eval(cfg: Config, *, show_progress: bool = True) -> EvalOutcome:
 def accuracy_by_dataset(cfg: Config, results_dir: str | Path, *, show_progress: bool = True) -> dict[str, float | None]:
     """Evaluate cfg's model on its benchmarks into `results_dir` (resumable there); mean accuracy per dataset."""
     from physreason.eval.report import collect_reports
+    from physreason.eval.scoring import mean_std
 
     cfg = cfg.model_copy(deep=True)
     cfg.eval.results_dir = str(results_dir)
-    run_eval(cfg, show_progress=show_progress)
-    return {report.dataset: report.mean_std()[0] for report in collect_reports(cfg.eval.results_dir)}
+    outcome = run_eval(cfg, show_progress=show_progress)
+    # This run's model, data sets and seeds only: what an earlier run left in the folder is not averaged in.
+    seeds, datasets = {str(run.seed) for run in outcome.runs}, {run.dataset for run in outcome.runs}
+    return {
+        report.dataset: mean_std([r.accuracy for r in report.repeats if r.seed in seeds and r.accuracy is not None])[0]
+        for report in collect_reports(outcome.base)
+        if report.dataset in datasets
+    }

@@ -284,6 +284,17 @@ _DISPLAY_COLUMNS = (
 _IOU_COLUMN = "mean IoU %"
 # The terminal table names model and answer type once per table, so each table fits 80 columns.
 _TERMINAL_COLUMNS = _DISPLAY_COLUMNS[2:]
+# The markdown table (no width limit) also shows chance beside the accuracy, as the CSV and the chart do.
+_CHANCE_COLUMN = "chance %"
+
+
+def _accuracy_column(rows: list[ReportRow]) -> str:
+    """The accuracy column's name: a structured answer (box, point, time span) counts as correct at IoU >= 0.5."""
+    if not _with_iou(rows):
+        return "accuracy %"
+    if all(row.iou_mean is not None for row in rows if row.dataset != AVERAGE):
+        return "accuracy % (IoU >= 0.5)"
+    return "accuracy % (letters; IoU >= 0.5 for boxes, points, spans)"
 
 
 def _iou_text(row: ReportRow) -> str:
@@ -318,13 +329,19 @@ def _seeds_text(settings: list[dict[str, Any]]) -> str:
 def _describe(settings: dict[str, Any]) -> dict[str, str]:
     """One run's settings as the header's lines (seed apart: the header lists all repeats' seeds)."""
     get = settings.get
-    revision = get("model_revision") or "default branch"
-    if get("model_commit"):
-        revision += f" (commit {get('model_commit')})"
+    if get("model_fingerprint"):  # a local folder: which weights, not a Hub branch
+        model = f"{get('model')} (local folder, content hash {get('model_fingerprint')})"
+    else:
+        revision = get("model_revision") or "default branch"
+        if get("model_commit"):
+            revision += f" (commit {get('model_commit')})"
+        model = f"{get('model')} @ {revision}"
     mode = "on" if get("reasoning") else "off"
     prompt = f"{get('prompt_style')}, reasoning {mode}"
     if get("system_prompt") is not None:
         prompt += f", system prompt {get('system_prompt')!r}"
+    elif get("system_prompt_used") is not None:  # the style's own, as the run resolved it
+        prompt += f", system prompt {get('system_prompt_used')!r} (the style's)"
     frames = f"nframes {get('nframes')}" if get("nframes") else f"fps {get('fps')}"
     vision = (
         f"{frames}, frames {get('min_frames')}-{get('max_frames')}, pixels min {get('min_pixels')} / max "
@@ -345,7 +362,7 @@ def _describe(settings: dict[str, Any]) -> dict[str, str]:
         )
     )
     return {
-        "model": f"{get('model')} @ {revision}",
+        "model": model,
         "prompt": prompt,
         "vision": vision,
         "sampling": sampling,
@@ -399,7 +416,8 @@ def rich_table(rows: list[ReportRow], title: str, reports: list[DatasetReport] |
             collapse_padding=True,
         )
         iou = _with_iou(group)
-        for name in _TERMINAL_COLUMNS + ((_IOU_COLUMN,) if iou else ()):
+        names = (*_TERMINAL_COLUMNS[:-1], _accuracy_column(group)) + ((_IOU_COLUMN,) if iou else ())
+        for name in names:
             text_column = name == "dataset"
             # A long data set name folds onto more lines rather than being cut: a truncated name is ambiguous.
             table.add_column(name, justify="left" if text_column else "right", no_wrap=not text_column, overflow="fold")
@@ -422,9 +440,12 @@ def rich_table(rows: list[ReportRow], title: str, reports: list[DatasetReport] |
 def markdown_table(rows: list[ReportRow]) -> str:
     """The report as a GitHub markdown table."""
     iou = _with_iou(rows)
-    columns = _DISPLAY_COLUMNS + ((_IOU_COLUMN,) if iou else ())
+    columns = (*_DISPLAY_COLUMNS[:-1], _CHANCE_COLUMN, _accuracy_column(rows)) + ((_IOU_COLUMN,) if iou else ())
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_display_cells(row, iou)) + " |" for row in rows]
+    for row in rows:
+        cells = _display_cells(row, iou)
+        cells.insert(len(_DISPLAY_COLUMNS) - 1, _pct(row.chance))
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from physreason import __version__
-from physreason.chat.style import Prompting, resolve_prompting, resolve_sampling
+from physreason.chat.style import Prompting, build_mcq_messages, resolve_prompting, resolve_sampling
 from physreason.config import Config, SamplingConfig
 from physreason.errors import ConfigError
 
@@ -103,6 +103,46 @@ def model_commit(model_name_or_path: str, revision: str | None) -> str | None:
     return parts[-2] if len(parts) >= 3 and parts[-3] == "snapshots" else None
 
 
+# Weight files are sampled (their first and last FINGERPRINT_SAMPLE bytes and their size) rather than read whole, so
+# fingerprinting a 16 GB folder takes milliseconds; every other file (config, tokenizer, processor) is read whole.
+FINGERPRINT_SAMPLE = 4 << 20
+_WHOLE_FILE_LIMIT = 16 << 20
+
+
+def model_fingerprint(folder: str | Path) -> str:
+    """A short content hash of a local model folder (12 hex digits): which weights a result was made with.
+
+    Covers every file directly in the folder, by name: small files whole, large ones (weights) by size and their
+    first and last FINGERPRINT_SAMPLE bytes. The same folder path holding another model gets another hash.
+    """
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(folder).expanduser().iterdir() if p.is_file()):
+        size = path.stat().st_size
+        digest.update(f"{path.name}\0{size}\0".encode())
+        with path.open("rb") as handle:
+            if size <= _WHOLE_FILE_LIMIT:
+                digest.update(handle.read())
+            else:
+                digest.update(handle.read(FINGERPRINT_SAMPLE))
+                handle.seek(size - FINGERPRINT_SAMPLE)
+                digest.update(handle.read(FINGERPRINT_SAMPLE))
+    return digest.hexdigest()[:12]
+
+
+def system_prompt_text(prompting: Prompting, answer_type: AnswerMode) -> str:
+    """The system prompt a multiple-choice question of this evaluation is asked with ('' for none): the recipe's
+    prompt.system_prompt, else the style's own (Reason1's benchmark 'Answer the questions.', Reason2's default)."""
+    from physreason.eval.runner import _with_system_prompt
+
+    messages = build_mcq_messages("?", {"A": "a", "B": "b"}, answer_type=answer_type, style=prompting.style)
+    if prompting.system_prompt is not None:
+        messages = _with_system_prompt(messages, prompting.system_prompt, prompting.style)
+    system = next((m["content"] for m in messages if m["role"] == "system"), "")
+    return system if isinstance(system, str) else ""
+
+
 def reproduction_settings(cfg: Config, setup: EvalSetup) -> dict[str, Any]:
     """What a reproduction of an evaluation needs, JSON-ready: model and revision, prompt, vision, sampling, version.
 
@@ -120,10 +160,12 @@ def reproduction_settings(cfg: Config, setup: EvalSetup) -> dict[str, Any]:
         "model": str(local.resolve()) if local.is_dir() else cfg.model.model_name_or_path,
         "model_revision": cfg.model.revision,
         "model_commit": model_commit(cfg.model.model_name_or_path, cfg.model.revision),
+        "model_fingerprint": model_fingerprint(local) if local.is_dir() else None,
         "engine": cfg.engine.backend,
         "prompt_style": setup.prompting.style,
         "reasoning": setup.prompting.reasoning,
         "system_prompt": setup.prompting.system_prompt,
+        "system_prompt_used": system_prompt_text(setup.prompting, setup.answer_type),
         "fps": cfg.vision.fps,
         "nframes": cfg.vision.nframes,
         "min_frames": cfg.vision.min_frames,

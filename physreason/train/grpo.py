@@ -372,6 +372,31 @@ def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Training
     )
 
 
+def print_grpo_startup(config: Config, prompts: int, steps: int, device: object, world_size: int) -> None:
+    """The start-up summary of a GRPO run (colocated or disaggregated): model, family, prompt style and answer type,
+    prompts, rollout sampling, policy dtype on its device and processes, steps, output folder."""
+    from physreason.engines.factory import resolve_backend
+    from physreason.models.inputs import prompting_for
+    from physreason.startup import describe_sampling, print_training_startup
+    from physreason.train.rollout import rollout_sampling
+
+    rollout = config.rollout
+    sampling = (
+        f"{describe_sampling(rollout_sampling(config))}; {rollout.n_generation} completions per prompt on the "
+        f"{resolve_backend(rollout_engine_config(config))} engine"
+    )
+    print_training_startup(
+        config,
+        "grpo",
+        prompt=f"{prompting_for(config)[0].style}, answer type {config.grpo.answer_type}",
+        data=f"{config.data.dataset.name}: {prompts} prompts",
+        steps=str(steps),
+        device=device,
+        world_size=world_size,
+        sampling=sampling,
+    )
+
+
 def run_grpo(
     config: Config, engine: Engine | None = None, on_step: Callable[[int], None] | None = None
 ) -> GRPOResult:
@@ -408,6 +433,8 @@ def run_grpo(
             f"(train.train_batch_per_replica / rollout.n_generation): lower it, set train.max_steps, or add data"
         )
     total_steps = train_cfg.max_steps or train_cfg.epoch * (len(prompts) // prompts_per_step)
+    if runtime.is_main:
+        print_grpo_startup(config, len(prompts), total_steps, runtime.device, runtime.world_size)
 
     lora = train_cfg.lora
     quantization = rollout_cfg.quantization

@@ -89,6 +89,24 @@ def warn_reason1_layout(config: Config, hf_config: Any, train: SFTDataset) -> No
         )
 
 
+def _print_startup(
+    config: Config, runtime: Runtime, hf_config: Any, train_set: SFTDataset, val_set: SFTDataset | None, steps: int
+) -> None:
+    """The start-up summary of an SFT run: model, family, prompt style and default system turn, data format."""
+    from physreason.startup import print_training_startup
+
+    prompting = resolve_prompting(config, model_family(hf_config).name)
+    system = sft_system_prompt(config, hf_config)
+    prompt = f"{prompting.style}; records without a system turn get " + (
+        f"{system!r}" if system is not None else "the chat template's default"
+    )
+    held_out = f", {len(val_set)} held out" if val_set is not None else ""
+    data = f"{config.data.dataset.name}: {len(train_set)} records{held_out}; {train_set.layout()}"
+    print_training_startup(
+        config, "sft", prompt=prompt, data=data, steps=str(steps), device=runtime.device, world_size=runtime.world_size
+    )
+
+
 def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTDataset, SFTDataset | None]:
     """Train and validation sets (a held-out fraction of train when no val_dataset is given).
 
@@ -341,6 +359,8 @@ def run_sft(config: Config) -> SFTResult:
             f"{train_cfg.train_batch_per_replica}: lower it or add data"
         )
     total_steps = train_cfg.max_steps or train_cfg.epoch * sampler.steps_per_epoch
+    if runtime.is_main:
+        _print_startup(config, runtime, hf_config, train_set, val_set, total_steps)
     mrope = read_vision_tokens(hf_config) is not None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     collate = _collate_fn(config, pad_id, mrope)
