@@ -29,6 +29,10 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # 16 per hidden unit (two RMSNorms' fp32 and bf16 copies, residuals), 10 per query and per key/value unit (q/k norms,
 # rotary outputs, attention output), 8 per MLP unit (gate, up, activation, product).
 ACT_PER_HIDDEN, ACT_PER_QUERY, ACT_PER_KV, ACT_PER_MLP = 16, 10, 10, 8
+# Of these, the fp32 tensors (the RMSNorms and q/k norms compute in fp32) stay the same in an fp32 model: 12 per hidden
+# unit, 4 per query and per key/value unit; the rest are param-dtype tensors and scale with it (measured in fp32:
+# 20 per hidden unit, 16 per query and key/value unit, 16 per MLP unit).
+ACT_FP32_HIDDEN, ACT_FP32_QUERY, ACT_FP32_KV = 12, 4, 4
 # Bytes per [token, vocab] entry at the loss: fp32 log-softmax kept for backward, its fp32 gradient and the logits'.
 LOSS_BYTES_PER_LOGIT = 12
 
@@ -202,9 +206,11 @@ def trainable(param: ParamShape, layout: Layout, workload: Workload) -> bool:
 
 
 def activation_bytes_per_token(hidden: int, query: int, kv: int, mlp: int, dtype_bytes: int = 2) -> int:
-    """Bytes one transformer block saves for backward per token (bf16 coefficients scaled to dtype_bytes)."""
-    bf16 = ACT_PER_HIDDEN * hidden + ACT_PER_QUERY * query + ACT_PER_KV * kv + ACT_PER_MLP * mlp
-    return bf16 * dtype_bytes // 2
+    """Bytes one transformer block saves for backward per token: the bf16 coefficients, the param-dtype ones scaled to
+    dtype_bytes (their fp32 part, ACT_FP32_*, does not scale)."""
+    fixed = ACT_FP32_HIDDEN * hidden + ACT_FP32_QUERY * query + ACT_FP32_KV * kv
+    scaled = ACT_PER_HIDDEN * hidden + ACT_PER_QUERY * query + ACT_PER_KV * kv + ACT_PER_MLP * mlp - fixed
+    return fixed + scaled * dtype_bytes // 2
 
 
 def stack_activation_bytes(tokens: int, blocks: int, per_token: int, hidden: int, dtype_bytes: int, checkpointed: bool) -> int:
