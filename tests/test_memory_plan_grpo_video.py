@@ -32,7 +32,7 @@ from physreason.vision.video import VideoFrames
 
 H100 = int(H100_80GB_GIB * GIB)
 QUESTION = (
-    "Where is the blue sphere at 00:01.50? Answer in JSON as {{\"box_2d\": [x1, y1, x2, y2]}} with coordinates from 0 "
+    'Where is the blue sphere at 00:01.50? Answer in JSON as {{"box_2d": [x1, y1, x2, y2]}} with coordinates from 0 '
     "to 1000. Clip {i}."
 )
 
@@ -60,7 +60,9 @@ def clip_frames(config, factor: int, seed: int) -> VideoFrames:
     height, width = smart_resize(192, 256, factor, vision.min_pixels, share)
     frames = np.random.default_rng(seed).integers(0, 256, size=(vision.max_frames, height, width, 3), dtype=np.uint8)
     count = vision.max_frames
-    return VideoFrames(frames, [i / 4 for i in range(count)], list(range(count)), 4.0, 4.0, count, count / 4, (192, 256), "-")
+    return VideoFrames(
+        frames, [i / 4 for i in range(count)], list(range(count)), 4.0, 4.0, count, count / 4, (192, 256), "-"
+    )
 
 
 def rollout_micro_batch(config, prompts: list[MCQPrompt], model_dir: str):
