@@ -11,6 +11,8 @@ plan's forward parts must lie within 25% of that count.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -148,3 +150,23 @@ def test_grpo_plan_without_the_prompts_stays_a_bound(stage):
     # the stage's plan (micro-batch 64) is no longer refused: its tensors stay under the 2.1 GB that nvidia-smi showed
     # for the whole process on the H100 (CUDA context included)
     assert known.fits(H100) and known.total - known.parts["runtime overhead"] < 2.1e9
+
+
+def test_grpo_micro_batch_rows_follow_the_policy_update():
+    """Rows, row length and distinct visuals of a GRPO micro-batch as build_micro_batches lays them out."""
+    from physreason.train.memory import Layout, Workload, micro_batch
+
+    grpo = Workload(seq_len=4096, completions_per_prompt=8, prompt_tokens=224, response_tokens=128)
+    one = Layout(gpus=1, distributed=False, mini_batch=64)
+    packed = micro_batch(one, replace(grpo, packed=True))
+    assert (packed.rows, packed.row_tokens, packed.visuals, packed.loss_rows) == (8, 224 + 8 * 128, 8, 128)
+    padded = micro_batch(one, grpo)
+    assert (padded.rows, padded.row_tokens, padded.visuals) == (64, 224 + 128, 8)
+    # 12 completions of groups of 8 can straddle two prompts
+    assert micro_batch(replace(one, mini_batch=12), grpo).visuals == 3
+    # a step of 4 completions never fills a micro-batch of 64; on 2 data-parallel ranks each gets 2
+    small = replace(grpo, completions_per_step=4, packed=True)
+    assert micro_batch(one, small).row_tokens == 224 + 4 * 128
+    assert micro_batch(Layout(gpus=2, mini_batch=64), small).row_tokens == 224 + 2 * 128
+    # SFT keeps mini_batch rows of the context
+    assert micro_batch(one, Workload(seq_len=4096)).rows == 64

@@ -84,6 +84,7 @@ class Workload:
     prompt_tokens: int = 0  # longest prompt, visual tokens included
     response_tokens: int = 0  # rollout.max_response_length
     packed: bool = False  # grpo.pack_completions (sdpa / eager): a [rows, 1, L, L] mask beside every attention
+    completions_per_step: int = 0  # train.train_batch_per_replica: a micro-batch holds at most a rank's share of them
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,8 @@ def micro_batch(layout: Layout, workload: Workload) -> MicroBatch:
     """The rows, row length and distinct visuals of one micro-batch of `layout.mini_batch` (see Workload).
 
     SFT: mini_batch rows of seq_len tokens, one visual each; the loss sees every token (chunked by loss_chunk_size).
-    GRPO, m = mini_batch completions of n = completions_per_prompt per prompt (train/policy.py's
-    build_micro_batches): packed, ceil(m / min(n, m)) rows of prompt + min(n, m) completions, one visual each;
+    GRPO, m = mini_batch completions (at most this rank's share of completions_per_step) of n = completions_per_prompt
+    per prompt (train/policy.py's build_micro_batches): packed, ceil(m / min(n, m)) rows of prompt + min(n, m) completions, one visual each;
     otherwise m rows of prompt + response (at most seq_len), their visuals the distinct prompts among m consecutive
     completions (ceil(m / n), one more when a micro-batch can straddle two groups). The lm_head runs one completion at
     a time (checkpointed), so the loss sees response_tokens rows at once.
@@ -112,6 +113,9 @@ def micro_batch(layout: Layout, workload: Workload) -> MicroBatch:
     n = workload.completions_per_prompt
     if n <= 0:
         return MicroBatch(m, workload.seq_len, m, m * workload.seq_len)
+    if workload.completions_per_step:
+        data_parallel = max(1, layout.gpus // (layout.tp * layout.cp)) if layout.distributed else 1
+        m = max(1, min(m, workload.completions_per_step // data_parallel))
     response = workload.response_tokens or workload.seq_len
     prompt = min(workload.prompt_tokens or workload.seq_len, workload.seq_len)
     if workload.packed:

@@ -136,6 +136,7 @@ def recipe_workload(
             prompt_tokens=min(prompt, seq_len),
             response_tokens=response,
             packed=config.packs_completions,
+            completions_per_step=config.train.train_batch_per_replica,
         )
     return Workload(
         seq_len=config.model.model_max_length,
