@@ -121,18 +121,18 @@ def apply_cpu_share(share: CpuShare | None = None) -> CpuShare:
 
 
 def decode_threads() -> int:
-    """FFmpeg decoder threads of one video: 1 in a data-loader worker (the workers are the parallelism), this
-    process's share elsewhere (rollouts and evaluation decode in the main process)."""
+    """FFmpeg decoder threads of one video, 0 for FFmpeg's own choice (a thread per core, at most 16): that when this
+    process has the host to itself; when it shares the host, 1 in a data-loader worker (the workers are the
+    parallelism) and this process's share elsewhere (rollouts and evaluation decode in the main process)."""
     global _computed
     from torch.utils.data import get_worker_info
 
-    if get_worker_info() is not None:
-        return 1
-    if _applied is not None:
-        return _applied.threads
-    if _computed is None:
+    if _applied is None and _computed is None:
         _computed = cpu_share()
-    return _computed.threads
+    share = _applied or _computed
+    if share.processes == 1 and not share.source.startswith(THREADS_ENV):
+        return 0
+    return 1 if get_worker_info() is not None else share.threads
 
 
 _computed: CpuShare | None = None  # decode_threads' share when apply_cpu_share was not called

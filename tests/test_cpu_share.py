@@ -73,3 +73,14 @@ def test_a_trainer_process_sets_torch_threads_to_its_share():
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.split()[-1]) == max(1, cpus // 2)
+
+
+def test_video_decoding_keeps_ffmpegs_threads_alone_and_takes_the_share_when_shared(monkeypatch):
+    from physreason import cpu
+
+    monkeypatch.setattr(cpu, "_applied", CpuShare(cpus=64, processes=1, threads=64, source="one process"))
+    assert cpu.decode_threads() == 0  # FFmpeg's own choice, as before
+    monkeypatch.setattr(cpu, "_applied", CpuShare(cpus=64, processes=4, threads=16, source="shared by 4 processes"))
+    assert cpu.decode_threads() == 16
+    monkeypatch.setattr("torch.utils.data.get_worker_info", lambda: object())
+    assert cpu.decode_threads() == 1  # a loader worker: the workers are the parallelism

@@ -140,7 +140,9 @@ def _decode_sampled(
     with _open(path) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
-        stream.thread_count = decode_threads()  # FFmpeg's default is a thread per core of the whole host
+        threads = decode_threads()
+        if threads:  # FFmpeg's default is a thread per core of the whole host, however many processes share it
+            stream.thread_count = threads
         time_base = stream.time_base or Fraction(1, 1)
         try:
             for decoded, frame in enumerate(container.decode(stream)):
