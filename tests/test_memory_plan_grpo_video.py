@@ -170,3 +170,30 @@ def test_grpo_micro_batch_rows_follow_the_policy_update():
     assert micro_batch(Layout(gpus=2, mini_batch=64), small).row_tokens == 224 + 2 * 128
     # SFT keeps mini_batch rows of the context
     assert micro_batch(one, Workload(seq_len=4096)).rows == 64
+
+
+def test_physreason_plan_reads_a_local_grpo_recipes_prompts(tmp_path, tiny_model_dir):
+    """`physreason plan` of a GRPO recipe plans the media its local prompts hold, and says what it read."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from physreason.cli import app
+
+    data = tmp_path / "mcq.jsonl"
+    records = [{"question": f"Where does ball {i} go?", "options": ["up", "down"], "answer": "B", "video": f"{i}.mp4"}
+               for i in range(4)]  # fmt: skip
+    data.write_text("\n".join(json.dumps(r) for r in records))
+    for record in records:
+        (tmp_path / record["video"]).touch()  # prompts are read, their media are not decoded
+    recipe = tmp_path / "grpo.toml"
+    recipe.write_text("[grpo]\nmini_batch = 8\n")
+    sets = [f"model.model_name_or_path='{tiny_model_dir}'", "engine.backend='hf'", "vision.max_frames=4",
+            "rollout.max_response_length=64"]  # fmt: skip
+    args = ["plan", str(recipe), *[a for s in sets for a in ("--set", s)]]
+    read = CliRunner().invoke(app, [*args, "--set", f"data.dataset.name='{data}'"])
+    assert read.exit_code == 0, read.output
+    assert "prompts: at most 1 video(s), 0 image(s)" in read.output
+    unread = CliRunner().invoke(app, [*args, "--set", f"data.dataset.name='{tmp_path / 'absent.jsonl'}'"])
+    assert unread.exit_code == 0, unread.output
+    assert "prompts: data not read" in unread.output

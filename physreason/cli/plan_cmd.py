@@ -70,7 +70,8 @@ def plan(
         console.print(
             f"prompts: at most {prompts.videos} video(s), {prompts.images} image(s) and {prompts.text_tokens} text tokens"
             if prompts is not None
-            else "prompts: data not read; planned as long as the context allows beside one response"
+            else "prompts: data not read (not a local file, or unreadable); planned as long as the context allows "
+            "beside one response"
         )
     console.print(plan_table(plan_, capacity))
     fitting = fitting_layouts(shape, recipe, workload, capacity)
@@ -81,12 +82,15 @@ def plan(
 
 
 def _prompt_shape(config):
-    """The PromptShape of a GRPO recipe's prompts (media and longest text), or None when its data cannot be read here."""
+    """The PromptShape of a GRPO recipe's local prompts (media and longest text), or None when its data is not a local
+    file or folder (a hub dataset is not downloaded to plan) or cannot be read."""
     from physreason.data.mcq import load_mcq_prompts
     from physreason.errors import PhysReasonError
     from physreason.models import loading
     from physreason.train.memory_report import prompt_shape
 
+    if not Path(config.data.dataset.name).expanduser().exists():
+        return None
     try:
         prompts = load_mcq_prompts(config.data.dataset, config.data.max_samples)
         return prompt_shape(config, prompts, loading.load_tokenizer(config.model))
