@@ -106,7 +106,7 @@ _applied: CpuShare | None = None
 
 def apply_cpu_share(share: CpuShare | None = None) -> CpuShare:
     """Size this process's torch threads (and OpenMP's, for processes it starts) to its share; once per process,
-    later calls return the first share. Logs CpuShare.describe()."""
+    later calls return the first share. Logs CpuShare.describe() (torchrun: rank 0 only)."""
     global _applied
     if _applied is not None:
         return _applied
@@ -116,7 +116,8 @@ def apply_cpu_share(share: CpuShare | None = None) -> CpuShare:
     torch.set_num_threads(share.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(share.threads))
     _applied = share
-    log.info("%s", share.describe())
+    if os.environ.get("RANK", "0") == "0":  # torchrun's ranks share one line
+        log.info("%s", share.describe())
     return share
 
 
