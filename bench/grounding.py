@@ -55,11 +55,13 @@ GRPO and the control 30 steps:
     A="--train-per-task 1000 --rl-per-task 500 --test-per-task 150 --sft-steps 300 --grpo-steps 30 \
        --ckpt-every 1000 --out /tmp/g --variants grpo grpo-mix:iou-hit-weight=0.5"
     python3 bench/grounding.py $A --workers 16 --stop-after data > $OUT/log0 2>&1
-    for s in 1 2; do OUT= timeout 540 python3 bench/grounding.py $A --workers 7 --seeds $s > $OUT/log$s 2>&1 & done
+    for s in 1 2; do OUT= PHYSREASON_HOST_PROCESSES=2 timeout 540 python3 bench/grounding.py $A --workers 7 --seeds $s \
+        > $OUT/log$s 2>&1 & done
     wait; python3 bench/grounding.py --combine /tmp/g/qwen2_5_vl/grounding-*-seeds?.json > $OUT/logc 2>&1
     cp /tmp/g/qwen2_5_vl/grounding-combined.* $OUT/
-(`OUT=` keeps the seeds from writing the same $OUT/grounding.json; the combined table holds each seed's paired tests
-and its JSON every seed's per-clip IoUs.) Estimate from the 2026-11-25 run on H200, one seed alone on its GPU with
+(`OUT=` keeps the seeds from writing the same $OUT/grounding.json; PHYSREASON_HOST_PROCESSES=2 gives each seed half the
+host's CPU threads (physreason/cpu.py: seeds one a GPU under CUDA_VISIBLE_DEVICES get theirs without it); the combined
+table holds each seed's paired tests and its JSON every seed's per-clip IoUs.) Estimate from the 2026-11-25 run on H200, one seed alone on its GPU with
 12 workers (SFT 800 steps 130 s, GRPO 50 steps 168 s, control 50 steps 75 s, evaluations 9-20 s, clips 16 s): per
 seed 15 (untrained eval) + 60 (SFT 300) + 15 + 2 x (105 (GRPO 30) + 15) + 50 (control 30) + 15 = 395 s alone. Two
 side by side on 16 cores and one GPU share both; that slowdown is not measured for this bench: at 1.3x, 515 s, plus
@@ -107,6 +109,8 @@ from intuitive_physics import (  # the letter bench's stages (bench/ is on the p
     window_means,
     write_results,
 )
+
+from physreason.cpu import apply_cpu_share
 
 KINDS = ("box_2d", "point_2d", "time_span")  # what a question asks for: the table's task columns
 KIND_LABELS = {"box_2d": "grounding, box", "point_2d": "grounding, point", "time_span": "temporal localization"}
@@ -626,6 +630,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
     if args.combine:
         return combine(args.combine)
+    print(apply_cpu_share().describe(), flush=True)  # threads of this seed's share of the host, before any stage
     out = args.out.resolve() / args.family
     started = time.perf_counter()
     data_timings = generate(out, args)

@@ -61,6 +61,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from physreason.cpu import apply_cpu_share, cpu_share
+
 
 def seed_list(text: str) -> list[int]:
     """`--seeds 1,2,3` as [1, 2, 3]: distinct non-negative integers."""
@@ -142,7 +144,12 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, results: str, out: Pat
     )
     parser.add_argument("--ckpt-every", type=int, default=250, help="checkpoint interval of both training stages")
     parser.add_argument(
-        "--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="generation and data-loader processes"
+        "--workers",
+        type=int,
+        default=max(1, cpu_share().threads - 2),
+        help="generation and data-loader processes (default: this process's share of the host's CPUs less 2: "
+        "seeds side by side one a GPU share the host, see physreason/cpu.py; two on one GPU set "
+        "PHYSREASON_HOST_PROCESSES=2)",
     )
     parser.add_argument(
         "--loader-workers", type=int, default=None, help="SFT data-loader processes (default: --workers)"
@@ -650,6 +657,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
     if args.combine:
         return combine(args.combine)
+    print(apply_cpu_share().describe(), flush=True)  # threads of this seed's share of the host, before any stage
     out = args.out.resolve() / args.option_order
     started = time.perf_counter()
     timings: dict[str, float] = {}

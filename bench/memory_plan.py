@@ -20,7 +20,15 @@ keeps parameters, gradients and AdamW state on the host, AdamW runs there), bf16
 (train.optimizer_state_dtype = 'bfloat16'). Offload is FSDP2's, so the run needs torchrun (one rank works):
   torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --shape qwen2.5-vl-3b --layers 0 --seq-len 4096 \
       --modes none,offload,bf16-state --steps 3 --warmup 1
+The grounding experiment's GRPO stage (--grounding-grpo): bench/grounding.py's GRPO recipe (its from-scratch model,
+prompts per step, completions, micro-batch, pixel budgets) run for --steps steps from the random model on --grounding-clips
+RL clips a task, with the memory check on; prints the plan of that recipe and its prompts beside
+torch.cuda.max_memory_allocated of the whole stage (rollouts and policy updates) and max_memory_reserved; JSON to
+$OUT/memory_plan_grounding.json. --grounding-args passes more bench/grounding.py options (e.g. "--scale 4"):
+  python bench/memory_plan.py --grounding-grpo --steps 3
 CPU check of the script: python bench/memory_plan.py --tiny
+                         python bench/memory_plan.py --grounding-grpo --steps 1 --grounding-clips 2 \
+                             --grounding-args "--grpo-prompts 2 --grpo-n 2 --max-tokens 8 --workers 1"
                          torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --tiny --modes none,offload,bf16-state --steps 1
 """
 
@@ -93,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per mode (--modes)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per mode before the timed ones (--modes)")
     parser.add_argument("--tiny", action="store_true", help="the tiny Qwen3-VL on CPU, to check the script")
+    parser.add_argument("--grounding-grpo", action="store_true",
+                        help="measure bench/grounding.py's GRPO stage against its plan (see the module docstring)")
+    parser.add_argument("--grounding-clips", type=int, default=32, help="RL clips a task for --grounding-grpo")
+    parser.add_argument("--grounding-args", default="", help="more bench/grounding.py options for --grounding-grpo")
+    parser.add_argument("--grounding-out", type=Path, default=Path("/tmp/memory-plan-grounding"),
+                        help="clips, model and run folder of --grounding-grpo")
     return parser
 
 
@@ -238,10 +252,68 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
     return rows
 
 
+def measure_grounding_grpo(args: argparse.Namespace) -> dict:
+    """bench/grounding.py's GRPO stage, --steps steps from its random model: the plan of the recipe and its prompts
+    (as the trainer prints it at start) beside the measured peak of the whole stage."""
+    import shlex
+    import shutil
+
+    import grounding
+
+    from physreason.data.mcq import load_mcq_prompts
+    from physreason.models import loading
+    from physreason.progress import make_console
+    from physreason.train.grpo import run_grpo
+    from physreason.train.memory_report import check_memory, prompt_shape
+
+    clips = str(args.grounding_clips)
+    g = grounding.parse_args([
+        "--out", str(args.grounding_out), "--train-per-task", "1", "--rl-per-task", clips, "--test-per-task", "1",
+        "--grpo-steps", str(args.steps), "--ckpt-every", str(10**6), *shlex.split(args.grounding_args),
+    ])  # fmt: skip
+    out = g.out.resolve() / g.family
+    grounding.generate(out, g)
+    model_dir = grounding.build_model(g, out, 1)
+    cfg = grounding.stage_config(g, out, model_dir, 1)
+    run_dir = out / "grpo-memory"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: a resumed one would skip its steps
+    config = grounding.variant_grpo_config(grounding.variant_args(g, {}), cfg, out, model_dir, run_dir)
+    config.train.resume = False
+    cuda = torch.cuda.is_available()
+    gpu_bytes = torch.cuda.get_device_properties(0).total_memory if cuda else None
+    prompts = load_mcq_prompts(config.data.dataset, config.data.max_samples)
+    shape_of_prompts = prompt_shape(config, prompts, loading.load_tokenizer(config.model))
+    plan = check_memory(config, 1, False, "grpo", gpu_bytes, make_console(stderr=True), shape_of_prompts)
+    planned = plan.total - plan.parts["runtime overhead"]  # max_memory_allocated sees tensors only
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    run_grpo(config)
+    seconds = time.perf_counter() - started
+    measured = torch.cuda.max_memory_allocated() if cuda else 0
+    reserved = torch.cuda.max_memory_reserved() if cuda else 0
+    for part, value in plan.parts.items():
+        print(f"  planned {part:<22} {value / GIB:8.3f} GiB")
+    print(f"grounding GRPO, {args.steps} steps in {seconds:.1f} s: prompts {shape_of_prompts}; planned tensors "
+          f"{planned / GIB:.3f} GiB (total {plan.total / GIB:.3f} with the runtime overhead), measured "
+          f"max_memory_allocated {measured / GIB:.3f} GiB (max_memory_reserved {reserved / GIB:.3f}), "
+          f"measured / planned {measured / max(planned, 1):.3f}")  # fmt: skip
+    record = {"args": vars(args), "grounding_args": {k: str(v) for k, v in vars(g).items()}, "parts": plan.parts,
+              "planned": planned, "planned_total": plan.total, "measured": measured, "reserved": reserved,
+              "prompts": vars(shape_of_prompts), "seconds": seconds,
+              "device": torch.cuda.get_device_name() if cuda else "cpu"}  # fmt: skip
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "memory_plan_grounding.json").write_text(json.dumps(record, indent=1, default=str))
+    return record
+
+
 def main(argv: list[str] | None = None) -> None:
     """One memory row, or with --modes the throughput of each mode (see the module docstring)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.grounding_grpo:
+        measure_grounding_grpo(args)
+        return
     modes = None
     if args.modes is not None:
         modes = [m.strip() for m in args.modes.split(",") if m.strip()]

@@ -110,8 +110,10 @@ def test_plan_command_refuses_a_recipe_that_cannot_fit_in_one_line(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def _saved_bytes_per_token(hidden: int, heads: int, kv_heads: int, head_dim: int, mlp: int, tokens: int) -> float:
-    """Bytes that one bf16 Qwen3-VL decoder block saves for backward, per token (saved-tensor hooks, no weights)."""
+def _saved_bytes_per_token(
+    hidden: int, heads: int, kv_heads: int, head_dim: int, mlp: int, tokens: int, dtype: torch.dtype = torch.bfloat16
+) -> float:
+    """Bytes that one Qwen3-VL decoder block in `dtype` saves for backward, per token (saved-tensor hooks, no weights)."""
     from transformers import Qwen3VLForConditionalGeneration
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLConfig
 
@@ -124,9 +126,9 @@ def _saved_bytes_per_token(hidden: int, heads: int, kv_heads: int, head_dim: int
                        "deepstack_visual_indexes": []},
     )
     config._attn_implementation = config.text_config._attn_implementation = "sdpa"
-    model = Qwen3VLForConditionalGeneration(config).to(torch.bfloat16)
+    model = Qwen3VLForConditionalGeneration(config).to(dtype)
     block = model.model.language_model.layers[0]
-    x = torch.randn(1, tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(1, tokens, hidden, dtype=dtype, requires_grad=True)
     cos_sin = model.model.language_model.rotary_emb(x, torch.arange(tokens)[None].expand(3, 1, tokens))
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
     skip |= {t.untyped_storage().data_ptr() for t in cos_sin}  # computed once per model, shared by every block
@@ -143,11 +145,14 @@ def _saved_bytes_per_token(hidden: int, heads: int, kv_heads: int, head_dim: int
     return sum(saved.values()) / tokens
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("dims", [(384, 6, 2, 64, 1536), (256, 8, 8, 32, 704)])
-def test_activation_coefficients_match_the_tensors_a_block_saves(dims):
+def test_activation_coefficients_match_the_tensors_a_block_saves(dims, dtype):
+    # float32: train.param_dtype='float32' (the small from-scratch models' recipe); the RMSNorms' fp32 copies are then
+    # the activations themselves: a hidden unit costs 20 bytes, not twice bf16's 16
     hidden, heads, kv_heads, head_dim, mlp = dims
-    measured = _saved_bytes_per_token(hidden, heads, kv_heads, head_dim, mlp, tokens=256)
-    planned = activation_bytes_per_token(hidden, heads * head_dim, kv_heads * head_dim, mlp)
+    measured = _saved_bytes_per_token(hidden, heads, kv_heads, head_dim, mlp, tokens=256, dtype=dtype)
+    planned = activation_bytes_per_token(hidden, heads * head_dim, kv_heads * head_dim, mlp, dtype.itemsize)
     assert abs(planned - measured) <= 0.05 * measured, (planned, measured)
 
 

@@ -59,7 +59,8 @@ def plan(
     capacity = int(gpu_memory * GIB)
     shape = read_model_shape(recipe_config.model)
     recipe = recipe_layout(recipe_config, gpus, gpus > 1 or torchrun or recipe_config.train.cpu_offload, job)  # type: ignore[arg-type]
-    workload = recipe_workload(recipe_config, shape, job, capacity)  # type: ignore[arg-type]
+    prompts = _prompt_shape(recipe_config) if job == "grpo" else None
+    workload = recipe_workload(recipe_config, shape, job, capacity, prompts)  # type: ignore[arg-type]
     plan_ = plan_memory(shape, recipe, workload)
     console = Console(width=160)
     console.print(
@@ -68,12 +69,36 @@ def plan(
         f"micro-batch {recipe.mini_batch} per forward"
     )
     console.print(f"recipe ({job} job): {describe(recipe)}")
+    if job == "grpo":
+        console.print(
+            f"prompts: at most {prompts.videos} video(s), {prompts.images} image(s) and {prompts.text_tokens} text tokens"
+            if prompts is not None
+            else "prompts: data not read (not a local file, or unreadable); planned as long as the context allows "
+            "beside one response"
+        )
     console.print(plan_table(plan_, capacity))
     fitting = fitting_layouts(shape, recipe, workload, capacity)
     if fitting:
         console.print(layouts_table(fitting, recipe, job))  # type: ignore[arg-type]
     if not plan_.fits(capacity):
         raise ConfigError(refusal(plan_, capacity, fitting, job, f"a {gpu_memory:g} GiB GPU"))  # type: ignore[arg-type]
+
+
+def _prompt_shape(config):
+    """The PromptShape of a GRPO recipe's local prompts (media and longest text), or None when its data is not a local
+    file or folder (a hub dataset is not downloaded to plan) or cannot be read."""
+    from physreason.data.mcq import load_mcq_prompts
+    from physreason.errors import PhysReasonError
+    from physreason.models import loading
+    from physreason.train.memory_report import prompt_shape
+
+    if not Path(config.data.dataset.name).expanduser().exists():
+        return None
+    try:
+        prompts = load_mcq_prompts(config.data.dataset, config.data.max_samples)
+        return prompt_shape(config, prompts, loading.load_tokenizer(config.model))
+    except (PhysReasonError, OSError, ValueError):
+        return None
 
 
 def _parameter_count(count: int) -> str:

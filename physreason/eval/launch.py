@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from physreason.config import Config, EngineConfig, SamplingConfig, dump_config
+from physreason.cpu import cpu_share
 from physreason.errors import ConfigError, PhysReasonError
 from physreason.eval.benchmark import Benchmark, load_benchmark
 from physreason.eval.results import (
@@ -294,8 +295,9 @@ def _launch_shards(plan: EvalPlan, num_shards: int, cfg: Config, show_progress: 
     processes = []
     for shard in range(num_shards):
         env = os.environ | {"CUDA_VISIBLE_DEVICES": shard_devices(shard, cfg.eval.tp_size, cfg.eval.num_gpus, visible)}
-        # Shards share the CPU (video decoding, CPU engines): without a limit each would start a thread per core.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // num_shards)))
+        # Shards share this process's CPUs (video decoding, CPU engines): without a limit each would start a thread per
+        # core of the whole host.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_share().threads // num_shards)))
         log_path = logs / f"shard-{shard}-of-{num_shards}.log"
         with log_path.open("a", encoding="utf-8") as log_file:
             command = [

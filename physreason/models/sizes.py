@@ -79,6 +79,7 @@ class ModelShape:
     vision_intermediate: int = 0
     vision_merge: int = 1  # spatial merge: patches per visual token = merge**2
     vision_factor: int = 1  # pixels per visual token side (patch x merge)
+    vision_temporal: int = 2  # frames per temporal patch of a video
 
     @property
     def total_params(self) -> int:
@@ -152,6 +153,7 @@ def shape_from_hf_config(hf_config: Any) -> ModelShape:
             vision_intermediate=int(getattr(vision, "intermediate_size", 4 * hidden)),
             vision_merge=merge,
             vision_factor=int(vision.patch_size) * merge,
+            vision_temporal=int(getattr(vision, "temporal_patch_size", 2) or 2),
         )
     return shape
 

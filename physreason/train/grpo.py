@@ -55,7 +55,7 @@ from physreason.train.loop import (
     run_summary,
     stop_if_diverged,
 )
-from physreason.train.memory_report import check_runtime_memory
+from physreason.train.memory_report import check_runtime_memory, prompt_shape
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_micro_batches, first_vision_token
 from physreason.train.rollout import (
     RolloutBatch,
@@ -417,7 +417,6 @@ def run_grpo(
 
     tokenizer = loading.load_tokenizer(config.model)
     hf_config = loading.load_model_config(config.model)
-    check_runtime_memory(config, runtime, "grpo")  # prints the plan; refuses a start that cannot fit
     vision_tokens = read_vision_tokens(hf_config)
     processor_params = None
     if vision_tokens is not None:
@@ -425,6 +424,8 @@ def run_grpo(
 
         processor_params = load_processor_params(config.model.model_name_or_path, config.model.revision)
     prompts = load_mcq_prompts(config.data.dataset, config.data.max_samples)
+    # prints the plan of these prompts' media and lengths; refuses a start that cannot fit
+    check_runtime_memory(config, runtime, "grpo", prompt_shape(config, prompts, tokenizer))
     stream = PromptStream(prompts, train_cfg.seed, config.data.shuffle, grpo_cfg.shuffle_options)
     prompts_per_step = groups * dp_size
     if train_cfg.max_steps is None and len(prompts) < prompts_per_step:

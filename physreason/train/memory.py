@@ -29,6 +29,10 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # 16 per hidden unit (two RMSNorms' fp32 and bf16 copies, residuals), 10 per query and per key/value unit (q/k norms,
 # rotary outputs, attention output), 8 per MLP unit (gate, up, activation, product).
 ACT_PER_HIDDEN, ACT_PER_QUERY, ACT_PER_KV, ACT_PER_MLP = 16, 10, 10, 8
+# Of these, the fp32 tensors (the RMSNorms and q/k norms compute in fp32) stay the same in an fp32 model: 12 per hidden
+# unit, 4 per query and per key/value unit; the rest are param-dtype tensors and scale with it (measured in fp32:
+# 20 per hidden unit, 16 per query and key/value unit, 16 per MLP unit).
+ACT_FP32_HIDDEN, ACT_FP32_QUERY, ACT_FP32_KV = 12, 4, 4
 # Bytes per [token, vocab] entry at the loss: fp32 log-softmax kept for backward, its fp32 gradient and the logits'.
 LOSS_BYTES_PER_LOGIT = 12
 
@@ -66,13 +70,60 @@ class Workload:
     param_dtype: str = "bfloat16"
     reduce_dtype: str = "float32"
     loss_chunk_size: int = 0
-    vision_tokens: int = 0  # visual tokens per row, worst case (after the 2x2 merge)
+    vision_tokens: int = 0  # visual tokens per row (SFT) or per prompt (GRPO), worst case (after the 2x2 merge)
     train_vision: bool = True  # vision tower trained (not frozen, or LoRA on it)
     lora_rank: int = 16
     lora_targets: tuple[str, ...] = ()
     lora_vision_targets: tuple[str, ...] = ()  # empty: no adapters on the vision blocks
     reference_model: bool = False  # GRPO's frozen KL reference, sharded like the policy
     engine_bytes: int = 0  # a colocated rollout engine's share of each GPU
+    # GRPO's policy update (completions_per_prompt > 0): each micro-batch holds mini_batch completions of
+    # prompt_tokens + response_tokens, packed (one row per prompt: the prompt once, then its completions) or one row
+    # each; the vision tower runs once per distinct prompt of the micro-batch. 0: SFT rows of seq_len, one visual each.
+    completions_per_prompt: int = 0
+    prompt_tokens: int = 0  # longest prompt, visual tokens included
+    response_tokens: int = 0  # rollout.max_response_length
+    packed: bool = False  # grpo.pack_completions (sdpa / eager): a [rows, 1, L, L] mask beside every attention
+    completions_per_step: int = 0  # train.train_batch_per_replica: a micro-batch holds at most a rank's share of them
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """What one forward pass of a micro-batch materialises: rows x row_tokens tokens, `visuals` distinct visuals of
+    the workload's vision_tokens each, and the tokens whose logits the loss takes (at most `loss_rows` at once)."""
+
+    rows: int
+    row_tokens: int
+    visuals: int
+    loss_rows: int
+    packed: bool = False
+
+
+def micro_batch(layout: Layout, workload: Workload) -> MicroBatch:
+    """The rows, row length and distinct visuals of one micro-batch of `layout.mini_batch` (see Workload).
+
+    SFT: mini_batch rows of seq_len tokens, one visual each; the loss sees every token (chunked by loss_chunk_size).
+    GRPO, m = mini_batch completions (at most this rank's share of completions_per_step) of n = completions_per_prompt
+    per prompt (train/policy.py's build_micro_batches): packed, ceil(m / min(n, m)) rows of prompt + min(n, m) completions, one visual each;
+    otherwise m rows of prompt + response (at most seq_len), their visuals the distinct prompts among m consecutive
+    completions (ceil(m / n), one more when a micro-batch can straddle two groups). The lm_head runs one completion at
+    a time (checkpointed), so the loss sees response_tokens rows at once.
+    """
+    m = layout.mini_batch
+    n = workload.completions_per_prompt
+    if n <= 0:
+        return MicroBatch(m, workload.seq_len, m, m * workload.seq_len)
+    if workload.completions_per_step:
+        data_parallel = max(1, layout.gpus // (layout.tp * layout.cp)) if layout.distributed else 1
+        m = max(1, min(m, workload.completions_per_step // data_parallel))
+    response = workload.response_tokens or workload.seq_len
+    prompt = min(workload.prompt_tokens or workload.seq_len, workload.seq_len)
+    if workload.packed:
+        per_row = min(n, m)
+        rows = -(-m // per_row)
+        return MicroBatch(rows, prompt + per_row * response, rows, response, packed=True)
+    visuals = min(m, -(-m // n) + (1 if m % n else 0))
+    return MicroBatch(m, min(prompt + response, workload.seq_len), visuals, response)
 
 
 @dataclass
@@ -159,9 +210,11 @@ def trainable(param: ParamShape, layout: Layout, workload: Workload) -> bool:
 
 
 def activation_bytes_per_token(hidden: int, query: int, kv: int, mlp: int, dtype_bytes: int = 2) -> int:
-    """Bytes one transformer block saves for backward per token (bf16 coefficients scaled to dtype_bytes)."""
-    bf16 = ACT_PER_HIDDEN * hidden + ACT_PER_QUERY * query + ACT_PER_KV * kv + ACT_PER_MLP * mlp
-    return bf16 * dtype_bytes // 2
+    """Bytes one transformer block saves for backward per token: the bf16 coefficients, the param-dtype ones scaled to
+    dtype_bytes (their fp32 part, ACT_FP32_*, does not scale)."""
+    fixed = ACT_FP32_HIDDEN * hidden + ACT_FP32_QUERY * query + ACT_FP32_KV * kv
+    scaled = ACT_PER_HIDDEN * hidden + ACT_PER_QUERY * query + ACT_PER_KV * kv + ACT_PER_MLP * mlp - fixed
+    return fixed + scaled * dtype_bytes // 2
 
 
 def stack_activation_bytes(tokens: int, blocks: int, per_token: int, hidden: int, dtype_bytes: int, checkpointed: bool) -> int:
@@ -194,10 +247,12 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
       trained gradients unsharded in param dtype through backward), and two blocks are gathered at a time (the
       current and the prefetched, block x param bytes) with one block's unsharded gradient (x reduce bytes).
       One plain process instead keeps param-dtype copies of the trained weights (autocast).
-    activations: stack_activation_bytes of the decoder for mini_batch x seq_len / cp tokens; logits / loss: loss_bytes;
-      vision activations: the same for mini_batch x vision_tokens x merge^2 / cp patches when the tower trains, one
-      block's worth when frozen. Under context parallelism every rank also keeps the embeddings of the whole rows
-      (mini_batch x seq_len x hidden in param dtype), from which it takes its slice.
+    activations: stack_activation_bytes of the decoder for the micro-batch's rows x row_tokens / cp tokens
+      (micro_batch: mini_batch x seq_len for SFT; GRPO's completions as its policy update lays them out), plus, for
+      packed GRPO rows, the [rows, 1, L, L] attention mask (bool) and its param-dtype copy that each attention keeps;
+      logits / loss: loss_bytes; vision activations: the same for visuals x vision_tokens x merge^2 / cp patches when
+      the tower trains, one block's worth when frozen. Under context parallelism every rank also keeps the
+      embeddings of the whole rows (rows x row_tokens x hidden in param dtype), from which it takes its slice.
     """
     tp, dp = layout.tp, layout.dp
     param_bytes = DTYPE_BYTES[workload.param_dtype]
@@ -239,7 +294,8 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
         gathered = sum(p.numel for p, trains in everything if trains) * param_bytes if param_bytes < 4 else 0
     plan.parts["gathered weights"] = gathered
 
-    tokens = layout.mini_batch * -(-workload.seq_len // layout.cp)  # this rank's slice of its rows
+    batch = micro_batch(layout, workload)
+    tokens = batch.rows * -(-batch.row_tokens // layout.cp)  # this rank's slice of its rows
     per_token = activation_bytes_per_token(
         shape.hidden, shape.heads * shape.head_dim // tp, shape.kv_heads * shape.head_dim // tp,
         shape.intermediate // tp, param_bytes,
@@ -248,11 +304,15 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
         tokens, shape.layers, per_token, shape.hidden, param_bytes, layout.gradient_checkpointing
     )
     if layout.cp > 1:
-        plan.parts["activations"] += layout.mini_batch * workload.seq_len * shape.hidden * param_bytes
-    plan.parts["logits / loss"] = loss_bytes(tokens, shape.vocab, workload.loss_chunk_size)
+        plan.parts["activations"] += batch.rows * batch.row_tokens * shape.hidden * param_bytes
+    if batch.packed:
+        mask = batch.rows * batch.row_tokens * -(-batch.row_tokens // layout.cp)  # [rows, 1, L, L / cp] entries
+        kept = 1 if layout.gradient_checkpointing else shape.layers
+        plan.parts["activations"] += mask + kept * mask * param_bytes
+    plan.parts["logits / loss"] = loss_bytes(min(tokens, batch.loss_rows), shape.vocab, workload.loss_chunk_size)
     vision = 0
     if shape.vision_depth and workload.vision_tokens:
-        patches = layout.mini_batch * min(workload.vision_tokens, workload.seq_len) * shape.vision_merge**2
+        patches = batch.visuals * min(workload.vision_tokens, workload.seq_len) * shape.vision_merge**2
         patches = -(-patches // layout.cp)  # each context-parallel rank encodes its share of the temporal patches
         per_patch = activation_bytes_per_token(
             shape.vision_hidden, shape.vision_hidden, shape.vision_hidden, shape.vision_intermediate, param_bytes

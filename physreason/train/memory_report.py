@@ -4,7 +4,9 @@ trainers print, and the start-up refusal when the plan does not fit the GPUs."""
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from rich.table import Table
@@ -25,7 +27,7 @@ from physreason.train.memory import (
     usable_bytes,
 )
 from physreason.train.runtime import Runtime
-from physreason.vision.resize import pixel_budgets
+from physreason.vision.resize import pixel_budgets, video_frame_max_pixels
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +55,70 @@ def recipe_layout(config: Config, gpus: int, distributed: bool, job: Job) -> Lay
     )
 
 
-def visual_tokens_per_row(config: Config, shape: ModelShape) -> int:
-    """Most visual tokens one row can hold: the larger of the video and image pixel budgets, within the context."""
+@dataclass(frozen=True)
+class PromptShape:
+    """What the recipe's prompts hold, read from its data before a GRPO start: the most videos and images of one
+    prompt and the longest prompt's text tokens (chat template included, each visual's placeholder once)."""
+
+    videos: int
+    images: int
+    text_tokens: int
+
+
+def video_tokens_bound(config: Config, shape: ModelShape) -> int:
+    """Most visual tokens one video can bring under config.vision: vision.nframes (or max_frames) frames, each at
+    most its share of total_pixels (video_frame_max_pixels, as the loader sizes them) and at most max_pixels, in
+    temporal patches of the tower's temporal_patch_size."""
+    vision = config.vision
+    budgets = pixel_budgets(vision, shape.vision_factor)
+    frames = vision.nframes if vision.nframes is not None else vision.max_frames
+    frames = max(2, frames - frames % 2)  # the loader samples whole pairs of frames
+    frame_pixels = video_frame_max_pixels(frames, budgets.min_pixels, budgets.max_pixels, budgets.total_pixels)
+    patches = -(-frames // shape.vision_temporal)
+    return patches * int(frame_pixels) // shape.vision_factor**2
+
+
+def visual_tokens_per_row(config: Config, shape: ModelShape, prompts: PromptShape | None = None) -> int:
+    """Most visual tokens one row (SFT) or prompt (GRPO) can hold, within the context: with `prompts` its videos and
+    images at their budgets (video_tokens_bound, image_max_pixels); unknown, the larger of one video and one image."""
     if not shape.vision_depth:
         return 0
     budgets = pixel_budgets(config.vision, shape.vision_factor)
-    per_token = shape.vision_factor**2
-    largest = max(budgets.total_pixels // per_token, budgets.image_max_pixels // per_token)
+    video = video_tokens_bound(config, shape)
+    image = budgets.image_max_pixels // shape.vision_factor**2
+    largest = max(video, image) if prompts is None else prompts.videos * video + prompts.images * image
     return min(largest, config.model.model_max_length)
 
 
-def recipe_workload(config: Config, shape: ModelShape, job: Job, gpu_bytes: int) -> Workload:
-    """What each micro-batch of `config` holds and what shares the GPUs with it (a colocated GRPO rollout engine)."""
+def prompt_shape(config: Config, prompts: Sequence[Any], tokenizer: Any, longest: int = 8) -> PromptShape:
+    """The PromptShape of GRPO prompts (physreason.data.mcq.MCQPrompt): media counts of all of them, and the text
+    tokens of the `longest` ones by characters (rendered as the rollouts render them), the most of those."""
+    from physreason.models.inputs import prompting_for
+
+    if not prompts:
+        return PromptShape(0, 0, 0)
+    style = prompting_for(config)[0].style
+
+    def characters(prompt: Any) -> int:
+        return len(prompt.question) + sum(len(text) for text in prompt.options.values())
+
+    text = 0
+    for prompt in sorted(prompts, key=characters, reverse=True)[:longest]:
+        rendered = tokenizer.apply_chat_template(
+            prompt.messages(config.grpo.answer_type, style), tokenize=False, add_generation_prompt=True
+        )
+        text = max(text, len(tokenizer(rendered, add_special_tokens=False).input_ids))
+    return PromptShape(max(len(p.videos) for p in prompts), max(len(p.images) for p in prompts), text)
+
+
+def recipe_workload(
+    config: Config, shape: ModelShape, job: Job, gpu_bytes: int, prompts: PromptShape | None = None
+) -> Workload:
+    """What each micro-batch of `config` holds and what shares the GPUs with it (a colocated GRPO rollout engine).
+
+    GRPO: completions of rollout.max_response_length after prompts of the visual tokens `prompts` brings plus its
+    text (unknown: as long as the context leaves beside one response), laid out as the policy update lays them
+    (grpo.pack_completions)."""
     train, lora = config.train, config.train.lora
     engine = 0
     if job == "grpo" and config.grpo.mode == "colocated":
@@ -72,18 +126,31 @@ def recipe_workload(config: Config, shape: ModelShape, job: Job, gpu_bytes: int)
             engine = shape.total_params * DTYPE_BYTES.get(config.model.dtype, 2)  # its own weights; KV cache not counted
         else:  # vLLM takes its fraction of the whole GPU at start and keeps it
             engine = int(config.engine.gpu_memory_utilization * gpu_bytes)
+    visual = visual_tokens_per_row(config, shape, prompts)
+    grpo: dict[str, Any] = {}
+    if job == "grpo":
+        seq_len, response = config.model.model_max_length, config.rollout.max_response_length
+        prompt = visual + prompts.text_tokens if prompts is not None else max(1, seq_len - response)
+        grpo = dict(
+            completions_per_prompt=config.rollout.n_generation,
+            prompt_tokens=min(prompt, seq_len),
+            response_tokens=response,
+            packed=config.packs_completions,
+            completions_per_step=config.train.train_batch_per_replica,
+        )
     return Workload(
         seq_len=config.model.model_max_length,
         param_dtype=train.param_dtype,
         reduce_dtype=train.fsdp_reduce_dtype,
         loss_chunk_size=train.loss_chunk_size,
-        vision_tokens=visual_tokens_per_row(config, shape),
+        vision_tokens=visual,
         train_vision=not train.freeze_vision_tower,
         lora_rank=lora.rank,
         lora_targets=tuple(lora.target_modules),
         lora_vision_targets=tuple(lora.vision_target_modules) if lora.vision else (),
         reference_model=job == "grpo" and config.grpo.kl_beta > 0,
         engine_bytes=engine,
+        **grpo,
     )
 
 
@@ -152,23 +219,32 @@ def refusal(plan: MemoryPlan, gpu_bytes: int, fitting: list[MemoryPlan], job: Jo
     )
 
 
-def check_runtime_memory(config: Config, runtime: Runtime, job: Job) -> MemoryPlan:
-    """At a trainer's start: plan `config` on this job's processes, print it (main process) and refuse a start that
-    will not fit this GPU (ConfigError). On CPU the plan is printed and nothing is checked."""
+def check_runtime_memory(config: Config, runtime: Runtime, job: Job, prompts: PromptShape | None = None) -> MemoryPlan:
+    """At a trainer's start: plan `config` on this job's processes (GRPO: with its `prompts`' shape), print it (main
+    process) and refuse a start that will not fit this GPU (ConfigError). On CPU the plan is printed and nothing is
+    checked."""
     gpu_bytes = None
     if runtime.device.type == "cuda":
         gpu_bytes = torch.cuda.get_device_properties(runtime.device).total_memory
     console = make_console(stderr=True) if runtime.is_main else None
-    return check_memory(config, runtime.world_size, runtime.distributed, job, gpu_bytes, console)
+    return check_memory(config, runtime.world_size, runtime.distributed, job, gpu_bytes, console, prompts)
 
 
-def check_memory(config: Config, gpus: int, distributed: bool, job: Job, gpu_bytes: int | None, console=None) -> MemoryPlan:
+def check_memory(
+    config: Config,
+    gpus: int,
+    distributed: bool,
+    job: Job,
+    gpu_bytes: int | None,
+    console=None,
+    prompts: PromptShape | None = None,
+) -> MemoryPlan:
     """Plan `config` on `gpus` processes, print the plan (to `console` when given), and raise ConfigError when it does
     not fit `gpu_bytes` (None: no GPU, nothing to check) unless train.skip_memory_check."""
     shape = read_model_shape(config.model)
     capacity = gpu_bytes or 0
     recipe = recipe_layout(config, gpus, distributed, job)
-    workload = recipe_workload(config, shape, job, capacity)
+    workload = recipe_workload(config, shape, job, capacity, prompts)
     plan = plan_memory(shape, recipe, workload)
     if console is not None:
         console.print(f"memory plan: {describe(recipe)}")

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from physreason.cpu import apply_cpu_share
 from physreason.errors import ConfigError
 
 
@@ -40,7 +41,9 @@ def init_runtime() -> Runtime:
 
     Each process takes the GPU of its LOCAL_RANK, before the process group starts. With more processes on a node
     than visible GPUs this raises ConfigError naming both counts (CUDA_VISIBLE_DEVICES= runs on CPU with gloo).
+    Its torch threads are sized to its share of the host's CPUs (physreason.cpu), logged once.
     """
+    apply_cpu_share()
     cuda = torch.cuda.is_available()
     device = torch.device("cpu")
     if cuda:

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from physreason.chat.prompts import REASON2_SYSTEM_PROMPT
 from physreason.chat.style import resolve_prompting
 from physreason.config import Config, DatasetConfig
+from physreason.cpu import apply_cpu_share
 from physreason.data.collate import SFTBatch, collate_padded
 from physreason.data.loaders import load_located_records
 from physreason.data.packing import collate_packed
@@ -364,7 +365,10 @@ def run_sft(config: Config) -> SFTResult:
     mrope = read_vision_tokens(hf_config) is not None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     collate = _collate_fn(config, pad_id, mrope)
-    stream = MicroBatches(train_set, sampler, train_cfg.mini_batch, collate, config.data.num_workers)
+    workers = apply_cpu_share().loader_workers(config.data.num_workers)  # within this process's share of the host
+    if workers < config.data.num_workers:
+        log.info("data.num_workers %d: %d loader workers within this process's CPU share", config.data.num_workers, workers)
+    stream = MicroBatches(train_set, sampler, train_cfg.mini_batch, collate, workers)
 
     # Data-parallel ranks may see different mixes of images, videos and text (CausalLMLoss.balance_vision).
     trained = build_training_model(

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from physreason.config.schema import VisionConfig
+from physreason.cpu import decode_threads
 from physreason.errors import InputError
 from physreason.vision.overlay import overlay_timestamps
 from physreason.vision.paths import local_media_file
@@ -147,6 +148,9 @@ def _decode_sampled(
     with _open(path) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
+        threads = decode_threads()
+        if threads:  # FFmpeg's default is a thread per core of the whole host, however many processes share it
+            stream.thread_count = threads
         time_base = stream.time_base or Fraction(1, 1)
         try:
             for decoded, frame in enumerate(container.decode(stream)):
