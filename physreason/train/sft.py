@@ -76,16 +76,17 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
     """Train and validation sets (a held-out fraction of train when no val_dataset is given).
 
     Every record's layout and media paths are checked here, before any model is built (InputError names
-    the file and line of each bad record).
+    the file and line of each bad record, all of them counted in one message).
     """
-    records, root, where = load_located_records(config.data.dataset)
+    unreadable: list[str] = []  # lines or list items that are not readable records, each named by file and line
+    records, root, where = load_located_records(config.data.dataset, unreadable=unreadable)
     if config.data.max_samples:
         records, where = records[: config.data.max_samples], where[: config.data.max_samples]
     val_records: list[dict] = []
     val_where: list[str] = []
     val_root = root
     if config.data.val_dataset is not None:
-        val_records, val_root, val_where = load_located_records(config.data.val_dataset)
+        val_records, val_root, val_where = load_located_records(config.data.val_dataset, unreadable=unreadable)
     elif config.data.val_fraction > 0:
         order = torch.randperm(len(records), generator=torch.Generator().manual_seed(config.train.seed)).tolist()
         n_val = max(1, int(len(records) * config.data.val_fraction))
@@ -110,9 +111,9 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
     train = make(records, root, source=config.data.dataset.name, locations=where)
     val_name = (config.data.val_dataset or DatasetConfig(name=f"{config.data.dataset.name} (held out)")).name
     val = make(val_records, val_root, source=val_name, locations=val_where) if val_records else None
-    problems = [p for dataset in (train, val) if dataset is not None for p in dataset.record_problems()]
+    problems = unreadable + [p for dataset in (train, val) if dataset is not None for p in dataset.record_problems()]
     if problems:
-        shown, total = 5, len(records) + len(val_records)
+        shown, total = 5, len(records) + len(val_records) + len(unreadable)
         more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
         raise InputError(
             f"{len(problems)} of {total} SFT records cannot be used: " + "; ".join(problems[:shown]) + more
