@@ -34,6 +34,7 @@ from physreason.train import phases
 from physreason.train.build import build_training_model
 from physreason.train.loop import (
     Checkpointer,
+    DivergenceWatch,
     StepLog,
     StopOnSignal,
     TrainingResult,
@@ -42,7 +43,6 @@ from physreason.train.loop import (
     parameter_counts,
     prepare_output,
     run_summary,
-    stop_if_diverged,
 )
 from physreason.train.memory_report import check_runtime_memory
 from physreason.train.model import CausalLMLoss
@@ -333,6 +333,7 @@ def run_sft(config: Config) -> SFTResult:
     module, optimizer, scheduler = trained.module, trained.optimizer, trained.scheduler
     autocast, dp_group = trained.autocast, trained.dp_group
     checkpointer = Checkpointer(config, trained)
+    divergence = DivergenceWatch(config.train.output_dir)  # which saved steps the losses after them vouch for
 
     result = SFTResult()
     step = 0
@@ -397,7 +398,7 @@ def run_sft(config: Config) -> SFTResult:
                  **skipped},
                 {"loss": f"{loss:.4f}", "lr": f"{lr:.2e}", "tok_s": f"{tokens / elapsed:,.0f}"},
             )
-            stop_if_diverged(config.train.output_dir, step, loss, norm)  # every rank: loss and norm are global
+            divergence.check(step, loss, norm)  # every rank: loss and norm are global
             if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):
                 result.val_losses[step] = validation_loss(
                     module, val_set, collate, runtime, train_cfg.mini_batch, autocast, tp * cp, dp_group
