@@ -37,6 +37,7 @@ def recipe(tmp_path):
     ("override", "key", "why"),
     [
         (f"train.max_steps={DIGITS_5000}", "train.max_steps", "a number of more than 4300 digits"),
+        ('grpo.reward_function={"a": ' + DIGITS_5000 + "}", "grpo.reward_function", "more than 4300 digits"),
         (f"train.max_steps={DIGITS_400}", "train.max_steps", "integers here must lie between -(2**63 - 1) and 2**63 - 1"),
         ("train.optm_lr=Infinity", "train.optm_lr", "Input should be a finite number"),
         ("train.optm_lr=inf", "train.optm_lr", "Input should be a finite number"),

@@ -113,7 +113,9 @@ def _parse_problem(exc: Exception) -> str:
     """Why Python's TOML or JSON reader gave up on a value that is not a syntax error."""
     if isinstance(exc, RecursionError):
         return f"lists or tables nested more than {MAX_NESTING} deep, deeper than any setting"
-    return f"a number of more than {sys.get_int_max_str_digits()} digits, larger than any setting takes"
+    if "digits" in str(exc):
+        return f"a number of more than {sys.get_int_max_str_digits()} digits, larger than any setting takes"
+    return f"a value Python cannot read ({_shown(str(exc))})"
 
 
 def _long_number_line(text: str) -> str:
@@ -272,8 +274,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
                 value = json.loads(raw)
             except RecursionError as exc:
                 raise ConfigError(f"{shown}: {key.strip()} holds {_parse_problem(exc)}") from None
-            except ValueError:
-                pass
+            except ValueError as exc:
+                if "digits" in str(exc):  # a JSON table holding a 5,000-digit integer
+                    raise ConfigError(f"{shown}: {key.strip()} holds {_parse_problem(exc)}") from None
     except (ValueError, RecursionError) as exc:  # TOMLDecodeError is a ValueError, caught above
         raise ConfigError(f"{shown}: {key.strip()} holds {_parse_problem(exc)}") from None
     if _nesting(value) > MAX_NESTING:
