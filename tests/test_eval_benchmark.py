@@ -116,3 +116,57 @@ def test_request_messages_match_the_reference_benchmark(tmp_path):
         "Is it falling?\n(A) yes\n(B) no\nAnswer with the option's letter from the given choices directly."
     )
     assert len(request.videos) == 1 and request.request_id == "clips/a.mp4#0"
+
+
+def _grounding_record(answer, **beside) -> dict:
+    return {"video": "clips/g.mp4", "qa_pairs": {"question": "Where is the cup?", "answer": json.dumps(answer), **beside}}
+
+
+@pytest.mark.parametrize(
+    ("answer", "beside", "problem"),
+    [
+        ([{"box_2d": [300, 300, 100, 100]}], {}, "the answer's box_2d [300, 300, 100, 100] is reversed or empty"),
+        ({"box_2d": [-5, 10, 100, 100]}, {}, "the answer's box_2d [-5, 10, 100, 100] has a negative coordinate"),
+        ({"bbox_2d": [10, 10, 100]}, {}, "the answer's bbox_2d [10, 10, 100] is not four numbers [x1, y1, x2, y2]"),
+        ({"box_2d": [float("nan"), 10, 100, 100]}, {}, "the answer's box_2d [NaN, 10, 100, 100] holds nan, not a finite"),
+        ({"box_2d": [10, 10, 10, 100]}, {}, "the answer's box_2d [10, 10, 10, 100] is reversed or empty"),
+        ({"point_2d": [5, "x"]}, {}, "the answer's point_2d [5, \"x\"] holds 'x', not a finite number >= 0"),
+        ({"point_2d": [5, 6]}, {"box_2d": [9, 9, 1, 1]}, "its 'box_2d' [9, 9, 1, 1] is reversed or empty"),
+        ({"start": "00:03.00", "end": "00:01.00"}, {}, "the answer's span ends (00:01.00) no later than it starts"),
+        ({"start": "3 s", "end": "00:01.00"}, {}, "the answer's start '3 s' is not a time mm:ss.ff"),
+    ],
+)
+def test_an_unusable_grounding_reference_is_refused_naming_the_record(tmp_path, answer, beside, problem):
+    good = _grounding_record([{"box_2d": [100, 100, 300, 300]}])
+    write_benchmark(tmp_path, "grounding", [good, _grounding_record(answer, **beside)])
+    with pytest.raises(InputError) as refused:
+        load_benchmark("grounding", tmp_path)
+    where = f"{benchmark_file(tmp_path, 'grounding')} record 1 (clips/g.mp4#1): "
+    assert str(refused.value).startswith(where + problem)
+    assert "index2ans" not in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_usable_grounding_references_load_as_structured_questions(tmp_path):
+    records = [_grounding_record([{"box_2d": [100, 100, 300, 300]}]), _grounding_record({"point_2d": [0, 5]},
+               box_2d=[0, 0, 10, 10]), _grounding_record({"start": "00:01.00", "end": "00:02.50"})]
+    write_benchmark(tmp_path, "grounding", records)
+    samples = load_benchmark("grounding", tmp_path).samples
+    assert [s.structured for s in samples] == [True, True, True]
+    assert samples[1].reference == {"box_2d": [0, 0, 10, 10]}
+
+
+def test_eval_with_an_unusable_reference_exits_2_before_loading_a_model(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    import sys
+
+    from physreason.cli.app import main
+
+    write_benchmark(tmp_path, "grounding", [_grounding_record({"box_2d": [300, 300, 100, 100]})])
+    monkeypatch.setattr("physreason.engines.create_engine", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(sys, "argv", ["physreason", "eval", "--model", str(tiny_model_dir), "--benchmark-root",
+                                      str(tmp_path), "--dataset", "grounding", "--results-dir", str(tmp_path / "r")])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1
+    assert "record 0 (clips/g.mp4#0): the answer's box_2d [300, 300, 100, 100] is reversed or empty" in err
+    assert not (tmp_path / "r").exists()

@@ -248,13 +248,16 @@ def test_a_nan_policy_loss_stops_grpo_naming_the_step_and_the_last_good_checkpoi
     def diverging(*args, **kwargs):
         calls.append(1)
         metrics = real(*args, **kwargs)
-        return metrics | ({"loss": float("nan")} if len(calls) == 2 else {})
+        return metrics | ({"loss": float("nan")} if len(calls) == 3 else {})
 
     monkeypatch.setattr(grpo, "update_policy", diverging)
     out = tmp_path / "out"
-    with pytest.raises(TrainingDiverged, match=rf"step 2: the loss is nan.*last good checkpoint is {out / 'checkpoints' / 'step_1'}"):
-        run_grpo(grpo_config(tiny_text, mcq_file, out, "train.max_steps=3", "train.ckpt.save_freq=1"))
-    assert [p.name for p in checkpoint_dirs(out)] == ["step_1"]
+    # step 3's NaN loss was computed from the weights saved as step_2: step_1 is the last checkpoint a loss vouches for
+    first = out / "checkpoints" / "step_1"
+    with pytest.raises(TrainingDiverged, match=rf"step 3: the loss is nan.*last good checkpoint is {first} .*"
+                                               rf"step_2's weights gave step 3 a loss of nan.*train.resume='{first}'"):
+        run_grpo(grpo_config(tiny_text, mcq_file, out, "train.max_steps=4", "train.ckpt.save_freq=1"))
+    assert [p.name for p in checkpoint_dirs(out)] == ["step_1", "step_2"]
 
 
 def test_a_prompt_longer_than_the_context_is_skipped_and_counted_not_fatal(tiny_text, tmp_path, caplog):

@@ -156,7 +156,7 @@ def test_bad_records_are_named_by_file_and_index(tmp_path, media_root, tiny_mode
     records, root, where = load_located_records(DatasetConfig(name=str(tmp_path / "hf"), media_root=str(media_root)))
     problems = SFTDataset(records, root, build_tiny_tokenizer(), max_length=512, locations=where).record_problems()
     assert len(problems) == 2  # row 0 has a video but the text-only tokenizer's model has no vision tower
-    assert problems[1].startswith(f"{tmp_path / 'hf'} row 1: 'messages' is text but not valid JSON")
+    assert problems[1].startswith(f"{tmp_path / 'hf'} row 1: 'messages' holds text that is not valid JSON")
 
 
 def test_a_custom_column_that_no_record_has_is_not_replaced(tmp_path):
@@ -164,3 +164,95 @@ def test_a_custom_column_that_no_record_has_is_not_replaced(tmp_path):
     problems = SFTDataset(rows, tmp_path, build_tiny_tokenizer(), max_length=512, conversation_column="dialog",
                           source="mine.jsonl").record_problems()
     assert problems == ["mine.jsonl record 0: no list of turns under 'dialog'; set data.conversation_column_name"]
+
+
+def _turns(layout: str, user, answer="It falls.") -> dict:
+    """One record in a layout build_datasets reads: physreason's role/content, LLaVA from/value, HF messages parts."""
+    if layout == "llava":
+        return {"conversations": [{"from": "human", "value": user}, {"from": "gpt", "value": answer}]}
+    if layout == "messages":
+        parts = [{"type": "text", "text": user}] if isinstance(user, str) else user
+        return {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": answer}]}
+    return {"conversations": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}
+
+
+@pytest.mark.parametrize("layout", ["physreason", "llava", "messages"])
+def test_every_malformed_record_is_a_counted_problem_naming_its_line_and_key(tmp_path, tiny_model_dirs, layout):
+    from transformers import AutoConfig, AutoTokenizer
+
+    (tmp_path / "clip.mp4").write_bytes(b"not decoded by the checks")
+    good = _turns(layout, "<video> What happens?")
+    good["video"] = "clip.mp4"
+    content_key = "value" if layout == "llava" else "content"
+    bad_content = _turns(layout, "q")
+    turns = bad_content["messages" if layout == "messages" else "conversations"]
+    turns[0][content_key] = 5
+    lines = [
+        json.dumps(good),
+        json.dumps(bad_content),  # 2: "content": 5
+        json.dumps({**good, "video": 123}),  # 3
+        json.dumps(good).replace('"video": "clip.mp4"', '"video": "clip.mp4", "video_start": ' + "9" * 400),  # 4
+        json.dumps({**good, "note": "\xff"}, ensure_ascii=False),  # 5: written below as the byte 0xff
+        json.dumps({**good, "deep": None}).replace("null", "[" * 5000 + "]" * 5000),  # 6
+        json.dumps({**good, "id": None}).replace("null", "7" * 5000),  # 7
+        json.dumps(good),
+    ]
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(b"\n".join(line.encode().replace("\xff".encode(), b"\xff") for line in lines) + b"\n")
+    model = tiny_model_dirs["qwen3_vl"]
+    config = load_config(None, [
+        f"model.model_name_or_path={json.dumps(str(model))}", f"data.dataset.name={json.dumps(str(data))}",
+    ] + (["data.conversation_column_name=messages"] if layout == "messages" else []))
+    with pytest.raises(InputError) as failure:
+        build_datasets(config, AutoTokenizer.from_pretrained(model), AutoConfig.from_pretrained(model))
+    message = str(failure.value)
+    assert message.startswith("6 of 8 SFT records cannot be used: ") and message.endswith("; and 1 more. Fix or remove them")
+    column = lines[4].index(chr(0xff)) + 1
+    for problem in [
+        f"{data}:5 is not UTF-8 text (byte 0xff at column {column}): save it as UTF-8",
+        f"{data}:6 is not valid JSON (values nested deeper than the JSON reader can follow): write one JSON record per line",
+        f"{data}:7 is not valid JSON (a number of more than 4300 digits): write one JSON record per line",
+        f"{data}:2: turn 0's {content_key!r} is a JSON number; write the text, or a list of {{'type': ...}} parts",
+        f"{data}:3: 'video' must be a path or a list of paths, got a JSON number",
+    ]:
+        assert problem in message
+    records, root, where = load_located_records(config.data.dataset, unreadable=[])
+    dataset = SFTDataset(records, root, None, max_length=64, vision_tokens=read_vision_tokens(AutoConfig.from_pretrained(
+        model)), conversation_column=config.data.conversation_column_name, locations=where)
+    assert dataset.record_problems()[2] == (
+        f"{data}:4: video_start must be a number of seconds >= 0, got {'9' * 20}... (400 characters)"
+    )
+
+
+def test_a_json_file_that_the_parser_refuses_is_named_with_the_line(tmp_path):
+    records = [_turns("physreason", "q"), {**_turns("physreason", "q"), "id": None}]
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(records, indent=1).replace("null", "7" * 5000))
+    line = path.read_text().splitlines().index(next(ln for ln in path.read_text().splitlines() if "7777" in ln)) + 1
+    with pytest.raises(InputError, match=rf"{path} at line {line} is not valid JSON \(a number of more than 4300"):
+        load_located_records(DatasetConfig(name=str(path)))
+    path.write_text(json.dumps(records).replace("null", "[" * 5000 + "]" * 5000))
+    with pytest.raises(InputError, match=rf"{path} is not valid JSON \(values nested deeper"):
+        load_located_records(DatasetConfig(name=str(path)))
+    path.write_bytes(b'[{"a": "\n\xff"}]')
+    with pytest.raises(InputError, match=rf"{path} is not UTF-8 text \(byte 0xff at line 2, column 1\)"):
+        load_located_records(DatasetConfig(name=str(path)))
+    path.write_text(json.dumps([records[0], 5, records[0]]))
+    unreadable: list[str] = []
+    kept, _, where = load_located_records(DatasetConfig(name=str(path)), unreadable=unreadable)
+    assert len(kept) == 2 and where == [f"{path} record 0", f"{path} record 2"]
+    assert unreadable == [f"{path}: record 1 of the list is a JSON number, not an object: "
+                          'each record must be an object such as {"question": ..., "video": ...}']
+
+
+def test_messages_stored_as_json_text_that_the_parser_refuses_are_named(tmp_path):
+    rows = [{"messages": "[" * 5000 + "]" * 5000}, {"messages": '[{"role": "user", "content": ' + "1" * 5000 + "}]"},
+            {"messages": json.dumps([{"role": "user", "content": {"type": "text"}}, {"role": "assistant", "content": "a"}])}]
+    problems = SFTDataset(rows, tmp_path, build_tiny_tokenizer(), max_length=512, source="hf").record_problems()
+    assert problems == [
+        "hf record 0: 'messages' holds text that is not valid JSON (values nested deeper than the JSON reader can "
+        "follow): store a list of turns",
+        "hf record 1: 'messages' holds text that is not valid JSON (a number of more than 4300 digits): "
+        "store a list of turns",
+        "hf record 2: turn 0's 'content' is a JSON object; write the text, or a list of {'type': ...} parts",
+    ]

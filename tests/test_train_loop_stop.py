@@ -31,3 +31,30 @@ def test_resume_command_replaces_an_earlier_resume_key_and_quotes_arguments():
     assert resume_command(argv) == (
         "physreason sft -c 'my recipe.toml' --set a.b=1 --set train.resume=true"
     )
+
+
+def test_a_checkpoint_is_good_only_when_the_loss_computed_from_it_is_in_range(tmp_path):
+    import pytest
+
+    from physreason.errors import TrainingDiverged
+    from physreason.train.loop import DivergenceWatch
+
+    for step in (3, 4, 5, 6):  # step_3 predates this process (a resume from step_4)
+        (tmp_path / "checkpoints" / f"step_{step}").mkdir(parents=True)
+    watch = DivergenceWatch(tmp_path)
+    watch.check(5, 2.0, 1.0)  # from step_4's weights: in range
+    watch.check(6, 3.0, 4.0)  # from step_5's: in range
+    watch.check(7, 2e29, 1e30)  # from step_6's: finite but 1e29 times the first loss, so step_6 is not good
+    with pytest.raises(TrainingDiverged) as diverged:
+        watch.check(8, float("nan"), float("nan"))
+    assert (
+        f"The last good checkpoint is {tmp_path / 'checkpoints' / 'step_5'} (the loss of the step after it, 3, was in "
+        f"range; not the later ones (step_6's weights gave step 7 a loss of 2e+29)); "
+        f"train.resume='{tmp_path / 'checkpoints' / 'step_5'}' continues from it"
+    ) in str(diverged.value)
+
+    fresh = DivergenceWatch(tmp_path)
+    with pytest.raises(TrainingDiverged) as diverged:
+        fresh.check(7, float("inf"), 1.0)
+    assert "No checkpoint is known good (step_6's weights gave step 7 a loss of inf; step_3, step_4, step_5 predate " \
+           "this process, which did not see a loss from them)" in str(diverged.value)

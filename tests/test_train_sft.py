@@ -245,6 +245,26 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(t
     monkeypatch.setattr(sft, "train_step", diverging)
     data = write_chat_records(tmp_path, 8)
     out = tmp_path / "out"
-    with pytest.raises(TrainingDiverged, match=rf"step 3: the loss is nan.*last good checkpoint is {out / 'checkpoints' / 'step_2'}"):
+    with pytest.raises(TrainingDiverged) as diverged:
         run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=4", "train.ckpt.save_freq=1", "train.ckpt.max_keep=5"))
     assert [p.name for p in checkpoint_dirs(out)] == ["step_1", "step_2"]  # the diverged step is never saved
+    # step 3's NaN loss was computed from the weights saved as step_2, so step_1 is the last one a loss vouches for
+    first = out / "checkpoints" / "step_1"
+    assert str(diverged.value).startswith("step 3: the loss is nan and the gradient norm inf")
+    assert f"The last good checkpoint is {first} (the loss of the step after it, " in str(diverged.value)
+    assert "not the later ones (step_2's weights gave step 3 a loss of nan)" in str(diverged.value)
+    assert f"train.resume='{first}' continues from it" in str(diverged.value)
+
+
+def test_a_learning_rate_that_blows_up_the_weights_names_no_checkpoint_good(tiny_vl, tmp_path):
+    from physreason.errors import TrainingDiverged
+
+    data = write_chat_records(tmp_path, 8)
+    out = tmp_path / "out"
+    with pytest.raises(TrainingDiverged) as diverged:
+        run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=6", "train.optm_lr=1e30", "train.optm_warmup_steps=0",
+                            "train.ckpt.save_freq=1", "train.ckpt.max_keep=5"))
+    message = str(diverged.value)
+    saved = [p.name for p in checkpoint_dirs(out)]
+    assert saved and "last good checkpoint" not in message
+    assert message.split(". ")[1].startswith(f"No checkpoint is known good ({saved[0]}'s weights gave step 2 a loss of")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -66,6 +68,82 @@ FAMILIAR_NAMES: dict[str, str] = {
     "tp": "engine.tensor_parallel_size",
     "max_new_tokens": "generation.max_tokens",
 }
+
+
+# Deepest nesting of lists and tables a value may have: settings go three deep at most, and Python's TOML and JSON
+# readers (recursive) raise RecursionError on a few hundred levels.
+MAX_NESTING = 32
+# Longest text of a value quoted in an error message; longer ones are cut, so an error stays one readable line.
+SHOWN_CHARS = 60
+
+
+def _shown(text: str) -> str:
+    """`text` as an error message quotes it: whole when short, else its start and its length."""
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text):,} characters)"
+
+
+def _nesting(value: Any) -> int:
+    """How deep lists and tables nest in `value` (a plain value is 0), counted without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > MAX_NESTING:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _too_deep_key(tree: Mapping[str, Any], prefix: str = "") -> str | None:
+    """The dotted key of the first value in a recipe tree nested deeper than MAX_NESTING, or None."""
+    stack = [(f"{prefix}{key}", value, 1) for key, value in tree.items()]
+    while stack:
+        key, value, depth = stack.pop()
+        if isinstance(value, dict) and depth < MAX_NESTING:
+            stack.extend((f"{key}.{name}", child, depth + 1) for name, child in value.items())
+        elif depth + _nesting(value) > MAX_NESTING + 1:
+            return key
+    return None
+
+
+def _parse_problem(exc: Exception) -> str:
+    """Why Python's TOML or JSON reader gave up on a value that is not a syntax error."""
+    if isinstance(exc, RecursionError):
+        return f"lists or tables nested more than {MAX_NESTING} deep, deeper than any setting"
+    if "digits" in str(exc):
+        return f"a number of more than {sys.get_int_max_str_digits()} digits, larger than any setting takes"
+    return f"a value Python cannot read ({_shown(str(exc))})"
+
+
+def _long_number_line(text: str) -> str:
+    """" at line N" of the first integer too long for Python's readers in `text`, or ""."""
+    found = re.search(rf"\d{{{sys.get_int_max_str_digits() + 1},}}", text)
+    return f" at line {text.count(chr(10), 0, found.start()) + 1}" if found else ""
+
+
+def _deep_line(text: str) -> str:
+    """" at line N" of the TOML text where lists or tables first nest more than MAX_NESTING deep, or "" (strings and
+    comments are skipped roughly: enough to point at the line)."""
+    depth = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        quote = None
+        for char in line:
+            if quote:
+                quote = None if char == quote else quote
+            elif char in "\"'":
+                quote = char
+            elif char == "#":
+                break
+            elif char in "[{":
+                depth += 1
+                if depth > MAX_NESTING:
+                    return f" at line {number}"
+            elif char in "]}":
+                depth = max(depth - 1, 0)
+    return ""
 
 
 def _suggestion(key_path: tuple[str | int, ...], allowed: list[str] | None) -> str:
@@ -164,12 +242,15 @@ def _explain(error: ValidationError, source: str) -> ConfigError:
                 if allowed
                 else ""
             )
-            lines.append(f"  {key}: unknown key{hint}.{allowed_text}")
+            lines.append(f"{key}: unknown key{hint}.{allowed_text}")
         else:
             got = item.get("input")
-            got_text = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
-            lines.append(f"  {key}: {item['msg']}{got_text}")
-    return ConfigError(f"invalid configuration in {source}:\n" + "\n".join(lines))
+            got_text = ""
+            if got is not None and not isinstance(got, dict):
+                got_text = f" (got {_shown(repr(got)) if _nesting(got) <= MAX_NESTING else 'a value nested too deep'})"
+            lines.append(f"{key}: {item['msg'].removeprefix('Value error, ')}{got_text}")
+    # One line: a log or a terminal shows the whole error, each problem naming its key.
+    return ConfigError(f"invalid configuration in {source}: " + "; ".join(lines))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -181,6 +262,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not all(p.strip() for p in parts):
         raise ConfigError(f"override {text!r} has an empty key: write --set section.key=value")
     raw = raw.strip()
+    shown = f"override {_shown(text)!r}"
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -190,8 +272,15 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         if raw.strip().startswith(("{", "[")):
             try:
                 value = json.loads(raw)
-            except ValueError:
-                pass
+            except RecursionError as exc:
+                raise ConfigError(f"{shown}: {key.strip()} holds {_parse_problem(exc)}") from None
+            except ValueError as exc:
+                if "digits" in str(exc):  # a JSON table holding a 5,000-digit integer
+                    raise ConfigError(f"{shown}: {key.strip()} holds {_parse_problem(exc)}") from None
+    except (ValueError, RecursionError) as exc:  # TOMLDecodeError is a ValueError, caught above
+        raise ConfigError(f"{shown}: {key.strip()} holds {_parse_problem(exc)}") from None
+    if _nesting(value) > MAX_NESTING:
+        raise ConfigError(f"{shown}: {key.strip()} holds {_parse_problem(RecursionError())}")
     return [p.strip() for p in parts], value
 
 
@@ -261,16 +350,22 @@ def load_config(
             raise ConfigError(f"{file} is not valid TOML: {exc}") from exc
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{file} is not UTF-8 text: {exc}") from exc
+        except (ValueError, RecursionError) as exc:  # a 5,000-digit integer; arrays nested a thousand deep
+            text = file.read_text(encoding="utf-8")
+            where = _deep_line(text) if isinstance(exc, RecursionError) else _long_number_line(text)
+            raise ConfigError(f"{file}{where} holds {_parse_problem(exc)}") from None
+        if (deep := _too_deep_key(data)) is not None:
+            raise ConfigError(f"{file}: {deep} holds {_parse_problem(RecursionError())}")
     explicit = set(_leaf_keys_of(data))
     data = _merge(Config().model_dump(), data, Config)
     if overrides:
-        source += " with overrides " + " ".join(overrides)
+        source += " with overrides " + " ".join(_shown(text) for text in overrides)
     for text in overrides:
         parts, value = parse_override(text)
         _apply_override(data, parts, value, text)
         explicit.update(_leaf_keys_of({".".join(parts): value}))
     if values:
-        source += " with options " + ", ".join(f"{key}={value!r}" for key, value in values.items())
+        source += " with options " + ", ".join(_shown(f"{key}={value!r}") for key, value in values.items())
     for key, value in (values or {}).items():
         _apply_override(data, key.split("."), value, f"{key}={value!r}")
         explicit.update(_leaf_keys_of({key: value}))

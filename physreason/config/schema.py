@@ -6,15 +6,42 @@ Every model forbids unknown keys: a misspelt key is an error that names it, neve
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+# Bounds every number of every section obeys (narrower ones are written on the field): an integer must fit the
+# 64-bit integers that torch, numpy and the OS take (a 400-digit max_steps otherwise passes here and fails mid-run
+# with OverflowError), a float must be finite (allow_inf_nan=False below).
+INT_LIMIT = 2**63
+# Seconds of a timeout or wait: threading's waits refuse more than about 9.2e9 (threading.TIMEOUT_MAX).
+MAX_SECONDS = 1e9
+
+
+def _out_of_range_int(value: Any) -> bool:
+    """Whether an integer anywhere in value (a list, tuple or dict's values included) is outside +-(INT_LIMIT - 1)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return not -INT_LIMIT < value < INT_LIMIT
+    if isinstance(value, list | tuple):
+        return any(_out_of_range_int(item) for item in value)
+    if isinstance(value, dict):
+        return any(_out_of_range_int(item) for item in value.values())
+    return False
+
 
 class Section(BaseModel):
-    """Base for all config sections: unknown keys are errors; assignments are validated."""
+    """Base for all config sections: unknown keys are errors; assignments are validated; numbers are bounded."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _integers_fit_64_bits(cls, value: Any) -> Any:
+        if _out_of_range_int(value):
+            raise ValueError("integers here must lie between -(2**63 - 1) and 2**63 - 1")
+        return value
 
 
 class ModelConfig(Section):
@@ -269,6 +296,7 @@ class CheckpointConfig(Section):
     upload_wait_s: float = Field(
         3600.0,
         ge=0.0,
+        le=MAX_SECONDS,
         description="Seconds the end of a run waits for uploads still in flight; what is left then is listed, "
         "and a resume (train.resume = true) uploads it.",
     )
@@ -381,7 +409,9 @@ class TrainConfig(Section):
         "folders you trust: their weights and state come from elsewhere (pickles in them are read admitting only "
         "checkpoint types, so they run no code).",
     )
-    seed: int = Field(42, description="Seed for data order, initialisation and sampling.")
+    seed: int = Field(
+        42, ge=0, lt=2**32, description="Seed for data order, initialisation and sampling (numpy's range: 0 to 2**32 - 1)."
+    )
     epoch: int = Field(1, ge=1, description="Passes over the training data.")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epoch).")
     train_batch_per_replica: int = Field(
@@ -395,7 +425,9 @@ class TrainConfig(Section):
     optm_name: Literal["AdamW"] = Field("AdamW", description="Optimizer.")
     optm_lr: float = Field(1e-5, gt=0.0, description="Peak learning rate.")
     optm_weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay.")
-    optm_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    optm_betas: tuple[
+        Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]
+    ] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1).")
     optm_warmup_steps: int = Field(0, ge=0, description="Linear warmup steps.")
     optm_decay_type: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warmup.")
     optm_min_lr_factor: float = Field(0.0, ge=0.0, le=1.0, description="Final lr as a fraction of optm_lr.")
@@ -451,6 +483,7 @@ class RolloutConfig(Section):
     replica_timeout_s: float = Field(
         1800.0,
         gt=0.0,
+        le=MAX_SECONDS,
         description="Disaggregated GRPO: a rollout replica whose weight-channel connect, weight receive or generate "
         "call has not returned after this many seconds is taken as hung and handled as lost (killed, its prompts "
         "drawn again, a new replica started); engine start-up is not timed. Above the longest generate call.",
@@ -652,7 +685,7 @@ class InferConfig(Section):
         1000, ge=1, description="Parquet output: results per part file (a killed run redoes at most these)."
     )
     parquet_flush_s: float = Field(
-        60.0, gt=0.0, description="Parquet output: most seconds a finished result waits before its part file is written."
+        60.0, gt=0.0, le=MAX_SECONDS, description="Parquet output: most seconds a finished result waits before its part file is written."
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,17 +13,63 @@ from physreason.config import DatasetConfig
 from physreason.errors import InputError
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     """The JSON name of a decoded value's type, for messages about records that are not objects."""
-    names = {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
     return names.get(type(value), type(value).__name__)
 
 
-def _read_json(path: Path, require_objects: bool) -> list[Any]:
+def parse_json_text(text: str, what: str, fix: str) -> Any:
+    """Parse JSON text; whatever stops the parser is an InputError "<what> is not valid JSON (<why>): <fix>".
+
+    Besides bad syntax, Python's parser raises ValueError for an integer of more than sys.get_int_max_str_digits()
+    digits and RecursionError for values nested about a thousand deep; both are the text's fault, not the program's.
+    """
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{path} is not valid JSON ({exc}): write a list of records, or use .jsonl with one per line") from exc
+        why = str(exc)
+    except RecursionError:
+        why = "values nested deeper than the JSON reader can follow"
+    except ValueError as exc:
+        if "digits" not in str(exc):
+            raise
+        why = f"a number of more than {sys.get_int_max_str_digits()} digits"
+    raise InputError(f"{what} is not valid JSON ({why}): {fix}")
+
+
+def _decode_utf8(data: bytes, what: str) -> str:
+    """`data` as text; bytes that are not UTF-8 are an InputError naming `what` and where the first bad byte is."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        where = f"line {line}, column {column}" if b"\n" in data.rstrip(b"\r\n") else f"column {column}"
+        raise InputError(f"{what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at {where}): save it as UTF-8") from None
+
+
+def _long_number_line(text: str) -> str:
+    """" at line N" of the first number too long for the JSON reader, or "" when there is none."""
+    found = re.search(rf"\d{{{sys.get_int_max_str_digits() + 1},}}", text)
+    return f" at line {text.count(chr(10), 0, found.start()) + 1}" if found else ""
+
+
+def _read_json(path: Path, require_objects: bool, unreadable: list[str] | None = None) -> tuple[list[Any], list[str]]:
+    """The records of a JSON file (a list, or an object holding one list) and where each is ("file record k").
+
+    With `unreadable` given, records that are not objects (when `require_objects`) are left out and their messages
+    appended there; a file that is not JSON as a whole is an InputError either way.
+    """
+    fix = "write a list of records, or use .jsonl with one per line"
+    text = _decode_utf8(path.read_bytes(), str(path))
+    try:
+        data = parse_json_text(text, str(path), fix)
+    except InputError as exc:
+        line = _long_number_line(text) if "digits)" in str(exc) else ""
+        if not line:
+            raise
+        raise InputError(str(exc).replace(f"{path} is", f"{path}{line} is", 1)) from None
     if isinstance(data, dict):
         lists = [v for v in data.values() if isinstance(v, list)]
         if len(lists) != 1:
@@ -30,38 +77,61 @@ def _read_json(path: Path, require_objects: bool) -> list[Any]:
         data = lists[0]
     if not isinstance(data, list):
         raise InputError(f"{path} must hold a JSON list of records, found {type(data).__name__}")
+    records, locations = [], []
     for index, record in enumerate(data):
         if require_objects and not isinstance(record, dict):
-            raise InputError(
-                f"{path}: record {index} of the list is a JSON {_json_kind(record)}, not an object: "
+            problem = (
+                f"{path}: record {index} of the list is a JSON {json_kind(record)}, not an object: "
                 'each record must be an object such as {"question": ..., "video": ...}'
             )
-    return data
+            if unreadable is None:
+                raise InputError(problem)
+            unreadable.append(problem)
+            continue
+        records.append(record)
+        locations.append(f"{path} record {index}")
+    return records, locations
 
 
-def jsonl_lines(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed value) of each non-blank line of a JSONL file; a line that is not JSON is an error naming
-    the file and line."""
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
+def jsonl_lines(path: Path, unreadable: list[str] | None = None) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line of a JSONL file.
+
+    A line that cannot be read (not UTF-8, not JSON, a number or a nesting the parser refuses) is an InputError
+    naming the file and line; with `unreadable` given, its message is appended there instead and the line skipped.
+    """
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"{path}:{number}"
             try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{number} is not valid JSON ({exc}): write one JSON record per line") from exc
+                line = _decode_utf8(raw, where)
+                if not line.strip():
+                    continue
+                value = parse_json_text(line, where, "write one JSON record per line")
+            except InputError as exc:
+                if unreadable is None:
+                    raise
+                unreadable.append(str(exc))
+                continue
+            yield number, value
 
 
-def _read_jsonl(path: Path, require_objects: bool) -> tuple[list[Any], list[str]]:
-    """The records of a JSONL file and where each is ("file:line"), blank lines skipped."""
+def _read_jsonl(
+    path: Path, require_objects: bool, unreadable: list[str] | None = None
+) -> tuple[list[Any], list[str]]:
+    """The records of a JSONL file and where each is ("file:line"), blank lines skipped (see jsonl_lines for
+    `unreadable`, which also collects the lines that are not objects when `require_objects`)."""
     records = []
     locations = []
-    for number, record in jsonl_lines(path):
+    for number, record in jsonl_lines(path, unreadable):
         if require_objects and not isinstance(record, dict):
-            raise InputError(
-                f"{path}:{number} is a JSON {_json_kind(record)}, not an object: "
+            problem = (
+                f"{path}:{number} is a JSON {json_kind(record)}, not an object: "
                 'write one JSON object per line, such as {"question": ..., "video": ...}'
             )
+            if unreadable is None:
+                raise InputError(problem)
+            unreadable.append(problem)
+            continue
         records.append(record)
         locations.append(f"{path}:{number}")
     return records, locations
@@ -154,8 +224,7 @@ def load_snapshot_records(folder: Path, split: str) -> tuple[list[Any], list[str
         if suffix == ".jsonl":
             part, where = _read_jsonl(path, False)
         elif suffix == ".json":
-            part = _read_json(path, False)
-            where = [f"{path} record {index}" for index in range(len(part))]
+            part, where = _read_json(path, False)
         else:
             part = _read_parquet(path)
             where = [f"{path} row {index}" for index in range(len(part))]
@@ -171,7 +240,7 @@ def load_records(config: DatasetConfig, *, require_objects: bool = True) -> tupl
 
 
 def load_located_records(
-    config: DatasetConfig, *, require_objects: bool = True
+    config: DatasetConfig, *, require_objects: bool = True, unreadable: list[str] | None = None
 ) -> tuple[list[Any], Path, list[str]]:
     """Return the records of a data set, the folder its media paths are relative to, and where each record is.
 
@@ -181,7 +250,9 @@ def load_located_records(
     A `.json` file holds a list of records, `.jsonl` one record per line, `.parquet` one per row (read with
     `datasets`); a folder is read with `datasets.load_from_disk`; any other name is a Hugging Face Hub data set.
     A JSON(L) record that is not an object is an InputError naming the file and line (or list index), unless
-    `require_objects` is False: then the caller handles such records itself.
+    `require_objects` is False: then the caller handles such records itself. With `unreadable` given, each JSON(L)
+    record that cannot be read or is not an object is left out and its message (file, line or index, why) is
+    appended there instead, so a caller can count and report every bad record at once.
     """
     if not config.name:
         raise InputError("no data set given: set data.dataset.name to a JSON/JSONL file or a dataset folder")
@@ -189,10 +260,9 @@ def load_located_records(
     if path.is_file():
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
-            records, locations = _read_jsonl(path, require_objects)
+            records, locations = _read_jsonl(path, require_objects, unreadable)
         elif suffix == ".json":
-            records = _read_json(path, require_objects)
-            locations = [f"{path} record {index}" for index in range(len(records))]
+            records, locations = _read_json(path, require_objects, unreadable)
         elif suffix == ".parquet":
             records = _read_parquet(path)
             locations = [f"{path} row {index}" for index in range(len(records))]

@@ -35,7 +35,7 @@ from torch.utils.data import Dataset
 from physreason.chat.structured import COORDS_KEY, NEUTRAL_GRID, CoordSpace, regrid_answer
 from physreason.chat.style import StyleName, coord_space, grounding_question
 from physreason.config import DataConfig, VisionConfig
-from physreason.data.loaders import media_path_in_root
+from physreason.data.loaders import json_kind, media_path_in_root, parse_json_text
 from physreason.data.video_range import record_video_range
 from physreason.errors import InputError
 from physreason.models.family import VisionTokens
@@ -152,11 +152,23 @@ def _split_placeholders(text: str, pending: dict[str, list[str]], where: str, re
     return [p for p in parts if p["type"] != "text" or p["text"]]
 
 
+def _media_paths(record: dict[str, Any], key: str, where: str) -> list[str]:
+    """The paths under one media key: a path or a list of paths; anything else is an InputError naming the key."""
+    value = record.get(key)
+    if value is not None and not isinstance(value, str | list):
+        raise InputError(f"{where}: {key!r} must be a path or a list of paths, got a JSON {json_kind(value)}")
+    paths = _as_list(value)
+    for path in paths:
+        if not isinstance(path, str):
+            raise InputError(f"{where}: {key!r} must list paths as text, got a JSON {json_kind(path)} in the list")
+    return paths
+
+
 def _record_media(record: dict[str, Any], kind: str, where: str) -> list[str]:
     """The record's paths of one media kind: "video", or "image" / "images" (LLaVA files use either)."""
     if kind == "video":
-        return _as_list(record.get("video"))
-    image, images = _as_list(record.get("image")), _as_list(record.get("images"))
+        return _media_paths(record, "video", where)
+    image, images = _media_paths(record, "image", where), _media_paths(record, "images", where)
     if image and images:
         raise InputError(f"{where}: the record has both 'image' and 'images'; list every image under one of them")
     return image or images
@@ -165,10 +177,7 @@ def _record_media(record: dict[str, Any], kind: str, where: str) -> list[str]:
 def _turns(record: dict[str, Any], column: str, where: str) -> list[Any]:
     turns = record.get(column)
     if isinstance(turns, str):  # a dataset column holding the conversation as JSON text
-        try:
-            turns = json.loads(turns)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{where}: {column!r} is text but not valid JSON ({exc}); store a list of turns") from exc
+        turns = parse_json_text(turns, f"{where}: {column!r} holds text that", "store a list of turns")
     if not isinstance(turns, list) or not turns:
         raise InputError(f"{where}: no list of turns under {column!r}; set data.conversation_column_name")
     return turns
@@ -192,6 +201,12 @@ def normalize_conversation(record: dict[str, Any], column: str, where: str) -> l
         content = turn.get("content", turn.get("value"))
         if role is None or content is None:
             raise InputError(f"{where}: each turn needs role/content (or from/value); got keys {sorted(turn)}")
+        if not isinstance(content, str | list):
+            key = "content" if "content" in turn else "value"
+            raise InputError(
+                f"{where}: turn {number}'s {key!r} is a JSON {json_kind(content)}; write the text, or a list of "
+                "{'type': ...} parts"
+            )
         if isinstance(content, list) and not all(isinstance(part, dict) for part in content):
             raise InputError(f"{where}: turn {number}'s content list must hold {{'type': ...}} objects")
         if role == "user":

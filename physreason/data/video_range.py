@@ -15,6 +15,16 @@ from physreason.errors import InputError
 RANGE_KEYS = ("video_start", "video_end")
 
 
+def _seconds(value: Any) -> float | None:
+    """A JSON number as float; None for anything else, and for an integer too large for a float (400 digits)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def record_video_range(record: Mapping[str, Any], where: str) -> dict[str, float]:
     """Return the record's video_start / video_end (only the keys it sets), each a number of seconds >= 0.
 
@@ -25,9 +35,11 @@ def record_video_range(record: Mapping[str, Any], where: str) -> dict[str, float
         value = record.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise InputError(f"{where}: {key} must be a number of seconds >= 0, got {value!r}")
-        found[key] = float(value)
+        seconds = _seconds(value)
+        if seconds is None or not math.isfinite(seconds) or seconds < 0:
+            shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:20]}... ({len(repr(value))} characters)"
+            raise InputError(f"{where}: {key} must be a number of seconds >= 0, got {shown}")
+        found[key] = seconds
     if len(found) == 2 and found["video_start"] >= found["video_end"]:
         raise InputError(
             f"{where}: video_start ({found['video_start']}) must be before video_end ({found['video_end']})"

@@ -45,6 +45,7 @@ from physreason.train.build import TrainingModel, build_training_model
 from physreason.train.grpo_loss import mask_truncated, masked_sum, policy_loss, truncated_importance_weights
 from physreason.train.loop import (
     Checkpointer,
+    DivergenceWatch,
     StepLog,
     StopOnSignal,
     TrainingResult,
@@ -53,7 +54,6 @@ from physreason.train.loop import (
     parameter_counts,
     prepare_output,
     run_summary,
-    stop_if_diverged,
 )
 from physreason.train.memory_report import check_runtime_memory, prompt_shape
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_micro_batches, first_vision_token
@@ -464,6 +464,7 @@ def run_grpo(
         log.info("LoRA policy: the rollout engine gets %s weights at each sync", sync.mode)
 
     checkpointer = Checkpointer(config, policy)
+    divergence = DivergenceWatch(config.train.output_dir)  # which saved steps the losses after them vouch for
 
     result = GRPOResult()
     step = 0
@@ -564,7 +565,7 @@ def run_grpo(
             train_s = time.perf_counter() - train_started
             step += 1
             if "loss" in metrics:  # reduced over ranks: every rank stops, before the weights reach the engine
-                stop_if_diverged(config.train.output_dir, step, metrics["loss"], metrics["policy/grad_norm"])
+                divergence.check(step, metrics["loss"], metrics["policy/grad_norm"])
             save_now = checkpoint_due(config, step, total_steps)
             sync_s = 0.0
             if step % train_cfg.sync_weight_interval == 0 or save_now:

@@ -143,25 +143,76 @@ def checkpoint_due(config: Config, step: int, total_steps: int) -> bool:
     return ckpt.enable_checkpoint and (step % ckpt.save_freq == 0 or step == total_steps)
 
 
-def stop_if_diverged(output_dir: str | Path, step: int, loss: float, grad_norm: float) -> None:
-    """Raise TrainingDiverged, naming `step` and the last good checkpoint, when the loss or gradient norm is not finite.
+# A loss is in range while it is finite and at most this many times the first loss of the process (at least 1.0,
+# so that a run starting near zero has room): past that the weights have blown up even if nothing is NaN yet.
+LOSS_RANGE_FACTOR = 10.0
 
-    Called before the step's checkpoint and weight sync: a NaN or infinite loss has already written NaN into the
-    weights, and saving them would rotate a good checkpoint out for a useless one.
+
+class DivergenceWatch:
+    """Which saved steps are known good, and the stop when the loss or gradient norm stops being finite.
+
+    A checkpoint holds the weights after its step's update, so the loss of the *next* step (computed from those
+    weights) tells whether they are good: an update with a learning rate of 1e30 gives a finite loss at its own step
+    and weights of 1e30 in its checkpoint. A step's checkpoint is known good when the next step's loss is in range
+    (finite, at most LOSS_RANGE_FACTOR times the process's first loss) and that step's gradient norm finite; a
+    checkpoint whose next step this process did not make (one saved before a resume) is not known good.
     """
-    if math.isfinite(loss) and math.isfinite(grad_norm):
-        return
-    found = checkpoint_dirs(output_dir)
-    last = (
-        f"The last good checkpoint is {found[-1]} (train.resume=true continues from it)"
-        if found
-        else "No checkpoint was saved before it"
-    )
-    raise TrainingDiverged(
-        f"step {step}: the loss is {loss} and the gradient norm {grad_norm}: training diverged and stopped before "
-        f"saving this step. {last}. Look for what changed at this step (its data, the learning rate of "
-        "train.optm_lr and its warm-up, train.optm_grad_norm_clip)"
-    )
+
+    def __init__(self, output_dir: str | Path) -> None:
+        self.output_dir = Path(output_dir)
+        self.reference: float | None = None  # |loss| of the first step this process made
+        self.next_loss: dict[int, tuple[float, bool]] = {}  # step -> (loss of the step after it, in range)
+
+    def in_range(self, loss: float, grad_norm: float) -> bool:
+        """Whether a step's loss and gradient norm show sound weights (see the class docstring)."""
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            return False
+        return self.reference is None or abs(loss) <= LOSS_RANGE_FACTOR * max(self.reference, 1.0)
+
+    def check(self, step: int, loss: float, grad_norm: float) -> None:
+        """Record step `step`'s loss and norm (judging the weights of step - 1); raise TrainingDiverged when either is
+        not finite, naming `step` and the last checkpoint known good.
+
+        Called before the step's checkpoint and weight sync: a NaN or infinite loss has already written NaN into the
+        weights, and saving them would rotate a good checkpoint out for a useless one.
+        """
+        self.next_loss[step - 1] = (loss, self.in_range(loss, grad_norm))
+        if self.reference is None and math.isfinite(loss):
+            self.reference = abs(loss)
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            return
+        raise TrainingDiverged(
+            f"step {step}: the loss is {loss} and the gradient norm {grad_norm}: training diverged and stopped before "
+            f"saving this step. {self.last_good_text()}. Look for what changed at this step (its data, the learning "
+            "rate of train.optm_lr and its warm-up, train.optm_grad_norm_clip)"
+        )
+
+    def last_good_text(self) -> str:
+        """The sentence naming the last checkpoint on disk known good, or saying that none is and why."""
+        found = checkpoint_dirs(self.output_dir)
+        if not found:
+            return "No checkpoint was saved before it"
+        steps = {path: int(path.name.removeprefix("step_")) for path in found}
+        good = [path for path in found if self.next_loss.get(steps[path], (0.0, False))[1]]
+        after = [path for path in found if not good or steps[path] > steps[good[-1]]]
+        judged = [
+            f"{path.name}'s weights gave step {steps[path] + 1} a loss of {self.next_loss[steps[path]][0]:.4g}"
+            for path in after
+            if steps[path] in self.next_loss
+        ]
+        unjudged = [path.name for path in after if steps[path] not in self.next_loss]
+        why = "; ".join(
+            judged + ([f"{', '.join(unjudged)} predate this process, which did not see a loss from them"] if unjudged else [])
+        )
+        if not good:
+            return f"No checkpoint is known good ({why}): start again from an earlier model, or with a lower train.optm_lr"
+        last = good[-1]
+        resume = "train.resume=true" if last == found[-1] else f"train.resume='{last}'"
+        later = f"; not the later ones ({why})" if why else ""
+        return (
+            f"The last good checkpoint is {last} (the loss of the step after it, {self.next_loss[steps[last]][0]:.4g}, "
+            f"was in range{later}); {resume} continues from it"
+        )
 
 
 @dataclass

@@ -35,6 +35,7 @@ from physreason.train import phases
 from physreason.train.build import build_training_model
 from physreason.train.loop import (
     Checkpointer,
+    DivergenceWatch,
     StepLog,
     StopOnSignal,
     TrainingResult,
@@ -43,7 +44,6 @@ from physreason.train.loop import (
     parameter_counts,
     prepare_output,
     run_summary,
-    stop_if_diverged,
 )
 from physreason.train.memory_report import check_runtime_memory
 from physreason.train.model import CausalLMLoss
@@ -112,16 +112,17 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
     """Train and validation sets (a held-out fraction of train when no val_dataset is given).
 
     Every record's layout and media paths are checked here, before any model is built (InputError names
-    the file and line of each bad record).
+    the file and line of each bad record, all of them counted in one message).
     """
-    records, root, where = load_located_records(config.data.dataset)
+    unreadable: list[str] = []  # lines or list items that are not readable records, each named by file and line
+    records, root, where = load_located_records(config.data.dataset, unreadable=unreadable)
     if config.data.max_samples:
         records, where = records[: config.data.max_samples], where[: config.data.max_samples]
     val_records: list[dict] = []
     val_where: list[str] = []
     val_root = root
     if config.data.val_dataset is not None:
-        val_records, val_root, val_where = load_located_records(config.data.val_dataset)
+        val_records, val_root, val_where = load_located_records(config.data.val_dataset, unreadable=unreadable)
     elif config.data.val_fraction > 0:
         order = torch.randperm(len(records), generator=torch.Generator().manual_seed(config.train.seed)).tolist()
         n_val = max(1, int(len(records) * config.data.val_fraction))
@@ -148,9 +149,9 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
     val_name = (config.data.val_dataset or DatasetConfig(name=f"{config.data.dataset.name} (held out)")).name
     val = make(val_records, val_root, source=val_name, locations=val_where) if val_records else None
     warn_reason1_layout(config, hf_config, train)
-    problems = [p for dataset in (train, val) if dataset is not None for p in dataset.record_problems()]
+    problems = unreadable + [p for dataset in (train, val) if dataset is not None for p in dataset.record_problems()]
     if problems:
-        shown, total = 5, len(records) + len(val_records)
+        shown, total = 5, len(records) + len(val_records) + len(unreadable)
         more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
         raise InputError(
             f"{len(problems)} of {total} SFT records cannot be used: " + "; ".join(problems[:shown]) + more
@@ -380,6 +381,7 @@ def run_sft(config: Config) -> SFTResult:
     module, optimizer, scheduler = trained.module, trained.optimizer, trained.scheduler
     autocast, dp_group = trained.autocast, trained.dp_group
     checkpointer = Checkpointer(config, trained)
+    divergence = DivergenceWatch(config.train.output_dir)  # which saved steps the losses after them vouch for
 
     result = SFTResult()
     step = 0
@@ -444,7 +446,7 @@ def run_sft(config: Config) -> SFTResult:
                  **skipped},
                 {"loss": f"{loss:.4f}", "lr": f"{lr:.2e}", "tok_s": f"{tokens / elapsed:,.0f}"},
             )
-            stop_if_diverged(config.train.output_dir, step, loss, norm)  # every rank: loss and norm are global
+            divergence.check(step, loss, norm)  # every rank: loss and norm are global
             if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):
                 result.val_losses[step] = validation_loss(
                     module, val_set, collate, runtime, train_cfg.mini_batch, autocast, tp * cp, dp_group
