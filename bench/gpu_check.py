@@ -113,29 +113,46 @@ def base_settings(model: Path, data: Path, out: Path, steps: int = 6) -> list[st
     ]  # fmt: skip
 
 
+# Runs SFT under torchrun; records the device mesh the trainer sharded over (dimension name -> size), so a check
+# proves the layout it asked for was the one trained (a setting that silently fell back to one layout would pass the
+# loss comparison alone).
 SFT_WORKER = """
 import json, sys
 import torch.distributed as dist
+import physreason.train.build as build
 from physreason.config import load_config
 from physreason.train.sft import run_sft
+mesh_sizes = {}
+real_shard = build.shard
+def shard(wrapper, model, runtime, mesh, train):
+    if mesh is not None:
+        mesh_sizes.update({name: mesh[name].size() for name in mesh.mesh_dim_names})
+    return real_shard(wrapper, model, runtime, mesh, train)
+build.shard = shard
 result = run_sft(load_config(None, json.loads(sys.argv[1])))
 if not dist.is_initialized() or dist.get_rank() == 0:
-    json.dump(result.losses, open(sys.argv[2], "w"))
+    json.dump({"losses": result.losses, "mesh": mesh_sizes}, open(sys.argv[2], "w"))
 if dist.is_initialized():
     dist.destroy_process_group()
 """
 
 
-def torchrun(work: Path, nproc: int, settings: list[str], timeout: float) -> list[float]:
-    """SFT with `settings` in `nproc` torchrun processes (NCCL on GPUs); rank 0's losses."""
-    script, losses = work / "sft_worker.py", work / f"losses_{nproc}_{time.monotonic_ns()}.json"
+def torchrun(work: Path, nproc: int, settings: list[str], timeout: float, mesh: dict | None = None) -> list[float]:
+    """SFT with `settings` in `nproc` torchrun processes (NCCL on GPUs); rank 0's losses. `mesh`, when given, is
+    filled with the trained mesh's dimension sizes. The processes' output goes to a log beside the losses."""
+    stamp = time.monotonic_ns()
+    script, losses = work / "sft_worker.py", work / f"losses_{nproc}_{stamp}.json"
     script.write_text(SFT_WORKER)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
                str(free_port()), str(script), json.dumps(settings), str(losses)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    (work / f"torchrun_{nproc}_{stamp}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"torchrun {nproc} exited {done.returncode}: {last_error(done.stderr)}")
-    return json.loads(losses.read_text())
+    record = json.loads(losses.read_text())
+    if mesh is not None:
+        mesh.update(record["mesh"])
+    return record["losses"]
 
 
 def last_error(text: str) -> str:
@@ -310,10 +327,16 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
         common = base_settings(model, chat, work / name, steps=3) + ["train.ckpt.enable_checkpoint=false",
                                                                      "model.dtype='float32'", "train.param_dtype='float32'"]
         one = torchrun(work, 1, common + [f"train.output_dir='{work / (name + '-one')}'"], timeout)
-        two = torchrun(work, 2, common + list(check.settings), timeout)
+        mesh: dict[str, int] = {}
+        two = torchrun(work, 2, common + list(check.settings), timeout, mesh)
+        wanted = {"dp2": "dp", "tp2": "tp", "cp2": "cp"}[name]
+        if mesh.get(wanted) != 2:
+            raise AssertionError(f"asked for {wanted} 2, trained on the mesh {mesh}")
         if not close(one, two, 1e-3):
             raise AssertionError(f"2 GPUs {two} vs 1 GPU {one}")
-        return f"2 GPUs {two[-1]:.6f} vs 1 GPU {one[-1]:.6f} at step 3"
+        gap = max(abs(a - b) for a, b in zip(one, two))
+        layout = " x ".join(f"{k} {v}" for k, v in mesh.items())
+        return f"mesh {layout}: 2 GPUs {two[-1]:.6f} vs 1 GPU {one[-1]:.6f} at step 3 (max gap {gap:.1e})"
     if name.startswith("vllm-"):
         return check_vllm(name, model)
     raise ValueError(f"unknown check {name}")
