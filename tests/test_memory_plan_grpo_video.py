@@ -197,3 +197,20 @@ def test_physreason_plan_reads_a_local_grpo_recipes_prompts(tmp_path, tiny_model
     unread = CliRunner().invoke(app, [*args, "--set", f"data.dataset.name='{tmp_path / 'absent.jsonl'}'"])
     assert unread.exit_code == 0, unread.output
     assert "prompts: data not read" in unread.output
+
+
+def test_the_prompt_shape_of_reason1_grounding_prompts_needs_no_decoded_frame(tmp_path):
+    """A Reason1 box question names its frame's pixel size, known only once the clip is decoded; the memory plan
+    measures the prompts before any clip is read (it raised "no frame is known", stopping the grounding experiment's
+    GRPO stage on main)."""
+    from physreason.config import load_config
+    from physreason.models.tiny import build_tiny_tokenizer, save_tiny_model
+    from physreason.train.memory_report import prompt_shape
+
+    model = save_tiny_model("qwen2_5_vl", tmp_path / "model")
+    config = load_config(None, [f"model.model_name_or_path='{model}'"])
+    box = MCQPrompt(id="b", question="Where is the red ball?", options={}, answer='{"box_2d": [10, 20, 300, 400]}',
+                    videos=(tmp_path / "clip.mp4",))  # fmt: skip
+    assert box.grounding_2d
+    shape = prompt_shape(config, [box], build_tiny_tokenizer())
+    assert shape.videos == 1 and shape.images == 0 and shape.text_tokens > 0

@@ -104,9 +104,10 @@ def prompt_shape(config: Config, prompts: Sequence[Any], tokenizer: Any, longest
 
     text = 0
     for prompt in sorted(prompts, key=characters, reverse=True)[:longest]:
-        rendered = tokenizer.apply_chat_template(
-            prompt.messages(config.grpo.answer_type, style), tokenize=False, add_generation_prompt=True
-        )
+        # A Reason1 grounding question names the frame's pixel size, known only once its media are decoded: a
+        # four-digit stand-in writes the longest such question (the frame's size changes only those digits).
+        messages = prompt.messages(config.grpo.answer_type, style, frame_size=(9999, 9999))
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         text = max(text, len(tokenizer(rendered, add_special_tokens=False).input_ids))
     return PromptShape(max(len(p.videos) for p in prompts), max(len(p.images) for p in prompts), text)
 
