@@ -185,9 +185,8 @@ def bench_sft(args: argparse.Namespace, rest: list[str]) -> None:
 def curve_recipe(args: argparse.Namespace) -> argparse.Namespace:
     """bench/intuitive_physics.py's recipe settings for the curve: its defaults, no tower pre-training, the curve's
     steps, batch, learning rate, warm-up, model scale and clip count (default: one pass over the clips, none twice)."""
-    import intuitive_physics
-
     from physreason.data.synth.tasks import LETTER_TASK_NAMES
+    from physreason.experiments import intuitive_physics
 
     clips = args.train_per_task or math.ceil(args.steps * args.batch / len(LETTER_TASK_NAMES))
     warmup = args.steps // 10 if args.warmup is None else args.warmup
@@ -202,9 +201,8 @@ def curve_recipe(args: argparse.Namespace) -> argparse.Namespace:
 def curve_run(recipe: argparse.Namespace, model_dir: Path, seed: int, float8: str | None) -> dict:
     """One SFT run of the curve (bf16, or float8 with recipe `float8`) into its own folder under recipe.out; returns
     its folder, seconds and, when it diverged, the error (its metrics up to then stay in the folder)."""
-    import intuitive_physics
-
     from physreason.errors import TrainingDiverged
+    from physreason.experiments import intuitive_physics
     from physreason.models.float8 import emulated_float8_on_cpu
     from physreason.train.sft import run_sft
 
@@ -287,10 +285,9 @@ def curve_figure(curves: dict[str, dict[str, list[tuple[int, float]]]], title: s
 def bench_curve(args: argparse.Namespace) -> dict:
     """Run the bf16 and float8 SFT of the curve, then draw and summarise them (see the module docstring)."""
     require_float8_support("curve", args.tiny)
-    import intuitive_physics
-
     from physreason.data.synth.records import letter_sft_records
     from physreason.data.synth.tasks import LETTER_TASK_NAMES
+    from physreason.experiments import intuitive_physics
     from physreason.plots import metrics_file, read_metrics
 
     args.out = args.out.resolve()

@@ -258,9 +258,8 @@ def measure_grounding_grpo(args: argparse.Namespace) -> dict:
     import shlex
     import shutil
 
-    import grounding
-
     from physreason.data.mcq import load_mcq_prompts
+    from physreason.experiments import grounding
     from physreason.models import loading
     from physreason.progress import make_console
     from physreason.train.grpo import run_grpo

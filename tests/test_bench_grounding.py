@@ -1,24 +1,22 @@
-"""bench/grounding.py on CPU: its statistics (standard errors, the paired sign-flip test, the spread over seeds), the
-tables it writes, and the whole pipeline at toy size (the GPU runs go to bench/RESULTS.md)."""
+"""The grounding experiment (physreason/experiments/grounding.py) on CPU: its statistics (standard errors, the paired
+sign-flip test, the spread over seeds), the tables it writes, and the whole pipeline at toy size (the GPU runs go to
+bench/RESULTS.md)."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 
 import numpy as np
 import pytest
-from setups import BENCH, load_bench
+from setups import BENCH
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))  # grounding imports the letter bench's stages by name, as when run as a script
-    try:
-        return load_bench("grounding")
-    finally:
-        sys.path.remove(str(BENCH))
+    from physreason.experiments import grounding
+
+    return grounding
 
 
 def test_clip_summary_gives_mean_iou_accuracy_at_half_and_their_standard_errors(bench):

@@ -1,5 +1,6 @@
-"""bench/intuitive_physics.py and its tower pre-training on CPU: the recipe's defaults, variant names, the per-task
-loss, and a few tower steps on real generated clips (the GPU runs are in bench/RESULTS.md)."""
+"""The intuitive-physics experiment (physreason/experiments/intuitive_physics.py) and its tower pre-training on CPU:
+the recipe's defaults, variant names, the per-task loss, and a few tower steps on real generated clips (the GPU runs
+are in bench/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,21 @@ import json
 
 import pytest
 import torch
-from setups import BENCH, load_bench
+from setups import BENCH
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_bench("intuitive_physics")
+    from physreason.experiments import intuitive_physics
+
+    return intuitive_physics
 
 
 @pytest.fixture(scope="module")
 def tower():
-    return load_bench("intuitive_physics_tower")
+    from physreason.experiments import tower
+
+    return tower
 
 
 def test_defaults_are_the_recipe_and_variants_get_their_own_folders(bench):

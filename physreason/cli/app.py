@@ -67,6 +67,7 @@ def _register() -> None:
         data_cmd,
         demo_cmd,
         eval_cmd,
+        experiment_cmd,
         export_cmd,
         grpo_cmd,
         infer_cmd,
@@ -89,6 +90,7 @@ def _register() -> None:
     app.add_typer(data_cmd.app, name="data")
     app.add_typer(config_cmd.app, name="config")
     app.add_typer(models_cmd.app, name="models")
+    app.add_typer(experiment_cmd.app, name="experiment")
 
 
 _register()

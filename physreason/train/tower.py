@@ -11,7 +11,7 @@ the per-patch means concatenated in time order, so the head sees the order of ev
 task (2 / 4 / 2 options), cross-entropy on the SFT answer letters. A tenth of the clips is held out: scored
 during training, it picks the tower that is kept (the best mean accuracy over tasks; optionally stopping
 early) and reports the tower's own accuracy. The model with the trained tower is saved as a new Hugging Face
-folder, which SFT then starts from (the head is dropped). Used by `physreason demo` and bench/intuitive_physics.py.
+folder, which SFT then starts from (the head is dropped). Used by `physreason demo` and `physreason experiment`.
 """
 
 from __future__ import annotations
