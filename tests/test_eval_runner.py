@@ -241,3 +241,52 @@ def test_a_folder_with_settings_but_no_result_takes_new_settings(tmp_path, tiny_
     (base / "mini" / "seed_1" / "results.jsonl").write_text('{"id": "x", "error": "e"}\n')
     with pytest.raises(ConfigError, match="different generation"):
         check_resumable(base, load_config(config))
+
+
+def test_an_eval_resolves_its_settings_once_and_passes_the_plan_down(tmp_path, tiny_model_dir, bench_root, monkeypatch):
+    # The CLI's start-up summary, the resume check, the stored config, the run.json files and the shard all use the
+    # one plan: the prompt style (read from the checkpoint's config.json), mode and sampling are resolved once and
+    # the data sets read once, on a first run and on a resumed one.
+    from physreason.eval import launch, settings
+
+    calls = {"resolve": 0, "load": 0}
+    resolve, load = settings.resolve_eval_setup, launch.load_benchmark
+
+    def counted_resolve(cfg):
+        calls["resolve"] += 1
+        return resolve(cfg)
+
+    def counted_load(*args):
+        calls["load"] += 1
+        return load(*args)
+
+    for module in (settings, launch):  # wherever the resolver is called from
+        if hasattr(module, "resolve_eval_setup"):
+            monkeypatch.setattr(module, "resolve_eval_setup", counted_resolve)
+    monkeypatch.setattr(launch, "load_benchmark", counted_load)
+    config = write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, tmp_path / "results", limit=2)
+    results = tmp_path / "results" / model_slug(str(tiny_model_dir)) / "reasoning" / "mini" / "seed_1" / "results.jsonl"
+    for _ in ("first run", "resumed run"):
+        calls.update(resolve=0, load=0)
+        result = CliRunner().invoke(app, ["--config", str(config), "--no-progress"])
+        assert result.exit_code == 0, result.output
+        assert len(lines(results)) == 2  # the resumed run answers nothing twice
+        assert calls == {"resolve": 1, "load": 1}
+
+
+def test_a_shard_process_builds_the_same_plan_from_the_stored_config(tmp_path, tiny_model_dir, bench_root):
+    # Shard processes get the plan as the effective config stored beside the results (python -m
+    # physreason.eval.worker --config): planning from that file gives the plan the launcher ran.
+    from physreason.config import dump_config
+    from physreason.eval.launch import plan_eval
+
+    config = write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, tmp_path / "results", num_repeats=2)
+    plan = plan_eval(load_config(config, ["prompt.style='auto'"]))
+    assert plan.config.prompt.style == "reason1" and plan.setup.answer_type == "reasoning"
+    dump_config(plan.config, tmp_path / "stored.toml")
+    again = plan_eval(load_config(tmp_path / "stored.toml"))
+    for field in ("base", "seeds", "setup", "engine", "num_shards"):
+        assert getattr(again, field) == getattr(plan, field), field
+    assert [b.name for b in again.benchmarks] == ["mini"] and again.seeds == (1, 2)
+    with pytest.raises(AttributeError):
+        plan.base = tmp_path  # the plan is not changed on the way down

@@ -11,9 +11,7 @@ from physreason.cli.output_options import hidden_alias, one_path
 from physreason.progress import make_console
 
 if TYPE_CHECKING:
-    from physreason.config import Config
     from physreason.eval.launch import EvalPlan
-    from physreason.eval.settings import EvalSetup
 
 console = make_console()
 
@@ -88,7 +86,7 @@ def run(
         "eval.tp_size": tensor_parallel_size,
     }
     cfg = load_config(config, overrides, {key: value for key, value in flags.items() if value is not None})
-    outcome = run_eval(cfg, show_progress=progress, on_start=lambda plan, setup: _startup(cfg, plan, setup))
+    outcome = run_eval(cfg, show_progress=progress, on_start=_startup)
     answered = sum(r.answered for r in outcome.runs)
     failed = sum(r.failed for r in outcome.runs)
     console.print(f"{answered} answered, {failed} failed ({outcome.resumed} were already saved) in {outcome.base}")
@@ -100,7 +98,7 @@ def run(
         console.print(table)
 
 
-def _startup(cfg: Config, plan: EvalPlan, setup: EvalSetup) -> None:
+def _startup(plan: EvalPlan) -> None:
     """eval's start-up summary, before any model loads: what the report's header will say, and the work ahead."""
     from physreason.engines.factory import resolve_backend
     from physreason.eval.launch import chance_accuracy
@@ -114,6 +112,7 @@ def _startup(cfg: Config, plan: EvalPlan, setup: EvalSetup) -> None:
         print_startup,
     )
 
+    cfg, setup = plan.config, plan.setup
     model = describe_model(cfg.model)
     local = Path(cfg.model.model_name_or_path).expanduser()
     if local.is_dir():
@@ -129,7 +128,7 @@ def _startup(cfg: Config, plan: EvalPlan, setup: EvalSetup) -> None:
             + (f", chance {100 * chance:.1f}%" if chance is not None else "")
             + ")"
         )
-    shards = cfg.eval.num_gpus // cfg.eval.tp_size
+    shards = plan.num_shards
     items: dict[str, object] = {
         "model": model,
         "family": describe_family(cfg.model),

@@ -1,7 +1,7 @@
 """Benchmark evaluation: Cosmos-Reason1 benchmarks and Physical AI Bench, sharded resumable runs, scoring, reports."""
 
 from physreason.eval.benchmark import Benchmark, EvalSample, benchmark_file, expand_qa_pairs, load_benchmark
-from physreason.eval.launch import EvalOutcome, RunStatus, plan_eval, run_eval, run_shard
+from physreason.eval.launch import EvalOutcome, EvalPlan, RunStatus, plan_eval, run_eval, run_shard
 from physreason.eval.pai_bench import (
     BoardReport,
     board_column,
@@ -43,6 +43,7 @@ __all__ = [
     "settings_header",
     "DatasetReport",
     "EvalOutcome",
+    "EvalPlan",
     "EvalSample",
     "RunStatus",
     "answer_type_dir",

@@ -35,7 +35,7 @@ from physreason.eval.results import (
     write_run_info,
 )
 from physreason.eval.runner import ShardCounts, evaluate_shard, shard_samples
-from physreason.eval.settings import EvalSetup, effective_config, reproduction_settings, resolve_eval_setup
+from physreason.eval.settings import EvalSetup, effective_config, reproduction_settings
 from physreason.progress import LoggedProgress, progress_display
 
 log = logging.getLogger(__name__)
@@ -44,13 +44,22 @@ log = logging.getLogger(__name__)
 _RESULT_SETTINGS = ("generation", "vision", "prompt", "model.model_name_or_path", "model.revision", "model.dtype")
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalPlan:
-    """What an evaluation covers: its answer-type folder, the data sets, and one seed per repeat."""
+    """One evaluation, resolved once (plan_eval) and passed down to everything that runs or records it.
 
-    base: Path
-    benchmarks: list[Benchmark]
-    seeds: list[int]
+    `config` is the effective config (eval.settings.effective_config: prompt style and mode, answer type and
+    generation settings explicit): it is stored beside the results, and each shard process builds its plan from
+    that stored copy, which resolves to the same plan.
+    """
+
+    config: Config
+    setup: EvalSetup  # prompting, sampling before each repeat's seed, answer type
+    base: Path  # the answer-type folder every run folder is under
+    benchmarks: tuple[Benchmark, ...]
+    seeds: tuple[int, ...]  # one per repeat: eval.seed, eval.seed + 1, ...
+    engine: EngineConfig  # the engine settings with eval.tp_size as the tensor-parallel size
+    num_shards: int  # eval.num_gpus / eval.tp_size
 
     def runs(self) -> list[tuple[Benchmark, int, Path]]:
         """Every (data set, seed, run folder), repeat by repeat."""
@@ -83,21 +92,31 @@ class EvalOutcome:
 
 
 def plan_eval(cfg: Config) -> EvalPlan:
-    """Load every data set in `eval.datasets` and list the seeds (eval.seed, eval.seed + 1, ...)."""
+    """Resolve the evaluation's settings once, load every data set in `eval.datasets` and list the seeds
+    (eval.seed, eval.seed + 1, ...); raises ConfigError on a setting no run could use. Reads no model weights."""
     if not cfg.eval.datasets:
         raise ConfigError("eval.datasets is empty: list data set names under eval.benchmark_root, or JSON/JSONL files")
-    answer_type = resolve_eval_setup(cfg).answer_type  # config errors before any data set is read
+    cfg, setup = effective_config(cfg)  # config errors before any data set is read; from here on, the resolved one
     benchmarks = [load_benchmark(spec, cfg.eval.benchmark_root) for spec in cfg.eval.datasets]
     if cfg.eval.limit is not None:
         benchmarks = [dataclasses.replace(b, samples=b.samples[: cfg.eval.limit]) for b in benchmarks]
     names = [b.name for b in benchmarks]
     if len(set(names)) != len(names):
         raise ConfigError(f"eval.datasets names the same data set twice ({names}); each needs its own results folder")
-    base = answer_type_dir(
-        cfg.eval.results_dir, cfg.model.model_name_or_path, results_label(answer_type, benchmarks), cfg.eval.model_name
+    label = results_label(setup.answer_type, benchmarks)
+    base = answer_type_dir(cfg.eval.results_dir, cfg.model.model_name_or_path, label, cfg.eval.model_name)
+    seeds = tuple(cfg.eval.seed + k for k in range(cfg.eval.num_repeats))
+    for seed in seeds:
+        repeat_sampling(cfg.generation, seed)
+    return EvalPlan(
+        config=cfg,
+        setup=setup,
+        base=base,
+        benchmarks=tuple(benchmarks),
+        seeds=seeds,
+        engine=_engine_config(cfg),
+        num_shards=cfg.eval.num_gpus // cfg.eval.tp_size,
     )
-    seeds = [cfg.eval.seed + k for k in range(cfg.eval.num_repeats)]
-    return EvalPlan(base=base, benchmarks=benchmarks, seeds=seeds)
 
 
 # The answer-type folder of a non-reasoning run, by the kind of question its data sets ask.
@@ -139,6 +158,11 @@ def repeat_sampling(sampling: SamplingConfig, seed: int) -> SamplingConfig:
 def check_resumable(base: Path, cfg: Config) -> None:
     """Refuse to add results to a folder whose earlier results were made with other generation/vision/prompt/model
     settings (compared as resolved: a style's sampling defaults count as set)."""
+    _check_resumable(base, lambda: effective_config(cfg)[0])
+
+
+def _check_resumable(base: Path, resolved: Callable[[], Config]) -> None:
+    # `resolved` gives the effective config; it is asked for only when the folder holds results to compare against.
     stored_path = base / CONFIG_FILE
     if not stored_path.is_file():
         return
@@ -147,7 +171,7 @@ def check_resumable(base: Path, cfg: Config) -> None:
         log.warning("%s holds no result yet: its settings (%s) are replaced by this run's", base, stored_path)
         return
     stored = tomllib.loads(stored_path.read_text(encoding="utf-8"))
-    current = effective_config(cfg)[0].model_dump(mode="json", exclude_none=True)
+    current = resolved().model_dump(mode="json", exclude_none=True)
     changed = [
         key
         for key in _RESULT_SETTINGS
@@ -173,14 +197,13 @@ def _without_seed(section: Any) -> Any:
     return {k: v for k, v in section.items() if k != "seed"} if isinstance(section, dict) else section
 
 
-def prepare_runs(plan: EvalPlan, cfg: Config) -> int:
+def prepare_runs(plan: EvalPlan) -> int:
     """Check the folder can be resumed, store the resolved config and each run's `run.json` (with what a
     reproduction needs); return how many results are already there."""
-    check_resumable(plan.base, cfg)
-    resolved, setup = effective_config(cfg)
+    _check_resumable(plan.base, lambda: plan.config)
     plan.base.mkdir(parents=True, exist_ok=True)
-    dump_config(resolved, plan.base / CONFIG_FILE)
-    settings = reproduction_settings(resolved, setup)
+    dump_config(plan.config, plan.base / CONFIG_FILE)
+    settings = reproduction_settings(plan.config, plan.setup)
     existing = 0
     for benchmark, seed, run in plan.runs():
         info = {
@@ -188,8 +211,8 @@ def prepare_runs(plan: EvalPlan, cfg: Config) -> int:
             "seed": seed,
             "total": len(benchmark.samples),
             "chance": chance_accuracy(benchmark),
-            "model": cfg.model.model_name_or_path,
-            "answer_type": setup.answer_type,
+            "model": plan.config.model.model_name_or_path,
+            "answer_type": plan.setup.answer_type,
             "settings": settings | {"seed": seed},
         }
         if benchmark.board is not None:
@@ -227,14 +250,12 @@ def _remove_if_empty(*folders: Path) -> None:
             folder.rmdir()
 
 
-def run_shard(cfg: Config, shard: int, num_shards: int, *, show_progress: bool = False) -> list[ShardCounts]:
+def run_shard(plan: EvalPlan, shard: int, num_shards: int, *, show_progress: bool = False) -> list[ShardCounts]:
     """Load the engine once and answer this shard's samples of every repeat and data set."""
     from physreason.engines import create_engine
 
-    plan = plan_eval(cfg)
-    setup = resolve_eval_setup(cfg)
-    engine_cfg = _engine_config(cfg)
-    engine = create_engine(cfg.model, engine_cfg)
+    setup, engine_cfg = plan.setup, plan.engine
+    engine = create_engine(plan.config.model, engine_cfg)
     runs = plan.runs()
     todo = 0
     for benchmark, _, run in runs:
@@ -252,7 +273,7 @@ def run_shard(cfg: Config, shard: int, num_shards: int, *, show_progress: bool =
                     run,
                     prompting=setup.prompting,
                     sampling=repeat_sampling(setup.sampling, seed),
-                    vision=cfg.vision,
+                    vision=plan.config.vision,
                     shard=shard,
                     num_shards=num_shards,
                     batch_size=engine_cfg.batch_size,
@@ -287,14 +308,17 @@ def shard_devices(shard: int, tp_size: int, num_gpus: int, visible: str | None) 
     return ",".join(pool[shard * tp_size : (shard + 1) * tp_size])
 
 
-def _launch_shards(plan: EvalPlan, num_shards: int, cfg: Config, show_progress: bool) -> list[tuple[int, int, Path]]:
-    """Start one worker process per shard, show combined progress from their files; return failed (shard, code, log)."""
+def _launch_shards(plan: EvalPlan, show_progress: bool) -> list[tuple[int, int, Path]]:
+    """Start one worker process per shard, show combined progress from their files; return failed (shard, code, log).
+
+    Each worker builds its plan from the effective config prepare_runs stored (the plan's serialised form)."""
+    num_shards, eval_cfg = plan.num_shards, plan.config.eval
     logs = plan.base / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     processes = []
     for shard in range(num_shards):
-        env = os.environ | {"CUDA_VISIBLE_DEVICES": shard_devices(shard, cfg.eval.tp_size, cfg.eval.num_gpus, visible)}
+        env = os.environ | {"CUDA_VISIBLE_DEVICES": shard_devices(shard, eval_cfg.tp_size, eval_cfg.num_gpus, visible)}
         # Shards share this process's CPUs (video decoding, CPU engines): without a limit each would start a thread per
         # core of the whole host.
         env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_share().threads // num_shards)))
@@ -336,31 +360,27 @@ def _finished_count(plan: EvalPlan) -> int:
 
 
 def run_eval(
-    cfg: Config, *, show_progress: bool = True, on_start: Callable[[EvalPlan, EvalSetup], None] | None = None
+    cfg: Config, *, show_progress: bool = True, on_start: Callable[[EvalPlan], None] | None = None
 ) -> EvalOutcome:
     """Evaluate every repeat of every data set, resuming from saved results, and merge the shards' files.
 
-    `on_start` is called with the plan and the resolved setup once the settings are checked, before anything is
-    written or a model loads (the CLI prints its start-up summary there).
-    Raises PhysReasonError after merging when a shard process failed; rerunning resumes.
+    The settings are resolved once, here (plan_eval); everything below is given that plan. `on_start` is called
+    with the plan once the settings are checked, before anything is written or a model loads (the CLI prints its
+    start-up summary there). Raises PhysReasonError after merging when a shard process failed; rerunning resumes.
     """
     from physreason.models.inputs import checked_vision_factor
 
     plan = plan_eval(cfg)
-    for seed in plan.seeds:
-        repeat_sampling(cfg.generation, seed)
-    _engine_config(cfg)
-    checked_vision_factor(cfg)  # the model is found and the pixel budgets fit it before the folder is touched
-    num_shards = cfg.eval.num_gpus // cfg.eval.tp_size
+    checked_vision_factor(plan.config)  # the model is found and the pixel budgets fit it before the folder is touched
     if on_start is not None:
-        on_start(plan, resolve_eval_setup(cfg))
-    outcome = EvalOutcome(base=plan.base, resumed=prepare_runs(plan, cfg))
+        on_start(plan)
+    outcome = EvalOutcome(base=plan.base, resumed=prepare_runs(plan))
     failed_shards: list[tuple[int, int, Path]] = []
     try:
-        if num_shards == 1:
-            run_shard(cfg, 0, 1, show_progress=show_progress)
+        if plan.num_shards == 1:
+            run_shard(plan, 0, 1, show_progress=show_progress)
         else:
-            failed_shards = _launch_shards(plan, num_shards, cfg, show_progress)
+            failed_shards = _launch_shards(plan, show_progress)
     except BaseException:  # an engine that cannot load, Ctrl-C: the error goes on, but not as a model with no answers
         discard_unstarted_runs(plan)
         raise

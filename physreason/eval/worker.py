@@ -1,7 +1,7 @@
 """One evaluation shard as its own process: `python -m physreason.eval.worker --config C --shard I --num-shards K`.
 
 `run_eval` starts these with CUDA_VISIBLE_DEVICES set to the shard's GPUs; the config is the resolved
-one it stored beside the results.
+one it stored beside the results, from which the shard builds the same plan (plan_eval) once.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 from physreason.config import load_config
 from physreason.errors import PhysReasonError
-from physreason.eval.launch import run_shard
+from physreason.eval.launch import plan_eval, run_shard
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--shard must be in [0, {args.num_shards}), got {args.shard}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        counts = run_shard(load_config(args.config), args.shard, args.num_shards)
+        counts = run_shard(plan_eval(load_config(args.config)), args.shard, args.num_shards)
     except PhysReasonError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
