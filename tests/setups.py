@@ -83,7 +83,11 @@ SFT_WORKER = textwrap.dedent(
 
 
 def torchrun_sft(folder: Path, nproc: int, port: int, overrides: list[str]) -> list[float]:
-    """Run SFT with `overrides` in `nproc` torchrun processes (gloo on CPU); return rank 0's losses."""
+    """Run SFT with `overrides` in `nproc` torchrun processes (gloo on CPU); return rank 0's losses.
+
+    `port` is kept for the callers; the rendezvous takes a port free now (a fixed one collides with any other
+    torchrun on the machine, such as a second test run)."""
+    port = free_port()
     script = folder / "worker.py"
     script.write_text(SFT_WORKER)
     losses_file = folder / "losses.json"

@@ -112,7 +112,8 @@ def test_grpo_format_reward_checks_the_layout_its_prompt_asked_for() -> None:
     # a structured question is asked as Cosmos-Reason2 asks it, without reasoning, whatever the recipe's style;
     # a "reasoning" field in its record does not change that (nor collide with the layout's keyword)
     box = MCQPrompt("b-0", "Where is the ball?", {}, BOX, reference={"reasoning": "some text"})
-    assert completion_rewards(BOX, box, weights, "reason1", None, "grpo")["format"] == 1.0
+    # (a Reason1 model answers boxes in pixels of the frame it saw: the rollout passes that frame's size)
+    assert completion_rewards(BOX, box, weights, "reason1", None, "grpo", frame_size=(280, 392))["format"] == 1.0
 
 
 class ScriptedEngine:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from setups import free_port
 
 from physreason.errors import ConfigError
 from physreason.models.context_parallel import SequenceShard, check_heads, full_attention_mask, split_patch_units
@@ -27,7 +28,7 @@ def run_worker(tmp_path: Path, nproc: int, cases: list[str], port: int) -> dict:
     """Run tests/cp_worker.py on `nproc` gloo ranks for each "kind:layout" case; rank 0's results by case."""
     out = tmp_path / f"cp{nproc}.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(port),
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
                str(WORKER), ",".join(cases), str(out)]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]

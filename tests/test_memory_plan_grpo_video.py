@@ -16,7 +16,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from setups import load_bench
 
 from physreason.config import ModelConfig
 from physreason.data.mcq import MCQPrompt
@@ -42,7 +41,7 @@ QUESTION = (
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory):
     """The grounding bench's GRPO config for seed 1 (its own model folder), and 16 of its prompts (one step)."""
-    grounding = load_bench("grounding")
+    from physreason.experiments import grounding
     out = tmp_path_factory.mktemp("grounding")
     args = grounding.parse_args(["--out", str(out)])
     model_dir = grounding.build_model(args, out, 1)
@@ -76,9 +75,11 @@ def rollout_micro_batch(config, prompts: list[MCQPrompt], model_dir: str):
     rng = np.random.default_rng(0)
     samples = []
     for index, prompt in enumerate(prompts):
-        visuals = encode_visuals([], [clip_frames(config, params.factor, index)], params)
+        clip = clip_frames(config, params.factor, index)
+        visuals = encode_visuals([], [clip], params)
+        frame = clip.frames.shape[1:3]  # (height, width): a Reason1 box question names the frame's pixel size
         text = tokenizer.apply_chat_template(
-            prompt.messages(config.grpo.answer_type, "reason1"), tokenize=False, add_generation_prompt=True
+            prompt.messages(config.grpo.answer_type, "reason1", frame_size=frame), tokenize=False, add_generation_prompt=True
         )
         ids = tokenizer(visuals.expand(text), add_special_tokens=False).input_ids
         for j in range(n):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from setups import free_port
 
 from physreason.config import load_config
 from physreason.errors import ConfigError
@@ -106,7 +107,7 @@ def test_cpu_offload_on_two_gloo_processes_trains_and_resumes_exactly(tmp_path):
     def launch(out: str, *extra: str) -> list[float]:
         losses = tmp_path / f"{out}-{len(extra)}.json"
         overrides = _overrides(model, data, tmp_path / out, "train.cpu_offload=true", *extra)
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29641",
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
                    str(script), json.dumps(overrides), str(losses)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-4000:]

@@ -139,10 +139,13 @@ def test_a_huge_or_non_finite_coordinate_is_no_answer() -> None:
 def test_a_reference_with_a_huge_coordinate_is_a_counted_bad_sample_not_a_crash() -> None:
     with pytest.raises(ValueError, match="holds no box_2d"):
         answer_kind(f'{{"box_2d": [1, 2, 3, {HUGE}]}}')
-    (sample,) = expand_qa_pairs(
-        [{"video": "c.mp4", "qa_pairs": {"question": "Where?", "answer": f'{{"box_2d": [1, 2, 3, {HUGE}]}}'}}], "f.json"
-    )
-    assert sample.error is not None and "no structured JSON answer" in sample.error
+    # A benchmark's reference is checked as it loads: one line naming the file, record and what is wrong (exit 2 in
+    # `physreason eval`, before any model loads), never an OverflowError out of the loader
+    with pytest.raises(InputError, match=r"f.json record 0 \(c.mp4#0\): the answer's box_2d .* not a finite number"):
+        expand_qa_pairs(
+            [{"video": "c.mp4", "qa_pairs": {"question": "Where?", "answer": f'{{"box_2d": [1, 2, 3, {HUGE}]}}'}}],
+            "f.json",
+        )
 
 
 @pytest.fixture()
@@ -199,7 +202,7 @@ def test_a_grpo_step_survives_hostile_completions_and_counts_reward_errors(raisi
     rollout = RolloutSettings(
         groups_needed=2, prompts_per_round=2, sampling=SamplingConfig(temperature=1.0, n=4, max_tokens=10),
         vision=VisionConfig(), reward_weights={"test_fragile": 0.5, "box_iou": 1.0, "json_format": 0.1},
-        dynamic_sampling=False,
+        dynamic_sampling=False, prompt_style="reason2",  # boxes on the 0-1000 grid: the prompt has no frame
     )  # fmt: skip
     box = PromptStream([MCQPrompt("box-0", "Where is the ball?", {}, BOX)], seed=0, shuffle=False)
     batch = collect_rollouts(BoomEngine(), box, rollout, step=0)
@@ -215,7 +218,7 @@ def test_a_grpo_step_survives_hostile_completions_and_counts_reward_errors(raisi
 def test_an_eval_record_survives_a_scorer_that_raises(monkeypatch) -> None:
     from physreason.eval import runner
 
-    def overflow(text, sample):
+    def overflow(text, sample, coords=None):
         raise OverflowError("int too large to convert to float")
 
     monkeypatch.setattr(runner, "score_completion", overflow)
@@ -225,5 +228,5 @@ def test_an_eval_record_survives_a_scorer_that_raises(monkeypatch) -> None:
     assert (record["is_correct"], record["prediction"], record["iou"]) == (False, None, 0.0)
     assert record["score_error"] == "OverflowError: int too large to convert to float"
     # a problem of the sample's own data is still the record's error, as before
-    monkeypatch.setattr(runner, "score_completion", lambda text, sample: (_ for _ in ()).throw(PhysReasonError("bad")))
+    monkeypatch.setattr(runner, "score_completion", lambda text, sample, coords=None: (_ for _ in ()).throw(PhysReasonError("bad")))
     assert result_line(EVAL_SAMPLES[0], result, seed=1)["error"] == "bad"

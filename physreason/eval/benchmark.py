@@ -216,13 +216,23 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else f"{text[:80]}..."
 
 
+def _finite(value: Any) -> bool:
+    """A finite int or float that a float can hold (an int of hundreds of digits overflows math.isfinite)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _box_problem(name: str, box: Any) -> str | None:
     """What makes `box` unusable as a reference [x1, y1, x2, y2] (top-left corner first), or None."""
     if not isinstance(box, list) or len(box) != 4:
         return f"{name} {_shown(box)} is not four numbers [x1, y1, x2, y2]"
     for value in box:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            return f"{name} {_shown(box)} holds {value!r}, not a finite number"
+        if not _finite(value):
+            return f"{name} {_shown(box)} holds {_shown(value)}, not a finite number"
     if min(box) < 0:
         return f"{name} {_shown(box)} has a negative coordinate"
     x1, y1, x2, y2 = box
@@ -236,8 +246,8 @@ def _point_problem(name: str, point: Any) -> str | None:
     if not isinstance(point, list) or len(point) != 2:
         return f"{name} {_shown(point)} is not two numbers [x, y]"
     for value in point:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            return f"{name} {_shown(point)} holds {value!r}, not a finite number >= 0"
+        if not _finite(value) or value < 0:
+            return f"{name} {_shown(point)} holds {_shown(value)}, not a finite number >= 0"
     return None
 
 

@@ -36,6 +36,7 @@ from physreason.eval.results import (
 )
 from physreason.eval.runner import ShardCounts, evaluate_shard, shard_samples
 from physreason.eval.settings import EvalSetup, effective_config, reproduction_settings
+from physreason.models.source import check_model_source
 from physreason.progress import LoggedProgress, progress_display
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ def plan_eval(cfg: Config) -> EvalPlan:
     (eval.seed, eval.seed + 1, ...); raises ConfigError on a setting no run could use. Reads no model weights."""
     if not cfg.eval.datasets:
         raise ConfigError("eval.datasets is empty: list data set names under eval.benchmark_root, or JSON/JSONL files")
+    # One line, in seconds, for a model that can be neither read here nor fetched (offline: no retries for a minute)
+    check_model_source(cfg.model.model_name_or_path, cfg.model.revision)
     cfg, setup = effective_config(cfg)  # config errors before any data set is read; from here on, the resolved one
     benchmarks = [load_benchmark(spec, cfg.eval.benchmark_root) for spec in cfg.eval.datasets]
     if cfg.eval.limit is not None:

@@ -23,7 +23,7 @@ from physreason.config.schema import Config, SamplingConfig
 from physreason.errors import ConfigError, InputError
 from physreason.models.family import QWEN2_5_VL_PARAMS, QWEN3_VL_PARAMS, ModelFamily, ProcessorParams, model_family
 from physreason.models.qwen3_vl import frame_group_seconds, video_placeholder
-from physreason.models.source import check_model_source
+from physreason.models.source import check_model_source, looks_like_path
 from physreason.vision import VideoFrames, num_visual_tokens, patchify
 
 IMAGE_PAD = "<|image_pad|>"
@@ -70,9 +70,10 @@ def prompting_for(config: Config) -> tuple[Prompting, SamplingConfig]:
     """
     family_name = ""
     if config.prompt.style == "auto":
-        # One line for a wrong folder, and for a hub id that can be neither fetched nor found in the cache: without
-        # it an unreachable hub costs transformers' retries (a minute) before the same answer.
-        check_model_source(config.model.model_name_or_path, config.model.revision)
+        # One line for a wrong folder. A hub id is read below as before (None offline without a cache: the recipe's
+        # rollout settings need no network); commands that run the model check its source themselves (eval, load).
+        if looks_like_path(config.model.model_name_or_path):
+            check_model_source(config.model.model_name_or_path, config.model.revision)
         try:
             family = checkpoint_family(config.model.model_name_or_path, config.model.revision)
         except (OSError, ValueError) as exc:
