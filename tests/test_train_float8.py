@@ -75,14 +75,16 @@ def test_float8_on_cpu_is_a_config_error():
         check_float8_support(torch.device("cpu"))
 
 
-def test_cpu_float8_runs_emulated_only_inside_the_block_that_allows_it(tokenizer):
+def test_cpu_float8_runs_emulated_only_inside_the_block_that_allows_it(tokenizer, caplog):
     pytest.importorskip("torchao")
     config = Config.model_validate({"train": {"fp8": {"enable_fp8": True}}})
     runtime = Runtime(rank=0, world_size=1, device=torch.device("cpu"))
-    with emulated_float8_on_cpu():
+    with emulated_float8_on_cpu(), caplog.at_level("WARNING", logger="physreason.train.build"):
         check_float8_support(torch.device("cpu"))
         model = build_tiny_model("qwen2", tokenizer)
         apply_float8(model, config, runtime)
+    # the start-up says float8 cannot pay on matmuls this small, instead of slowing down silently
+    assert "[train.fp8] float8 is expected to be slower than bf16 here" in caplog.text
     converted = [m for m in model.modules() if type(m).__name__ == "Float8Linear"]
     assert len(converted) == 7 * model.config.num_hidden_layers and all(m.config.emulate for m in converted)
     with pytest.raises(ConfigError, match="this run is on cpu"):  # the block is over: CPU is refused again

@@ -76,6 +76,11 @@ def plan(
             else "prompts: data not read (not a local file, or unreadable); planned as long as the context allows "
             "beside one response"
         )
+    if recipe_config.train.fp8.enable_fp8:
+        from physreason.models.float8 import float8_outlook
+
+        tokens = recipe_config.model.model_max_length * recipe.mini_batch
+        console.print(f"[train.fp8] {float8_outlook(shape.hidden, shape.intermediate, tokens)}", markup=False)
     console.print(plan_table(plan_, capacity))
     fitting = fitting_layouts(shape, recipe, workload, capacity)
     if fitting:

@@ -54,6 +54,31 @@ def float8_linear_filter(name: str, module: nn.Module) -> bool:
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
+# Below this on any side (input, output, tokens of a micro-batch) torchao's float8 matmuls lose to bf16 (its own
+# measurements: about 0.8x for small matmuls), and physreason's own runs found no shape where float8 paid yet.
+FLOAT8_MIN_SIDE = 4096
+# physreason's measurements (bench/RESULTS.md, one H100, 4,096-token rows, compiled blocks): float8 / bf16 tokens/s.
+FLOAT8_MEASURED = "0.83x rowwise and 0.49x tensorwise on the 3B shape (hidden 2048), 0.96x and 0.79x on the Qwen3-VL-8B shape (hidden 4096)"
+
+
+def float8_outlook(hidden: int, intermediate: int, tokens: int) -> str:
+    """One line on whether [train.fp8] can pay for a language model of `hidden` and MLP `intermediate` width with
+    `tokens` tokens a micro-batch (start-up summary and `physreason plan` print it; nothing is refused)."""
+    side = min(hidden, intermediate, tokens)
+    if side < FLOAT8_MIN_SIDE:
+        which = "tokens per micro-batch" if side == tokens else "hidden size" if side == hidden else "MLP width"
+        return (
+            f"float8 is expected to be slower than bf16 here: its smallest matmul side ({which} {side:,}) is under "
+            f"{FLOAT8_MIN_SIDE:,}, where float8 casts cost more than the faster matmuls save (measured here: "
+            f"{FLOAT8_MEASURED}); set train.fp8.enable_fp8 = false unless bench/fp8.py shows a gain on this shape"
+        )
+    return (
+        f"float8 has not yet been measured faster than bf16 in physreason ({FLOAT8_MEASURED}); this shape's matmuls "
+        f"(hidden {hidden:,}, MLP {intermediate:,}, {tokens:,} tokens) are large enough that it may: check with "
+        "bench/fp8.py before a long run"
+    )
+
+
 def check_float8_support(device: torch.device) -> None:
     """Raise ConfigError unless torchao is installed and `device` is a CUDA GPU of compute capability 8.9 or more."""
     if importlib.util.find_spec("torchao") is None:

@@ -8,6 +8,7 @@ lists, so the steps read like the recipe.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,8 @@ from physreason.models import loading, parallelize
 from physreason.models.context_parallel import ContextParallel
 from physreason.train.runtime import Runtime, autocast_context
 from physreason.train.schedule import build_optimizer
+
+log = logging.getLogger(__name__)
 
 # The wrapper a job trains: the transformers model in, a module whose forward is the job's loss or scores out.
 # Every parameter stays behind that one forward, so FSDP2's root hooks gather the embedding and lm_head.
@@ -86,7 +89,7 @@ def load_frozen(model_config: ModelConfig) -> nn.Module:
 
 def apply_float8(model: nn.Module, config: Config, runtime: Runtime) -> None:
     """[train.fp8]: float8 matmuls in the language model's linear layers, before FSDP2 wraps them (models/float8.py)."""
-    from physreason.models.float8 import check_float8_support, convert_to_float8
+    from physreason.models.float8 import check_float8_support, convert_to_float8, float8_outlook
 
     if config.train.lora.enable:
         raise ConfigError(
@@ -102,6 +105,10 @@ def apply_float8(model: nn.Module, config: Config, runtime: Runtime) -> None:
     # Off CUDA only under emulated_float8_on_cpu (the check refuses CPU otherwise).
     emulate = runtime.device.type == "cpu"
     convert_to_float8(model, config.train.fp8.quant_recipe, fsdp=runtime.distributed, emulate=emulate)
+    text = getattr(model.config, "text_config", model.config)
+    tokens = config.model.model_max_length * config.train.mini_batch
+    if runtime.is_main:
+        log.warning("[train.fp8] %s", float8_outlook(text.hidden_size, text.intermediate_size, tokens))
 
 
 def shard(wrapper: nn.Module, model: nn.Module, runtime: Runtime, mesh: DeviceMesh | None, train: TrainConfig) -> None:
