@@ -1,0 +1,51 @@
+"""bench/gpu_check.py on CPU (--cpu): its lines, exit codes and JSON; the GPU runs are in bench/RESULTS.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from setups import load_bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--cpu", "--work", str(tmp_path / "w"),
+                           *args], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def test_a_check_passes_one_needing_cuda_is_skipped_and_the_json_follows(tmp_path):
+    done = run(tmp_path, "--only", "hf-generate,float8-rowwise", "--commit", "abc1234")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if "] " in line]
+    assert any(" pass hf-generate " in line and "4 completions" in line for line in lines), done.stdout
+    assert any(" skip float8-rowwise " in line and "needs CUDA" in line for line in lines), done.stdout
+    assert lines[-1].endswith("1 passed, 0 failed, 1 skipped")
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert report["commit"] == "abc1234"
+    assert {r["check"]: r["status"] for r in report["rows"]} == {"float8-rowwise": "skip", "hf-generate": "pass"}
+
+
+def test_a_check_over_its_time_fails_its_line_and_the_exit_code(tmp_path):
+    done = run(tmp_path, "--only", "hf-generate", "--timeout", "1")
+    assert done.returncode == 1
+    assert " FAIL hf-generate " in done.stdout and "did not finish in 1 s" in done.stdout
+    assert done.stdout.strip().splitlines()[-1].endswith("0 passed, 1 failed, 0 skipped: hf-generate")
+
+
+def test_unknown_checks_are_refused_and_the_error_line_is_the_one_naming_it():
+    check = load_bench("gpu_check")
+    log = "Traceback (most recent call last):\n  File x\nRuntimeError: Expected trailing dimension divisible by 16\n"
+    assert check.last_error(log) == "RuntimeError: Expected trailing dimension divisible by 16"
+    assert check.missing(check.CHECKS[0], gpus=1, vllm=False, cpu=False) is None
+    two = next(c for c in check.CHECKS if c.name == "tp2")
+    assert check.missing(two, gpus=1, vllm=False, cpu=False) == "needs 2 GPUs, 1 visible"
+    assert not check.close([1.0, 2.0], [1.0, 2.1], 1e-3) and check.close([1.0], [1.0005], 1e-3)
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--only", "no-such-check"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "unknown check(s) no-such-check" in done.stderr
