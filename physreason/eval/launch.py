@@ -97,8 +97,6 @@ def plan_eval(cfg: Config) -> EvalPlan:
     (eval.seed, eval.seed + 1, ...); raises ConfigError on a setting no run could use. Reads no model weights."""
     if not cfg.eval.datasets:
         raise ConfigError("eval.datasets is empty: list data set names under eval.benchmark_root, or JSON/JSONL files")
-    # One line, in seconds, for a model that can be neither read here nor fetched (offline: no retries for a minute)
-    check_model_source(cfg.model.model_name_or_path, cfg.model.revision)
     cfg, setup = effective_config(cfg)  # config errors before any data set is read; from here on, the resolved one
     benchmarks = [load_benchmark(spec, cfg.eval.benchmark_root) for spec in cfg.eval.datasets]
     if cfg.eval.limit is not None:
@@ -373,6 +371,8 @@ def run_eval(
     """
     from physreason.models.inputs import checked_vision_factor
 
+    # One line, in seconds, for a model that can be neither read here nor fetched (offline: no minute of retries)
+    check_model_source(cfg.model.model_name_or_path, cfg.model.revision)
     plan = plan_eval(cfg)
     checked_vision_factor(plan.config)  # the model is found and the pixel budgets fit it before the folder is touched
     if on_start is not None:
