@@ -230,15 +230,8 @@ def check_generate(model: Path) -> str:
     tokens = [len(c.token_ids) for r in results for c in r.completions]
     if not tokens or min(tokens) == 0:
         raise AssertionError(f"completions without tokens: {tokens}")
-    return f"{len(tokens)} completions, {sum(tokens)} tokens on {next(engine_devices(engine))}"
-
-
-def engine_devices(engine):
-    model = getattr(engine, "model", None)
-    if model is not None:
-        yield next(model.parameters()).device
-    else:
-        yield "?"
+    device = next(engine.model.parameters()).device if hasattr(engine, "model") else "?"
+    return f"{len(tokens)} completions, {sum(tokens)} tokens on {device}"
 
 
 def check_grpo(model: Path, mcq: Path, work: Path) -> str:
