@@ -25,6 +25,7 @@ Each check runs in a worker process of its own (a CUDA fault cannot take the nex
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib.util
 import json
 import os
@@ -350,6 +351,9 @@ def missing(check: Check, gpus: int, vllm: bool, cpu: bool) -> str | None:
 
 def worker(name: str, work: Path, timeout: float, result_file: Path) -> int:
     check = next(c for c in CHECKS if c.name == name)
+    # A check that hangs is killed at --timeout by the parent; shortly before that, every thread's stack goes to
+    # the check's log, so a hang names where it waits (the image has no py-spy).
+    faulthandler.dump_traceback_later(max(timeout - 10.0, 1.0), exit=False)
     try:
         detail = run_check(check, work, timeout)
         result = {"ok": True, "detail": detail}
