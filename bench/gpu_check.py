@@ -269,11 +269,10 @@ def check_vllm(name: str, model: Path) -> str:
         raise AssertionError(f"vLLM generation failed: {first.error}")
     if name != "vllm-weight-push":
         return f"{len(first.completions[0].token_ids)} tokens ({quantization})"
-    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
 
-    weights = {}
-    for path in sorted(model.glob("*.safetensors")):
-        weights.update(load_file(path))
+    # The names a policy sends: its in-memory Hugging Face state dict (transformers 5 saves other names to disk)
+    weights = dict(AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16).state_dict())
     generator = torch.Generator().manual_seed(1)
     pushed = [(k, torch.randn(v.shape, generator=generator).to(v.dtype) * 0.5 if v.ndim == 2 else v)
               for k, v in weights.items()]  # fmt: skip
