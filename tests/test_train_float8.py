@@ -251,3 +251,37 @@ def test_compile_blocks_leaves_room_for_every_compiled_variant_of_the_block(toke
     compile_blocks(model)  # compiles lazily, at the first call
     assert torch._dynamo.config.recompile_limit == BLOCK_RECOMPILE_LIMIT >= 32
     assert all(block._compiled_call_impl is not None for block in loading.decoder_layers(model))
+
+
+def test_torchaos_precompute_sets_the_scale_of_every_float8_all_gather_weight_after_a_step(tokenizer, tmp_path):
+    """The real torchao path on physreason's FSDP2 layout (a gloo world of one, float8 all-gather forced on): after
+    optimizer.step() every converted weight's shard carries the scale of its new weights, float8 max / amax."""
+    pytest.importorskip("torchao")
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from physreason.models import parallelize
+    from physreason.train.model import CausalLMLoss
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = build_tiny_model("qwen2", tokenizer)
+        chosen = convert_to_float8(model, "tensorwise", all_gather=True, emulate=True, skip_small=False)
+        wrapper = CausalLMLoss(model)
+        parallelize.apply_fsdp2(wrapper, model, init_device_mesh("cpu", (1,)), torch.float32, torch.float32)
+        optimizer = torch.optim.SGD(wrapper.parameters(), lr=0.5)
+        precompute_scales_after_steps(optimizer, wrapper)
+        modules = dict(model.named_modules())
+        shards = [modules[name].weight._local_tensor for name in chosen]
+        assert all(s._precomputed_scale is None for s in shards)
+        for p in wrapper.parameters():
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+        for shard in shards:
+            amax = shard._tensor.abs().max().clamp(min=1e-12).double()
+            wanted = (torch.finfo(torch.float8_e4m3fn).max / amax).float()
+            assert torch.allclose(shard._precomputed_scale, wanted)
+    finally:
+        dist.destroy_process_group()
