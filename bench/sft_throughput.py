@@ -21,7 +21,9 @@ Sweep:  python bench/sft_throughput.py --sweep                      (the built-i
         python bench/sft_throughput.py --rows="--compile --ac-every 0; --compile --ac-every 0 --grad-accum 4"
 TP:     torchrun --standalone --nproc-per-node 2 bench/sft_throughput.py --tp 2 [--sweep | --rows=...]
 CPU:    python bench/sft_throughput.py --tiny --seq-len 256 --steps 1 --warmup 1 --sweep
-float8: python bench/sft_throughput.py --rows="--chunked-ce --ac-every 2; --chunked-ce --ac-every 2 --float8 rowwise"
+float8: python bench/sft_throughput.py --rows="--chunked-ce --compile --ac-every 2; --chunked-ce --compile --ac-every 2 --float8 rowwise"
+        (built as the trainer builds it, models/float8.py: only the layers large enough to pay convert unless
+        --float8-all-linears; tensorwise all-gathers in float8 under torchrun with 2+ ranks, scales precomputed)
 Qwen3-VL-8B:  python bench/sft_throughput.py --shape qwen3-vl-8b --layers 18 --rows="--chunked-ce --compile --ac-every 2 --batch 4"
 
 Video rows (--video-seconds S, the whole process): each row is one clip of S seconds at --video-size, sampled and
