@@ -7,10 +7,11 @@ few chat records, 6 steps) with the GPU count it needs, as torchtitan keeps its 
 GPUs than the machine has, or vLLM when it is not installed, prints `skip` with the reason.
 
 One GPU:   sft-sync-saves, sft-async-saves (three saves each, then a resume from the second whose losses must equal
-           the uninterrupted run's), float8-rowwise, float8-tensorwise, cpu-offload, bf16-optimizer-state,
-           compiled-blocks, chunked-loss (against the full loss of the same step), fsdp2-torchrun, hf-generate,
-           grpo-step
-Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losses within 1e-3 relative
+           the uninterrupted run's), float8-rowwise, float8-tensorwise, float8-fsdp-compiled (torchrun 1),
+           cpu-offload, bf16-optimizer-state, compiled-blocks, chunked-loss (against the full loss of the same step),
+           fsdp2-torchrun, hf-generate, grpo-step
+Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losses within 1e-3 relative;
+           float8-all-gather-dp2 (tensorwise weights all-gathered in float8, scales precomputed after each step)
 --vllm:    vllm-generate, vllm-weight-push (the engine's output follows pushed weights), vllm-fp8-rollout
 
 Set up on a bare GPU machine (the image has torch and an older transformers; nothing can be downloaded there):
@@ -51,13 +52,21 @@ class Check:
     settings: tuple[str, ...] = field(default_factory=tuple)
 
 
+FLOAT8 = ("train.fp8.enable_fp8=true", "train.fp8.skip_small_linears=false")
 # SFT settings each check adds to the base recipe (base_settings); the checks' bodies are in run_check.
 CHECKS = (
     Check("sft-sync-saves", settings=("train.ckpt.save_mode='sync'",)),
     Check("sft-async-saves", settings=("train.ckpt.save_mode='async'",)),
-    Check("float8-rowwise", needs="torchao", cuda_only=True, settings=("train.fp8.enable_fp8=true", "train.fp8.quant_recipe='rowwise'")),
-    Check("float8-tensorwise", needs="torchao", cuda_only=True,
-          settings=("train.fp8.enable_fp8=true", "train.fp8.quant_recipe='tensorwise'")),
+    # The tiny model's layers are all too small for float8 to pay: skip_small_linears = false converts them anyway.
+    Check("float8-rowwise", needs="torchao", cuda_only=True, settings=(*FLOAT8, "train.fp8.quant_recipe='rowwise'")),
+    Check("float8-tensorwise", needs="torchao", cuda_only=True, settings=(*FLOAT8, "train.fp8.quant_recipe='tensorwise'")),
+    # FSDP2 on one rank (bf16 all-gather) with compiled blocks: the layout bench/fp8.py sft measures
+    Check("float8-fsdp-compiled", needs="torchao", cuda_only=True,
+          settings=(*FLOAT8, "train.fp8.quant_recipe='tensorwise'", "train.compile=true")),
+    # FSDP2 over 2 ranks: tensorwise weights all-gathered in float8, scales precomputed after each optimizer step, a save
+    Check("float8-all-gather-dp2", gpus=2, needs="torchao", cuda_only=True,
+          settings=(*FLOAT8, "train.fp8.quant_recipe='tensorwise'", "train.compile=true",
+                    "policy.parallelism.dp_shard_size=2")),
     Check("cpu-offload", cuda_only=True, settings=("train.cpu_offload=true",)),
     Check("bf16-optimizer-state", settings=("train.optimizer_state_dtype='bfloat16'",)),
     Check("compiled-blocks", cuda_only=True, settings=("train.compile=true",)),
@@ -130,17 +139,28 @@ def shard(wrapper, model, runtime, mesh, train):
         mesh_sizes.update({name: mesh[name].size() for name in mesh.mesh_dim_names})
     return real_shard(wrapper, model, runtime, mesh, train)
 build.shard = shard
+import physreason.models.float8 as float8
+precomputes = []  # float8 scale passes after optimizer steps (float8 all-gather only)
+real_precompute = float8._torchao_precompute
+def precompute(module):
+    precomputes.append(1)
+    return real_precompute(module)
+float8._torchao_precompute = precompute
 result = run_sft(load_config(None, json.loads(sys.argv[1])))
 if not dist.is_initialized() or dist.get_rank() == 0:
-    json.dump({"losses": result.losses, "mesh": mesh_sizes}, open(sys.argv[2], "w"))
+    json.dump({"losses": result.losses, "mesh": mesh_sizes, "float8_precomputes": len(precomputes)},
+              open(sys.argv[2], "w"))
 if dist.is_initialized():
     dist.destroy_process_group()
 """
 
 
-def torchrun(work: Path, nproc: int, settings: list[str], timeout: float, mesh: dict | None = None) -> list[float]:
+def torchrun(
+    work: Path, nproc: int, settings: list[str], timeout: float, mesh: dict | None = None, info: dict | None = None
+) -> list[float]:
     """SFT with `settings` in `nproc` torchrun processes (NCCL on GPUs); rank 0's losses. `mesh`, when given, is
-    filled with the trained mesh's dimension sizes. The processes' output goes to a log beside the losses."""
+    filled with the trained mesh's dimension sizes; `info` with the worker's whole record (float8_precomputes: the
+    float8 scale passes that followed optimizer steps). The processes' output goes to a log beside the losses."""
     stamp = time.monotonic_ns()
     script, losses = work / "sft_worker.py", work / f"losses_{nproc}_{stamp}.json"
     script.write_text(SFT_WORKER)
@@ -153,6 +173,8 @@ def torchrun(work: Path, nproc: int, settings: list[str], timeout: float, mesh: 
     record = json.loads(losses.read_text())
     if mesh is not None:
         mesh.update(record["mesh"])
+    if info is not None:
+        info.update(record)
     return record["losses"]
 
 
@@ -300,6 +322,18 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
         losses = torchrun(work, 1, base_settings(model, chat, work / name, steps=3)
                           + ["train.ckpt.enable_checkpoint=false", *check.settings], timeout)  # fmt: skip
         return finite(losses, 3)
+    if name in ("float8-fsdp-compiled", "float8-all-gather-dp2"):
+        nproc = check.gpus
+        # over 2 ranks the weights are torchao's float8-all-gather tensors: the save at step 2 checks they checkpoint
+        saves = [] if nproc > 1 else ["train.ckpt.enable_checkpoint=false"]
+        settings = base_settings(model, chat, work / name, steps=3) + saves + list(check.settings)
+        info: dict = {}
+        losses = torchrun(work, nproc, settings, timeout, info=info)
+        # float8 all-gather (2+ ranks) precomputes the scales after each of the 3 steps; one rank gathers in bf16
+        wanted = 3 if nproc > 1 else 0
+        if info["float8_precomputes"] != wanted:
+            raise AssertionError(f"{info['float8_precomputes']} float8 scale passes over {nproc} rank(s), wanted {wanted}")
+        return f"{finite(losses, 3)}, float8 all-gather {'on' if wanted else 'off'}, {wanted} scale passes"
     if name.startswith("float8-") or name in ("bf16-optimizer-state", "compiled-blocks"):
         settings = base_settings(model, chat, work / name, steps=3) + ["train.ckpt.enable_checkpoint=false"]
         if name.startswith("float8-") or name == "compiled-blocks":

@@ -21,7 +21,9 @@ Sweep:  python bench/sft_throughput.py --sweep                      (the built-i
         python bench/sft_throughput.py --rows="--compile --ac-every 0; --compile --ac-every 0 --grad-accum 4"
 TP:     torchrun --standalone --nproc-per-node 2 bench/sft_throughput.py --tp 2 [--sweep | --rows=...]
 CPU:    python bench/sft_throughput.py --tiny --seq-len 256 --steps 1 --warmup 1 --sweep
-float8: python bench/sft_throughput.py --rows="--chunked-ce --ac-every 2; --chunked-ce --ac-every 2 --float8 rowwise"
+float8: python bench/sft_throughput.py --rows="--chunked-ce --compile --ac-every 2; --chunked-ce --compile --ac-every 2 --float8 rowwise"
+        (built as the trainer builds it, models/float8.py: only the layers large enough to pay convert unless
+        --float8-all-linears; tensorwise all-gathers in float8 under torchrun with 2+ ranks, scales precomputed)
 Qwen3-VL-8B:  python bench/sft_throughput.py --shape qwen3-vl-8b --layers 18 --rows="--chunked-ce --compile --ac-every 2 --batch 4"
 
 Video rows (--video-seconds S, the whole process): each row is one clip of S seconds at --video-size, sampled and
@@ -81,7 +83,7 @@ PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--
                    "--video-size", "--video-fps", "--video-total-pixels", "--profile", "--profile-steps")
 SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
 ROW_OPTIONS = ("chunked_ce", "ce_chunk", "compile", "packing", "ac_every", "grad_accum", "batch", "seq_len",
-               "sdpa_backend", "wrap", "float8", "reshard", "compile_loss", "compile_vision")
+               "sdpa_backend", "wrap", "float8", "float8_all_linears", "reshard", "compile_loss", "compile_vision")
 # Cosmos-Reason2's inference video budget (configs/infer-cosmos-reason2-8b.toml)
 REASON2_FPS = 4.0
 REASON2_TOTAL_PIXELS = 11324620
@@ -295,10 +297,13 @@ def run_ours(config, args, device, mesh) -> dict:
     use_grouped_vision_attention(model)  # as physreason's loader does (a no-op for text rows' compute)
     if args.ac_every > 0:
         enable_activation_checkpointing(model, args.ac_every)
-    if args.float8 != "none":
-        from physreason.models.float8 import convert_to_float8
+    all_gather = False
+    if args.float8 != "none":  # as train/build.py does: before FSDP2 and compile, float8 all-gather over 2+ ranks
+        from physreason.models.float8 import convert_to_float8, float8_all_gather
 
-        convert_to_float8(model, args.float8, fsdp=args.wrap == "fsdp")  # before FSDP2, as train/build.py does
+        all_gather = float8_all_gather(args.float8, mesh["dp"].size() if args.wrap == "fsdp" else 1)
+        # --tiny: every layer is too small to pay; convert them anyway so the script's float8 path runs
+        convert_to_float8(model, args.float8, all_gather, skip_small=not (args.float8_all_linears or args.tiny))
     module = CausalLMLoss(model, loss_chunk_size=args.ce_chunk if args.chunked_ce else 0)
     compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     autocast = contextlib.nullcontext()
@@ -321,6 +326,10 @@ def run_ours(config, args, device, mesh) -> dict:
     module.train()
     parameters = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=1e-5, fused=device.type == "cuda")
+    if all_gather:  # one amax pass for all float8-all-gathered weights after each step, as the trainer does
+        from physreason.models.float8 import precompute_scales_after_steps
+
+        precompute_scales_after_steps(optimizer, module)
     batch = make_batch(config, args.seq_len, args.batch, args.packing, device, args.grid)
     scale = 1.0 / (batch.num_targets * args.grad_accum)
 
@@ -365,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder block")
     parser.add_argument("--float8", choices=("none", "rowwise", "tensorwise"), default="none",
                         help="float8 matmuls in the language model's linear layers (torchao; [train.fp8] quant_recipe)")
+    parser.add_argument("--float8-all-linears", action="store_true",
+                        help="with --float8: convert the linears too small to pay as well (train.fp8.skip_small_linears "
+                             "= false; lever)")
     parser.add_argument("--packing", action="store_true", help="4 samples packed into the row")
     parser.add_argument("--ac-every", type=int, default=1, help="checkpoint every n-th decoder block (0: none; 2: selective)")
     parser.add_argument("--sdpa-backend", choices=("auto", "flash", "cudnn", "efficient", "math"), default="auto",
