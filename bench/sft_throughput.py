@@ -490,7 +490,7 @@ def main() -> None:
         harness.write_json("sft_throughput.json", {**info, "tp": args.tp, "args": vars(args), "runs": runs}, args.json)
 
     if main_rank:
-        info = harness.device_line(device, gpus=world)
+        info = harness.device_line(device, ranks=world)
         print(f"{info['device']} x {world} (tp {args.tp}), {train_flops_per_token(config, args.seq_len) / 1e9:.1f} GFLOP/token "
               f"at seq_len {args.seq_len}; MFU per GPU of {PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s")
         if args.grid is not None:
