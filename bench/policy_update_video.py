@@ -158,9 +158,9 @@ class VisionAttentionSwitch:
     """Set the vision tower's attention to transformers' per-window kernel or to load_model's grouped wrapper."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        from physreason.models.vision_attention import ATTENTION_CLASS, WRAPPED_KERNELS, registered_name
+        from physreason.models.vision_attention import ATTENTION_CLASSES, WRAPPED_KERNELS, registered_name
 
-        modules = [m for m in model.modules() if type(m).__name__ == ATTENTION_CLASS]
+        modules = [m for m in model.modules() if type(m).__name__ in ATTENTION_CLASSES]
         self.configs = list({id(m.config): m.config for m in modules}.values())
         current = {c._attn_implementation for c in self.configs}
         if len(current) != 1:

@@ -76,7 +76,7 @@ SWEEP = (
 )
 # Options that shape the process (its world, its baseline) and so cannot change from row to row.
 PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--shape", "--video-seconds",
-                   "--video-size", "--video-fps", "--video-total-pixels", "--profile", "--profile-steps")
+                   "--video-size", "--video-fps", "--video-total-pixels", "--profile", "--profile-steps", "--json")
 SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
 ROW_OPTIONS = ("chunked_ce", "ce_chunk", "compile", "packing", "ac_every", "grad_accum", "batch", "seq_len",
                "sdpa_backend", "wrap", "float8", "reshard", "compile_loss", "compile_vision")
