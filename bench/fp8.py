@@ -40,7 +40,6 @@ import contextlib
 import copy
 import importlib.metadata
 import importlib.util
-import json
 import math
 import os
 import shutil
@@ -53,12 +52,11 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import device_info  # noqa: E402 - bench/ is on sys.path first
+from harness import emit as out  # noqa: E402
+
 RECIPES = ("rowwise", "tensorwise")  # torchao's float8 recipes ([train.fp8] quant_recipe)
 CURVE_WINDOW = 50  # steps at the end of the curves over which the mean |float8 - bf16| is taken
-
-
-def out(**fields) -> None:
-    print(json.dumps(fields), flush=True)
 
 
 def require_decode_support(tokenizer: Path) -> None:
@@ -149,7 +147,7 @@ def bench_decode(args: argparse.Namespace) -> None:
     from shapes import DECODER_SHAPES
 
     require_decode_support(args.tokenizer)
-    out(what="device", device=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape)
+    out(what="device", **device_info(), shape=args.shape)
     folder = make_folder(args.folder, args.tokenizer, DECODER_SHAPES[args.shape])
     for quantization in ("none", "fp8"):
         command = [sys.executable, __file__, "decode", "--tokenizer", str(args.tokenizer), "--folder", str(folder),
@@ -170,8 +168,7 @@ def bench_sft(args: argparse.Namespace, rest: list[str]) -> None:
     device = init_distributed(1)
     mesh = init_device_mesh(device.type, (dist.get_world_size(), 1), mesh_dim_names=("dp", "tp"))
     config = model_config(parser, base)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    out(what="device", device=name, torch=torch.__version__, shape=args.shape, layers=args.layers, options=rest)
+    out(what="device", **device_info(device), shape=args.shape, layers=args.layers, options=rest)
     # every row compiles new blocks: let dynamo keep their compiled code rather than run them eagerly (as main does)
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     import torch._inductor.config as inductor_config
@@ -304,7 +301,7 @@ def bench_curve(args: argparse.Namespace) -> dict:
     args.out = args.out.resolve()
     recipe = curve_recipe(args)
     device = intuitive_physics.device_name()
-    out(what="device", device=device, torch=torch.__version__, torchao=importlib.metadata.version("torchao"),
+    out(what="device", **device_info(), torchao=importlib.metadata.version("torchao"),
         steps=args.steps, batch=args.batch, recipe=args.recipe, scale=args.scale, clips_per_task=recipe.train_per_task)  # fmt: skip
     sets = [("train", "train", 0, recipe.train_per_task, LETTER_TASK_NAMES)]
     timings = intuitive_physics.generate_clip_sets(args.out, sets, recipe)

@@ -30,7 +30,6 @@ import faulthandler
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,9 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_STARTED = time.perf_counter()
+from harness import free_port
+from harness import progress as say
+
 BENCH = Path(__file__).resolve().parent
 
 
@@ -81,16 +82,6 @@ CHECKS = (
     Check("vllm-weight-push", needs="vllm", cuda_only=True),
     Check("vllm-fp8-rollout", needs="vllm", cuda_only=True),
 )
-
-
-def say(message: str) -> None:
-    print(f"[{time.perf_counter() - _STARTED:6.1f} s] {message}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def prepare(work: Path) -> tuple[Path, Path, Path]:

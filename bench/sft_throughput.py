@@ -51,13 +51,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import gc
-import json
 import os
 import shlex
-import time
 from pathlib import Path
 
+import harness
 import torch
 import torch.distributed as dist
 from profiling import Profiled
@@ -80,7 +78,7 @@ SWEEP = (
 )
 # Options that shape the process (its world, its baseline) and so cannot change from row to row.
 PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--shape", "--video-seconds",
-                   "--video-size", "--video-fps", "--video-total-pixels", "--profile", "--profile-steps")
+                   "--video-size", "--video-fps", "--video-total-pixels", "--profile", "--profile-steps", "--json")
 SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
 ROW_OPTIONS = ("chunked_ce", "ce_chunk", "compile", "packing", "ac_every", "grad_accum", "batch", "seq_len",
                "sdpa_backend", "wrap", "float8", "float8_all_linears", "reshard", "compile_loss", "compile_vision")
@@ -196,20 +194,6 @@ def text_train_flops(config, seq_len: int, targets: int) -> float:
     return (train_flops_per_token(config, seq_len) - lm_head) * seq_len + lm_head * targets
 
 
-def timed_steps(step, warmup: int, steps: int, device) -> float:
-    """Seconds per step after warmup (synchronised)."""
-    for _ in range(warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / steps
-
-
 def build_model(config, device, dtype: torch.dtype):
     """The model with random weights, initialised on `device` (fast on a GPU), the same on every rank."""
     from transformers import AutoModelForImageTextToText
@@ -219,10 +203,6 @@ def build_model(config, device, dtype: torch.dtype):
         # a copy: the grouped vision attention of `ours` is set on the model's config, never on the baseline's
         model = AutoModelForImageTextToText.from_config(copy.deepcopy(config))
     return model.to(dtype)
-
-
-def peak_gib(device) -> float:
-    return torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
 
 
 def run_baseline(config, args, device) -> dict:
@@ -255,12 +235,11 @@ def run_baseline(config, args, device) -> dict:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    seconds = timed_steps(step, args.warmup, args.steps, device)
+    harness.reset_peak()
+    seconds = harness.timed_steps(step, args.warmup, args.steps, device)
     profile(step, args, "transformers-baseline", device)
     return {"seconds_per_step": seconds, "tokens_per_step": args.seq_len, "flops_per_step": flops, "gpus": 1,
-            "peak_gib": peak_gib(device)}  # fmt: skip
+            "peak_gib": harness.peak_gib()}  # fmt: skip
 
 
 def profile(step, args, label: str, device) -> None:
@@ -345,9 +324,8 @@ def run_ours(config, args, device, mesh) -> dict:
             optimizer.zero_grad(set_to_none=True)
 
     try:
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        seconds = timed_steps(step, args.warmup, args.steps, device)
+        harness.reset_peak()
+        seconds = harness.timed_steps(step, args.warmup, args.steps, device)
         profile(step, args, f"{dist.get_rank()}-{describe_row(args)}", device)
     finally:
         loss_module._chunk_loss = chunk_loss
@@ -359,7 +337,7 @@ def run_ours(config, args, device, mesh) -> dict:
         per_row = text_train_flops(config, args.seq_len, batch.num_targets // args.batch)
         flops = replicas * args.batch * (per_row + vision_train_flops(config, args.grid))
     return {"seconds_per_step": seconds, "tokens_per_step": tokens, "flops_per_step": flops, "gpus": world,
-            "peak_gib": peak_gib(device)}  # fmt: skip
+            "peak_gib": harness.peak_gib()}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -367,8 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq-len", type=int, default=4096, help="tokens per row")
     parser.add_argument("--batch", type=int, default=1, help="rows per micro-batch")
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (compilation happens here)")
+    harness.add_steps(parser, 10, 3, "optimizer steps (compilation happens in the warm-up)")
     parser.add_argument("--chunked-ce", action="store_true", help="lm_head + CE in checkpointed sequence chunks")
     parser.add_argument("--ce-chunk", type=int, default=1024, help="tokens per CE chunk")
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder block")
@@ -393,8 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="decoder blocks of the language model (default: the shape's own); a full fine-tune of the "
                              "8B shape with fp32 masters and AdamW (16 bytes/parameter) does not fit one GPU, half its "
                              "blocks do; both sides run the same truncated model and MFU counts its FLOPs")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-vl-3b",
-                        help="model architecture and size (random weights)")
+    harness.add_shape(parser, "qwen2.5-vl-3b", SHAPES)
     parser.add_argument("--reshard", choices=("all", "all-but-last", "none"), default="all",
                         help="FSDP2 blocks that free their gathered parameters after forward (lever; default all)")
     parser.add_argument("--compile-loss", action="store_true", help="torch.compile the lm_head + CE chunk (lever)")
@@ -408,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="profile --profile-steps steps of each row after its timed steps, traces into DIR")
     parser.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler per row")
+    harness.add_json(parser)
     return parser
 
 
@@ -469,20 +446,12 @@ def init_distributed(tp: int) -> torch.device:
     else:
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29533")
+        os.environ.setdefault("MASTER_PORT", str(harness.free_port()))
         dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
     if dist.get_world_size() % tp:
         raise SystemExit(f"--tp {tp} must divide the number of processes ({dist.get_world_size()}): "
                          f"launch with torchrun --nproc-per-node {tp}")
     return device
-
-
-def free_memory(device) -> None:
-    """Drop what a finished (or failed) row left behind, so the next row starts from an empty GPU."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
 
 
 def measure(run, config, row, device, *extra) -> dict:
@@ -494,7 +463,7 @@ def measure(run, config, row, device, *extra) -> dict:
         error = "OOM"
     except (RuntimeError, ValueError) as failure:  # e.g. "No available kernel" for an --sdpa-backend on this device
         error = f"error: {str(failure).strip().splitlines()[0][:120]}"
-    free_memory(device)  # after the except block, whose exception held the failed row's tensors
+    harness.free_memory()  # after the except block, whose exception held the failed row's tensors
     if error is not None:
         return {"error": error}
     result["tokens_per_s"] = result["tokens_per_step"] / result["seconds_per_step"]
@@ -514,28 +483,27 @@ def main() -> None:
     config = model_config(parser, args)
     # every row builds new blocks; let dynamo keep their compiled code instead of falling back to eager
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if args.rows is not None:
         rows_options = [row.strip() for row in args.rows.split(";")]
     else:
         rows_options = list(SWEEP) if args.sweep else [""]
-    report = {"device": name, "gpus": world, "tp": args.tp, "args": {k: str(v) for k, v in vars(args).items()}, "date": time.strftime("%Y-%m-%d"), "runs": {}}
+    runs: dict[str, dict] = {}
 
     def emit(label: str, row: dict) -> None:
-        report["runs"][label] = row
+        runs[label] = row
         if not main_rank:
             return
-        base = report["runs"].get("transformers baseline", {}).get("tokens_per_s")
+        base = runs.get("transformers baseline", {}).get("tokens_per_s")
         if "error" in row:
             print(f"{label:<100} {row['error']}", flush=True)
         else:
             ratio = f"{row['tokens_per_s'] / base:.2f}x" if base else "-"
             print(f"{label:<100} {row['tokens_per_s']:>10,.0f} {row['mfu']:>7.1%} {row['peak_gib']:>9.1f} {ratio:>12}", flush=True)
-        if os.environ.get("OUT"):
-            Path(os.environ["OUT"], "sft_throughput.json").write_text(json.dumps(report, indent=2))
+        harness.write_json("sft_throughput.json", {**info, "tp": args.tp, "args": vars(args), "runs": runs}, args.json)
 
     if main_rank:
-        print(f"device {name} x {world} (tp {args.tp}), {train_flops_per_token(config, args.seq_len) / 1e9:.1f} GFLOP/token "
+        info = harness.device_line(device, ranks=world)
+        print(f"{info['device']} x {world} (tp {args.tp}), {train_flops_per_token(config, args.seq_len) / 1e9:.1f} GFLOP/token "
               f"at seq_len {args.seq_len}; MFU per GPU of {PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s")
         if args.grid is not None:
             t, h, w = args.grid
