@@ -132,3 +132,28 @@ def test_the_grouped_kernel_computes_adamw_bf16_update_over_three_steps(interpre
     for key, state in mine["state"].items():
         assert {k: (v.dtype, v.shape) for k, v in state.items()} == {k: (v.dtype, v.shape) for k, v in other["state"][key].items()}
         assert torch.equal(state["step"], other["state"][key]["step"])
+
+
+def test_a_grouped_kernel_that_fails_to_build_falls_back_to_a_kernel_a_parameter_and_says_so(monkeypatch, caplog):
+    def broken(tables, scalars):
+        raise RuntimeError("no ptxas for this GPU")
+
+    monkeypatch.setattr(adamw, "_GROUPED_ON_CPU", True)
+    monkeypatch.setattr(adamw, "_KERNELS", {"found": True})
+    monkeypatch.setattr(adamw, "grouped_adamw_bf16_update", broken)
+    monkeypatch.setattr(adamw, "_compiled_update", lambda: adamw.adamw_bf16_update)  # the compiled kernel's math
+    torch.manual_seed(0)
+    start, grad = torch.randn(4, 6), torch.randn(4, 6)
+    param = torch.nn.Parameter(start.clone())
+    param.grad = grad.clone()
+    optimizer = AdamWBF16State([param], lr=1e-2, weight_decay=0.1)
+    optimizer.step()
+    assert "grouped Triton update failed to build (RuntimeError: no ptxas" in caplog.text
+    assert not optimizer.grouped and optimizer.grouped_launches == 0 and optimizer.per_parameter_updates == 1
+    expected, moments = start.clone(), [torch.zeros(4, 6, dtype=torch.bfloat16) for _ in range(2)]
+    scalars = (1e-2, 0.9, 0.999, 1e-8, 0.1, 1 - 0.9, (1 - 0.999) ** 0.5)
+    adamw.adamw_bf16_update(expected, grad, *moments, *adamw._scalar_tensors(scalars, expected.device))
+    assert torch.equal(param.detach(), expected) and torch.equal(optimizer.state[param]["exp_avg"], moments[0])
+    optimizer.grouped, optimizer.grouped_launches = True, 1  # once a grouped kernel ran, a failure is an error
+    with pytest.raises(RuntimeError, match="no ptxas"):
+        optimizer.step()

@@ -116,19 +116,20 @@ class AdamWBF16State(torch.optim.Optimizer):
                 tables = self._tables.get((index, *key[:-1]))
                 if tables is None or tables.rows != bucket.rows:  # a pointer moved (a new gradient, a resume)
                     tables = self._tables[(index, *key[:-1])] = _Tables(bucket, aligned=key[3], previous=tables)
-                try:
-                    grouped_adamw_bf16_update(tables, scalars)
-                except Exception as error:  # noqa: BLE001 - the first launch compiles; a Triton that cannot is named
-                    if self.grouped_launches:
-                        raise
-                    log.warning("bf16-state AdamW: the grouped Triton update failed to build (%s: %s); each parameter "
-                                "gets its own compiled kernel instead (slower)", type(error).__name__, error)
-                    self.grouped = grouped = False
-                    for tensors in bucket.members:
-                        _compiled_update()(*map(_flat, tensors), *_scalar_tensors(scalars, tensors[0].device))
-                    self.per_parameter_updates += len(bucket.members)
-                    continue
-                self.grouped_launches += 1
+                if self.grouped:
+                    try:
+                        grouped_adamw_bf16_update(tables, scalars)
+                        self.grouped_launches += 1
+                        continue
+                    except Exception as error:  # noqa: BLE001 - the first launch compiles: a Triton that cannot is named
+                        if self.grouped_launches:
+                            raise
+                        log.warning("bf16-state AdamW: the grouped Triton update failed to build (%s: %s); each "
+                                    "parameter gets its own compiled kernel instead (slower)", type(error).__name__, error)
+                        self.grouped = grouped = False
+                for tensors in bucket.members:
+                    _compiled_update()(*map(_flat, tensors), *_scalar_tensors(scalars, tensors[0].device))
+                self.per_parameter_updates += len(bucket.members)
         return loss
 
 
