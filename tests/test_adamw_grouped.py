@@ -91,7 +91,9 @@ def test_the_grouped_kernel_computes_adamw_bf16_update_over_three_steps(interpre
     start = [torch.randn(s) for s in shapes] + [torch.randn(16, 10).to(torch.bfloat16), torch.randn(12, 9).t()]
     ours = [torch.nn.Parameter(t.clone()) for t in start]
     theirs = [torch.nn.Parameter(t.clone()) for t in start]
-    grouped = AdamWBF16State([{"params": ours[:4]}, {"params": ours[4:], "weight_decay": 0.0}], lr=1e-2, weight_decay=0.1)
+    grouped = AdamWBF16State(
+        [{"params": ours[:4]}, {"params": ours[4:], "weight_decay": 0.0}], lr=1e-2, weight_decay=0.1
+    )
     eager = AdamWBF16State([{"params": theirs[:4]}, {"params": theirs[4:], "weight_decay": 0.0}], lr=1e-2, weight_decay=0.1,
                            grouped=False)  # fmt: skip
     # the reference: adamw_bf16_update (what one compiled kernel a parameter runs) of each tensor, at its own step
@@ -130,7 +132,9 @@ def test_the_grouped_kernel_computes_adamw_bf16_update_over_three_steps(interpre
     assert mine["param_groups"] == other["param_groups"]
     assert mine["state"].keys() == other["state"].keys()
     for key, state in mine["state"].items():
-        assert {k: (v.dtype, v.shape) for k, v in state.items()} == {k: (v.dtype, v.shape) for k, v in other["state"][key].items()}
+        assert {k: (v.dtype, v.shape) for k, v in state.items()} == {
+            k: (v.dtype, v.shape) for k, v in other["state"][key].items()
+        }
         assert torch.equal(state["step"], other["state"][key]["step"])
 
 

@@ -95,7 +95,9 @@ class AdamWBF16State(torch.optim.Optimizer):
                             buckets.setdefault(found[0], _Bucket()).add(tensors, found[1])
                         continue
                 if param.is_cuda:
-                    tensors = tuple(_flat(_local(t)) for t in (param, param.grad, state["exp_avg"], state["exp_avg_sq"]))
+                    tensors = tuple(
+                        _flat(_local(t)) for t in (param, param.grad, state["exp_avg"], state["exp_avg_sq"])
+                    )
                     scalars = (lr, beta1, beta2, eps, decay, 1 - beta1**step, math.sqrt(1 - beta2**step))
                     _compiled_update()(*tensors, *_scalar_tensors(scalars, tensors[0].device))
                     self.per_parameter_updates += 1
@@ -124,8 +126,12 @@ class AdamWBF16State(torch.optim.Optimizer):
                     except Exception as error:  # noqa: BLE001 - the first launch compiles: a Triton that cannot is named
                         if self.grouped_launches:
                             raise
-                        log.warning("bf16-state AdamW: the grouped Triton update failed to build (%s: %s); each "
-                                    "parameter gets its own compiled kernel instead (slower)", type(error).__name__, error)
+                        log.warning(
+                            "bf16-state AdamW: the grouped Triton update failed to build (%s: %s); each "
+                            "parameter gets its own compiled kernel instead (slower)",
+                            type(error).__name__,
+                            error,
+                        )
                         self.grouped = grouped = False
                 for tensors in bucket.members:
                     _compiled_update()(*map(_flat, tensors), *_scalar_tensors(scalars, tensors[0].device))
