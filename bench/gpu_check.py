@@ -8,7 +8,8 @@ GPUs than the machine has, or vLLM when it is not installed, prints `skip` with 
 
 One GPU:   sft-sync-saves, sft-async-saves (three saves each, then a resume from the second whose losses must equal
            the uninterrupted run's), float8-rowwise, float8-tensorwise, float8-fsdp-compiled (torchrun 1),
-           cpu-offload, bf16-optimizer-state, compiled-blocks, chunked-loss (against the full loss of the same step),
+           cpu-offload, bf16-optimizer-state, bf16-state-grouped (one Triton kernel a group against one compiled
+           kernel a parameter), compiled-blocks, chunked-loss (against the full loss of the same step),
            fsdp2-torchrun, hf-generate, grpo-step
 Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losses within 1e-3 relative;
            float8-all-gather-dp2 (tensorwise weights all-gathered in float8, scales precomputed after each step)
@@ -70,6 +71,7 @@ CHECKS = (
                     "policy.parallelism.dp_shard_size=2")),
     Check("cpu-offload", cuda_only=True, settings=("train.cpu_offload=true",)),
     Check("bf16-optimizer-state", settings=("train.optimizer_state_dtype='bfloat16'",)),
+    Check("bf16-state-grouped", cuda_only=True),
     Check("compiled-blocks", cuda_only=True, settings=("train.compile=true",)),
     Check("chunked-loss", settings=("train.loss_chunk_size=16",)),
     Check("fsdp2-torchrun"),
@@ -300,6 +302,109 @@ def check_vllm(name: str, model: Path) -> str:
     return "greedy output followed the pushed weights and came back with the originals"
 
 
+def check_bf16_grouped(device: str = "cuda", timed: int = 400) -> str:
+    """bf16-state AdamW's grouped update (one Triton kernel a parameter group) against one compiled kernel a
+    parameter: 3 steps over tensors of every kind it meets (sizes off the chunk, bfloat16 weights, an empty shard, a
+    transposed weight that takes the per-parameter way), then an FSDP2 MLP on a one-rank mesh (DTensor parameters);
+    weights and moments must agree within bfloat16 rounding. Also times a step of each over `timed` tensors (400).
+    device="cpu" runs the same logic through Triton's interpreter (a dry run of this check, not a CPU path)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from physreason.train.adamw import AdamWBF16State
+
+    def compare(ours, theirs, grouped, per_parameter, what: str) -> None:
+        if grouped.grouped_launches == 0 or per_parameter.grouped_launches != 0:
+            raise AssertionError(f"{what}: {grouped.grouped_launches} grouped launches (the Triton update did not run)")
+        for index, (a, b) in enumerate(zip(ours, theirs)):
+            a, b = (t.full_tensor() if hasattr(t, "full_tensor") else t for t in (a.detach(), b.detach()))
+            # fused multiply-adds may round a bf16 moment one unit apart (2**-8 relative); a float32 weight then moves
+            # by about lr x 2**-8 a step, a bfloat16 weight by a unit of its own; a wrong formula moves it by ~lr
+            rtol = 2**-6 if a.dtype == torch.bfloat16 else 0.0
+            if not torch.allclose(a.float(), b.float(), rtol=rtol, atol=1e-2 * 2**-7):
+                gap = (a.float() - b.float()).abs().max().item()
+                raise AssertionError(f"{what}: weight {index} {tuple(a.shape)} {a.dtype} differs by {gap:.3g}")
+        for index, (a, b) in enumerate(zip(ours, theirs)):
+            for key in ("exp_avg", "exp_avg_sq"):
+                x, y = (o.state[p][key] for o, p in ((grouped, a), (per_parameter, b)))
+                if x.dtype != torch.bfloat16:
+                    raise AssertionError(f"{what}: {key} of weight {index} is {x.dtype}, not bfloat16")
+                x, y = (t.full_tensor().float() if hasattr(t, "full_tensor") else t.float() for t in (x, y))
+                # one unit apart, relative to the tensor's scale (a moment that cancels to near zero, m + (g - m) x 0.1
+                # with g near -9 m, keeps the absolute error of its inputs)
+                scale = 2**-7 * y.abs().max().item() if y.numel() else 0.0
+                if not torch.allclose(x, y, rtol=2**-7, atol=scale + 1e-12):
+                    gap = (x - y).abs().max().item()
+                    raise AssertionError(f"{what}: {key} of weight {index} differs by {gap:.3g} (scale {scale:.3g})")
+
+    torch.manual_seed(0)
+    shapes = [(1000, 300), (4099,), (64, 64), (1,), (0, 8), (3, 5, 7), (40000,), (16384,)]
+    start = [torch.randn(s, device=device) for s in shapes]
+    start += [torch.randn(128, 33, device=device).bfloat16(), torch.randn(30, 20, device=device).t()]
+    built = []
+    for grouped in (True, False):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        groups = [{"params": params[:-3]}, {"params": params[-3:], "weight_decay": 0.0}]
+        built.append((params, AdamWBF16State(groups, lr=1e-2, weight_decay=0.1, grouped=grouped)))
+    (ours, grouped), (theirs, per_parameter) = built
+    for _ in range(3):
+        for a, b in zip(ours, theirs):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        grouped.step()
+        per_parameter.step()
+    compare(ours, theirs, grouped, per_parameter, "plain tensors")
+    if grouped.per_parameter_updates != 3:  # the transposed weight, 3 steps
+        raise AssertionError(f"{grouped.per_parameter_updates} per-parameter updates beside the grouped kernel, not 3")
+
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh(device, (1,))
+        models, optimizers = [], []
+        for grouped_update in (True, False):
+            torch.manual_seed(1)
+            model = torch.nn.Sequential(torch.nn.Linear(96, 200), torch.nn.GELU(), torch.nn.Linear(200, 7)).to(device)
+            fully_shard(model, mesh=mesh)
+            models.append(model)
+            optimizers.append(AdamWBF16State(model.parameters(), lr=1e-2, weight_decay=0.1, grouped=grouped_update))
+        inputs = torch.randn(3, 16, 96, device=device)
+        for step in range(3):  # the first model's gradients (DTensors) go to both, so only the updates differ
+            models[0](inputs[step]).square().mean().backward()
+            for a, b in zip(models[0].parameters(), models[1].parameters()):
+                b.grad = a.grad.detach().clone()
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        compare(list(models[0].parameters()), list(models[1].parameters()), *optimizers, "FSDP2 (DTensor)")
+    finally:
+        dist.destroy_process_group()
+
+    # time: 400 float32 tensors (105 M elements, 2.1 GB read and written a step), after a warm-up step of each
+    sizes = [(1024, 512) if i % 2 else (4096,) for i in range(timed)]
+    seconds = []
+    for grouped_update in (True, False):
+        params = [torch.nn.Parameter(torch.randn(s, device=device)) for s in sizes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        optimizer = AdamWBF16State(params, lr=1e-3, grouped=grouped_update)
+        optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(5):
+            optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds.append((time.perf_counter() - started) / 5)
+        del params, optimizer
+    elements = sum(torch.Size(s).numel() for s in sizes)
+    return (f"3 steps equal within bf16 rounding (plain, bf16 weights, empty, FSDP2); {timed} tensors, {elements / 1e6:.0f} M "
+            f"elements: grouped {seconds[0] * 1e3:.2f} ms a step ({elements * 20 / seconds[0] / 1e9:.0f} GB/s) vs "
+            f"per-parameter {seconds[1] * 1e3:.2f} ms")
+
+
 def run_check(check: Check, work: Path, timeout: float) -> str:
     """The body of one check, in this (worker) process; returns the detail of a pass, raises on a failure."""
     import torch
@@ -333,6 +438,8 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
         return finite(result.losses, 3)
     if name == "chunked-loss":
         return check_chunked(model, chat, work, check.settings)
+    if name == "bf16-state-grouped":
+        return check_bf16_grouped()
     if name == "fsdp2-torchrun":
         losses = torchrun(work, 1, base_settings(model, chat, work / name, steps=3)
                           + ["train.ckpt.enable_checkpoint=false"], timeout)  # fmt: skip

@@ -225,6 +225,9 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
         _, planned = planned_tensors(args, runtime, hf_config, train)
         row = {"mode": mode, "seconds_per_step": seconds, "tokens_per_s": tokens / seconds,
                "peak_gib": harness.peak_gib(), "planned_gib": planned / GIB}  # fmt: skip
+        if hasattr(optimizer, "grouped_launches"):  # bf16 state: which update ran (one kernel a group, or a parameter)
+            row["adamw_launches_per_step"] = {"grouped": optimizer.grouped_launches / (args.warmup + args.steps),
+                                              "per_parameter": optimizer.per_parameter_updates / (args.warmup + args.steps)}
         none = next((r for r in rows if r["mode"] == "none"), row if mode == "none" else None)
         row["vs_none"] = row["tokens_per_s"] / none["tokens_per_s"] if none else None
         rows.append(row)
@@ -234,6 +237,10 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
             ratio = f"{row['vs_none']:.3f}" if row["vs_none"] is not None else "-"
             print(f"{mode:<11} {seconds:8.3f} {row['tokens_per_s']:10,.0f} {ratio:>8} {row['peak_gib']:9.2f} "
                   f"{row['planned_gib']:12.2f}", flush=True)  # fmt: skip
+            if "adamw_launches_per_step" in row:
+                launches = row["adamw_launches_per_step"]
+                print(f"  AdamW of {mode}: {launches['grouped']:.0f} grouped kernels and {launches['per_parameter']:.0f} "
+                      "per-parameter updates a step", flush=True)  # fmt: skip
             record = {"args": vars(args), **info, "world_size": runtime.world_size, "rows": rows}
             harness.write_json("memory_plan_modes.json", record, args.json)
     return rows
