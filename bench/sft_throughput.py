@@ -5,8 +5,10 @@ with random weights (built from a config on the GPU, no download);
 rows of --seq-len text tokens. Both sides run in this process (one per GPU under torchrun), one after the other:
   baseline  transformers model in bf16, gradient checkpointing, fused AdamW, HF loss on full logits, one row per
             optimizer step (DESIGN.md's anchor);
-  ours      physreason's CausalLMLoss under FSDP2 (fp32 masters, bf16 compute, fp32 reduction) or, with
-            --wrap autocast, as the trainer runs without torchrun (fp32 params under bf16 autocast); fused AdamW,
+  ours      physreason's CausalLMLoss under FSDP2 (fp32 masters, bf16 compute, fp32 reduction), with --wrap cast
+            as the trainer runs on one process (the same numerics without FSDP2: each block's fp32 parameters
+            cast to bf16 for its forward), or with --wrap autocast as the trainer ran without torchrun before
+            (fp32 params under bf16 autocast; train.one_rank_precision = 'legacy'); fused AdamW,
             global-norm clipping, plus the options below.
 tokens/s counts every token of an optimizer step (grad-accum x batch x seq-len x data-parallel ranks) over the whole
 step, optimizer included; MFU is per GPU: tokens/s x train FLOP/token / (GPUs x 989 TFLOP/s).
@@ -279,6 +281,7 @@ def run_ours(config, args, device, mesh) -> dict:
     """physreason's CausalLMLoss wrapped as the trainer wraps it, with the row's options."""
     import physreason.train.loss as loss_module
     from physreason.models.parallelize import (
+        apply_compute_cast,
         apply_fsdp2,
         apply_tensor_parallel,
         clip_grad_norm,
@@ -291,6 +294,8 @@ def run_ours(config, args, device, mesh) -> dict:
     tp, world = mesh["tp"].size(), mesh.size()
     if args.wrap == "autocast" and world > 1:
         raise ValueError("--wrap autocast is the single-process trainer path; it cannot run under torchrun with more ranks")
+    if args.wrap == "cast" and (world > 1 or args.float8 != "none"):
+        raise ValueError("--wrap cast is the one-rank trainer path: one process, no float8 (which keeps FSDP2)")
     model = build_model(config, device, torch.float32)
     use_grouped_vision_attention(model)  # as physreason's loader does (a no-op for text rows' compute)
     if args.ac_every > 0:
@@ -306,6 +311,8 @@ def run_ours(config, args, device, mesh) -> dict:
         if tp > 1:
             apply_tensor_parallel(model, mesh["tp"])
         apply_fsdp2(module, model, mesh["dp"], compute_dtype, torch.float32, reshard=args.reshard)
+    elif args.wrap == "cast":
+        apply_compute_cast(module, model, compute_dtype)
     elif compute_dtype != torch.float32:
         autocast = torch.autocast(device.type, dtype=compute_dtype)
     if args.compile:
@@ -369,8 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ac-every", type=int, default=1, help="checkpoint every n-th decoder block (0: none; 2: selective)")
     parser.add_argument("--sdpa-backend", choices=("auto", "flash", "cudnn", "efficient", "math"), default="auto",
                         help="attention kernel (torch.nn.attention.sdpa_kernel); cudnn is the fast one on Hopper")
-    parser.add_argument("--wrap", choices=("fsdp", "autocast"), default="fsdp",
-                        help="fsdp: the torchrun trainer path; autocast: the single-process trainer path")
+    parser.add_argument("--wrap", choices=("fsdp", "cast", "autocast"), default="fsdp",
+                        help="fsdp: FSDP2 (the torchrun trainer path, and one process's with train.one_rank_precision "
+                             "= 'legacy'); cast: the one-process trainer path (no FSDP2, each block cast to bf16 for "
+                             "its forward); autocast: the plain-process trainer path before 'cast'")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree; launch with torchrun --nproc-per-node N")
     parser.add_argument("--sweep", action="store_true", help="run the built-in SWEEP rows after one baseline")
     parser.add_argument("--rows", default=None, metavar='"A; B"',
