@@ -43,7 +43,9 @@ DIR/<row>.trace.json (chrome trace) and DIR/<row>.profile.json, and prints GPU k
 
 Levers (row options, off by default, to A/B in one sweep): --reshard all-but-last|none (FSDP2 keeps the last or every
 block's gathered bf16 parameters from forward to backward instead of regathering), --compile-loss (torch.compile the
-lm_head + cross-entropy chunk), --compile-vision (torch.compile each vision block; video rows).
+lm_head + cross-entropy chunk of the recompute path: pair it with --ce-recompute), --compile-vision
+(torch.compile each vision block; video rows). Baselines of earlier paths, in the same run: --wrap fsdp or autocast
+(one process before train.one_rank_precision = 'cast'), --ce-recompute (the chunked loss before the fused one).
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ SWEEP = (
 PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--shape", "--video-seconds",
                    "--video-size", "--video-fps", "--video-total-pixels", "--profile", "--profile-steps")
 SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
-ROW_OPTIONS = ("chunked_ce", "ce_chunk", "compile", "packing", "ac_every", "grad_accum", "batch", "seq_len",
+ROW_OPTIONS = ("chunked_ce", "ce_chunk", "ce_recompute", "compile", "packing", "ac_every", "grad_accum", "batch", "seq_len",
                "sdpa_backend", "wrap", "float8", "reshard", "compile_loss", "compile_vision")
 # Cosmos-Reason2's inference video budget (configs/infer-cosmos-reason2-8b.toml)
 REASON2_FPS = 4.0
@@ -322,7 +324,8 @@ def run_ours(config, args, device, mesh) -> dict:
         for block in model.model.visual.blocks:
             block.compile()
     # A/B of a candidate: the lm_head + cross-entropy chunk compiled (restored after the row)
-    chunk_loss = loss_module._chunk_loss
+    chunk_loss, fused = loss_module._chunk_loss, loss_module.FUSED
+    loss_module.FUSED = not args.ce_recompute
     if args.compile_loss:
         loss_module._chunk_loss = torch.compile(chunk_loss)
     module.train()
@@ -348,7 +351,7 @@ def run_ours(config, args, device, mesh) -> dict:
         seconds = timed_steps(step, args.warmup, args.steps, device)
         profile(step, args, f"{dist.get_rank()}-{describe_row(args)}", device)
     finally:
-        loss_module._chunk_loss = chunk_loss
+        loss_module._chunk_loss, loss_module.FUSED = chunk_loss, fused
     replicas = args.grad_accum * (world // tp)
     tokens = batch.input_ids.numel() * replicas
     if args.grid is None:
@@ -369,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (compilation happens here)")
     parser.add_argument("--chunked-ce", action="store_true", help="lm_head + CE in checkpointed sequence chunks")
     parser.add_argument("--ce-chunk", type=int, default=1024, help="tokens per CE chunk")
+    parser.add_argument("--ce-recompute", action="store_true",
+                        help="chunked CE under activation checkpointing (the path before the fused one: the logits "
+                             "computed again in the backward)")
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder block")
     parser.add_argument("--float8", choices=("none", "rowwise", "tensorwise"), default="none",
                         help="float8 matmuls in the language model's linear layers (torchao; [train.fp8] quant_recipe)")
