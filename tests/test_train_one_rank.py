@@ -38,3 +38,21 @@ def test_one_rank_without_fsdp2_matches_fsdp2_and_its_checkpoints_cross_to_two_p
     back = torchrun_sft(tmp_path, 1, 0, _bf16(model, data, tmp_path / "back", trust,
                                               f"train.resume='{tmp_path / 'two' / 'checkpoints' / 'step_3'}'"))
     assert back == two[1:]
+
+
+def test_lora_in_one_plain_process_without_fsdp2_matches_fsdp2_on_one_rank(tmp_path):
+    pytest.importorskip("peft")
+    from physreason.config import load_config
+    from physreason.train.sft import run_sft
+
+    model = save_tiny_model("qwen2_5_vl", tmp_path / "model")
+    data = write_chat_records(tmp_path, 8, "Does it roll {i}?")
+
+    def lora(out: str, *settings: str) -> list[str]:
+        return _bf16(model, data, tmp_path / out, "train.max_steps=3", "train.ckpt.enable_checkpoint=false",
+                     "train.lora.enable=true", "train.lora.rank=4", "train.lora.vision=true", *settings)  # fmt: skip
+
+    fsdp = torchrun_sft(tmp_path, 1, 0, lora("fsdp", "train.one_rank_precision='legacy'"))
+    cast = run_sft(load_config(None, lora("cast"))).losses
+    # text rows: the tower (its dummy pass under torchrun, none in a plain process) takes no part in the loss
+    assert len(cast) == 3 and cast == fsdp
