@@ -116,13 +116,12 @@ def apply_float8(model: nn.Module, config: Config, runtime: Runtime) -> None:
 
 
 def compute_cast(config: Config, runtime: Runtime) -> bool:
-    """Whether this run takes the one-rank path (parallelize.apply_compute_cast): one process, [train]
-    one_rank_precision = "cast", param_dtype below float32, no float8 and no CPU offload (those keep FSDP2 or autocast)."""
+    """Whether this run takes the one-rank path (parallelize.apply_compute_cast; a plain module in float32): one
+    process, [train] one_rank_precision = "cast", no float8 and no CPU offload (those keep FSDP2 or autocast)."""
     train = config.train
     return (
         runtime.world_size == 1
         and train.one_rank_precision == "cast"
-        and train.param_dtype != "float32"
         and not train.fp8.enable_fp8
         and not train.cpu_offload
     )
