@@ -5,8 +5,10 @@ with random weights (built from a config on the GPU, no download);
 rows of --seq-len text tokens. Both sides run in this process (one per GPU under torchrun), one after the other:
   baseline  transformers model in bf16, gradient checkpointing, fused AdamW, HF loss on full logits, one row per
             optimizer step (DESIGN.md's anchor);
-  ours      physreason's CausalLMLoss under FSDP2 (fp32 masters, bf16 compute, fp32 reduction) or, with
-            --wrap autocast, as the trainer runs without torchrun (fp32 params under bf16 autocast); fused AdamW,
+  ours      physreason's CausalLMLoss under FSDP2 (fp32 masters, bf16 compute, fp32 reduction), with --wrap cast
+            as the trainer runs on one process (the same numerics without FSDP2: each block's fp32 parameters
+            cast to bf16 for its forward), or with --wrap autocast as the trainer ran without torchrun before
+            (fp32 params under bf16 autocast; train.one_rank_precision = 'legacy'); fused AdamW,
             global-norm clipping, plus the options below.
 tokens/s counts every token of an optimizer step (grad-accum x batch x seq-len x data-parallel ranks) over the whole
 step, optimizer included; MFU is per GPU: tokens/s x train FLOP/token / (GPUs x 989 TFLOP/s).
@@ -43,7 +45,9 @@ DIR/<row>.trace.json (chrome trace) and DIR/<row>.profile.json, and prints GPU k
 
 Levers (row options, off by default, to A/B in one sweep): --reshard all-but-last|none (FSDP2 keeps the last or every
 block's gathered bf16 parameters from forward to backward instead of regathering), --compile-loss (torch.compile the
-lm_head + cross-entropy chunk), --compile-vision (torch.compile each vision block; video rows).
+lm_head + cross-entropy chunk of the recompute path: pair it with --ce-recompute), --compile-vision
+(torch.compile each vision block; video rows). Baselines of earlier paths, in the same run: --wrap fsdp or autocast
+(one process before train.one_rank_precision = 'cast'), --ce-recompute (the chunked loss before the fused one).
 """
 
 from __future__ import annotations
@@ -80,8 +84,9 @@ SWEEP = (
 PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--shape", "--video-seconds",
                    "--video-size", "--video-fps", "--video-total-pixels", "--profile", "--profile-steps", "--json")
 SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
-ROW_OPTIONS = ("chunked_ce", "ce_chunk", "compile", "packing", "ac_every", "grad_accum", "batch", "seq_len",
-               "sdpa_backend", "wrap", "float8", "float8_all_linears", "reshard", "compile_loss", "compile_vision")
+ROW_OPTIONS = ("chunked_ce", "ce_chunk", "ce_recompute", "compile", "packing", "ac_every", "grad_accum", "batch",
+               "seq_len", "sdpa_backend", "wrap", "float8", "float8_all_linears", "reshard", "compile_loss",
+               "compile_vision")
 # Cosmos-Reason2's inference video budget (configs/infer-cosmos-reason2-8b.toml)
 REASON2_FPS = 4.0
 REASON2_TOTAL_PIXELS = 11324620
@@ -260,6 +265,7 @@ def run_ours(config, args, device, mesh) -> dict:
     """physreason's CausalLMLoss wrapped as the trainer wraps it, with the row's options."""
     import physreason.train.loss as loss_module
     from physreason.models.parallelize import (
+        apply_compute_cast,
         apply_fsdp2,
         apply_tensor_parallel,
         clip_grad_norm,
@@ -272,6 +278,8 @@ def run_ours(config, args, device, mesh) -> dict:
     tp, world = mesh["tp"].size(), mesh.size()
     if args.wrap == "autocast" and world > 1:
         raise ValueError("--wrap autocast is the single-process trainer path; it cannot run under torchrun with more ranks")
+    if args.wrap == "cast" and (world > 1 or args.float8 != "none"):
+        raise ValueError("--wrap cast is the one-rank trainer path: one process, no float8 (which keeps FSDP2)")
     model = build_model(config, device, torch.float32)
     use_grouped_vision_attention(model)  # as physreason's loader does (a no-op for text rows' compute)
     if args.ac_every > 0:
@@ -290,6 +298,8 @@ def run_ours(config, args, device, mesh) -> dict:
         if tp > 1:
             apply_tensor_parallel(model, mesh["tp"])
         apply_fsdp2(module, model, mesh["dp"], compute_dtype, torch.float32, reshard=args.reshard)
+    elif args.wrap == "cast":
+        apply_compute_cast(module, model, compute_dtype)
     elif compute_dtype != torch.float32:
         autocast = torch.autocast(device.type, dtype=compute_dtype)
     if args.compile:
@@ -299,7 +309,8 @@ def run_ours(config, args, device, mesh) -> dict:
         for block in model.model.visual.blocks:
             block.compile()
     # A/B of a candidate: the lm_head + cross-entropy chunk compiled (restored after the row)
-    chunk_loss = loss_module._chunk_loss
+    chunk_loss, fused = loss_module._chunk_loss, loss_module.FUSED
+    loss_module.FUSED = not args.ce_recompute
     if args.compile_loss:
         loss_module._chunk_loss = torch.compile(chunk_loss)
     module.train()
@@ -328,7 +339,7 @@ def run_ours(config, args, device, mesh) -> dict:
         seconds = harness.timed_steps(step, args.warmup, args.steps, device)
         profile(step, args, f"{dist.get_rank()}-{describe_row(args)}", device)
     finally:
-        loss_module._chunk_loss = chunk_loss
+        loss_module._chunk_loss, loss_module.FUSED = chunk_loss, fused
     replicas = args.grad_accum * (world // tp)
     tokens = batch.input_ids.numel() * replicas
     if args.grid is None:
@@ -348,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     harness.add_steps(parser, 10, 3, "optimizer steps (compilation happens in the warm-up)")
     parser.add_argument("--chunked-ce", action="store_true", help="lm_head + CE in checkpointed sequence chunks")
     parser.add_argument("--ce-chunk", type=int, default=1024, help="tokens per CE chunk")
+    parser.add_argument("--ce-recompute", action="store_true",
+                        help="chunked CE under activation checkpointing (the path before the fused one: the logits "
+                             "computed again in the backward)")
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder block")
     parser.add_argument("--float8", choices=("none", "rowwise", "tensorwise"), default="none",
                         help="float8 matmuls in the language model's linear layers (torchao; [train.fp8] quant_recipe)")
@@ -358,8 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ac-every", type=int, default=1, help="checkpoint every n-th decoder block (0: none; 2: selective)")
     parser.add_argument("--sdpa-backend", choices=("auto", "flash", "cudnn", "efficient", "math"), default="auto",
                         help="attention kernel (torch.nn.attention.sdpa_kernel); cudnn is the fast one on Hopper")
-    parser.add_argument("--wrap", choices=("fsdp", "autocast"), default="fsdp",
-                        help="fsdp: the torchrun trainer path; autocast: the single-process trainer path")
+    parser.add_argument("--wrap", choices=("fsdp", "cast", "autocast"), default="fsdp",
+                        help="fsdp: FSDP2 (the torchrun trainer path, and one process's with train.one_rank_precision "
+                             "= 'legacy'); cast: the one-process trainer path (no FSDP2, each block cast to bf16 for "
+                             "its forward); autocast: the plain-process trainer path before 'cast'")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree; launch with torchrun --nproc-per-node N")
     parser.add_argument("--sweep", action="store_true", help="run the built-in SWEEP rows after one baseline")
     parser.add_argument("--rows", default=None, metavar='"A; B"',

@@ -440,6 +440,14 @@ class TrainConfig(Section):
     param_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="FSDP2 parameter dtype for compute.")
     fsdp_reduce_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 gradient reduction dtype.")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass.")
+    one_rank_precision: Literal["cast", "legacy"] = Field(
+        "cast",
+        description="How a run on one process (plain, or torchrun --nproc-per-node 1) gets param_dtype compute. "
+        "'cast': no FSDP2 and no collectives; each block's float32 parameters are cast to param_dtype for its forward "
+        "(FSDP2's numerics and checkpoints: a checkpoint resumes on any number of processes). 'legacy': FSDP2 on a "
+        "one-rank mesh under torchrun (its all-gathers and reduce-scatters are copies), float32 weights under "
+        "autocast in a plain process. float8 (train.fp8) and train.cpu_offload always take the legacy path.",
+    )
     cpu_offload: bool = Field(
         False,
         description="FSDP2 CPU offload (needs torchrun): sharded fp32 weights, gradients and AdamW state live in host "

@@ -13,6 +13,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from physreason.errors import ConfigError
 from physreason.models.loading import decoder_layers, vision_tower
@@ -161,6 +162,123 @@ def apply_fsdp2(
         keep = reshard == "none" or (reshard == "all-but-last" and last)
         fully_shard(block, reshard_after_forward=not keep, **options)
     fully_shard(wrapper, **options)
+
+
+class _ComputeCast:
+    """The hooks of one unit: its own parameters are replaced by param_dtype copies for its forward.
+
+    The copies come from `Tensor.to`, so autograd carries each copy's gradient back through the cast: the
+    gradient is computed in param_dtype and accumulated into the float32 master's `.grad` in float32, as FSDP2
+    with MixedPrecisionPolicy(param_dtype, reduce_dtype=float32) does on one rank. A parameter held under
+    several names (tied embedding and lm_head) gets one copy, so its gradients add up in param_dtype first, as
+    in FSDP2's unsharded parameter. Outside its forward the unit holds its float32 Parameters again.
+
+    A recomputed block (transformers checkpoints a layer's `forward`, inside these hooks) runs its forward again
+    in the backward: fresh copies go in when its outputs' gradients arrive and out when its inputs' gradients
+    are done (or at the end of the backward, for a block whose inputs need none), as FSDP2 gathers again.
+    """
+
+    def __init__(self, slots: list[tuple[nn.Module, str, nn.Parameter]], dtype: torch.dtype) -> None:
+        self.slots = slots  # (owning module, attribute name, float32 parameter)
+        self.dtype = dtype
+
+    def install(self) -> None:
+        copies: dict[int, torch.Tensor] = {}
+        for owner, name, parameter in self.slots:
+            copy = copies.get(id(parameter))
+            if copy is None:
+                copy = copies[id(parameter)] = parameter.to(self.dtype)
+            owner._parameters[name] = copy  # as torch.nn.utils.stateless swaps tensors in for a call
+
+    def restore(self) -> None:
+        for owner, name, parameter in self.slots:
+            owner._parameters[name] = parameter
+
+    @torch._dynamo.disable
+    def before_forward(self, unit: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        self.install()
+        if not _recomputes(unit):
+            return None
+        flat, spec = tree_flatten((args, kwargs))
+        where = [i for i, value in enumerate(flat) if isinstance(value, torch.Tensor) and value.requires_grad]
+        if not where:
+            return None
+        for i, tensor in zip(where, _RestoreAfterBackward.apply(self, *(flat[i] for i in where)), strict=True):
+            flat[i] = tensor
+        return tree_unflatten(flat, spec)
+
+    @torch._dynamo.disable
+    def after_forward(self, unit: nn.Module, _args: tuple, _kwargs: dict, output: Any) -> None:
+        self.restore()
+        if _recomputes(unit):
+            outputs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+            if outputs:
+                torch.autograd.graph.register_multi_grad_hook(outputs, self._before_backward, mode="any")
+
+    def _before_backward(self, _grad: torch.Tensor) -> None:
+        with torch.enable_grad():  # the recompute must save what the forward saved: copies that require grad
+            self.install()
+        torch.autograd.Variable._execution_engine.queue_callback(self.restore)
+
+
+def _recomputes(unit: nn.Module) -> bool:
+    """Whether this forward of `unit` is checkpointed (transformers' per-layer flag) and so runs again in backward."""
+    return torch.is_grad_enabled() and unit.training and bool(getattr(unit, "gradient_checkpointing", False))
+
+
+class _RestoreAfterBackward(torch.autograd.Function):
+    """Identity on a unit's inputs; its backward (the unit's backward is then done) puts the float32 Parameters back."""
+
+    @staticmethod
+    def forward(ctx: Any, cast: _ComputeCast, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.cast = cast
+        return tensors
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        ctx.cast.restore()
+        return (None, *grads)
+
+
+def apply_compute_cast(wrapper: nn.Module, model: nn.Module, param_dtype: torch.dtype = torch.bfloat16) -> int:
+    """One rank's mixed precision without FSDP2: each unit's float32 parameters are cast to param_dtype for its forward.
+
+    The units are FSDP2's (apply_fsdp2): each vision block, each decoder block, and the wrapper for every other
+    parameter (embedding, final norm, lm_head, the tower's patch embedding and mergers), so compute, gradients and
+    checkpoints keep FSDP2's contract on one rank: float32 masters and gradients, param_dtype compute everywhere (norms
+    included), buffers untouched, the same parameter names and state dicts. What goes is FSDP2's copy-in, all-gather
+    (a copy on one rank), copy-out and the reduce-scatter's copies: one cast per parameter and forward is left
+    (recomputed blocks cast again for their recompute, as FSDP2 gathers again). A block that is not recomputed keeps its param_dtype
+    copies from its forward to its backward, as FSDP2 with reshard "none" would. Call after moving the wrapper to its
+    device; float32 needs no cast (nothing is installed). Returns the number of units hooked.
+    """
+    if param_dtype == torch.float32:
+        return 0
+    tower = vision_tower(model)
+    units: list[nn.Module] = list(tower.blocks) if tower is not None else []
+    units += list(decoder_layers(model))
+    inner = {id(unit) for unit in units}
+    for unit in [*units, wrapper]:
+        slots = []
+        for owner in _own_modules(unit, inner):
+            for name, parameter in owner._parameters.items():
+                if parameter is not None:
+                    slots.append((owner, name, parameter))
+        cast = _ComputeCast(slots, param_dtype)
+        unit.register_forward_pre_hook(cast.before_forward, with_kwargs=True)
+        # always_call: the float32 Parameters are back even when the forward raises
+        unit.register_forward_hook(cast.after_forward, with_kwargs=True, always_call=True)
+    return len(units) + 1
+
+
+def _own_modules(unit: nn.Module, inner: set[int]) -> list[nn.Module]:
+    """`unit` and its submodules, less those inside another unit (ids in `inner`, `unit` itself excepted)."""
+    found, stack = [], [unit]
+    while stack:
+        module = stack.pop()
+        found.append(module)
+        stack.extend(child for child in module.children() if id(child) not in inner)
+    return found
 
 
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:

@@ -1,5 +1,9 @@
 """Build the model a training job optimises: load, freeze, LoRA, checkpoint activations, shard (TP, FSDP2), compile, optimizer.
 
+On one process ([train] one_rank_precision = "cast", the default) there is no FSDP2: each block's float32
+parameters are cast to param_dtype for its forward (parallelize.apply_compute_cast), FSDP2's numerics without its
+collectives and copies.
+
 SFT, colocated GRPO and the Ray policy ranks build their model here; they differ only in the wrapper
 around the transformers model (the loss module or the policy scorer) and in the number of optimizer
 steps the schedule spans. Every stage is a named function, applied in the order `build_training_model`
@@ -126,10 +130,28 @@ def apply_float8(model: nn.Module, config: Config, runtime: Runtime) -> bool:
     return all_gather and bool(chosen)
 
 
-def shard(wrapper: nn.Module, model: nn.Module, runtime: Runtime, mesh: DeviceMesh | None, train: TrainConfig) -> None:
-    """Tensor-parallel, context-parallel hooks, then FSDP2 over `mesh` (under torchrun), or just onto this process's device."""
+def compute_cast(config: Config, runtime: Runtime) -> bool:
+    """Whether this run takes the one-rank path (parallelize.apply_compute_cast; a plain module in float32): one
+    process, [train] one_rank_precision = "cast", no float8 and no CPU offload (those keep FSDP2 or autocast)."""
+    train = config.train
+    return (
+        runtime.world_size == 1
+        and train.one_rank_precision == "cast"
+        and not train.fp8.enable_fp8
+        and not train.cpu_offload
+    )
+
+
+def shard(
+    wrapper: nn.Module, model: nn.Module, runtime: Runtime, mesh: DeviceMesh | None, train: TrainConfig,
+    cast: bool = False,
+) -> None:
+    """Tensor-parallel, context-parallel hooks, then FSDP2 over `mesh` (under torchrun), or just onto this process's
+    device: there, with `cast`, each block's parameters are cast to param_dtype for its forward (apply_compute_cast)."""
     if mesh is None:
         wrapper.to(runtime.device)
+        if cast:
+            parallelize.apply_compute_cast(wrapper, model, loading.DTYPES[train.param_dtype])
         return
     if mesh["tp"].size() > 1:
         parallelize.apply_tensor_parallel(model, mesh["tp"])
@@ -190,12 +212,13 @@ def build_training_model(
     module = wrap(model)
     frozen = wrap(load_frozen(reference)).eval() if reference is not None else None
     mesh = None
-    if runtime.distributed:
+    cast = compute_cast(config, runtime)
+    if runtime.distributed and not cast:
         parallelism = config.policy.parallelism
         mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, parallelism.tp_size, parallelism.cp_size)
     for wrapper in (module, frozen):
         if wrapper is not None:
-            shard(wrapper, wrapper.model, runtime, mesh, train)
+            shard(wrapper, wrapper.model, runtime, mesh, train, cast)
     if train.compile:
         compile_blocks(model)
     module.train()
@@ -211,7 +234,7 @@ def build_training_model(
         module,
         optimizer,
         scheduler,
-        autocast_context(runtime, runtime.distributed, loading.DTYPES[train.param_dtype]),
+        autocast_context(runtime, mesh is not None or cast, loading.DTYPES[train.param_dtype]),
         mesh["dp"].get_group() if mesh is not None else None,
         frozen,
         peft_model,

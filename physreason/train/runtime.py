@@ -79,7 +79,7 @@ def all_reduce_sum(value: float, runtime: Runtime, group: dist.ProcessGroup | No
     Under tensor parallelism the ranks of one TP group hold the same batch, so batch totals are summed
     over the data-parallel group only.
     """
-    if not runtime.distributed:
+    if not runtime.distributed or runtime.world_size == 1:  # a world of one: the sum is the value, no collective
         return value
     tensor = torch.tensor([value], dtype=torch.float64, device=runtime.device)
     dist.all_reduce(tensor, group=group)
@@ -87,7 +87,8 @@ def all_reduce_sum(value: float, runtime: Runtime, group: dist.ProcessGroup | No
 
 
 def autocast_context(runtime: Runtime, fsdp: bool, param_dtype: torch.dtype) -> Any:
-    """Autocast to param_dtype for an unsharded model; FSDP2 (mixed-precision policy) and fp32 need none."""
+    """Autocast to param_dtype for an unsharded model; FSDP2 (mixed-precision policy), the one-rank cast
+    (parallelize.apply_compute_cast; pass fsdp=True for it too) and fp32 need none."""
     if fsdp or param_dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(runtime.device.type, dtype=param_dtype)

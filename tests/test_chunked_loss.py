@@ -1,0 +1,87 @@
+"""The chunked lm_head + cross-entropy (train/loss.py): the same loss and gradients as the whole-logits loss, made
+with three [tokens, vocab] matmuls (the forward's and the backward's two), not four (no recompute)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import physreason.train.loss as loss_module
+from physreason.data.sft import IGNORE_INDEX
+from physreason.train.loss import cross_entropy_sum
+
+TOKENS, HIDDEN, VOCAB, CHUNK = 2 * 23, 16, 64, 8  # 23 tokens a row, chunks that do not divide the targets
+
+
+def _inputs(dtype: torch.dtype, weight_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, TOKENS // 2, HIDDEN, generator=generator).to(dtype).requires_grad_()  # [B, L, H]
+    weight = torch.randn(VOCAB, HIDDEN, generator=generator).to(dtype).requires_grad_(weight_grad)  # [V, H]
+    targets = torch.randint(0, VOCAB, (2, TOKENS // 2), generator=generator)  # [B, L]
+    targets[0, :5] = IGNORE_INDEX  # a prompt: no loss there
+    return hidden, weight, targets
+
+
+def _loss_and_grads(chunk: int, fused: bool, dtype: torch.dtype, monkeypatch, weight_grad: bool = True):
+    monkeypatch.setattr(loss_module, "FUSED", fused)
+    hidden, weight, targets = _inputs(dtype, weight_grad)
+    loss = cross_entropy_sum(hidden, weight, targets, chunk)
+    (loss * 0.37).backward()  # the trainer scales the sum by 1 / target tokens
+    return loss.detach(), hidden.grad, weight.grad
+
+
+@pytest.mark.parametrize("weight_grad", [True, False], ids=["lm_head-trained", "lm_head-frozen"])
+def test_fused_chunks_give_the_loss_and_gradients_of_the_whole_logits(monkeypatch, weight_grad):
+    whole = _loss_and_grads(0, True, torch.float32, monkeypatch, weight_grad)
+    fused = _loss_and_grads(CHUNK, True, torch.float32, monkeypatch, weight_grad)
+    recomputed = _loss_and_grads(CHUNK, False, torch.float32, monkeypatch, weight_grad)
+    assert fused[0].dtype == torch.float32
+    for ours in (fused, recomputed):
+        assert torch.allclose(ours[0], whole[0], rtol=1e-6)
+        assert torch.allclose(ours[1], whole[1], rtol=1e-5, atol=2e-6)
+        if weight_grad:
+            assert torch.allclose(ours[2], whole[2], rtol=1e-5, atol=2e-6)
+        else:
+            assert ours[2] is None
+    assert not fused[1][0, :5].any()  # no gradient reaches positions without a target
+
+
+def test_fused_chunks_in_bf16_stay_within_bf16_rounding_of_the_whole_logits(monkeypatch):
+    whole = _loss_and_grads(0, True, torch.bfloat16, monkeypatch)
+    fused = _loss_and_grads(CHUNK, True, torch.bfloat16, monkeypatch)
+    assert torch.allclose(fused[0], whole[0], rtol=1e-3)
+    for ours, reference in zip(fused[1:], whole[1:], strict=True):
+        assert ours.dtype == torch.bfloat16
+        assert torch.allclose(ours.float(), reference.float(), rtol=3e-2, atol=3e-3)
+
+
+class _VocabMatmuls(TorchDispatchMode):
+    """Counts the matrix products with a vocabulary-sized side (the lm_head's), in place ones included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__.rstrip("_") in ("mm", "addmm", "bmm", "baddbmm"):
+            shapes = [a.shape for a in args if isinstance(a, torch.Tensor)]
+            self.count += any(VOCAB in shape for shape in shapes)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(("fused", "matmuls"), [(True, 3), (False, 4)], ids=["fused", "recompute"])
+def test_the_fused_chunks_skip_the_recompute_of_the_logits(monkeypatch, fused, matmuls):
+    monkeypatch.setattr(loss_module, "FUSED", fused)
+    hidden, weight, targets = _inputs(torch.float32)
+    with _VocabMatmuls() as counter:
+        cross_entropy_sum(hidden, weight, targets, CHUNK).backward()
+    chunks = -(-int((targets != IGNORE_INDEX).sum()) // CHUNK)
+    assert counter.count == matmuls * chunks  # forward, then d hidden and d weight; the recompute adds a forward
+
+
+def test_without_gradients_the_chunks_only_compute_the_loss(monkeypatch):
+    hidden, weight, targets = _inputs(torch.float32)
+    with torch.no_grad():
+        loss = cross_entropy_sum(hidden, weight, targets, CHUNK)
+    assert torch.allclose(loss, cross_entropy_sum(hidden, weight, targets, 0).detach(), rtol=1e-6)
