@@ -22,6 +22,7 @@ from physreason.eval.benchmark import Benchmark, EvalSample
 from physreason.eval.results import finished_in_run, shard_file
 from physreason.eval.scoring import Score, score_completion
 from physreason.infer.results import truncate_torn_tail
+from physreason.parallel import ordered_map
 from physreason.vision import load_video
 from physreason.vision.resize import PATCH_FACTOR
 
@@ -156,13 +157,25 @@ def asked_layout(sample: EvalSample, prompting: Prompting) -> tuple[StyleName, b
 
 
 def _requests(
-    samples: list[EvalSample], benchmark: Benchmark, vision: VisionConfig, prompting: Prompting, factor: int
+    samples: list[EvalSample],
+    benchmark: Benchmark,
+    vision: VisionConfig,
+    prompting: Prompting,
+    factor: int,
+    workers: int = 1,
+    lookahead: int = 1,
 ) -> Iterator[tuple[EvalSample, GenerationRequest | GenerationResult]]:
-    """Yield each sample with its request, or with an error result when its clip or data cannot be used."""
+    """Yield each sample with its request, or with an error result when its clip or data cannot be used.
+
+    With `workers` > 1 the clips are decoded in that many threads (FFmpeg and the resize release the GIL), up to
+    `lookahead` samples ahead of the one yielded: the next batch decodes while the engine answers this one. The
+    order, the requests and the errors are those of decoding one after another.
+    """
     answer_type: AnswerType = "reasoning" if prompting.reasoning else "letter"
-    for sample in samples:
+
+    def build(sample: EvalSample) -> GenerationRequest | PhysReasonError:
         try:
-            request = build_eval_request(
+            return build_eval_request(
                 sample,
                 benchmark,
                 vision,
@@ -171,12 +184,17 @@ def _requests(
                 style=prompting.style,
                 system_prompt=prompting.system_prompt,
             )
-            yield sample, request
         except ConfigError:
             raise  # a setting, not this sample: every sample would fail the same way
         except PhysReasonError as exc:
-            log.warning("sample %s: %s", sample.id, exc)
-            yield sample, GenerationResult(request_id=sample.id, error=str(exc))
+            return exc
+
+    for sample, item in zip(samples, ordered_map(build, samples, workers, lookahead), strict=True):
+        if isinstance(item, PhysReasonError):
+            log.warning("sample %s: %s", sample.id, item)
+            yield sample, GenerationResult(request_id=sample.id, error=str(item))
+        else:
+            yield sample, item
 
 
 def evaluate_shard(
@@ -191,12 +209,14 @@ def evaluate_shard(
     num_shards: int = 1,
     batch_size: int = 8,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    decode_workers: int = 1,
 ) -> ShardCounts:
     """Answer this shard's unfinished samples of one repeat, appending each scored result to its shard file.
 
     Samples with a result in any file of `run` are skipped, whichever shard count wrote them. A
     sample whose clip is missing, corrupt or outside the data root, or whose question is malformed,
-    is written as {"id", "error"} and counted as failed; the run goes on.
+    is written as {"id", "error"} and counted as failed; the run goes on. `decode_workers` > 1 decodes the clips in
+    that many threads, the next batch's while the engine answers this one (the same records either way).
     """
     assigned = shard_samples(benchmark.samples, shard, num_shards)
     done = finished_in_run(run)
@@ -226,7 +246,10 @@ def evaluate_shard(
                 write(sample, result, answer_coords(sample, request, prompting.style))
             batch.clear()
 
-        for sample, item in _requests(pending, benchmark, vision, prompting, engine.vision_factor):
+        requests = _requests(
+            pending, benchmark, vision, prompting, engine.vision_factor, decode_workers, lookahead=2 * batch_size
+        )
+        for sample, item in requests:
             if isinstance(item, GenerationResult):
                 write(sample, item)
                 continue
