@@ -8,7 +8,8 @@ Prints the median GRPO step (generate / score / train) over the steps after --wa
 (engine start included, as the experiment pays it) for --test-per-task clips of each task; JSON to
 $OUT/grounding_speed.json when OUT is set.
 Run: python bench/grounding_speed.py                        (the experiment's shape: 16 prompts x 8, 150 test clips a task)
-     python bench/grounding_speed.py --static-cache          (the hf engine's static KV cache, engine.hf_static_cache)
+     python bench/grounding_speed.py --static-cache          (GRPO rollouts on the hf engine's static KV cache, compiled
+                                                             on a GPU: `experiment grounding --rollout-static-cache`)
      python bench/grounding_speed.py --grpo-prompts 4 --test-per-task 30 --profile /tmp/prof   (CPU: cProfile of both
      parts, the top functions printed, DIR/grpo.prof and DIR/eval.prof for snakeviz or pstats)
 """
@@ -35,7 +36,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--test-per-task", type=int, default=150, help="evaluated clips per task (two tasks)")
     parser.add_argument("--workers", type=int, default=4, help="clip generation processes")
-    parser.add_argument("--static-cache", action="store_true", help="engine.hf_static_cache = true")
+    parser.add_argument(
+        "--static-cache", action="store_true", help="GRPO rollouts on the static KV cache (--rollout-static-cache)"
+    )
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     parser.add_argument("--skip-eval", action="store_true")
     parser.add_argument("--skip-grpo", action="store_true")
@@ -57,6 +60,7 @@ def main() -> None:
             "--test-per-task", str(args.test_per_task), "--grpo-prompts", str(args.grpo_prompts),
             "--grpo-n", str(args.grpo_n), "--grpo-steps", str(steps), "--max-tokens", str(args.max_tokens),
             "--workers", str(args.workers), "--ckpt-every", "100000", "--out", str(args.out),
+            *(["--rollout-static-cache"] if args.static_cache else []),
         ]
     )  # fmt: skip
     out = args.out.resolve() / exp.family
@@ -66,7 +70,6 @@ def main() -> None:
     cfg.eval.datasets = list(exp.tasks)
     cfg.generation.max_tokens = args.max_tokens
     cfg.engine.backend = args.engine
-    cfg.engine.hf_static_cache = args.static_cache
     stamp = int(time.time())
     report: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
     if args.profile:

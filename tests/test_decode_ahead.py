@@ -163,3 +163,37 @@ def test_rollouts_decoding_in_threads_sample_the_same_groups_and_patchify_each_p
     assert torch.equal(first.visuals.pixel_values_videos, expected.pixel_values_videos)
     assert torch.equal(first.visuals.video_grid_thw, expected.video_grid_thw)
 
+
+
+def test_rollouts_on_the_static_cache_sample_the_dynamic_caches_completions(engine, tiny_model_dir, clips):
+    """--rollout-static-cache: the same seeded groups, tokens and raw log-probs as the default path."""
+    static = HFEngine(
+        ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="float32"), EngineConfig(batch_size=8),
+        static_cache=True,
+    )  # fmt: skip
+    prompts = [MCQPrompt(f"p{i}", QUESTION, {}, ANSWER, videos=(str(clips / f"c{i}.mp4"),)) for i in range(2)]
+    settings = rollout_settings(engine, 1)
+    settings.groups_needed = settings.prompts_per_round = 2
+    batches = [
+        collect_rollouts(e, PromptStream(prompts, seed=0, shuffle=False), settings, step=3) for e in (engine, static)
+    ]
+    dynamic, compiled = batches
+    assert len(dynamic.samples) == 8
+    for a, b in zip(dynamic.samples, compiled.samples, strict=True):
+        assert a.completion.token_ids == b.completion.token_ids
+        assert a.completion.logprobs == pytest.approx(b.completion.logprobs, abs=1e-4)
+        assert a.advantage == pytest.approx(b.advantage)
+    assert len({tuple(s.completion.token_ids) for s in dynamic.samples}) > 1  # sampled, not one answer repeated
+
+
+def test_the_rollout_static_cache_is_grpos_alone(tmp_path):
+    from physreason.experiments import grounding
+    from physreason.experiments.common import stage_config
+
+    for flag, expected in (("--rollout-static-cache", True), ("--no-rollout-static-cache", False)):
+        args = grounding.parse_args([flag, "--out", str(tmp_path)])
+        cfg = stage_config(args, tmp_path, tmp_path / "model", 0)
+        rl_cfg = grounding.variant_grpo_config(args, cfg, tmp_path, tmp_path / "sft", tmp_path / "grpo")
+        assert rl_cfg.engine.hf_static_cache is expected
+        assert cfg.engine.hf_static_cache is False  # the evaluations' engine keeps the dynamic cache
+        assert cfg.engine.batch_size == 256  # an evaluation of 150 clips a task is one generate call a task
