@@ -5,8 +5,8 @@ build_model, stage_config, variant_grpo_config), so the figures are the experime
 <= 1.0 s and 300 test clips evaluated in <= 5 s on one H100). The GRPO stage starts from the seed's random model (no
 SFT): its completions mostly run to --max-tokens, a little longer than a trained model's (~90 tokens).
 Prints the median GRPO step (generate / score / train) over the steps after --warmup, and the evaluation's seconds
-(engine start included, as the experiment pays it) for --test-per-task clips of each task; JSON to
-$OUT/grounding_speed.json when OUT is set.
+(engine start included, as the experiment pays it) for --test-per-task clips of each task, and this process's CPU
+seconds of each part (what a loaded CPU machine can still compare); JSON to $OUT/grounding_speed.json when OUT is set.
 Run: python bench/grounding_speed.py                        (the experiment's shape: 16 prompts x 8, 150 test clips a task)
      python bench/grounding_speed.py --static-cache          (GRPO rollouts on the hf engine's static KV cache, compiled
                                                              on a GPU: `experiment grounding --rollout-static-cache`)
@@ -90,7 +90,9 @@ def main() -> None:
     if not args.skip_grpo:
         rl_cfg = grounding.variant_grpo_config(exp, cfg, out, model_dir, out / f"speed-grpo-{stamp}")
         rl_cfg.train.ckpt.enable_checkpoint = False
+        cpu = time.process_time()
         result = profiled("grpo", lambda: run_grpo(rl_cfg))
+        report["grpo_cpu_s"] = time.process_time() - cpu  # this process's CPU seconds (threads included), whole run
         timed = result.metrics[args.warmup :]
         for key in ("time/generate_s", "time/score_s", "time/train_s", "time/step_s"):
             report[key] = statistics.median(m[key] for m in timed)
@@ -102,9 +104,10 @@ def main() -> None:
             f"{report['response_length_mean']:.0f} tokens"
         )
     if not args.skip_eval:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         profiled("eval", lambda: accuracy_by_dataset(with_model(cfg, model_dir), out / f"speed-eval-{stamp}", show_progress=False))
         report["eval_s"] = time.perf_counter() - started
+        report["eval_cpu_s"] = time.process_time() - cpu
         report["eval_clips"] = args.test_per_task * len(exp.tasks)
         print(f"greedy evaluation of {report['eval_clips']} clips: {report['eval_s']:.2f} s (engine start included)")
     print(json.dumps(report))
