@@ -196,4 +196,39 @@ def test_the_rollout_static_cache_is_grpos_alone(tmp_path):
         rl_cfg = grounding.variant_grpo_config(args, cfg, tmp_path, tmp_path / "sft", tmp_path / "grpo")
         assert rl_cfg.engine.hf_static_cache is expected
         assert cfg.engine.hf_static_cache is False  # the evaluations' engine keeps the dynamic cache
-        assert cfg.engine.batch_size == 256  # an evaluation of 150 clips a task is one generate call a task
+        assert cfg.engine.batch_size == 512  # an evaluation of 150 clips a task, both tasks in one generate call
+
+
+def test_data_sets_of_one_sampling_share_generate_calls_with_the_records_of_one_at_a_time(
+    tmp_path, engine, clips, monkeypatch
+):
+    from physreason.eval.runner import ShardJob, evaluate_shards
+
+    def benchmark(name: str, first: int, count: int) -> Benchmark:
+        samples = [EvalSample(f"c{i}.mp4#{name}", f"c{i}.mp4", QUESTION, None, ANSWER) for i in range(first, first + count)]
+        return Benchmark(name, clips, samples)
+
+    boxes, spans = benchmark("boxes", 0, 3), benchmark("spans", 2, 3)
+    greedy = SamplingConfig(temperature=0.0, max_tokens=8, seed=1)
+    common = dict(prompting=Prompting("reason1", False), vision=VISION, batch_size=8)
+
+    def lines(run: Path) -> list[dict]:
+        return [json.loads(x) for x in next(run.rglob("*.jsonl")).read_text().splitlines()]
+
+    separately = [evaluate_shard(engine, b, tmp_path / "one" / b.name, sampling=greedy, **common) for b in (boxes, spans)]
+    calls = []
+    real = engine.generate
+    monkeypatch.setattr(engine, "generate", lambda requests, *a, **k: calls.append(len(requests)) or real(requests, *a, **k))
+    jobs = [ShardJob(b, tmp_path / "both" / b.name, greedy) for b in (boxes, spans)]
+    together = evaluate_shards(engine, jobs, decode_workers=2, **common)
+    assert calls == [6]  # both data sets in one call
+    assert together == separately
+    for name in ("boxes", "spans"):
+        assert lines(tmp_path / "both" / name) == lines(tmp_path / "one" / name)
+    # repeats of another seed sample with another setting: a call of their own
+    calls.clear()
+    sampled = [SamplingConfig(temperature=1.0, max_tokens=4, seed=seed) for seed in (1, 2)]
+    jobs = [ShardJob(boxes, tmp_path / f"seed{i}", sampling) for i, sampling in enumerate(sampled)]
+    evaluate_shards(engine, jobs, **common)
+    assert calls == [3, 3]
+    assert [r["seed"] for r in lines(tmp_path / "seed1")] == [2, 2, 2]

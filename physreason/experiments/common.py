@@ -212,10 +212,10 @@ def stage_config(args: argparse.Namespace, out: Path, model_dir: Path, seed: int
         args.train_per_task, args.test_per_task, args.sft_steps, args.grpo_steps, max_tokens=4, sft_tasks=TASKS
     )
     cfg = demo_config(out, model_dir, sizes).model_copy(deep=True)
-    # Requests per generate call. The small from-scratch models' decode steps cost the same at 64 rows or 256 (on a GPU
-    # each is a few milliseconds of launches), so an evaluation of 150 clips a task is one call of ~128 steps a task,
-    # not three; GRPO's rounds (--grpo-prompts prompts x --grpo-n completions) are one call either way.
-    cfg.engine.batch_size = 256
+    # Requests per generate call. A from-scratch model's decode step costs about the same at 64 rows or 512 (on a GPU
+    # it is a few milliseconds of kernel launches), and an evaluation's data sets share calls (evaluate_shards): 150
+    # test clips a task are one call of ~128 steps, not six. GRPO's rounds are one call either way.
+    cfg.engine.batch_size = 512
     cfg.vision.min_pixels = min(cfg.vision.min_pixels, args.max_pixels)
     cfg.vision.max_pixels = args.max_pixels
     cfg.data.num_workers = args.workers if args.loader_workers is None else args.loader_workers
