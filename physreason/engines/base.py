@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -14,6 +14,10 @@ from physreason.config import SamplingConfig
 from physreason.errors import PhysReasonError
 from physreason.vision import VideoFrames
 from physreason.vision.resize import PATCH_FACTOR
+
+if TYPE_CHECKING:
+    from physreason.models.family import ProcessorParams
+    from physreason.models.inputs import VisualInputs
 
 
 @dataclass
@@ -24,6 +28,9 @@ class GenerationRequest:
     images: list[np.ndarray] = field(default_factory=list)  # each uint8 [H, W, 3], already resized
     videos: list[VideoFrames] = field(default_factory=list)
     request_id: str | None = None
+    # The media already patchified (encode_visuals) with these processor parameters: an engine of the same parameters
+    # uses them instead of patchifying again (GRPO keeps them for the policy's forward, physreason.train.rollout).
+    encoded: tuple[ProcessorParams, VisualInputs] | None = field(default=None, repr=False, compare=False)
 
     def frame_size(self) -> tuple[int, int] | None:
         """(height, width) of the frame the model sees: the first video's (without its timestamp bar), else the

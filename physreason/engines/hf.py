@@ -183,7 +183,12 @@ class HFEngine(Engine):
             )
         if request.videos and self.video_problem:
             raise PhysReasonError(f"request {request.request_id}: {self.video_problem}")
-        visuals = encode_visuals(request.images, request.videos, self.processor_params) if self.is_vl else VisualInputs()
+        if not self.is_vl:
+            visuals = VisualInputs()
+        elif request.encoded is not None and request.encoded[0] == self.processor_params:
+            visuals = request.encoded[1]  # patchified by the caller with this model's processor parameters
+        else:
+            visuals = encode_visuals(request.images, request.videos, self.processor_params)
         text = self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
         text = visuals.expand(text)
         ids = self.tokenizer(text, add_special_tokens=False).input_ids

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from physreason.eval.benchmark import Benchmark, EvalSample
 from physreason.eval.results import finished_in_run, shard_file
 from physreason.eval.scoring import Score, score_completion
 from physreason.infer.results import truncate_torn_tail
+from physreason.parallel import ordered_map
 from physreason.vision import load_video
 from physreason.vision.resize import PATCH_FACTOR
 
@@ -156,13 +158,25 @@ def asked_layout(sample: EvalSample, prompting: Prompting) -> tuple[StyleName, b
 
 
 def _requests(
-    samples: list[EvalSample], benchmark: Benchmark, vision: VisionConfig, prompting: Prompting, factor: int
-) -> Iterator[tuple[EvalSample, GenerationRequest | GenerationResult]]:
-    """Yield each sample with its request, or with an error result when its clip or data cannot be used."""
+    pairs: list[tuple[Benchmark, EvalSample]],
+    vision: VisionConfig,
+    prompting: Prompting,
+    factor: int,
+    workers: int = 1,
+    lookahead: int = 1,
+) -> Iterator[GenerationRequest | GenerationResult]:
+    """Each (benchmark, sample)'s request, or an error result when its clip or data cannot be used, in order.
+
+    With `workers` > 1 the clips are decoded in that many threads (FFmpeg and the resize release the GIL), up to
+    `lookahead` samples ahead of the one yielded: the next batch decodes while the engine answers this one. The
+    order, the requests and the errors are those of decoding one after another.
+    """
     answer_type: AnswerType = "reasoning" if prompting.reasoning else "letter"
-    for sample in samples:
+
+    def build(pair: tuple[Benchmark, EvalSample]) -> GenerationRequest | PhysReasonError:
+        benchmark, sample = pair
         try:
-            request = build_eval_request(
+            return build_eval_request(
                 sample,
                 benchmark,
                 vision,
@@ -171,12 +185,26 @@ def _requests(
                 style=prompting.style,
                 system_prompt=prompting.system_prompt,
             )
-            yield sample, request
         except ConfigError:
             raise  # a setting, not this sample: every sample would fail the same way
         except PhysReasonError as exc:
-            log.warning("sample %s: %s", sample.id, exc)
-            yield sample, GenerationResult(request_id=sample.id, error=str(exc))
+            return exc
+
+    for (_, sample), item in zip(pairs, ordered_map(build, pairs, workers, lookahead), strict=True):
+        if isinstance(item, PhysReasonError):
+            log.warning("sample %s: %s", sample.id, item)
+            yield GenerationResult(request_id=sample.id, error=str(item))
+        else:
+            yield item
+
+
+@dataclass
+class ShardJob:
+    """One repeat of one data set to answer: its benchmark, its run folder and the repeat's sampling."""
+
+    benchmark: Benchmark
+    run: Path
+    sampling: SamplingConfig
 
 
 def evaluate_shard(
@@ -191,46 +219,85 @@ def evaluate_shard(
     num_shards: int = 1,
     batch_size: int = 8,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    decode_workers: int = 1,
 ) -> ShardCounts:
     """Answer this shard's unfinished samples of one repeat, appending each scored result to its shard file.
 
     Samples with a result in any file of `run` are skipped, whichever shard count wrote them. A
     sample whose clip is missing, corrupt or outside the data root, or whose question is malformed,
-    is written as {"id", "error"} and counted as failed; the run goes on.
+    is written as {"id", "error"} and counted as failed; the run goes on. `decode_workers` > 1 decodes the clips in
+    that many threads, the next batch's while the engine answers this one (the same records either way).
     """
-    assigned = shard_samples(benchmark.samples, shard, num_shards)
-    done = finished_in_run(run)
-    pending = [s for s in assigned if s.id not in done]
-    counts = ShardCounts(assigned=len(assigned), skipped=len(assigned) - len(pending))
-    if not pending:
-        return counts
-    out = shard_file(run, shard, num_shards)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    truncate_torn_tail(out)
-    with out.open("a", encoding="utf-8") as sink:
+    (counts,) = evaluate_shards(
+        engine, [ShardJob(benchmark, run, sampling)], prompting=prompting, vision=vision, shard=shard,
+        num_shards=num_shards, batch_size=batch_size, on_result=on_result, decode_workers=decode_workers,
+    )  # fmt: skip
+    return counts
 
-        def write(sample: EvalSample, result: GenerationResult, coords: CoordSpace | None = None) -> None:
-            record = result_line(sample, result, sampling.seed, prompting, coords)
-            sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-            sink.flush()
-            counts.answered += "error" not in record
-            counts.failed += "error" in record
+
+def evaluate_shards(
+    engine: Engine,
+    jobs: list[ShardJob],
+    *,
+    prompting: Prompting,
+    vision: VisionConfig,
+    shard: int = 0,
+    num_shards: int = 1,
+    batch_size: int = 8,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+    decode_workers: int = 1,
+) -> list[ShardCounts]:
+    """evaluate_shard for several repeats or data sets in turn, one ShardCounts each, whose samples share generate
+    calls where their sampling is the same (every data set of a greedy evaluation): a small model's evaluation then
+    makes one call of batch_size requests where it made one per data set (issue 45). Each sample's request and
+    result are the same as data set by data set; each run's records go to its own shard file."""
+    counts: list[ShardCounts] = []
+    pairs: list[tuple[int, EvalSample]] = []  # (job, sample) of every pending sample, in job order
+    for index, job in enumerate(jobs):
+        assigned = shard_samples(job.benchmark.samples, shard, num_shards)
+        done = finished_in_run(job.run)
+        pending = [s for s in assigned if s.id not in done]
+        counts.append(ShardCounts(assigned=len(assigned), skipped=len(assigned) - len(pending)))
+        pairs += [(index, sample) for sample in pending]
+    if not pairs:
+        return counts
+    with contextlib.ExitStack() as stack:
+        sinks: dict[int, Any] = {}
+
+        def write(index: int, sample: EvalSample, result: GenerationResult, coords: CoordSpace | None = None) -> None:
+            if index not in sinks:
+                out = shard_file(jobs[index].run, shard, num_shards)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                truncate_torn_tail(out)
+                sinks[index] = stack.enter_context(out.open("a", encoding="utf-8"))
+            record = result_line(sample, result, jobs[index].sampling.seed, prompting, coords)
+            sinks[index].write(json.dumps(record, ensure_ascii=False) + "\n")
+            sinks[index].flush()
+            counts[index].answered += "error" not in record
+            counts[index].failed += "error" in record
             if on_result is not None:
                 on_result(record)
 
-        batch: list[tuple[EvalSample, GenerationRequest]] = []
+        batch: list[tuple[int, EvalSample, GenerationRequest]] = []
 
         def flush() -> None:
-            results = engine.generate([request for _, request in batch], sampling, logprobs=False)
-            for (sample, request), result in zip(batch, results, strict=True):
-                write(sample, result, answer_coords(sample, request, prompting.style))
+            sampling = jobs[batch[0][0]].sampling
+            results = engine.generate([request for _, _, request in batch], sampling, logprobs=False)
+            for (index, sample, request), result in zip(batch, results, strict=True):
+                write(index, sample, result, answer_coords(sample, request, prompting.style))
             batch.clear()
 
-        for sample, item in _requests(pending, benchmark, vision, prompting, engine.vision_factor):
+        requests = _requests(
+            [(jobs[index].benchmark, sample) for index, sample in pairs], vision, prompting, engine.vision_factor,
+            decode_workers, lookahead=2 * batch_size,
+        )  # fmt: skip
+        for (index, sample), item in zip(pairs, requests, strict=True):
             if isinstance(item, GenerationResult):
-                write(sample, item)
+                write(index, sample, item)
                 continue
-            batch.append((sample, item))
+            if batch and jobs[batch[0][0]].sampling != jobs[index].sampling:
+                flush()  # one generate call samples with one setting
+            batch.append((index, sample, item))
             if len(batch) == batch_size:
                 flush()
         if batch:

@@ -320,19 +320,20 @@ class _TokenLogprobs(torch.autograd.Function):
         batch, length, vocab = logits.shape
         rows = _chunk_rows(vocab)
         compute = _compute_dtype(logits)
-        logprobs = torch.empty(batch, length, dtype=compute, device=logits.device)  # [B, T]
-        log_norm = torch.empty_like(logprobs)  # [B, T]
-        for b in range(batch):
-            for start in range(0, length, rows):
-                end = min(start + rows, length)
-                scaled = logits[b, start:end].to(compute) / temperature  # [n, V]
-                lse = torch.logsumexp(scaled, dim=-1)  # [n]
-                picked = scaled.gather(-1, tokens[b, start:end].unsqueeze(-1)).squeeze(-1)  # [n]
-                logprobs[b, start:end] = picked - lse
-                log_norm[b, start:end] = lse
+        flat, picks = logits.reshape(-1, vocab), tokens.reshape(-1, 1)  # [B * T, V], [B * T, 1]
+        logprobs = torch.empty(batch * length, dtype=compute, device=logits.device)  # [B * T]
+        log_norm = torch.empty_like(logprobs)  # [B * T]
+        # Chunks of rows of the flattened [B * T] positions: each row's values are those of row-by-row chunks (every
+        # op is per position), in one chunk for a small vocabulary instead of one per sequence.
+        for start in range(0, batch * length, rows):
+            end = min(start + rows, batch * length)
+            scaled = flat[start:end].to(compute) / temperature  # [n, V]
+            lse = torch.logsumexp(scaled, dim=-1)  # [n]
+            logprobs[start:end] = scaled.gather(-1, picks[start:end]).squeeze(-1) - lse
+            log_norm[start:end] = lse
         ctx.save_for_backward(logits, tokens, log_norm)
         ctx.temperature = temperature
-        return logprobs
+        return logprobs.view(batch, length)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
@@ -341,18 +342,18 @@ class _TokenLogprobs(torch.autograd.Function):
             return None, None, None
         batch, length, vocab = logits.shape
         rows = _chunk_rows(vocab)
-        grad_logits = torch.empty_like(logits)  # [B, T, V] in the logits' dtype
-        for b in range(batch):
-            for start in range(0, length, rows):
-                end = min(start + rows, length)
-                scaled = logits[b, start:end].to(log_norm.dtype) / ctx.temperature  # [n, V]
-                probs = torch.exp(scaled - log_norm[b, start:end].unsqueeze(-1))  # [n, V]
-                upstream = grad_out[b, start:end].to(log_norm.dtype).unsqueeze(-1)  # [n, 1]
-                # d logp(k) / d x_j = 1[j = k] - p_j, and x = logits / temperature.
-                grad = -probs * upstream
-                grad.scatter_add_(-1, tokens[b, start:end].unsqueeze(-1), upstream)
-                grad_logits[b, start:end] = (grad / ctx.temperature).to(grad_logits.dtype)
-        return grad_logits, None, None
+        flat, picks, upstreams = logits.reshape(-1, vocab), tokens.reshape(-1, 1), grad_out.reshape(-1)
+        grad_logits = torch.empty(batch * length, vocab, dtype=logits.dtype, device=logits.device)  # [B * T, V]
+        for start in range(0, batch * length, rows):
+            end = min(start + rows, batch * length)
+            scaled = flat[start:end].to(log_norm.dtype) / ctx.temperature  # [n, V]
+            probs = torch.exp(scaled - log_norm[start:end].unsqueeze(-1))  # [n, V]
+            upstream = upstreams[start:end].to(log_norm.dtype).unsqueeze(-1)  # [n, 1]
+            # d logp(k) / d x_j = 1[j = k] - p_j, and x = logits / temperature.
+            grad = -probs * upstream
+            grad.scatter_add_(-1, picks[start:end], upstream)
+            grad_logits[start:end] = (grad / ctx.temperature).to(grad_logits.dtype)
+        return grad_logits.view(batch, length, vocab), None, None
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -380,12 +381,12 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
         raise ValueError(f"temperature must be positive, got {temperature}")
     batch, length, vocab = logits.shape
     rows = _chunk_rows(vocab)
-    per_row = []
-    for b in range(batch):
-        chunks = []
-        for start in range(0, length, rows):
-            scaled = logits[b, start : start + rows].to(_compute_dtype(logits)) / temperature  # [n, V]
-            log_p = torch.log_softmax(scaled, dim=-1)  # [n, V]
-            chunks.append(-(log_p.exp() * log_p).sum(dim=-1))  # [n]
-        per_row.append(torch.cat(chunks) if chunks else logits.new_zeros(0, dtype=_compute_dtype(logits)))
-    return torch.stack(per_row) if per_row else logits.new_zeros(0, length, dtype=_compute_dtype(logits))
+    flat = logits.reshape(-1, vocab)  # [B * T, V]: chunks of positions, one chunk for a small vocabulary
+    chunks = []
+    for start in range(0, batch * length, rows):
+        scaled = flat[start : start + rows].to(_compute_dtype(logits)) / temperature  # [n, V]
+        log_p = torch.log_softmax(scaled, dim=-1)  # [n, V]
+        chunks.append(-(log_p.exp() * log_p).sum(dim=-1))  # [n]
+    if not chunks:
+        return logits.new_zeros(batch, length, dtype=_compute_dtype(logits))
+    return torch.cat(chunks).view(batch, length)

@@ -353,6 +353,17 @@ def visual_features(output: Any) -> torch.Tensor:
     return torch.cat(list(pooled)) if isinstance(pooled, (tuple, list)) else pooled
 
 
+# Logit elements (rows x tokens x vocabulary) the lm_head makes at once when scoring completions: one row of a 152k
+# vocabulary already passes it at 512 tokens, so a real model scores one row at a time; a from-scratch model's
+# small vocabulary scores a whole micro-batch in one matmul instead of one launch sequence a row (issue 45).
+SCORE_LOGIT_ELEMENTS = 1 << 26
+
+
+def score_rows_at_once(length: int, vocab: int) -> int:
+    """Rows whose [rows, length, vocab] logits fit SCORE_LOGIT_ELEMENTS (at least one)."""
+    return max(1, SCORE_LOGIT_ELEMENTS // max(1, length * vocab))
+
+
 def _row_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
     logits = hidden @ weight.t()  # [1, T, V]
     return token_logprobs(logits, tokens, temperature)
@@ -361,8 +372,9 @@ def _row_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tens
 def _score_row(
     piece: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float, diagnostics: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """[1, T] log-probs of one row's tokens from its [1, T, H] hidden states (and, with diagnostics, detached
-    entropy and temperature-1 log-probs). Under grad the lm_head runs checkpointed: its [T, V] logits are not kept."""
+    """[k, T] log-probs of k rows' tokens from their [k, T, H] hidden states (and, with diagnostics, detached
+    entropy and temperature-1 log-probs). Under grad the lm_head runs checkpointed: its [k, T, V] logits are not
+    kept."""
     if torch.is_grad_enabled():
         logprobs = torch.utils.checkpoint.checkpoint(_row_logprobs, piece, weight, tokens, temperature, use_reentrant=False)
     else:
@@ -451,8 +463,9 @@ class PolicyScorer(nn.Module):
         """([B, T] log-probs, entropy, raw log-probs) of the completion tokens from the [R, L, H] hidden states."""
         selected = hidden.reshape(-1, hidden.shape[-1])[batch.positions]  # [B, T, H]
         rows, entropies, raws = [], [], []
-        for b in range(selected.shape[0]):
-            piece, tokens = selected[b : b + 1], batch.tokens[b : b + 1]  # [1, T, H], [1, T]
+        step = score_rows_at_once(selected.shape[1], weight.shape[0])
+        for b in range(0, selected.shape[0], step):
+            piece, tokens = selected[b : b + step], batch.tokens[b : b + step]  # [k, T, H], [k, T]
             row, entropy, raw = _score_row(piece, weight, tokens, temperature, diagnostics)
             rows.append(row)
             entropies.append(entropy)

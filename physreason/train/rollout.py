@@ -20,10 +20,12 @@ import torch
 from physreason.chat.mcq import AnswerType
 from physreason.chat.style import StyleName, coord_space
 from physreason.config import Config, EngineConfig, SamplingConfig, VisionConfig
+from physreason.cpu import cpu_share
 from physreason.data.mcq import MCQPrompt, PromptStream
 from physreason.engines import Completion, Engine, GenerationRequest
 from physreason.errors import ConfigError, InputError
 from physreason.models.inputs import ProcessorParams, VisualInputs, encode_visuals, prompting_for
+from physreason.parallel import map_in_threads
 from physreason.rewards import check_reward_options, compute_rewards
 from physreason.train.grpo_advantages import compute_group_advantages
 from physreason.train.grpo_loss import soft_overlong_penalty
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 DIAGNOSTIC_REWARDS = ("accuracy", "format")
 # The soft overlong punishment's entry in a completion's rewards (already part of its "total").
 OVERLONG_REWARD = "overlong"
+# Threads that decode a round's clips at most (one of this process's CPU threads is left to the engine).
+MAX_DECODE_THREADS = 8
 
 
 @dataclass
@@ -145,6 +149,7 @@ class RolloutSettings:
     prompt_style: StyleName = "reason1"  # the checkpoint's generation ([prompt] style, 'auto' from its family)
     overlong_buffer_length: int = 0  # DAPO's soft overlong punishment (grpo_loss.soft_overlong_penalty); 0 = off
     overlong_penalty_factor: float = 1.0
+    decode_workers: int = 1  # threads that decode and patchify a round's clips (rollout_settings: this process's CPUs)
 
 
 def rollout_sampling(config: Config) -> SamplingConfig:
@@ -192,6 +197,7 @@ def rollout_settings(
         prompt_style=prompting_for(config)[0].style,
         overlong_buffer_length=grpo.overlong_buffer_length,
         overlong_penalty_factor=grpo.overlong_penalty_factor,
+        decode_workers=min(MAX_DECODE_THREADS, cpu_share().threads - 1),
     )
 
 
@@ -260,10 +266,16 @@ def _rollout_round(
     if not prompts:
         return
     started = time.perf_counter()
-    factor = settings.processor_params.factor if settings.processor_params is not None else PATCH_FACTOR
-    requests = [
-        mcq_request(prompt, settings.vision, settings.answer_type, factor, settings.prompt_style) for prompt in prompts
-    ]
+    params = settings.processor_params
+    factor = params.factor if params is not None else PATCH_FACTOR
+
+    def build(prompt: MCQPrompt) -> GenerationRequest:
+        request = mcq_request(prompt, settings.vision, settings.answer_type, factor, settings.prompt_style)
+        if params is not None:  # patchified once: the engine takes these, and the policy's forward later
+            request.encoded = (params, encode_visuals(request.images, request.videos, params))
+        return request
+
+    requests = map_in_threads(build, prompts, settings.decode_workers)
     results = engine.generate(requests, settings.sampling.model_copy(update={"seed": seed}))
     batch.generate_s += time.perf_counter() - started
     started = time.perf_counter()
@@ -304,9 +316,7 @@ def _rollout_round(
             batch.counts["groups_dropped"] += 1
             continue
         advantages = compute_group_advantages(totals, settings.sampling.n, settings.advantage)  # [n]
-        visuals = None
-        if settings.processor_params is not None:
-            visuals = encode_visuals(request.images, request.videos, settings.processor_params)
+        visuals = request.encoded[1] if request.encoded is not None else None
         for completion, reward, advantage in zip(result.completions, rewards, advantages.tolist(), strict=True):
             batch.samples.append(
                 RolloutSample(next_group, prompt, list(result.prompt_token_ids), completion, reward, visuals, advantage)
