@@ -9,7 +9,6 @@ without log-probs on either side (inference) and with the sampled-token log-prob
 Prints one JSON line per measurement.
 
     python bench/engine_throughput.py vllm --tokenizer DIR     # raw vLLM vs our vllm engine, update_weights
-    python bench/engine_throughput.py hf --tokenizer DIR       # our hf engine at batch 64: default vs static cache
     python bench/engine_throughput.py vllm --tokenizer DIR --shape qwen3-vl-8b --folder /tmp/physreason-8b-shape
 """
 
@@ -18,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -127,58 +125,18 @@ def bench_update_weights(engine) -> None:
             s=round(seconds, 3))
 
 
-def bench_hf(folder: Path, runs: int) -> None:
-    """The hf engine at batch 64: default path (dynamic cache, the baseline) then the static-cache path, same model."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from physreason.config import EngineConfig, ModelConfig, SamplingConfig
-    from physreason.engines.hf import HFEngine
-
-    if not (folder / "model.safetensors.index.json").exists() and not (folder / "model.safetensors").exists():
-        with torch.device("cuda"):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16)
-        for p in model.parameters():  # small weights keep activations finite, as in the anchor
-            p.data.normal_(0, 0.02)
-        model.save_pretrained(folder)
-        del model
-        torch.cuda.empty_cache()
-    start = time.perf_counter()
-    engine = HFEngine(ModelConfig(model_name_or_path=str(folder), model_max_length=4096), EngineConfig(batch_size=64))
-    out(what="hf_engine_start", s=round(time.perf_counter() - start, 1))
-    sampling = SamplingConfig(temperature=1.0, top_p=1.0, repetition_penalty=1.0, max_tokens=NEW, seed=0)
-    requests = make_requests(engine.tokenizer, 64, seed=64)
-    engine.generate(requests[:2], sampling.model_copy(update={"max_tokens": 8}))  # warm-up
-    for static_cache in (False, True):
-        engine.static_cache = static_cache
-        name = "physreason_hf_static_cache" if static_cache else "physreason_hf_default"
-        if static_cache:  # compiles for this batch's cache shape; the timed runs reuse it
-            t = time.perf_counter()
-            engine.generate(requests, sampling)
-            out(what=name + "_compile_run", s=round(time.perf_counter() - t, 1))
-        for run in range(runs):
-            dt, results = timed(lambda: engine.generate(requests, sampling))
-            tokens = sum(len(r.completions[0].token_ids) for r in results)
-            out(what=name, run=run, batch=64, prompt=PROMPT, new=NEW, tokens=tokens, s=round(dt, 2),
-                tok_per_s=round(tokens / dt, 1), peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("engine", choices=["vllm", "hf"])
+    parser.add_argument("engine", choices=["vllm"], help="the engine measured (the hf static-cache path was removed)")
     parser.add_argument("--tokenizer", type=Path, required=True, help="folder with the Qwen2.5 tokenizer files")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/physreason-7b-shape"))
-    parser.add_argument("--runs", type=int, default=2, help="timed runs of each engine (interleaved for vllm) or hf path")
+    parser.add_argument("--runs", type=int, default=2, help="timed runs of each engine (interleaved)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256], help="vllm: batch sizes to measure")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-vl-7b", help="language-model shape")
     args = parser.parse_args()
     device_line(shape=args.shape)
     folder = make_folder(args.folder, args.tokenizer, SHAPES[args.shape])
-    if args.engine == "vllm":
-        bench_vllm(folder, args.batches, args.runs)
-    else:
-        bench_hf(folder, args.runs)
-    if args.folder.name == "physreason-7b-shape" and args.engine == "hf":
-        shutil.rmtree(folder, ignore_errors=True)
+    bench_vllm(folder, args.batches, args.runs)
 
 
 if __name__ == "__main__":

@@ -1,109 +1,8 @@
 """GRPO end to end, physreason against TRL's GRPOTrainer on the same GPU: samples/s, tokens/s, where each step goes.
 
-Both sides train the same model on the same prompts with the same recipe, one after the other on one GPU, each
-run in its own subprocess (so the GPU memory of one is free before the next starts), interleaved: every round
-runs each workload's TRL and physreason runs back to back, the first side alternating between rounds.
-Sides (--sides):
-  trl                TRL's GRPOTrainer, micro-batches of --mini-batch completions, one padded row each;
-  physreason         physreason's colocated GRPO with packed rows (`[grpo] pack_completions`: a prompt once, then
-                     its completions, each attending to the prompt and itself: the same log-probs) and passes sized
-                     by tokens (`[grpo] mini_batch_tokens` = --mini-batch-tokens, no bound on completions per pass);
-  physreason-padded  physreason as before packing: micro-batches of --mini-batch completions, one padded row each
-                     (the same layout as TRL's; not run unless named).
-
-Model: the Qwen2.5-VL-3B shape with random bf16 weights and the tiny tokenizer and processor of
-physreason.models.tiny (bench/shapes.py's `build_model_folder`, written once under --work): the vocabulary, and so the
-lm_head, is the tiny one (about 530 rows, not Qwen's 151,936), on both sides alike.
-
-Workloads (each prompt a multiple-choice question of `physreason data synth --task arrow_of_time` clips, asked
-with physreason's GRPO prompt wording, options in their file order):
-  video  each prompt holds its clip, sampled and resized by physreason.vision under the [vision] defaults
-         (4 fps; a 3 s 256x192 clip becomes 12 frames of 280x392, 840 video tokens);
-  image  each prompt holds one contact-sheet image of its clip: the first frame of every temporal patch (2 frames)
-         tiled in a grid, so the image has exactly as many patches and visual tokens as the clip (840); PNG files;
-  text   the question alone, after --text-words words of scene description.
-TRL 1.16 cannot train Qwen2.5-VL on video, so the video workload runs physreason alone and its TRL column says
-why; the image workload is the comparison at the video workload's visual token count. What in TRL 1.16 stops
-video (trl/trainer/grpo_trainer.py, trl/generation/vllm_generation.py):
-  - `_tokenize_prompts` collects only `{"type": "image"}` message parts, and `_generate_and_score_completions`
-    reads media only from the dataset's "image"/"images" columns;
-  - `VLLMGeneration.generate(prompts, images, ...)` passes `multi_modal_data={"image": ...}` only: no video
-    reaches vLLM;
-  - `_get_per_token_logps_and_entropies` takes `pixel_values`/`image_grid_thw` but has no `pixel_values_videos`/
-    `video_grid_thw` parameter, and the forward kwargs come from `processing_class(images=..., text=...)`: the
-    policy forward never sees video features. A `{"type": "video"}` part would reach the chat template only,
-    leaving video placeholder tokens scored as plain text.
-
-Recipe, the same on both sides: --prompts prompts x --n completions per optimizer step (one generate call, then
-micro-batches of --mini-batch completions with gradient accumulation over the step), exactly --response-len new
-tokens per completion (EOS ignored: physreason `[rollout.sampling_config] ignore_eos`, TRL
-`generation_kwargs={"ignore_eos": True}` for vLLM, `{"min_new_tokens": R}` for transformers generate), temperature
-1, top_p 1, no repetition penalty, the vision placeholder and delimiter tokens never sampled (physreason
-`[rollout.sampling_config] suppress_vision_tokens`, TRL a -100 `logit_bias` for vLLM, `suppress_tokens` for
-transformers: a random policy otherwise samples image pads, and TRL's policy forward then fails with "Image features
-and image tokens do not match"); the clipped token-level loss with epsilon 0.2 / 0.2, no KL (beta 0), one
-iteration (mu 1), token-mean over the step's completion tokens (physreason `loss_agg_mode = "token-mean"`, TRL
-`loss_type="dapo"`: both divide by the step's token count; tests/test_grpo_math_trl.py checks the two losses and
-gradients are equal on the same tensors), group advantages (r - mean) / (std + eps); rewards: physreason's
-accuracy + format rule rewards on both sides (TRL gets them as its reward function). TRL's vLLM importance-sampling
-correction is off (`vllm_importance_sampling_correction=False`): physreason does not apply one, and with it on TRL
-would run an extra no-grad forward per step. Policy: fp32 master weights, bf16 autocast, fused AdamW (lr 1e-5,
-weight decay 0.01), gradient-norm clip 1.0, activation checkpointing (TRL: `model_init_kwargs={"dtype":
-"float32"}`, `bf16=True`, `optim="adamw_torch_fused"`, `gradient_checkpointing=True`). Engine: vLLM on the same
-GPU, CUDA graphs on, `gpu_memory_utilization` --gpu-memory, context 8192, no sleep mode; TRL's colocate mode
-(`use_vllm=True, vllm_mode="colocate"`; it fixes `max_num_batched_tokens=4096` itself), physreason's VLLMEngine.
-Weights are pushed to the engine once per step on both sides.
-
-Vision attention of the policy (--trl-vision-attention): physreason runs its tower's sdpa attention grouped by
-window length (physreason/models/vision_attention.py: one kernel call per distinct window length, the varlen
-attention a flash-attn install gives). TRL, without flash-attn (no wheel for the GPU image), would run transformers'
-loop of one sdpa call per window; `varlen` (the default) switches the model TRL built to the same grouped attention
-after GRPOTrainer has loaded it, as physreason's loader does to its own models (TRL's trainer and everything else on
-its side unchanged), so the comparison is the one a TRL user with flash-attn would see; `native` keeps transformers'
-loop. Each run records the vision attention its policy model ended up with ("vision_attention" in the JSON, a line
-under the table), read from the model's vision attention modules.
-
-What is timed (per optimizer step, after --warmup steps; medians over --steps steps):
-  step      wall time of one optimizer step (physreason `time/step_s`; TRL: between consecutive `on_step_end`);
-  generate  physreason `time/generate_s` (media decode, prompt rendering, vLLM); TRL `_generate` (prompt rendering
-            and image processing, vLLM, decoding), less the weight sync inside it;
-  score     physreason `time/score_s` (rewards, advantages, pixels for the policy); TRL
-            `_generate_and_score_completions` less `_generate` (padding, image processing for the policy forward,
-            rewards, advantages);
-  sync      physreason `time/sync_s`; TRL `VLLMGeneration.sync_weights`;
-  train     the rest of the step (policy forward, backward, optimizer step, data loading, bookkeeping).
-TRL's sections are timed by wrapping those methods (a CUDA synchronize at each edge) and a TrainerCallback.
-samples/s = completions per step / step s; tokens/s counts prompt tokens (visual tokens included) plus
-completion tokens per step; everything is per GPU (one GPU). Peak memory is torch's max_memory_allocated of the
-run's process (vLLM's weights and KV cache included).
-
-Output: a table on stdout; JSON to $OUT/grpo_vs_trl.json when OUT is set (per run: every step's figures, the
-medians, the run's log tail when it failed). Each run's log is under --work/logs.
-
-GPU (one H200: the 3B policy with fp32 AdamW state and a 0.3 vLLM share needs about 90 GB; a few runs per command,
-each command under 10 minutes):
-  export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=/usr/local/cuda VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
-  python3 bench/grpo_vs_trl.py --workloads image --rounds 3                   # TRL (varlen vision) vs physreason
-  python3 bench/grpo_vs_trl.py --workloads image --rounds 1 --trl-vision-attention native   # TRL as installed
-  python3 bench/grpo_vs_trl.py --workloads text --rounds 3                    # TRL vs physreason on text
-  python3 bench/grpo_vs_trl.py --workloads video --sides physreason,physreason-padded   # TRL cannot take video
-CPU:  python bench/grpo_vs_trl.py --tiny    (tiny models, hf engine / transformers generate: checks the script)
-
-Packages needed beyond the GPU image (torch 2.11+cu130, torchvision 0.26, transformers 5.17 or the carried 5.24,
-accelerate 1.15, vLLM 0.26 with its set in ../shared/gpu/vllm-gpu-requirements.txt, which holds dill 0.4.1): these
-pins, each checked to exist as a Python 3.12 manylinux / pure wheel with `pip download --no-deps --only-binary=:all:
---python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 ...` (about 105 MiB in all, pyarrow 55
-MiB and av 35 MiB of it), installed with `pip install --no-index --no-deps --target /tmp/site`:
-  trl==1.16.0             GRPOTrainer; its own needs beyond these are in the image (accelerate, jinja2, psutil, ...)
-  datasets==5.2.0         TRL's dataset type
-  pyarrow==26.0.1         datasets
-  pandas==3.1.1           datasets and trl
-  multiprocess==0.70.19   datasets (needs dill, in the vLLM set)
-  xxhash==4.1.0           datasets
-  fsspec==2026.9.0        datasets
-  python-dateutil==4.0.0  pandas
-  tzdata==2026.6          pandas, python-dateutil
-  av==19.0.2              physreason's video decode and `data synth` (PyAV is not in the GPU image)
+Sides, workloads, recipe, what is timed, what stops TRL on video and the package pins: bench/RESULTS.md ("How
+bench/grpo_vs_trl.py measures"). A table on stdout, JSON to $OUT/grpo_vs_trl.json when OUT is set.
+GPU: python3 bench/grpo_vs_trl.py --workloads image|text|video --rounds 3   CPU check: python bench/grpo_vs_trl.py --tiny
 """
 
 from __future__ import annotations
@@ -133,7 +32,7 @@ DEFAULT_SIDES = ("trl", "physreason")
 TRL_WORKLOADS = ("image", "text")
 TRL_VIDEO = (
     "TRL 1.16 cannot train Qwen2.5-VL on video: its prompts carry only image parts, its vLLM generation takes only "
-    "images and its policy forward has no pixel_values_videos/video_grid_thw (see the docstring)"
+    "images and its policy forward has no pixel_values_videos/video_grid_thw (see bench/RESULTS.md)"
 )
 PARTS = ("generate", "score", "train", "sync")
 TRL_VISION_ATTENTION = ("varlen", "native")
@@ -333,7 +232,7 @@ def set_vision_attention(model: Any, mode: str) -> str:
 
 
 def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed: bool = True):
-    """The bench's GRPO recipe as a physreason Config (see the module docstring); packed: the `physreason` side."""
+    """The bench's GRPO recipe as a physreason Config (bench/RESULTS.md says it); packed: the `physreason` side."""
     from physreason.config import load_config
 
     bf16 = spec["bf16"]
@@ -549,7 +448,7 @@ def trl_processor(model: str):
 
 
 def trl_config(spec: dict[str, Any], output: Path):
-    """The bench's GRPO recipe as a TRL GRPOConfig (see the module docstring)."""
+    """The bench's GRPO recipe as a TRL GRPOConfig (the recipe in bench/RESULTS.md)."""
     from trl import GRPOConfig
 
     vllm = spec["engine"] == "vllm"
@@ -600,7 +499,7 @@ def trl_config(spec: dict[str, Any], output: Path):
 
 
 def run_trl(spec: dict[str, Any], workload: str) -> dict[str, Any]:
-    """One TRL GRPOTrainer run of the workload, its sections timed (see the module docstring)."""
+    """One TRL GRPOTrainer run of the workload, its sections timed (as bench/RESULTS.md says)."""
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 

@@ -143,7 +143,7 @@ def grpo_config(cfg: Config, out: Path, model_dir: Path, sizes: DemoSizes) -> Co
 
 def demo_config(out: Path, model_dir: Path, sizes: DemoSizes, seed: int | None = None) -> Config:
     """One recipe for every stage: small frames, greedy letter answers, a short SFT run (seeded with `seed`; None
-    keeps the schema's train.seed, as bench/intuitive_physics.py's runs had it)."""
+    keeps the schema's train.seed, as the intuitive-physics experiment's published runs had it)."""
     cfg = load_config(
         None,
         values={

@@ -77,7 +77,7 @@ def test_combine_through_the_command_writes_one_table_over_the_runs_seeds(tmp_pa
     [
         ("/venv/bin/physreason", "physreason experiment grounding --seeds '1 2'"),
         (str(ROOT / "physreason" / "__main__.py"), "physreason experiment grounding --seeds '1 2'"),
-        ("bench/grounding.py", "python bench/grounding.py experiment grounding --seeds '1 2'"),
+        ("tools/run.py", "python tools/run.py experiment grounding --seeds '1 2'"),
     ],
 )
 def test_the_tables_command_line_is_the_one_to_type_again(monkeypatch, argv0, expected):
@@ -87,15 +87,12 @@ def test_the_tables_command_line_is_the_one_to_type_again(monkeypatch, argv0, ex
     assert command_line() == expected
 
 
-@pytest.mark.parametrize(
-    ("script", "usage"),
-    [("intuitive_physics.py", "usage: intuitive_physics.py "), ("grounding.py", "usage: grounding.py ")],
-)
-def test_the_bench_scripts_take_the_same_arguments(script, usage):
+@pytest.mark.parametrize("module", ["tower", "probe"])
+def test_the_helpers_run_as_the_docs_say(module):
+    # docs/experiments.md: python -m physreason.experiments.tower / .probe (the bench wrappers are gone)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), "--seeds", "x"], capture_output=True, text=True, env=env,
+        [sys.executable, "-m", f"physreason.experiments.{module}", "--help"], capture_output=True, text=True, env=env,
         timeout=120,
     )  # fmt: skip
-    assert done.returncode == 2 and done.stderr.startswith(usage)
-    assert "error: argument --seeds: --seeds 'x': give comma-separated integers" in done.stderr
+    assert done.returncode == 0 and done.stdout.startswith(f"usage: {module}.py ") and "--workers" in done.stdout

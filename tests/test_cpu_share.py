@@ -22,7 +22,7 @@ def test_one_process_takes_the_whole_host():
 
 
 def test_a_seed_on_one_of_four_gpus_takes_a_quarter():
-    # bench/grounding.py's side-by-side seeds: CUDA_VISIBLE_DEVICES=$((s - 1)) on a 4-GPU host
+    # the grounding experiment's side-by-side seeds: CUDA_VISIBLE_DEVICES=$((s - 1)) on a 4-GPU host
     share = cpu_share({"CUDA_VISIBLE_DEVICES": "2"}, cpus=64, gpus=4)
     assert (share.processes, share.threads) == (4, 16)
     assert "1 of 4 GPUs" in share.source

@@ -62,7 +62,7 @@ def test_grpo_reward_trend_says_rose_fell_or_noise_against_the_windows_standard_
 def test_demo_seed_draws_the_training_runs_and_grpo_keeps_it(tmp_path):
     cfg = demo_config(tmp_path, tmp_path / "model", DemoSizes(), seed=3)
     assert cfg.train.seed == 3 and grpo_config(cfg, tmp_path, tmp_path / "sft", DemoSizes()).train.seed == 3
-    # without a seed the schema's stays (bench/intuitive_physics.py's published runs used it)
+    # without a seed the schema's stays (the intuitive-physics experiment's published runs used it)
     assert demo_config(tmp_path, tmp_path / "model", DemoSizes()).train.seed == 42
     # the evaluations name the demo's seed (their progress said "seed 1" for every seed)
     assert cfg.eval.seed == 3 and demo_config(tmp_path, tmp_path / "model", DemoSizes(), seed=0).eval.seed == 0

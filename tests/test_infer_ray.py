@@ -102,7 +102,7 @@ def test_two_replicas_answer_like_one_process_and_record_failures(ray_address, m
     caplog.set_level(logging.DEBUG, logger="physreason.infer.ray_pipeline")
     summary = run_ray_batch(cfg, requests, tmp_path / "ray.parquet", show_progress=False)
     assert (summary.total, summary.done, summary.failed, summary.skipped) == (6, 6, 2, 0)
-    # bench/ray_infer.py times the driver's start-up phases by these marks
+    # the driver's start-up marks, in order (a debug log says where its start goes)
     marks = [r.getMessage() for r in caplog.records if r.name == "physreason.infer.ray_pipeline" and r.levelno == logging.DEBUG]
     assert marks == ["planned 6 pending requests; model config checked", "joined Ray", "Ray Data pipeline built; executing",
                      "first result"]  # fmt: skip

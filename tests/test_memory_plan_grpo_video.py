@@ -1,8 +1,9 @@
 """The memory plan of GRPO on a small video model against what its policy update saves for backward.
 
-The grounding experiment's GRPO stage (bench/grounding.py: the from-scratch Qwen2.5-VL of scale 2, 3.8M parameters,
-16 prompts x 8 completions of at most 128 tokens, micro-batch 64, 4-frame clips of 256x192 at 168x224) was refused on
-an 80 GB H100 with a plan of 79.1 GiB, mostly vision activations and activations; it peaks near 2 GB when let run. Here
+The grounding experiment's GRPO stage (`physreason experiment grounding`: the from-scratch Qwen2.5-VL of scale 2,
+3.8M parameters, 16 prompts x 8 completions of at most 128 tokens, micro-batch 64, 4-frame clips of 256x192 at
+168x224) was refused on an 80 GB H100 with a plan of 79.1 GiB, mostly vision activations and activations; it peaks
+near 2 GB when let run. Here
 one micro-batch of that stage runs through the policy's own scorer (PolicyScorer) on the CPU in the recipe's
 parameter dtype with the
 prompts the engine would encode, and every tensor autograd saves for backward (parameters aside) is counted: the

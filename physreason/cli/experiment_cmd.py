@@ -1,8 +1,7 @@
 """`physreason experiment`: the learning experiments that check training learns on this machine (docs/experiments.md).
 
 Each subcommand hands its arguments, `--help` included, to the experiment's own parser
-(physreason/experiments/<name>.py), the one bench/intuitive_physics.py and bench/grounding.py also use: the options,
-their defaults and their help are the experiment's, in one place, so the command and the scripts cannot drift apart.
+(physreason/experiments/<name>.py): the options, their defaults and their help are the experiment's, in one place.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ Stages are resumable as in the letter experiment: a rerun with the same --out re
 evaluations, and continues an interrupted SFT or GRPO from its last checkpoint (`--ckpt-every`).
 Prints and writes the table as markdown and JSON to <out>/grounding<variant>.{md,json} and, when OUT is set, to
 $OUT/grounding.{md,json}, with the GPU's name, the date, the command, the clip counts and each variant's settings.
-Run: physreason experiment grounding --seeds 1,2,3  (or python bench/grounding.py, the same options)
+Run: physreason experiment grounding --seeds 1,2,3
 CPU check: physreason experiment grounding --train-per-task 4 --rl-per-task 4 --test-per-task 2 --sft-steps 2 \
     --sft-batch 2 --grpo-steps 1 --grpo-prompts 2 --grpo-n 2 --scale 1 --max-tokens 8 --ckpt-every 1 --workers 1 \
     --variants grpo grpo-hit:iou-hit-weight=1
@@ -55,10 +55,10 @@ letter bench's eighth session ran three), SFT stopped early, two variants (plain
 GRPO and the control 30 steps:
     A="--train-per-task 1000 --rl-per-task 500 --test-per-task 150 --sft-steps 300 --grpo-steps 30 \
        --ckpt-every 1000 --out /tmp/g --variants grpo grpo-mix:iou-hit-weight=0.5"
-    python3 bench/grounding.py $A --workers 16 --stop-after data > $OUT/log0 2>&1
-    for s in 1 2; do OUT= PHYSREASON_HOST_PROCESSES=2 timeout 540 python3 bench/grounding.py $A --workers 7 --seeds $s \
-        > $OUT/log$s 2>&1 & done
-    wait; python3 bench/grounding.py --combine /tmp/g/qwen2_5_vl/grounding-*-seeds?.json > $OUT/logc 2>&1
+    python3 -m physreason experiment grounding $A --workers 16 --stop-after data > $OUT/log0 2>&1
+    for s in 1 2; do OUT= PHYSREASON_HOST_PROCESSES=2 timeout 540 python3 -m physreason experiment grounding $A --workers 7 \
+        --seeds $s > $OUT/log$s 2>&1 & done
+    wait; python3 -m physreason experiment grounding --combine /tmp/g/qwen2_5_vl/grounding-*-seeds?.json > $OUT/logc 2>&1
     cp /tmp/g/qwen2_5_vl/grounding-combined.* $OUT/
 (`OUT=` keeps the seeds from writing the same $OUT/grounding.json; PHYSREASON_HOST_PROCESSES=2 gives each seed half the
 host's CPU threads (physreason/cpu.py: seeds one a GPU under CUDA_VISIBLE_DEVICES get theirs without it); the combined
@@ -70,7 +70,7 @@ about 30 s of clips and 10 s of installs, 9 minutes. A seed past 540 s is stoppe
 call overruns, or on an H100 (slower here, not measured), drop the second variant or use --grpo-steps 20.
 With a kind of four GPUs (nvidia-h100-x4, 64 cores), four seeds at the shortened run's 50 GRPO steps, each alone on
 its GPU as measured, same data, combine and copy lines:
-    for s in 1 2 3 4; do CUDA_VISIBLE_DEVICES=$((s - 1)) OUT= timeout 560 python3 bench/grounding.py \
+    for s in 1 2 3 4; do CUDA_VISIBLE_DEVICES=$((s - 1)) OUT= timeout 560 python3 -m physreason experiment grounding \
         ${A/--grpo-steps 30/--grpo-steps 40} --workers 14 --seeds $s > $OUT/log$s 2>&1 & done
 15 + 60 + 15 + 2 x (140 + 15) + 65 + 15 = 480 s per seed, plus clips and installs: about 8.5 minutes on H200.
 Letter tasks, GRPO from an SFT stopped early against its control: physreason experiment intuitive-physics --sft-steps 300

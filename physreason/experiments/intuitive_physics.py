@@ -46,7 +46,7 @@ untrained model and pre-trains the tower, after which SFT variants can run side 
 Prints the table, with the GPU's name, the date and the command, and writes it as JSON and markdown to
 $OUT/intuitive_physics.{json,md} when OUT is set, and to <out>/table<variant>[-seeds1_2_3].{json,md}.
 `--sft-steps 300 --sft-control`: GRPO from an SFT stopped early, against its control (own folders, `-sft300`).
-Run: physreason experiment intuitive-physics  (or python bench/intuitive_physics.py, the same options)
+Run: physreason experiment intuitive-physics
      physreason experiment intuitive-physics --train-per-task 4 --rl-per-task 4 --test-per-task 2 --sft-steps 2 \
          --grpo-steps 1 --grpo-prompts 2 --scale 1 --sft-batch 4 --ckpt-every 1 --tower-steps 3 --seeds 0,1  (CPU check)
 docs/experiments.md says what each experiment checks and what it gave (bench/RESULTS.md).

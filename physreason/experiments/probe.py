@@ -8,8 +8,8 @@ same frame sampling and resize (physreason.vision.video.load_video), labels from
 fixed order, so the letter is the class). The probe is a plain 3D CNN with batch norm (about 110k parameters),
 trained with cross-entropy.
 Prints train and held-out accuracy per epoch and writes $OUT/intuitive_physics_probe.json when OUT is set.
-Run: python bench/intuitive_physics_probe.py --workers 14
-     python bench/intuitive_physics_probe.py --train-per-task 16 --test-per-task 8 --epochs 1  (CPU check)
+Run: python -m physreason.experiments.probe --workers 14
+     python -m physreason.experiments.probe --train-per-task 16 --test-per-task 8 --epochs 1  (CPU check)
 """
 
 from __future__ import annotations

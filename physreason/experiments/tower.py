@@ -5,12 +5,12 @@ scored to keep the best tower, the model saved with the trained tower) is `physr
 which `physreason demo` also runs; this script is its command line, and can first generate one task's clips and
 build the model.
 
-Used by the intuitive-physics experiment (`--tower-steps`); run alone (bench/intuitive_physics_tower.py runs this):
-  python bench/intuitive_physics_tower.py MODEL_DIR DATA_ROOT OUT_DIR [--steps 1500]
+Used by the intuitive-physics experiment (`--tower-steps`); run alone:
+  python -m physreason.experiments.tower MODEL_DIR DATA_ROOT OUT_DIR [--steps 1500]
 where DATA_ROOT holds `sft.jsonl` (letter-answer records) and the clips they name. With `--generate TASK --clips N`
 it first writes N clips of one task (train split, seed 0, options in fixed order) and their records there, and with
 `--new-model` it first builds the random scale-2 Qwen2.5-VL at MODEL_DIR (`--temporal-patch`), e.g. on CPU:
-  python bench/intuitive_physics_tower.py /tmp/tw/model /tmp/tw/data /tmp/tw/out --new-model \
+  python -m physreason.experiments.tower /tmp/tw/model /tmp/tw/data /tmp/tw/out --new-model \
       --generate arrow_of_time --clips 1000 --steps 800 --workers 2
 """
 
