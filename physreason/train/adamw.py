@@ -210,6 +210,7 @@ def _scalar_tensors(values: tuple[float, ...], device: torch.device) -> list[tor
 
 _GROUPED_ON_CPU = False  # host tensors through Triton's interpreter (TRITON_INTERPRET=1): the CPU tests only
 BLOCK, ITERS = 1024, 16  # a program updates BLOCK x ITERS elements (16,384: 64 KiB of float32 weights)
+WARPS = 4  # warps a program (bench/adamw_kernel.py measures other BLOCK, ITERS, WARPS)
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -296,7 +297,7 @@ def grouped_adamw_bf16_update(tables: _Tables, scalars: tuple[float, ...]) -> No
     if tables.device.type == "cuda":
         with torch.cuda.device(tables.device):
             launch(tables.pointers, tables.chunks, lr, beta1, beta2, eps, decay, bias1, bias2_sqrt, **arguments,
-                   num_warps=4)  # fmt: skip
+                   num_warps=WARPS)  # fmt: skip
     else:  # Triton's interpreter (TRITON_INTERPRET=1) on host tensors: the CPU tests
         launch(tables.pointers, tables.chunks, lr, beta1, beta2, eps, decay, bias1, bias2_sqrt, **arguments)
 
