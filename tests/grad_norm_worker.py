@@ -64,8 +64,12 @@ def compare(layout: str) -> dict:
         torch.optim.SGD(model.parameters(), lr=1.0).step()
     param_gap = relative_gaps(dict(whole.named_parameters()), {n: full(p) for n, p in split.named_parameters()})
     return {
-        "whole_norm": whole_norm, "split_norm": split_norm, "collectives": counter.get_total_counts(),
-        "grad_gap": grad_gap, "param_gap": param_gap, "grads": len(want),
+        "whole_norm": whole_norm,
+        "split_norm": split_norm,
+        "collectives": counter.get_total_counts(),
+        "grad_gap": grad_gap,
+        "param_gap": param_gap,
+        "grads": len(want),
         "tower_grads": sum(name.startswith("model.visual.") for name in want),
     }
 
