@@ -7,11 +7,15 @@ on every rank, so FSDP2's mean over the dp ranks is the whole model's gradient. 
 (torch.nn.utils.clip_grad_norm_ for the whole model, parallelize.clip_grad_norm counted by CommDebugMode for the
 split one) and take one SGD step. Rank 0 writes, per layout, both norms, the collectives the clip made, and the
 largest clipped-gradient and parameter differences relative to each parameter's largest entry.
+
+On GPUs (one per rank, NCCL) it runs the same in float32 without TF32:
+    torchrun --standalone --nproc-per-node 2 tests/grad_norm_worker.py 2x1,1x2 norms.json
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -36,19 +40,19 @@ def relative_gaps(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -
     return max(float((got[n] - w).abs().max()) / (float(w.abs().max()) + 1e-12) for n, w in want.items())
 
 
-def compare(layout: str) -> dict:
+def compare(layout: str, device: torch.device) -> dict:
     dp, tp = (int(part) for part in layout.split("x"))
     assert dp * tp == dist.get_world_size(), layout
     tokenizer = build_tiny_tokenizer()
-    whole = build_tiny_model("qwen3_vl", tokenizer, seed=0).train()
-    split = build_tiny_model("qwen3_vl", tokenizer, seed=0).train()
-    mesh = build_mesh("cpu", dp * tp, tp)
+    whole = build_tiny_model("qwen3_vl", tokenizer, seed=0).to(device).train()
+    split = build_tiny_model("qwen3_vl", tokenizer, seed=0).to(device).train()
+    mesh = build_mesh(device.type, dp * tp, tp)
     if tp > 1:
         apply_tensor_parallel(split, mesh["tp"])
     split_loss = CausalLMLoss(split)  # the wrapper FSDP2's root shards, as a run wraps the model it trains
     apply_fsdp2(split_loss, split, mesh["dp"], param_dtype=torch.float32)
     samples = [video_sample(whole, 4, 3, 7, seed=1), text_sample(whole, 14, 6, seed=2)]
-    batch = collate_padded(samples, tokenizer.pad_token_id, mrope=True)
+    batch = collate_padded(samples, tokenizer.pad_token_id, mrope=True).to(device)
     for loss in (CausalLMLoss(whole), split_loss):
         loss(batch).backward()
     whole_params = [p for p in whole.parameters() if p.grad is not None]
@@ -76,11 +80,17 @@ def compare(layout: str) -> dict:
 
 def main() -> None:
     layouts, out = sys.argv[1], sys.argv[2]
-    dist.init_process_group("gloo")
-    results = {layout: compare(layout) for layout in layouts.split(",")}
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
+    results = {layout: compare(layout, device) for layout in layouts.split(",")}
     if dist.get_rank() == 0:
         with open(out, "w") as handle:
             json.dump(results, handle)
+        print(json.dumps(results), flush=True)
     dist.destroy_process_group()
 
 
