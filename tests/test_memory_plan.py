@@ -266,3 +266,55 @@ def test_plan_says_which_layers_float8_converts_and_when_it_cannot_pay(tiny_mode
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "[train.fp8] no linear layer of this model is large enough for float8 rowwise" in done.stdout
+
+
+def _plan(*args: str):
+    from typer.testing import CliRunner
+
+    from physreason.cli import app
+
+    result = CliRunner().invoke(app, ["plan", *args], env={"COLUMNS": "400"})
+    return result.exit_code, " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    "recipe, gpus",
+    [("cosmos-reason2-8b-sft.toml", 8), ("cosmos-reason2-8b-sft.toml", 2), ("cosmos-reason1-7b-sft.toml", 4),
+     ("cosmos-reason2-2b-sft.toml", 2)],
+)  # fmt: skip
+def test_plan_offers_no_tensor_parallel_layout_for_shipped_recipes_that_fsdp_alone_fits(recipe, gpus):
+    """TP ran at 0.46x-0.57x of FSDP alone at the 3B shape: plan lists no TP row where FSDP fits, and says why."""
+    code, out = _plan(str(ROOT / "configs" / recipe), "--gpus", str(gpus))
+    assert "layouts that fit" in out, out
+    assert "tensor parallel: not recommended: FSDP alone fits" in out and "0.46x" in out, out
+    assert "TP 1" in out and not re.search(r"TP [2-8]", out), out
+    assert "tp_size=" not in out, out
+
+
+def test_plan_tells_a_tensor_parallel_recipe_that_fsdp_alone_fits():
+    recipe = str(ROOT / "configs" / "cosmos-reason2-8b-sft.toml")
+    code, out = _plan(recipe, "--gpus", "8", "--set", "policy.parallelism.tp_size=2")
+    assert code == 0, out  # the recipe fits: only advice
+    assert "tensor parallel: not needed: FSDP alone fits on 8 GPU(s) (set policy.parallelism.tp_size=1" in out, out
+    assert "policy.parallelism.tp_size=1" in out and not re.search(r"FSDP \d x TP [2-8]", out.split("layouts that fit")[1])
+
+
+def test_plan_offers_tensor_parallel_where_fsdp_alone_cannot_fit(shape_32b):
+    """A shape whose gathered block is what does not fit (4 blocks of a 204,800-wide MLP, 2 x 40 GiB GPUs): only TP,
+    which gathers a 1/tp share of each block, fits without LoRA; FSDP's offload alone does not."""
+    from physreason.train.memory import tp_degrees
+    from physreason.train.memory_report import tensor_parallel_note
+
+    config = AutoConfig.from_pretrained(QWEN3_VL_32B)
+    config.text_config.intermediate_size, config.text_config.num_hidden_layers = 204800, 4
+    wide = shape_from_hf_config(config)
+    recipe, work, gpu = Layout(gpus=2), Workload(seq_len=4096, vision_tokens=1024), 40 * GIB
+    fitting = fitting_layouts(wide, recipe, work, gpu)
+    full = [plan for plan in fitting if not plan.layout.lora]
+    assert full and all(plan.layout.tp == 2 for plan in full)  # no full FSDP-only layout fits; TP 2 does
+    assert not plan_memory(wide, replace(full[0].layout, tp=1), work).fits(gpu)
+    note = tensor_parallel_note(wide, recipe, fitting)
+    assert note.startswith("tensor parallel: offered (TP > 1 rows below) only where FSDP alone cannot fit on 2 GPU(s)")
+    # and where FSDP alone fits the same model, TP rows go: the 32B shape on 8 H100s
+    eight = fitting_layouts(shape_32b, Layout(gpus=8), _issue_workload(), H100)
+    assert eight and max(tp_degrees(shape_32b, 8)) == 8 and all(plan.layout.tp == 1 for plan in eight)

@@ -47,6 +47,7 @@ def plan(
         recipe_layout,
         recipe_workload,
         refusal,
+        tensor_parallel_note,
     )
 
     if job not in ("sft", "grpo", "auto"):
@@ -87,6 +88,9 @@ def plan(
         console.print(f"[train.fp8] {outlook}", markup=False)
     console.print(plan_table(plan_, capacity))
     fitting = fitting_layouts(shape, recipe, workload, capacity)
+    note = tensor_parallel_note(shape, recipe, fitting)
+    if note is not None:
+        console.print(note, markup=False, soft_wrap=True)
     if fitting:
         console.print(layouts_table(fitting, recipe, job))  # type: ignore[arg-type]
     if not plan_.fits(capacity):

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -281,32 +282,60 @@ def _own_modules(unit: nn.Module, inner: set[int]) -> list[nn.Module]:
     return found
 
 
+def _copies(grad: torch.Tensor, world: int) -> int:
+    """How many ranks of the world hold each element of this rank's local piece of `grad`.
+
+    A DTensor's local shard is repeated along each mesh dimension it is Replicate on, and the whole mesh is
+    repeated world / mesh.size() times (embeddings and norms sharded on the dp mesh alone are the same on every
+    tp rank). A plain tensor is taken as the same on every rank. Partial placements hold no full values: ValueError.
+    """
+    if not isinstance(grad, DTensor):
+        return world
+    mesh = grad.device_mesh
+    copies = world // mesh.size()
+    for size, placement in zip(mesh.mesh.shape, grad.placements, strict=True):
+        if placement.is_partial():
+            raise ValueError(f"a gradient with placements {grad.placements} is partial: reduce it before clipping")
+        if placement.is_replicate():
+            copies *= size
+    return copies
+
+
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
     """Scale gradients so their global L2 norm is at most max_norm (0: never); returns the norm before (0-dim, fp32).
 
     Gradients may be plain tensors or DTensors on different meshes: under TP the decoder blocks live on the
-    (dp, tp) mesh while embeddings, norms and the vision tower are sharded on the dp mesh alone. torch's
-    clip_grad_norm_ stacks all per-tensor norms into one tensor, which fails across meshes, so each mesh's
-    norm is first reduced to a full (replicated) value.
+    (dp, tp) mesh while embeddings, norms and the vision tower are sharded on the dp mesh alone. Each rank sums the
+    squares of its local pieces, each weighted by 1 / the number of ranks that hold the same piece (_copies), and one
+    all_reduce over the world adds them up: one collective per step whatever the meshes (DTensor's own norm makes one
+    all-reduce per mesh dimension, one after another, and one more per mesh). The gradients are then scaled in place
+    by one foreach multiply per device and dtype, on the local pieces.
     """
-    by_mesh: dict[DeviceMesh | None, list[nn.Parameter]] = {}
-    for parameter in parameters:
-        if parameter.grad is not None:
-            mesh = parameter.grad.device_mesh if isinstance(parameter.grad, DTensor) else None
-            by_mesh.setdefault(mesh, []).append(parameter)
-    if not by_mesh:
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
         return torch.zeros((), dtype=torch.float32)
-    squares = []
-    for group in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        squares.append(norm.float().square())
-    device = squares[0].device
-    total = torch.stack([square.to(device) for square in squares]).sum().sqrt()  # []
-    if max_norm > 0:
-        for group in by_mesh.values():
-            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    distributed = dist.is_available() and dist.is_initialized()
+    world = dist.get_world_size() if distributed else 1
+    # local pieces grouped by (device, dtype) for the foreach kernels, and by copies for the weighting
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    weighted: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
+    with torch.no_grad():
+        for grad in grads:
+            local = grad.to_local() if isinstance(grad, DTensor) else grad
+            groups.setdefault((local.device, local.dtype), []).append(local)
+            weighted.setdefault((local.device, _copies(grad, world)), []).append(local)
+        device = next(iter(groups))[0]
+        total = torch.zeros((), dtype=torch.float32, device=device)
+        for (_where, copies), pieces in weighted.items():
+            norms = torch._foreach_norm(pieces, 2.0, dtype=torch.float32)
+            total += torch.stack(norms).square().sum().to(device) / copies  # []
+        if world > 1:
+            dist.all_reduce(total)
+        total = total.sqrt()
+        if max_norm > 0:
+            scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+            for (where, _dtype), pieces in groups.items():
+                torch._foreach_mul_(pieces, scale.to(where))
     return total
 
 

@@ -331,6 +331,10 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
     return plan
 
 
+# What tensor parallelism cost where it was measured (bench/RESULTS.md, issue 47): the 3B shape, SFT, 4,096-token rows.
+TP_MEASURED = "at the 3B shape tp 2 ran at 0.57x the tokens/s of dp 2 (2 x H100) and tp 2 x dp 2 at 0.46x of dp 4 (4 x H200)"
+
+
 def tp_degrees(shape: ModelShape, gpus: int) -> list[int]:
     """TP degrees possible on `gpus` processes: divisors of gpus (at most 8, one node) that divide both head counts."""
     return [t for t in range(1, min(gpus, 8) + 1) if gpus % t == 0 and shape.heads % t == 0 and shape.kv_heads % t == 0]
@@ -374,10 +378,25 @@ def candidate_layouts(shape: ModelShape, recipe: Layout) -> list[Layout]:
     return sorted(layouts, key=preference)
 
 
+def fsdp_alone_fits(plans: list[MemoryPlan], layout: Layout) -> bool:
+    """Whether one of `plans` (layouts that fit) needs no tensor parallelism for what `layout` trains: TP 1 with the
+    same full or LoRA training and the same CPU offload."""
+    return any(
+        plan.layout.tp == 1 and plan.layout.lora == layout.lora and plan.layout.cpu_offload == layout.cpu_offload
+        for plan in plans
+    )
+
+
 def fitting_layouts(shape: ModelShape, recipe: Layout, workload: Workload, gpu_bytes: int) -> list[MemoryPlan]:
-    """Plans of the candidate layouts that fit `gpu_bytes`, most preferred first."""
+    """Plans of the candidate layouts that fit `gpu_bytes`, most preferred first.
+
+    A tensor-parallel layout only where FSDP alone cannot fit without more CPU offload or LoRA (fsdp_alone_fits): TP
+    shares each batch over its ranks and all-reduces activations in every block, which costs throughput at the shapes
+    measured (TP_MEASURED).
+    """
     plans = (plan_memory(shape, layout, workload) for layout in candidate_layouts(shape, recipe))
-    return [plan for plan in plans if plan.fits(gpu_bytes)]
+    fitting = [plan for plan in plans if plan.fits(gpu_bytes)]
+    return [plan for plan in fitting if plan.layout.tp == 1 or not fsdp_alone_fits(fitting, plan.layout)]
 
 
 def layout_overrides(recipe: Layout, layout: Layout, mini_batch_key: str = "train.mini_batch") -> list[str]:

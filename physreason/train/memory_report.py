@@ -18,12 +18,14 @@ from physreason.progress import make_console
 from physreason.train.memory import (
     DTYPE_BYTES,
     GIB,
+    TP_MEASURED,
     Layout,
     MemoryPlan,
     Workload,
     fitting_layouts,
     layout_overrides,
     plan_memory,
+    tp_degrees,
     usable_bytes,
 )
 from physreason.train.runtime import Runtime
@@ -202,6 +204,29 @@ def layouts_table(plans: list[MemoryPlan], recipe: Layout, job: Job, limit: int 
         changes = layout_overrides(recipe, plan.layout, mini_batch_key(job))
         table.add_row(describe(plan.layout), gib(plan.total), gib(plan.host_bytes), " ".join(changes) or "(the recipe)")
     return table
+
+
+def tensor_parallel_note(shape: ModelShape, recipe: Layout, fitting: list[MemoryPlan]) -> str | None:
+    """One line on tensor parallelism for `plan`, given the layouts that fit (fitting_layouts, which offers TP only
+    where FSDP alone cannot fit without more CPU offload or LoRA), with what TP cost where measured; None where the GPU
+    count or head counts allow no TP degree, or nothing fits."""
+    if max(tp_degrees(shape, recipe.gpus)) == 1 and recipe.tp == 1 or not fitting:
+        return None
+    gpus = f"{recipe.gpus} GPU(s)"
+    if any(plan.layout.tp > 1 for plan in fitting):
+        return (
+            f"tensor parallel: offered (TP > 1 rows below) only where FSDP alone cannot fit on {gpus} without more CPU "
+            f"offload or LoRA; it costs throughput: {TP_MEASURED}"
+        )
+    if recipe.tp > 1:
+        return (
+            f"tensor parallel: not needed: FSDP alone fits on {gpus} (set policy.parallelism.tp_size=1, layouts "
+            f"below); the recipe's tp_size={recipe.tp} costs throughput: {TP_MEASURED}"
+        )
+    return (
+        f"tensor parallel: not recommended: FSDP alone fits on {gpus} wherever TP would; TP pays only for a shape "
+        f"FSDP cannot fit ({TP_MEASURED})"
+    )
 
 
 def refusal(plan: MemoryPlan, gpu_bytes: int, fitting: list[MemoryPlan], job: Job, where: str) -> str:
