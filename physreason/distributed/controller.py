@@ -66,6 +66,9 @@ class DisaggregatedResult(GRPOResult):
     group_versions: list[tuple[int, int, int]] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     policy_restarts: int = 0
+    dispatched: list[list[int]] = field(default_factory=list)  # draw indices of every generate call, in order
+    # (generate calls dispatched before, draw index) of every prompt drawn again because its replica was lost
+    redrawn: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -318,7 +321,10 @@ class Controller:
             return
         self._event(f"rollout replica {replica_id} lost ({reason})")
         if replica.generating is not None and replica.generating.timeline == self.timeline:
-            self.retry.extendleft(sorted((draw for draw, _ in replica.generating.payload), reverse=True))
+            lost = sorted(draw for draw, _ in replica.generating.payload)
+            self.retry.extendleft(reversed(lost))
+            self.result.redrawn += [(len(self.result.dispatched), draw) for draw in lost]
+            self._event(f"{len(lost)} prompt(s) of rollout replica {replica_id} go to the next free replica")
         self.ops = [op for op in self.ops if op.replica != replica_id or op.kind == "channel"]
         self.ray.kill(replica.handle, no_restart=True)
         self.policy[0].close_channel.remote(replica_id)
@@ -378,6 +384,7 @@ class Controller:
                 "generate", [replica.handle.generate.remote(draws, self._dispatches)], replica.id, draws
             )
             self._dispatches += 1
+            self.result.dispatched.append([draw for draw, _ in draws])
             in_flight += len(draws)
 
     # ---- training -----------------------------------------------------------------------------
