@@ -193,7 +193,8 @@ def test_send_transfer_reaches_every_receiver_into_reused_staging_and_survives_a
 def _receive_in_child(port: int, buckets, results) -> None:
     channel = WeightChannel("127.0.0.1", port, "child", rank=1, device=torch.device("cpu"))
     version, tensors = channel.receive(buckets, StagingArea(buckets, torch.device("cpu")))
-    results.put((version, [(n, t.clone()) for n, t in tensors]))
+    # Raw bytes, not tensors: a tensor in a queue is shared memory, gone when this process exits.
+    results.put((version, [(n, t.reshape(-1).view(torch.uint8).numpy().tobytes()) for n, t in tensors]))
 
 
 def test_push_from_the_policy_model_reaches_another_process_over_gloo():
@@ -219,4 +220,4 @@ def test_push_from_the_policy_model_reaches_another_process_over_gloo():
     assert failed == {} and version == 9 and child.exitcode == 0
     assert [n for n, _ in tensors] == [n for n, _ in model.named_parameters()]
     for (_, got), (_, parameter) in zip(tensors, model.named_parameters(), strict=True):
-        assert torch.equal(got, parameter.detach().to(torch.bfloat16))
+        assert got == parameter.detach().to(torch.bfloat16).reshape(-1).view(torch.uint8).numpy().tobytes()

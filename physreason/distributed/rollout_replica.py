@@ -145,6 +145,8 @@ class RolloutReplica:
             if staged is not None:
                 version, tensors = staged
                 self.engine.update_weights(tensors)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)  # the copies out of staging end before a transfer lands there
                 self.version = version
         finally:
             self._staged_lock.release()

@@ -18,6 +18,7 @@ a transfer never passes through host memory; otherwise in pinned host memory.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from collections import deque
 from collections.abc import Iterator
@@ -200,6 +201,9 @@ class WeightChannel:
         self.device = device
         self.rank = rank
         self.group = _process_group(dist.PrefixStore(f"weights/{channel_id}/", store), rank, device, timeout)
+        # The receiver works on a stream of its own: a replica generates on the default stream meanwhile, and
+        # its kernels need not queue behind the transfer (nor the transfer behind them).
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" and rank != 0 else None
 
     def broadcast_async(self, tensor: torch.Tensor) -> dist.Work:
         """Start a broadcast from rank 0 of `tensor` (contiguous, on the channel's device); wait() on the result.
@@ -226,9 +230,14 @@ class WeightChannel:
     ) -> tuple[int, list[tuple[str, torch.Tensor]]]:
         """Receive one whole transfer into `staging` (new buffers on the channel's device when None).
 
-        Returns its version and (name, view into the staging buffers) per parameter, complete on return.
+        Returns its version and (name, view into the staging buffers) per parameter, complete on return. Whoever
+        read the staging buffers last (an engine loading them) must have finished on the device before this call.
         """
-        staging = staging if staging is not None else StagingArea(buckets, self.device)
+        stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+        with stream:
+            return self._receive(buckets, staging if staging is not None else StagingArea(buckets, self.device))
+
+    def _receive(self, buckets: list[Bucket], staging: StagingArea) -> tuple[int, list[tuple[str, torch.Tensor]]]:
         header = torch.zeros(2, dtype=torch.int64, device=self.device)  # [version, num_buckets]
         self._broadcast(header)
         version, count = header.tolist()
@@ -249,13 +258,9 @@ class WeightChannel:
                 slot = landing[i % SEND_DEPTH][: buffer.numel()]
                 self._broadcast(slot)
                 buffer.copy_(slot, non_blocking=True)
-        _synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
         return version, staging.tensors()
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def send_transfer(
@@ -307,5 +312,6 @@ def send_transfer(
         in_flight.append(start(pack_bucket(bucket, tensors, device, out=ring[i % len(ring)])))
     while in_flight:
         finish(in_flight.popleft())
-    _synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return failed
