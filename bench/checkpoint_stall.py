@@ -32,8 +32,6 @@ CPU check:      python bench/checkpoint_stall.py --tiny --seq-len 64 --steps 2 -
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import statistics
 import sys
@@ -43,15 +41,10 @@ import time
 from pathlib import Path
 
 import torch
+from harness import add_json, device_info, progress, sync, write_json
 from shapes import make_batch, qwen25_vl_3b
 
 MODES = ("sync", "async")
-_STARTED = time.perf_counter()
-
-
-def progress(message: str) -> None:
-    """One timestamped line, flushed at once: the phase a run cut short by a time limit had reached."""
-    print(f"[{time.perf_counter() - _STARTED:7.1f} s] {message}", flush=True)
 
 
 def build_trained(config, device: torch.device, steps: int):
@@ -107,15 +100,10 @@ def make_step(trained, batch, device: torch.device):
         trained.optimizer.step()
         trained.scheduler.step()
         trained.optimizer.zero_grad(set_to_none=True)
-        synchronize(device)
+        sync(device)
         return time.perf_counter() - started
 
     return step
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 class FolderWatch(threading.Thread):
@@ -142,7 +130,7 @@ def measure_save(checkpointer, out: Path, saved_step: int, trained_step, args, d
     progress(f"  save of step {saved_step} (baseline step {baseline:.3f} s)")
     started = time.perf_counter()
     checkpointer.save(saved_step, {})
-    synchronize(device)
+    sync(device)
     save_s = time.perf_counter() - started
     progress(f"  save returned after {save_s:.3f} s; {args.after} steps beside the write")
     after = [trained_step() for _ in range(args.after)]
@@ -236,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder for the checkpoints, one at a time (default: a temporary one; /dev/shm: RAM)")
     parser.add_argument("--layers", type=int, default=None, help="decoder blocks kept (default: the shape's 36)")
     parser.add_argument("--tiny", action="store_true", help="the tiny stand-in shape, to check the script on CPU")
+    add_json(parser)
     return parser
 
 
@@ -266,8 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
     for _ in range(args.warmup):
         step()
     result = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
+        **device_info(device),
         "shape": "tiny" if args.tiny else "qwen2.5-vl-3b",
         "layers": config.text_config.num_hidden_layers,
         "seq_len": args.seq_len,
@@ -281,8 +269,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["rows"].append(row)
         compare(result["rows"])
         result["summary"] = summarize(result["rows"])
-        if os.environ.get("OUT"):
-            Path(os.environ["OUT"], "checkpoint_stall.json").write_text(json.dumps(result, indent=1))
+        write_json("checkpoint_stall.json", result, args.json)
 
     done = args.warmup
     for mode in modes:

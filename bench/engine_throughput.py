@@ -23,13 +23,11 @@ import time
 from pathlib import Path
 
 import torch
+from harness import device_line, timed
+from harness import emit as out
 from shapes import DECODER_SHAPES as SHAPES
 
 PROMPT, NEW = 512, 256
-
-
-def out(**fields) -> None:
-    print(json.dumps(fields), flush=True)
 
 
 def make_folder(folder: Path, tokenizer_dir: Path, shape: dict) -> Path:
@@ -124,12 +122,9 @@ def bench_update_weights(engine) -> None:
     weights = [(n, torch.empty(p.shape, dtype=torch.bfloat16, device="cuda").normal_(0, 0.02)) for n, p in meta.named_parameters()]
     size = sum(t.numel() * t.element_size() for _, t in weights)
     for attempt in range(3):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        engine.update_weights(weights)
-        torch.cuda.synchronize()
+        seconds, _ = timed(lambda: engine.update_weights(weights))
         out(what="update_weights", attempt=attempt, tensors=len(weights), gib=round(size / 2**30, 2), source="cuda bf16",
-            s=round(time.perf_counter() - t, 3))
+            s=round(seconds, 3))
 
 
 def bench_hf(folder: Path, runs: int) -> None:
@@ -161,11 +156,8 @@ def bench_hf(folder: Path, runs: int) -> None:
             engine.generate(requests, sampling)
             out(what=name + "_compile_run", s=round(time.perf_counter() - t, 1))
         for run in range(runs):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            tokens = sum(len(r.completions[0].token_ids) for r in engine.generate(requests, sampling))
-            torch.cuda.synchronize()
-            dt = time.perf_counter() - t
+            dt, results = timed(lambda: engine.generate(requests, sampling))
+            tokens = sum(len(r.completions[0].token_ids) for r in results)
             out(what=name, run=run, batch=64, prompt=PROMPT, new=NEW, tokens=tokens, s=round(dt, 2),
                 tok_per_s=round(tokens / dt, 1), peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1))
 
@@ -179,7 +171,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256], help="vllm: batch sizes to measure")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-vl-7b", help="language-model shape")
     args = parser.parse_args()
-    out(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape)
+    device_line(shape=args.shape)
     folder = make_folder(args.folder, args.tokenizer, SHAPES[args.shape])
     if args.engine == "vllm":
         bench_vllm(folder, args.batches, args.runs)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import Report, add_json, add_shape, device_line
 from shapes import SHAPES, build_model_folder
 
 
@@ -44,22 +44,22 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-vl-3b")
+    add_shape(parser, "qwen2.5-vl-3b", SHAPES)
     parser.add_argument("--tiny", action="store_true", help="the tiny model, to check the script on CPU")
     parser.add_argument("--work", default=None, help="folder for the model, clips and results (default: a temp dir)")
+    add_json(parser)
     args = parser.parse_args()
+    report = Report("eval_scaling.json", args.json, key="runs", **device_line())
 
     work = Path(args.work or tempfile.mkdtemp(prefix="eval_scaling_"))
     model = build_model_folder(work / f"model_{args.shape}{'_tiny' if args.tiny else ''}", args.shape, args.tiny)
     data = work / "clips"
     subprocess.run([sys.executable, "-m", "physreason", "data", "synth", "--out", str(data), "--task", "arrow_of_time",
                     "--n", str(args.clips), "--split", "test", "--no-progress"], check=True)  # fmt: skip
-    runs = []
+    runs = report.rows
     for round_ in range(args.rounds):
         for gpus in args.gpus if round_ % 2 == 0 else reversed(args.gpus):
-            run = run_eval(model, data, gpus, args.max_tokens, work / f"results_r{round_}_g{gpus}")
-            runs.append({"round": round_, **run})
-            print(json.dumps(runs[-1]), flush=True)
+            report.row({"round": round_, **run_eval(model, data, gpus, args.max_tokens, work / f"results_r{round_}_g{gpus}")})
     summary = {}
     for gpus in args.gpus:
         times = [r["seconds"] for r in runs if r["gpus"] == gpus]
@@ -68,9 +68,8 @@ def main() -> None:
     for gpus, row in summary.items():
         row["speedup"] = base / row["median_seconds"]
         row["scaling_efficiency"] = row["speedup"] / (gpus / args.gpus[0])
-    print(json.dumps({"summary": summary, "args": vars(args), "date": time.strftime("%Y-%m-%d")}))
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "eval_scaling.json").write_text(json.dumps({"runs": runs, "summary": summary}, indent=1))
+    print(json.dumps({"summary": summary, "args": vars(args), "date": time.strftime("%Y-%m-%d")}, default=str))
+    report.update(summary=summary)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ decode: the language-model shape (--shape) with random weights, pushed by the po
         GPU memory in-process). Also times each engine's weight push.
 sft:    sft_throughput.py's trainer step (FSDP2, fp32 masters, bf16 compute) on --shape, bf16 and then each float8
         recipe ([train.fp8] quant_recipe) in this one process; extra options go to sft_throughput's parser.
-        --recipes picks the float8 rows (default both).
+        --recipes picks the float8 rows (default both). The float8 rows build as the trainer does (models/float8.py):
+        only the layers large enough to pay convert (--float8-all-linears: every one), before FSDP2 and the
+        per-block compile (--compile); under torchrun with 2+ ranks tensorwise all-gathers in float8 with one amax
+        pass after each optimizer step.
 curve:  the loss curve of the intuitive-physics SFT (bench/intuitive_physics.py's clips, letter-answer records,
         from-scratch model and SFT settings, run through physreason's run_sft) for --steps steps, once in bf16 and once
         with float8 ([train.fp8], --recipe), from the same initial weights, data order and seed. Both runs compute in
@@ -37,7 +40,6 @@ import contextlib
 import copy
 import importlib.metadata
 import importlib.util
-import json
 import math
 import os
 import shutil
@@ -50,12 +52,11 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import device_info  # noqa: E402 - bench/ is on sys.path first
+from harness import emit as out  # noqa: E402
+
 RECIPES = ("rowwise", "tensorwise")  # torchao's float8 recipes ([train.fp8] quant_recipe)
 CURVE_WINDOW = 50  # steps at the end of the curves over which the mean |float8 - bf16| is taken
-
-
-def out(**fields) -> None:
-    print(json.dumps(fields), flush=True)
 
 
 def require_decode_support(tokenizer: Path) -> None:
@@ -146,7 +147,7 @@ def bench_decode(args: argparse.Namespace) -> None:
     from shapes import DECODER_SHAPES
 
     require_decode_support(args.tokenizer)
-    out(what="device", device=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape)
+    out(what="device", **device_info(), shape=args.shape)
     folder = make_folder(args.folder, args.tokenizer, DECODER_SHAPES[args.shape])
     for quantization in ("none", "fp8"):
         command = [sys.executable, __file__, "decode", "--tokenizer", str(args.tokenizer), "--folder", str(folder),
@@ -167,12 +168,17 @@ def bench_sft(args: argparse.Namespace, rest: list[str]) -> None:
     device = init_distributed(1)
     mesh = init_device_mesh(device.type, (dist.get_world_size(), 1), mesh_dim_names=("dp", "tp"))
     config = model_config(parser, base)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    out(what="device", device=name, torch=torch.__version__, shape=args.shape, layers=args.layers, options=rest)
+    out(what="device", **device_info(device), shape=args.shape, layers=args.layers, options=rest)
+    # every row compiles new blocks: let dynamo keep their compiled code rather than run them eagerly (as main does)
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    import torch._inductor.config as inductor_config
+
+    precision_casts = inductor_config.emulate_precision_casts  # the rowwise conversion sets it, for its own row only
     baseline = None
     for recipe in ("none", *args.recipes):
         row = copy.copy(base)
         row.float8 = recipe
+        inductor_config.emulate_precision_casts = precision_casts
         result = measure(run_ours, config, row, device, mesh)
         if recipe == "none":
             baseline = result.get("tokens_per_s")
@@ -214,6 +220,8 @@ def curve_run(recipe: argparse.Namespace, model_dir: Path, seed: int, float8: st
     cfg.train.ckpt.enable_checkpoint = False  # the curve is the product; no checkpoint to refuse a rerun over
     cfg.train.fp8.enable_fp8 = float8 is not None
     cfg.train.fp8.quant_recipe = float8 or "rowwise"
+    # the curve checks float8's numerics: its small model's layers convert although float8 cannot speed them up
+    cfg.train.fp8.skip_small_linears = False
     cpu = not torch.cuda.is_available()
     start = time.perf_counter()
     error = None
@@ -293,7 +301,7 @@ def bench_curve(args: argparse.Namespace) -> dict:
     args.out = args.out.resolve()
     recipe = curve_recipe(args)
     device = intuitive_physics.device_name()
-    out(what="device", device=device, torch=torch.__version__, torchao=importlib.metadata.version("torchao"),
+    out(what="device", **device_info(), torchao=importlib.metadata.version("torchao"),
         steps=args.steps, batch=args.batch, recipe=args.recipe, scale=args.scale, clips_per_task=recipe.train_per_task)  # fmt: skip
     sets = [("train", "train", 0, recipe.train_per_task, LETTER_TASK_NAMES)]
     timings = intuitive_physics.generate_clip_sets(args.out, sets, recipe)

@@ -7,10 +7,12 @@ few chat records, 6 steps) with the GPU count it needs, as torchtitan keeps its 
 GPUs than the machine has, or vLLM when it is not installed, prints `skip` with the reason.
 
 One GPU:   sft-sync-saves, sft-async-saves (three saves each, then a resume from the second whose losses must equal
-           the uninterrupted run's), float8-rowwise, float8-tensorwise, cpu-offload, bf16-optimizer-state,
-           compiled-blocks, chunked-loss (against the full loss of the same step), fsdp2-torchrun, hf-generate,
-           grpo-step
-Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losses within 1e-3 relative
+           the uninterrupted run's), float8-rowwise, float8-tensorwise, float8-fsdp-compiled (torchrun 1),
+           cpu-offload, bf16-optimizer-state, bf16-state-grouped (one Triton kernel a group against one compiled
+           kernel a parameter), compiled-blocks, chunked-loss (against the full loss of the same step),
+           fsdp2-torchrun, hf-generate, grpo-step
+Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losses within 1e-3 relative;
+           float8-all-gather-dp2 (tensorwise weights all-gathered in float8, scales precomputed after each step)
 --vllm:    vllm-generate, vllm-weight-push (the engine's output follows pushed weights), vllm-fp8-rollout
 
 Set up on a bare GPU machine (the image has torch and an older transformers; nothing can be downloaded there):
@@ -25,10 +27,10 @@ Each check runs in a worker process of its own (a CUDA fault cannot take the nex
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +39,9 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_STARTED = time.perf_counter()
+from harness import free_port
+from harness import progress as say
+
 BENCH = Path(__file__).resolve().parent
 
 
@@ -50,15 +54,24 @@ class Check:
     settings: tuple[str, ...] = field(default_factory=tuple)
 
 
+FLOAT8 = ("train.fp8.enable_fp8=true", "train.fp8.skip_small_linears=false")
 # SFT settings each check adds to the base recipe (base_settings); the checks' bodies are in run_check.
 CHECKS = (
     Check("sft-sync-saves", settings=("train.ckpt.save_mode='sync'",)),
     Check("sft-async-saves", settings=("train.ckpt.save_mode='async'",)),
-    Check("float8-rowwise", needs="torchao", cuda_only=True, settings=("train.fp8.enable_fp8=true", "train.fp8.quant_recipe='rowwise'")),
-    Check("float8-tensorwise", needs="torchao", cuda_only=True,
-          settings=("train.fp8.enable_fp8=true", "train.fp8.quant_recipe='tensorwise'")),
+    # The tiny model's layers are all too small for float8 to pay: skip_small_linears = false converts them anyway.
+    Check("float8-rowwise", needs="torchao", cuda_only=True, settings=(*FLOAT8, "train.fp8.quant_recipe='rowwise'")),
+    Check("float8-tensorwise", needs="torchao", cuda_only=True, settings=(*FLOAT8, "train.fp8.quant_recipe='tensorwise'")),
+    # FSDP2 on one rank (bf16 all-gather) with compiled blocks: the layout bench/fp8.py sft measures
+    Check("float8-fsdp-compiled", needs="torchao", cuda_only=True,
+          settings=(*FLOAT8, "train.fp8.quant_recipe='tensorwise'", "train.compile=true")),
+    # FSDP2 over 2 ranks: tensorwise weights all-gathered in float8, scales precomputed after each optimizer step, a save
+    Check("float8-all-gather-dp2", gpus=2, needs="torchao", cuda_only=True,
+          settings=(*FLOAT8, "train.fp8.quant_recipe='tensorwise'", "train.compile=true",
+                    "policy.parallelism.dp_shard_size=2")),
     Check("cpu-offload", cuda_only=True, settings=("train.cpu_offload=true",)),
     Check("bf16-optimizer-state", settings=("train.optimizer_state_dtype='bfloat16'",)),
+    Check("bf16-state-grouped", cuda_only=True),
     Check("compiled-blocks", cuda_only=True, settings=("train.compile=true",)),
     Check("chunked-loss", settings=("train.loss_chunk_size=16",)),
     Check("fsdp2-torchrun"),
@@ -71,16 +84,6 @@ CHECKS = (
     Check("vllm-weight-push", needs="vllm", cuda_only=True),
     Check("vllm-fp8-rollout", needs="vllm", cuda_only=True),
 )
-
-
-def say(message: str) -> None:
-    print(f"[{time.perf_counter() - _STARTED:6.1f} s] {message}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def prepare(work: Path) -> tuple[Path, Path, Path]:
@@ -129,17 +132,28 @@ def shard(wrapper, model, runtime, mesh, train):
         mesh_sizes.update({name: mesh[name].size() for name in mesh.mesh_dim_names})
     return real_shard(wrapper, model, runtime, mesh, train)
 build.shard = shard
+import physreason.models.float8 as float8
+precomputes = []  # float8 scale passes after optimizer steps (float8 all-gather only)
+real_precompute = float8._torchao_precompute
+def precompute(module):
+    precomputes.append(1)
+    return real_precompute(module)
+float8._torchao_precompute = precompute
 result = run_sft(load_config(None, json.loads(sys.argv[1])))
 if not dist.is_initialized() or dist.get_rank() == 0:
-    json.dump({"losses": result.losses, "mesh": mesh_sizes}, open(sys.argv[2], "w"))
+    json.dump({"losses": result.losses, "mesh": mesh_sizes, "float8_precomputes": len(precomputes)},
+              open(sys.argv[2], "w"))
 if dist.is_initialized():
     dist.destroy_process_group()
 """
 
 
-def torchrun(work: Path, nproc: int, settings: list[str], timeout: float, mesh: dict | None = None) -> list[float]:
+def torchrun(
+    work: Path, nproc: int, settings: list[str], timeout: float, mesh: dict | None = None, info: dict | None = None
+) -> list[float]:
     """SFT with `settings` in `nproc` torchrun processes (NCCL on GPUs); rank 0's losses. `mesh`, when given, is
-    filled with the trained mesh's dimension sizes. The processes' output goes to a log beside the losses."""
+    filled with the trained mesh's dimension sizes; `info` with the worker's whole record (float8_precomputes: the
+    float8 scale passes that followed optimizer steps). The processes' output goes to a log beside the losses."""
     stamp = time.monotonic_ns()
     script, losses = work / "sft_worker.py", work / f"losses_{nproc}_{stamp}.json"
     script.write_text(SFT_WORKER)
@@ -152,6 +166,8 @@ def torchrun(work: Path, nproc: int, settings: list[str], timeout: float, mesh: 
     record = json.loads(losses.read_text())
     if mesh is not None:
         mesh.update(record["mesh"])
+    if info is not None:
+        info.update(record)
     return record["losses"]
 
 
@@ -268,11 +284,10 @@ def check_vllm(name: str, model: Path) -> str:
         raise AssertionError(f"vLLM generation failed: {first.error}")
     if name != "vllm-weight-push":
         return f"{len(first.completions[0].token_ids)} tokens ({quantization})"
-    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
 
-    weights = {}
-    for path in sorted(model.glob("*.safetensors")):
-        weights.update(load_file(path))
+    # The names a policy sends: its in-memory Hugging Face state dict (transformers 5 saves other names to disk)
+    weights = dict(AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16).state_dict())
     generator = torch.Generator().manual_seed(1)
     pushed = [(k, torch.randn(v.shape, generator=generator).to(v.dtype) * 0.5 if v.ndim == 2 else v)
               for k, v in weights.items()]  # fmt: skip
@@ -285,6 +300,109 @@ def check_vllm(name: str, model: Path) -> str:
     if third.completions[0].token_ids != first.completions[0].token_ids:
         raise AssertionError("pushing the original weights back did not restore the greedy output")
     return "greedy output followed the pushed weights and came back with the originals"
+
+
+def check_bf16_grouped(device: str = "cuda", timed: int = 400) -> str:
+    """bf16-state AdamW's grouped update (one Triton kernel a parameter group) against one compiled kernel a
+    parameter: 3 steps over tensors of every kind it meets (sizes off the chunk, bfloat16 weights, an empty shard, a
+    transposed weight that takes the per-parameter way), then an FSDP2 MLP on a one-rank mesh (DTensor parameters);
+    weights and moments must agree within bfloat16 rounding. Also times a step of each over `timed` tensors (400).
+    device="cpu" runs the same logic through Triton's interpreter (a dry run of this check, not a CPU path)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from physreason.train.adamw import AdamWBF16State
+
+    def compare(ours, theirs, grouped, per_parameter, what: str) -> None:
+        if grouped.grouped_launches == 0 or per_parameter.grouped_launches != 0:
+            raise AssertionError(f"{what}: {grouped.grouped_launches} grouped launches (the Triton update did not run)")
+        for index, (a, b) in enumerate(zip(ours, theirs)):
+            a, b = (t.full_tensor() if hasattr(t, "full_tensor") else t for t in (a.detach(), b.detach()))
+            # fused multiply-adds may round a bf16 moment one unit apart (2**-8 relative); a float32 weight then moves
+            # by about lr x 2**-8 a step, a bfloat16 weight by a unit of its own; a wrong formula moves it by ~lr
+            rtol = 2**-6 if a.dtype == torch.bfloat16 else 0.0
+            if not torch.allclose(a.float(), b.float(), rtol=rtol, atol=1e-2 * 2**-7):
+                gap = (a.float() - b.float()).abs().max().item()
+                raise AssertionError(f"{what}: weight {index} {tuple(a.shape)} {a.dtype} differs by {gap:.3g}")
+        for index, (a, b) in enumerate(zip(ours, theirs)):
+            for key in ("exp_avg", "exp_avg_sq"):
+                x, y = (o.state[p][key] for o, p in ((grouped, a), (per_parameter, b)))
+                if x.dtype != torch.bfloat16:
+                    raise AssertionError(f"{what}: {key} of weight {index} is {x.dtype}, not bfloat16")
+                x, y = (t.full_tensor().float() if hasattr(t, "full_tensor") else t.float() for t in (x, y))
+                # one unit apart, relative to the tensor's scale (a moment that cancels to near zero, m + (g - m) x 0.1
+                # with g near -9 m, keeps the absolute error of its inputs)
+                scale = 2**-7 * y.abs().max().item() if y.numel() else 0.0
+                if not torch.allclose(x, y, rtol=2**-7, atol=scale + 1e-12):
+                    gap = (x - y).abs().max().item()
+                    raise AssertionError(f"{what}: {key} of weight {index} differs by {gap:.3g} (scale {scale:.3g})")
+
+    torch.manual_seed(0)
+    shapes = [(1000, 300), (4099,), (64, 64), (1,), (0, 8), (3, 5, 7), (40000,), (16384,)]
+    start = [torch.randn(s, device=device) for s in shapes]
+    start += [torch.randn(128, 33, device=device).bfloat16(), torch.randn(30, 20, device=device).t()]
+    built = []
+    for grouped in (True, False):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        groups = [{"params": params[:-3]}, {"params": params[-3:], "weight_decay": 0.0}]
+        built.append((params, AdamWBF16State(groups, lr=1e-2, weight_decay=0.1, grouped=grouped)))
+    (ours, grouped), (theirs, per_parameter) = built
+    for _ in range(3):
+        for a, b in zip(ours, theirs):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        grouped.step()
+        per_parameter.step()
+    compare(ours, theirs, grouped, per_parameter, "plain tensors")
+    if grouped.per_parameter_updates != 3:  # the transposed weight, 3 steps
+        raise AssertionError(f"{grouped.per_parameter_updates} per-parameter updates beside the grouped kernel, not 3")
+
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh(device, (1,))
+        models, optimizers = [], []
+        for grouped_update in (True, False):
+            torch.manual_seed(1)
+            model = torch.nn.Sequential(torch.nn.Linear(96, 200), torch.nn.GELU(), torch.nn.Linear(200, 7)).to(device)
+            fully_shard(model, mesh=mesh)
+            models.append(model)
+            optimizers.append(AdamWBF16State(model.parameters(), lr=1e-2, weight_decay=0.1, grouped=grouped_update))
+        inputs = torch.randn(3, 16, 96, device=device)
+        for step in range(3):  # the first model's gradients (DTensors) go to both, so only the updates differ
+            models[0](inputs[step]).square().mean().backward()
+            for a, b in zip(models[0].parameters(), models[1].parameters()):
+                b.grad = a.grad.detach().clone()
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        compare(list(models[0].parameters()), list(models[1].parameters()), *optimizers, "FSDP2 (DTensor)")
+    finally:
+        dist.destroy_process_group()
+
+    # time: 400 float32 tensors (105 M elements, 2.1 GB read and written a step), after a warm-up step of each
+    sizes = [(1024, 512) if i % 2 else (4096,) for i in range(timed)]
+    seconds = []
+    for grouped_update in (True, False):
+        params = [torch.nn.Parameter(torch.randn(s, device=device)) for s in sizes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        optimizer = AdamWBF16State(params, lr=1e-3, grouped=grouped_update)
+        optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(5):
+            optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds.append((time.perf_counter() - started) / 5)
+        del params, optimizer
+    elements = sum(torch.Size(s).numel() for s in sizes)
+    return (f"3 steps equal within bf16 rounding (plain, bf16 weights, empty, FSDP2); {timed} tensors, {elements / 1e6:.0f} M "
+            f"elements: grouped {seconds[0] * 1e3:.2f} ms a step ({elements * 20 / seconds[0] / 1e9:.0f} GB/s) vs "
+            f"per-parameter {seconds[1] * 1e3:.2f} ms")
 
 
 def run_check(check: Check, work: Path, timeout: float) -> str:
@@ -300,6 +418,18 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
         losses = torchrun(work, 1, base_settings(model, chat, work / name, steps=3)
                           + ["train.ckpt.enable_checkpoint=false", *check.settings], timeout)  # fmt: skip
         return finite(losses, 3)
+    if name in ("float8-fsdp-compiled", "float8-all-gather-dp2"):
+        nproc = check.gpus
+        # over 2 ranks the weights are torchao's float8-all-gather tensors: the save at step 2 checks they checkpoint
+        saves = [] if nproc > 1 else ["train.ckpt.enable_checkpoint=false"]
+        settings = base_settings(model, chat, work / name, steps=3) + saves + list(check.settings)
+        info: dict = {}
+        losses = torchrun(work, nproc, settings, timeout, info=info)
+        # float8 all-gather (2+ ranks) precomputes the scales after each of the 3 steps; one rank gathers in bf16
+        wanted = 3 if nproc > 1 else 0
+        if info["float8_precomputes"] != wanted:
+            raise AssertionError(f"{info['float8_precomputes']} float8 scale passes over {nproc} rank(s), wanted {wanted}")
+        return f"{finite(losses, 3)}, float8 all-gather {'on' if wanted else 'off'}, {wanted} scale passes"
     if name.startswith("float8-") or name in ("bf16-optimizer-state", "compiled-blocks"):
         settings = base_settings(model, chat, work / name, steps=3) + ["train.ckpt.enable_checkpoint=false"]
         if name.startswith("float8-") or name == "compiled-blocks":
@@ -308,6 +438,8 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
         return finite(result.losses, 3)
     if name == "chunked-loss":
         return check_chunked(model, chat, work, check.settings)
+    if name == "bf16-state-grouped":
+        return check_bf16_grouped()
     if name == "fsdp2-torchrun":
         losses = torchrun(work, 1, base_settings(model, chat, work / name, steps=3)
                           + ["train.ckpt.enable_checkpoint=false"], timeout)  # fmt: skip
@@ -350,6 +482,9 @@ def missing(check: Check, gpus: int, vllm: bool, cpu: bool) -> str | None:
 
 def worker(name: str, work: Path, timeout: float, result_file: Path) -> int:
     check = next(c for c in CHECKS if c.name == name)
+    # A check that hangs is killed at --timeout by the parent; shortly before that, every thread's stack goes to
+    # the check's log, so a hang names where it waits (the image has no py-spy).
+    faulthandler.dump_traceback_later(max(timeout - 10.0, 1.0), exit=False)
     try:
         detail = run_check(check, work, timeout)
         result = {"ok": True, "detail": detail}

@@ -20,35 +20,16 @@ Run: python bench/grpo_step.py [--engine vllm|hf] [--prompts 8] [--n 8] [--respo
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import harness
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profiling import Profiled
 from shapes import build_model_folder
 
 TIMES = ("time/generate_s", "time/score_s", "time/train_s", "time/sync_s", "time/step_s")
-
-
-def write_prompts(path: Path, count: int, words: int) -> Path:
-    filler = " ".join(["the ball rolls down the slope and hits the box"] * max(1, words // 10))
-    records = [
-        {
-            "question": f"{filler} Which way does ball {i} move next?",
-            "options": ["left", "right", "up", "down"],
-            "answer": "A",
-        }
-        for i in range(count)
-    ]
-    path.write_text("\n".join(json.dumps(r) for r in records))
-    return path
 
 
 def main() -> None:
@@ -59,53 +40,32 @@ def main() -> None:
     parser.add_argument("--response-len", type=int, default=256)
     parser.add_argument("--prompt-words", type=int, default=200)
     parser.add_argument("--mini-batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=3, help="timed steps (after --warmup)")
-    parser.add_argument("--warmup", type=int, default=1)
+    harness.add_steps(parser, 3, 1)
     parser.add_argument("--gpu-memory", type=float, default=0.3, help="vLLM gpu_memory_utilization")
     parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-grpo-bench"))
     parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (checks the script)")
     parser.add_argument("--quantization", choices=["none", "fp8"], default="none", help="[rollout] quantization")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR", help="profile steps after the timed ones")
     parser.add_argument("--profile-steps", type=int, default=2, help="steps under the profiler")
+    harness.add_json(parser)
     args = parser.parse_args()
     profiled_steps = args.profile_steps if args.profile is not None else 0
 
     from physreason.config import load_config
     from physreason.train.grpo import run_grpo
 
-    backend = args.engine
-    if backend == "auto":
-        backend = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    backend = harness.engine_backend(args.engine)
+    info = harness.device_line(engine=backend, quantization=args.quantization)
     args.work.mkdir(parents=True, exist_ok=True)
     model = build_model_folder(args.work / ("model-tiny" if args.tiny else "model-3b"), "qwen2.5-vl-3b", args.tiny)
     total_steps = args.warmup + args.steps + profiled_steps
-    data = write_prompts(args.work / "prompts.jsonl", args.prompts * total_steps, args.prompt_words)
+    data = harness.write_mcq_prompts(args.work / "prompts.jsonl", args.prompts * total_steps, max(1, args.prompt_words // 10))
     out = args.work / f"run-{int(time.time())}"
     bf16 = not args.tiny and torch.cuda.is_available()
-    config = load_config(
-        None,
-        [
-            f"model.model_name_or_path='{model}'",
-            f"model.dtype='{'bfloat16' if bf16 else 'float32'}'",
-            "model.model_max_length=8192",
-            f"engine.backend='{backend}'",
-            f"engine.gpu_memory_utilization={args.gpu_memory}",
-            f"engine.batch_size={args.prompts * args.n}",
-            f"data.dataset.name='{data}'",
-            f"train.output_dir='{out}'",
-            f"train.max_steps={total_steps}",
-            f"train.train_batch_per_replica={args.prompts * args.n}",
-            f"train.param_dtype='{'bfloat16' if bf16 else 'float32'}'",
-            f"train.gradient_checkpointing={'true' if bf16 else 'false'}",
-            "train.ckpt.enable_checkpoint=false",
-            f"rollout.n_generation={args.n}",
-            f"rollout.batch_size={args.prompts}",
-            f"rollout.max_response_length={args.response_len}",
-            f"grpo.mini_batch={args.mini_batch}",
-            "logging.logger=['jsonl']",
-            f"rollout.quantization='{args.quantization}'",
-        ],
-    )
+    settings = harness.grpo_settings(model, data, out, args, backend, bf16, total_steps, 8192)
+    settings += [f"train.gradient_checkpointing={'true' if bf16 else 'false'}",
+                 f"rollout.quantization='{args.quantization}'"]  # fmt: skip
+    config = load_config(None, settings)
     device_kind = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     profiler = Profiled(args.profile, "grpo-step", device_kind) if args.profile is not None else None
     started_profile = args.warmup + args.steps  # steps finished when the profiler starts
@@ -126,9 +86,8 @@ def main() -> None:
     row["rollout/response_length_mean"] = statistics.mean(m["rollout/response_length_mean"] for m in timed)
     # mean |policy - engine| log-prob of the sampled tokens: what FP8 rollouts add to the engine/policy gap
     row["rollout/logprob_mismatch"] = statistics.mean(m["rollout/logprob_mismatch"] for m in timed)
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(
-        f"GRPO step on {device}, engine {backend} (rollout quantization {args.quantization}), {args.prompts} prompts x {args.n} completions, "
+        f"GRPO step on {info['device']}, engine {backend} (rollout quantization {args.quantization}), {args.prompts} prompts x {args.n} completions, "
         f"{args.response_len} new tokens max (median of {len(timed)} steps)"
     )
     print(f"{'part':<12}{'seconds':>10}{'share':>8}")
@@ -139,9 +98,7 @@ def main() -> None:
         f"completions/s {row['perf/samples_per_s']:.2f}, mean response {row['rollout/response_length_mean']:.0f} tokens, "
         f"mean |log-prob gap| {row['rollout/logprob_mismatch']:.4f}"
     )
-    if os.environ.get("OUT"):
-        payload = {"device": device, "engine": backend, "args": {k: str(v) for k, v in vars(args).items()}, **row}
-        Path(os.environ["OUT"], "grpo_step.json").write_text(json.dumps(payload, indent=2))
+    harness.write_json("grpo_step.json", {**info, "args": {k: str(v) for k, v in vars(args).items()}, **row}, args.json)
 
 
 if __name__ == "__main__":

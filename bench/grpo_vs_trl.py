@@ -124,6 +124,9 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
+sys.path.insert(0, str(BENCH))
+from harness import commit, device_info, peak_gib, sync, vision_settings, write_json  # noqa: E402
+
 WORKLOADS = ("video", "image", "text")
 SIDES = ("trl", "physreason", "physreason-padded")
 DEFAULT_SIDES = ("trl", "physreason")
@@ -202,15 +205,6 @@ def _choices(parser: argparse.ArgumentParser, flag: str, value: str, known: tupl
     if unknown or not items:
         parser.error(f"{flag}: {unknown or value!r} not among {', '.join(known)}")
     return items
-
-
-def vision_settings(tiny: bool):
-    """[vision]: the defaults, or with --tiny a 2 fps, 56x84 budget so the tiny tower's grids stay small."""
-    from physreason.config import VisionConfig
-
-    if not tiny:
-        return VisionConfig()
-    return VisionConfig(fps=2.0, min_frames=2, min_pixels=28 * 28, max_pixels=56 * 84, total_pixels=56 * 84 * 8)
 
 
 def contact_sheet(frames, temporal_patch: int = 2):
@@ -302,12 +296,7 @@ def versions() -> dict[str, str]:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = "not installed"
-    try:
-        out["physreason_commit"] = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        out["physreason_commit"] = "unknown"
+    out["physreason_commit"] = commit()
     return out
 
 
@@ -337,19 +326,6 @@ def set_vision_attention(model: Any, mode: str) -> str:
     if mode == "varlen":
         use_grouped_vision_attention(model)
     return vision_attention_of(model)
-
-
-def _cuda_sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _peak_gib() -> float | None:
-    import torch
-
-    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -447,7 +423,7 @@ def run_physreason(spec: dict[str, Any], workload: str, packed: bool = True) -> 
         "steps": steps,
         "run_s": total,
         "setup_s": total - sum(s["step_s"] for s in steps),
-        "peak_gib": _peak_gib(),
+        "peak_gib": peak_gib(None),
         "vision_attention": ", ".join(sorted(set(attention))) or "not recorded (the loader was not called)",
     }
 
@@ -469,12 +445,12 @@ class Sections:
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            _cuda_sync()
+            sync()
             start = time.perf_counter()
             self._inner.append(0.0)
             try:
                 result = original(*args, **kwargs)
-                _cuda_sync()
+                sync()
             finally:
                 elapsed = time.perf_counter() - start
                 inner = self._inner.pop()
@@ -646,12 +622,12 @@ def run_trl(spec: dict[str, Any], workload: str) -> dict[str, Any]:
         """Per optimizer step: wall time and the sections' time since the previous step ended."""
 
         def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
-            _cuda_sync()
+            sync()
             self.last = time.perf_counter()
             self.seen = dict(sections.totals)
 
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-            _cuda_sync()
+            sync()
             now = time.perf_counter()
             parts = {p: sections.totals.get(p, 0.0) - self.seen.get(p, 0.0) for p in ("generate", "score", "sync")}
             produced = {k: sum(c[k] for c in counts) for k in ("samples", "prompt_tokens", "completion_tokens")}
@@ -687,7 +663,7 @@ def run_trl(spec: dict[str, Any], workload: str) -> dict[str, Any]:
         "steps": steps,
         "run_s": total,
         "setup_s": total - sum(s["step_s"] for s in steps),
-        "peak_gib": _peak_gib(),
+        "peak_gib": peak_gib(None),
         "vision_attention": vision_attention,
     }
 
@@ -801,7 +777,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         child_main(args)
         return None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(BENCH))
     sys.path.insert(0, str(REPO))
     import importlib.util
 
@@ -837,7 +812,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     }
     spec_path = work / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    info = device_info()
+    device = info["device"]
     print(
         f"{device}, engine {engine}: {args.prompts} prompts x {args.n} completions of {args.response_len} tokens per "
         f"step, micro-batch {args.mini_batch}; clip {data['video_frames_thw']} frames -> {data['video_tokens']} video "
@@ -887,7 +863,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if "video" in args.workloads and "trl" in args.sides:
         print(f"TRL on video: {TRL_VIDEO}")
     payload = {
-        "device": device,
+        **info,
         "engine": engine,
         "versions": versions(),
         "args": {k: str(v) for k, v in vars(args).items() if k not in ("child", "workload", "spec", "result")},
@@ -897,9 +873,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "runs": runs,
         "trl_video": TRL_VIDEO,
     }
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
-        Path(os.environ["OUT"], "grpo_vs_trl.json").write_text(json.dumps(payload, indent=2))
+    write_json("grpo_vs_trl.json", payload)
     return payload
 
 

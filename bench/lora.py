@@ -23,19 +23,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import harness
 import torch
 import torch.distributed as dist
-from shapes import PEAK_BF16_FLOPS, build_model_folder, qwen25_vl_7b, train_flops_per_token
+from shapes import PEAK_BF16_FLOPS, build_model_folder, make_batch, qwen25_vl_7b, train_flops_per_token
 
 SYNC_TIMES = ("time/sync_s", "time/generate_s", "time/train_s", "time/step_s")
 
@@ -49,8 +48,7 @@ def sft_row(config, lora_rank: int | None, args, device, mesh) -> dict:
     from physreason.models.parallelize import apply_fsdp2, clip_grad_norm, enable_activation_checkpointing
     from physreason.train.model import CausalLMLoss
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+    harness.reset_peak()
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2_5_VLForConditionalGeneration(config)  # fp32 masters, as the trainer loads them
@@ -63,12 +61,7 @@ def sft_row(config, lora_rank: int | None, args, device, mesh) -> dict:
     module.train()
     parameters = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=1e-5, fused=device.type == "cuda")
-    ids = torch.randint(0, config.text_config.vocab_size, (1, args.seq_len), device=device)
-    from physreason.data.collate import collate_padded
-    from physreason.data.sft import SFTSample
-
-    batch = collate_padded([SFTSample(ids[0].cpu(), ids[0].cpu(), torch.arange(args.seq_len).expand(3, -1))], 0,
-                           mrope=True).to(device)
+    batch = make_batch(config, args.seq_len, 1, False, device)
 
     def step() -> None:
         loss = module(batch) / batch.num_targets
@@ -77,19 +70,9 @@ def sft_row(config, lora_rank: int | None, args, device, mesh) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(args.warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = (time.perf_counter() - started) / args.steps
+    seconds = harness.timed_steps(step, args.warmup, args.steps, device)
     trainable = sum(p.numel() for p in parameters)
     total = sum(p.numel() for p in module.parameters())
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
     tokens_per_s = args.seq_len / seconds
     return {
         "layers": config.text_config.num_hidden_layers,
@@ -98,7 +81,7 @@ def sft_row(config, lora_rank: int | None, args, device, mesh) -> dict:
         "seconds_per_step": seconds,
         "tokens_per_s": tokens_per_s,
         "mfu": tokens_per_s * train_flops_per_token(config, args.seq_len) / PEAK_BF16_FLOPS,
-        "peak_gib": peak,
+        "peak_gib": harness.peak_gib(),
     }
 
 
@@ -109,9 +92,7 @@ def measure(run, *extra) -> dict:
         result = run(*extra)
     except torch.cuda.OutOfMemoryError:
         error = "OOM"
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    harness.free_memory()
     return {"error": error} if error else result
 
 
@@ -120,10 +101,7 @@ def run_sft_rows(args) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as probe:  # a free port: other jobs on the machine may hold any fixed one
-            probe.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
+    os.environ.setdefault("MASTER_PORT", str(harness.free_port()))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -134,20 +112,20 @@ def run_sft_rows(args) -> None:
         f"LoRA r{args.rank}, {full_layers} layers": (qwen25_vl_7b(args.tiny, full_layers), args.rank),
         f"LoRA r{args.rank}, all layers (7B)": (qwen25_vl_7b(args.tiny), args.rank),
     }
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    report = {"device": name, "date": time.strftime("%Y-%m-%d"), "args": vars(args), "rows": {}}
-    print(f"SFT on {name}, one row of {args.seq_len} tokens per step, mean of {args.steps} steps after {args.warmup} untimed")
+    info = harness.device_line(device)
+    report = harness.Report("lora.json", args.json, key="rows", **info, args=vars(args))
+    report.data["rows"] = {}
+    print(f"SFT on {info['device']}, one row of {args.seq_len} tokens per step, mean of {args.steps} steps after {args.warmup} untimed")
     print(f"{'row':<32}{'trainable':>14}{'peak GiB':>10}{'tok/s':>10}{'MFU':>7}")
     for label, (config, rank) in rows.items():
         row = measure(sft_row, config, rank, args, device, mesh)
-        report["rows"][label] = row
+        report.rows[label] = row
         if "error" in row:
-            print(f"{label:<32}{row['error']:>14}")
+            print(f"{label:<32}{row['error']:>14}", flush=True)
         else:
             print(f"{label:<32}{row['trainable_params']:>14,}{row['peak_gib']:>10.1f}{row['tokens_per_s']:>10,.0f}"
-                  f"{row['mfu']:>7.1%}")
-        if os.environ.get("OUT"):
-            Path(os.environ["OUT"], "lora.json").write_text(json.dumps(report, indent=2, default=str))
+                  f"{row['mfu']:>7.1%}", flush=True)  # fmt: skip
+        report.write()
     dist.destroy_process_group()
 
 
@@ -157,23 +135,14 @@ def grpo_child(args) -> None:
     from physreason.train.grpo import run_grpo
 
     model = build_model_folder(args.work / ("model-tiny" if args.tiny else "model-7b"), "qwen2.5-vl-7b", args.tiny)
-    records = [{"question": f"Which way does ball {i} move next?", "options": ["left", "right", "up", "down"],
-                "answer": "A"} for i in range(args.prompts * (args.warmup + args.steps))]
-    data = args.work / "prompts.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in records))
+    data = harness.write_mcq_prompts(args.work / "prompts.jsonl", args.prompts * (args.warmup + args.steps))
     bf16 = not args.tiny and torch.cuda.is_available()
-    config = load_config(None, [
-        f"model.model_name_or_path='{model}'", f"model.dtype='{'bfloat16' if bf16 else 'float32'}'",
-        "model.model_max_length=4096", f"engine.backend='{args.engine}'", f"engine.gpu_memory_utilization={args.gpu_memory}",
-        f"engine.batch_size={args.prompts * args.n}", f"data.dataset.name='{data}'",
-        f"train.output_dir='{args.work / f'run-{args.sync}-{int(time.time())}'}'",
-        f"train.max_steps={args.warmup + args.steps}", f"train.train_batch_per_replica={args.prompts * args.n}",
-        f"train.param_dtype='{'bfloat16' if bf16 else 'float32'}'", "train.gradient_checkpointing=true",
-        "train.ckpt.enable_checkpoint=false", f"rollout.n_generation={args.n}", f"rollout.batch_size={args.prompts}",
-        f"rollout.max_response_length={args.response_len}", f"grpo.mini_batch={args.mini_batch}",
-        "logging.logger=['jsonl']", "train.lora.enable=true", f"train.lora.rank={args.rank}",
+    out = args.work / f"run-{args.sync}-{int(time.time())}"
+    steps = args.warmup + args.steps
+    config = load_config(None, harness.grpo_settings(model, data, out, args, args.engine, bf16, steps, 4096) + [
+        "train.gradient_checkpointing=true", "train.lora.enable=true", f"train.lora.rank={args.rank}",
         f"train.lora.alpha={2 * args.rank}", f"train.lora.sync='{args.sync}'",
-    ])
+    ])  # fmt: skip
     result = run_grpo(config)
     timed = result.metrics[args.warmup:]
     row = {key: statistics.median(m[key] for m in timed) for key in SYNC_TIMES}
@@ -183,9 +152,9 @@ def grpo_child(args) -> None:
 def run_grpo_rows(args) -> None:
     """Each sync mode in its own process (each builds its own engine and policy), then one table."""
     modes = ["merged"] if args.engine == "hf" else ["auto", "merged"]
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    report = {"device": name, "date": time.strftime("%Y-%m-%d"), "args": {k: str(v) for k, v in vars(args).items()},
-              "rows": {}}
+    info = harness.device_line(engine=args.engine)
+    report = {**info, "args": {k: str(v) for k, v in vars(args).items()}, "rows": {}}
+    name = info["device"]
     args.work.mkdir(parents=True, exist_ok=True)
     for mode in modes:
         command = [sys.executable, __file__, "--grpo-child", "--sync", mode, *sys.argv[1:]]
@@ -201,15 +170,13 @@ def run_grpo_rows(args) -> None:
             print(f"{label[mode]:<16}error: {row['error'].strip().splitlines()[-1] if row['error'].strip() else '?'}")
         else:
             print(f"{label[mode]:<16}" + "".join(f"{row[k]:>12.3f}" for k in SYNC_TIMES))
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "lora_grpo.json").write_text(json.dumps(report, indent=2))
+    harness.write_json("lora_grpo.json", report, args.json)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=4096, help="SFT: tokens per step (one row)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    harness.add_steps(parser, 5, 2)
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha = 2 x rank)")
     parser.add_argument("--full-layers", type=int, default=8,
                         help="SFT: decoder layers of the full-SFT baseline (and the like-for-like LoRA row)")
@@ -224,6 +191,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on CPU, to check the script")
     parser.add_argument("--grpo-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sync", choices=("auto", "merged"), default="auto", help=argparse.SUPPRESS)
+    harness.add_json(parser)
     args = parser.parse_args()
     if args.tiny:
         args.seq_len, args.steps, args.warmup = min(args.seq_len, 128), min(args.steps, 2), min(args.warmup, 1)

@@ -35,12 +35,11 @@ CPU check of the script: python bench/memory_plan.py --tiny
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import os
 import time
 from pathlib import Path
 
+import harness
 import torch
 from shapes import SHAPES
 from transformers import AutoConfig
@@ -86,7 +85,7 @@ def synthetic_batch(rows: int, seq_len: int, below: int, device: torch.device) -
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "tests" / "fixtures" / "qwen3_vl_32b"))
-    parser.add_argument("--shape", choices=sorted(SHAPES), default=None, help="a bench shape instead of --config")
+    harness.add_shape(parser, None, help="a bench shape instead of --config")
     parser.add_argument("--layers", type=int, default=4, help="decoder blocks kept (0: all)")
     parser.add_argument("--lora", type=int, default=0, metavar="RANK",
                         help="train LoRA adapters of this rank on the decoder's linear layers (0: full training)")
@@ -98,8 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-checkpointing", action="store_true")
     parser.add_argument("--modes", default=None, metavar="none,offload,bf16-state",
                         help="measure tokens/s of each mode against none in this run (instead of one memory row)")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per mode (--modes)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per mode before the timed ones (--modes)")
+    harness.add_steps(parser, 3, 1, "steps per mode (--modes)")
     parser.add_argument("--tiny", action="store_true", help="the tiny Qwen3-VL on CPU, to check the script")
     parser.add_argument("--grounding-grpo", action="store_true",
                         help="measure bench/grounding.py's GRPO stage against its plan (see the module docstring)")
@@ -107,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grounding-args", default="", help="more bench/grounding.py options for --grounding-grpo")
     parser.add_argument("--grounding-out", type=Path, default=Path("/tmp/memory-plan-grounding"),
                         help="clips, model and run folder of --grounding-grpo")
+    harness.add_json(parser)
     return parser
 
 
@@ -187,8 +186,7 @@ def measure_memory(args: argparse.Namespace, runtime, hf_config) -> None:
     step = make_step(module, optimizer, synthetic_batch(args.batch, args.seq_len, below, runtime.device), runtime)
     cuda = runtime.device.type == "cuda"
     for _ in range(2):  # the second step holds the optimizer state from the start, as every later step does
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
+        harness.reset_peak()
         step()
     measured = torch.cuda.max_memory_allocated() if cuda else 0
     plan, planned = planned_tensors(args, runtime, hf_config, train)
@@ -198,22 +196,20 @@ def measure_memory(args: argparse.Namespace, runtime, hf_config) -> None:
             print(f"  planned {part:<22} {value / GIB:8.2f} GiB")
         print(f"planned tensors {planned / GIB:.2f} GiB, measured max_memory_allocated {measured / GIB:.2f} GiB, "
               f"ratio {measured / max(planned, 1):.3f} ({shape.total_params / 1e9:.2f} B parameters, {shape.layers} blocks)")
-        if os.environ.get("OUT"):
-            record = {"args": vars(args), "parts": plan.parts, "planned": planned, "measured": measured,
-                      "device": torch.cuda.get_device_name() if cuda else "cpu", "world_size": runtime.world_size}
-            Path(os.environ["OUT"], "memory_plan.json").write_text(json.dumps(record, indent=1))
+        record = {"args": vars(args), "parts": plan.parts, "planned": planned, "measured": measured,
+                  **harness.device_info(runtime.device), "world_size": runtime.world_size}  # fmt: skip
+        harness.write_json("memory_plan.json", record, args.json)
 
 
 def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]) -> list[dict]:
     """Tokens/s of each mode on the same shape and rows, one after the other in this process (see the docstring)."""
-    cuda = runtime.device.type == "cuda"
-    device_name = torch.cuda.get_device_name() if cuda else "cpu"
+    info = harness.device_info(runtime.device)
     text = getattr(hf_config, "text_config", hf_config)
     below = min(vision_special_token_ids(hf_config) or [text.vocab_size])
     tokens = args.batch * args.seq_len * runtime.world_size
     rows: list[dict] = []
     if runtime.is_main:
-        print(f"{device_name} x {runtime.world_size}, {shape_from_hf_config(hf_config).total_params / 1e9:.2f} B "
+        print(f"{info['device']} x {runtime.world_size}, {shape_from_hf_config(hf_config).total_params / 1e9:.2f} B "
               f"parameters, {tokens:,} tokens per step; {args.warmup} warm-up + {args.steps} timed steps per mode", flush=True)
         print(f"{'mode':<11} {'s/step':>8} {'tokens/s':>10} {'vs none':>8} {'peak GiB':>9} {'planned GiB':>12}", flush=True)
     for mode in modes:
@@ -223,32 +219,30 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
         step = make_step(module, optimizer, synthetic_batch(args.batch, args.seq_len, below, runtime.device), runtime)
         for _ in range(args.warmup):
             step()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        started = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        if cuda:
-            torch.cuda.synchronize()
-        seconds = (time.perf_counter() - started) / args.steps
+        harness.sync(runtime.device)
+        harness.reset_peak()  # the timed steps' peak
+        seconds = harness.timed_steps(step, 0, args.steps, runtime.device)
         _, planned = planned_tensors(args, runtime, hf_config, train)
         row = {"mode": mode, "seconds_per_step": seconds, "tokens_per_s": tokens / seconds,
-               "peak_gib": torch.cuda.max_memory_allocated() / GIB if cuda else 0.0, "planned_gib": planned / GIB}  # fmt: skip
+               "peak_gib": harness.peak_gib(), "planned_gib": planned / GIB}  # fmt: skip
+        if hasattr(optimizer, "grouped_launches"):  # bf16 state: which update ran (one kernel a group, or a parameter)
+            row["adamw_launches_per_step"] = {"grouped": optimizer.grouped_launches / (args.warmup + args.steps),
+                                              "per_parameter": optimizer.per_parameter_updates / (args.warmup + args.steps)}
         none = next((r for r in rows if r["mode"] == "none"), row if mode == "none" else None)
         row["vs_none"] = row["tokens_per_s"] / none["tokens_per_s"] if none else None
         rows.append(row)
         del module, optimizer, step
-        gc.collect()  # the next mode starts from an empty GPU (and frees the offloaded shards' pinned host memory)
-        if cuda:
-            torch.cuda.empty_cache()
+        harness.free_memory()  # the next mode starts from an empty GPU (and frees the offloaded shards' pinned memory)
         if runtime.is_main:
             ratio = f"{row['vs_none']:.3f}" if row["vs_none"] is not None else "-"
             print(f"{mode:<11} {seconds:8.3f} {row['tokens_per_s']:10,.0f} {ratio:>8} {row['peak_gib']:9.2f} "
                   f"{row['planned_gib']:12.2f}", flush=True)  # fmt: skip
-            if os.environ.get("OUT"):
-                record = {"args": vars(args), "device": device_name, "world_size": runtime.world_size, "rows": rows}
-                Path(os.environ["OUT"], "memory_plan_modes.json").write_text(json.dumps(record, indent=1, default=str))
+            if "adamw_launches_per_step" in row:
+                launches = row["adamw_launches_per_step"]
+                print(f"  AdamW of {mode}: {launches['grouped']:.0f} grouped kernels and {launches['per_parameter']:.0f} "
+                      "per-parameter updates a step", flush=True)  # fmt: skip
+            record = {"args": vars(args), **info, "world_size": runtime.world_size, "rows": rows}
+            harness.write_json("memory_plan_modes.json", record, args.json)
     return rows
 
 
@@ -299,10 +293,8 @@ def measure_grounding_grpo(args: argparse.Namespace) -> dict:
           f"measured / planned {measured / max(planned, 1):.3f}")  # fmt: skip
     record = {"args": vars(args), "grounding_args": {k: str(v) for k, v in vars(g).items()}, "parts": plan.parts,
               "planned": planned, "planned_total": plan.total, "measured": measured, "reserved": reserved,
-              "prompts": vars(shape_of_prompts), "seconds": seconds,
-              "device": torch.cuda.get_device_name() if cuda else "cpu"}  # fmt: skip
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "memory_plan_grounding.json").write_text(json.dumps(record, indent=1, default=str))
+              "prompts": vars(shape_of_prompts), "seconds": seconds, **harness.device_info()}  # fmt: skip
+    harness.write_json("memory_plan_grounding.json", record, args.json)
     return record
 
 

@@ -35,19 +35,18 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 import torch
+from shapes import build_model_folder
 
-BENCH = Path(__file__).resolve().parent
 SETTINGS = {
     "a": "per-row visuals, per-window attention",
     "b": "shared visuals, per-window attention",
@@ -61,14 +60,6 @@ QUESTION = (
     "Look at how the objects gain or lose speed and height."
 )
 OPTIONS = {"A": "forwards", "B": "backwards"}
-
-
-def build_model(folder: Path, tiny: bool) -> Path:
-    """The 3B-shape random bf16 model of bench/shapes.py (or the tiny model), written once under `folder`."""
-    sys.path.insert(0, str(BENCH))
-    from shapes import build_model_folder
-
-    return build_model_folder(folder, "qwen2.5-vl-3b", tiny)
 
 
 def bench_config(model: Path, args: argparse.Namespace):
@@ -93,15 +84,6 @@ def bench_config(model: Path, args: argparse.Namespace):
             "grpo": {"mini_batch": args.mini_batch},
         }
     )
-
-
-def vision_settings(tiny: bool):
-    """[vision] settings: the defaults (4 fps), or with --tiny a 2 fps, 56x56 budget so the tiny tower's grid is small."""
-    from physreason.config import VisionConfig
-
-    if not tiny:
-        return VisionConfig()
-    return VisionConfig(fps=2.0, min_frames=2, min_pixels=28 * 28, max_pixels=56 * 84, total_pixels=56 * 84 * 8)
 
 
 def synthetic_clip(vision, seed: int):
@@ -176,9 +158,9 @@ class VisionAttentionSwitch:
     """Set the vision tower's attention to transformers' per-window kernel or to load_model's grouped wrapper."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        from physreason.models.vision_attention import ATTENTION_CLASS, WRAPPED_KERNELS, registered_name
+        from physreason.models.vision_attention import ATTENTION_CLASSES, WRAPPED_KERNELS, registered_name
 
-        modules = [m for m in model.modules() if type(m).__name__ == ATTENTION_CLASS]
+        modules = [m for m in model.modules() if type(m).__name__ in ATTENTION_CLASSES]
         self.configs = list({id(m.config): m.config for m in modules}.values())
         current = {c._attn_implementation for c in self.configs}
         if len(current) != 1:
@@ -218,9 +200,9 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-grpo-bench"), help="model folder parent")
     parser.add_argument("--tiny", action="store_true", help="tiny float32 model and clip on CPU (checks the script)")
+    harness.add_json(parser)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(BENCH.parent))
 
     from physreason.models import loading
     from physreason.models.family import read_vision_tokens
@@ -230,7 +212,7 @@ def main() -> None:
 
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    model_dir = build_model(args.work / ("model-tiny" if args.tiny else "model-3b"), args.tiny)
+    model_dir = build_model_folder(args.work / ("model-tiny" if args.tiny else "model-3b"), "qwen2.5-vl-3b", args.tiny)
     runtime = init_runtime()
     cuda = runtime.device.type == "cuda"
     if cuda:
@@ -244,16 +226,16 @@ def main() -> None:
     zero_learning_rate(policy.optimizer, policy.scheduler)
     attention = VisionAttentionSwitch(policy.model)
     update = UpdateSettings.from_config(config)
-    shared = build_rollout(config, tokenizer, vision_settings(args.tiny), args)
+    shared = build_rollout(config, tokenizer, harness.vision_settings(args.tiny), args)
     rollouts = {"a": per_row_copies(shared), "b": shared, "c": shared, "d": shared}
     settings = [s for s in SETTINGS if s not in ("c", "d") or attention.grouped is not None]
     if attention.grouped is None:
         print(f"grouped vision attention is not applied ({attention.native}): settings c and d are left out", flush=True)
     visuals = shared[0].visuals
     grid = visuals.video_grid_thw[0].tolist()
-    device_name = torch.cuda.get_device_name() if cuda else "cpu"
+    info = harness.device_line(runtime.device, transformers=__import__("transformers").__version__)
     print(
-        f"{device_name}: {args.prompts} prompts x {args.completions} completions of {args.response_len} tokens, "
+        f"{args.prompts} prompts x {args.completions} completions of {args.response_len} tokens, "
         f"micro-batch {args.mini_batch}; clip grid (t, h, w) {grid} = {math.prod(grid)} patches, "
         f"{visuals.video_token_counts[0]} video tokens, prompt {len(shared[0].prompt_ids)} tokens; "
         f"setup {time.perf_counter() - started:.0f} s",
@@ -263,9 +245,8 @@ def main() -> None:
     def one_update(setting: str) -> dict[str, Any]:
         attention.set(grouped=setting in ("c", "d"))
         samples = rollouts[setting]
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
+        harness.sync(runtime.device)
+        harness.reset_peak()
         t0 = time.perf_counter()
         if setting == "d":
             packed = build_micro_batches(samples, pad_id, vision_tokens, len(samples), args.mini_batch_tokens, pack=True)
@@ -275,16 +256,14 @@ def main() -> None:
                 build_completion_batch(samples[i : i + update.mini_batch], pad_id, vision_tokens).to(runtime.device)
                 for i in range(0, len(samples), update.mini_batch)
             ]
-        if cuda:
-            torch.cuda.synchronize()
+        harness.sync(runtime.device)
         t1 = time.perf_counter()
         metrics = update_policy(
             policy.module, batches, policy.optimizer, policy.scheduler, update, runtime, 1, policy.autocast
         )
-        if cuda:
-            torch.cuda.synchronize()
+        harness.sync(runtime.device)
         t2 = time.perf_counter()
-        peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+        peak = harness.peak_gib(None)
         # update_policy's *_sum entries are already token means (run_grpo drops the suffix when it logs them)
         metrics = {name.removesuffix("_sum"): value for name, value in metrics.items()}
         return {"build_s": t1 - t0, "update_s": t2 - t1, "peak_gib": peak, "metrics": metrics}
@@ -326,7 +305,7 @@ def main() -> None:
         if not close(first[s][name], value, rtol, atol)
     ]
 
-    print(f"\nGRPO policy update, video prompts, on {device_name} (median of {args.runs} runs, after 1 warm-up each)\n")
+    print(f"\nGRPO policy update, video prompts, on {info['device']} (median of {args.runs} runs, after 1 warm-up each)\n")
     print("| setting | s / update | s / completion | speed-up vs a | build s | peak GPU GiB |")
     print("|---|---|---|---|---|---|")
     for row in rows:
@@ -341,24 +320,20 @@ def main() -> None:
     verdict = "agree" if not mismatches else "DISAGREE"
     print(f"first-update metrics {verdict} (rtol {rtol:g}, atol {atol:g})" + "".join(f"\n  {m}" for m in mismatches))
 
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
-        payload = {
-            "device": device_name,
-            "torch": torch.__version__,
-            "transformers": __import__("transformers").__version__,
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "video_grid_thw": grid,
-            "video_tokens_per_clip": visuals.video_token_counts[0],
-            "prompt_tokens": len(shared[0].prompt_ids),
-            "vision_attention": {"native": attention.native, "grouped": attention.grouped},
-            "rows": rows,
-            "first_update_metrics": first,
-            "metrics_agree": not mismatches,
-            "mismatches": mismatches,
-            "records": {s: [{k: v for k, v in r.items() if k != "metrics"} for r in records[s]] for s in settings},
-        }
-        Path(os.environ["OUT"], "policy_update_video.json").write_text(json.dumps(payload, indent=2))
+    payload = {
+        **info,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "video_grid_thw": grid,
+        "video_tokens_per_clip": visuals.video_token_counts[0],
+        "prompt_tokens": len(shared[0].prompt_ids),
+        "vision_attention": {"native": attention.native, "grouped": attention.grouped},
+        "rows": rows,
+        "first_update_metrics": first,
+        "metrics_agree": not mismatches,
+        "mismatches": mismatches,
+        "records": {s: [{k: v for k, v in r.items() if k != "metrics"} for r in records[s]] for s in settings},
+    }
+    harness.write_json("policy_update_video.json", payload, args.json)
 
 
 if __name__ == "__main__":

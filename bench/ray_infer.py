@@ -50,8 +50,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import av
-import numpy as np
+import harness
 
 from physreason.chat.style import Prompting
 from physreason.config import Config
@@ -64,19 +63,7 @@ from physreason.models.inputs import patch_factor
 
 def write_clip(path: Path, seconds: float, size: tuple[int, int], seed: int, fps: int = 30) -> None:
     """A textured scene panning right (every frame differs), H.264 yuv420p."""
-    height, width = size
-    frames = max(2, int(seconds * fps))
-    rng = np.random.default_rng(seed)
-    coarse = rng.integers(0, 256, (height // 8 + 1, width // 8 + frames, 3), dtype=np.uint8)
-    texture = coarse.repeat(8, axis=0).repeat(8, axis=1)
-    with av.open(str(path), mode="w") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = {"preset": "veryfast", "crf": "23"}
-        for index in range(frames):
-            frame = np.ascontiguousarray(texture[:height, index : index + width])
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        container.mux(stream.encode())
+    harness.write_panning_clip(path, max(2, int(seconds * fps)), size, fps, (0, 1), seed)
 
 
 class ResultClock:
@@ -372,7 +359,6 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     model = args.model
     if model is None:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from shapes import build_model_folder
 
         model = str(build_model_folder(work / f"model-{'tiny' if args.tiny else args.shape}", args.shape, args.tiny))
@@ -386,11 +372,7 @@ def main() -> None:
                     "video": str(clips_dir / "clips" / f"{i:05d}.mp4")}) + "\n"
         for i in range(args.clips)
     ))  # fmt: skip
-    engine = args.engine
-    if engine == "auto":
-        import importlib.util
-
-        engine = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    engine = harness.engine_backend(args.engine)
     overrides = {
         "model": {"model_name_or_path": model, "dtype": "float32" if args.tiny else "bfloat16"},
         "engine": {"backend": engine, "batch_size": args.batch_size},
@@ -404,7 +386,7 @@ def main() -> None:
 
         torch.set_num_threads(1)
     cfg = Config.model_validate(overrides)
-    setup = {"kind": "setup", "device": platform.node(), "gpu": _gpu_name(), "engine": engine, "model": model,
+    setup = {"kind": "setup", **harness.device_info(), "host": platform.node(), "engine": engine, "model": model,
              "clips": args.clips, "clip": f"{args.seconds:g} s {height}x{width} H.264 {args.clip_fps} fps",
              "max_tokens": args.max_tokens, "batch_size": args.batch_size, "clips_written_s": round(clips_s, 1),
              "cpu_cores": os.cpu_count()}  # fmt: skip
@@ -449,12 +431,6 @@ def decode_rate(cfg: Config, requests: Path, model: str, clips: int) -> dict:
         frames += sum(len(v.frames) for v in request.videos)
     seconds = time.perf_counter() - started
     return {"clips_per_s_one_process": round(clips / seconds, 3), "sampled_frames_per_s": round(frames / seconds, 1)}
-
-
-def _gpu_name() -> str | None:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 MODES = ("colocated", "disaggregated")
@@ -74,7 +76,6 @@ def build_model(folder: Path, tiny: bool) -> Path:
 
 
 def build_model_child(folder: Path, tiny: bool) -> None:
-    sys.path.insert(0, str(BENCH))
     from shapes import build_model_folder
 
     build_model_folder(folder, "qwen2.5-vl-3b", tiny)
@@ -540,6 +541,7 @@ def main() -> None:
         raise SystemExit("ray is not importable: put it on PYTHONPATH (e.g. /tmp/site)")
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    info = harness.device_line(engine=args.engine)
     started = time.time()
     model = build_model(args.out / ("model-tiny" if args.tiny else "model-3b"), args.tiny)
     data = build_data(args.out / "data", args.clips, args.synth_workers)
@@ -549,6 +551,7 @@ def main() -> None:
         timeout_s = (deadline - time.time()) / (len(args.modes) - i)
         results.append(measure(mode, recipe(model, data, args.out, mode, args), args.out, args, timeout_s))
         (args.out / "results.json").write_text(json.dumps(results, indent=2))
+        harness.write_json("rl_disaggregated.json", {**info, "results": results})
     print(markdown(results))
 
 

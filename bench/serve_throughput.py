@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,18 +30,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from harness import Report, add_json, device_line, free_port
+
 # Arguments only the physreason server has; removing them gives the plain vLLM server.
 PHYSREASON_ONLY = ("--reasoning-parser", "--reasoning-parser-plugin", "--middleware")
-
-
-def out(**fields) -> None:
-    print(json.dumps(fields), flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server_commands(args: argparse.Namespace, workdir: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
@@ -125,7 +115,8 @@ async def run_round(base_url: str, model: str, args: argparse.Namespace) -> dict
     return {"seconds": seconds, "requests": args.requests, "tokens": sum(tokens)}
 
 
-def measure(name: str, argv: list[str], env: dict[str, str], args: argparse.Namespace, workdir: Path) -> list[float]:
+def measure(name: str, argv: list[str], env: dict[str, str], args: argparse.Namespace, workdir: Path,
+            report: Report) -> list[float]:  # fmt: skip
     port = free_port()
     process = start(argv, env, port, workdir / f"{name}.log")
     base_url = f"http://127.0.0.1:{port}/v1"
@@ -136,8 +127,8 @@ def measure(name: str, argv: list[str], env: dict[str, str], args: argparse.Name
             result = asyncio.run(run_round(base_url, args.model, args))
             rate = result["requests"] / result["seconds"]
             rates.append(rate)
-            out(server=name, round=round_index, requests_per_s=round(rate, 3),
-                tokens_per_s=round(result["tokens"] / result["seconds"], 1), **result)  # fmt: skip
+            report.row(dict(server=name, round=round_index, requests_per_s=round(rate, 3),
+                            tokens_per_s=round(result["tokens"] / result["seconds"], 1), **result))  # fmt: skip
     finally:
         process.terminate()
         process.wait(timeout=120)
@@ -155,6 +146,7 @@ def main() -> None:
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--open-think", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("vllm_args", nargs="*", help="more vLLM server arguments, after --")
+    add_json(parser)
     args = parser.parse_args()
     if args.tiny:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -169,10 +161,13 @@ def main() -> None:
 
             args.model = str(save_tiny_model("qwen2_5_vl", workdir / "tiny"))
         commands = server_commands(args, workdir)
-        rates = {name: measure(name, argv, env, args, workdir) for name, (argv, env) in commands.items()}
+        report = Report("serve_throughput.json", args.json, **device_line(model=args.model, stream=args.stream))
+        rates = {name: measure(name, argv, env, args, workdir, report) for name, (argv, env) in commands.items()}
     plain, ours = statistics.median(rates["vllm"]), statistics.median(rates["physreason"])
-    out(summary=True, model=args.model, stream=args.stream, open_think=args.open_think, vllm_requests_per_s=round(plain, 3),
-        physreason_requests_per_s=round(ours, 3), ratio=round(ours / plain, 4), overhead_percent=round(100 * (1 - ours / plain), 2))  # fmt: skip
+    summary = dict(summary=True, model=args.model, stream=args.stream, open_think=args.open_think,
+                   vllm_requests_per_s=round(plain, 3), physreason_requests_per_s=round(ours, 3), ratio=round(ours / plain, 4),
+                   overhead_percent=round(100 * (1 - ours / plain), 2))  # fmt: skip
+    report.row(summary)
 
 
 if __name__ == "__main__":

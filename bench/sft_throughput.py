@@ -21,7 +21,9 @@ Sweep:  python bench/sft_throughput.py --sweep                      (the built-i
         python bench/sft_throughput.py --rows="--compile --ac-every 0; --compile --ac-every 0 --grad-accum 4"
 TP:     torchrun --standalone --nproc-per-node 2 bench/sft_throughput.py --tp 2 [--sweep | --rows=...]
 CPU:    python bench/sft_throughput.py --tiny --seq-len 256 --steps 1 --warmup 1 --sweep
-float8: python bench/sft_throughput.py --rows="--chunked-ce --ac-every 2; --chunked-ce --ac-every 2 --float8 rowwise"
+float8: python bench/sft_throughput.py --rows="--chunked-ce --compile --ac-every 2; --chunked-ce --compile --ac-every 2 --float8 rowwise"
+        (built as the trainer builds it, models/float8.py: only the layers large enough to pay convert unless
+        --float8-all-linears; tensorwise all-gathers in float8 under torchrun with 2+ ranks, scales precomputed)
 Qwen3-VL-8B:  python bench/sft_throughput.py --shape qwen3-vl-8b --layers 18 --rows="--chunked-ce --compile --ac-every 2 --batch 4"
 
 Video rows (--video-seconds S, the whole process): each row is one clip of S seconds at --video-size, sampled and
@@ -49,13 +51,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import gc
-import json
 import os
 import shlex
-import time
 from pathlib import Path
 
+import harness
 import torch
 import torch.distributed as dist
 from profiling import Profiled
@@ -78,10 +78,10 @@ SWEEP = (
 )
 # Options that shape the process (its world, its baseline) and so cannot change from row to row.
 PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--shape", "--video-seconds",
-                   "--video-size", "--video-fps", "--video-total-pixels", "--profile", "--profile-steps")
+                   "--video-size", "--video-fps", "--video-total-pixels", "--profile", "--profile-steps", "--json")
 SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
 ROW_OPTIONS = ("chunked_ce", "ce_chunk", "compile", "packing", "ac_every", "grad_accum", "batch", "seq_len",
-               "sdpa_backend", "wrap", "float8", "reshard", "compile_loss", "compile_vision")
+               "sdpa_backend", "wrap", "float8", "float8_all_linears", "reshard", "compile_loss", "compile_vision")
 # Cosmos-Reason2's inference video budget (configs/infer-cosmos-reason2-8b.toml)
 REASON2_FPS = 4.0
 REASON2_TOTAL_PIXELS = 11324620
@@ -194,20 +194,6 @@ def text_train_flops(config, seq_len: int, targets: int) -> float:
     return (train_flops_per_token(config, seq_len) - lm_head) * seq_len + lm_head * targets
 
 
-def timed_steps(step, warmup: int, steps: int, device) -> float:
-    """Seconds per step after warmup (synchronised)."""
-    for _ in range(warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / steps
-
-
 def build_model(config, device, dtype: torch.dtype):
     """The model with random weights, initialised on `device` (fast on a GPU), the same on every rank."""
     from transformers import AutoModelForImageTextToText
@@ -217,10 +203,6 @@ def build_model(config, device, dtype: torch.dtype):
         # a copy: the grouped vision attention of `ours` is set on the model's config, never on the baseline's
         model = AutoModelForImageTextToText.from_config(copy.deepcopy(config))
     return model.to(dtype)
-
-
-def peak_gib(device) -> float:
-    return torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
 
 
 def run_baseline(config, args, device) -> dict:
@@ -253,12 +235,11 @@ def run_baseline(config, args, device) -> dict:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    seconds = timed_steps(step, args.warmup, args.steps, device)
+    harness.reset_peak()
+    seconds = harness.timed_steps(step, args.warmup, args.steps, device)
     profile(step, args, "transformers-baseline", device)
     return {"seconds_per_step": seconds, "tokens_per_step": args.seq_len, "flops_per_step": flops, "gpus": 1,
-            "peak_gib": peak_gib(device)}  # fmt: skip
+            "peak_gib": harness.peak_gib()}  # fmt: skip
 
 
 def profile(step, args, label: str, device) -> None:
@@ -295,10 +276,13 @@ def run_ours(config, args, device, mesh) -> dict:
     use_grouped_vision_attention(model)  # as physreason's loader does (a no-op for text rows' compute)
     if args.ac_every > 0:
         enable_activation_checkpointing(model, args.ac_every)
-    if args.float8 != "none":
-        from physreason.models.float8 import convert_to_float8
+    all_gather = False
+    if args.float8 != "none":  # as train/build.py does: before FSDP2 and compile, float8 all-gather over 2+ ranks
+        from physreason.models.float8 import convert_to_float8, float8_all_gather
 
-        convert_to_float8(model, args.float8, fsdp=args.wrap == "fsdp")  # before FSDP2, as train/build.py does
+        all_gather = float8_all_gather(args.float8, mesh["dp"].size() if args.wrap == "fsdp" else 1)
+        # --tiny: every layer is too small to pay; convert them anyway so the script's float8 path runs
+        convert_to_float8(model, args.float8, all_gather, skip_small=not (args.float8_all_linears or args.tiny))
     module = CausalLMLoss(model, loss_chunk_size=args.ce_chunk if args.chunked_ce else 0)
     compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     autocast = contextlib.nullcontext()
@@ -321,6 +305,10 @@ def run_ours(config, args, device, mesh) -> dict:
     module.train()
     parameters = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=1e-5, fused=device.type == "cuda")
+    if all_gather:  # one amax pass for all float8-all-gathered weights after each step, as the trainer does
+        from physreason.models.float8 import precompute_scales_after_steps
+
+        precompute_scales_after_steps(optimizer, module)
     batch = make_batch(config, args.seq_len, args.batch, args.packing, device, args.grid)
     scale = 1.0 / (batch.num_targets * args.grad_accum)
 
@@ -336,9 +324,8 @@ def run_ours(config, args, device, mesh) -> dict:
             optimizer.zero_grad(set_to_none=True)
 
     try:
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        seconds = timed_steps(step, args.warmup, args.steps, device)
+        harness.reset_peak()
+        seconds = harness.timed_steps(step, args.warmup, args.steps, device)
         profile(step, args, f"{dist.get_rank()}-{describe_row(args)}", device)
     finally:
         loss_module._chunk_loss = chunk_loss
@@ -350,7 +337,7 @@ def run_ours(config, args, device, mesh) -> dict:
         per_row = text_train_flops(config, args.seq_len, batch.num_targets // args.batch)
         flops = replicas * args.batch * (per_row + vision_train_flops(config, args.grid))
     return {"seconds_per_step": seconds, "tokens_per_step": tokens, "flops_per_step": flops, "gpus": world,
-            "peak_gib": peak_gib(device)}  # fmt: skip
+            "peak_gib": harness.peak_gib()}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -358,13 +345,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq-len", type=int, default=4096, help="tokens per row")
     parser.add_argument("--batch", type=int, default=1, help="rows per micro-batch")
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (compilation happens here)")
+    harness.add_steps(parser, 10, 3, "optimizer steps (compilation happens in the warm-up)")
     parser.add_argument("--chunked-ce", action="store_true", help="lm_head + CE in checkpointed sequence chunks")
     parser.add_argument("--ce-chunk", type=int, default=1024, help="tokens per CE chunk")
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder block")
     parser.add_argument("--float8", choices=("none", "rowwise", "tensorwise"), default="none",
                         help="float8 matmuls in the language model's linear layers (torchao; [train.fp8] quant_recipe)")
+    parser.add_argument("--float8-all-linears", action="store_true",
+                        help="with --float8: convert the linears too small to pay as well (train.fp8.skip_small_linears "
+                             "= false; lever)")
     parser.add_argument("--packing", action="store_true", help="4 samples packed into the row")
     parser.add_argument("--ac-every", type=int, default=1, help="checkpoint every n-th decoder block (0: none; 2: selective)")
     parser.add_argument("--sdpa-backend", choices=("auto", "flash", "cudnn", "efficient", "math"), default="auto",
@@ -381,8 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="decoder blocks of the language model (default: the shape's own); a full fine-tune of the "
                              "8B shape with fp32 masters and AdamW (16 bytes/parameter) does not fit one GPU, half its "
                              "blocks do; both sides run the same truncated model and MFU counts its FLOPs")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-vl-3b",
-                        help="model architecture and size (random weights)")
+    harness.add_shape(parser, "qwen2.5-vl-3b", SHAPES)
     parser.add_argument("--reshard", choices=("all", "all-but-last", "none"), default="all",
                         help="FSDP2 blocks that free their gathered parameters after forward (lever; default all)")
     parser.add_argument("--compile-loss", action="store_true", help="torch.compile the lm_head + CE chunk (lever)")
@@ -396,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="profile --profile-steps steps of each row after its timed steps, traces into DIR")
     parser.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler per row")
+    harness.add_json(parser)
     return parser
 
 
@@ -457,20 +446,12 @@ def init_distributed(tp: int) -> torch.device:
     else:
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29533")
+        os.environ.setdefault("MASTER_PORT", str(harness.free_port()))
         dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
     if dist.get_world_size() % tp:
         raise SystemExit(f"--tp {tp} must divide the number of processes ({dist.get_world_size()}): "
                          f"launch with torchrun --nproc-per-node {tp}")
     return device
-
-
-def free_memory(device) -> None:
-    """Drop what a finished (or failed) row left behind, so the next row starts from an empty GPU."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
 
 
 def measure(run, config, row, device, *extra) -> dict:
@@ -482,7 +463,7 @@ def measure(run, config, row, device, *extra) -> dict:
         error = "OOM"
     except (RuntimeError, ValueError) as failure:  # e.g. "No available kernel" for an --sdpa-backend on this device
         error = f"error: {str(failure).strip().splitlines()[0][:120]}"
-    free_memory(device)  # after the except block, whose exception held the failed row's tensors
+    harness.free_memory()  # after the except block, whose exception held the failed row's tensors
     if error is not None:
         return {"error": error}
     result["tokens_per_s"] = result["tokens_per_step"] / result["seconds_per_step"]
@@ -502,28 +483,27 @@ def main() -> None:
     config = model_config(parser, args)
     # every row builds new blocks; let dynamo keep their compiled code instead of falling back to eager
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if args.rows is not None:
         rows_options = [row.strip() for row in args.rows.split(";")]
     else:
         rows_options = list(SWEEP) if args.sweep else [""]
-    report = {"device": name, "gpus": world, "tp": args.tp, "args": {k: str(v) for k, v in vars(args).items()}, "date": time.strftime("%Y-%m-%d"), "runs": {}}
+    runs: dict[str, dict] = {}
 
     def emit(label: str, row: dict) -> None:
-        report["runs"][label] = row
+        runs[label] = row
         if not main_rank:
             return
-        base = report["runs"].get("transformers baseline", {}).get("tokens_per_s")
+        base = runs.get("transformers baseline", {}).get("tokens_per_s")
         if "error" in row:
             print(f"{label:<100} {row['error']}", flush=True)
         else:
             ratio = f"{row['tokens_per_s'] / base:.2f}x" if base else "-"
             print(f"{label:<100} {row['tokens_per_s']:>10,.0f} {row['mfu']:>7.1%} {row['peak_gib']:>9.1f} {ratio:>12}", flush=True)
-        if os.environ.get("OUT"):
-            Path(os.environ["OUT"], "sft_throughput.json").write_text(json.dumps(report, indent=2))
+        harness.write_json("sft_throughput.json", {**info, "tp": args.tp, "args": vars(args), "runs": runs}, args.json)
 
     if main_rank:
-        print(f"device {name} x {world} (tp {args.tp}), {train_flops_per_token(config, args.seq_len) / 1e9:.1f} GFLOP/token "
+        info = harness.device_line(device, ranks=world)
+        print(f"{info['device']} x {world} (tp {args.tp}), {train_flops_per_token(config, args.seq_len) / 1e9:.1f} GFLOP/token "
               f"at seq_len {args.seq_len}; MFU per GPU of {PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s")
         if args.grid is not None:
             t, h, w = args.grid

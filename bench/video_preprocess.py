@@ -12,7 +12,6 @@ in by the same torch kernel, see tests/fixtures/vision/qwen_reference.py). Repor
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -21,8 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import av
-import numpy as np
+import harness
 
 from physreason.config.schema import VisionConfig
 from physreason.vision import load_video
@@ -33,18 +31,7 @@ FPS, TOTAL_PIXELS = 4.0, 6_422_528
 
 def write_benchmark_clip(path: Path, seconds: int = 30, fps: int = 30, height: int = 720, width: int = 1280) -> Path:
     """A textured scene panning right and down (so every frame differs), H.264 yuv420p, x264 preset veryfast."""
-    rng = np.random.default_rng(0)
-    coarse = rng.integers(0, 256, (height // 8 + seconds * fps, width // 8 + seconds * fps, 3), dtype=np.uint8)
-    texture = coarse.repeat(8, axis=0).repeat(8, axis=1)  # blocks large enough to survive compression
-    with av.open(str(path), mode="w") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = {"preset": "veryfast", "crf": "23"}
-        for index in range(seconds * fps):
-            frame = np.ascontiguousarray(texture[index : index + height, 2 * index : 2 * index + width])
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        container.mux(stream.encode())
-    return path
+    return harness.write_panning_clip(path, seconds * fps, (height, width), fps, (1, 2))
 
 
 def time_physreason(clip: Path) -> tuple[float, tuple[int, ...]]:
@@ -70,6 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clip", type=Path, help="reuse this clip instead of generating one")
     parser.add_argument("--repeats", type=int, default=3)
+    harness.add_json(parser)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,7 +77,8 @@ def main() -> None:
                 seconds[name].append(elapsed)
 
     report = {
-        "device": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores",
+        **harness.device_info(),
+        "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores",
         "clip": "30 s, 1280x720, 30 fps, H.264 (x264 veryfast, crf 23)",
         "settings": {"fps": FPS, "total_pixels": TOTAL_PIXELS},
     }
@@ -103,7 +92,8 @@ def main() -> None:
         }
     if "qwen-vl-utils" in report:
         report["speedup"] = round(report["qwen-vl-utils"]["median_s"] / report["physreason"]["median_s"], 2)
-    print(json.dumps(report, indent=1))
+    harness.emit(**report)
+    harness.write_json("video_preprocess.json", report, args.json)
 
 
 if __name__ == "__main__":

@@ -17,17 +17,11 @@ CPU:  python3 bench/vision_tower.py --tiny   (a 2-block float32 tower, to check 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import statistics
-import sys
-import time
-from pathlib import Path
 
+import harness
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shapes import qwen25_vl_3b
 
 from physreason.models.vision_attention import registered_name, use_grouped_vision_attention
@@ -79,16 +73,15 @@ def timed_pass(
 ) -> tuple[float, torch.Tensor]:
     """Seconds of one forward (+ backward) and the merged features."""
     tower.zero_grad(set_to_none=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    with torch.set_grad_enabled(backward):
-        features = tower(pixels, grid_thw=grid_thw).pooler_output  # [merged tokens, out_hidden]
-        if backward:
-            (features.float() * weights).sum().backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, features.detach()
+
+    def run() -> torch.Tensor:
+        with torch.set_grad_enabled(backward):
+            features = tower(pixels, grid_thw=grid_thw).pooler_output  # [merged tokens, out_hidden]
+            if backward:
+                (features.float() * weights).sum().backward()
+        return features.detach()
+
+    return harness.timed(run, device)
 
 
 def bench_setting(
@@ -139,6 +132,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--runs", type=int, default=5, help="timed runs per setting (after --warmup)")
     parser.add_argument("--warmup", type=int, default=2)
+    harness.add_json(parser)
     parser.add_argument("--checkpointing", action="store_true", help="recompute vision blocks in backward")
     parser.add_argument("--tiny", action="store_true", help="tiny float32 tower on CPU (checks the script)")
     args = parser.parse_args()
@@ -157,35 +151,19 @@ def main() -> None:
             tower.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
     tower.train()
     grid = video_grid(tower, args.frames, args.height, args.width)
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(
-        f"device {name}, torch {torch.__version__}, transformers {transformers.__version__}, {dtype}, "
-        f"grid (t, h, w) {grid}: {math.prod(grid)} patches and {windows_per_video(tower, grid)} windows per clip, "
-        f"vision depth {tower.config.depth}, checkpointing {args.checkpointing}"
-    )
-    rows = []
+    info = harness.device_line(device, transformers=transformers.__version__, dtype=str(dtype), grid_thw=grid,
+                               checkpointing=args.checkpointing)  # fmt: skip
+    print(f"{math.prod(grid)} patches and {windows_per_video(tower, grid)} windows per clip, vision depth "
+          f"{tower.config.depth}")  # fmt: skip
+    report = harness.Report("vision_tower.json", args.json, **info)
     print("| clips | pass | per-window sdpa ms/clip | grouped ms/clip | speed-up | max abs diff (features max) |")
     print("|---|---|---|---|---|---|")
     for clips in (int(c) for c in args.clips.split(",")):
         for backward in (True, False):
             row = bench_setting(tower, clips, grid, backward, args.runs, args.warmup, device, dtype)
-            rows.append(row)
-            print(
-                f"| {clips} | {row['pass']} | {row['native_ms_per_clip']:.1f} | {row['grouped_ms_per_clip']:.1f} | "
-                f"{row['speedup']:.2f}x | {row['max_abs_diff']:.2e} ({row['feature_abs_max']:.2e}) |",
-                flush=True,
-            )
-    if out := os.environ.get("OUT"):
-        report = {
-            "device": name,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "dtype": str(dtype),
-            "grid_thw": grid,
-            "checkpointing": args.checkpointing,
-            "rows": rows,
-        }
-        Path(out, "vision_tower.json").write_text(json.dumps(report, indent=1))
+            report.row(row, f"| {clips} | {row['pass']} | {row['native_ms_per_clip']:.1f} | "
+                       f"{row['grouped_ms_per_clip']:.1f} | {row['speedup']:.2f}x | {row['max_abs_diff']:.2e} "
+                       f"({row['feature_abs_max']:.2e}) |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -36,6 +36,10 @@ def test_modes_run_in_one_torchrun_and_print_tokens_per_second_against_none(tmp_
         assert row["seconds_per_step"] > 0
         assert row["tokens_per_s"] == pytest.approx(64 / row["seconds_per_step"])
         assert row["vs_none"] == pytest.approx(row["tokens_per_s"] / none["tokens_per_s"])
+    # bf16 state on the host: the eager update of each parameter (on CUDA the grouped kernel, one launch a group)
+    launches = rows[2]["adamw_launches_per_step"]
+    assert launches["grouped"] == 0 and launches["per_parameter"] > 0 and "adamw_launches_per_step" not in none
+    assert "AdamW of bf16-state: 0 grouped kernels and" in done.stdout
     # the plan of each mode, beside its figure: offload moves the state to the host, bf16 state halves the moments
     assert rows[1]["planned_gib"] < none["planned_gib"] and rows[2]["planned_gib"] < none["planned_gib"]
 

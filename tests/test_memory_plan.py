@@ -237,21 +237,32 @@ def test_plan_command_plans_a_grpo_recipe_as_grpo_without_being_told(tmp_path, t
     assert re.search(r": [\d,]+ parameters", done["sft"].stdout), done["sft"].stdout
 
 
-def test_plan_says_when_float8_cannot_pay_and_what_was_measured(tiny_model_dir, tmp_path):
-    """[train.fp8] on small matmuls is slower than bf16 (measured 0.83x on the 3B shape): plan says so, not silence."""
+def test_plan_says_which_layers_float8_converts_and_when_it_cannot_pay(tiny_model_dir, tmp_path):
+    """[train.fp8] leaves the layers too small to pay in bf16 and says so; plan prints what it converts, or that the
+    model trains in bf16, and when float8 is expected to be slower (uncompiled blocks, few tokens)."""
     from physreason.models.float8 import float8_outlook
 
-    small = float8_outlook(hidden=2048, intermediate=11008, tokens=4096)
-    assert small.startswith("float8 is expected to be slower than bf16 here") and "hidden size 2,048" in small
-    assert "train.fp8.enable_fp8 = false" in small and "0.83x rowwise" in small
-    few_tokens = float8_outlook(hidden=5120, intermediate=25600, tokens=1024)
-    assert "tokens per micro-batch 1,024" in few_tokens
-    large = float8_outlook(hidden=5120, intermediate=25600, tokens=8192)
-    assert large.startswith("float8 has not yet been measured faster than bf16") and "bench/fp8.py" in large
+    def block(hidden, intermediate, kv):
+        return [("q_proj", hidden, hidden), ("k_proj", hidden, kv), ("v_proj", hidden, kv), ("o_proj", hidden, hidden),
+                ("gate_proj", hidden, intermediate), ("up_proj", hidden, intermediate), ("down_proj", intermediate, hidden)]  # fmt: skip
+
+    eight_b = float8_outlook(block(4096, 12288, 1024), tokens=8192, recipe="tensorwise")
+    assert eight_b.startswith("float8 tensorwise runs q_proj, o_proj, gate_proj, up_proj, down_proj of each decoder block")
+    assert "k_proj (4,096x1,024: too small to pay), v_proj (4,096x1,024: too small to pay) stay in bf16" in eight_b
+    assert "expected to be slower" not in eight_b and "bench/fp8.py sft" in eight_b
+    three_b = float8_outlook(block(2048, 11008, 256), tokens=4096, recipe="rowwise")
+    assert three_b.startswith("float8 rowwise runs gate_proj, up_proj of each decoder block")
+    assert "q_proj (2,048x2,048: too small to pay)" in three_b
+    uncompiled = float8_outlook(block(4096, 12288, 1024), tokens=2048, recipe="tensorwise", compiled=False)
+    assert "float8 is expected to be slower than bf16 here: train.compile = false" in uncompiled
+    assert "2,048 tokens per micro-batch is under 4,096" in uncompiled
+    tiny = float8_outlook(block(64, 128, 32), tokens=4096, recipe="tensorwise")
+    assert tiny.startswith("no linear layer of this model is large enough for float8 tensorwise to beat bf16")
+    assert "train.fp8.skip_small_linears = false" in tiny
     recipe = tmp_path / "fp8.toml"
     recipe.write_text(f'[model]\nmodel_name_or_path = "{tiny_model_dir}"\n[train.fp8]\nenable_fp8 = true\n')
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "400"}
     done = subprocess.run([sys.executable, "-m", "physreason", "plan", str(recipe)], env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "[train.fp8] float8 is expected to be slower than bf16 here" in done.stdout
+    assert "[train.fp8] no linear layer of this model is large enough for float8 rowwise" in done.stdout

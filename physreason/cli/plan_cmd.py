@@ -79,8 +79,12 @@ def plan(
     if recipe_config.train.fp8.enable_fp8:
         from physreason.models.float8 import float8_outlook
 
+        fp8 = recipe_config.train.fp8
         tokens = recipe_config.model.model_max_length * recipe.mini_batch
-        console.print(f"[train.fp8] {float8_outlook(shape.hidden, shape.intermediate, tokens)}", markup=False)
+        block = [(lin.leaf, lin.in_features, lin.out_features) for lin in shape.linears
+                 if lin.unit == "decoder" and lin.block == 0]  # fmt: skip
+        outlook = float8_outlook(block, tokens, fp8.quant_recipe, recipe_config.train.compile, fp8.skip_small_linears)
+        console.print(f"[train.fp8] {outlook}", markup=False)
     console.print(plan_table(plan_, capacity))
     fitting = fitting_layouts(shape, recipe, workload, capacity)
     if fitting:

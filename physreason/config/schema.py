@@ -382,7 +382,12 @@ class Float8TrainConfig(Section):
     quant_recipe: Literal["rowwise", "tensorwise"] = Field(
         "rowwise",
         description="'rowwise': one scale per row (better accuracy); 'tensorwise': one per tensor, faster, and under "
-        "FSDP2 the weights are all-gathered in float8.",
+        "FSDP2 over more than one rank the weights are all-gathered in float8.",
+    )
+    skip_small_linears: bool = Field(
+        True,
+        description="Leave in bf16 the linear layers too small for float8 to beat bf16 (torchao's H100 thresholds per "
+        "recipe: e.g. k_proj/v_proj); false converts every language-model linear whose sides are multiples of 16.",
     )
 
 

@@ -81,6 +81,13 @@ class VLLMEngine(Engine):
         # without serialising them to another process (the RL weight-sync path). Export
         # VLLM_ENABLE_V1_MULTIPROCESSING=1 to get vLLM's separate engine-core process back.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if quantization == "fp8":
+            # vLLM warms its DeepGEMM FP8 kernels for ~1,100 batch sizes at start: over 165 s on an H100 even for a
+            # tiny model (bench/gpu_check.py, 2026-11-26). A rollout engine compiles the few it meets instead.
+            os.environ.setdefault("VLLM_DEEP_GEMM_WARMUP", "skip")
+            # FlashInfer's sm90 block-scale FP8 GEMM is built with nvcc when CUDA graphs are captured: still building
+            # after 160 s on an H200 (same check). DeepGEMM's kernels serve the same block-FP8 weights.
+            os.environ.setdefault("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "0")
         from vllm import LLM
 
         warning = vllm_compat.check_supported()

@@ -87,10 +87,18 @@ def load_frozen(model_config: ModelConfig) -> nn.Module:
     return loading.load_model(model_config, dtype=torch.float32).requires_grad_(False)
 
 
-def apply_float8(model: nn.Module, config: Config, runtime: Runtime) -> None:
-    """[train.fp8]: float8 matmuls in the language model's linear layers, before FSDP2 wraps them (models/float8.py)."""
-    from physreason.models.float8 import check_float8_support, convert_to_float8, float8_outlook
+def apply_float8(model: nn.Module, config: Config, runtime: Runtime) -> bool:
+    """[train.fp8]: float8 matmuls in the language model's linear layers, before FSDP2 wraps them and before the blocks
+    compile (models/float8.py). Returns whether FSDP2 all-gathers the weights in float8 (then the optimizer needs
+    float8.precompute_scales_after_steps)."""
+    from physreason.models.float8 import (
+        check_float8_support,
+        convert_to_float8,
+        float8_all_gather,
+        float8_outlook,
+    )
 
+    fp8 = config.train.fp8
     if config.train.lora.enable:
         raise ConfigError(
             "train.fp8.enable_fp8 = true with train.lora.enable = true: float8 training covers full fine-tuning; "
@@ -104,11 +112,18 @@ def apply_float8(model: nn.Module, config: Config, runtime: Runtime) -> None:
     check_float8_support(runtime.device)
     # Off CUDA only under emulated_float8_on_cpu (the check refuses CPU otherwise).
     emulate = runtime.device.type == "cpu"
-    convert_to_float8(model, config.train.fp8.quant_recipe, fsdp=runtime.distributed, emulate=emulate)
-    text = getattr(model.config, "text_config", model.config)
+    # FSDP2 shards over dp x cp, i.e. every process (tp_size is 1 here).
+    all_gather = float8_all_gather(fp8.quant_recipe, runtime.world_size if runtime.distributed else 1)
+    block = loading.decoder_layers(model)[0]
+    linears = [(name.rsplit(".", 1)[-1], m.in_features, m.out_features)
+               for name, m in block.named_modules() if isinstance(m, nn.Linear)]  # fmt: skip
+    chosen = convert_to_float8(model, fp8.quant_recipe, all_gather, emulate=emulate, skip_small=fp8.skip_small_linears)
     tokens = config.model.model_max_length * config.train.mini_batch
     if runtime.is_main:
-        log.warning("[train.fp8] %s", float8_outlook(text.hidden_size, text.intermediate_size, tokens))
+        outlook = float8_outlook(linears, tokens, fp8.quant_recipe, config.train.compile, fp8.skip_small_linears)
+        log.warning("[train.fp8] %s (%d layers converted%s)", outlook, len(chosen),
+                    ", float8 all-gather" if all_gather and chosen else "")  # fmt: skip
+    return all_gather and bool(chosen)
 
 
 def shard(wrapper: nn.Module, model: nn.Module, runtime: Runtime, mesh: DeviceMesh | None, train: TrainConfig) -> None:
@@ -128,8 +143,22 @@ def shard(wrapper: nn.Module, model: nn.Module, runtime: Runtime, mesh: DeviceMe
     )
 
 
+# Compiled variants of the one decoder-block code every block shares: checkpointed or not (train.ac_every), the first
+# row length and then a dynamic one, training and no-grad passes (validation, GRPO's old log-probs), x float8 or not.
+# A CPU trace of a Qwen2.5-VL block with ac_every 2 and a validation pass already made 7; torch's default limit is 8,
+# past which dynamo runs the block eagerly from then on, silently.
+BLOCK_RECOMPILE_LIMIT = 64
+
+
 def compile_blocks(model: nn.Module) -> None:
-    """torch.compile each decoder block in place (the blocks repeat, so one graph serves them all)."""
+    """torch.compile each decoder block in place (the blocks repeat, so one graph serves them all).
+
+    Rows of varying length (SFT pads to multiples of 16 under float8) cost one recompile at the second length, which
+    marks the length dynamic; later lengths reuse that graph.
+    """
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), BLOCK_RECOMPILE_LIMIT))
     for block in loading.decoder_layers(model):
         block.compile()
 
@@ -157,8 +186,7 @@ def build_training_model(
             "torchrun --nproc-per-node N (1 works), or set train.cpu_offload = false"
         )
     model, peft_model = load_trainable(config.model, train)
-    if train.fp8.enable_fp8:
-        apply_float8(model, config, runtime)
+    float8_all_gather = apply_float8(model, config, runtime) if train.fp8.enable_fp8 else False
     module = wrap(model)
     frozen = wrap(load_frozen(reference)).eval() if reference is not None else None
     mesh = None
@@ -174,6 +202,10 @@ def build_training_model(
     # Offloaded shards step on the host, where torch's fused AdamW kernel is not the fast path.
     fused = runtime.device.type == "cuda" and not train.cpu_offload
     optimizer, scheduler = build_optimizer(module, train, optimizer_steps, fused=fused)
+    if float8_all_gather:
+        from physreason.models.float8 import precompute_scales_after_steps
+
+        precompute_scales_after_steps(optimizer, module)
     return TrainingModel(
         model,
         module,
