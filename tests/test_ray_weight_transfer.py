@@ -221,3 +221,27 @@ def test_push_from_the_policy_model_reaches_another_process_over_gloo():
     assert [n for n, _ in tensors] == [n for n, _ in model.named_parameters()]
     for (_, got), (_, parameter) in zip(tensors, model.named_parameters(), strict=True):
         assert got == parameter.detach().to(torch.bfloat16).reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def test_fsdp2_parameters_are_cast_on_the_shard_then_gathered_whole(tmp_path):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from physreason.train.weight_sync import full_named_parameters
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = _model()
+        expected = {n: p.detach().clone().to(torch.bfloat16) for n, p in model.named_parameters()}
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+        assert all(isinstance(p, DTensor) for p in model.parameters())
+        pushed = list(full_named_parameters(model, torch.bfloat16))
+    finally:
+        dist.destroy_process_group()
+    assert [n for n, _ in pushed] == list(expected)
+    for name, tensor in pushed:
+        assert not isinstance(tensor, DTensor) and tensor.dtype == torch.bfloat16
+        assert torch.equal(tensor, expected[name])
