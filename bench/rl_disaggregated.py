@@ -336,12 +336,15 @@ def run_disaggregated_child(config, gpus: int, probe_path: Path, kill_at: int = 
     killed: list[dict[str, Any]] = []
 
     def chaos(controller, step: int) -> None:
+        # A replica in the middle of a generate call, if one is at this step or one of the next two; else any.
         ready = controller.ready_replicas()
-        if kill_at and step == kill_at and ready and not killed:
-            ray.kill(controller.rollout_handle(ready[0]), no_restart=True)
-            killed.append({"replica": ready[0], "after_step": step, "busy": controller.replicas[ready[0]].generating
-                           is not None})
-            print(f"killed rollout replica {ready[0]} after step {step}", flush=True)
+        busy = [r for r in ready if controller.replicas[r].generating is not None]
+        if not kill_at or killed or step < kill_at or not ready or (not busy and step < kill_at + 2):
+            return
+        victim = (busy or ready)[0]
+        ray.kill(controller.rollout_handle(victim), no_restart=True)
+        killed.append({"replica": victim, "after_step": step, "busy": bool(busy)})
+        print(f"killed rollout replica {victim} after step {step} ({'generating' if busy else 'idle'})", flush=True)
 
     try:
         result = run_disaggregated(config, on_step=chaos)
@@ -483,14 +486,14 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"{pct(r.get('gpu_idle_fraction'), 1)} | {pct(util, 0)} | {pct(util, 1)} | "
             f"{pct([r['policy_idle_frac']] if 'policy_idle_frac' in r else None, 0)} | "
             f"{pct([r['rollout_idle_frac']] if 'rollout_idle_frac' in r else None, 0)} | "
-            f"{num(r.get('sync_s_mean'), '.3f')} | {num(r.get('push_gbytes_per_s'), '.1f')} | "
+            f"{num(r.get('sync_s_mean'), '.3f')} | {num(r.get('push_gbytes_per_s'), '.3g')} | "
             f"{num(r.get('staleness_mean'), '.2f')} | {num(r.get('startup_s'), '.0f')} |"
         )
         for attempt in r.get("weight_channel_probe", []):
             if "gbytes_per_s" in attempt:
                 rows.append(
-                    f"\nweight channel probe ({attempt['env'] or 'default NCCL'}): {attempt['bytes'] / 2**30:.0f} GiB in "
-                    f"{attempt['bucket_bytes'] / 2**30:g} GiB buckets, best {attempt['gbytes_per_s']:.1f} GB/s "
+                    f"\nweight channel probe ({attempt['env'] or 'default settings'}): {attempt['bytes'] / 2**20:.0f} MiB "
+                    f"in {attempt['bucket_bytes'] / 2**20:.0f} MiB buckets, best {attempt['gbytes_per_s']:.3g} GB/s "
                     f"(rounds: {', '.join(f'{t:.3f}' for t in attempt['seconds'])} s)"
                 )
         if r.get("killed"):
@@ -520,7 +523,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=480.0, help="seconds for everything; modes share what is left")
     parser.add_argument("--synth-workers", type=int, default=8)
     parser.add_argument("--kill-rollout-at", type=int, default=0, metavar="STEP",
-                        help="disaggregated: kill a rollout replica (Ray actor) after this step; 0: none")
+                        help="disaggregated: kill a rollout replica (Ray actor) after this step (one generating, if one "
+                        "is by 2 steps later); 0: none")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CONFIG"), help=argparse.SUPPRESS)
     parser.add_argument("--build-model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
