@@ -4,6 +4,7 @@ directly and its remote calls are recorded)."""
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import pytest
 
@@ -48,3 +49,51 @@ def test_an_infinite_gradient_norm_stops_the_run_too(tmp_path):
     with pytest.raises(TrainingDiverged, match=r"step 1: the loss is 0.5 and the gradient norm inf"):
         controller._on_train(_trained(0.5, math.inf), None)
     assert synced == []
+
+
+class _Remote:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def remote(self, *args) -> None:
+        self.calls.append(args)
+
+
+class _Handle:
+    def __init__(self) -> None:
+        self.close_channel = _Remote()
+
+
+class _FakeRay:
+    def __init__(self) -> None:
+        self.killed: list[object] = []
+
+    def kill(self, handle, no_restart: bool = True) -> None:
+        self.killed.append(handle)
+
+
+def test_a_lost_replicas_prompts_are_handed_out_again_before_fresh_ones(tmp_path):
+    from physreason.data.mcq import MCQPrompt, PromptStream
+    from physreason.distributed.controller import _Replica
+
+    controller, _, _ = _controller(tmp_path)
+    prompts = [MCQPrompt(f"q{i}", f"question {i}", {"A": "yes", "B": "no"}, "A") for i in range(10)]
+    controller.stream = PromptStream(prompts, seed=0, shuffle=False, shuffle_options=False)
+    controller._replay = PromptStream(prompts, seed=0, shuffle=False, shuffle_options=False)
+    controller.retry, controller.timeline, controller.ops = deque(), 0, []
+    controller.ray, controller.policy, controller._failed_starts = _FakeRay(), [_Handle()], 0
+    controller.result.dispatched = [[0, 1, 2], [3, 4]]
+    controller.stream.cursor = 5
+    victim = _Replica(7, handle=object(), state="ready", produced=True)
+    victim.generating = _Op("generate", [object()], timeline=0, replica=7,
+                            payload=[(3, prompts[3]), (4, prompts[4])])
+    controller.ops.append(victim.generating)
+    controller.replicas = {7: victim}
+
+    controller._lose_rollout(7, "generate: RayActorError")
+
+    assert controller.replicas == {} and controller.ray.killed == [victim.handle] and controller.ops == []
+    assert controller.result.redrawn == [(2, 3), (2, 4)]  # after the 2 calls dispatched so far
+    draws = controller._draws(3)
+    assert [draw for draw, _ in draws] == [3, 4, 5]  # the lost ones first, then the stream goes on
+    assert [prompt.id for _, prompt in draws] == ["q3", "q4", "q5"]
