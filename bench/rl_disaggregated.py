@@ -335,16 +335,21 @@ def run_disaggregated_child(config, gpus: int, probe_path: Path, kill_at: int = 
     print(f"weight channel probe: {attempts[-1]}", flush=True)
     killed: list[dict[str, Any]] = []
 
-    def chaos(controller, step: int) -> None:
-        # A replica in the middle of a generate call, if one is at this step or one of the next two; else any.
-        ready = controller.ready_replicas()
-        busy = [r for r in ready if controller.replicas[r].generating is not None]
-        if not kill_at or killed or step < kill_at or not ready or (not busy and step < kill_at + 2):
-            return
-        victim = (busy or ready)[0]
-        ray.kill(controller.rollout_handle(victim), no_restart=True)
-        killed.append({"replica": victim, "after_step": step, "busy": bool(busy)})
+    def kill_when_generating(controller, victim: int, step: int) -> None:
+        # Polls the controller's record (read only) from this thread: the controller hands out work after on_step.
+        replica = controller.replicas.get(victim)
+        deadline = time.monotonic() + 60.0
+        while replica is not None and replica.generating is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        busy = replica is not None and replica.generating is not None
+        ray.kill(replica.handle if replica is not None else controller.rollout_handle(victim), no_restart=True)
+        killed.append({"replica": victim, "after_step": step, "busy": busy})
         print(f"killed rollout replica {victim} after step {step} ({'generating' if busy else 'idle'})", flush=True)
+
+    def chaos(controller, step: int) -> None:
+        ready = controller.ready_replicas()
+        if kill_at and step == kill_at and ready and not killed:
+            threading.Thread(target=kill_when_generating, args=(controller, ready[0], step), daemon=True).start()
 
     try:
         result = run_disaggregated(config, on_step=chaos)
@@ -523,8 +528,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=480.0, help="seconds for everything; modes share what is left")
     parser.add_argument("--synth-workers", type=int, default=8)
     parser.add_argument("--kill-rollout-at", type=int, default=0, metavar="STEP",
-                        help="disaggregated: kill a rollout replica (Ray actor) after this step (one generating, if one "
-                        "is by 2 steps later); 0: none")
+                        help="disaggregated: after this step, kill a rollout replica (its Ray actor) once it is "
+                        "generating (within 60 s); 0: none")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CONFIG"), help=argparse.SUPPRESS)
     parser.add_argument("--build-model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -97,3 +97,28 @@ def test_a_lost_replicas_prompts_are_handed_out_again_before_fresh_ones(tmp_path
     draws = controller._draws(3)
     assert [draw for draw, _ in draws] == [3, 4, 5]  # the lost ones first, then the stream goes on
     assert [prompt.id for _, prompt in draws] == ["q3", "q4", "q5"]
+
+
+def test_a_replica_that_dies_in_a_generate_call_hands_its_prompts_back(tmp_path):
+    # The generate call's own failure is how the controller usually learns of the death: its handler must hand the
+    # call's prompts back (it used to drop them, since the call was already taken off the replica).
+    from physreason.data.mcq import MCQPrompt, PromptStream
+    from physreason.distributed.controller import _Replica
+
+    controller, _, _ = _controller(tmp_path)
+    prompts = [MCQPrompt(f"q{i}", f"question {i}", {"A": "yes", "B": "no"}, "A") for i in range(10)]
+    controller.stream = PromptStream(prompts, seed=0, shuffle=False, shuffle_options=False)
+    controller._replay = PromptStream(prompts, seed=0, shuffle=False, shuffle_options=False)
+    controller.retry, controller.timeline, controller._failed_starts = deque(), 0, 0
+    controller.ray, controller.policy = _FakeRay(), [_Handle()]
+    controller.stream.cursor = 6
+    victim = _Replica(3, handle=object(), state="ready", produced=True)
+    victim.generating = _Op("generate", [object()], timeline=0, replica=3, payload=[(4, prompts[4]), (5, prompts[5])])
+    victim.generating.error, victim.generating.results[0] = RuntimeError("the actor died"), None
+    controller.replicas, controller.ops = {3: victim}, []
+
+    controller._complete(victim.generating)
+
+    assert controller.replicas == {} and list(controller.retry) == [4, 5]
+    assert any("rollout replica 3 lost (generate: RuntimeError)" in event for event in controller.result.events)
+    assert [draw for draw, _ in controller._draws(3)] == [4, 5, 6]

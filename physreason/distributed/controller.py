@@ -321,10 +321,7 @@ class Controller:
             return
         self._event(f"rollout replica {replica_id} lost ({reason})")
         if replica.generating is not None and replica.generating.timeline == self.timeline:
-            lost = sorted(draw for draw, _ in replica.generating.payload)
-            self.retry.extendleft(reversed(lost))
-            self.result.redrawn += [(len(self.result.dispatched), draw) for draw in lost]
-            self._event(f"{len(lost)} prompt(s) of rollout replica {replica_id} go to the next free replica")
+            self._hand_back(replica_id, replica.generating.payload)
         self.ops = [op for op in self.ops if op.replica != replica_id or op.kind == "channel"]
         self.ray.kill(replica.handle, no_restart=True)
         self.policy[0].close_channel.remote(replica_id)
@@ -334,6 +331,13 @@ class Controller:
                 raise PhysReasonError(
                     f"{self._failed_starts} rollout replicas in a row were lost before producing a batch; last: {reason}"
                 )
+
+    def _hand_back(self, replica_id: int, draws: list[tuple[int, MCQPrompt]]) -> None:
+        """Put the draws of a generate call that will not return first in line for the next free replica."""
+        lost = sorted(draw for draw, _ in draws)
+        self.retry.extendleft(reversed(lost))
+        self.result.redrawn += [(len(self.result.dispatched), draw) for draw in lost]
+        self._event(f"{len(lost)} prompt(s) of rollout replica {replica_id} go to the next free replica")
 
     def _expire_hung_replicas(self) -> None:
         """Handle as lost every replica with a call running past rollout.replica_timeout_s (a hung engine or channel).
@@ -566,6 +570,8 @@ class Controller:
         if replica is None:
             return
         if op.error is not None:
+            # _complete already took the call off the replica, so _lose_rollout would not see its draws.
+            self._hand_back(replica.id, op.payload)
             self._lose_rollout(replica.id, f"generate: {type(op.error).__name__}")
             return
         output: RolloutOutput = op.results[0]
