@@ -7,9 +7,14 @@ torchrun, one rank per GPU, each rank's vLLM engine on its own GPU; disaggregate
 and one rollout actor of one GPU each). A background nvidia-smi samples each GPU's utilization every 200 ms.
 Reported per mode: completions trained per second between the end of the warm-up steps and the last step (metrics
 timestamps), each GPU's idle fraction (utilization below 5%) and mean utilization over that window, start-up time
-(process start to the first step), and for disaggregated mode the mean staleness and a probe of the weight channel.
+(process start to the first step), the mean weight sync seconds a step, and for disaggregated mode the mean staleness,
+each side's idle fraction as the controller times it (policy: not updating, pushing or saving; rollout: not loading
+weights, generating or scoring), the weight push's seconds and GB/s (model bytes over the policy's push time: gathers,
+packing and the transfer), and a probe of the weight channel. --kill-rollout-at N kills a rollout replica (its Ray
+actor) after step N and reports whether every step was still logged and the prompts it held handed out again.
 
-Before the disaggregated run, two one-GPU Ray actors send a 1 GiB bucket (64 MiB with --tiny) over a weight channel (NCCL). If that fails
+Before the disaggregated run, two one-GPU Ray actors push 4 GiB in 1 GiB buckets (64 MiB in 16 MiB with --tiny) over a
+weight channel (NCCL) the way the policy does, received into GPU staging, 4 rounds (the first not counted). If that fails
 or hangs, Ray restarts with NCCL's peer-to-peer and shared-memory transports off (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE)
 and probes again; the result says which transport ran. Every mode has a time limit (a share of --time-limit): a mode
 cut short still reports the steps it logged.
@@ -44,6 +49,7 @@ ROOT = BENCH.parent
 MODES = ("colocated", "disaggregated")
 RAY_TMP = "/tmp/ray-rl-bench"  # short: Ray's socket paths must stay under 107 characters
 PROBE_TIMEOUT_S = 120.0
+PROBE_ROUNDS = 4  # the first sets the channel up and is not counted
 # Set in every process this bench starts: NVLink multicast must stay off on the shared GPU hosts, and the
 # model is local (no hub look-ups on a machine without internet).
 BASE_ENV = {
@@ -204,46 +210,57 @@ class ProbeEnd:
         self.store = dist.TCPStore(node_address(), 0, is_master=True, wait_for_workers=False, timeout=CHANNEL_TIMEOUT)
         return node_address(), self.store.port
 
-    def transfer(self, host: str, port: int, rank: int, nbytes: int) -> dict[str, Any]:
-        """Send (rank 0) or receive and check (rank 1) a bucket of `nbytes` twice: once to set the channel up, once timed.
+    def transfer(self, host: str, port: int, rank: int, nbytes: int, bucket_bytes: int) -> dict[str, Any]:
+        """Send (rank 0) or receive and check (rank 1) `nbytes` of weights the way a weight push does, PROBE_ROUNDS times.
 
-        Returns the timed transfer's seconds and the GPUs Ray gave this actor.
+        64 MiB tensors packed into buckets of `bucket_bytes` (weight_transfer.send_transfer); the receiver stages them
+        on its GPU (StagingArea), as a rollout replica does when the model fits. The first round sets the channel
+        up; returns the seconds of the others and the GPUs Ray gave this actor.
         """
         import ray
         import torch
 
-        from physreason.distributed.weight_transfer import Bucket, TensorSpec, WeightChannel
+        from physreason.distributed.weight_transfer import (
+            StagingArea,
+            TensorSpec,
+            WeightChannel,
+            plan_buckets,
+            send_transfer,
+        )
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        bucket = Bucket((TensorSpec("probe", (nbytes,), torch.uint8),), (0,), nbytes)
+        piece = min(64 << 20, nbytes)
+        specs = [TensorSpec(f"probe{i}", (piece,), torch.uint8) for i in range(nbytes // piece)]
+        buckets = plan_buckets(specs, bucket_bytes)
         channel = WeightChannel(host, port, "probe", rank, device, store=self.store if rank == 0 else None)
-        pattern = torch.arange(251, dtype=torch.uint8, device=device).repeat(-(-nbytes // 251))[:nbytes]  # [nbytes]
-        seconds = 0.0
-        for _ in range(2):
+        pattern = torch.arange(251, dtype=torch.uint8, device=device).repeat(-(-piece // 251))[:piece]  # [piece]
+        staging = StagingArea(buckets, device) if rank == 1 else None
+        seconds = []
+        for round_ in range(PROBE_ROUNDS):
             started = time.perf_counter()
             if rank == 0:
-                channel.send_header(0, 1)
-                channel.send(pattern)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
+                send_transfer({0: channel}, round_, buckets, ((s.name, pattern) for s in specs), device)
             else:
-                _, tensors = channel.receive([bucket])
-                if not torch.equal(tensors[0][1], pattern.cpu()):
-                    raise RuntimeError("the probe bucket arrived corrupted")
-            seconds = time.perf_counter() - started
+                version, tensors = channel.receive(buckets, staging)
+                if version != round_ or not all(torch.equal(t, pattern) for _, t in tensors):
+                    raise RuntimeError(f"probe round {round_} arrived corrupted")
+            seconds.append(time.perf_counter() - started)
         return {
-            "seconds": seconds, "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "seconds": seconds[1:], "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
 
 
-def probe_weight_channel(ray, nbytes: int) -> dict[str, Any]:
-    """Move `nbytes` between two one-GPU actors over a WeightChannel; raises on failure or after PROBE_TIMEOUT_S."""
+def probe_weight_channel(ray, nbytes: int, bucket_bytes: int) -> dict[str, Any]:
+    """Push `nbytes` between two one-GPU actors over a WeightChannel; raises on failure or after PROBE_TIMEOUT_S."""
     end = ray.remote(num_cpus=0, num_gpus=1)(ProbeEnd)
     sender, receiver = end.remote(), end.remote()
     try:
         host, port = ray.get(sender.address.remote(), timeout=PROBE_TIMEOUT_S)
-        refs = [sender.transfer.remote(host, port, 0, nbytes), receiver.transfer.remote(host, port, 1, nbytes)]
+        refs = [
+            sender.transfer.remote(host, port, 0, nbytes, bucket_bytes),
+            receiver.transfer.remote(host, port, 1, nbytes, bucket_bytes),
+        ]
         done, _ = ray.wait(refs, num_returns=2, timeout=PROBE_TIMEOUT_S)
         if len(done) < 2:
             raise TimeoutError(f"the probe transfer did not finish in {PROBE_TIMEOUT_S:.0f} s")
@@ -251,9 +268,12 @@ def probe_weight_channel(ray, nbytes: int) -> dict[str, Any]:
     finally:
         ray.kill(sender)
         ray.kill(receiver)
+    best = min(max(a, b) for a, b in zip(sent["seconds"], received["seconds"], strict=True))
     return {
         "bytes": nbytes,
-        "gbytes_per_s": nbytes / received["seconds"] / 1e9,
+        "bucket_bytes": bucket_bytes,
+        "seconds": [max(a, b) for a, b in zip(sent["seconds"], received["seconds"], strict=True)],
+        "gbytes_per_s": nbytes / best / 1e9,
         "sender_gpus": sent["gpu_ids"], "receiver_gpus": received["gpu_ids"],
         "cuda_visible_devices": [sent["cuda_visible_devices"], received["cuda_visible_devices"]],
     }
@@ -286,8 +306,12 @@ def start_ray(ray, gpus: int, extra: dict[str, str]) -> None:
     print(f"ray: {ray.cluster_resources()}, torch sees {torch.cuda.device_count()} GPU(s)", flush=True)
 
 
-def run_disaggregated_child(config, gpus: int, probe_path: Path) -> None:
-    """The Ray driver: probe the weight channel (falling back to socket-only NCCL), then run disaggregated GRPO."""
+def run_disaggregated_child(config, gpus: int, probe_path: Path, kill_at: int = 0) -> None:
+    """The Ray driver: probe the weight channel (falling back to socket-only NCCL), then run disaggregated GRPO.
+
+    kill_at > 0: after that step, kill the first ready rollout replica (a Ray actor death mid-run). Writes the run's
+    events and the prompts a lost replica handed back to <config>.run.json.
+    """
     import ray
     import torch
 
@@ -298,7 +322,8 @@ def run_disaggregated_child(config, gpus: int, probe_path: Path) -> None:
     for extra in ({}, NCCL_SOCKET_ONLY) if use_gpu else ({},):
         start_ray(ray, gpus, extra)
         try:
-            attempts.append({"env": extra, **probe_weight_channel(ray, (1 << 30) if use_gpu else (64 << 20))})
+            probe = (4 << 30, 1 << 30) if use_gpu else (64 << 20, 16 << 20)  # (bytes, bucket bytes)
+            attempts.append({"env": extra, **probe_weight_channel(ray, *probe)})
             break
         except Exception as exc:  # noqa: BLE001 - any failure of the probe means: try the next transport
             attempts.append({"env": extra, "error": f"{type(exc).__name__}: {exc}"})
@@ -308,15 +333,38 @@ def run_disaggregated_child(config, gpus: int, probe_path: Path) -> None:
     if "error" in attempts[-1]:
         raise SystemExit("the weight channel probe failed with every NCCL setting; see " + str(probe_path))
     print(f"weight channel probe: {attempts[-1]}", flush=True)
+    killed: list[dict[str, Any]] = []
+
+    def kill_when_generating(controller, victim: int, step: int) -> None:
+        # Polls the controller's record (read only) from this thread: the controller hands out work after on_step.
+        replica = controller.replicas.get(victim)
+        deadline = time.monotonic() + 60.0
+        while replica is not None and replica.generating is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        busy = replica is not None and replica.generating is not None
+        ray.kill(replica.handle if replica is not None else controller.rollout_handle(victim), no_restart=True)
+        killed.append({"replica": victim, "after_step": step, "busy": busy})
+        print(f"killed rollout replica {victim} after step {step} ({'generating' if busy else 'idle'})", flush=True)
+
+    def chaos(controller, step: int) -> None:
+        ready = controller.ready_replicas()
+        if kill_at and step == kill_at and ready and not killed:
+            threading.Thread(target=kill_when_generating, args=(controller, ready[0], step), daemon=True).start()
+
     try:
-        result = run_disaggregated(config)
+        result = run_disaggregated(config, on_step=chaos)
         for event in result.events:
             print(event, flush=True)
+        probe_path.with_name(probe_path.name.replace(".probe.json", ".run.json")).write_text(json.dumps({
+            "killed": killed, "events": result.events, "redrawn": [draw for _, draw in result.redrawn],
+            "redispatched": [draw for before, draw in result.redrawn
+                             if any(draw in call for call in result.dispatched[before:])],
+        }, indent=2))
     finally:
         ray.shutdown()
 
 
-def run_child(mode: str, config_path: Path, gpus: int) -> None:
+def run_child(mode: str, config_path: Path, gpus: int, kill_at: int = 0) -> None:
     """Child process: one GRPO run in `mode`."""
     import logging
 
@@ -327,7 +375,7 @@ def run_child(mode: str, config_path: Path, gpus: int) -> None:
     if mode == "colocated":
         run_colocated(config)
     else:
-        run_disaggregated_child(config, gpus, config_path.with_suffix(".probe.json"))
+        run_disaggregated_child(config, gpus, config_path.with_suffix(".probe.json"), kill_at)
 
 
 # ---- parent ---------------------------------------------------------------------------------------------------------
@@ -365,7 +413,8 @@ def measure(mode: str, config: dict, out: Path, args: argparse.Namespace, timeou
     dump_config(Config.model_validate(config), config_path)
     metrics_path = out / mode / "logs" / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)
-    child = [str(Path(__file__).resolve()), "--child", mode, str(config_path), "--gpus", str(args.gpus)]
+    child = [str(Path(__file__).resolve()), "--child", mode, str(config_path), "--gpus", str(args.gpus),
+             "--kill-rollout-at", str(args.kill_rollout_at)]
     if mode == "colocated":
         ranks = args.gpus if not args.tiny else 2
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *child]
@@ -377,9 +426,16 @@ def measure(mode: str, config: dict, out: Path, args: argparse.Namespace, timeou
     status = launch(command, out / f"{mode}.log", timeout_s)
     sampler.stop()
     lines = [json.loads(line) for line in metrics_path.open()] if metrics_path.is_file() else []
-    result: dict[str, Any] = {"mode": mode, "status": status, "steps_logged": len(lines), "wall_s": time.time() - started}
+    result: dict[str, Any] = {
+        "mode": mode, "status": status, "steps_logged": len(lines), "steps_wanted": args.steps,
+        "wall_s": time.time() - started,
+    }
     if mode == "disaggregated" and config_path.with_suffix(".probe.json").is_file():
         result["weight_channel_probe"] = json.loads(config_path.with_suffix(".probe.json").read_text())
+    if mode == "disaggregated" and config_path.with_suffix(".run.json").is_file():
+        run = json.loads(config_path.with_suffix(".run.json").read_text())
+        result.update({"killed": run["killed"], "redrawn": run["redrawn"], "redispatched": run["redispatched"],
+                       "replicas_lost": sum(" lost (" in e for e in run["events"])})
     if status != "ok":
         tail = (out / f"{mode}.log").read_text(errors="replace").splitlines()[-40:]
         print(f"{mode}: {status}; last lines of its log:\n" + "\n".join(tail), flush=True)
@@ -399,9 +455,17 @@ def measure(mode: str, config: dict, out: Path, args: argparse.Namespace, timeou
         "reward_mean": sum(m["reward/total_mean"] for m in measured) / len(measured),
         "response_length_mean": sum(m.get("rollout/response_length_mean", 0.0) for m in measured) / len(measured),
     })
+    result["sync_s_mean"] = sum(m["time/sync_s"] for m in measured) / len(measured)
     if mode == "disaggregated":
         result["staleness_mean"] = sum(m["rollout/staleness_mean"] for m in measured) / len(measured)
-        result["sync_s_mean"] = sum(m["time/sync_s"] for m in measured) / len(measured)
+        # Each side's idle share of the measured steps, as the controller times them: the policy's busy time is its
+        # updates, pushes and saves; a rollout replica's is loading weights, generating and scoring.
+        result["policy_idle_frac"] = sum(m["time/policy_idle_frac"] for m in measured) / len(measured)
+        result["rollout_idle_frac"] = sum(m["time/rollout_idle_frac"] for m in measured) / len(measured)
+        pushes = [m for m in measured if m.get("time/publish_s", 0.0) > 0]
+        if pushes:
+            result["push_s_mean"] = sum(m["time/publish_s"] for m in pushes) / len(pushes)
+            result["push_gbytes_per_s"] = sum(m["sync/gbytes_per_s"] for m in pushes) / len(pushes)
     return result
 
 
@@ -415,8 +479,9 @@ def markdown(results: list[dict[str, Any]]) -> str:
         return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
     rows = [
-        "| mode | status | steps | samples/s | step s | GPU0 idle | GPU1 idle | GPU0 util | GPU1 util | staleness | start-up s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | status | steps | samples/s | step s | GPU0 idle | GPU1 idle | GPU0 util | GPU1 util | policy idle | "
+        "rollout idle | sync s | push GB/s | staleness | start-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         util = [u / 100 for u in r["gpu_mean_util"]] if r.get("gpu_mean_util") else None
@@ -424,8 +489,25 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"| {r['mode']} | {r['status']} | {r.get('steps', 0)} | {num(r.get('samples_per_s'), '.2f')} | "
             f"{num(r.get('step_s_mean'), '.2f')} | {pct(r.get('gpu_idle_fraction'), 0)} | "
             f"{pct(r.get('gpu_idle_fraction'), 1)} | {pct(util, 0)} | {pct(util, 1)} | "
+            f"{pct([r['policy_idle_frac']] if 'policy_idle_frac' in r else None, 0)} | "
+            f"{pct([r['rollout_idle_frac']] if 'rollout_idle_frac' in r else None, 0)} | "
+            f"{num(r.get('sync_s_mean'), '.3f')} | {num(r.get('push_gbytes_per_s'), '.3g')} | "
             f"{num(r.get('staleness_mean'), '.2f')} | {num(r.get('startup_s'), '.0f')} |"
         )
+        for attempt in r.get("weight_channel_probe", []):
+            if "gbytes_per_s" in attempt:
+                rows.append(
+                    f"\nweight channel probe ({attempt['env'] or 'default settings'}): {attempt['bytes'] / 2**20:.0f} MiB "
+                    f"in {attempt['bucket_bytes'] / 2**20:.0f} MiB buckets, best {attempt['gbytes_per_s']:.3g} GB/s "
+                    f"(rounds: {', '.join(f'{t:.3f}' for t in attempt['seconds'])} s)"
+                )
+        if r.get("killed"):
+            kill = r["killed"][0]
+            rows.append(
+                f"\nrollout replica {kill['replica']} killed after step {kill['after_step']} "
+                f"({'generating' if kill['busy'] else 'idle'}): {r['steps_logged']} of {r['steps_wanted']} steps logged, "
+                f"{len(r['redrawn'])} prompt(s) handed back, {len(r['redispatched'])} of them handed out again"
+            )
     rates = {r["mode"]: r.get("samples_per_s") for r in results}
     if rates.get("colocated") and rates.get("disaggregated"):
         rows.append(f"\ndisaggregated / colocated samples/s: {rates['disaggregated'] / rates['colocated']:.2f}x")
@@ -445,6 +527,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny model and shapes on CPU: checks every code path")
     parser.add_argument("--time-limit", type=float, default=480.0, help="seconds for everything; modes share what is left")
     parser.add_argument("--synth-workers", type=int, default=8)
+    parser.add_argument("--kill-rollout-at", type=int, default=0, metavar="STEP",
+                        help="disaggregated: after this step, kill a rollout replica (its Ray actor) once it is "
+                        "generating (within 60 s); 0: none")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CONFIG"), help=argparse.SUPPRESS)
     parser.add_argument("--build-model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -452,7 +537,7 @@ def main() -> None:
     for key, value in BASE_ENV.items():
         os.environ.setdefault(key, value)
     if args.child:
-        run_child(args.child[0], Path(args.child[1]), args.gpus)
+        run_child(args.child[0], Path(args.child[1]), args.gpus, args.kill_rollout_at)
         return
     if args.build_model:
         build_model_child(args.build_model, args.tiny)

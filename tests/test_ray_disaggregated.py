@@ -88,6 +88,11 @@ def test_training_progresses_within_the_staleness_bound(recipe_factory):
     assert any("rollout replica 0 loaded its engine" in event for event in result.events)
     lines = (Path(config.train.output_dir) / "logs" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]
+    # The figures bench/rl_disaggregated.py reports: each side's idle fraction and the weight push's time and rate.
+    assert all(0.0 <= m["time/policy_idle_frac"] <= 1.0 and 0.0 <= m["time/rollout_idle_frac"] <= 1.0
+               for m in result.metrics)
+    pushed = [m for m in result.metrics if m["time/publish_s"] > 0]
+    assert pushed and all(m["sync/gbytes_per_s"] > 0 for m in pushed)
 
 
 def test_lost_replica_is_replaced_and_joiners_start_from_current_weights(recipe_factory):
@@ -120,6 +125,9 @@ def test_lost_replica_is_replaced_and_joiners_start_from_current_weights(recipe_
         assert first >= 2, f"replica {replica} generated with weights of step {first}, before it joined at step 2"
     assert all(replica != 0 for step, _, replica in result.group_versions if step > 3)
     assert any("rollout replica 1 lost" in event for event in result.events)
+    # Every prompt a lost replica was generating went out again to a live replica: none is lost.
+    for before, draw in result.redrawn:
+        assert any(draw in call for call in result.dispatched[before:]), f"draw {draw} was never handed out again"
 
 
 def test_a_replica_past_its_timeout_is_handled_as_lost_naming_the_setting(recipe_factory):

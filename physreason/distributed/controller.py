@@ -42,7 +42,7 @@ from physreason.models.parallelize import check_layout
 from physreason.ray_setup import import_ray
 from physreason.rewards import check_reward_options
 from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, print_grpo_startup, rollout_metrics
-from physreason.train.loop import StepLog, checkpoint_due, prepare_output
+from physreason.train.loop import DivergenceWatch, StepLog, checkpoint_due, prepare_output
 from physreason.train.rollout import RolloutBatch, RolloutSample, logged_reward_names
 from physreason.train.runtime import Runtime
 
@@ -66,6 +66,9 @@ class DisaggregatedResult(GRPOResult):
     group_versions: list[tuple[int, int, int]] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     policy_restarts: int = 0
+    dispatched: list[list[int]] = field(default_factory=list)  # draw indices of every generate call, in order
+    # (generate calls dispatched before, draw index) of every prompt drawn again because its replica was lost
+    redrawn: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -172,6 +175,7 @@ class Controller:
         self._train_op: _Op | None = None
         self._window = _StepWindow()
         self._last_progress = time.monotonic()  # when an operation last finished
+        self.divergence = DivergenceWatch(config.train.output_dir)  # which saved steps the losses after them vouch for
         hf_config = loading.load_model_config(config.model)
         self.vision_tokens = read_vision_tokens(hf_config)
         self.reward_names = logged_reward_names(config)
@@ -317,7 +321,7 @@ class Controller:
             return
         self._event(f"rollout replica {replica_id} lost ({reason})")
         if replica.generating is not None and replica.generating.timeline == self.timeline:
-            self.retry.extendleft(sorted((draw for draw, _ in replica.generating.payload), reverse=True))
+            self._hand_back(replica_id, replica.generating.payload)
         self.ops = [op for op in self.ops if op.replica != replica_id or op.kind == "channel"]
         self.ray.kill(replica.handle, no_restart=True)
         self.policy[0].close_channel.remote(replica_id)
@@ -327,6 +331,13 @@ class Controller:
                 raise PhysReasonError(
                     f"{self._failed_starts} rollout replicas in a row were lost before producing a batch; last: {reason}"
                 )
+
+    def _hand_back(self, replica_id: int, draws: list[tuple[int, MCQPrompt]]) -> None:
+        """Put the draws of a generate call that will not return first in line for the next free replica."""
+        lost = sorted(draw for draw, _ in draws)
+        self.retry.extendleft(reversed(lost))
+        self.result.redrawn += [(len(self.result.dispatched), draw) for draw in lost]
+        self._event(f"{len(lost)} prompt(s) of rollout replica {replica_id} go to the next free replica")
 
     def _expire_hung_replicas(self) -> None:
         """Handle as lost every replica with a call running past rollout.replica_timeout_s (a hung engine or channel).
@@ -377,6 +388,7 @@ class Controller:
                 "generate", [replica.handle.generate.remote(draws, self._dispatches)], replica.id, draws
             )
             self._dispatches += 1
+            self.result.dispatched.append([draw for draw, _ in draws])
             in_flight += len(draws)
 
     # ---- training -----------------------------------------------------------------------------
@@ -408,6 +420,9 @@ class Controller:
         groups: list[ScoredGroup] = op.payload
         self.step += 1
         self.result.group_versions += [(self.step, g.version, g.replica) for g in groups]
+        metrics = op.results[0]
+        if "loss" in metrics:  # reduced over the policy ranks; stops before the weights reach a replica or a checkpoint
+            self.divergence.check(self.step, metrics["loss"], metrics["policy/grad_norm"])
         self._sync(self.ready_replicas())
         if checkpoint_due(self.config, self.step, self.total_steps):
             state = {"prompt_cursor": self.stream.cursor, "pending_draws": self._pending_draws()}
@@ -426,6 +441,7 @@ class Controller:
         step_s = now - window.started
         lags = [self.step - 1 - g.version for g in groups]
         alive = max(len(self.ready_replicas()), 1)
+        policy_busy_s = window.policy_busy_s + policy_metrics.get("time/train_s", 0.0)
         metrics.update(
             {
                 "rollout/staleness_mean": sum(lags) / len(lags),
@@ -435,7 +451,10 @@ class Controller:
                 "rollout/queue": float(len(self.queue)),
                 "time/step_s": step_s,
                 "time/sync_s": window.sync_s,
+                "time/publish_s": window.publish_s,
+                "sync/gbytes_per_s": window.publish_bytes / window.publish_s / 1e9 if window.publish_s > 0 else 0.0,
                 "time/policy_wait_s": window.policy_waiting_s,
+                "time/policy_idle_frac": max(0.0, 1.0 - policy_busy_s / step_s),
                 "time/rollout_busy_s": window.rollout_busy_s,
                 "time/rollout_idle_frac": max(0.0, 1.0 - window.rollout_busy_s / (alive * step_s)),
                 "perf/samples_per_s": len(samples) / step_s,
@@ -533,6 +552,9 @@ class Controller:
         if self._policy_failed(op):
             return
         self._window.sync_s += op.results[0]["seconds"]
+        self._window.publish_s += op.results[0]["seconds"]
+        self._window.publish_bytes += op.results[0]["bytes"]
+        self._window.policy_busy_s += op.results[0]["seconds"]
         for lost, reason in op.results[0]["failed"].items():
             self._lose_rollout(lost, f"weight transfer: {reason}")
 
@@ -548,6 +570,8 @@ class Controller:
         if replica is None:
             return
         if op.error is not None:
+            # _complete already took the call off the replica, so _lose_rollout would not see its draws.
+            self._hand_back(replica.id, op.payload)
             self._lose_rollout(replica.id, f"generate: {type(op.error).__name__}")
             return
         output: RolloutOutput = op.results[0]
@@ -565,6 +589,7 @@ class Controller:
     def _on_save(self, op: _Op, replica: _Replica | None) -> None:
         if self._policy_failed(op):
             return
+        self._window.policy_busy_s += op.results[0]["seconds"]
         self.result.last_checkpoint = Path(op.results[0]["checkpoint"])
         if op.results[0]["export"]:
             self.result.export_dir = Path(op.results[0]["export"])
@@ -619,7 +644,10 @@ class _StepWindow:
     scored: list[dict[str, float]] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
     stale: int = 0
-    sync_s: float = 0.0
+    sync_s: float = 0.0  # policy pushes to ready replicas plus the first transfer to each joining replica
+    publish_s: float = 0.0  # policy pushes to ready replicas (gather, pack, transfer), their bytes below
+    publish_bytes: int = 0
+    policy_busy_s: float = 0.0  # pushes and saves (the update's own time comes with its metrics)
     rollout_busy_s: float = 0.0
 
 

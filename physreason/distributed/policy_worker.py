@@ -23,8 +23,8 @@ from physreason.distributed.weight_transfer import (
     CHANNEL_TIMEOUT,
     DEFAULT_BUCKET_BYTES,
     WeightChannel,
-    pack_bucket,
     plan_buckets,
+    send_transfer,
     weight_manifest,
 )
 from physreason.models import loading
@@ -151,37 +151,26 @@ class PolicyWorker:
     def publish(self, replicas: list[int]) -> dict[str, Any]:
         """Send the current weights (version = steps trained) to the replicas' channels; every rank must call this.
 
-        A replica whose transfer fails is dropped from the channels and reported in "failed"; the
-        others still get the whole transfer.
+        Rank 0 sends to all the replicas at once (weight_transfer.send_transfer). A replica whose transfer fails
+        is dropped from the channels and reported in "failed"; the others still get the whole transfer.
+        "seconds" is the whole push (gathers, packing, the transfer to the last replica).
         """
         started = time.perf_counter()
         targets = {r: self.channels[r] for r in replicas if r in self.channels} if self.rank == 0 else {}
         failed: dict[int, str] = {r: "no channel" for r in replicas if self.rank == 0 and r not in self.channels}
-
-        def send(payload: torch.Tensor | None) -> None:
-            for replica, channel in list(targets.items()):
-                try:
-                    if payload is None:
-                        channel.send_header(self.step, len(self.buckets))
-                    else:
-                        channel.send(payload)
-                except (RuntimeError, dist.DistError) as exc:
-                    failed[replica] = f"{type(exc).__name__}: {exc}"
-                    del targets[replica]
-                    self.channels.pop(replica, None)
-
-        send(None)
         tensors = full_named_parameters(self.model, self.engine_dtype)
-        for bucket in self.buckets:
-            if self.rank == 0:
-                send(pack_bucket(bucket, tensors, self.runtime.device))
-            else:
-                for _ in bucket.specs:  # gathers are collective: every rank walks every parameter
-                    next(tensors)
+        if self.rank == 0:
+            lost = send_transfer(targets, self.step, self.buckets, tensors, self.runtime.device)
+            for replica in lost:
+                self.channels.pop(replica, None)
+            failed.update(lost)
+        else:
+            for _ in range(sum(len(bucket.specs) for bucket in self.buckets)):
+                next(tensors)  # gathers are collective: every rank walks every parameter
         return {
             "version": self.step,
             "failed": failed,
-            "sent": sorted(targets),
+            "sent": sorted(r for r in targets if r not in failed),
             "bytes": sum(b.nbytes for b in self.buckets),
             "seconds": time.perf_counter() - started,
         }

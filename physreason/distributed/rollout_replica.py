@@ -2,8 +2,10 @@
 
 Run as a Ray actor with two threads: one generates, the other receives weights from the policy
 while generation goes on, so the policy never waits for a generation batch to finish. Received
-weights are staged in host memory and loaded into the engine at the start of the next `generate`
-call; every group it returns carries the version of the weights that produced it. A replica never
+weights are staged (weight_transfer.StagingArea: on the replica's GPU when the engine runs in this
+process and the model fits beside it, else in pinned host memory) and loaded into the engine at the
+start of the next `generate` call; every group it returns carries the version of the weights that
+produced it. A replica never
 generates before it has received weights once, so one that joins mid-run starts from the
 policy's current weights, not from the checkpoint on disk.
 
@@ -13,6 +15,7 @@ controller assigned.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -24,12 +27,17 @@ import torch
 from physreason.config import Config
 from physreason.data.mcq import MCQPrompt
 from physreason.distributed.rollout_queue import ScoredGroup
-from physreason.distributed.weight_transfer import Bucket, WeightChannel
+from physreason.distributed.weight_transfer import Bucket, StagingArea, WeightChannel, staging_device
 from physreason.engines import Engine, create_engine
 from physreason.errors import PhysReasonError
 from physreason.models import loading
 from physreason.models.family import model_family
 from physreason.train.rollout import collect_rollouts, rollout_engine_config, rollout_settings
+
+log = logging.getLogger(__name__)
+
+# How long a generate call waits for a weight transfer that is landing to finish before it goes on without it.
+LOAD_WAIT_S = 60.0
 
 
 @dataclass
@@ -84,10 +92,12 @@ class RolloutReplica:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.channel: WeightChannel | None = None
         self.buckets: list[Bucket] = []
+        self.staging: StagingArea | None = None
         self.version: int | None = None  # weights loaded in the engine
         self._staged: tuple[int, list[tuple[str, torch.Tensor]]] | None = None
+        # Held while a transfer lands in the staging buffers and while the engine loads from them: a
+        # generate call that starts during a transfer waits for it and loads the newer weights.
         self._staged_lock = threading.Lock()
-        self._channel_lock = threading.Lock()  # one transfer at a time on the channel
 
     def ready(self) -> dict[str, Any]:
         """Once the engine is built (Ray runs __init__ before any method): the replica id and the GPUs Ray gave it."""
@@ -97,33 +107,49 @@ class RolloutReplica:
 
     def connect(self, host: str, port: int, channel_id: str, buckets: list[Bucket]) -> dict[str, float]:
         """Open a weight channel to policy rank 0 (replacing any old one) and receive the current weights."""
-        with self._channel_lock:
+        with self._staged_lock:
             self.channel = WeightChannel(host, port, channel_id, rank=1, device=self.device)
+            if self.staging is None or self.buckets != buckets:
+                self.staging = None  # the old buffers go before the new ones are made
+                in_process = self.config.rollout.parallelism.tp_size == 1  # vLLM's uni executor (build_engine)
+                nbytes = sum(b.nbytes for b in buckets)
+                self.staging = StagingArea(buckets, staging_device(self.device, nbytes, in_process))
+                log.info("rollout replica %d stages received weights (%.2f GB) on %s",
+                         self.replica_id, nbytes / 1e9, self.staging.device)
             self.buckets = buckets
         return self.receive_weights()
 
     def receive_weights(self) -> dict[str, float]:
         """Receive one transfer from the policy and stage it for the next generate call; returns version, bytes, seconds."""
         started = time.perf_counter()
-        with self._channel_lock:
-            if self.channel is None:
-                raise PhysReasonError(f"rollout replica {self.replica_id}: receive_weights before connect")
-            version, tensors = self.channel.receive(self.buckets)
         with self._staged_lock:
-            self._staged = (version, tensors)
+            if self.channel is None or self.staging is None:
+                raise PhysReasonError(f"rollout replica {self.replica_id}: receive_weights before connect")
+            self._staged = None  # the buffers are overwritten now
+            self._staged = self.channel.receive(self.buckets, self.staging)
+            version = self._staged[0]
         return {
             "version": float(version),
-            "bytes": float(sum(b.nbytes for b in self.buckets)),
+            "bytes": float(self.staging.nbytes),
             "seconds": time.perf_counter() - started,
         }
 
     def _load_staged(self) -> None:
-        with self._staged_lock:
+        """Load the staged version, waiting up to LOAD_WAIT_S for a transfer in progress (then it keeps the loaded one)."""
+        if not self._staged_lock.acquire(timeout=LOAD_WAIT_S):
+            log.warning("rollout replica %d: a weight transfer has been landing for over %.0f s; generating with "
+                        "the weights of step %s", self.replica_id, LOAD_WAIT_S, self.version)
+            return
+        try:
             staged, self._staged = self._staged, None
-        if staged is not None:
-            version, tensors = staged
-            self.engine.update_weights(tensors)
-            self.version = version
+            if staged is not None:
+                version, tensors = staged
+                self.engine.update_weights(tensors)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)  # the copies out of staging end before a transfer lands there
+                self.version = version
+        finally:
+            self._staged_lock.release()
 
     def generate(self, draws: list[tuple[int, MCQPrompt]], dispatch: int) -> RolloutOutput:
         """Load staged weights, then sample, score and group one completion group per (draw index, prompt)."""

@@ -41,9 +41,11 @@ def full_named_parameters(model: nn.Module, dtype: torch.dtype | None = None) ->
         return
     for name, parameter in model.named_parameters():
         tensor = parameter.detach()
+        if dtype is not None:
+            tensor = tensor.to(dtype)  # cast the shard, then gather: fp32 masters gather half the bytes in bf16
         if isinstance(tensor, DTensor):
             tensor = tensor.full_tensor()
-        yield name, tensor if dtype is None else tensor.to(dtype)
+        yield name, tensor
 
 
 @torch.no_grad()
