@@ -187,11 +187,14 @@ def test_rollouts_on_the_static_cache_sample_the_dynamic_caches_completions(engi
 
 
 def test_the_rollout_static_cache_is_grpos_alone(tmp_path):
+    import torch
+
     from physreason.experiments import grounding
     from physreason.experiments.common import stage_config
 
-    for flag, expected in (("--rollout-static-cache", True), ("--no-rollout-static-cache", False)):
-        args = grounding.parse_args([flag, "--out", str(tmp_path)])
+    cases = (("--rollout-static-cache", True), ("--no-rollout-static-cache", False), (None, torch.cuda.is_available()))
+    for flag, expected in cases:
+        args = grounding.parse_args([*([flag] if flag else []), "--out", str(tmp_path)])
         cfg = stage_config(args, tmp_path, tmp_path / "model", 0)
         rl_cfg = grounding.variant_grpo_config(args, cfg, tmp_path, tmp_path / "sft", tmp_path / "grpo")
         assert rl_cfg.engine.hf_static_cache is expected

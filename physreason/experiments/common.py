@@ -100,10 +100,11 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, results: str, out: Pat
     parser.add_argument(
         "--rollout-static-cache",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=None,
         help="GRPO's rollouts on the hf engine's static KV cache (engine.hf_static_cache: on a GPU transformers "
         "compiles the decode step into CUDA graphs once per run, ~30 s, instead of launching each of a step's ~340 "
-        "kernels per token; the same completions: tests/test_decode_ahead.py). Evaluations keep the dynamic cache",
+        "kernels per token; the same completions: tests/test_decode_ahead.py). Default: on where CUDA is (a GRPO "
+        "step 0.91 s against 1.25 s on an H100, bench/RESULTS.md), off on CPU. Evaluations keep the dynamic cache",
     )
     parser.add_argument(
         "--workers",
@@ -302,7 +303,12 @@ def grpo_stage_config(
     rl_cfg.grpo.mini_batch = 64
     rl_cfg.grpo.dynamic_sampling = args.grpo_dynamic_sampling
     # a copy: grpo_config shares the stages' engine settings, which the evaluations use
-    rl_cfg.engine = rl_cfg.engine.model_copy(update={"hf_static_cache": args.rollout_static_cache})
+    static = args.rollout_static_cache
+    if static is None:  # on a GPU the compiled decode step pays (bench/RESULTS.md); on CPU it only compiles
+        import torch
+
+        static = torch.cuda.is_available()
+    rl_cfg.engine = rl_cfg.engine.model_copy(update={"hf_static_cache": static})
     return rl_cfg
 
 
