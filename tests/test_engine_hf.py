@@ -269,18 +269,3 @@ def test_presence_and_frequency_penalties_follow_vllm_semantics(engine, static_e
     # the reported log-probs stay those of the raw logits
     raw = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
     assert penalised.completions[0].logprobs == pytest.approx(raw.tolist(), abs=1e-4)
-
-
-@pytest.mark.parametrize("path", ["default", "static"])
-def test_a_seeded_sample_does_not_depend_on_its_batch_or_row(engine, static_engine, media, path):
-    """Each row draws from its own generator seeded from the request's seed: a request answered alone, second in a
-    batch, or beside other requests gives the same completions (an eval split over shards batches samples differently)."""
-    chosen = static_engine if path == "static" else engine
-    sampling = SamplingConfig(temperature=1.0, top_p=0.9, n=2, max_tokens=6, seed=11, repetition_penalty=1.0)
-    video, image, both, text = requests(media)
-    alone = chosen.generate([both], sampling)[0]
-    second = chosen.generate([text, both], sampling)[1]
-    third = chosen.generate([image, video, both], sampling)[2]
-    tokens = [[c.token_ids for c in r.completions] for r in (alone, second, third)]
-    assert tokens[0] == tokens[1] == tokens[2]
-    assert tokens[0][0] != tokens[0][1]  # the n completions of one request draw differently

@@ -88,7 +88,7 @@ class RowSeededSampler(LogitsProcessor):
     prompts of its batch and on its row (an eval split over more shards batches other samples together). Here row r
     (request r // n, its (r % n)-th sequence) draws from torch.Generator(seed + (r % n) x 1,000,003), after
     temperature, top-k and top-p as transformers applies them; the scores it returns are -inf except at the drawn
-    token, the only one transformers' own sampling can then take. Placed last among the logits processors.
+    token, which greedy decoding then takes. Placed last among the logits processors.
     """
 
     def __init__(self, seed: int, sampling: SamplingConfig, rows: int, device: torch.device) -> None:
@@ -283,19 +283,19 @@ class HFEngine(Engine):
             if key in kwargs:
                 kwargs[key] = kwargs[key].to(self.model.dtype)
         greedy = sampling.temperature == 0.0
-        # A seeded sampling draws each row from its own generator (RowSeededSampler); transformers then samples from
-        # the one-hot scores it leaves (temperature 1, no top-k or top-p), which can only give that token.
+        # a seeded sampling draws each row from its own generator (RowSeededSampler), greedy decoding taking its token
         seeded = None
         if not greedy and sampling.seed is not None:
             seeded = RowSeededSampler(sampling.seed, sampling, len(prompts) * sampling.n, self.device)
+        sample = not greedy and seeded is None
         common = dict(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
             **kwargs,
-            do_sample=not greedy,
-            temperature=None if greedy else 1.0 if seeded else sampling.temperature,
-            top_p=None if greedy else 1.0 if seeded else sampling.top_p,
-            top_k=None if greedy or (seeded is None and sampling.top_k < 0) else 0 if seeded else sampling.top_k,
+            do_sample=sample,
+            temperature=sampling.temperature if sample else None,
+            top_p=sampling.top_p if sample else None,
+            top_k=None if not sample or sampling.top_k < 0 else sampling.top_k,
             max_new_tokens=max_new,
             num_return_sequences=sampling.n,
             eos_token_id=sorted(self.eos_token_ids),
