@@ -13,9 +13,6 @@ from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
     RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
 )
 
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig
@@ -79,37 +76,6 @@ class SampledLogprobs(LogitsProcessor):
             return torch.zeros(last_tokens.shape[0], 0)
         self.steps.append(self.previous.gather(-1, last_tokens[:, None].to(self.previous.device))[:, 0])
         return torch.stack(self.steps, dim=1)
-
-
-class RowSeededSampler(LogitsProcessor):
-    """Samples each row from a generator of its own, seeded from the request's seed alone, and leaves only that token.
-
-    transformers draws a batch's tokens from one global stream, so a sample's completion would depend on the other
-    prompts of its batch and on its row (an eval split over more shards batches other samples together). Here row r
-    (request r // n, its (r % n)-th sequence) draws from torch.Generator(seed + (r % n) x 1,000,003), after
-    temperature, top-k and top-p as transformers applies them; the scores it returns are -inf except at the drawn
-    token, which greedy decoding then takes. Placed last among the logits processors.
-    """
-
-    def __init__(self, seed: int, sampling: SamplingConfig, rows: int, device: torch.device) -> None:
-        warpers: list[LogitsProcessor] = [TemperatureLogitsWarper(sampling.temperature)]
-        if sampling.top_k > 0:
-            warpers.append(TopKLogitsWarper(sampling.top_k))
-        if sampling.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(sampling.top_p))
-        self.warpers = LogitsProcessorList(warpers)
-        self.generators = [
-            torch.Generator(device=device).manual_seed((seed + (row % sampling.n) * 1_000_003) % 2**63)
-            for row in range(rows)
-        ]
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        probs = torch.softmax(self.warpers(input_ids, scores).float(), dim=-1)  # [B, vocab]
-        picked = torch.stack(
-            [torch.multinomial(probs[row], 1, generator=gen)[0] for row, gen in enumerate(self.generators)]
-        )  # [B]
-        only = torch.full_like(scores, float("-inf"))
-        return only.scatter_(-1, picked[:, None], 0.0)
 
 
 class SuppressTokens(LogitsProcessor):
@@ -283,19 +249,16 @@ class HFEngine(Engine):
             if key in kwargs:
                 kwargs[key] = kwargs[key].to(self.model.dtype)
         greedy = sampling.temperature == 0.0
-        # a seeded sampling draws each row from its own generator (RowSeededSampler), greedy decoding taking its token
-        seeded = None
-        if not greedy and sampling.seed is not None:
-            seeded = RowSeededSampler(sampling.seed, sampling, len(prompts) * sampling.n, self.device)
-        sample = not greedy and seeded is None
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
         common = dict(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
             **kwargs,
-            do_sample=sample,
-            temperature=sampling.temperature if sample else None,
-            top_p=sampling.top_p if sample else None,
-            top_k=None if not sample or sampling.top_k < 0 else sampling.top_k,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None if greedy or sampling.top_k < 0 else sampling.top_k,
             max_new_tokens=max_new,
             num_return_sequences=sampling.n,
             eos_token_id=sorted(self.eos_token_ids),
@@ -317,8 +280,6 @@ class HFEngine(Engine):
             processors.extend(penalties)
             if suppressed:
                 processors.append(SuppressTokens(suppressed))
-            if seeded is not None:
-                processors.append(seeded)
             out = self.model.generate(
                 **common, repetition_penalty=1.0, logits_processor=processors, cache_implementation="static"
             )
@@ -331,9 +292,7 @@ class HFEngine(Engine):
                 **common,
                 repetition_penalty=sampling.repetition_penalty,
                 output_logits=want_logprobs,
-                logits_processor=LogitsProcessorList(
-                    penalties + ([SuppressTokens(suppressed)] if suppressed else []) + ([seeded] if seeded else [])
-                ),
+                logits_processor=LogitsProcessorList(penalties + ([SuppressTokens(suppressed)] if suppressed else [])),
             )
             new_tokens = out.sequences[:, width:].cpu()  # [B * n, new]
             logprobs = None
