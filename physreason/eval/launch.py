@@ -270,9 +270,10 @@ def run_shard(plan: EvalPlan, shard: int, num_shards: int, *, show_progress: boo
         done = finished_in_run(run)
         todo += sum(1 for s in shard_samples(benchmark.samples, shard, num_shards) if s.id not in done)
     jobs = [ShardJob(benchmark, run, repeat_sampling(setup.sampling, seed)) for benchmark, seed, run in runs]
-    names = sorted({benchmark.name for benchmark, _, _ in runs})
+    # each repeat names its own seed, as when the repeats ran one after another
+    names = [f"{benchmark.name} seed {seed}" for benchmark, seed, _ in runs]
     with _progress(show_progress) as progress:
-        task = progress.add_task(f"eval {', '.join(names)}"[:60], total=todo)
+        task = progress.add_task(f"eval {', '.join(names)}"[:100], total=todo)
         # Every data set and repeat in one stream: those of the same sampling share generate calls (evaluate_shards).
         counts = evaluate_shards(
             engine,
