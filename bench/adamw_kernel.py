@@ -21,7 +21,7 @@ SHAPES = [(2048, 2048), (256, 2048), (256, 2048), (2048, 2048), (11008, 2048), (
 
 
 def time_step(optimizer: torch.optim.Optimizer, steps: int) -> float:
-    optimizer.step()  # compiles / builds the tables
+    """Seconds a step after one warm-up step (which compiles the kernel and builds the tables)."""
     return harness.timed_steps(optimizer.step, 1, steps, torch.device("cuda"))
 
 
