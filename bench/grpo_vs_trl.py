@@ -13,7 +13,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -21,10 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-sys.path.insert(0, str(BENCH))
-from harness import commit, device_info, peak_gib, sync, vision_settings, write_json  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+from harness import peak_gib, sync, vision_settings, write_json  # noqa: E402
 
 WORKLOADS = ("video", "image", "text")
 SIDES = ("trl", "physreason", "physreason-padded")
@@ -40,16 +38,8 @@ REWARD_WEIGHTS = {"accuracy": 1.0, "format": 1.0}
 SYNTH_TASK = "arrow_of_time"
 SCENE = "the ball rolls down the slope, bounces off the wall and slides along the floor past the red box"
 # Sizes when a flag is not given: (GPU run, --tiny CPU run).
-SIZES = {
-    "prompts": (8, 2),
-    "n": (8, 2),
-    "response_len": (256, 8),
-    "mini_batch": (8, 2),
-    "mini_batch_tokens": (8192, 512),
-    "steps": (3, 1),
-    "warmup": (1, 0),
-    "text_words": (200, 20),
-}
+SIZES = {"prompts": (8, 2), "n": (8, 2), "response_len": (256, 8), "mini_batch": (8, 2),
+         "mini_batch_tokens": (8192, 512), "steps": (3, 1), "warmup": (1, 0), "text_words": (200, 20)}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,13 +97,8 @@ def _choices(parser: argparse.ArgumentParser, flag: str, value: str, known: tupl
 
 
 def contact_sheet(frames, temporal_patch: int = 2):
-    """[rows*H, cols*W, 3] uint8: the first frame of each temporal patch of [T, H, W, 3] frames, tiled in a grid.
-
-    Qwen2.5-VL merges `temporal_patch` frames into one grid step, so a clip of T frames of H x W has
-    ceil(T / temporal_patch) x (H / 14) x (W / 14) patches; the sheet has ceil(T / temporal_patch) tiles of H x W,
-    hence the same number of patches and of visual tokens. The grid is as square as the tile count allows without
-    blank tiles (which would add tokens).
-    """
+    """[rows*H, cols*W, 3] uint8: the first frame of each temporal patch of [T, H, W, 3] frames, tiled in a grid as
+    square as allows no blank tile, so the sheet has as many patches (and visual tokens) as the clip."""
     import numpy as np
 
     tiles = np.asarray(frames[::temporal_patch])  # [k, H, W, 3]
@@ -150,12 +135,8 @@ def prepare_data(work: Path, model: Path, clips: int, text_words: int, tiny: boo
     video_frames = image_size = None
     for index, record in enumerate(qa):
         pair = record["qa_pairs"]
-        flat = {
-            "id": f"clip-{index}",
-            "question": pair["question"],
-            "options": pair["index2ans"],
-            "answer": pair["answer"],
-        }
+        flat = {"id": f"clip-{index}", "question": pair["question"], "options": pair["index2ans"],
+                "answer": pair["answer"]}  # fmt: skip
         clip = task_dir / record["video"]
         frames = load_video(clip, vision).frames  # [T, H, W, 3] as the engine and the policy get them
         sheet = sheets / f"{clip.stem}.png"
@@ -174,29 +155,9 @@ def prepare_data(work: Path, model: Path, clips: int, text_words: int, tiny: boo
     frames_t, height, width = video_frames
     video_tokens = math.ceil(frames_t / params.temporal_patch_size) * (height // patch) * (width // patch) // merge**2
     image_tokens = (image_size[0] // patch) * (image_size[1] // patch) // merge**2
-    return {
-        "files": {name: str(path) for name, path in files.items()},
-        "clips": len(qa),
-        "video_frames_thw": video_frames,
-        "video_tokens": video_tokens,
-        "image_hw": image_size,
-        "image_tokens": image_tokens,
-        "vision": vision.model_dump(),
-    }
-
-
-def versions() -> dict[str, str]:
-    """Versions of the packages the two sides run on (absent ones are named so)."""
-    from importlib import metadata
-
-    out = {}
-    for name in ("torch", "transformers", "vllm", "trl", "accelerate", "datasets"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    out["physreason_commit"] = commit()
-    return out
+    return {"files": {name: str(path) for name, path in files.items()}, "clips": len(qa),
+            "video_frames_thw": video_frames, "video_tokens": video_tokens, "image_hw": image_size,
+            "image_tokens": image_tokens, "vision": vision.model_dump()}  # fmt: skip
 
 
 def vision_attention_of(model: Any) -> str:
@@ -212,12 +173,9 @@ def vision_attention_of(model: Any) -> str:
 
 
 def set_vision_attention(model: Any, mode: str) -> str:
-    """Give a loaded model's vision tower physreason's grouped attention (mode "varlen") or leave transformers' own
-    ("native"); returns what it now runs (`vision_attention_of`).
-
-    The modules read their config's `_attn_implementation` at every forward, so switching after the trainer has built
-    the model takes effect for all its later forwards (generation with transformers included).
-    """
+    """Give a loaded model's vision tower physreason's grouped attention ("varlen") or leave transformers' own
+    ("native"); returns what it now runs. The modules read `_attn_implementation` at every forward, so this holds for
+    all later forwards of the trainer's model."""
     from physreason.models.vision_attention import use_grouped_vision_attention
 
     if mode not in TRL_VISION_ATTENTION:
@@ -233,49 +191,27 @@ def set_vision_attention(model: Any, mode: str) -> str:
 
 def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed: bool = True):
     """The bench's GRPO recipe as a physreason Config (bench/RESULTS.md says it); packed: the `physreason` side."""
+    from types import SimpleNamespace
+
     from physreason.config import load_config
 
-    bf16 = spec["bf16"]
-    dtype = "bfloat16" if bf16 else "float32"
-    completions = spec["prompts"] * spec["n"]
-    overrides = [
-        f"model.model_name_or_path='{spec['model']}'",
-        f"model.dtype='{dtype}'",
-        "model.model_max_length=8192",
-        f"engine.backend='{spec['engine']}'",
-        f"engine.gpu_memory_utilization={spec['gpu_memory']}",
-        f"engine.batch_size={completions}",
-        f"data.dataset.name='{spec['data']['files'][workload]}'",
-        f"train.output_dir='{output}'",
-        f"train.max_steps={spec['warmup'] + spec['steps']}",
-        f"train.train_batch_per_replica={completions}",
-        f"train.param_dtype='{dtype}'",
-        f"train.gradient_checkpointing={'true' if bf16 else 'false'}",
-        "train.optm_lr=1e-5",
-        "train.optm_weight_decay=0.01",
-        "train.optm_grad_norm_clip=1.0",
-        "train.ckpt.enable_checkpoint=false",
-        f"rollout.n_generation={spec['n']}",
-        f"rollout.batch_size={spec['prompts']}",
-        f"rollout.max_response_length={spec['response_len']}",
-        "rollout.sampling_config.temperature=1.0",
-        "rollout.sampling_config.top_p=1.0",
-        "rollout.sampling_config.repetition_penalty=1.0",
-        "rollout.sampling_config.ignore_eos=true",
-        "rollout.sampling_config.suppress_vision_tokens=true",
+    bf16, completions = spec["bf16"], spec["prompts"] * spec["n"]
+    overrides = harness.grpo_settings(spec["model"], spec["data"]["files"][workload], output, SimpleNamespace(**spec),
+                              spec["engine"], bf16, spec["warmup"] + spec["steps"], 8192)  # fmt: skip
+    overrides += [
+        f"train.gradient_checkpointing={'true' if bf16 else 'false'}", "train.optm_lr=1e-5",
+        "train.optm_weight_decay=0.01", "train.optm_grad_norm_clip=1.0", "rollout.sampling_config.temperature=1.0",
+        "rollout.sampling_config.top_p=1.0", "rollout.sampling_config.repetition_penalty=1.0",
+        "rollout.sampling_config.ignore_eos=true", "rollout.sampling_config.suppress_vision_tokens=true",
         f"grpo.mini_batch={completions if packed else spec['mini_batch']}",
         f"grpo.mini_batch_tokens={spec['mini_batch_tokens'] if packed else 0}",
-        f"grpo.pack_completions={'true' if packed else 'false'}",
-        "grpo.loss_agg_mode='token-mean'",
-        "grpo.epsilon_low=0.2",
-        "grpo.epsilon_high=0.2",
-        "grpo.kl_beta=0.0",
-        "grpo.mu_iterations=1",
+        f"grpo.pack_completions={'true' if packed else 'false'}", "grpo.loss_agg_mode='token-mean'",
+        "grpo.epsilon_low=0.2", "grpo.epsilon_high=0.2", "grpo.kl_beta=0.0", "grpo.mu_iterations=1",
         "grpo.shuffle_options=false",
         f"grpo.reward_function={{accuracy = {REWARD_WEIGHTS['accuracy']}, format = {REWARD_WEIGHTS['format']}}}",
-        "logging.logger=['jsonl']",
-    ]
-    overrides += [f"vision.{key}={json.dumps(value)}" for key, value in spec["data"]["vision"].items() if value is not None]
+    ]  # fmt: skip
+    overrides += [f"vision.{key}={json.dumps(value)}" for key, value in spec["data"]["vision"].items()
+                  if value is not None]  # fmt: skip
     return load_config(None, overrides)
 
 
@@ -306,25 +242,23 @@ def run_physreason(spec: dict[str, Any], workload: str, packed: bool = True) -> 
     for metrics in result.metrics:
         samples = round(metrics["perf/samples_per_s"] * metrics["time/step_s"])
         parts = {part: metrics[f"time/{part}_s"] for part in ("generate", "score", "sync")}
-        steps.append(
-            {
-                "step_s": metrics["time/step_s"],
-                **{f"{part}_s": value for part, value in parts.items()},
-                "train_s": metrics["time/step_s"] - sum(parts.values()),
-                "own_train_s": metrics["time/train_s"],
-                "samples": samples,
-                "prompt_tokens": metrics["rollout/prompt_length_mean"] * samples,
-                "completion_tokens": metrics["rollout/response_length_mean"] * samples,
-            }
-        )
+        steps.append(step_record(metrics["time/step_s"], parts, own_train_s=metrics["time/train_s"], samples=samples,
+                                 prompt_tokens=metrics["rollout/prompt_length_mean"] * samples,
+                                 completion_tokens=metrics["rollout/response_length_mean"] * samples))  # fmt: skip
+    return run_record(started, steps, ", ".join(sorted(set(attention))) or "not recorded (the loader was not called)")
+
+
+def step_record(step_s: float, parts: dict[str, float], **counts: Any) -> dict[str, Any]:
+    """One step's seconds, its parts' seconds, the rest as train_s, and the counts."""
+    return {"step_s": step_s, **{f"{part}_s": value for part, value in parts.items()},
+            "train_s": step_s - sum(parts.values()), **counts}  # fmt: skip
+
+
+def run_record(started: float, steps: list[dict[str, Any]], vision_attention: str) -> dict[str, Any]:
+    """A run's result: its steps, its seconds (set-up apart), peak memory and what the vision tower ran."""
     total = time.perf_counter() - started
-    return {
-        "steps": steps,
-        "run_s": total,
-        "setup_s": total - sum(s["step_s"] for s in steps),
-        "peak_gib": peak_gib(None),
-        "vision_attention": ", ".join(sorted(set(attention))) or "not recorded (the loader was not called)",
-    }
+    return {"steps": steps, "run_s": total, "setup_s": total - sum(s["step_s"] for s in steps),
+            "peak_gib": peak_gib(None), "vision_attention": vision_attention}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -376,12 +310,8 @@ def mcq_total_reward(completions: list, answer: list[str], options: list[str], *
 
 
 def _dataset_from_dict(rows: dict[str, list]):
-    """`datasets.Dataset.from_dict`, with a random fingerprint where datasets cannot hash the new table.
-
-    On the GPU machine (Python 3.12, pyarrow 26, datasets 5.2) the dill-based hasher raises PicklingError on
-    pyarrow's MonthDayNano type while fingerprinting an in-memory table, and the TRL run never starts. The
-    fingerprint only names cache files, which this bench never reuses; transforms already fall back the same way.
-    """
+    """`datasets.Dataset.from_dict`, with a random fingerprint where datasets cannot hash the table (on the GPU machine
+    dill raises PicklingError on pyarrow 26's MonthDayNano); the fingerprint only names cache files, never reused."""
     import datasets.arrow_dataset as arrow_dataset
     from datasets.fingerprint import generate_random_fingerprint
 
@@ -422,11 +352,8 @@ def trl_dataset(spec: dict[str, Any], workload: str):
 
 
 def trl_processor(model: str):
-    """None (TRL loads the model's processor) when torchvision is installed; else the processor without its video half.
-
-    transformers builds Qwen2.5-VL's video processor only with torchvision (absent on CPU machines here); TRL never
-    calls it, so on CPU the processor is built from the image processor and tokenizer alone.
-    """
+    """None (TRL loads the model's processor) when torchvision is installed; else the processor without its video half
+    (transformers builds Qwen2.5-VL's video processor only with torchvision; TRL never calls it)."""
     import importlib.util
 
     if importlib.util.find_spec("torchvision") is not None:
@@ -454,48 +381,23 @@ def trl_config(spec: dict[str, Any], output: Path):
     vllm = spec["engine"] == "vllm"
     completions = spec["prompts"] * spec["n"]
     return GRPOConfig(
-        output_dir=str(output),
-        max_steps=spec["warmup"] + spec["steps"],
-        per_device_train_batch_size=spec["mini_batch"],
-        gradient_accumulation_steps=completions // spec["mini_batch"],
+        output_dir=str(output), max_steps=spec["warmup"] + spec["steps"],
+        per_device_train_batch_size=spec["mini_batch"], gradient_accumulation_steps=completions // spec["mini_batch"],
         num_generations=spec["n"],
-        max_completion_length=spec["response_len"],
-        temperature=1.0,
-        top_p=1.0,
-        repetition_penalty=1.0,
+        max_completion_length=spec["response_len"], temperature=1.0, top_p=1.0, repetition_penalty=1.0,
         generation_kwargs=(
             {"ignore_eos": True, "logit_bias": {token: -100.0 for token in spec["vision_token_ids"]}}
             if vllm
             else {"min_new_tokens": spec["response_len"], "suppress_tokens": spec["vision_token_ids"]}
         ),
-        loss_type="dapo",
-        epsilon=0.2,
-        epsilon_high=0.2,
-        beta=0.0,
-        num_iterations=1,
-        scale_rewards="group",
-        mask_truncated_completions=False,
-        learning_rate=1e-5,
-        weight_decay=0.01,
-        max_grad_norm=1.0,
-        optim="adamw_torch_fused" if spec["bf16"] else "adamw_torch",
-        model_init_kwargs={"dtype": "float32"},
-        bf16=spec["bf16"],
-        use_cpu=not spec["bf16"],
-        gradient_checkpointing=spec["bf16"],
-        use_vllm=vllm,
-        vllm_mode="colocate",
-        vllm_gpu_memory_utilization=spec["gpu_memory"],
-        vllm_max_model_length=8192,
-        vllm_enable_sleep_mode=False,
-        vllm_importance_sampling_correction=False,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=1,
-        disable_tqdm=True,
-        seed=42,
-        dataloader_num_workers=0,
-    )
+        loss_type="dapo", epsilon=0.2, epsilon_high=0.2, beta=0.0, num_iterations=1, scale_rewards="group",
+        mask_truncated_completions=False, learning_rate=1e-5, weight_decay=0.01, max_grad_norm=1.0,
+        optim="adamw_torch_fused" if spec["bf16"] else "adamw_torch", model_init_kwargs={"dtype": "float32"},
+        bf16=spec["bf16"], use_cpu=not spec["bf16"], gradient_checkpointing=spec["bf16"], use_vllm=vllm,
+        vllm_mode="colocate", vllm_gpu_memory_utilization=spec["gpu_memory"], vllm_max_model_length=8192,
+        vllm_enable_sleep_mode=False, vllm_importance_sampling_correction=False, save_strategy="no", report_to="none",
+        logging_steps=1, disable_tqdm=True, seed=42, dataloader_num_workers=0,
+    )  # fmt: skip
 
 
 def run_trl(spec: dict[str, Any], workload: str) -> dict[str, Any]:
@@ -509,13 +411,9 @@ def run_trl(spec: dict[str, Any], workload: str) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
 
     def count_tokens(batch: dict[str, Any]) -> None:
-        counts.append(
-            {
-                "samples": int(batch["completion_ids"].shape[0]),
-                "prompt_tokens": float(batch["prompt_mask"].sum()),
-                "completion_tokens": float(batch["completion_mask"].sum()),
-            }
-        )
+        counts.append({"samples": int(batch["completion_ids"].shape[0]),
+                       "prompt_tokens": float(batch["prompt_mask"].sum()),
+                       "completion_tokens": float(batch["completion_mask"].sum())})  # fmt: skip
 
     class StepClock(TrainerCallback):
         """Per optimizer step: wall time and the sections' time since the previous step ended."""
@@ -531,40 +429,20 @@ def run_trl(spec: dict[str, Any], workload: str) -> dict[str, Any]:
             parts = {p: sections.totals.get(p, 0.0) - self.seen.get(p, 0.0) for p in ("generate", "score", "sync")}
             produced = {k: sum(c[k] for c in counts) for k in ("samples", "prompt_tokens", "completion_tokens")}
             counts.clear()
-            step_s = now - self.last
-            steps.append(
-                {
-                    "step_s": step_s,
-                    **{f"{part}_s": value for part, value in parts.items()},
-                    "train_s": step_s - sum(parts.values()),
-                    **produced,
-                }
-            )
+            steps.append(step_record(now - self.last, parts, **produced))
             self.last, self.seen = now, dict(sections.totals)
 
     output = Path(spec["work"]) / "runs" / f"trl-{workload}-{time.time_ns()}"
-    trainer = GRPOTrainer(
-        model=spec["model"],
-        reward_funcs=mcq_total_reward,
-        args=trl_config(spec, output),
-        train_dataset=trl_dataset(spec, workload),
-        processing_class=trl_processor(spec["model"]),
-        callbacks=[StepClock()],
-    )
+    trainer = GRPOTrainer(model=spec["model"], reward_funcs=mcq_total_reward, args=trl_config(spec, output),
+                          train_dataset=trl_dataset(spec, workload), processing_class=trl_processor(spec["model"]),
+                          callbacks=[StepClock()])  # fmt: skip
     vision_attention = set_vision_attention(trainer.model, spec["trl_vision_attention"])
     sections.wrap(trainer, "_generate_and_score_completions", "score", after=count_tokens)
     sections.wrap(trainer, "_generate", "generate")
     if getattr(trainer, "vllm_generation", None) is not None:
         sections.wrap(trainer.vllm_generation, "sync_weights", "sync")
     trainer.train()
-    total = time.perf_counter() - started
-    return {
-        "steps": steps,
-        "run_s": total,
-        "setup_s": total - sum(s["step_s"] for s in steps),
-        "peak_gib": peak_gib(None),
-        "vision_attention": vision_attention,
-    }
+    return run_record(started, steps, vision_attention)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -581,17 +459,13 @@ def summarise(steps: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     prompt_tokens = statistics.median(s["prompt_tokens"] for s in timed)
     completion_tokens = statistics.median(s["completion_tokens"] for s in timed)
     parts = {part: statistics.median(s[f"{part}_s"] for s in timed) for part in PARTS}
-    return {
-        "step_s": step_s,
-        "samples_per_step": samples,
-        "samples_per_s": samples / step_s,
-        "tokens_per_s": (prompt_tokens + completion_tokens) / step_s,
-        "completion_tokens_per_s": completion_tokens / step_s,
-        "prompt_tokens_per_sample": prompt_tokens / max(samples, 1),
-        "completion_tokens_per_sample": completion_tokens / max(samples, 1),
-        **{f"{part}_s": value for part, value in parts.items()},
-        **{f"{part}_share": value / step_s for part, value in parts.items()},
-    }
+    return {"step_s": step_s, "samples_per_step": samples, "samples_per_s": samples / step_s,
+            "tokens_per_s": (prompt_tokens + completion_tokens) / step_s,
+            "completion_tokens_per_s": completion_tokens / step_s,
+            "prompt_tokens_per_sample": prompt_tokens / max(samples, 1),
+            "completion_tokens_per_sample": completion_tokens / max(samples, 1),
+            **{f"{part}_s": value for part, value in parts.items()},
+            **{f"{part}_share": value / step_s for part, value in parts.items()}}  # fmt: skip
 
 
 def run_child(side: str, workload: str, spec_path: Path, work: Path, timeout: int) -> dict[str, Any]:
@@ -600,17 +474,11 @@ def run_child(side: str, workload: str, spec_path: Path, work: Path, timeout: in
     logs.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%H%M%S")
     log_path, result_path = logs / f"{side}-{workload}-{stamp}.log", logs / f"{side}-{workload}-{stamp}.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     command = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--workload", workload]
     command += ["--spec", str(spec_path), "--result", str(result_path)]
     print(f"run: {side} on {workload} ...", flush=True)
     started = time.perf_counter()
-    with log_path.open("w") as log:
-        try:
-            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            code = None
+    code = harness.run_logged(command, log_path, timeout, env=harness.child_env())
     wall = time.perf_counter() - started
     if code == 0 and result_path.is_file():
         result = json.loads(result_path.read_text())
@@ -676,7 +544,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         child_main(args)
         return None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(harness.REPO))
     import importlib.util
 
     import torch
@@ -695,23 +563,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
     from physreason.models.family import vision_special_token_ids
 
-    spec = {
-        "model": str(model),
-        "vision_token_ids": vision_special_token_ids(AutoConfig.from_pretrained(model)),
-        "work": str(work),
-        "engine": engine,
-        "bf16": not args.tiny and torch.cuda.is_available(),
-        "gpu_memory": args.gpu_memory,
-        "trl_vision_attention": args.trl_vision_attention,
-        "data": data,
-        **{
-            name: getattr(args, name)
-            for name in ("prompts", "n", "response_len", "mini_batch", "mini_batch_tokens", "steps", "warmup")
-        },
-    }
+    spec = {"model": str(model), "vision_token_ids": vision_special_token_ids(AutoConfig.from_pretrained(model)),
+            "work": str(work), "engine": engine, "bf16": not args.tiny and torch.cuda.is_available(),
+            "gpu_memory": args.gpu_memory, "trl_vision_attention": args.trl_vision_attention, "data": data,
+            **{name: getattr(args, name) for name in ("prompts", "n", "response_len", "mini_batch", "mini_batch_tokens",
+                                                      "steps", "warmup")}}  # fmt: skip
     spec_path = work / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
-    info = device_info()
+    info = harness.device_info()
     device = info["device"]
     print(
         f"{device}, engine {engine}: {args.prompts} prompts x {args.n} completions of {args.response_len} tokens per "
@@ -761,17 +620,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         print(f"samples/s ratio, {name}: {value:.2f}x")
     if "video" in args.workloads and "trl" in args.sides:
         print(f"TRL on video: {TRL_VIDEO}")
-    payload = {
-        **info,
-        "engine": engine,
-        "versions": versions(),
-        "args": {k: str(v) for k, v in vars(args).items() if k not in ("child", "workload", "spec", "result")},
-        "data": data,
-        "rows": rows,
-        "ratios_samples_per_s": ratios,
-        "runs": runs,
-        "trl_video": TRL_VIDEO,
-    }
+    packages = ("torch", "transformers", "vllm", "trl", "accelerate", "datasets")
+    payload = {**info, "engine": engine, "versions": harness.versions(*packages),
+               "args": {k: str(v) for k, v in vars(args).items() if k not in ("child", "workload", "spec", "result")},
+               "data": data, "rows": rows, "ratios_samples_per_s": ratios, "runs": runs,
+               "trl_video": TRL_VIDEO}  # fmt: skip
     write_json("grpo_vs_trl.json", payload)
     return payload
 

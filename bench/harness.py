@@ -197,6 +197,49 @@ def free_memory() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def versions(*packages: str) -> dict[str, str]:
+    """Each package's installed version ("not installed" when absent) and physreason's commit."""
+    from importlib import metadata
+
+    found = {}
+    for name in packages:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return {**found, "physreason_commit": commit()}
+
+
+# ---- child processes ------------------------------------------------------------------------------------------------
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment with the repository first on PYTHONPATH (children import physreason), and `extra`."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def run_logged(command: list[str], log_path: Path, timeout: float, **popen: Any) -> int | None:
+    """Run `command` in its own session with its output in `log_path`: its exit code, or None when it ran past
+    `timeout` seconds. What it leaves behind (Ray, torchrun and vLLM helpers) is killed before the next run."""
+    import signal
+
+    with Path(log_path).open("w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **popen)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(5 if sig == signal.SIGTERM else 0)
+        proc.wait()
+    return code
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (other jobs on the machine may hold any fixed one)."""
     with socket.socket() as probe:

@@ -84,3 +84,27 @@ def test_mcq_prompts_carry_the_filler_before_each_question(harness, tmp_path):
     sentence = "the ball rolls down the slope and hits the box"
     assert padded["question"] == f"{sentence} {sentence} Which way does ball 0 move next?"
     assert padded["options"] == ["left", "right", "up", "down"] and padded["answer"] == "A"
+
+
+def test_a_logged_child_gives_its_exit_code_or_none_past_its_timeout_and_its_leftovers_are_killed(harness, tmp_path):
+    import sys
+
+    log = tmp_path / "child.log"
+    code = harness.run_logged([sys.executable, "-c", "print('hello'); raise SystemExit(3)"], log, 60)
+    assert code == 3 and log.read_text() == "hello\n"
+    # The child starts a grandchild that outlives it (as vLLM's and Ray's helpers do); that one is killed too.
+    marker = tmp_path / "alive"
+    leftover = f"import time; time.sleep(3); open({str(marker)!r}, 'w').close()"
+    script = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {leftover!r}])"
+    assert harness.run_logged([sys.executable, "-c", script], tmp_path / "parent.log", 60) == 0
+    assert not marker.exists()  # run_logged gave it 5 s after SIGTERM: it would have written the marker at 3 s
+    assert harness.run_logged([sys.executable, "-c", "import time; time.sleep(30)"], log, 0.5) is None
+
+
+def test_children_import_this_checkout_and_versions_name_missing_packages(harness, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = harness.child_env(EXTRA="1")
+    assert env["PYTHONPATH"].split(":") == [str(harness.REPO), "/elsewhere"] and env["EXTRA"] == "1"
+    monkeypatch.setenv("PHYSREASON_COMMIT", "abc1234")
+    found = harness.versions("torch", "no-such-package-here")
+    assert found["no-such-package-here"] == "not installed" and found["physreason_commit"] == "abc1234"
