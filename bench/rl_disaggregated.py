@@ -1,29 +1,8 @@
 """GRPO throughput on 2 GPUs: colocated (policy and vLLM share both GPUs) vs disaggregated (1 policy GPU + 1 rollout GPU).
 
-Model: the Qwen2.5-VL-3B shape with random bf16 weights and the tiny tokenizer and processor (bench/shapes.py's
-`build_model_folder`: the vocabulary, and so the lm_head, is the tiny one). Prompts: `physreason data synth` arrow-of-time
-clips (3 s, 256x192, sampled at 4 fps; the default video min_pixels scales frames to 280x392: 840 visual tokens each). Each mode runs as its own process (colocated:
-torchrun, one rank per GPU, each rank's vLLM engine on its own GPU; disaggregated: a Ray driver with one policy actor
-and one rollout actor of one GPU each). A background nvidia-smi samples each GPU's utilization every 200 ms.
-Reported per mode: completions trained per second between the end of the warm-up steps and the last step (metrics
-timestamps), each GPU's idle fraction (utilization below 5%) and mean utilization over that window, start-up time
-(process start to the first step), the mean weight sync seconds a step, and for disaggregated mode the mean staleness,
-each side's idle fraction as the controller times it (policy: not updating, pushing or saving; rollout: not loading
-weights, generating or scoring), the weight push's seconds and GB/s (model bytes over the policy's push time: gathers,
-packing and the transfer), and a probe of the weight channel. --kill-rollout-at N kills a rollout replica (its Ray
-actor) after step N and reports whether every step was still logged and the prompts it held handed out again.
-
-Before the disaggregated run, two one-GPU Ray actors push 4 GiB in 1 GiB buckets (64 MiB in 16 MiB with --tiny) over a
-weight channel (NCCL) the way the policy does, received into GPU staging, 4 rounds (the first not counted). If that fails
-or hangs, Ray restarts with NCCL's peer-to-peer and shared-memory transports off (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE)
-and probes again; the result says which transport ran. Every mode has a time limit (a share of --time-limit): a mode
-cut short still reports the steps it logged.
-
-GPU machine (2 GPUs, vLLM and ray in /tmp/site, PyAV and tomli_w installed):
-    PYTHONPATH=$PWD:/tmp/site python3 bench/rl_disaggregated.py --out /tmp/rl-bench
-CPU check of every code path (tiny model, hf engine, gloo, Ray with 2 logical GPUs):
-    python bench/rl_disaggregated.py --tiny --steps 3 --warmup 1 --clips 16
-Writes <out>/results.json and <out>/<mode>.log (each child's output); prints one markdown row per mode.
+What it measures and how: bench/RESULTS.md ("How the scripts measure"). Writes <out>/results.json, <out>/<mode>.log.
+GPU (2 GPUs, vLLM and ray in /tmp/site): PYTHONPATH=$PWD:/tmp/site python3 bench/rl_disaggregated.py --out /tmp/rl-bench
+CPU check of every code path:  python bench/rl_disaggregated.py --tiny --steps 3 --warmup 1 --clips 16
 """
 
 from __future__ import annotations
@@ -34,7 +13,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -44,32 +22,22 @@ from typing import Any
 
 import harness
 
-BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
+ROOT = harness.REPO
 MODES = ("colocated", "disaggregated")
 RAY_TMP = "/tmp/ray-rl-bench"  # short: Ray's socket paths must stay under 107 characters
 PROBE_TIMEOUT_S = 120.0
 PROBE_ROUNDS = 4  # the first sets the channel up and is not counted
 # Set in every process this bench starts: NVLink multicast must stay off on the shared GPU hosts, and the
 # model is local (no hub look-ups on a machine without internet).
-BASE_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+BASE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+            "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
 # NCCL between two processes that each see only their own GPU, without CUDA IPC (some VMs block it).
 NCCL_SOCKET_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 
 
 def build_model(folder: Path, tiny: bool) -> Path:
-    """The 3B-shape random model of bench/shapes.py (or the tiny model), written once under `folder`.
-
-    Built in a child process: the model is initialised on a GPU, and memory this process kept cached there
-    would be missing to the modes' vLLM engines, which check for free memory at start.
-    """
+    """The 3B-shape random model of bench/shapes.py (or the tiny one), written once under `folder`, in a child process
+    (memory this process kept cached on the GPU would be missing to the modes' vLLM engines)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--build-model", str(folder)]
     subprocess.run(command + (["--tiny"] if tiny else []), check=True)
     return folder
@@ -85,11 +53,9 @@ def build_data(folder: Path, count: int, workers: int) -> Path:
     """`count` arrow-of-time clips with their multiple-choice records (kept between runs)."""
     data = folder / "arrow_of_time" / "arrow_of_time_benchmark_qa_pairs.json"
     if not data.is_file() or len(json.loads(data.read_text())) < count:
-        subprocess.run(
-            [sys.executable, "-m", "physreason", "data", "synth", "--task", "arrow_of_time", "--n", str(count),
-             "--out", str(folder), "--workers", str(workers), "--no-progress"],
-            check=True,
-        )
+        subprocess.run([sys.executable, "-m", "physreason", "data", "synth", "--task", "arrow_of_time", "--n",
+                        str(count), "--out", str(folder), "--workers", str(workers), "--no-progress"],
+                       check=True)  # fmt: skip
     return data
 
 
@@ -97,37 +63,24 @@ def recipe(model: Path, data: Path, out: Path, mode: str, args: argparse.Namespa
     """The GRPO recipe of one mode; both modes train the same batches, only the placement differs."""
     gpu = not args.tiny
     prompts, n = (8, 8) if gpu else (4, 4)
+    # Colocated, vLLM sits beside an FSDP shard of the policy (fp32 masters and AdamW: about 30 GB per GPU).
+    engine_memory = 0.3 if mode == "colocated" else 0.85
     return {
         "model": {"model_name_or_path": str(model), "model_max_length": 4096, "dtype": "bfloat16" if gpu else "float32"},
-        "engine": {
-            "backend": args.engine,
-            # Colocated: beside an FSDP shard of the policy (fp32 masters and AdamW: about 30 GB per GPU).
-            "gpu_memory_utilization": 0.3 if mode == "colocated" else 0.85,
-            "max_model_len": 4096,
-            "batch_size": prompts * n,
-        },
+        "engine": {"backend": args.engine, "gpu_memory_utilization": engine_memory, "max_model_len": 4096,
+                   "batch_size": prompts * n},
         "vision": {"fps": 4.0 if gpu else 2.0, "max_frames": 32 if gpu else 4},
         "data": {"dataset": {"name": str(data)}, "num_workers": 0},
-        "train": {
-            "output_dir": str(out / mode),
-            "max_steps": args.steps,
-            "train_batch_per_replica": prompts * n,  # completions per step
-            "param_dtype": "bfloat16" if gpu else "float32",
-            "gradient_checkpointing": gpu,
-            "log_freq": 1,
-            "ckpt": {"enable_checkpoint": False},
-        },
-        "rollout": {
-            "n_generation": n,
-            "max_response_length": args.response_len,
-            "batch_size": prompts,  # prompts per generate call of a rollout replica
-            "sampling_config": {"temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0},
-            "parallelism": {"n_init_replicas": 1, "tp_size": 1},
-        },
+        "train": {"output_dir": str(out / mode), "max_steps": args.steps, "train_batch_per_replica": prompts * n,
+                  "param_dtype": "bfloat16" if gpu else "float32", "gradient_checkpointing": gpu, "log_freq": 1,
+                  "ckpt": {"enable_checkpoint": False}},
+        "rollout": {"n_generation": n, "max_response_length": args.response_len, "batch_size": prompts,
+                    "sampling_config": {"temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0},
+                    "parallelism": {"n_init_replicas": 1, "tp_size": 1}},
         "policy": {"parallelism": {"dp_shard_size": 1 if mode == "disaggregated" else -1}},
         "grpo": {"mode": mode, "allowed_outdated_steps": 1, "mini_batch": 8},
         "logging": {"logger": ["jsonl"]},
-    }
+    }  # fmt: skip
 
 
 class GPUSampler:
@@ -211,44 +164,32 @@ class ProbeEnd:
         return node_address(), self.store.port
 
     def transfer(self, host: str, port: int, rank: int, nbytes: int, bucket_bytes: int) -> dict[str, Any]:
-        """Send (rank 0) or receive and check (rank 1) `nbytes` of weights the way a weight push does, PROBE_ROUNDS times.
-
-        64 MiB tensors packed into buckets of `bucket_bytes` (weight_transfer.send_transfer); the receiver stages them
-        on its GPU (StagingArea), as a rollout replica does when the model fits. The first round sets the channel
-        up; returns the seconds of the others and the GPUs Ray gave this actor.
-        """
+        """Send (rank 0) or receive into GPU staging and check (rank 1) `nbytes` of 64 MiB tensors in buckets of
+        `bucket_bytes`, as a weight push does, PROBE_ROUNDS times; the seconds of all but the first round (set-up)."""
         import ray
         import torch
 
-        from physreason.distributed.weight_transfer import (
-            StagingArea,
-            TensorSpec,
-            WeightChannel,
-            plan_buckets,
-            send_transfer,
-        )
+        from physreason.distributed import weight_transfer as transfer
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         piece = min(64 << 20, nbytes)
-        specs = [TensorSpec(f"probe{i}", (piece,), torch.uint8) for i in range(nbytes // piece)]
-        buckets = plan_buckets(specs, bucket_bytes)
-        channel = WeightChannel(host, port, "probe", rank, device, store=self.store if rank == 0 else None)
+        specs = [transfer.TensorSpec(f"probe{i}", (piece,), torch.uint8) for i in range(nbytes // piece)]
+        buckets = transfer.plan_buckets(specs, bucket_bytes)
+        channel = transfer.WeightChannel(host, port, "probe", rank, device, store=self.store if rank == 0 else None)
         pattern = torch.arange(251, dtype=torch.uint8, device=device).repeat(-(-piece // 251))[:piece]  # [piece]
-        staging = StagingArea(buckets, device) if rank == 1 else None
+        staging = transfer.StagingArea(buckets, device) if rank == 1 else None
         seconds = []
         for round_ in range(PROBE_ROUNDS):
             started = time.perf_counter()
             if rank == 0:
-                send_transfer({0: channel}, round_, buckets, ((s.name, pattern) for s in specs), device)
+                transfer.send_transfer({0: channel}, round_, buckets, ((s.name, pattern) for s in specs), device)
             else:
                 version, tensors = channel.receive(buckets, staging)
                 if version != round_ or not all(torch.equal(t, pattern) for _, t in tensors):
                     raise RuntimeError(f"probe round {round_} arrived corrupted")
             seconds.append(time.perf_counter() - started)
-        return {
-            "seconds": seconds[1:], "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        }
+        return {"seconds": seconds[1:], "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}  # fmt: skip
 
 
 def probe_weight_channel(ray, nbytes: int, bucket_bytes: int) -> dict[str, Any]:
@@ -257,10 +198,8 @@ def probe_weight_channel(ray, nbytes: int, bucket_bytes: int) -> dict[str, Any]:
     sender, receiver = end.remote(), end.remote()
     try:
         host, port = ray.get(sender.address.remote(), timeout=PROBE_TIMEOUT_S)
-        refs = [
-            sender.transfer.remote(host, port, 0, nbytes, bucket_bytes),
-            receiver.transfer.remote(host, port, 1, nbytes, bucket_bytes),
-        ]
+        refs = [actor.transfer.remote(host, port, rank, nbytes, bucket_bytes)
+                for rank, actor in enumerate((sender, receiver))]  # fmt: skip
         done, _ = ray.wait(refs, num_returns=2, timeout=PROBE_TIMEOUT_S)
         if len(done) < 2:
             raise TimeoutError(f"the probe transfer did not finish in {PROBE_TIMEOUT_S:.0f} s")
@@ -268,22 +207,18 @@ def probe_weight_channel(ray, nbytes: int, bucket_bytes: int) -> dict[str, Any]:
     finally:
         ray.kill(sender)
         ray.kill(receiver)
-    best = min(max(a, b) for a, b in zip(sent["seconds"], received["seconds"], strict=True))
-    return {
-        "bytes": nbytes,
-        "bucket_bytes": bucket_bytes,
-        "seconds": [max(a, b) for a, b in zip(sent["seconds"], received["seconds"], strict=True)],
-        "gbytes_per_s": nbytes / best / 1e9,
-        "sender_gpus": sent["gpu_ids"], "receiver_gpus": received["gpu_ids"],
-        "cuda_visible_devices": [sent["cuda_visible_devices"], received["cuda_visible_devices"]],
-    }
+    seconds = [max(a, b) for a, b in zip(sent["seconds"], received["seconds"], strict=True)]
+    return {"bytes": nbytes, "bucket_bytes": bucket_bytes, "seconds": seconds,
+            "gbytes_per_s": nbytes / min(seconds) / 1e9, "sender_gpus": sent["gpu_ids"],
+            "receiver_gpus": received["gpu_ids"],
+            "cuda_visible_devices": [sent["cuda_visible_devices"], received["cuda_visible_devices"]]}  # fmt: skip
 
 
 def actor_env(extra: dict[str, str]) -> dict[str, str]:
     """Environment of every Ray actor: this process's PYTHONPATH (vLLM in /tmp/site) and CUDA_HOME, BASE_ENV, NCCL_*."""
     env = {key: value for key, value in os.environ.items() if key.startswith("NCCL_")}
     env.update(BASE_ENV)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = harness.child_env()["PYTHONPATH"]
     cuda_home = os.environ.get("CUDA_HOME") or ("/usr/local/cuda" if Path("/usr/local/cuda").is_dir() else None)
     if cuda_home:
         env["CUDA_HOME"] = cuda_home
@@ -296,22 +231,15 @@ def start_ray(ray, gpus: int, extra: dict[str, str]) -> None:
 
     # Ray's memory monitor reads MemTotal, which on the GPU VMs starts far below the real limit and grows with use.
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
-    ray.init(
-        num_cpus=max(4, os.cpu_count() or 1),
-        num_gpus=gpus,  # on a CPU machine: logical GPUs, so placement by num_gpus runs as it does on GPUs
-        include_dashboard=False,
-        _temp_dir=RAY_TMP,
-        runtime_env={"env_vars": actor_env(extra)},
-    )
+    # num_gpus on a CPU machine: logical GPUs, so placement by num_gpus runs as it does on GPUs
+    ray.init(num_cpus=max(4, os.cpu_count() or 1), num_gpus=gpus, include_dashboard=False, _temp_dir=RAY_TMP,
+             runtime_env={"env_vars": actor_env(extra)})  # fmt: skip
     print(f"ray: {ray.cluster_resources()}, torch sees {torch.cuda.device_count()} GPU(s)", flush=True)
 
 
 def run_disaggregated_child(config, gpus: int, probe_path: Path, kill_at: int = 0) -> None:
-    """The Ray driver: probe the weight channel (falling back to socket-only NCCL), then run disaggregated GRPO.
-
-    kill_at > 0: after that step, kill the first ready rollout replica (a Ray actor death mid-run). Writes the run's
-    events and the prompts a lost replica handed back to <config>.run.json.
-    """
+    """The Ray driver: probe the weight channel (falling back to socket-only NCCL), then run disaggregated GRPO;
+    kill_at > 0 kills the first ready rollout replica after that step. Events, handed-back prompts: <config>.run.json."""
     import ray
     import torch
 
@@ -381,30 +309,6 @@ def run_child(mode: str, config_path: Path, gpus: int, kill_at: int = 0) -> None
 # ---- parent ---------------------------------------------------------------------------------------------------------
 
 
-def launch(command: list[str], log_path: Path, timeout_s: float) -> str:
-    """Run `command` in its own session with output to `log_path`; kill the whole session after timeout_s.
-
-    Returns "ok", "timed out" or "exit code N".
-    """
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
-        # Ray, torchrun and vLLM leave helper processes; they must be gone before the next mode takes the GPUs.
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            time.sleep(5 if sig == signal.SIGTERM else 0)
-        proc.wait()
-    if code is None:
-        return "timed out"
-    return "ok" if code == 0 else f"exit code {code}"
-
-
 def measure(mode: str, config: dict, out: Path, args: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
     """Run one mode as a child process under the GPU sampler and summarise its logged steps."""
     from physreason.config import Config, dump_config
@@ -423,13 +327,12 @@ def measure(mode: str, config: dict, out: Path, args: argparse.Namespace, timeou
     print(f"{mode}: {' '.join(command)} (limit {timeout_s:.0f} s, log {out / f'{mode}.log'})", flush=True)
     sampler = GPUSampler()
     started = time.time()
-    status = launch(command, out / f"{mode}.log", timeout_s)
+    code = harness.run_logged(command, out / f"{mode}.log", timeout_s, cwd=ROOT)
+    status = "timed out" if code is None else "ok" if code == 0 else f"exit code {code}"
     sampler.stop()
     lines = [json.loads(line) for line in metrics_path.open()] if metrics_path.is_file() else []
-    result: dict[str, Any] = {
-        "mode": mode, "status": status, "steps_logged": len(lines), "steps_wanted": args.steps,
-        "wall_s": time.time() - started,
-    }
+    result: dict[str, Any] = {"mode": mode, "status": status, "steps_logged": len(lines), "steps_wanted": args.steps,
+                              "wall_s": time.time() - started}  # fmt: skip
     if mode == "disaggregated" and config_path.with_suffix(".probe.json").is_file():
         result["weight_channel_probe"] = json.loads(config_path.with_suffix(".probe.json").read_text())
     if mode == "disaggregated" and config_path.with_suffix(".run.json").is_file():
@@ -457,11 +360,9 @@ def measure(mode: str, config: dict, out: Path, args: argparse.Namespace, timeou
     })
     result["sync_s_mean"] = sum(m["time/sync_s"] for m in measured) / len(measured)
     if mode == "disaggregated":
-        result["staleness_mean"] = sum(m["rollout/staleness_mean"] for m in measured) / len(measured)
-        # Each side's idle share of the measured steps, as the controller times them: the policy's busy time is its
-        # updates, pushes and saves; a rollout replica's is loading weights, generating and scoring.
-        result["policy_idle_frac"] = sum(m["time/policy_idle_frac"] for m in measured) / len(measured)
-        result["rollout_idle_frac"] = sum(m["time/rollout_idle_frac"] for m in measured) / len(measured)
+        # Each side's idle share as the controller times it (policy: updates, pushes, saves; rollout: loads, generates).
+        for key in ("rollout/staleness_mean", "time/policy_idle_frac", "time/rollout_idle_frac"):
+            result[key.split("/")[1]] = sum(m[key] for m in measured) / len(measured)
         pushes = [m for m in measured if m.get("time/publish_s", 0.0) > 0]
         if pushes:
             result["push_s_mean"] = sum(m["time/publish_s"] for m in pushes) / len(pushes)
@@ -549,7 +450,7 @@ def main() -> None:
     if "disaggregated" in args.modes and importlib.util.find_spec("ray") is None:
         raise SystemExit("ray is not importable: put it on PYTHONPATH (e.g. /tmp/site)")
     args.out.mkdir(parents=True, exist_ok=True)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    os.environ["PYTHONPATH"] = harness.child_env()["PYTHONPATH"]
     info = harness.device_line(engine=args.engine)
     started = time.time()
     model = build_model(args.out / ("model-tiny" if args.tiny else "model-3b"), args.tiny)
