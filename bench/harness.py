@@ -240,6 +240,42 @@ def run_logged(command: list[str], log_path: Path, timeout: float, **popen: Any)
     return code
 
 
+def guarded(run: Callable[..., Any], *args: Any, errors: tuple[type[Exception], ...] = ()) -> Any:
+    """`run(*args)`, or {"error": "OOM"} when it runs out of GPU memory (or "error: <first line>" for one of `errors`,
+    such as a missing attention kernel), so the rows after it still run; the failed row's memory is freed either way."""
+    import torch
+
+    error = None
+    try:
+        result = run(*args)
+    except torch.cuda.OutOfMemoryError:
+        error = "OOM"
+    except errors as failure:
+        error = f"error: {str(failure).strip().splitlines()[0][:120]}"
+    free_memory()  # after the except block, whose exception held the failed row's tensors
+    return {"error": error} if error is not None else result
+
+
+def init_world() -> Any:
+    """Join torchrun's process group, or make a world of one (a free port on 127.0.0.1); this rank's device."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    torchrun = "WORLD_SIZE" in os.environ
+    local = int(os.environ.get("LOCAL_RANK", 0)) if torchrun else 0
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if torchrun:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    else:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    return device
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (other jobs on the machine may hold any fixed one)."""
     with socket.socket() as probe:

@@ -1,22 +1,9 @@
 """LoRA against full fine-tuning on one GPU, in the same run: SFT peak memory and tokens/s; GRPO sync and step time.
 
-SFT: the Qwen2.5-VL-7B language-model shape with random weights (built on the GPU, no download), rows of --seq-len
-text tokens, trained as physreason's trainer trains (models/lora.py's apply_lora, activation checkpointing on every
-block, CausalLMLoss, FSDP2 over one GPU with fp32 masters and bf16 compute, AdamW over the trainable parameters).
-Rows: full SFT with --full-layers decoder layers (7B full SFT, 28 layers, needs about 8 B x 16 bytes = 130 GB for fp32
-masters, gradients and AdamW state: more than one H100 or H200 holds), LoRA with the same layers (the like-for-like
-ratio), and LoRA with all 28 layers (the 7B model itself). tokens/s counts every token of an optimizer step.
-
-GRPO (--grpo): colocated GRPO steps (physreason.train.grpo.run_grpo) of the 7B shape with LoRA, once with
-`[train.lora] sync = "auto"` (vLLM gets the adapter alone, as a runtime LoRA adapter) and once with "merged" (base +
-adapters merged and pushed through update_weights), each in its own process; reports the median time/sync_s and
-time/step_s. The model folder (random 7B weights in bf16, tiny tokenizer, so the tiny vocabulary) is written once
-under --work. With the hf engine only "merged" runs.
-
+How it measures: bench/RESULTS.md ("How the scripts measure"). JSON to $OUT/lora.json (SFT) and $OUT/lora_grpo.json.
 Run (one GPU):  python bench/lora.py                         (SFT rows)
                 python bench/lora.py --grpo --engine vllm    (GRPO rows)
 CPU check:      python bench/lora.py --tiny [--grpo --engine hf]
-JSON goes to $OUT/lora.json (SFT) and $OUT/lora_grpo.json when OUT is set.
 """
 
 from __future__ import annotations
@@ -24,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -85,24 +71,8 @@ def sft_row(config, lora_rank: int | None, args, device, mesh) -> dict:
     }
 
 
-def measure(run, *extra) -> dict:
-    """A row's figures, or its OOM so the other rows still run."""
-    error = None
-    try:
-        result = run(*extra)
-    except torch.cuda.OutOfMemoryError:
-        error = "OOM"
-    harness.free_memory()
-    return {"error": error} if error else result
-
-
 def run_sft_rows(args) -> None:
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(harness.free_port()))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    device = harness.init_world()
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("dp",))
@@ -118,7 +88,7 @@ def run_sft_rows(args) -> None:
     print(f"SFT on {info['device']}, one row of {args.seq_len} tokens per step, mean of {args.steps} steps after {args.warmup} untimed")
     print(f"{'row':<32}{'trainable':>14}{'peak GiB':>10}{'tok/s':>10}{'MFU':>7}")
     for label, (config, rank) in rows.items():
-        row = measure(sft_row, config, rank, args, device, mesh)
+        row = harness.guarded(sft_row, config, rank, args, device, mesh)
         report.rows[label] = row
         if "error" in row:
             print(f"{label:<32}{row['error']:>14}", flush=True)

@@ -1,53 +1,11 @@
 """SFT throughput and MFU of physreason's trainer step beside a plain transformers baseline, in the same run.
 
-Model: the Qwen2.5-VL-3B language-model shape (--shape qwen3-vl-8b: Qwen3-VL-8B, Cosmos-Reason2-8B's architecture)
-with random weights (built from a config on the GPU, no download);
-rows of --seq-len text tokens. Both sides run in this process (one per GPU under torchrun), one after the other:
-  baseline  transformers model in bf16, gradient checkpointing, fused AdamW, HF loss on full logits, one row per
-            optimizer step (DESIGN.md's anchor);
-  ours      physreason's CausalLMLoss under FSDP2 (fp32 masters, bf16 compute, fp32 reduction), with --wrap cast
-            as the trainer runs on one process (the same numerics without FSDP2: each block's fp32 parameters
-            cast to bf16 for its forward), or with --wrap autocast as the trainer ran without torchrun before
-            (fp32 params under bf16 autocast; train.one_rank_precision = 'legacy'); fused AdamW,
-            global-norm clipping, plus the options below.
-tokens/s counts every token of an optimizer step (grad-accum x batch x seq-len x data-parallel ranks) over the whole
-step, optimizer included; MFU is per GPU: tokens/s x train FLOP/token / (GPUs x 989 TFLOP/s).
-
---sweep (the built-in SWEEP) or --rows="A; B; ..." runs several configurations of `ours` in this one process after
-one baseline: each row is a string of this script's own options, applied over the command line's; a row that runs
-out of memory (or has no attention kernel) prints OOM (or the error) and the sweep goes on. Rows print as they finish; JSON goes to $OUT/sft_throughput.json
-after each row when OUT is set.
-
+Sides, rows, levers, video rows, MFU and profiles: bench/RESULTS.md ("How the scripts measure"). Rows print as they
+finish; JSON to $OUT/sft_throughput.json.
 Run:    python bench/sft_throughput.py --chunked-ce --compile --ac-every 2
-Sweep:  python bench/sft_throughput.py --sweep                      (the built-in rows, SWEEP)
-        python bench/sft_throughput.py --rows="--compile --ac-every 0; --compile --ac-every 0 --grad-accum 4"
+Sweep:  python bench/sft_throughput.py --sweep | --rows="--compile --ac-every 0; --compile --ac-every 0 --grad-accum 4"
 TP:     torchrun --standalone --nproc-per-node 2 bench/sft_throughput.py --tp 2 [--sweep | --rows=...]
 CPU:    python bench/sft_throughput.py --tiny --seq-len 256 --steps 1 --warmup 1 --sweep
-float8: python bench/sft_throughput.py --rows="--chunked-ce --compile --ac-every 2; --chunked-ce --compile --ac-every 2 --float8 rowwise"
-        (built as the trainer builds it, models/float8.py: only the layers large enough to pay convert unless
-        --float8-all-linears; tensorwise all-gathers in float8 under torchrun with 2+ ranks, scales precomputed)
-Qwen3-VL-8B:  python bench/sft_throughput.py --shape qwen3-vl-8b --layers 18 --rows="--chunked-ce --compile --ac-every 2 --batch 4"
-
-Video rows (--video-seconds S, the whole process): each row is one clip of S seconds at --video-size, sampled and
-sized as Cosmos-Reason2's inference recipe does (configs/infer-cosmos-reason2-8b.toml: 4 fps, total_pixels
-11,324,620, about 11k visual tokens), then text to --seq-len tokens in all (the loss on the text after the video, an
-SFT answer); random pixels and token ids. Qwen3-VL shapes only. The vision tower runs (and trains) on both sides. MFU
-of a video row counts the FLOPs each part does usefully: the decoder on every token, the lm_head on target tokens
-only (physreason never computes logits elsewhere; the baseline's logits over visual tokens are not counted), and the
-vision tower (patch embedding, blocks, mergers: 2 x weights x tokens through each linear, plus its attention over
-each temporal patch's patches; training = 3 x forward).
-        python bench/sft_throughput.py --shape qwen3-vl-8b --layers 14 --video-seconds 10 --seq-len 12288 \
-            --rows="--chunked-ce --compile --ac-every 2"
-
-Profile (--profile DIR): after a row's timed steps, --profile-steps more steps under torch.profiler; writes
-DIR/<row>.trace.json (chrome trace) and DIR/<row>.profile.json, and prints GPU kernel time per step by category
-(communication, optimizer, loss/logits, vision tower, attention, GEMMs, other) and by phase (bench/profiling.py).
-
-Levers (row options, off by default, to A/B in one sweep): --reshard all-but-last|none (FSDP2 keeps the last or every
-block's gathered bf16 parameters from forward to backward instead of regathering), --compile-loss (torch.compile the
-lm_head + cross-entropy chunk of the recompute path: pair it with --ce-recompute), --compile-vision
-(torch.compile each vision block; video rows). Baselines of earlier paths, in the same run: --wrap fsdp or autocast
-(one process before train.one_rank_precision = 'cast'), --ce-recompute (the chunked loss before the fused one).
 """
 
 from __future__ import annotations
@@ -450,47 +408,23 @@ def model_config(parser: argparse.ArgumentParser, args: argparse.Namespace):
     return config
 
 
-def init_distributed(tp: int) -> torch.device:
-    """Join torchrun's process group (or make a world of one) and return this rank's device."""
-    cuda = torch.cuda.is_available()
-    if "WORLD_SIZE" in os.environ:
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        device = torch.device("cuda", local) if cuda else torch.device("cpu")
-        if cuda:
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if cuda else "gloo")
-    else:
-        device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(harness.free_port()))
-        dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
-    if dist.get_world_size() % tp:
-        raise SystemExit(f"--tp {tp} must divide the number of processes ({dist.get_world_size()}): "
-                         f"launch with torchrun --nproc-per-node {tp}")
-    return device
-
-
 def measure(run, config, row, device, *extra) -> dict:
-    """One table row: the run's figures, or its OOM / missing-kernel error so the sweep can go on."""
-    error = None
-    try:
-        result = run(config, row, device, *extra)
-    except torch.cuda.OutOfMemoryError:
-        error = "OOM"
-    except (RuntimeError, ValueError) as failure:  # e.g. "No available kernel" for an --sdpa-backend on this device
-        error = f"error: {str(failure).strip().splitlines()[0][:120]}"
-    harness.free_memory()  # after the except block, whose exception held the failed row's tensors
-    if error is not None:
-        return {"error": error}
-    result["tokens_per_s"] = result["tokens_per_step"] / result["seconds_per_step"]
-    result["mfu"] = result["flops_per_step"] / result["seconds_per_step"] / (result["gpus"] * PEAK_BF16_FLOPS)
+    """One table row: the run's figures with tokens/s and MFU, or its OOM / missing-kernel error."""
+    # RuntimeError, ValueError: e.g. "No available kernel" for an --sdpa-backend on this device
+    result = harness.guarded(run, config, row, device, *extra, errors=(RuntimeError, ValueError))
+    if "error" not in result:
+        result["tokens_per_s"] = result["tokens_per_step"] / result["seconds_per_step"]
+        result["mfu"] = result["flops_per_step"] / result["seconds_per_step"] / (result["gpus"] * PEAK_BF16_FLOPS)
     return result
 
 
 def main() -> None:
     parser = build_parser()
     args = parser.parse_args()
-    device = init_distributed(args.tp)
+    device = harness.init_world()
+    if dist.get_world_size() % args.tp:
+        raise SystemExit(f"--tp {args.tp} must divide the number of processes ({dist.get_world_size()}): "
+                         f"launch with torchrun --nproc-per-node {args.tp}")
     from torch.distributed.device_mesh import init_device_mesh
 
     world = dist.get_world_size()

@@ -108,3 +108,17 @@ def test_children_import_this_checkout_and_versions_name_missing_packages(harnes
     monkeypatch.setenv("PHYSREASON_COMMIT", "abc1234")
     found = harness.versions("torch", "no-such-package-here")
     assert found["no-such-package-here"] == "not installed" and found["physreason_commit"] == "abc1234"
+
+
+def test_a_guarded_row_gives_oom_or_the_named_errors_first_line_and_lets_other_failures_through(harness):
+    import torch
+
+    def fail(error):
+        raise error
+
+    assert harness.guarded(lambda a, b: {"sum": a + b}, 1, 2) == {"sum": 3}
+    assert harness.guarded(fail, torch.cuda.OutOfMemoryError("CUDA out of memory")) == {"error": "OOM"}
+    no_kernel = RuntimeError("No available kernel.\nAborting.")
+    assert harness.guarded(fail, no_kernel, errors=(RuntimeError,)) == {"error": "error: No available kernel."}
+    with pytest.raises(RuntimeError):
+        harness.guarded(fail, no_kernel)
