@@ -139,6 +139,14 @@ def add_shape(parser: argparse.ArgumentParser, default: str, choices: Any = None
     parser.add_argument("--shape", choices=sorted(choices or SHAPES), default=default, **kwargs)
 
 
+def comma_list(parser: argparse.ArgumentParser, flag: str, value: str, known: Any) -> list[str]:
+    """The items of a comma-separated option, each one of `known`; else a usage error (exit 2) that lists them."""
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    if not items or any(item not in known for item in items):
+        parser.error(f"{flag} {value!r}: give a comma-separated list of {', '.join(known)}")
+    return items
+
+
 def add_json(parser: argparse.ArgumentParser) -> None:
     """--json PATH: where the JSON goes instead of $OUT."""
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the JSON here (default: $OUT)")
@@ -324,6 +332,16 @@ def write_mcq_prompts(path: Path, count: int, filler: int = 0) -> Path:
                 "options": ["left", "right", "up", "down"], "answer": "A"} for i in range(count)]  # fmt: skip
     path.write_text("\n".join(json.dumps(r) for r in records))
     return path
+
+
+def add_grpo_sizes(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """--prompts, --n, --response-len, --mini-batch and --gpu-memory: the sizes grpo_settings reads (`what` prefixes
+    their help)."""
+    parser.add_argument("--prompts", type=int, default=8, help=f"{what}prompts per step")
+    parser.add_argument("--n", type=int, default=8, help=f"{what}completions per prompt")
+    parser.add_argument("--response-len", type=int, default=256, help=f"{what}most new tokens per completion")
+    parser.add_argument("--mini-batch", type=int, default=8, help=f"{what}completions per policy forward")
+    parser.add_argument("--gpu-memory", type=float, default=0.3, help=f"{what}vLLM gpu_memory_utilization")
 
 
 def grpo_settings(model: Path, data: Path, out: Path, args: argparse.Namespace, backend: str, bf16: bool,

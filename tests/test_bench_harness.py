@@ -122,3 +122,14 @@ def test_a_guarded_row_gives_oom_or_the_named_errors_first_line_and_lets_other_f
     assert harness.guarded(fail, no_kernel, errors=(RuntimeError,)) == {"error": "error: No available kernel."}
     with pytest.raises(RuntimeError):
         harness.guarded(fail, no_kernel)
+
+
+def test_a_comma_list_keeps_known_items_and_refuses_others_as_a_usage_error(harness, capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    assert harness.comma_list(parser, "--modes", " sync, async,", ("sync", "async")) == ["sync", "async"]
+    for bad in ("sync,later", ","):
+        with pytest.raises(SystemExit) as exit_info:
+            harness.comma_list(parser, "--modes", bad, ("sync", "async"))
+        assert exit_info.value.code == 2 and "give a comma-separated list of sync, async" in capsys.readouterr().err
