@@ -1,31 +1,8 @@
-"""FP8 against bf16: vLLM decode tokens/s with FP8 rollout weights, and SFT tokens/s with float8 training (GPU).
+"""FP8 against bf16: vLLM decode tokens/s with FP8 rollout weights, SFT tokens/s with float8 training, and the
+float8 SFT loss curve beside bf16's (GPU; --tiny checks sft and curve on CPU).
 
-decode: the language-model shape (--shape) with random weights, pushed by the policy's path (train/weight_sync:
-        FP8 blocks quantized at the push for rollout.quantization = 'fp8', bf16 otherwise; the same seeded weights
-        on both sides), prompts of 512 tokens, 256 new tokens at temperature 1 with sampled-token log-probs (as
-        rollouts ask), at --batches. Each engine runs in its own child process (a vLLM engine does not free its
-        GPU memory in-process). Also times each engine's weight push.
-sft:    sft_throughput.py's trainer step (FSDP2, fp32 masters, bf16 compute) on --shape, bf16 and then each float8
-        recipe ([train.fp8] quant_recipe) in this one process; extra options go to sft_throughput's parser.
-        --recipes picks the float8 rows (default both). The float8 rows build as the trainer does (models/float8.py):
-        only the layers large enough to pay convert (--float8-all-linears: every one), before FSDP2 and the
-        per-block compile (--compile); under torchrun with 2+ ranks tensorwise all-gathers in float8 with one amax
-        pass after each optimizer step.
-curve:  the loss curve of the intuitive-physics SFT (bench/intuitive_physics.py's clips, letter-answer records,
-        from-scratch model and SFT settings, run through physreason's run_sft) for --steps steps, once in bf16 and once
-        with float8 ([train.fp8], --recipe), from the same initial weights, data order and seed. Both runs compute in
-        bf16 (train.param_dtype = 'bfloat16', fp32 masters; the recipe itself trains in fp32), with no vision-tower
-        pre-training (the tower trains with the rest). Reads each run's logs/metrics.jsonl, draws both losses (and
-        the shared learning rate) with physreason.plots in <out>/fp8_curve.png, and writes the final loss of each,
-        the mean |float8 - bf16| over the last 50 steps and the largest |float8 - bf16| to <out>/fp8_curve.{json,md}
-        (and to $OUT when set). A float8 run that diverges is recorded with the step it stopped at and still drawn.
-Prints one JSON line per measurement. GRPO step time: bench/grpo_step.py --quantization fp8.
-What a machine cannot run is refused before any model is built, with one line that says what is missing: decode needs
-a CUDA GPU, vLLM and a tokenizer folder; sft and curve need torchao and a GPU of compute capability 8.9 or more (H100,
-L40S), except with --tiny: sft's float8 rows then run torchao's float8 kernels (slowly) on CPU, and curve's float8
-run uses torchao's emulated matmuls on CPU (models.float8.emulated_float8_on_cpu: the real casts and scales,
-high-precision matmuls), to check the scripts.
-
+What each measures and what a machine must have: bench/RESULTS.md ("How the scripts measure"). One JSON line a
+measurement. GRPO step time: bench/grpo_step.py --quantization fp8.
     python bench/fp8.py decode --tokenizer DIR [--shape qwen3-vl-8b] [--batches 1 64 256]
     python bench/fp8.py sft [--shape qwen3-vl-8b --layers 14] [-- --chunked-ce --ac-every 2]
     python bench/fp8.py sft --tiny --recipes rowwise -- --seq-len 32 --steps 1 --warmup 0    (CPU: checks the script)
@@ -52,7 +29,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import device_info  # noqa: E402 - bench/ is on sys.path first
+from harness import comma_list, device_info, init_world  # noqa: E402 - bench/ is on sys.path first
 from harness import emit as out  # noqa: E402
 
 RECIPES = ("rowwise", "tensorwise")  # torchao's float8 recipes ([train.fp8] quant_recipe)
@@ -159,13 +136,13 @@ def bench_decode(args: argparse.Namespace) -> None:
 def bench_sft(args: argparse.Namespace, rest: list[str]) -> None:
     require_float8_support("sft", args.tiny)
     import torch.distributed as dist
-    from sft_throughput import build_parser, init_distributed, measure, model_config, run_ours
+    from sft_throughput import build_parser, measure, model_config, run_ours
     from torch.distributed.device_mesh import init_device_mesh
 
     parser = build_parser()
     layers = ["--layers", str(args.layers)] if args.layers else []
     base = parser.parse_args(["--shape", args.shape, *layers, *(["--tiny"] if args.tiny else []), *rest])
-    device = init_distributed(1)
+    device = init_world()
     mesh = init_device_mesh(device.type, (dist.get_world_size(), 1), mesh_dim_names=("dp", "tp"))
     config = model_config(parser, base)
     out(what="device", **device_info(device), shape=args.shape, layers=args.layers, options=rest)
@@ -291,7 +268,7 @@ def curve_figure(curves: dict[str, dict[str, list[tuple[int, float]]]], title: s
 
 
 def bench_curve(args: argparse.Namespace) -> dict:
-    """Run the bf16 and float8 SFT of the curve, then draw and summarise them (see the module docstring)."""
+    """Run the bf16 and float8 SFT of the curve, then draw and summarise them (bench/RESULTS.md says how)."""
     require_float8_support("curve", args.tiny)
     from physreason.data.synth.records import letter_sft_records
     from physreason.data.synth.tasks import LETTER_TASK_NAMES
@@ -332,7 +309,7 @@ def bench_curve(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Parse the command line and run the decode, SFT or loss-curve measurement (see the module docstring)."""
+    """Parse the command line and run the decode, SFT or loss-curve measurement (bench/RESULTS.md says how)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     decode = commands.add_parser("decode", help="vLLM decode tokens/s, FP8 rollout weights vs bf16")
@@ -378,9 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             decode_one(args.folder, args.only, args.batches, args.runs)
     else:
-        args.recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-        if not args.recipes or any(r not in RECIPES for r in args.recipes):
-            parser.error(f"--recipes: give a comma-separated list of {', '.join(RECIPES)}")
+        args.recipes = comma_list(parser, "--recipes", args.recipes, RECIPES)
         bench_sft(args, rest)
 
 
