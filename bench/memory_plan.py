@@ -1,35 +1,13 @@
-"""Measured peak GPU memory of one SFT step beside physreason's memory plan for the same shape and layout.
+"""Measured peak GPU memory of one SFT step beside physreason's memory plan for the same shape and layout; with
+--modes the tokens/s of each memory-saving mode against none; with --grounding-grpo the grounding experiment's GRPO
+stage against its plan. What each runs: bench/RESULTS.md ("How the scripts measure"). JSON to $OUT.
 
-The model is built from a config.json with random weights (no download): --config names a folder (default: the
-Qwen3-VL-32B config in tests/fixtures), --layers truncates its decoder to the first N blocks so a 32B shape fits one
-GPU, and the plan is made for that truncated shape. One step runs through the trainer's own pieces: fp32 masters,
-activation checkpointing, FSDP2 under torchrun (or one plain process), CausalLMLoss with --loss-chunk, global-norm
-clipping, AdamW (fp32 or bf16 state), --offload (FSDP2's, so under torchrun only). Rows are --seq-len text tokens. Prints planned parts, planned total and
-torch.cuda.max_memory_allocated (+ the CUDA context is not in either); JSON to $OUT/memory_plan.json when OUT is set.
-
-Run (one GPU, FSDP2 on one rank as the trainers do under torchrun):
-  torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --config tests/fixtures/qwen3_vl_32b --layers 4
-  torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --config tests/fixtures/qwen3_vl_32b --layers 4 --state bfloat16
-  torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --config tests/fixtures/qwen3_vl_32b --layers 4 --offload
-
-Throughput of the memory-saving modes (--modes), each against none on the same shape, in one run: for each mode in
-turn a fresh model (same seed) is built, sharded and trained for --warmup untimed and --steps timed steps (clipping
-and AdamW included, as the trainer's step); a row per mode prints as it finishes (tokens/s, its ratio to none,
-measured peak, planned tensors). Modes: none (fp32 AdamW state on the GPU), offload (train.cpu_offload: FSDP2
-keeps parameters, gradients and AdamW state on the host, AdamW runs there), bf16-state
-(train.optimizer_state_dtype = 'bfloat16'). Offload is FSDP2's, so the run needs torchrun (one rank works):
+  torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --config tests/fixtures/qwen3_vl_32b --layers 4 \
+      [--state bfloat16 | --offload]
   torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --shape qwen2.5-vl-3b --layers 0 --seq-len 4096 \
       --modes none,offload,bf16-state --steps 3 --warmup 1
-The grounding experiment's GRPO stage (--grounding-grpo): bench/grounding.py's GRPO recipe (its from-scratch model,
-prompts per step, completions, micro-batch, pixel budgets) run for --steps steps from the random model on --grounding-clips
-RL clips a task, with the memory check on; prints the plan of that recipe and its prompts beside
-torch.cuda.max_memory_allocated of the whole stage (rollouts and policy updates) and max_memory_reserved; JSON to
-$OUT/memory_plan_grounding.json. --grounding-args passes more bench/grounding.py options (e.g. "--scale 4"):
   python bench/memory_plan.py --grounding-grpo --steps 3
-CPU check of the script: python bench/memory_plan.py --tiny
-                         python bench/memory_plan.py --grounding-grpo --steps 1 --grounding-clips 2 \
-                             --grounding-args "--grpo-prompts 2 --grpo-n 2 --max-tokens 8 --workers 1"
-                         torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --tiny --modes none,offload,bf16-state --steps 1
+CPU check: python bench/memory_plan.py --tiny
 """
 
 from __future__ import annotations
@@ -100,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     harness.add_steps(parser, 3, 1, "steps per mode (--modes)")
     parser.add_argument("--tiny", action="store_true", help="the tiny Qwen3-VL on CPU, to check the script")
     parser.add_argument("--grounding-grpo", action="store_true",
-                        help="measure bench/grounding.py's GRPO stage against its plan (see the module docstring)")
+                        help="measure the grounding experiment's GRPO stage against its plan")
     parser.add_argument("--grounding-clips", type=int, default=32, help="RL clips a task for --grounding-grpo")
     parser.add_argument("--grounding-args", default="", help="more bench/grounding.py options for --grounding-grpo")
     parser.add_argument("--grounding-out", type=Path, default=Path("/tmp/memory-plan-grounding"),
@@ -202,7 +180,7 @@ def measure_memory(args: argparse.Namespace, runtime, hf_config) -> None:
 
 
 def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]) -> list[dict]:
-    """Tokens/s of each mode on the same shape and rows, one after the other in this process (see the docstring)."""
+    """Tokens/s of each mode on the same shape and rows, one after the other in this process."""
     info = harness.device_info(runtime.device)
     text = getattr(hf_config, "text_config", hf_config)
     below = min(vision_special_token_ids(hf_config) or [text.vocab_size])
@@ -299,7 +277,7 @@ def measure_grounding_grpo(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """One memory row, or with --modes the throughput of each mode (see the module docstring)."""
+    """One memory row, or with --modes the throughput of each mode (bench/RESULTS.md says how)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.grounding_grpo:
@@ -307,9 +285,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     modes = None
     if args.modes is not None:
-        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-        if not modes or any(m not in MODES for m in modes):
-            parser.error(f"--modes {args.modes!r}: give a comma-separated list of {', '.join(MODES)}")
+        modes = harness.comma_list(parser, "--modes", args.modes, MODES)
         if args.offload or args.state != "float32":
             parser.error("--modes sets offload and the state dtype per mode: leave out --offload and --state")
         if args.steps < 1:
