@@ -1,31 +1,7 @@
 """Time of one GRPO policy update with video prompts on one GPU: per-row pixels vs shared visuals vs grouped attention.
 
-Model: the Qwen2.5-VL-3B shape with random bf16 weights and the tiny tokenizer and processor (bench/shapes.py's
-`build_model_folder`: the vocabulary, and so the lm_head, is the tiny one). The policy is physreason's GRPO policy
-(`grpo.build_policy`: fp32 masters, bf16 autocast, fused AdamW, gradient checkpointing) in one process, world size 1.
-Rollout: --prompts prompt groups x --completions completions, as `collect_rollouts` lays them out (group-major, each
-group's samples holding one VisualInputs object). Each prompt is the GRPO chat prompt of a multiple-choice question
-about one synthetic clip of the arrow-of-time shape (3 s, 256x192, 8 fps source), sampled and resized by
-physreason.vision's rules under the default [vision] settings (4 fps) and patchified by `encode_visuals`; the
-prompt ids come from the chat template with the placeholders expanded, as the hf engine builds them. Completions
-are --response-len random text tokens with random engine log-probs and random advantages. Micro-batches are
---mini-batch consecutive samples, as run_grpo slices them.
-
-Settings, all on the same model and weights, one warm-up update each, then --runs rounds of a, b, c in turn:
-  a  per-row      every completion holds its own copy of its prompt's VisualInputs, so the vision tower runs once
-                  per completion (the cost before visuals were shared), with transformers' per-window attention;
-  b  shared       the completions of a prompt share its visuals (the tower runs once per prompt), per-window attention;
-  c  grouped      shared visuals and grouped vision attention (physreason.models.vision_attention; load_model's default);
-  d  packed       c with packed rows ([grpo] pack_completions: each prompt once per row, then its completions) in
-                  passes of at most --mini-batch-tokens tokens (build_micro_batches; no bound on completions per pass).
-Seconds per update time `update_policy` alone (synchronised); building the micro-batches (collation on the CPU and
-the copy to the GPU) is timed apart. The learning rate is 0 (the schedule's base rates are zeroed after build_policy),
-so the weights never change and every update starts from the same weights: AdamW still runs its full step, and the
-settings' metrics can be compared. Their first (warm-up) updates' metrics must agree up to the dtype's rounding
-(bf16: the settings run the tower on different batch shapes and kernels); the check prints and is recorded.
-Prints a markdown table (median seconds per update and per completion, speed-up vs a, peak GPU memory); writes
-JSON to $OUT/policy_update_video.json when OUT is set.
-
+Settings a-d and how they are timed: bench/RESULTS.md ("How the scripts measure"). A markdown table; JSON to
+$OUT/policy_update_video.json.
 GPU:  PYTHONPATH=$PWD:/tmp/site python3 bench/policy_update_video.py [--prompts 8] [--completions 8] [--runs 3]
 CPU:  python bench/policy_update_video.py --tiny   (tiny float32 model and clip, to check every path)
 """
@@ -47,12 +23,8 @@ import numpy as np
 import torch
 from shapes import build_model_folder
 
-SETTINGS = {
-    "a": "per-row visuals, per-window attention",
-    "b": "shared visuals, per-window attention",
-    "c": "shared visuals, grouped attention",
-    "d": "c + packed rows, passes sized by tokens",
-}
+SETTINGS = {"a": "per-row visuals, per-window attention", "b": "shared visuals, per-window attention",
+            "c": "shared visuals, grouped attention", "d": "c + packed rows, passes sized by tokens"}  # fmt: skip
 # The arrow-of-time clips of `physreason data synth` (physreason/data/synth/scenarios.py): 24 frames at 8 fps.
 CLIP_SECONDS, CLIP_FPS, CLIP_HEIGHT, CLIP_WIDTH = 3.0, 8.0, 192, 256
 QUESTION = (
@@ -67,55 +39,32 @@ def bench_config(model: Path, args: argparse.Namespace):
     from physreason.config import Config
 
     dtype = "float32" if args.tiny else "bfloat16"
-    return Config.model_validate(
-        {
-            "model": {"model_name_or_path": str(model), "model_max_length": 8192, "dtype": dtype},
-            "train": {
-                "output_dir": str(args.work / "unused"),
-                "param_dtype": dtype,
-                "gradient_checkpointing": True,
-                "ckpt": {"enable_checkpoint": False},
-            },
-            "rollout": {
-                "n_generation": args.completions,
-                "max_response_length": args.response_len,
-                "sampling_config": {"temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0},
-            },
-            "grpo": {"mini_batch": args.mini_batch},
-        }
-    )
+    return Config.model_validate({
+        "model": {"model_name_or_path": str(model), "model_max_length": 8192, "dtype": dtype},
+        "train": {"output_dir": str(args.work / "unused"), "param_dtype": dtype, "gradient_checkpointing": True,
+                  "ckpt": {"enable_checkpoint": False}},
+        "rollout": {"n_generation": args.completions, "max_response_length": args.response_len,
+                    "sampling_config": {"temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0}},
+        "grpo": {"mini_batch": args.mini_batch},
+    })  # fmt: skip
 
 
 def synthetic_clip(vision, seed: int):
     """Random frames of one clip, sampled and resized as load_video would from the clip's size, length and fps."""
-    from physreason.vision import (
-        VideoFrames,
-        num_sampled_frames,
-        pixel_budgets,
-        sample_indices,
-        smart_resize,
-        video_frame_max_pixels,
-    )
+    from physreason import vision as v
     from physreason.vision.resize import PATCH_FACTOR
 
     source_frames = round(CLIP_SECONDS * CLIP_FPS)
-    count = num_sampled_frames(source_frames, CLIP_FPS, vision.fps, vision.min_frames, vision.max_frames)
-    budgets = pixel_budgets(vision)
-    budget = video_frame_max_pixels(count, budgets.min_pixels, budgets.max_pixels, budgets.total_pixels)
-    height, width = smart_resize(CLIP_HEIGHT, CLIP_WIDTH, PATCH_FACTOR, budgets.min_pixels, budget)
+    count = v.num_sampled_frames(source_frames, CLIP_FPS, vision.fps, vision.min_frames, vision.max_frames)
+    budgets = v.pixel_budgets(vision)
+    budget = v.video_frame_max_pixels(count, budgets.min_pixels, budgets.max_pixels, budgets.total_pixels)
+    height, width = v.smart_resize(CLIP_HEIGHT, CLIP_WIDTH, PATCH_FACTOR, budgets.min_pixels, budget)
     frames = np.random.default_rng(seed).integers(0, 256, size=(count, height, width, 3), dtype=np.uint8)
-    indices = sample_indices(source_frames, count)
-    return VideoFrames(
-        frames=frames,
-        timestamps=[i / CLIP_FPS for i in indices],
-        indices=indices,
-        sample_fps=count / CLIP_SECONDS,
-        source_fps=CLIP_FPS,
-        source_num_frames=source_frames,
-        duration=CLIP_SECONDS,
-        source_size=(CLIP_HEIGHT, CLIP_WIDTH),
-        path=f"synthetic-clip-{seed}.mp4",
-    )
+    indices = v.sample_indices(source_frames, count)
+    return v.VideoFrames(frames=frames, timestamps=[i / CLIP_FPS for i in indices], indices=indices,
+                         sample_fps=count / CLIP_SECONDS, source_fps=CLIP_FPS, source_num_frames=source_frames,
+                         duration=CLIP_SECONDS, source_size=(CLIP_HEIGHT, CLIP_WIDTH),
+                         path=f"synthetic-clip-{seed}.mp4")  # fmt: skip
 
 
 def build_rollout(config, tokenizer, vision, args: argparse.Namespace) -> list:
@@ -143,9 +92,8 @@ def build_rollout(config, tokenizer, vision, args: argparse.Namespace) -> list:
             tokens = torch.randint(0, text_vocab, (args.response_len,), generator=generator)  # [R]
             logprobs = -3.0 * torch.rand(args.response_len, generator=generator)  # [R]
             completion = Completion("", tokens.tolist(), logprobs.tolist(), "length")
-            samples.append(
-                RolloutSample(group, prompt, prompt_ids, completion, {"total": 0.0}, visuals, float(advantages[j]))
-            )
+            reward = {"total": 0.0}
+            samples.append(RolloutSample(group, prompt, prompt_ids, completion, reward, visuals, float(advantages[j])))
     return samples
 
 
@@ -195,9 +143,8 @@ def main() -> None:
     parser.add_argument("--response-len", type=int, default=256, help="tokens per completion")
     parser.add_argument("--runs", type=int, default=3, help="timed rounds of a, b, c (after one warm-up each)")
     parser.add_argument("--mini-batch", type=int, default=8, help="samples per forward pass ([grpo] mini_batch)")
-    parser.add_argument(
-        "--mini-batch-tokens", type=int, default=8192, help="tokens per forward pass of setting d ([grpo] mini_batch_tokens)"
-    )
+    parser.add_argument("--mini-batch-tokens", type=int, default=8192,
+                        help="tokens per forward pass of setting d ([grpo] mini_batch_tokens)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-grpo-bench"), help="model folder parent")
     parser.add_argument("--tiny", action="store_true", help="tiny float32 model and clip on CPU (checks the script)")
     harness.add_json(parser)
@@ -234,13 +181,10 @@ def main() -> None:
     visuals = shared[0].visuals
     grid = visuals.video_grid_thw[0].tolist()
     info = harness.device_line(runtime.device, transformers=__import__("transformers").__version__)
-    print(
-        f"{args.prompts} prompts x {args.completions} completions of {args.response_len} tokens, "
-        f"micro-batch {args.mini_batch}; clip grid (t, h, w) {grid} = {math.prod(grid)} patches, "
-        f"{visuals.video_token_counts[0]} video tokens, prompt {len(shared[0].prompt_ids)} tokens; "
-        f"setup {time.perf_counter() - started:.0f} s",
-        flush=True,
-    )
+    print(f"{args.prompts} prompts x {args.completions} completions of {args.response_len} tokens, "
+          f"micro-batch {args.mini_batch}; clip grid (t, h, w) {grid} = {math.prod(grid)} patches, "
+          f"{visuals.video_token_counts[0]} video tokens, prompt {len(shared[0].prompt_ids)} tokens; "
+          f"setup {time.perf_counter() - started:.0f} s", flush=True)  # fmt: skip
 
     def one_update(setting: str) -> dict[str, Any]:
         attention.set(grouped=setting in ("c", "d"))
@@ -252,15 +196,13 @@ def main() -> None:
             packed = build_micro_batches(samples, pad_id, vision_tokens, len(samples), args.mini_batch_tokens, pack=True)
             batches = [batch.to(runtime.device) for batch in packed]
         else:
-            batches = [
-                build_completion_batch(samples[i : i + update.mini_batch], pad_id, vision_tokens).to(runtime.device)
-                for i in range(0, len(samples), update.mini_batch)
-            ]
+            step = update.mini_batch
+            batches = [build_completion_batch(samples[i : i + step], pad_id, vision_tokens).to(runtime.device)
+                       for i in range(0, len(samples), step)]  # fmt: skip
         harness.sync(runtime.device)
         t1 = time.perf_counter()
-        metrics = update_policy(
-            policy.module, batches, policy.optimizer, policy.scheduler, update, runtime, 1, policy.autocast
-        )
+        metrics = update_policy(policy.module, batches, policy.optimizer, policy.scheduler, update, runtime, 1,
+                                policy.autocast)  # fmt: skip
         harness.sync(runtime.device)
         t2 = time.perf_counter()
         peak = harness.peak_gib(None)
@@ -281,16 +223,11 @@ def main() -> None:
     rows = []
     for setting in settings:
         timed = records[setting][1:]
-        rows.append(
-            {
-                "setting": setting,
-                "description": SETTINGS[setting],
-                "update_s_median": statistics.median(r["update_s"] for r in timed),
-                "update_s": [r["update_s"] for r in timed],
-                "build_s_median": statistics.median(r["build_s"] for r in timed),
-                "peak_gib": max(r["peak_gib"] for r in records[setting]) if cuda else None,
-            }
-        )
+        rows.append({"setting": setting, "description": SETTINGS[setting],
+                     "update_s_median": statistics.median(r["update_s"] for r in timed),
+                     "update_s": [r["update_s"] for r in timed],
+                     "build_s_median": statistics.median(r["build_s"] for r in timed),
+                     "peak_gib": max(r["peak_gib"] for r in records[setting]) if cuda else None})  # fmt: skip
     for row in rows:
         row["s_per_completion"] = row["update_s_median"] / completions
         row["speedup_vs_a"] = rows[0]["update_s_median"] / row["update_s_median"]
@@ -298,41 +235,28 @@ def main() -> None:
     # bf16: the settings run the tower on different shapes and kernels; float32 agrees to rounding.
     rtol, atol = (1e-4, 1e-6) if args.tiny else (5e-2, 1e-3)
     first = {s: records[s][0]["metrics"] for s in settings}
-    mismatches = [
-        f"{s} {name}: {first[s][name]:.6g} vs a {value:.6g}"
-        for s in settings[1:]
-        for name, value in first["a"].items()
-        if not close(first[s][name], value, rtol, atol)
-    ]
+    mismatches = [f"{s} {name}: {first[s][name]:.6g} vs a {value:.6g}" for s in settings[1:]
+                  for name, value in first["a"].items() if not close(first[s][name], value, rtol, atol)]  # fmt: skip
 
     print(f"\nGRPO policy update, video prompts, on {info['device']} (median of {args.runs} runs, after 1 warm-up each)\n")
     print("| setting | s / update | s / completion | speed-up vs a | build s | peak GPU GiB |")
     print("|---|---|---|---|---|---|")
     for row in rows:
         peak = f"{row['peak_gib']:.1f}" if row["peak_gib"] is not None else "n/a"
-        print(
-            f"| {row['setting']}: {row['description']} | {row['update_s_median']:.2f} | {row['s_per_completion']:.3f} "
-            f"| {row['speedup_vs_a']:.2f}x | {row['build_s_median']:.2f} | {peak} |"
-        )
+        print(f"| {row['setting']}: {row['description']} | {row['update_s_median']:.2f} "
+              f"| {row['s_per_completion']:.3f} | {row['speedup_vs_a']:.2f}x | {row['build_s_median']:.2f} | {peak} |")  # fmt: skip
     print("\nfirst-update metrics per setting:")
     for name in sorted(first["a"]):
         print(f"  {name}: " + ", ".join(f"{s} {first[s][name]:.6g}" for s in settings))
     verdict = "agree" if not mismatches else "DISAGREE"
     print(f"first-update metrics {verdict} (rtol {rtol:g}, atol {atol:g})" + "".join(f"\n  {m}" for m in mismatches))
 
-    payload = {
-        **info,
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "video_grid_thw": grid,
-        "video_tokens_per_clip": visuals.video_token_counts[0],
-        "prompt_tokens": len(shared[0].prompt_ids),
-        "vision_attention": {"native": attention.native, "grouped": attention.grouped},
-        "rows": rows,
-        "first_update_metrics": first,
-        "metrics_agree": not mismatches,
-        "mismatches": mismatches,
-        "records": {s: [{k: v for k, v in r.items() if k != "metrics"} for r in records[s]] for s in settings},
-    }
+    payload = {**info, "args": {k: str(v) for k, v in vars(args).items()}, "video_grid_thw": grid,
+               "video_tokens_per_clip": visuals.video_token_counts[0], "prompt_tokens": len(shared[0].prompt_ids),
+               "vision_attention": {"native": attention.native, "grouped": attention.grouped}, "rows": rows,
+               "first_update_metrics": first, "metrics_agree": not mismatches, "mismatches": mismatches,
+               "records": {s: [{k: v for k, v in r.items() if k != "metrics"} for r in records[s]]
+                           for s in settings}}  # fmt: skip
     harness.write_json("policy_update_video.json", payload, args.json)
 
 
