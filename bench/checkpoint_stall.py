@@ -1,31 +1,8 @@
 """How long a checkpoint save stalls training: [train.ckpt] save_mode "sync" against "async", in the same run.
 
-Model: the Qwen2.5-VL-3B shape with random weights (built on the GPU, no download), trained as the trainer trains it
-in one process: fp32 master weights under bf16 autocast, activation checkpointing, CausalLMLoss with the lm_head + CE
-in chunks of 1,024 tokens, fused AdamW with its LambdaLR schedule, one row of --seq-len text tokens per step. A
-checkpoint holds the fp32 weights and both AdamW moments, about 3.75 B x 12 bytes = 45 GB: the run needs that much
-free disk under --work (each mode's checkpoint is deleted before the next mode) and, in async mode, as much host
-memory for the pinned copy.
-
-Each mode, on the same model, continuing its training, makes --saves saves with one Checkpointer, each: --steps plain
-steps (the baseline step time is their median), physreason's own Checkpointer.save of the next step, --after steps
-while an async write goes on, then Checkpointer.wait; the checkpoint is then deleted (one on disk at a time). The
-first async save also pins its host buffers (once per run): compare the later saves. Per save:
-  save_s             time inside save(): the step's stall (sync: the whole write; async: the copy to host memory)
-  window_overhead_s  save_s + the --after steps - as many baseline steps: the stall plus any slowdown of the steps
-                     that run beside the background write
-  write_s            save() called until the checkpoint is complete (recorded and renamed)
-The async rows also give both stalls as a fraction of the sync save_s of the same index (the goal: under 0.10). The safetensors export
-is off here: it is written synchronously at each save in both modes. A summary follows the table: per mode the steady
-step time (median of every baseline) and the stall of each save.
-
-Every phase prints a timestamped line as it starts (flushed), and with OUT set the JSON is rewritten after each save,
-so a run cut short by a time limit still shows how far it got and what it measured. Before the first step the script
-checks that --work has room for one checkpoint (it refuses at once otherwise); --work /dev/shm writes to host memory
-instead of disk (then the async mode needs about twice the checkpoint in RAM: the pinned copy and the files).
---layers truncates the decoder for a smaller checkpoint (the ratio is the figure; the 3B shape itself is the default).
-
-Run (one GPU):  python bench/checkpoint_stall.py --saves 2 --steps 3 --after 6   JSON to $OUT/checkpoint_stall.json
+What each save's figures mean and what the run needs (about 45 GB free under --work): bench/RESULTS.md ("How the
+scripts measure"). Phases print as they start; JSON to $OUT/checkpoint_stall.json after each save.
+Run (one GPU):  python bench/checkpoint_stall.py --saves 2 --steps 3 --after 6
 CPU check:      python bench/checkpoint_stall.py --tiny --seq-len 64 --steps 2 --after 2
 """
 
@@ -41,7 +18,7 @@ import time
 from pathlib import Path
 
 import torch
-from harness import add_json, device_info, progress, sync, write_json
+from harness import add_json, comma_list, device_info, progress, sync, write_json
 from shapes import make_batch, qwen25_vl_3b
 
 MODES = ("sync", "async")
@@ -121,7 +98,7 @@ class FolderWatch(threading.Thread):
 
 
 def measure_save(checkpointer, out: Path, saved_step: int, trained_step, args, device: torch.device) -> dict:
-    """Baseline steps, one save, the steps beside its write, the wait for it; the timings of the docstring."""
+    """Baseline steps, one save, the steps beside its write, the wait for it; the timings bench/RESULTS.md names."""
     from physreason.train.checkpoint import checkpoint_dirs
 
     baseline = statistics.median(trained_step() for _ in range(args.steps))
@@ -229,12 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Measure both modes as the docstring says; prints progress, the table and the summary; returns the result."""
+    """Measure both modes as bench/RESULTS.md says; prints progress, the table and the summary; returns the result."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or any(m not in MODES for m in modes):
-        parser.error(f"--modes {args.modes!r}: give a comma-separated list of {', '.join(MODES)}")
+    modes = comma_list(parser, "--modes", args.modes, MODES)
     for name in ("steps", "saves"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
