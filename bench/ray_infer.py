@@ -1,13 +1,6 @@
 """Batch inference on Ray Data over N GPUs (one engine replica a GPU) beside the single-process path, end to end.
 
-Writes --clips synthetic H.264 clips once (a textured scene panning, --seconds long at --clip-fps and --size; kept under
---workdir) and one request per clip. Each of --rounds rounds times, first path alternating, each from nothing (Ray
-started or the engine built, every result written): `physreason infer --jsonl` in this process (single) and, for
-each N of --gpus, `run_ray_batch` with infer.num_gpus = N (ray-N; `ray.init` and `ray.shutdown` counted). A JSON row
-per run (end-to-end s, clips/s, first result, steady clips/s after the first batch), then a summary: medians, each
-Ray row's clips/s over the single path's and over Ray on 1 GPU, and one process's decode rate (--skip-decode).
-JSON to $OUT/ray_infer.json. Model: --model, or a random --shape folder written once (bench/shapes.py, no download).
-
+Clips, rounds and rows: bench/RESULTS.md ("How the scripts measure"). JSON to $OUT/ray_infer.json.
     python bench/ray_infer.py --engine vllm --clips 1000 --gpus 1,2,4 --rounds 2   # GPU machine (vLLM and Ray)
     python bench/ray_infer.py --tiny                                                # CPU dry run, tiny model
 """
