@@ -1,20 +1,9 @@
 """Requests/s of `physreason serve` against plain vLLM serving on the same model and requests (GPU; --tiny on CPU).
 
-Both servers run vLLM's OpenAI server module with the same arguments (model, chat template with the
-Cosmos-Reason system prompt, sampling defaults, media settings); the physreason one adds only the
-`physreason` reasoning parser and the media-path middleware, so the ratio is their cost (issue #19:
-under 2%). Each server is started in turn in this run, warmed up, then timed over `--rounds` rounds of
-`--requests` chat requests at `--concurrency`; every request generates exactly `--max-tokens` tokens
-(ignore_eos), streamed by default, because streaming calls the parser once per token.
-
-With random weights the output has no tags, which the parser passes on cheaply; by default each request
-therefore continues an assistant message that opens `<think>` (continue_final_message), so the parser
-works inside the reasoning for every token, the costliest steady state. --no-open-think sends plain chats.
-
+Both servers, the requests and why each continues an open `<think>`: bench/RESULTS.md ("How the scripts measure").
+One JSON line per round and a summary (median requests/s of each, ratio, overhead %).
     python bench/serve_throughput.py --model /models/Cosmos-Reason1-7B            # GPU
     python bench/serve_throughput.py --tiny                                      # CPU dry run, tiny random model
-
-Prints one JSON line per round and a summary line (median requests/s of each, ratio, overhead %).
 """
 
 from __future__ import annotations
