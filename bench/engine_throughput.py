@@ -1,12 +1,6 @@
-"""Decode throughput of physreason's engines against raw `vllm.LLM`, and `update_weights` time (GPU).
+"""Decode throughput of physreason's vLLM engine against raw `vllm.LLM`, and `update_weights` time (GPU).
 
-The Qwen2.5-VL-7B language-model shape (--shape qwen3-vl-8b: the language model of Qwen3-VL-8B, Cosmos-Reason2-8B)
-with random weights (vLLM: load_format="dummy"); prompts of
-exactly 512 tokens (random words, one token each); 256 new tokens at temperature 1. Raw vLLM and
-our engine run on the same `vllm.LLM` instance and the same prompt token ids, so the ratio is the
-cost of our wrapper (chat rendering, tokenizing, per-request checks, result objects), measured twice:
-without log-probs on either side (inference) and with the sampled-token log-prob on both (RL rollouts).
-Prints one JSON line per measurement.
+Shapes and prompts: bench/RESULTS.md ("How the scripts measure"). One JSON line per measurement.
 
     python bench/engine_throughput.py vllm --tokenizer DIR     # raw vLLM vs our vllm engine, update_weights
     python bench/engine_throughput.py vllm --tokenizer DIR --shape qwen3-vl-8b --folder /tmp/physreason-8b-shape
