@@ -1,17 +1,9 @@
 """Speed of the grounding experiment's model through its own code path: GRPO steps and a greedy evaluation.
 
-The model, data and stage settings are `physreason experiment grounding`'s (physreason/experiments/grounding.py:
-build_model, stage_config, variant_grpo_config), so the figures are the experiment's (issue 45 asks for a GRPO step
-<= 1.0 s and 300 test clips evaluated in <= 5 s on one H100). The GRPO stage starts from the seed's random model (no
-SFT): its completions mostly run to --max-tokens, a little longer than a trained model's (~90 tokens).
-Prints the median GRPO step (generate / score / train) over the steps after --warmup, and the evaluation's seconds
-(engine start included, as the experiment pays it) for --test-per-task clips of each task, and this process's CPU
-seconds of each part (what a loaded CPU machine can still compare); JSON to $OUT/grounding_speed.json when OUT is set.
+What it times (issue 45's goals): bench/RESULTS.md ("How the scripts measure"). JSON to $OUT/grounding_speed.json.
 Run: python bench/grounding_speed.py                        (the experiment's shape: 16 prompts x 8, 150 test clips a task)
-     python bench/grounding_speed.py --static-cache          (GRPO rollouts on the hf engine's static KV cache, compiled
-                                                             on a GPU: `experiment grounding --rollout-static-cache`)
-     python bench/grounding_speed.py --grpo-prompts 4 --test-per-task 30 --profile /tmp/prof   (CPU: cProfile of both
-     parts, the top functions printed, DIR/grpo.prof and DIR/eval.prof for snakeviz or pstats)
+     python bench/grounding_speed.py --static-cache          (GRPO rollouts on the hf engine's static KV cache)
+     python bench/grounding_speed.py --grpo-prompts 4 --test-per-task 30 --profile /tmp/prof   (CPU: cProfile)
 """
 
 from __future__ import annotations
