@@ -1,16 +1,8 @@
 """Eval sharding across GPUs: `physreason eval --num-gpus N` wall time on the same clips for each N, same machine.
 
-The model is a random-weight Qwen2.5-VL of a bench shape (bench/shapes.py; the tiny tokenizer), so every answer runs
-to --max-tokens and the timing is the engine's, not the model's taste; the clips are intuitive-physics test clips
-(`physreason data synth --split test`). Each N runs --rounds times, the order of the Ns alternating between rounds;
-each run is a fresh results folder, so nothing resumes. Wall time includes start-up (model load per shard).
-Each run also gives the sha256 of its results (every results.jsonl and run.json, by path); the summary says whether
-every run's equals the first's ("identical": the same samples answered the same, merged in the same order), and
-names the first differing sample of a run that does not. Answers are sampled (the recipe's temperature, seed eval.seed).
-Prints one JSON line per run and a summary; JSON to $OUT/eval_scaling.json when OUT is set.
-
-Run (2 GPUs):  python bench/eval_scaling.py --gpus 1 2 --clips 128
-               (--set engine.batch_size=1 --set ...: passed to every eval)
+Model, rounds and the results' sha256 check: bench/RESULTS.md ("How the scripts measure"). One JSON line per run and
+a summary; JSON to $OUT/eval_scaling.json.
+Run (2 GPUs):  python bench/eval_scaling.py --gpus 1 2 --clips 128   (--set KEY=VALUE: passed to every eval)
 CPU check:     python bench/eval_scaling.py --tiny --gpus 1 2 --clips 8 --max-tokens 8 --rounds 1
 """
 
