@@ -1,20 +1,9 @@
 """Time of one colocated GRPO step, split into generate / score / train / sync, and completions per second.
 
-Model: the Qwen2.5-VL-3B shape with random weights (bf16 folder written once under --work), the tiny
-tokenizer and processor of physreason.models.tiny, so its vocabulary (and lm_head) is the tiny one:
-the 151,936-row lm_head of the real model is left out. Prompts are text multiple-choice questions
-padded to about --prompt-words words; completions run to --response-len tokens (random weights
-rarely stop early). Engine: vLLM on the same GPU when installed (--gpu-memory fraction), else the hf
-engine. The policy is physreason's trainer (fp32 masters, bf16 autocast, fused AdamW, gradient
-checkpointing) in this one process.
-Prints a table of medians over the timed steps; writes JSON to $OUT/grpo_step.json when OUT is set.
+Model, prompts and --profile: bench/RESULTS.md ("How the scripts measure"). JSON to $OUT/grpo_step.json.
 Run: python bench/grpo_step.py [--engine vllm|hf] [--prompts 8] [--n 8] [--response-len 256] [--steps 3]
      python bench/grpo_step.py --quantization fp8   (FP8 rollouts with truncated importance sampling; vLLM)
      python bench/grpo_step.py --tiny   (a tiny model on CPU, to check the script)
-     --profile DIR: the steps after --warmup + --steps run under torch.profiler (--profile-steps of them): chrome
-     trace DIR/grpo-step.trace.json, and GPU time per step by category and phase (bench/profiling.py: generate and
-     sync are the engine's and the weight push's phases, the policy update splits into language model, vision tower,
-     loss, backward, optimizer). The policy update packs completions ([grpo] pack_completions, the default).
 """
 
 from __future__ import annotations
@@ -35,13 +24,9 @@ TIMES = ("time/generate_s", "time/score_s", "time/train_s", "time/sync_s", "time
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
-    parser.add_argument("--n", type=int, default=8, help="completions per prompt")
-    parser.add_argument("--response-len", type=int, default=256)
+    harness.add_grpo_sizes(parser)
     parser.add_argument("--prompt-words", type=int, default=200)
-    parser.add_argument("--mini-batch", type=int, default=8)
     harness.add_steps(parser, 3, 1)
-    parser.add_argument("--gpu-memory", type=float, default=0.3, help="vLLM gpu_memory_utilization")
     parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-grpo-bench"))
     parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (checks the script)")
     parser.add_argument("--quantization", choices=["none", "fp8"], default="none", help="[rollout] quantization")
@@ -86,18 +71,14 @@ def main() -> None:
     row["rollout/response_length_mean"] = statistics.mean(m["rollout/response_length_mean"] for m in timed)
     # mean |policy - engine| log-prob of the sampled tokens: what FP8 rollouts add to the engine/policy gap
     row["rollout/logprob_mismatch"] = statistics.mean(m["rollout/logprob_mismatch"] for m in timed)
-    print(
-        f"GRPO step on {info['device']}, engine {backend} (rollout quantization {args.quantization}), {args.prompts} prompts x {args.n} completions, "
-        f"{args.response_len} new tokens max (median of {len(timed)} steps)"
-    )
+    print(f"GRPO step on {info['device']}, engine {backend} (rollout quantization {args.quantization}), {args.prompts} "
+          f"prompts x {args.n} completions, {args.response_len} new tokens max (median of {len(timed)} steps)")
     print(f"{'part':<12}{'seconds':>10}{'share':>8}")
     for key in TIMES[:-1]:
         print(f"{key.split('/')[1][:-2]:<12}{row[key]:>10.2f}{row[key] / row['time/step_s']:>8.0%}")
     print(f"{'step':<12}{row['time/step_s']:>10.2f}")
-    print(
-        f"completions/s {row['perf/samples_per_s']:.2f}, mean response {row['rollout/response_length_mean']:.0f} tokens, "
-        f"mean |log-prob gap| {row['rollout/logprob_mismatch']:.4f}"
-    )
+    print(f"completions/s {row['perf/samples_per_s']:.2f}, mean response {row['rollout/response_length_mean']:.0f} "
+          f"tokens, mean |log-prob gap| {row['rollout/logprob_mismatch']:.4f}")
     harness.write_json("grpo_step.json", {**info, "args": {k: str(v) for k, v in vars(args).items()}, **row}, args.json)
 
 
