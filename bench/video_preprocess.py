@@ -1,10 +1,6 @@
-"""Benchmark: video decode + fps sampling + resize throughput of physreason.vision.load_video on CPU.
+"""Video decode + fps sampling + resize throughput of physreason.vision.load_video on CPU.
 
-Generates a 30 s 1280x720 H.264 clip at 30 fps with PyAV, then times load_video at fps 4 with total_pixels
-6,422,528 (8192 * 28**2), and in the same process, on the same clip, qwen-vl-utils' fetch_video with the decord
-reader when it is installed (`pip install --no-deps qwen-vl-utils decord`; torchvision's uint8 resize is stood
-in by the same torch kernel, see tests/fixtures/vision/qwen_reference.py). Reports sampled frames per second
-(frames kept / wall seconds, median of --repeats runs, runs interleaved) and the ratio.
+Beside qwen-vl-utils' fetch_video with decord when installed; details: bench/RESULTS.md ("How the scripts measure").
 
     .venv/bin/python bench/video_preprocess.py [--clip PATH] [--repeats 3]
 """
