@@ -73,8 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, (gpu, tiny) in SIZES.items():
         if getattr(args, name) is None:
             setattr(args, name, tiny if args.tiny else gpu)
-    args.workloads = _choices(parser, "--workloads", args.workloads, WORKLOADS)
-    args.sides = _choices(parser, "--sides", args.sides, SIDES)
+    args.workloads = harness.comma_list(parser, "--workloads", args.workloads, WORKLOADS)
+    args.sides = harness.comma_list(parser, "--sides", args.sides, SIDES)
     sizes = (args.prompts, args.mini_batch, args.mini_batch_tokens, args.response_len, args.steps, args.rounds)
     if min(sizes) < 1 or args.warmup < 0:
         parser.error(
@@ -86,14 +86,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if (args.prompts * args.n) % args.mini_batch:
         parser.error(f"--mini-batch {args.mini_batch} must divide --prompts x --n = {args.prompts * args.n}")
     return args
-
-
-def _choices(parser: argparse.ArgumentParser, flag: str, value: str, known: tuple[str, ...]) -> list[str]:
-    items = [item.strip() for item in value.split(",") if item.strip()]
-    unknown = [item for item in items if item not in known]
-    if unknown or not items:
-        parser.error(f"{flag}: {unknown or value!r} not among {', '.join(known)}")
-    return items
 
 
 def contact_sheet(frames, temporal_patch: int = 2):
