@@ -45,10 +45,8 @@ def build_trained(config, device: torch.device, steps: int):
 
 
 def checkpoint_bytes(module: torch.nn.Module) -> int:
-    """Bytes of a checkpoint of `module`'s fp32 weights with both AdamW moments, at most (3 x the weights).
-
-    An upper bound: weights that never get a gradient (the vision tower, on text rows) have no moments.
-    """
+    """Bytes of a checkpoint of `module`'s fp32 weights with both AdamW moments, at most (3 x the weights): weights
+    that never get a gradient (the vision tower, on text rows) have no moments."""
     return 3 * sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
 
 
@@ -56,10 +54,9 @@ def check_room(work: Path, needed: int) -> None:
     """Refuse at once when `work` cannot hold one checkpoint, rather than failing after minutes of writing."""
     free = shutil.disk_usage(work).free
     if free < needed * 1.05:  # DCP's metadata and the trainer file come on top of the tensors
-        raise SystemExit(
-            f"--work {work}: {free / 1e9:.1f} GB free, one checkpoint needs up to {needed / 1e9:.1f} GB; "
-            "give --work a folder with more room (e.g. /dev/shm when it is large enough) or fewer --layers"
-        )
+        raise SystemExit(f"--work {work}: {free / 1e9:.1f} GB free, one checkpoint needs up to {needed / 1e9:.1f} GB; "
+                         "give --work a folder with more room (e.g. /dev/shm when it is large enough) or fewer "
+                         "--layers")
 
 
 def make_step(trained, batch, device: torch.device):
@@ -117,21 +114,14 @@ def measure_save(checkpointer, out: Path, saved_step: int, trained_step, args, d
     size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
     progress(f"  checkpoint complete after {complete.seen - started:.3f} s ({size / 1e9:.2f} GB); deleting it")
     shutil.rmtree(checkpoint)  # one checkpoint on disk at a time: the 3B shape's is 45 GB
-    return {
-        "baseline_step_s": baseline,
-        "save_s": save_s,
-        "window_overhead_s": save_s + sum(after) - args.after * baseline,
-        "write_s": complete.seen - started,
-        "after_steps_s": after,
-        "checkpoint_gb": size / 1e9,
-    }
+    overhead = save_s + sum(after) - args.after * baseline
+    return {"baseline_step_s": baseline, "save_s": save_s, "window_overhead_s": overhead,
+            "write_s": complete.seen - started, "after_steps_s": after, "checkpoint_gb": size / 1e9}  # fmt: skip
 
 
 def measure_mode(mode: str, trained, trained_step, args, work: Path, first_step: int, device: torch.device, record):
-    """--saves saves in `mode` with one Checkpointer, as a run makes them (the first async one also pins its buffers).
-
-    record(row) is called after each save, so the rows measured so far are kept if the run is cut short.
-    """
+    """--saves saves in `mode` with one Checkpointer, as a run makes them (the first async one also pins its buffers);
+    record(row) after each save keeps the rows measured so far if the run is cut short."""
     from physreason.config import load_config
     from physreason.train.loop import Checkpointer
 
@@ -164,11 +154,8 @@ def summarize(rows: list[dict]) -> dict:
     summary = {}
     for mode in dict.fromkeys(r["mode"] for r in rows):
         own = [r for r in rows if r["mode"] == mode]
-        summary[mode] = {
-            "steady_step_s": statistics.median(r["baseline_step_s"] for r in own),
-            "stall_s": [r["save_s"] for r in own],
-            "write_s": [r["write_s"] for r in own],
-        }
+        summary[mode] = {"steady_step_s": statistics.median(r["baseline_step_s"] for r in own),
+                         "stall_s": [r["save_s"] for r in own], "write_s": [r["write_s"] for r in own]}  # fmt: skip
         if all("stall_vs_sync" in r for r in own):
             summary[mode]["stall_vs_sync"] = [r["stall_vs_sync"] for r in own]
     return summary
@@ -229,16 +216,9 @@ def main(argv: list[str] | None = None) -> dict:
     step = make_step(trained, make_batch(config, args.seq_len, 1, False, device), device)
     for _ in range(args.warmup):
         step()
-    result = {
-        **device_info(device),
-        "shape": "tiny" if args.tiny else "qwen2.5-vl-3b",
-        "layers": config.text_config.num_hidden_layers,
-        "seq_len": args.seq_len,
-        "work": str(work),
-        "checkpoint_estimate_gb": needed / 1e9,
-        "rows": [],
-        "summary": {},
-    }
+    result = {**device_info(device), "shape": "tiny" if args.tiny else "qwen2.5-vl-3b",
+              "layers": config.text_config.num_hidden_layers, "seq_len": args.seq_len, "work": str(work),
+              "checkpoint_estimate_gb": needed / 1e9, "rows": [], "summary": {}}  # fmt: skip
 
     def record(row: dict) -> None:
         result["rows"].append(row)
