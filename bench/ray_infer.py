@@ -76,12 +76,9 @@ def measure(run, out: Path, n: int) -> dict:
         start = time.perf_counter()
         summary = run()
         total = time.perf_counter() - start
-    return {
-        "run_s": round(total, 2),
-        "first_result_s": None if clock.first is None else round(clock.first - start, 2),
-        "steady_clips_per_s": None if clock.steady() is None else round(clock.steady(), 3),
-        "failed": summary.failed,
-    }
+    first, steady = clock.first, clock.steady()
+    return {"run_s": round(total, 2), "first_result_s": None if first is None else round(first - start, 2),
+            "steady_clips_per_s": None if steady is None else round(steady, 3), "failed": summary.failed}  # fmt: skip
 
 
 def write_clips(work: Path, count: int, seconds: float, size: tuple[int, int], fps: int) -> None:
@@ -175,9 +172,8 @@ def main() -> None:
     parser.add_argument("--size", default="360x640", help="HEIGHTxWIDTH of the clips.")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=64, help="engine.batch_size: requests per generate call.")
-    parser.add_argument(
-        "--rounds", type=int, default=None, help="rounds of every path, first path alternating (2; --tiny 1)"
-    )
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds of every path, first path alternating (2; --tiny 1)")
     parser.add_argument("--ray-address", default=None, help="Join this Ray cluster instead of starting one here.")
     parser.add_argument("--tiny", action="store_true", help="CPU dry run: tiny random model, few small clips.")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/ray-infer-bench"), help="clips, model, results")
@@ -186,11 +182,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.tiny:
         args.engine, args.clips, args.size = "hf", args.clips or 24, "96x128"
-        args.max_tokens, args.batch_size, args.rounds = (
-            min(args.max_tokens, 8),
-            min(args.batch_size, 4),
-            args.rounds or 1,
-        )
+        args.max_tokens, args.batch_size = min(args.max_tokens, 8), min(args.batch_size, 4)
+        args.rounds = args.rounds or 1
     args.clips, args.rounds = args.clips or 1000, args.rounds or 2
     height, width = (int(v) for v in args.size.split("x"))
     work = args.workdir / ("tiny" if args.tiny else "gpu")
