@@ -68,19 +68,14 @@ def bench_vllm(folder: Path, batches: list[int], runs: int) -> None:
 
     start = time.perf_counter()
     # gpu_memory_utilization leaves room for a second copy of the weights (the update_weights source).
-    engine = VLLMEngine(
-        ModelConfig(model_name_or_path=str(folder), model_max_length=4096),
-        EngineConfig(gpu_memory_utilization=0.6),
-        load_format="dummy",
-    )
+    engine = VLLMEngine(ModelConfig(model_name_or_path=str(folder), model_max_length=4096),
+                        EngineConfig(gpu_memory_utilization=0.6), load_format="dummy")  # fmt: skip
     out(what="vllm_engine_start", s=round(time.perf_counter() - start, 1))
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, repetition_penalty=1.0, max_tokens=NEW, seed=0)
     # Two pairings: inference (no log-probs on either side) and RL rollouts (the log-prob of every sampled
     # token on both sides: raw vLLM with logprobs=0 as flat lists, which is what our engine asks for).
-    raw_params = {
-        False: SamplingParams(max_tokens=NEW, temperature=1.0, top_p=1.0, seed=0),
-        True: vllm_compat.sampling_params(sampling, NEW, engine.stop_token_ids, logprobs=True),
-    }
+    raw_params = {False: SamplingParams(max_tokens=NEW, temperature=1.0, top_p=1.0, seed=0),
+                  True: vllm_compat.sampling_params(sampling, NEW, engine.stop_token_ids, logprobs=True)}  # fmt: skip
     engine.generate(make_requests(engine.tokenizer, 2, seed=99), sampling)  # warm-up
     for batch in batches:
         requests = make_requests(engine.tokenizer, batch, seed=batch)
