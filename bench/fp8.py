@@ -93,9 +93,8 @@ def decode_one(folder: Path, quantization: str, batches: list[int], runs: int) -
 
     start = time.perf_counter()
     extra = {"quantization": quantization} if quantization != "none" else {"load_format": "dummy"}
-    engine = VLLMEngine(
-        ModelConfig(model_name_or_path=str(folder), model_max_length=4096), EngineConfig(gpu_memory_utilization=0.6), **extra
-    )
+    engine = VLLMEngine(ModelConfig(model_name_or_path=str(folder), model_max_length=4096),
+                        EngineConfig(gpu_memory_utilization=0.6), **extra)  # fmt: skip
     out(what="engine_start", quantization=quantization, s=round(time.perf_counter() - start, 1))
     for attempt in range(2):
         weights = random_weights(folder, "cuda")
