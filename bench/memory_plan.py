@@ -124,8 +124,13 @@ def build_trained(args: argparse.Namespace, runtime, hf_config, train: TrainConf
     return module, optimizer
 
 
-def make_step(module, optimizer, batch: SFTBatch, runtime):
-    """One optimizer step as the trainer's: forward (bf16 autocast outside FSDP2), backward, clipping, AdamW."""
+def make_step(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, draw_on: torch.device):
+    """(module, optimizer, step) of build_trained; step() is one optimizer step as the trainer's on --batch rows of
+    random text: forward (bf16 autocast outside FSDP2), backward, clipping, AdamW."""
+    module, optimizer = build_trained(args, runtime, hf_config, train, draw_on)
+    text = getattr(hf_config, "text_config", hf_config)
+    below = min(vision_special_token_ids(hf_config) or [text.vocab_size])
+    batch = synthetic_batch(args.batch, args.seq_len, below, runtime.device)
     parameters = [p for p in module.parameters() if p.requires_grad]
     autocast = not runtime.distributed  # FSDP2 casts to bf16 itself
 
@@ -137,7 +142,7 @@ def make_step(module, optimizer, batch: SFTBatch, runtime):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return step
+    return module, optimizer, step
 
 
 def planned_tensors(args: argparse.Namespace, runtime, hf_config, train: TrainConfig):
@@ -158,10 +163,7 @@ def measure_memory(args: argparse.Namespace, runtime, hf_config) -> None:
     train = train_config(args)
     # Random weights are drawn on the GPU (minutes faster than a CPU draw for a 7B shape); with --offload they start on
     # the host as the trainer's do. The peak is measured from the first step on, after sharding, either way.
-    module, optimizer = build_trained(args, runtime, hf_config, train, torch.device("cpu") if args.offload else runtime.device)
-    text = getattr(hf_config, "text_config", hf_config)
-    below = min(vision_special_token_ids(hf_config) or [text.vocab_size])
-    step = make_step(module, optimizer, synthetic_batch(args.batch, args.seq_len, below, runtime.device), runtime)
+    _, _, step = make_step(args, runtime, hf_config, train, torch.device("cpu") if args.offload else runtime.device)
     cuda = runtime.device.type == "cuda"
     for _ in range(2):  # the second step holds the optimizer state from the start, as every later step does
         harness.reset_peak()
@@ -182,8 +184,6 @@ def measure_memory(args: argparse.Namespace, runtime, hf_config) -> None:
 def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]) -> list[dict]:
     """Tokens/s of each mode on the same shape and rows, one after the other in this process."""
     info = harness.device_info(runtime.device)
-    text = getattr(hf_config, "text_config", hf_config)
-    below = min(vision_special_token_ids(hf_config) or [text.vocab_size])
     tokens = args.batch * args.seq_len * runtime.world_size
     rows: list[dict] = []
     if runtime.is_main:
@@ -193,8 +193,7 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
     for mode in modes:
         train = train_config(args, **MODES[mode])
         # Drawn on the device for every mode (fast); with offload, FSDP2 moves the shards to the host when it wraps.
-        module, optimizer = build_trained(args, runtime, hf_config, train, runtime.device)
-        step = make_step(module, optimizer, synthetic_batch(args.batch, args.seq_len, below, runtime.device), runtime)
+        module, optimizer, step = make_step(args, runtime, hf_config, train, runtime.device)
         for _ in range(args.warmup):
             step()
         harness.sync(runtime.device)
