@@ -127,10 +127,10 @@ from physreason.config import load_config
 from physreason.train.sft import run_sft
 mesh_sizes = {}
 real_shard = build.shard
-def shard(wrapper, model, runtime, mesh, train):
+def shard(wrapper, model, runtime, mesh, train, *rest):
     if mesh is not None:
         mesh_sizes.update({name: mesh[name].size() for name in mesh.mesh_dim_names})
-    return real_shard(wrapper, model, runtime, mesh, train)
+    return real_shard(wrapper, model, runtime, mesh, train, *rest)
 build.shard = shard
 import physreason.models.float8 as float8
 precomputes = []  # float8 scale passes after optimizer steps (float8 all-gather only)
@@ -278,6 +278,12 @@ def check_vllm(name: str, model: Path) -> str:
     quantization = "fp8" if name == "vllm-fp8-rollout" else "none"
     engine = create_engine(config.model, config.engine, vllm_executor="uni", quantization=quantization)
     request = [GenerationRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "Does it roll?"}]}])]
+    if quantization == "fp8":  # an FP8 rollout engine starts from random weights: the policy pushes its own first
+        from transformers import AutoModelForImageTextToText
+
+        from physreason.train.weight_sync import push_weights
+
+        push_weights(engine, AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16), quantization="fp8")
     greedy = config.generation.model_copy(update={"max_tokens": 12, "temperature": 0.0})
     first = engine.generate(request, greedy)[0]
     if first.error or not first.completions[0].token_ids:
