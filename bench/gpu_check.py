@@ -273,6 +273,12 @@ def check_vllm(name: str, model: Path) -> str:
     from physreason.engines.base import GenerationRequest
     from physreason.engines.factory import create_engine
 
+    if name == "vllm-fp8-rollout":  # block FP8 needs k/v rows in multiples of 128: the tiny model at scale 2
+        from physreason.models.tiny import save_tiny_model
+
+        if not (model.parent / "model-scale2" / "config.json").is_file():
+            save_tiny_model("qwen2_5_vl", model.parent / "model-scale2", scale=2)
+        model = model.parent / "model-scale2"
     config = load_config(None, [f"model.model_name_or_path='{model}'", "engine.backend='vllm'", "model.dtype='bfloat16'",
                                 "engine.gpu_memory_utilization=0.3"])  # fmt: skip
     quantization = "fp8" if name == "vllm-fp8-rollout" else "none"
