@@ -174,6 +174,8 @@ def torchrun(
 def last_error(text: str) -> str:
     """The line that names the error in a traceback or log: the last line that looks like one, else the last line."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    # torchrun's own summary after a rank failed ("ChildFailedError", "error_file: <N/A>") hides the rank's error
+    lines = [line for line in lines if "ChildFailedError" not in line and not line.startswith("error_file")]
     for line in reversed(lines):
         if "Error" in line or "Exception" in line or line.startswith("error"):
             return line[:300]
