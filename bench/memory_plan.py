@@ -54,7 +54,7 @@ from physreason.train.build import shard
 from physreason.train.memory import GIB, Layout, Workload, plan_memory
 from physreason.train.model import CausalLMLoss
 from physreason.train.runtime import init_runtime
-from physreason.train.schedule import build_optimizer
+from physreason.train.schedule import build_optimizer, fused_adamw
 
 ROOT = Path(__file__).resolve().parents[1]
 # --modes: each mode's settings over the command line's (none: as given, fp32 state on the GPU)
@@ -142,7 +142,7 @@ def build_trained(args: argparse.Namespace, runtime, hf_config, train: TrainConf
         mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, 1)
     shard(module, model, runtime, mesh, train)  # FSDP2 moves offloaded shards to the host
     module.train()
-    optimizer, _ = build_optimizer(module, train, 1, fused=runtime.device.type == "cuda" and not train.cpu_offload)
+    optimizer, _ = build_optimizer(module, train, 1, fused=fused_adamw(runtime.device, train.cpu_offload))
     return module, optimizer
 
 
