@@ -16,7 +16,8 @@ Throughput of the memory-saving modes (--modes), each against none on the same s
 turn a fresh model (same seed) is built, sharded and trained for --warmup untimed and --steps timed steps (clipping
 and AdamW included, as the trainer's step); a row per mode prints as it finishes (tokens/s, its ratio to none,
 measured peak, planned tensors). Modes: none (fp32 AdamW state on the GPU), offload (train.cpu_offload: FSDP2
-keeps parameters, gradients and AdamW state on the host, AdamW runs there), bf16-state
+keeps parameters, gradients and AdamW state on the host, AdamW runs there; its row is followed by the seconds of
+clipping and AdamW on the host, which AdamW ran and the process's CPU threads), bf16-state
 (train.optimizer_state_dtype = 'bfloat16'). Offload is FSDP2's, so the run needs torchrun (one rank works):
   torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --shape qwen2.5-vl-3b --layers 0 --seq-len 4096 \
       --modes none,offload,bf16-state --steps 3 --warmup 1
@@ -45,6 +46,7 @@ from shapes import SHAPES
 from transformers import AutoConfig
 
 from physreason.config import LoraConfig, TrainConfig
+from physreason.cpu import apply_cpu_share
 from physreason.data.collate import SFTBatch
 from physreason.models import parallelize
 from physreason.models.family import model_family, vision_special_token_ids
@@ -54,7 +56,7 @@ from physreason.train.build import shard
 from physreason.train.memory import GIB, Layout, Workload, plan_memory
 from physreason.train.model import CausalLMLoss
 from physreason.train.runtime import init_runtime
-from physreason.train.schedule import build_optimizer
+from physreason.train.schedule import build_optimizer, fused_adamw
 
 ROOT = Path(__file__).resolve().parents[1]
 # --modes: each mode's settings over the command line's (none: as given, fp32 state on the GPU)
@@ -142,12 +144,16 @@ def build_trained(args: argparse.Namespace, runtime, hf_config, train: TrainConf
         mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, 1)
     shard(module, model, runtime, mesh, train)  # FSDP2 moves offloaded shards to the host
     module.train()
-    optimizer, _ = build_optimizer(module, train, 1, fused=runtime.device.type == "cuda" and not train.cpu_offload)
+    optimizer, _ = build_optimizer(module, train, 1, fused=fused_adamw(runtime.device, train.cpu_offload))
     return module, optimizer
 
 
-def make_step(module, optimizer, batch: SFTBatch, runtime):
-    """One optimizer step as the trainer's: forward (bf16 autocast outside FSDP2), backward, clipping, AdamW."""
+def make_step(module, optimizer, batch: SFTBatch, runtime, host_seconds: list[float] | None = None):
+    """One optimizer step as the trainer's: forward (bf16 autocast outside FSDP2), backward, clipping, AdamW.
+
+    host_seconds: each step appends the wall seconds of its clipping and AdamW step. Meant for offload, whose
+    gradients are on the host once the backward returns (FSDP2 waits for their copies) and whose clipping and AdamW
+    run there, so the figure needs no GPU sync; on the GPU it would be launch time only."""
     parameters = [p for p in module.parameters() if p.requires_grad]
     autocast = not runtime.distributed  # FSDP2 casts to bf16 itself
 
@@ -155,8 +161,11 @@ def make_step(module, optimizer, batch: SFTBatch, runtime):
         with torch.autocast(runtime.device.type, dtype=torch.bfloat16, enabled=autocast):
             loss = module(batch)
         (loss / batch.num_targets).backward()
+        started = time.perf_counter()
         parallelize.clip_grad_norm(parameters, 1.0)
         optimizer.step()
+        if host_seconds is not None:
+            host_seconds.append(time.perf_counter() - started)
         optimizer.zero_grad(set_to_none=True)
 
     return step
@@ -208,6 +217,7 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
     below = min(vision_special_token_ids(hf_config) or [text.vocab_size])
     tokens = args.batch * args.seq_len * runtime.world_size
     rows: list[dict] = []
+    cpu = apply_cpu_share()  # init_runtime applied it: the threads the host's AdamW runs on
     if runtime.is_main:
         print(f"{info['device']} x {runtime.world_size}, {shape_from_hf_config(hf_config).total_params / 1e9:.2f} B "
               f"parameters, {tokens:,} tokens per step; {args.warmup} warm-up + {args.steps} timed steps per mode", flush=True)
@@ -216,15 +226,22 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
         train = train_config(args, **MODES[mode])
         # Drawn on the device for every mode (fast); with offload, FSDP2 moves the shards to the host when it wraps.
         module, optimizer = build_trained(args, runtime, hf_config, train, runtime.device)
-        step = make_step(module, optimizer, synthetic_batch(args.batch, args.seq_len, below, runtime.device), runtime)
+        host_seconds: list[float] | None = [] if train.cpu_offload else None
+        step = make_step(module, optimizer, synthetic_batch(args.batch, args.seq_len, below, runtime.device), runtime,
+                         host_seconds)  # fmt: skip
         for _ in range(args.warmup):
             step()
         harness.sync(runtime.device)
         harness.reset_peak()  # the timed steps' peak
+        if host_seconds is not None:
+            host_seconds.clear()  # the timed steps' only
         seconds = harness.timed_steps(step, 0, args.steps, runtime.device)
         _, planned = planned_tensors(args, runtime, hf_config, train)
         row = {"mode": mode, "seconds_per_step": seconds, "tokens_per_s": tokens / seconds,
                "peak_gib": harness.peak_gib(), "planned_gib": planned / GIB}  # fmt: skip
+        if host_seconds:  # offload: clipping and AdamW on the host, and which AdamW ran there
+            row["host_step_seconds"] = sum(host_seconds) / len(host_seconds)
+            row["host_adamw"] = "fused" if optimizer.defaults.get("fused") else type(optimizer).__name__
         if hasattr(optimizer, "grouped_launches"):  # bf16 state: which update ran (one kernel a group, or a parameter)
             row["adamw_launches_per_step"] = {"grouped": optimizer.grouped_launches / (args.warmup + args.steps),
                                               "per_parameter": optimizer.per_parameter_updates / (args.warmup + args.steps)}
@@ -237,11 +254,15 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
             ratio = f"{row['vs_none']:.3f}" if row["vs_none"] is not None else "-"
             print(f"{mode:<11} {seconds:8.3f} {row['tokens_per_s']:10,.0f} {ratio:>8} {row['peak_gib']:9.2f} "
                   f"{row['planned_gib']:12.2f}", flush=True)  # fmt: skip
+            if "host_step_seconds" in row:
+                host = row["host_step_seconds"]
+                print(f"  {mode}: clipping and AdamW ({row['host_adamw']}) on the host {host:.3f} s of the {seconds:.3f} s "
+                      f"step, forward and backward with their copies {seconds - host:.3f} s; {cpu.describe()}", flush=True)  # fmt: skip
             if "adamw_launches_per_step" in row:
                 launches = row["adamw_launches_per_step"]
                 print(f"  AdamW of {mode}: {launches['grouped']:.0f} grouped kernels and {launches['per_parameter']:.0f} "
                       "per-parameter updates a step", flush=True)  # fmt: skip
-            record = {"args": vars(args), **info, "world_size": runtime.world_size, "rows": rows}
+            record = {"args": vars(args), **info, "world_size": runtime.world_size, "cpu_threads": cpu.threads, "rows": rows}
             harness.write_json("memory_plan_modes.json", record, args.json)
     return rows
 
