@@ -127,10 +127,10 @@ from physreason.config import load_config
 from physreason.train.sft import run_sft
 mesh_sizes = {}
 real_shard = build.shard
-def shard(wrapper, model, runtime, mesh, train):
+def shard(wrapper, model, runtime, mesh, train, *rest):
     if mesh is not None:
         mesh_sizes.update({name: mesh[name].size() for name in mesh.mesh_dim_names})
-    return real_shard(wrapper, model, runtime, mesh, train)
+    return real_shard(wrapper, model, runtime, mesh, train, *rest)
 build.shard = shard
 import physreason.models.float8 as float8
 precomputes = []  # float8 scale passes after optimizer steps (float8 all-gather only)
@@ -174,6 +174,8 @@ def torchrun(
 def last_error(text: str) -> str:
     """The line that names the error in a traceback or log: the last line that looks like one, else the last line."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    # torchrun's own summary after a rank failed ("ChildFailedError", "error_file: <N/A>") hides the rank's error
+    lines = [line for line in lines if "ChildFailedError" not in line and not line.startswith("error_file")]
     for line in reversed(lines):
         if "Error" in line or "Exception" in line or line.startswith("error"):
             return line[:300]
@@ -273,11 +275,23 @@ def check_vllm(name: str, model: Path) -> str:
     from physreason.engines.base import GenerationRequest
     from physreason.engines.factory import create_engine
 
+    if name == "vllm-fp8-rollout":  # block FP8 needs k/v rows in multiples of 128: the tiny model at scale 2
+        from physreason.models.tiny import save_tiny_model
+
+        if not (model.parent / "model-scale2" / "config.json").is_file():
+            save_tiny_model("qwen2_5_vl", model.parent / "model-scale2", scale=2)
+        model = model.parent / "model-scale2"
     config = load_config(None, [f"model.model_name_or_path='{model}'", "engine.backend='vllm'", "model.dtype='bfloat16'",
                                 "engine.gpu_memory_utilization=0.3"])  # fmt: skip
     quantization = "fp8" if name == "vllm-fp8-rollout" else "none"
     engine = create_engine(config.model, config.engine, vllm_executor="uni", quantization=quantization)
     request = [GenerationRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "Does it roll?"}]}])]
+    if quantization == "fp8":  # an FP8 rollout engine starts from random weights: the policy pushes its own first
+        from transformers import AutoModelForImageTextToText
+
+        from physreason.train.weight_sync import push_weights
+
+        push_weights(engine, AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16), quantization="fp8")
     greedy = config.generation.model_copy(update={"max_tokens": 12, "temperature": 0.0})
     first = engine.generate(request, greedy)[0]
     if first.error or not first.completions[0].token_ids:

@@ -23,6 +23,7 @@ from shapes import SHAPES
 from transformers import AutoConfig
 
 from physreason.config import LoraConfig, TrainConfig
+from physreason.cpu import apply_cpu_share
 from physreason.data.collate import SFTBatch
 from physreason.models import parallelize
 from physreason.models.family import model_family, vision_special_token_ids
@@ -32,7 +33,7 @@ from physreason.train.build import shard
 from physreason.train.memory import GIB, Layout, Workload, plan_memory
 from physreason.train.model import CausalLMLoss
 from physreason.train.runtime import init_runtime
-from physreason.train.schedule import build_optimizer
+from physreason.train.schedule import build_optimizer, fused_adamw
 
 ROOT = Path(__file__).resolve().parents[1]
 # --modes: each mode's settings over the command line's (none: as given, fp32 state on the GPU)
@@ -120,13 +121,18 @@ def build_trained(args: argparse.Namespace, runtime, hf_config, train: TrainConf
         mesh = parallelize.build_mesh(runtime.device.type, runtime.world_size, 1)
     shard(module, model, runtime, mesh, train)  # FSDP2 moves offloaded shards to the host
     module.train()
-    optimizer, _ = build_optimizer(module, train, 1, fused=runtime.device.type == "cuda" and not train.cpu_offload)
+    optimizer, _ = build_optimizer(module, train, 1, fused=fused_adamw(runtime.device, train.cpu_offload))
     return module, optimizer
 
 
-def make_step(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, draw_on: torch.device):
+def make_step(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, draw_on: torch.device,
+              host_seconds: list[float] | None = None):  # fmt: skip
     """(module, optimizer, step) of build_trained; step() is one optimizer step as the trainer's on --batch rows of
-    random text: forward (bf16 autocast outside FSDP2), backward, clipping, AdamW."""
+    random text: forward (bf16 autocast outside FSDP2), backward, clipping, AdamW.
+
+    host_seconds: each step appends the wall seconds of its clipping and AdamW step. Meant for offload, whose
+    gradients are on the host once the backward returns (FSDP2 waits for their copies) and whose clipping and AdamW
+    run there, so the figure needs no GPU sync; on the GPU it would be launch time only."""
     module, optimizer = build_trained(args, runtime, hf_config, train, draw_on)
     text = getattr(hf_config, "text_config", hf_config)
     below = min(vision_special_token_ids(hf_config) or [text.vocab_size])
@@ -138,8 +144,11 @@ def make_step(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, 
         with torch.autocast(runtime.device.type, dtype=torch.bfloat16, enabled=autocast):
             loss = module(batch)
         (loss / batch.num_targets).backward()
+        started = time.perf_counter()
         parallelize.clip_grad_norm(parameters, 1.0)
         optimizer.step()
+        if host_seconds is not None:
+            host_seconds.append(time.perf_counter() - started)
         optimizer.zero_grad(set_to_none=True)
 
     return module, optimizer, step
@@ -186,6 +195,7 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
     info = harness.device_info(runtime.device)
     tokens = args.batch * args.seq_len * runtime.world_size
     rows: list[dict] = []
+    cpu = apply_cpu_share()  # init_runtime applied it: the threads the host's AdamW runs on
     if runtime.is_main:
         print(f"{info['device']} x {runtime.world_size}, {shape_from_hf_config(hf_config).total_params / 1e9:.2f} B "
               f"parameters, {tokens:,} tokens per step; {args.warmup} warm-up + {args.steps} timed steps per mode", flush=True)
@@ -193,15 +203,21 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
     for mode in modes:
         train = train_config(args, **MODES[mode])
         # Drawn on the device for every mode (fast); with offload, FSDP2 moves the shards to the host when it wraps.
-        module, optimizer, step = make_step(args, runtime, hf_config, train, runtime.device)
+        host_seconds: list[float] | None = [] if train.cpu_offload else None
+        module, optimizer, step = make_step(args, runtime, hf_config, train, runtime.device, host_seconds)
         for _ in range(args.warmup):
             step()
         harness.sync(runtime.device)
         harness.reset_peak()  # the timed steps' peak
+        if host_seconds is not None:
+            host_seconds.clear()  # the timed steps' only
         seconds = harness.timed_steps(step, 0, args.steps, runtime.device)
         _, planned = planned_tensors(args, runtime, hf_config, train)
         row = {"mode": mode, "seconds_per_step": seconds, "tokens_per_s": tokens / seconds,
                "peak_gib": harness.peak_gib(), "planned_gib": planned / GIB}  # fmt: skip
+        if host_seconds:  # offload: clipping and AdamW on the host, and which AdamW ran there
+            row["host_step_seconds"] = sum(host_seconds) / len(host_seconds)
+            row["host_adamw"] = "fused" if optimizer.defaults.get("fused") else type(optimizer).__name__
         if hasattr(optimizer, "grouped_launches"):  # bf16 state: which update ran (one kernel a group, or a parameter)
             row["adamw_launches_per_step"] = {"grouped": optimizer.grouped_launches / (args.warmup + args.steps),
                                               "per_parameter": optimizer.per_parameter_updates / (args.warmup + args.steps)}
@@ -214,11 +230,15 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
             ratio = f"{row['vs_none']:.3f}" if row["vs_none"] is not None else "-"
             print(f"{mode:<11} {seconds:8.3f} {row['tokens_per_s']:10,.0f} {ratio:>8} {row['peak_gib']:9.2f} "
                   f"{row['planned_gib']:12.2f}", flush=True)  # fmt: skip
+            if "host_step_seconds" in row:
+                host = row["host_step_seconds"]
+                print(f"  {mode}: clipping and AdamW ({row['host_adamw']}) on the host {host:.3f} s of the {seconds:.3f} s "
+                      f"step, forward and backward with their copies {seconds - host:.3f} s; {cpu.describe()}", flush=True)  # fmt: skip
             if "adamw_launches_per_step" in row:
                 launches = row["adamw_launches_per_step"]
                 print(f"  AdamW of {mode}: {launches['grouped']:.0f} grouped kernels and {launches['per_parameter']:.0f} "
                       "per-parameter updates a step", flush=True)  # fmt: skip
-            record = {"args": vars(args), **info, "world_size": runtime.world_size, "rows": rows}
+            record = {"args": vars(args), **info, "world_size": runtime.world_size, "cpu_threads": cpu.threads, "rows": rows}
             harness.write_json("memory_plan_modes.json", record, args.json)
     return rows
 

@@ -20,15 +20,19 @@ def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_check_passes_one_needing_cuda_is_skipped_and_the_json_follows(tmp_path):
-    done = run(tmp_path, "--only", "hf-generate,float8-rowwise", "--commit", "abc1234")
+    # fsdp2-torchrun: the torchrun worker wraps the trainer's build.shard; a wrapper out of step with its signature
+    # failed every torchrun check on an H100 (2026-11-26) while this test ran only in-process checks
+    done = run(tmp_path, "--only", "hf-generate,float8-rowwise,fsdp2-torchrun", "--commit", "abc1234")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if "] " in line]
     assert any(" pass hf-generate " in line and "4 completions" in line for line in lines), done.stdout
     assert any(" skip float8-rowwise " in line and "needs CUDA" in line for line in lines), done.stdout
-    assert lines[-1].endswith("1 passed, 0 failed, 1 skipped")
+    assert any(" pass fsdp2-torchrun " in line and "losses" in line for line in lines), done.stdout
+    assert lines[-1].endswith("2 passed, 0 failed, 1 skipped")
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert report["commit"] == "abc1234"
-    assert {r["check"]: r["status"] for r in report["rows"]} == {"float8-rowwise": "skip", "hf-generate": "pass"}
+    assert {r["check"]: r["status"] for r in report["rows"]} == {"float8-rowwise": "skip", "hf-generate": "pass",
+                                                                 "fsdp2-torchrun": "pass"}
 
 
 def test_a_check_over_its_time_fails_its_line_and_the_exit_code(tmp_path):
@@ -42,6 +46,10 @@ def test_unknown_checks_are_refused_and_the_error_line_is_the_one_naming_it():
     check = load_bench("gpu_check")
     log = "Traceback (most recent call last):\n  File x\nRuntimeError: Expected trailing dimension divisible by 16\n"
     assert check.last_error(log) == "RuntimeError: Expected trailing dimension divisible by 16"
+    torchrun_log = ("[rank0]: TypeError: shard() takes 5 positional arguments but 6 were given\n"
+                    "    raise ChildFailedError(\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+                    "  exitcode  : 1 (pid: 931)\n  error_file: <N/A>\n")  # fmt: skip
+    assert check.last_error(torchrun_log) == "[rank0]: TypeError: shard() takes 5 positional arguments but 6 were given"
     assert check.missing(check.CHECKS[0], gpus=1, vllm=False, cpu=False) is None
     two = next(c for c in check.CHECKS if c.name == "tp2")
     assert check.missing(two, gpus=1, vllm=False, cpu=False) == "needs 2 GPUs, 1 visible"

@@ -40,6 +40,13 @@ def test_modes_run_in_one_torchrun_and_print_tokens_per_second_against_none(tmp_
     launches = rows[2]["adamw_launches_per_step"]
     assert launches["grouped"] == 0 and launches["per_parameter"] > 0 and "adamw_launches_per_step" not in none
     assert "AdamW of bf16-state: 0 grouped kernels and" in done.stdout
+    # offload: the host's share of its step, taken by torch's fused AdamW (not the single-tensor loop), and the
+    # process's CPU threads; the other modes time no host step
+    offload = rows[1]
+    assert offload["host_adamw"] == "fused" and 0 < offload["host_step_seconds"] < offload["seconds_per_step"]
+    assert "host_step_seconds" not in none and "host_step_seconds" not in rows[2]
+    assert "offload: clipping and AdamW (fused) on the host" in done.stdout
+    assert json.loads((tmp_path / "memory_plan_modes.json").read_text())["cpu_threads"] >= 1
     # the plan of each mode, beside its figure: offload moves the state to the host, bf16 state halves the moments
     assert rows[1]["planned_gib"] < none["planned_gib"] and rows[2]["planned_gib"] < none["planned_gib"]
 

@@ -121,3 +121,9 @@ def test_one_process_takes_the_cast_path_unless_float8_offload_or_legacy_need_fs
 
     config: Config = load_config(None, settings)
     assert compute_cast(config, Runtime(0, world, torch.device("cpu"), distributed=True)) is expected
+
+
+@pytest.mark.parametrize(("world", "distributed", "expected"), [(1, False, False), (1, True, False), (2, True, True)])
+def test_only_several_ranks_run_the_vision_tower_on_a_dummy_input_for_text_batches(world, distributed, expected):
+    """torchrun with one process used to pay the dummy vision pass on every text batch, with no rank to keep in step."""
+    assert Runtime(0, world, torch.device("cpu"), distributed=distributed).balances_vision is expected

@@ -238,3 +238,33 @@ def test_an_fp8_engine_refuses_language_weights_that_were_not_quantized():
         _check_fp8_push([(name, torch.ones(128, 128, dtype=torch.bfloat16))])
     with pytest.raises(PhysReasonError, match="without FP8 quantization"):
         _check_fp8_push([(name, q)])  # its scale missing
+
+
+def test_fp8_rollouts_refuse_shapes_whose_fused_shards_split_a_block():
+    """vLLM fuses q/k/v and gate/up with one scale per 128 x 128 block: k/v of 64 rows failed deep inside vLLM's
+    weight loader on an H100 (gpu_check, 2026-11-26); the engine now refuses such shapes before starting vLLM."""
+    from types import SimpleNamespace
+
+    from physreason.engines.vllm import VLLMEngine
+    from physreason.models.fp8 import fp8_block_misfits
+
+    tiny = SimpleNamespace(num_attention_heads=4, head_dim=32, hidden_size=128, num_key_value_heads=2, intermediate_size=256)
+    assert fp8_block_misfits(tiny) == ["k_proj / v_proj has 64 output rows, not a multiple of 128"]
+    wider = SimpleNamespace(num_attention_heads=8, head_dim=32, hidden_size=256, num_key_value_heads=4, intermediate_size=512)
+    assert fp8_block_misfits(wider) == []
+    # Qwen2.5-VL-3B's decoder: 16 heads of 128 (no head_dim key), 2 key/value heads, 11,008 MLP rows
+    qwen = SimpleNamespace(num_attention_heads=16, hidden_size=2048, num_key_value_heads=2, intermediate_size=11008)
+    assert fp8_block_misfits(qwen) == []
+    assert fp8_block_misfits(qwen, tensor_parallel_size=2) == []
+    assert fp8_block_misfits(qwen, tensor_parallel_size=4) == [
+        "k_proj / v_proj has 256 output rows / 4 ranks, not a multiple of 128",
+        "gate_proj / up_proj has 11008 output rows / 4 ranks, not a multiple of 128",
+    ]
+
+    engine = VLLMEngine.__new__(VLLMEngine)  # the refusal comes before any vLLM call
+    engine.quantization = "fp8"
+    engine.hf_config = SimpleNamespace(get_text_config=lambda: tiny)
+    engine.engine_config = EngineConfig(backend="vllm")
+    engine.model_config = ModelConfig(model_name_or_path="/models/tiny")
+    with pytest.raises(PhysReasonError, match="/models/tiny: k_proj / v_proj has 64 output rows.*quantization = 'none'"):
+        engine._quantized_kwargs()

@@ -141,3 +141,57 @@ def test_the_fused_gpu_update_computes_the_eager_bf16_state_step():
         assert torch.allclose(ours, eager, rtol=0, atol=1e-2 * 2**-7)
         assert torch.allclose(m.float(), reference.state[eager]["exp_avg"].float(), rtol=2**-7, atol=1e-6)
         assert torch.allclose(v.float(), reference.state[eager]["exp_avg_sq"].float(), rtol=2**-7, atol=1e-9)
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_offloaded_shards_step_with_the_fused_host_adamw_and_train_as_without_offload(world_of_one, tmp_path):
+    """train.cpu_offload under torchrun (one rank): the AdamW over the host's DTensor shards is torch's fused kernel,
+    not its default single-tensor loop (a dozen DTensor-dispatched passes over memory per parameter), and the run's
+    losses and weights equal those of the same run without offload."""
+    from torch.distributed.tensor import DTensor
+
+    from physreason.models import loading
+    from physreason.train.build import build_training_model
+    from physreason.train.model import CausalLMLoss
+    from physreason.train.runtime import Runtime
+    from physreason.train.sft import _collate_fn, build_datasets, train_step
+
+    model = save_tiny_model("qwen2_5_vl", tmp_path / "model")
+    data = _records(tmp_path)
+    runtime = Runtime(rank=0, world_size=1, device=torch.device("cpu"), distributed=True)
+    runs = {}
+    for offload in (True, False):
+        config = load_config(None, _overrides(model, data, tmp_path / str(offload), f"train.cpu_offload={str(offload).lower()}"))
+        torch.manual_seed(0)
+        trained = build_training_model(config, runtime, CausalLMLoss, 4)
+        if offload:
+            shards = [p for p in trained.module.parameters() if p.requires_grad]
+            assert shards and all(isinstance(p, DTensor) and p.device.type == "cpu" for p in shards)
+            assert trained.optimizer.defaults["fused"] is True
+        tokenizer = loading.load_tokenizer(config.model)
+        train_set, _ = build_datasets(config, tokenizer, loading.load_model_config(config.model))
+        batch = _collate_fn(config, tokenizer.pad_token_id, mrope=True)([train_set[i] for i in range(2)])
+        losses = [train_step(trained.module, [batch], trained.optimizer, trained.scheduler, runtime, 1, 1.0,
+                             trained.autocast)[0] for _ in range(3)]  # fmt: skip
+        weights = {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+                   for name, p in trained.module.named_parameters()}  # fmt: skip
+        runs[offload] = losses, weights
+    (offloaded, offloaded_weights), (plain, plain_weights) = runs[True], runs[False]
+    assert offloaded[-1] < offloaded[0]
+    # fused and single-tensor AdamW round in a different order: equal to float32 rounding, not bit for bit
+    assert offloaded == pytest.approx(plain, rel=1e-5)
+    assert offloaded_weights.keys() == plain_weights.keys()
+    # k_proj's bias gets a gradient of rounding noise only (attention is invariant to it), and AdamW normalises that
+    # noise to steps of about lr: 2e-6 apart here, a wrong update would be lr = 2e-3 apart.
+    for name, weight in offloaded_weights.items():
+        torch.testing.assert_close(weight, plain_weights[name], rtol=1e-5, atol=1e-5, msg=name)

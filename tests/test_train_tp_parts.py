@@ -52,6 +52,19 @@ def test_clip_grad_norm_zero_only_measures():
     assert torch.equal(parameter.grad, torch.full((4,), 3.0))
 
 
+def test_clip_grad_norm_leaves_host_gradients_within_the_limit_untouched(monkeypatch):
+    """CPU offload's gradients live on the host: under the limit no multiply pass runs over them; over it they scale."""
+    parameter = torch.nn.Parameter(torch.zeros(4))
+    parameter.grad = torch.full((4,), 3.0)  # norm 6
+    passes = []
+    multiply = torch._foreach_mul_
+    monkeypatch.setattr(torch, "_foreach_mul_", lambda pieces, scale: passes.append(1) or multiply(pieces, scale))
+    assert float(clip_grad_norm([parameter], 10.0)) == pytest.approx(6.0)
+    assert passes == [] and torch.equal(parameter.grad, torch.full((4,), 3.0))
+    assert float(clip_grad_norm([parameter], 3.0)) == pytest.approx(6.0)
+    assert passes == [1] and torch.allclose(parameter.grad, torch.full((4,), 1.5))
+
+
 def test_balanced_vision_runs_the_tower_for_images_and_videos_on_a_text_batch_without_changing_the_loss(tiny):
     tokenizer, model = tiny
     batch = _text_batch(tokenizer)

@@ -151,7 +151,7 @@ class VLLMEngine(Engine):
 
     def _quantized_kwargs(self) -> dict[str, Any]:
         """vLLM arguments of an FP8 rollout engine: a block-FP8 checkpoint config, random weights until the first push."""
-        from physreason.models.fp8 import unquantized_linear_names, vllm_fp8_quantization_config
+        from physreason.models.fp8 import fp8_block_misfits, unquantized_linear_names, vllm_fp8_quantization_config
 
         if self.quantization != "fp8":
             raise PhysReasonError(f"rollout quantization {self.quantization!r} is not supported: use 'fp8' or 'none'")
@@ -160,6 +160,12 @@ class VLLMEngine(Engine):
             raise PhysReasonError(
                 f"rollout.quantization = 'fp8' covers dense models; {self.model_config.model_name_or_path} is a "
                 "mixture of experts: set rollout.quantization = 'none'"
+            )
+        misfits = fp8_block_misfits(text, self.engine_config.tensor_parallel_size)
+        if misfits:
+            raise PhysReasonError(
+                f"rollout.quantization = 'fp8' stores 128 x 128 blocks in vLLM's fused q/k/v and gate/up layers, but "
+                f"{self.model_config.model_name_or_path}: {'; '.join(misfits)}. Set rollout.quantization = 'none'"
             )
         self.weight_names()  # fills the linear layers' names
         config = vllm_fp8_quantization_config(unquantized_linear_names(self._linear_names))

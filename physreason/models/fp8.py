@@ -125,3 +125,27 @@ def unquantized_linear_names(linear_names: Iterable[str]) -> list[str]:
 def expected_fp8_layers(num_hidden_layers: int) -> int:
     """FP8 linear modules vLLM builds for a dense decoder: fused qkv, o, fused gate_up and down per block."""
     return 4 * num_hidden_layers
+
+
+def fp8_block_misfits(text_config: Any, tensor_parallel_size: int = 1, block: int = BLOCK) -> list[str]:
+    """Why a decoder's shapes cannot hold block-FP8 weights in vLLM's fused layers, or [] when they can.
+
+    vLLM fuses q/k/v into one layer and gate/up into another, each with one scale per 128 x 128 block of the fused
+    weight; a shard whose rows (per tensor-parallel rank) are not a multiple of the block would need a block that
+    straddles two shards, and the load fails deep inside vLLM. Every released Qwen2.5-VL / Qwen3-VL size fits
+    (head_dim 128); small test shapes may not.
+    """
+    heads = int(text_config.num_attention_heads)
+    head_dim = int(getattr(text_config, "head_dim", None) or text_config.hidden_size // heads)
+    kv_heads = int(getattr(text_config, "num_key_value_heads", None) or heads)
+    rows = {
+        "q_proj": heads * head_dim,
+        "k_proj / v_proj": kv_heads * head_dim,
+        "gate_proj / up_proj": int(text_config.intermediate_size),
+    }
+    tp = max(int(tensor_parallel_size), 1)
+    return [
+        f"{name} has {count} output rows{f' / {tp} ranks' if tp > 1 else ''}, not a multiple of {block}"
+        for name, count in rows.items()
+        if count % tp or (count // tp) % block
+    ]

@@ -309,7 +309,8 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch
     squares of its local pieces, each weighted by 1 / the number of ranks that hold the same piece (_copies), and one
     all_reduce over the world adds them up: one collective per step whatever the meshes (DTensor's own norm makes one
     all-reduce per mesh dimension, one after another, and one more per mesh). The gradients are then scaled in place
-    by one foreach multiply per device and dtype, on the local pieces.
+    by one foreach multiply per device and dtype, on the local pieces; gradients on the host (CPU offload) whose norm
+    is within max_norm are not touched.
     """
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
@@ -334,8 +335,11 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch
         total = total.sqrt()
         if max_norm > 0:
             scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-            for (where, _dtype), pieces in groups.items():
-                torch._foreach_mul_(pieces, scale.to(where))
+            # Host gradients (train.cpu_offload) under the limit are left as they are: the scale is known without a
+            # device sync there, and multiplying by 1 would cost a pass over every gradient for the same values.
+            if scale.device.type != "cpu" or float(scale) < 1.0:
+                for (where, _dtype), pieces in groups.items():
+                    torch._foreach_mul_(pieces, scale.to(where))
     return total
 
 

@@ -27,7 +27,7 @@ from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
 from physreason.models.context_parallel import ContextParallel
 from physreason.train.runtime import Runtime, autocast_context
-from physreason.train.schedule import build_optimizer
+from physreason.train.schedule import build_optimizer, fused_adamw
 
 log = logging.getLogger(__name__)
 
@@ -222,8 +222,7 @@ def build_training_model(
     if train.compile:
         compile_blocks(model)
     module.train()
-    # Offloaded shards step on the host, where torch's fused AdamW kernel is not the fast path.
-    fused = runtime.device.type == "cuda" and not train.cpu_offload
+    fused = fused_adamw(runtime.device, train.cpu_offload)  # offloaded shards step on the host, fused there too
     optimizer, scheduler = build_optimizer(module, train, optimizer_steps, fused=fused)
     if float8_all_gather:
         from physreason.models.float8 import precompute_scales_after_steps

@@ -366,7 +366,7 @@ def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Training
     return build_training_model(
         config,
         runtime,
-        lambda model: PolicyScorer(model, balance_vision=runtime.distributed),
+        lambda model: PolicyScorer(model, balance_vision=runtime.balances_vision),
         total_steps * grpo_cfg.mu_iterations,
         reference,
     )

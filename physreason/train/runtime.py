@@ -35,6 +35,13 @@ class Runtime:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def balances_vision(self) -> bool:
+        """Whether a text batch runs the vision tower on a dummy input (parallelize.dummy_vision_features): only
+        when other ranks share the tower's collectives. One process, under torchrun or not, has no one to keep in
+        step with, so the dummy pass would only cost time."""
+        return self.world_size > 1
+
 
 def init_runtime() -> Runtime:
     """Join the torchrun process group when launched by torchrun (NCCL for GPU tensors and gloo for host ones on GPUs; gloo on CPU).

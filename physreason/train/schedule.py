@@ -22,6 +22,17 @@ def lr_factor(step: int, warmup: int, total: int, decay: str, min_factor: float)
     return min_factor + (1.0 - min_factor) * shape
 
 
+def fused_adamw(device: torch.device, cpu_offload: bool) -> bool:
+    """Whether float32-state AdamW takes torch's fused kernel: on CUDA, and on the host under train.cpu_offload.
+
+    Offloaded parameters are CPU DTensors. Left to its default there, torch's AdamW takes its single-tensor path (its
+    foreach kernels exist only on accelerators): about a dozen full passes over memory per parameter, each op
+    dispatched through DTensor. The fused CPU kernel (torch >= 2.4) reads weight, gradient and moments once per
+    parameter, vectorised over torch's threads (physreason.cpu sizes them).
+    """
+    return device.type == "cuda" or cpu_offload
+
+
 def build_optimizer(model: nn.Module, config: TrainConfig, total_steps: int, fused: bool = False):
     """AdamW over trainable parameters (no decay on biases and norms) and its LambdaLR schedule.
 

@@ -375,7 +375,7 @@ def run_sft(config: Config) -> SFTResult:
     trained = build_training_model(
         config,
         runtime,
-        lambda model: CausalLMLoss(model, train_cfg.loss_chunk_size, balance_vision=runtime.distributed),
+        lambda model: CausalLMLoss(model, train_cfg.loss_chunk_size, balance_vision=runtime.balances_vision),
         total_steps,
     )
     module, optimizer, scheduler = trained.module, trained.optimizer, trained.scheduler
