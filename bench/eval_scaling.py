@@ -6,7 +6,8 @@ to --max-tokens and the timing is the engine's, not the model's taste; the clips
 each run is a fresh results folder, so nothing resumes. Wall time includes start-up (model load per shard).
 Each run also gives the sha256 of its results (every results.jsonl and run.json, by path); the summary says whether
 every run's equals the first's ("identical": the same samples answered the same, merged in the same order), and
-names the first differing sample of a run that does not. Answers are sampled (the recipe's temperature, seed eval.seed).
+names the first differing sample of a run that does not. Answers are sampled (the recipe's temperature, seed eval.seed;
+each request seeded by its sample, so neither its shard nor its batch decides its draws).
 Prints one JSON line per run and a summary; JSON to $OUT/eval_scaling.json when OUT is set.
 
 Run (2 GPUs):  python bench/eval_scaling.py --gpus 1 2 --clips 128
