@@ -1,6 +1,7 @@
 """Eval sharding across GPUs: `physreason eval --num-gpus N` wall time on the same clips for each N, same machine.
 
-Model, rounds and the results' sha256 check: bench/RESULTS.md ("How the scripts measure"). One JSON line per run and
+Model, rounds and the results' sha256 check: bench/RESULTS.md ("How the scripts measure"). Answers are sampled, each
+request seeded by its sample, so neither its shard nor its batch decides its draws. One JSON line per run and
 a summary; JSON to $OUT/eval_scaling.json.
 Run (2 GPUs):  python bench/eval_scaling.py --gpus 1 2 --clips 128   (--set KEY=VALUE: passed to every eval)
 CPU check:     python bench/eval_scaling.py --tiny --gpus 1 2 --clips 8 --max-tokens 8 --rounds 1

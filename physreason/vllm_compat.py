@@ -82,17 +82,37 @@ def sampling_params(
     stop_token_ids: Sequence[int],
     logprobs: bool = True,
     suppressed_token_ids: Sequence[int] = (),
+    seed: int | None = None,
 ):
-    """Build `vllm.SamplingParams`: n samples, seed, stop ids, and (if asked) the logprob of each sampled token.
+    """Build `vllm.SamplingParams` from sampling_kwargs (see there). `flat_logprobs` (0.26+) returns log-probs as
+    flat lists, far fewer Python objects for long rollouts."""
+    from vllm import SamplingParams
+
+    kwargs = sampling_kwargs(sampling, max_tokens, stop_token_ids, logprobs, suppressed_token_ids, seed)
+    if logprobs and "flat_logprobs" in _sampling_field_names():
+        kwargs["flat_logprobs"] = True
+    return SamplingParams(**kwargs)
+
+
+def sampling_kwargs(
+    sampling: SamplingConfig,
+    max_tokens: int,
+    stop_token_ids: Sequence[int],
+    logprobs: bool = True,
+    suppressed_token_ids: Sequence[int] = (),
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """`vllm.SamplingParams` arguments: n samples, seed, stop ids, and (if asked) the logprob of each sampled token.
+
+    `seed` is a request's own (engines.base.sampling_seed: the sampling seed and the request's identity); vLLM
+    then draws the request from a generator of its own, completion k from seed + k. Without it every request of
+    the call is seeded with `sampling.seed`.
 
     vLLM means "all tokens" by top_k = 0 (0.26+; -1 is still accepted but deprecated); physreason uses -1.
-    `flat_logprobs` (0.26+) returns log-probs as flat lists, far fewer Python objects for long rollouts.
     With `sampling.ignore_eos` no token stops a completion: vLLM's ignore_eos covers the tokenizer's EOS,
     and the stop ids are dropped. `suppressed_token_ids` get a -100 logit bias (never sampled); the returned
     log-probabilities are the raw ones (vLLM's logprobs mode), as the policy computes them.
     """
-    from vllm import SamplingParams
-
     greedy = sampling.temperature == 0.0
     kwargs: dict[str, Any] = dict(
         n=sampling.n,
@@ -103,7 +123,7 @@ def sampling_params(
         presence_penalty=sampling.presence_penalty,
         frequency_penalty=sampling.frequency_penalty,
         max_tokens=max_tokens,
-        seed=sampling.seed,
+        seed=sampling.seed if seed is None else seed,
         stop_token_ids=[] if sampling.ignore_eos else list(stop_token_ids),
         ignore_eos=sampling.ignore_eos,
         logprobs=0 if logprobs else None,
@@ -111,9 +131,7 @@ def sampling_params(
     )
     if suppressed_token_ids:
         kwargs["logit_bias"] = {int(token): SUPPRESS_BIAS for token in suppressed_token_ids}
-    if logprobs and "flat_logprobs" in _sampling_field_names():
-        kwargs["flat_logprobs"] = True
-    return SamplingParams(**kwargs)
+    return kwargs
 
 
 def sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:

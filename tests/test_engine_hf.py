@@ -269,3 +269,84 @@ def test_presence_and_frequency_penalties_follow_vllm_semantics(engine, static_e
     # the reported log-probs stay those of the raw logits
     raw = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
     assert penalised.completions[0].logprobs == pytest.approx(raw.tolist(), abs=1e-4)
+
+
+SEEDED = SamplingConfig(temperature=1.0, top_p=0.9, top_k=50, n=2, max_tokens=6, seed=11, repetition_penalty=1.05)
+
+
+def seeded(request, *identity):
+    """The request with a seed of its own (GenerationRequest.seed), as evaluation gives each sample."""
+    from dataclasses import replace
+
+    from physreason.engines.base import request_seed
+
+    return replace(request, seed=request_seed(*identity))
+
+
+def tokens_of(result):
+    return [c.token_ids for c in result.completions]
+
+
+@pytest.mark.parametrize("path", ["default", "static"])
+def test_a_request_seeded_by_identity_draws_the_same_completions_in_any_batch(engine, static_engine, media, path):
+    """Completion k of a request with a seed draws from its own generator: alone, second or third in a batch, beside
+    unseeded requests (batched apart) or in batches of one, its completions and log-probs are the same."""
+    chosen = static_engine if path == "static" else engine
+    video, image, both, text = requests(media)
+    mine = seeded(both, "mini", "s3")
+    alone = chosen.generate([mine], SEEDED)[0]
+    second = chosen.generate([seeded(text, "mini", "s1"), mine], SEEDED)[1]
+    third = chosen.generate([seeded(image, "mini", "s0"), seeded(video, "mini", "s2"), mine], SEEDED)[2]
+    mixed = chosen.generate([text, mine, image], SEEDED)[1]
+    chosen.engine_config.batch_size = 1
+    try:
+        ones = chosen.generate([seeded(video, "mini", "s2"), mine], SEEDED)[1]
+    finally:
+        chosen.engine_config.batch_size = 4
+    assert tokens_of(alone) == tokens_of(second) == tokens_of(third) == tokens_of(mixed) == tokens_of(ones)
+    assert tokens_of(alone)[0] != tokens_of(alone)[1]  # the n completions of one request draw differently
+    for completion, other in zip(alone.completions, third.completions, strict=True):
+        assert completion.logprobs == pytest.approx(other.logprobs, abs=1e-4)
+        assert len(completion.logprobs) == len(completion.token_ids) and min(completion.logprobs) < 0.0  # raw, not one-hot
+    # another identity, or another sampling seed, draws other completions
+    assert tokens_of(chosen.generate([seeded(both, "mini", "s4")], SEEDED)[0]) != tokens_of(alone)
+    assert tokens_of(chosen.generate([mine], SEEDED.model_copy(update={"seed": 12}))[0]) != tokens_of(alone)
+
+
+def test_a_row_that_stops_early_does_not_shift_the_draws_of_its_batch(engine, media, monkeypatch):
+    video, _, both, _ = requests(media)
+    first, mine = seeded(video, "mini", "s2"), seeded(both, "mini", "s3")
+    batched = engine.generate([first, mine], SEEDED)
+    # make a token of the first request's first completion an end of sequence it does not share with `mine`
+    stop = next(t for t in batched[0].completions[0].token_ids[:3] if t not in sum(tokens_of(batched[1]), []))
+    monkeypatch.setattr(engine, "eos_token_ids", engine.eos_token_ids | {stop})
+    early, again = engine.generate([first, mine], SEEDED)
+    assert early.completions[0].finish_reason == "stop" and len(early.completions[0].token_ids) <= 3
+    assert tokens_of(again) == tokens_of(batched[1]) == tokens_of(engine.generate([mine], SEEDED)[0])
+
+
+@pytest.mark.parametrize("path", ["default", "static"])
+def test_duplicate_requests_without_a_seed_of_their_own_still_draw_different_completions(engine, static_engine, media, path):
+    """GRPO sends a prompt's group without request seeds: its rows share the call's stream, so duplicates of one prompt
+    differ (one seed for every duplicate would give the whole group one answer and zero advantage)."""
+    chosen = static_engine if path == "static" else engine
+    text = requests(media)[3]
+    one = SEEDED.model_copy(update={"n": 1})
+    results = chosen.generate([text, text, text], one)
+    assert len({tuple(r.completions[0].token_ids) for r in results}) > 1
+    grouped = chosen.generate([text], SEEDED.model_copy(update={"n": 4}))[0]
+    assert len({tuple(c.token_ids) for c in grouped.completions}) > 1
+    # the same call draws the same completions again (the sampling seed still pins the shared stream)
+    assert [tokens_of(r) for r in chosen.generate([text, text, text], one)] == [tokens_of(r) for r in results]
+
+
+def test_request_seeds_change_nothing_for_greedy_or_unseeded_sampling(engine, media):
+    reqs = requests(media)
+    mine = [seeded(r, "mini", r.request_id) for r in reqs]
+    assert [tokens_of(r) for r in engine.generate(mine, GREEDY)] == [tokens_of(r) for r in engine.generate(reqs, GREEDY)]
+    from physreason.engines.base import sampling_seed
+
+    assert sampling_seed(SEEDED.model_copy(update={"seed": None}), mine[0]) is None
+    assert sampling_seed(GREEDY.model_copy(update={"seed": 3}), mine[0]) is None
+    assert sampling_seed(SEEDED, reqs[0]) is None
+    assert sampling_seed(SEEDED, mine[0]) == sampling_seed(SEEDED, seeded(reqs[0], "mini", "video"))

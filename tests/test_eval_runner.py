@@ -290,3 +290,52 @@ def test_a_shard_process_builds_the_same_plan_from_the_stored_config(tmp_path, t
     assert [b.name for b in again.benchmarks] == ["mini"] and again.seeds == (1, 2)
     with pytest.raises(AttributeError):
         plan.base = tmp_path  # the plan is not changed on the way down
+
+
+def _sampled_config(tmp_path: Path, model: Path, bench_root: Path, name: str, num_gpus: int) -> Path:
+    """Sampled answers (temperature 0.8, two repeats) in batches of 4: what an eval split over shards must not change."""
+    path = write_config(tmp_path / f"{name}.toml", model, bench_root, tmp_path / name, num_gpus=num_gpus, num_repeats=2)
+    text = path.read_text().replace("batch_size = 2", "batch_size = 4").replace("temperature = 0.0", "temperature = 0.8")
+    path.write_text(text.replace("max_tokens = 4", "max_tokens = 10"))
+    return path
+
+
+def _outputs(base: Path) -> dict[str, bytes]:
+    """Every result and run file of an answer-type folder by relative path; config.toml without its two lines that
+    name the folder and the GPU count; the report's markdown and CSV (no timing field is written anywhere)."""
+    from physreason.eval import collect_reports, csv_text, markdown_report, report_rows
+
+    files = {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+    files.pop("logs/shard-0-of-2.log", None), files.pop("logs/shard-1-of-2.log", None)
+    config = files.pop("config.toml").decode().splitlines()
+    files["config.toml"] = "\n".join(line for line in config if not line.startswith(("results_dir", "num_gpus"))).encode()
+    reports = collect_reports(base)
+    files["report.md"] = markdown_report(reports).replace(str(base.parents[1]), "<results>").encode()
+    files["report.csv"] = csv_text(report_rows(reports)).encode()
+    return files
+
+
+@pytest.mark.slow
+def test_two_shards_give_the_same_files_and_report_as_one_process_and_resume_from_partial_shard_files(
+    tmp_path, tiny_model_dir, bench_root
+):
+    """Sampled answers: each request is seeded by its sample's identity (data set, id; the repeat's seed), so its batch
+    (other samples on 2 shards) and its row do not change it; merged in benchmark order, byte for byte the one-process
+    files and report."""
+    one = run_eval(load_config(_sampled_config(tmp_path, tiny_model_dir, bench_root, "one", 1)), show_progress=False)
+    two_config = load_config(_sampled_config(tmp_path, tiny_model_dir, bench_root, "two", 2))
+    two = run_eval(two_config, show_progress=False)
+    assert [(r.answered, r.failed, r.missing) for r in two.runs] == [(GOOD, 2, 0)] * 2
+    expected = _outputs(one.base)
+    assert sorted(expected) == sorted(_outputs(two.base))
+    assert _outputs(two.base) == expected
+    # a kill mid-run: each shard left part of its samples (and shard 1 a torn line); the rerun answers only the rest
+    for seed in ("seed_1", "seed_2"):
+        run = two.base / "mini" / seed
+        records = [line + "\n" for line in (run / "results.jsonl").read_text().splitlines()]
+        (run / "results.jsonl").unlink()
+        (run / "shard-0-of-2.jsonl").write_text(records[0] + records[4])  # ids 0 and 4 are shard 0's (every 2nd)
+        (run / "shard-1-of-2.jsonl").write_text(records[1] + records[3][:20])
+    resumed = run_eval(two_config, show_progress=False)
+    assert [(r.answered, r.failed, r.missing) for r in resumed.runs] == [(GOOD, 2, 0)] * 2
+    assert _outputs(two.base) == expected

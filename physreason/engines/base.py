@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import abc
+import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -28,6 +30,11 @@ class GenerationRequest:
     images: list[np.ndarray] = field(default_factory=list)  # each uint8 [H, W, 3], already resized
     videos: list[VideoFrames] = field(default_factory=list)
     request_id: str | None = None
+    # The request's identity for seeded sampling (request_seed(...) of, e.g., data set and sample id): with a sampling
+    # seed and temperature > 0 its completions are drawn from generators of their own (sampling_seed), so they do not
+    # depend on the other requests of the call, their order or the batch size. None (GRPO rollouts): every row draws
+    # from the call's shared stream, so duplicate requests of one prompt still get different completions.
+    seed: int | None = None
     # The media already patchified (encode_visuals) with these processor parameters: an engine of the same parameters
     # uses them instead of patchifying again (GRPO keeps them for the policy's forward, physreason.train.rollout).
     encoded: tuple[ProcessorParams, VisualInputs] | None = field(default=None, repr=False, compare=False)
@@ -40,6 +47,25 @@ class GenerationRequest:
         if self.images:
             return int(self.images[0].shape[0]), int(self.images[0].shape[1])
         return None
+
+
+_SEED_BITS = 62  # leaves room for + completion index below 2**63 (torch and vLLM seeds)
+
+
+def request_seed(*identity: str | int) -> int:
+    """A stable seed for a request from its identity (e.g. data set name and sample id): the same in every process
+    and run (Python's hash() is not)."""
+    digest = hashlib.blake2b(json.dumps(list(identity)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % 2**_SEED_BITS
+
+
+def sampling_seed(sampling: SamplingConfig, request: GenerationRequest) -> int | None:
+    """The seed a request's own sampling starts from, or None when it draws from the call's shared stream (greedy,
+    no sampling seed, or no request seed). Completion k of the request draws from seed + k, as vLLM seeds the n
+    children of a seeded request; both engines take this seed."""
+    if sampling.temperature == 0.0 or sampling.seed is None or request.seed is None:
+        return None
+    return request_seed(sampling.seed, request.seed)
 
 
 @dataclass

@@ -13,10 +13,13 @@ from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
     RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
 )
 
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig
-from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult
+from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult, sampling_seed
 from physreason.errors import PhysReasonError
 from physreason.models import loading
 from physreason.models.family import model_family, vision_special_token_ids
@@ -76,6 +79,34 @@ class SampledLogprobs(LogitsProcessor):
             return torch.zeros(last_tokens.shape[0], 0)
         self.steps.append(self.previous.gather(-1, last_tokens[:, None].to(self.previous.device))[:, 0])
         return torch.stack(self.steps, dim=1)
+
+
+class RowSeededSampler(LogitsProcessor):
+    """Draws each row's token from a generator of its own and leaves only that token (placed last).
+
+    transformers draws all rows of a generate call from one stream, so a row's tokens depend on the rows beside
+    it; here row r draws from torch.Generator(seeds[r]) after temperature, top-k and top-p as transformers applies
+    them. Every row draws once per step, finished or not, so draw t of a row is always its generator's t-th,
+    whatever the batch's size, order, padding or the step at which other rows stop. The scores it returns are -inf
+    except at the drawn token, which is then the only one transformers' own sampling (temperature 1, no top-k or
+    top-p) can take.
+    """
+
+    def __init__(self, seeds: list[int], sampling: SamplingConfig, device: torch.device) -> None:
+        warpers: list[LogitsProcessor] = [TemperatureLogitsWarper(sampling.temperature)]
+        if sampling.top_k > 0:
+            warpers.append(TopKLogitsWarper(sampling.top_k))
+        if sampling.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(sampling.top_p))
+        self.warpers = LogitsProcessorList(warpers)
+        self.generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        probs = torch.softmax(self.warpers(input_ids, scores).float(), dim=-1)  # [B, vocab]
+        picked = torch.cat(
+            [torch.multinomial(probs[row], 1, generator=gen) for row, gen in enumerate(self.generators)]
+        )  # [B]
+        return torch.full_like(scores, float("-inf")).scatter_(-1, picked[:, None], 0.0)
 
 
 class SuppressTokens(LogitsProcessor):
@@ -216,10 +247,18 @@ class HFEngine(Engine):
             results[i].prompt_token_ids = ids
             encoded.append((i, ids, visuals))
         size = self.engine_config.batch_size
-        for start in range(0, len(encoded), size):
-            batch = encoded[start : start + size]
+        # Requests seeded by identity (GenerationRequest.seed) are batched apart from the rest, whose rows keep
+        # drawing from the call's shared stream; without any, the batches are those of one list.
+        seeds = [sampling_seed(sampling, request) for request in requests]
+        shared = [item for item in encoded if seeds[item[0]] is None]
+        own = [item for item in encoded if seeds[item[0]] is not None]
+        batches = [group[start : start + size] for group in (shared, own) for start in range(0, len(group), size)]
+        for batch in batches:
+            row_seeds = [seeds[index] for index, _, _ in batch] if seeds[batch[0][0]] is not None else None
             try:
-                outputs = self._generate_batch([ids for _, ids, _ in batch], [v for _, _, v in batch], sampling, logprobs)
+                outputs = self._generate_batch(
+                    [ids for _, ids, _ in batch], [v for _, _, v in batch], sampling, logprobs, row_seeds
+                )
             except torch.OutOfMemoryError as exc:
                 for index, _, _ in batch:
                     results[index].error = (
@@ -232,8 +271,15 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def _generate_batch(
-        self, prompts: list[list[int]], visuals: list[VisualInputs], sampling: SamplingConfig, want_logprobs: bool
+        self,
+        prompts: list[list[int]],
+        visuals: list[VisualInputs],
+        sampling: SamplingConfig,
+        want_logprobs: bool,
+        request_seeds: list[int] | None = None,
     ) -> list[list[Completion]]:
+        """Completions of one batch; with `request_seeds` (one per prompt, sampling_seed) completion k of prompt i
+        draws from request_seeds[i] + k (RowSeededSampler), else every row from the shared stream."""
         longest = max(len(p) for p in prompts)
         max_new = min(sampling.max_tokens, self.max_model_len - longest)
         width = -(-longest // _STATIC_LENGTH_BUCKET) * _STATIC_LENGTH_BUCKET if self.static_cache else longest
@@ -251,14 +297,19 @@ class HFEngine(Engine):
         greedy = sampling.temperature == 0.0
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
+        seeded = None
+        if request_seeds is not None and not greedy:
+            # rows in transformers' order: prompt i's n completions side by side (num_return_sequences)
+            rows = [seed + k for seed in request_seeds for k in range(sampling.n)]
+            seeded = RowSeededSampler(rows, sampling, self.device)
         common = dict(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
             **kwargs,
             do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
-            top_k=None if greedy or sampling.top_k < 0 else sampling.top_k,
+            temperature=None if greedy else 1.0 if seeded else sampling.temperature,
+            top_p=None if greedy else 1.0 if seeded else sampling.top_p,
+            top_k=None if greedy or (seeded is None and sampling.top_k < 0) else 0 if seeded else sampling.top_k,
             max_new_tokens=max_new,
             num_return_sequences=sampling.n,
             eos_token_id=sorted(self.eos_token_ids),
@@ -280,6 +331,8 @@ class HFEngine(Engine):
             processors.extend(penalties)
             if suppressed:
                 processors.append(SuppressTokens(suppressed))
+            if seeded is not None:
+                processors.append(seeded)
             out = self.model.generate(
                 **common, repetition_penalty=1.0, logits_processor=processors, cache_implementation="static"
             )
@@ -292,7 +345,9 @@ class HFEngine(Engine):
                 **common,
                 repetition_penalty=sampling.repetition_penalty,
                 output_logits=want_logprobs,
-                logits_processor=LogitsProcessorList(penalties + ([SuppressTokens(suppressed)] if suppressed else [])),
+                logits_processor=LogitsProcessorList(
+                    penalties + ([SuppressTokens(suppressed)] if suppressed else []) + ([seeded] if seeded else [])
+                ),
             )
             new_tokens = out.sequences[:, width:].cpu()  # [B * n, new]
             logprobs = None

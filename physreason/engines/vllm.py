@@ -18,7 +18,7 @@ from transformers import GenerationConfig
 
 from physreason import vllm_compat
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig
-from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult
+from physreason.engines.base import Completion, Engine, GenerationRequest, GenerationResult, sampling_seed
 from physreason.errors import PhysReasonError
 from physreason.models import loading
 from physreason.models.family import model_family, vision_special_token_ids
@@ -264,27 +264,30 @@ class VLLMEngine(Engine):
         # One batched call: the fast tokenizer encodes a batch on all cores.
         encoded = self.tokenizer([text for _, text in texts], add_special_tokens=False).input_ids if texts else []
         prompts, params, indices = [], [], []
-        by_max_tokens: dict[int, Any] = {}  # one SamplingParams per distinct budget, not one per request
+        # one SamplingParams per distinct (budget, request seed), not one per request; a request with a seed of its
+        # own (GenerationRequest.seed, engines.base.sampling_seed) gets vLLM's per-request seed, as the hf engine
+        # draws it from a generator of its own
+        by_key: dict[tuple[int, int | None], Any] = {}
         for (i, _), token_ids in zip(texts, encoded, strict=True):
             try:
                 prompt, length = self._prompt(requests[i], token_ids)
             except PhysReasonError as exc:
                 results[i].error = str(exc)
                 continue
-            max_tokens = min(sampling.max_tokens, self.max_model_len - length)
-            if max_tokens not in by_max_tokens:
+            key = (min(sampling.max_tokens, self.max_model_len - length), sampling_seed(sampling, requests[i]))
+            if key not in by_key:
                 suppressed = vision_special_token_ids(self.hf_config) if sampling.suppress_vision_tokens else ()
-                by_max_tokens[max_tokens] = vllm_compat.sampling_params(
-                    sampling, max_tokens, self.stop_token_ids, logprobs, suppressed
+                by_key[key] = vllm_compat.sampling_params(
+                    sampling, key[0], self.stop_token_ids, logprobs, suppressed, seed=key[1]
                 )
             prompts.append(prompt)
-            params.append(by_max_tokens[max_tokens])
+            params.append(by_key[key])
             indices.append(i)
         if not prompts:
             return results
         try:
             outputs = self.llm.generate(
-                prompts, params[0] if len(by_max_tokens) == 1 else params, use_tqdm=False, lora_request=self._adapter
+                prompts, params[0] if len(by_key) == 1 else params, use_tqdm=False, lora_request=self._adapter
             )
         except ValueError:
             # vLLM validates a whole call up front; run one at a time so only the bad request fails.

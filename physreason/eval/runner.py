@@ -17,7 +17,7 @@ from physreason.chat.structured import CoordSpace
 from physreason.chat.style import Prompting, StyleName, build_mcq_messages, coord_space, grounding_question
 from physreason.config import SamplingConfig, VisionConfig
 from physreason.data.loaders import media_path_in_root
-from physreason.engines.base import Engine, GenerationRequest, GenerationResult
+from physreason.engines.base import Engine, GenerationRequest, GenerationResult, request_seed
 from physreason.errors import ConfigError, PhysReasonError
 from physreason.eval.benchmark import Benchmark, EvalSample
 from physreason.eval.results import finished_in_run, shard_file
@@ -64,7 +64,8 @@ def build_eval_request(
     with Cosmos-Reason2's task prompt as written, whatever the style, except that a 2D grounding question to a
     reason1 model asks for absolute pixels of the frame it sees (chat.style.grounding_question). `system_prompt`
     (prompt.system_prompt) replaces the style's; '' leaves the system message empty (reason1) or out (reason2), as
-    build_messages does.
+    build_messages does. The request is seeded by the sample's identity (data set, sample id; each repeat's own
+    sampling seed adds the repeat), so a sampled answer is the same whichever shard, batch or row it lands in.
     """
     if sample.error is not None:
         raise PhysReasonError(sample.error)
@@ -83,7 +84,9 @@ def build_eval_request(
         )
     if system_prompt is not None:
         messages = _with_system_prompt(messages, system_prompt, style)
-    return GenerationRequest(messages=messages, videos=[frames], request_id=sample.id)
+    return GenerationRequest(
+        messages=messages, videos=[frames], request_id=sample.id, seed=request_seed(benchmark.name, sample.id)
+    )
 
 
 def _with_system_prompt(messages: list[dict[str, Any]], system_prompt: str, style: StyleName) -> list[dict[str, Any]]:
