@@ -10,7 +10,8 @@ One GPU:   sft-sync-saves, sft-async-saves (three saves each, then a resume from
            the uninterrupted run's), float8-rowwise, float8-tensorwise, float8-fsdp-compiled (torchrun 1),
            cpu-offload, bf16-optimizer-state, bf16-state-grouped (one Triton kernel a group against one compiled
            kernel a parameter), compiled-blocks, chunked-loss (against the full loss of the same step),
-           fsdp2-torchrun, hf-generate, grpo-step
+           fsdp2-torchrun (FSDP2 on a one-rank mesh under torchrun 1: train.one_rank_precision = 'legacy', since one
+           process now trains without FSDP2 by default), hf-generate, grpo-step
 Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losses within 1e-3 relative;
            float8-all-gather-dp2 (tensorwise weights all-gathered in float8, scales precomputed after each step)
 --vllm:    vllm-generate, vllm-weight-push (the engine's output follows pushed weights), vllm-fp8-rollout
@@ -74,7 +75,8 @@ CHECKS = (
     Check("bf16-state-grouped", cuda_only=True),
     Check("compiled-blocks", cuda_only=True, settings=("train.compile=true",)),
     Check("chunked-loss", settings=("train.loss_chunk_size=16",)),
-    Check("fsdp2-torchrun"),
+    # One process trains without FSDP2 by default (train.one_rank_precision = "cast"): "legacy" keeps FSDP2 here
+    Check("fsdp2-torchrun", settings=("train.one_rank_precision='legacy'",)),
     Check("hf-generate"),
     Check("grpo-step"),
     Check("dp2", gpus=2, settings=("policy.parallelism.dp_shard_size=2",)),
@@ -127,10 +129,10 @@ from physreason.config import load_config
 from physreason.train.sft import run_sft
 mesh_sizes = {}
 real_shard = build.shard
-def shard(wrapper, model, runtime, mesh, train):
+def shard(wrapper, model, runtime, mesh, *args, **kwargs):  # the rest passes through as build.shard takes it
     if mesh is not None:
         mesh_sizes.update({name: mesh[name].size() for name in mesh.mesh_dim_names})
-    return real_shard(wrapper, model, runtime, mesh, train)
+    return real_shard(wrapper, model, runtime, mesh, *args, **kwargs)
 build.shard = shard
 import physreason.models.float8 as float8
 precomputes = []  # float8 scale passes after optimizer steps (float8 all-gather only)
@@ -425,6 +427,9 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
         settings = base_settings(model, chat, work / name, steps=3) + saves + list(check.settings)
         info: dict = {}
         losses = torchrun(work, nproc, settings, timeout, info=info)
+        # float8 keeps FSDP2 on one process too (build.compute_cast): a run without a mesh tested another path
+        if info["mesh"].get("dp") != nproc:
+            raise AssertionError(f"float8 over {nproc} rank(s) trained on the mesh {info['mesh'] or 'none (no FSDP2)'}")
         # float8 all-gather (2+ ranks) precomputes the scales after each of the 3 steps; one rank gathers in bf16
         wanted = 3 if nproc > 1 else 0
         if info["float8_precomputes"] != wanted:
@@ -441,9 +446,12 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
     if name == "bf16-state-grouped":
         return check_bf16_grouped()
     if name == "fsdp2-torchrun":
+        trained: dict[str, int] = {}
         losses = torchrun(work, 1, base_settings(model, chat, work / name, steps=3)
-                          + ["train.ckpt.enable_checkpoint=false"], timeout)  # fmt: skip
-        return finite(losses, 3)
+                          + ["train.ckpt.enable_checkpoint=false", *check.settings], timeout, trained)  # fmt: skip
+        if trained.get("dp") != 1:  # no mesh: the run took the one-rank cast path, not FSDP2
+            raise AssertionError(f"asked for FSDP2 on one rank, trained on the mesh {trained or 'none (no FSDP2)'}")
+        return f"{finite(losses, 3)}, FSDP2 on a one-rank mesh"
     if name == "hf-generate":
         return check_generate(model)
     if name == "grpo-step":

@@ -49,3 +49,11 @@ def test_unknown_checks_are_refused_and_the_error_line_is_the_one_naming_it():
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--only", "no-such-check"],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2 and "unknown check(s) no-such-check" in done.stderr
+
+
+def test_the_torchrun_worker_trains_fsdp2_on_one_rank(tmp_path):
+    # The worker wraps build.shard to record the mesh; it must pass on whatever build.shard takes (a wrapper of the
+    # old arity failed every torchrun check with a TypeError), and fsdp2-torchrun must train FSDP2, not the cast path.
+    done = run(tmp_path, "--only", "fsdp2-torchrun", "--timeout", "240")
+    assert done.returncode == 0, done.stdout + done.stderr + (tmp_path / "w" / "fsdp2-torchrun.log").read_text()
+    assert " pass fsdp2-torchrun " in done.stdout and "FSDP2 on a one-rank mesh" in done.stdout, done.stdout
