@@ -22,7 +22,8 @@ Set up on a bare GPU machine (the image has torch and an older transformers; not
                  source .device-wheels/setup.sh && python bench/gpu_check.py --commit C 2>&1 | tee $OUT/gpu_check.log
     with vLLM:   the parts of ../shared/gpu/vllm-wheels.sh first (see its header), then add --vllm
 Each check runs in a worker process of its own (a CUDA fault cannot take the next check with it) with a time limit
-(--timeout, 120 s). With OUT set, $OUT/gpu_check.json is rewritten after every check. --only NAME[,NAME] runs some.
+(--timeout, 120 s). With OUT set, $OUT/gpu_check.json is rewritten after every check and a failed check's log is
+kept as $OUT/NAME.log. --only NAME[,NAME] runs some.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import faulthandler
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -164,6 +166,8 @@ def torchrun(
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     (work / f"torchrun_{nproc}_{stamp}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
+        # the ranks' output into this check's log, which a failed check leaves under $OUT
+        print("\n".join((done.stdout + done.stderr).splitlines()[-300:]), file=sys.stderr, flush=True)
         raise RuntimeError(f"torchrun {nproc} exited {done.returncode}: {last_error(done.stderr)}")
     record = json.loads(losses.read_text())
     if mesh is not None:
@@ -173,9 +177,21 @@ def torchrun(
     return record["losses"]
 
 
+# An exception's own line ("ValueError: ...", "[rank0]: TypeError: ..."), as a traceback or a torchrun rank ends
+ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([\w.]*(?:Error|Exception)\b.*)")
+# torchrun's own summary after a rank failed: it names no cause (its "error_file: <N/A>" once stood for the error)
+TORCHRUN_SUMMARY = ("ChildFailedError", "error_file:", "raise ChildFailedError")
+
+
 def last_error(text: str) -> str:
-    """The line that names the error in a traceback or log: the last line that looks like one, else the last line."""
+    """The line that names the error in a traceback or log: the last exception line (torchrun's summary skipped),
+    else the last line that mentions an error, else the last line."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    lines = [line for line in lines if not any(part in line for part in TORCHRUN_SUMMARY)] or lines
+    for line in reversed(lines):
+        match = ERROR_LINE.match(line)
+        if match:
+            return match.group(1)[:300]
     for line in reversed(lines):
         if "Error" in line or "Exception" in line or line.startswith("error"):
             return line[:300]
@@ -567,6 +583,11 @@ def main(argv: list[str] | None = None) -> int:
             row = {"check": check.name, "status": "pass" if outcome["ok"] else "FAIL", "detail": outcome["detail"],
                    "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
         rows.append(row)
+        if out and row["status"] == "FAIL" and (work / f"{check.name}.log").is_file():
+            # a failed check's log (its traceback, a torchrun's ranks' output) comes back with the results
+            Path(out).mkdir(parents=True, exist_ok=True)
+            text = (work / f"{check.name}.log").read_text(errors="replace")
+            (Path(out) / f"{check.name}.log").write_text(text[-200_000:])
         say(f"{row['status']:4s} {check.name:22s} {row['seconds']:6.1f} s  {row['detail']}")
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)

@@ -36,12 +36,19 @@ def test_a_check_over_its_time_fails_its_line_and_the_exit_code(tmp_path):
     assert done.returncode == 1
     assert " FAIL hf-generate " in done.stdout and "did not finish in 1 s" in done.stdout
     assert done.stdout.strip().splitlines()[-1].endswith("0 passed, 1 failed, 0 skipped: hf-generate")
+    assert (tmp_path / "out" / "hf-generate.log").is_file()  # a failed check's log comes back under $OUT
 
 
 def test_unknown_checks_are_refused_and_the_error_line_is_the_one_naming_it():
     check = load_bench("gpu_check")
     log = "Traceback (most recent call last):\n  File x\nRuntimeError: Expected trailing dimension divisible by 16\n"
     assert check.last_error(log) == "RuntimeError: Expected trailing dimension divisible by 16"
+    # torchrun ends with its own summary after the rank's exception; the rank's line is the error
+    ranks = ("[rank0]:   File x\n[rank0]: TypeError: shard() takes 5 positional arguments but 6 were given\n"
+             "    raise ChildFailedError(\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+             "Root Cause (first observed failure):\n  exitcode  : 1 (pid: 23656)\n  error_file: <N/A>\n"
+             "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n")
+    assert check.last_error(ranks) == "TypeError: shard() takes 5 positional arguments but 6 were given"
     assert check.missing(check.CHECKS[0], gpus=1, vllm=False, cpu=False) is None
     two = next(c for c in check.CHECKS if c.name == "tp2")
     assert check.missing(two, gpus=1, vllm=False, cpu=False) == "needs 2 GPUs, 1 visible"
