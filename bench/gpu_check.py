@@ -10,7 +10,8 @@ One GPU:   sft-sync-saves, sft-async-saves (three saves each, then a resume from
            the uninterrupted run's), float8-rowwise, float8-tensorwise, float8-fsdp-compiled (torchrun 1),
            cpu-offload, bf16-optimizer-state, bf16-state-grouped (one Triton kernel a group against one compiled
            kernel a parameter), compiled-blocks, chunked-loss (against the full loss of the same step),
-           fsdp2-torchrun, hf-generate, grpo-step
+           fsdp2-torchrun (FSDP2 on a one-rank mesh under torchrun 1: train.one_rank_precision = 'legacy', since one
+           process now trains without FSDP2 by default), hf-generate, grpo-step
 Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losses within 1e-3 relative;
            float8-all-gather-dp2 (tensorwise weights all-gathered in float8, scales precomputed after each step)
 --vllm:    vllm-generate, vllm-weight-push (the engine's output follows pushed weights), vllm-fp8-rollout
@@ -21,7 +22,8 @@ Set up on a bare GPU machine (the image has torch and an older transformers; not
                  source .device-wheels/setup.sh && python bench/gpu_check.py --commit C 2>&1 | tee $OUT/gpu_check.log
     with vLLM:   the parts of ../shared/gpu/vllm-wheels.sh first (see its header), then add --vllm
 Each check runs in a worker process of its own (a CUDA fault cannot take the next check with it) with a time limit
-(--timeout, 120 s). With OUT set, $OUT/gpu_check.json is rewritten after every check. --only NAME[,NAME] runs some.
+(--timeout, 120 s). With OUT set, $OUT/gpu_check.json is rewritten after every check and a failed check's log is
+kept as $OUT/NAME.log. --only NAME[,NAME] runs some.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import faulthandler
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -74,7 +77,8 @@ CHECKS = (
     Check("bf16-state-grouped", cuda_only=True),
     Check("compiled-blocks", cuda_only=True, settings=("train.compile=true",)),
     Check("chunked-loss", settings=("train.loss_chunk_size=16",)),
-    Check("fsdp2-torchrun"),
+    # One process trains without FSDP2 by default (train.one_rank_precision = "cast"): "legacy" keeps FSDP2 here
+    Check("fsdp2-torchrun", settings=("train.one_rank_precision='legacy'",)),
     Check("hf-generate"),
     Check("grpo-step"),
     Check("dp2", gpus=2, settings=("policy.parallelism.dp_shard_size=2",)),
@@ -127,10 +131,10 @@ from physreason.config import load_config
 from physreason.train.sft import run_sft
 mesh_sizes = {}
 real_shard = build.shard
-def shard(wrapper, model, runtime, mesh, train, *rest):
+def shard(wrapper, model, runtime, mesh, *args, **kwargs):  # the rest passes through as build.shard takes it
     if mesh is not None:
         mesh_sizes.update({name: mesh[name].size() for name in mesh.mesh_dim_names})
-    return real_shard(wrapper, model, runtime, mesh, train, *rest)
+    return real_shard(wrapper, model, runtime, mesh, *args, **kwargs)
 build.shard = shard
 import physreason.models.float8 as float8
 precomputes = []  # float8 scale passes after optimizer steps (float8 all-gather only)
@@ -162,6 +166,8 @@ def torchrun(
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     (work / f"torchrun_{nproc}_{stamp}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
+        # the ranks' output into this check's log, which a failed check leaves under $OUT
+        print("\n".join((done.stdout + done.stderr).splitlines()[-300:]), file=sys.stderr, flush=True)
         raise RuntimeError(f"torchrun {nproc} exited {done.returncode}: {last_error(done.stderr)}")
     record = json.loads(losses.read_text())
     if mesh is not None:
@@ -171,11 +177,21 @@ def torchrun(
     return record["losses"]
 
 
+# An exception's own line ("ValueError: ...", "[rank0]: TypeError: ..."), as a traceback or a torchrun rank ends
+ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([\w.]*(?:Error|Exception)\b.*)")
+# torchrun's own summary after a rank failed: it names no cause (its "error_file: <N/A>" once stood for the error)
+TORCHRUN_SUMMARY = ("ChildFailedError", "error_file:", "raise ChildFailedError")
+
+
 def last_error(text: str) -> str:
-    """The line that names the error in a traceback or log: the last line that looks like one, else the last line."""
+    """The line that names the error in a traceback or log: the last exception line (torchrun's summary skipped),
+    else the last line that mentions an error, else the last line."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    # torchrun's own summary after a rank failed ("ChildFailedError", "error_file: <N/A>") hides the rank's error
-    lines = [line for line in lines if "ChildFailedError" not in line and not line.startswith("error_file")]
+    lines = [line for line in lines if not any(part in line for part in TORCHRUN_SUMMARY)] or lines
+    for line in reversed(lines):
+        match = ERROR_LINE.match(line)
+        if match:
+            return match.group(1)[:300]
     for line in reversed(lines):
         if "Error" in line or "Exception" in line or line.startswith("error"):
             return line[:300]
@@ -291,7 +307,9 @@ def check_vllm(name: str, model: Path) -> str:
 
         from physreason.train.weight_sync import push_weights
 
-        push_weights(engine, AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16), quantization="fp8")
+        push_weights(
+            engine, AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16), quantization="fp8"
+        )
     greedy = config.generation.model_copy(update={"max_tokens": 12, "temperature": 0.0})
     first = engine.generate(request, greedy)[0]
     if first.error or not first.completions[0].token_ids:
@@ -439,6 +457,9 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
         settings = base_settings(model, chat, work / name, steps=3) + saves + list(check.settings)
         info: dict = {}
         losses = torchrun(work, nproc, settings, timeout, info=info)
+        # float8 keeps FSDP2 on one process too (build.compute_cast): a run without a mesh tested another path
+        if info["mesh"].get("dp") != nproc:
+            raise AssertionError(f"float8 over {nproc} rank(s) trained on the mesh {info['mesh'] or 'none (no FSDP2)'}")
         # float8 all-gather (2+ ranks) precomputes the scales after each of the 3 steps; one rank gathers in bf16
         wanted = 3 if nproc > 1 else 0
         if info["float8_precomputes"] != wanted:
@@ -455,9 +476,12 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
     if name == "bf16-state-grouped":
         return check_bf16_grouped()
     if name == "fsdp2-torchrun":
+        trained: dict[str, int] = {}
         losses = torchrun(work, 1, base_settings(model, chat, work / name, steps=3)
-                          + ["train.ckpt.enable_checkpoint=false"], timeout)  # fmt: skip
-        return finite(losses, 3)
+                          + ["train.ckpt.enable_checkpoint=false", *check.settings], timeout, trained)  # fmt: skip
+        if trained.get("dp") != 1:  # no mesh: the run took the one-rank cast path, not FSDP2
+            raise AssertionError(f"asked for FSDP2 on one rank, trained on the mesh {trained or 'none (no FSDP2)'}")
+        return f"{finite(losses, 3)}, FSDP2 on a one-rank mesh"
     if name == "hf-generate":
         return check_generate(model)
     if name == "grpo-step":
@@ -573,6 +597,11 @@ def main(argv: list[str] | None = None) -> int:
             row = {"check": check.name, "status": "pass" if outcome["ok"] else "FAIL", "detail": outcome["detail"],
                    "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
         rows.append(row)
+        if out and row["status"] == "FAIL" and (work / f"{check.name}.log").is_file():
+            # a failed check's log (its traceback, a torchrun's ranks' output) comes back with the results
+            Path(out).mkdir(parents=True, exist_ok=True)
+            text = (work / f"{check.name}.log").read_text(errors="replace")
+            (Path(out) / f"{check.name}.log").write_text(text[-200_000:])
         say(f"{row['status']:4s} {check.name:22s} {row['seconds']:6.1f} s  {row['detail']}")
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
