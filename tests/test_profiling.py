@@ -73,3 +73,33 @@ def test_work_is_attributed_to_the_phase_whose_forward_made_it_backward_included
 )  # fmt: skip
 def test_kernels_fall_into_their_categories(name, phase, callers, expected):
     assert profiling.category(name, phase, callers) == expected
+
+
+def test_a_few_sft_steps_profiled_through_on_step_split_by_phase(tmp_path, tiny_model_dir):
+    """The README's recipe: run_sft's on_step opens the window after a warm-up step and steps it; the tables fill."""
+    from setups import sft_recipe, write_chat_records
+
+    from physreason.train.sft import run_sft
+
+    config = sft_recipe(tiny_model_dir, write_chat_records(tmp_path), tmp_path / "run", "train.max_steps=3",
+                        "train.ckpt.enable_checkpoint=false", lr="1e-3", logger="[]")  # fmt: skip
+    profiler = profiling.Profiled(tmp_path / "profile", "sft", torch.device("cpu"))
+    seen = []
+
+    def on_step(step: int) -> None:
+        seen.append(step)
+        if step == 1:
+            profiler.__enter__()
+        elif step > 1:
+            profiler.step()
+            if step == 3:
+                profiler.__exit__(None, None, None)
+
+    run_sft(config, on_step=on_step)
+    assert seen == [1, 2, 3] and profiler.steps == 2
+    result = profiler.result
+    assert (tmp_path / "profile" / "sft.profile.json").is_file()
+    for phase in ("language_model", "loss"):
+        assert result.by_phase[f"{phase} (forward)"] > 0 and result.by_phase[f"{phase} (backward)"] > 0, phase
+    assert result.by_category["optimizer"] > 0 and result.by_category["loss/logits"] > 0
+    assert result.by_category["GEMMs"] > 0
