@@ -15,8 +15,9 @@ from pathlib import Path
 
 import harness
 import torch
-from profiling import Profiled
 from shapes import build_model_folder
+
+from physreason.train.profiling import Profiled
 
 TIMES = ("time/generate_s", "time/score_s", "time/train_s", "time/sync_s", "time/step_s")
 

@@ -20,9 +20,10 @@ from pathlib import Path
 import harness
 import torch
 import torch.distributed as dist
-from profiling import Profiled
 from shapes import PEAK_BF16_FLOPS, qwen3_vl_8b, qwen25_vl_3b, train_flops_per_token
 from shapes import make_batch as make_text_batch
+
+from physreason.train.profiling import Profiled
 
 # Rows of --sweep: the last recorded best first, then no checkpointing, optimizer amortisation,
 # larger micro-batches and longer rows, then the attention kernels (those change the compiled graphs, so last).
@@ -206,7 +207,8 @@ def run_baseline(config, args, device) -> dict:
 
 
 def profile(step, args, label: str, device) -> None:
-    """With --profile: --profile-steps more steps under torch.profiler, written and summarised (bench/profiling.py)."""
+    """With --profile: --profile-steps more steps under torch.profiler, written and summarised
+    (physreason/train/profiling.py)."""
     if args.profile is None or dist.get_rank() != 0 and not os.environ.get("PROFILE_ALL_RANKS"):
         if args.profile is not None:  # other ranks still step, so collectives stay matched
             for _ in range(args.profile_steps):

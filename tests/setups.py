@@ -141,7 +141,7 @@ def free_port() -> int:
 def load_bench(name: str) -> ModuleType:
     """bench/<name>.py imported as module `name`, registered in sys.modules (processes it spawns import it by name).
 
-    bench/ stays on sys.path, as for a script run from there: the scripts import shapes, profiling and each other by name,
+    bench/ stays on sys.path, as for a script run from there: the scripts import shapes, harness and each other by name,
     some of them inside functions.
     """
     if str(BENCH) not in sys.path:

@@ -4,7 +4,8 @@ Each phase is a `torch.profiler.record_function` range named "physreason.<phase>
 costs about a microsecond, so the SFT and GRPO steps keep them on. The vision tower is called from inside the
 transformers model, so its range comes from forward hooks on the tower (`mark_vision_tower`); it nests inside
 "physreason.language_model". Backward work runs on autograd's threads, outside these ranges: a profile reader
-attributes it through autograd's sequence numbers to the phase whose forward created it (bench/profiling.py).
+(physreason/train/profiling.py) attributes it through autograd's sequence numbers to the phase whose forward created
+it.
 """
 
 from __future__ import annotations

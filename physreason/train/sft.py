@@ -11,7 +11,7 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -339,8 +339,11 @@ def validation_loss(
     return all_reduce_sum(total, runtime, dp_group) / max(all_reduce_sum(count, runtime, dp_group), 1.0)
 
 
-def run_sft(config: Config) -> SFTResult:
-    """Fine-tune config.model on config.data as configured in config.train; returns the run's record."""
+def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFTResult:
+    """Fine-tune config.model on config.data as configured in config.train; returns the run's record.
+
+    `on_step(step)` is called after each finished step (to step a physreason.train.profiling.Profiled window).
+    """
     runtime = init_runtime()
     train_cfg = config.train
     seed_everything(train_cfg.seed)
@@ -459,6 +462,8 @@ def run_sft(config: Config) -> SFTResult:
                 if saved.export is not None:
                     result.export_dir = saved.export
             stop.after_step(checkpointer, step, saved, {"skipped": dict(result.skipped)})
+            if on_step is not None:
+                on_step(step)
         checkpointer.finish()
     if result.skipped and runtime.is_main:
         log.warning("skipped samples: %s", dict(result.skipped))

@@ -1,7 +1,7 @@
 """Profile a few training steps with torch.profiler and say where the time goes, by category and by phase.
 
-`Profiled(folder, device)` collects CPU ops and, on a GPU, CUDA kernels; `breakdown(events)` sorts each piece of
-work into one category, the first rule that matches:
+`Profiled(folder, name, device)` collects CPU ops and, on a GPU, CUDA kernels; `breakdown(events)` sorts each piece
+of work into one category, the first rule that matches:
   communication   NCCL kernels and collectives, and FSDP2's own work around them (ops under its "FSDP::" ranges:
                   copy-in/out of all-gathers, reduce-scatter inputs);
   optimizer       inside "physreason.optimizer" (clipping, AdamW, zeroing);
@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-PREFIX = "physreason."
+from physreason.train.phases import PREFIX
+
 CATEGORIES = ("communication", "optimizer", "loss/logits", "vision tower", "attention", "GEMMs", "other")
 _PHASE_CATEGORY = {"optimizer": "optimizer", "loss": "loss/logits", "vision_tower": "vision tower"}
 _ATTENTION = ("flash", "fmha", "attention", "sdpa", "attn")

@@ -1,0 +1,105 @@
+"""physreason/train/profiling.py on CPU: work placed in its phase (backward included) and sorted into categories."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from physreason.train import phases, profiling
+
+
+class _Toy(nn.Module):
+    """A model laid out like transformers' VL models: model.visual (the tower) inside model's forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = nn.Module()
+        self.model.visual = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 32))
+        self.model.decoder = nn.Linear(32, 32)
+        self.lm_head = nn.Linear(32, 64, bias=False)
+
+    def forward(self, pixels: torch.Tensor, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with phases.phase(phases.LANGUAGE_MODEL):
+            hidden = self.model.decoder(torch.cat([self.model.visual(pixels), tokens]))  # [n, 32]
+        with phases.phase(phases.LOSS):
+            return nn.functional.cross_entropy(self.lm_head(hidden), targets)
+
+
+def test_work_is_attributed_to_the_phase_whose_forward_made_it_backward_included(tmp_path):
+    torch.manual_seed(0)
+    model = _Toy()
+    assert phases.mark_vision_tower(model) and phases.mark_vision_tower(model)  # hooks installed once
+    optimizer = torch.optim.AdamW(model.parameters())
+    pixels, tokens, targets = torch.randn(64, 32), torch.randn(64, 32), torch.randint(0, 64, (128,))
+    with profiling.Profiled(tmp_path, "toy", torch.device("cpu")) as profiler:
+        for _ in range(2):
+            loss = model(pixels, tokens, targets)
+            with phases.phase(phases.BACKWARD):
+                loss.backward()
+            with phases.phase(phases.OPTIMIZER):
+                optimizer.step()
+                optimizer.zero_grad()
+            profiler.step()
+    result = profiler.result
+    assert (tmp_path / "toy.trace.json").is_file() and (tmp_path / "toy.profile.json").is_file()
+    for phase in ("vision_tower", "language_model", "loss"):
+        assert result.by_phase[f"{phase} (forward)"] > 0, phase
+        assert result.by_phase[f"{phase} (backward)"] > 0, phase  # placed through autograd sequence numbers
+    assert result.by_phase["optimizer (forward)"] > 0
+    categories = result.by_category
+    assert categories["vision tower"] > 0 and categories["loss/logits"] > 0 and categories["optimizer"] > 0
+    assert categories["GEMMs"] > 0  # the decoder's linear, outside the tower and the loss
+    assert categories["communication"] == 0
+    assert sum(categories.values()) == pytest.approx(sum(result.by_phase.values()))
+    text = profiling.format_breakdown(result, steps=2)
+    assert "vision tower" in text and "ms/step" in text
+
+
+@pytest.mark.parametrize(
+    "name, phase, callers, expected",
+    [
+        ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "language_model", (), "communication"),
+        ("void at::native::elementwise_kernel<128, 4>", None, ("aten::copy_", "FSDP::all_gather_copy_out"),
+         "communication"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "vision_tower", (), "vision tower"),
+        ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>", "language_model", (), "attention"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", None, (), "attention"),
+        ("nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NTT", "language_model", (), "GEMMs"),
+        ("void at::native::(anonymous namespace)::cunn_SoftMaxForward", "loss", (), "loss/logits"),
+        ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer", (), "optimizer"),
+        ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "language_model", (), "other"),
+    ],
+)  # fmt: skip
+def test_kernels_fall_into_their_categories(name, phase, callers, expected):
+    assert profiling.category(name, phase, callers) == expected
+
+
+def test_a_few_sft_steps_profiled_through_on_step_split_by_phase(tmp_path, tiny_model_dir):
+    """The README's recipe: run_sft's on_step opens the window after a warm-up step and steps it; the tables fill."""
+    from setups import sft_recipe, write_chat_records
+
+    from physreason.train.sft import run_sft
+
+    config = sft_recipe(tiny_model_dir, write_chat_records(tmp_path), tmp_path / "run", "train.max_steps=3",
+                        "train.ckpt.enable_checkpoint=false", lr="1e-3", logger="[]")  # fmt: skip
+    profiler = profiling.Profiled(tmp_path / "profile", "sft", torch.device("cpu"))
+    seen = []
+
+    def on_step(step: int) -> None:
+        seen.append(step)
+        if step == 1:
+            profiler.__enter__()
+        elif step > 1:
+            profiler.step()
+            if step == 3:
+                profiler.__exit__(None, None, None)
+
+    run_sft(config, on_step=on_step)
+    assert seen == [1, 2, 3] and profiler.steps == 2
+    result = profiler.result
+    assert (tmp_path / "profile" / "sft.profile.json").is_file()
+    for phase in ("language_model", "loss"):
+        assert result.by_phase[f"{phase} (forward)"] > 0 and result.by_phase[f"{phase} (backward)"] > 0, phase
+    assert result.by_category["optimizer"] > 0 and result.by_category["loss/logits"] > 0
+    assert result.by_category["GEMMs"] > 0
