@@ -1,5 +1,5 @@
 """The grouped (one Triton kernel a parameter group) bf16-state AdamW update: its tables on CPU, and its kernel in
-Triton's interpreter against the eager step when Triton is installed (the GPU run is bench/gpu_check.py's
+Triton's interpreter against the eager step when Triton is installed (the GPU run is physreason gpu-check's
 bf16-state-grouped check)."""
 
 from __future__ import annotations

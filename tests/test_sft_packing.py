@@ -73,7 +73,7 @@ def test_packed_samples_with_images_restart_mrope_positions(tiny):
 
 def test_rows_rounded_to_sixteen_tokens_for_float8_keep_the_loss(tiny):
     """[train.fp8] rounds a batch's token count up to a multiple of 16 (torch._scaled_mm refuses 138 tokens in the
-    weight gradient, as an H100 run of bench/gpu_check.py found); the padding changes no loss and no target count."""
+    weight gradient, as an H100 run of physreason gpu-check found); the padding changes no loss and no target count."""
     tokenizer, model = tiny
     module = CausalLMLoss(model)
     samples = [_text_sample(list(range(10, 40)), 12), _text_sample(list(range(50, 62)), 4), _text_sample(list(range(70, 95)), 20)]

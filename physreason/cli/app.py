@@ -69,6 +69,7 @@ def _register() -> None:
         eval_cmd,
         experiment_cmd,
         export_cmd,
+        gpu_check_cmd,
         grpo_cmd,
         infer_cmd,
         models_cmd,
@@ -91,6 +92,7 @@ def _register() -> None:
     app.add_typer(config_cmd.app, name="config")
     app.add_typer(models_cmd.app, name="models")
     app.add_typer(experiment_cmd.app, name="experiment")
+    app.command("gpu-check")(gpu_check_cmd.gpu_check)
 
 
 _register()

@@ -83,7 +83,7 @@ class VLLMEngine(Engine):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if quantization == "fp8":
             # vLLM warms its DeepGEMM FP8 kernels for ~1,100 batch sizes at start: over 165 s on an H100 even for a
-            # tiny model (bench/gpu_check.py, 2026-11-26). A rollout engine compiles the few it meets instead.
+            # tiny model (physreason gpu-check, 2026-11-26). A rollout engine compiles the few it meets instead.
             os.environ.setdefault("VLLM_DEEP_GEMM_WARMUP", "skip")
             # FlashInfer's sm90 block-scale FP8 GEMM is built with nvcc when CUDA graphs are captured: still building
             # after 160 s on an H200 (same check). DeepGEMM's kernels serve the same block-FP8 weights.

@@ -1,7 +1,8 @@
-"""Every path only a GPU reaches, at tiny size, in one call: one pass/fail line each (exit 1 if any failed).
+"""`physreason gpu-check`: every path only a GPU reaches, at tiny size, in one call: one pass/fail line each (exit 1
+if any failed).
 
 CPU tests never reach the pinned-memory stager of async saves, float8 kernels, compiled blocks on CUDA, FSDP2 over
-NCCL or the engines on a GPU; this script does, in a few minutes, so a change to any of those paths is checked on a GPU
+NCCL or the engines on a GPU; this command does, in a few minutes, so a change to any of those paths is checked on a GPU
 before it lands. Each check is one named override list of the same tiny recipe (the demo's tiny random Qwen2.5-VL, a
 few chat records, 6 steps) with the GPU count it needs, as torchtitan keeps its integration tests; a check needing more
 GPUs than the machine has, or vLLM when it is not installed, prints `skip` with the reason.
@@ -19,7 +20,7 @@ Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losse
 Set up on a bare GPU machine (the image has torch and an older transformers; nothing can be downloaded there):
     here, once:  bash bench/gpu_wheels.sh            (makes .device-wheels, about 60 MiB, git-ignored)
     run call:    carry [".device-wheels"], command:
-                 source .device-wheels/setup.sh && python bench/gpu_check.py --commit C 2>&1 | tee $OUT/gpu_check.log
+                 source .device-wheels/setup.sh && python -m physreason gpu-check --commit C 2>&1 | tee $OUT/gpu_check.log
     with vLLM:   the parts of ../shared/gpu/vllm-wheels.sh first (see its header), then add --vllm
 Each check runs in a worker process of its own (a CUDA fault cannot take the next check with it) with a time limit
 (--timeout, 120 s). With OUT set, $OUT/gpu_check.json is rewritten after every check and a failed check's log is
@@ -42,10 +43,21 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import free_port
-from harness import progress as say
+_STARTED = time.perf_counter()
 
-BENCH = Path(__file__).resolve().parent
+
+def say(message: str) -> None:
+    """One line stamped with the seconds since the command started, flushed: how far a cut-short run got."""
+    print(f"[{time.perf_counter() - _STARTED:7.1f} s] {message}", flush=True)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (other jobs on the machine may hold any fixed one)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -541,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
     parser.add_argument("--list", action="store_true", help="print the checks and exit")
     parser.add_argument("--cpu", action="store_true",
-                        help="run the checks' logic on CPU (gloo processes stand in for GPUs): the script's own test")
+                        help="run the checks' logic on CPU (gloo processes stand in for GPUs): the command's own test")
     parser.add_argument("--commit", default="", help="the commit the tree is at, for the report (git rev-parse here)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
@@ -583,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
             result_file = work / f"{check.name}.result.json"
             result_file.unlink(missing_ok=True)
             log = work / f"{check.name}.log"
-            command = [sys.executable, __file__, "--worker", check.name, "--work", str(work), "--result", str(result_file),
+            command = [sys.executable, "-m", "physreason.gpu_check", "--worker", check.name, "--work", str(work), "--result", str(result_file),
                        "--timeout", str(args.timeout)]  # fmt: skip
             try:
                 with open(log, "w") as sink:

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py on CPU (--cpu): its lines, exit codes and JSON; the GPU runs are in bench/RESULTS.md."""
+"""`physreason gpu-check` (physreason/gpu_check.py) on CPU (--cpu): its lines, exit codes and JSON; the GPU runs are in bench/RESULTS.md."""
 
 from __future__ import annotations
 
@@ -8,14 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setups import load_bench
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--cpu", "--work", str(tmp_path / "w"),
+    return subprocess.run([sys.executable, "-m", "physreason", "gpu-check", "--cpu", "--work", str(tmp_path / "w"),
                            *args], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
@@ -40,7 +38,8 @@ def test_a_check_over_its_time_fails_its_line_and_the_exit_code(tmp_path):
 
 
 def test_unknown_checks_are_refused_and_the_error_line_is_the_one_naming_it():
-    check = load_bench("gpu_check")
+    import physreason.gpu_check as check
+
     log = "Traceback (most recent call last):\n  File x\nRuntimeError: Expected trailing dimension divisible by 16\n"
     assert check.last_error(log) == "RuntimeError: Expected trailing dimension divisible by 16"
     # torchrun ends with its own summary after the rank's exception; the rank's line is the error
@@ -53,7 +52,7 @@ def test_unknown_checks_are_refused_and_the_error_line_is_the_one_naming_it():
     two = next(c for c in check.CHECKS if c.name == "tp2")
     assert check.missing(two, gpus=1, vllm=False, cpu=False) == "needs 2 GPUs, 1 visible"
     assert not check.close([1.0, 2.0], [1.0, 2.1], 1e-3) and check.close([1.0], [1.0005], 1e-3)
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--only", "no-such-check"],
+    done = subprocess.run([sys.executable, "-m", "physreason", "gpu-check", "--only", "no-such-check"],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2 and "unknown check(s) no-such-check" in done.stderr
 
