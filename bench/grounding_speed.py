@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
-import os
 import pstats
 import statistics
 import time
 from pathlib import Path
+
+import harness
 
 
 def main() -> None:
@@ -63,7 +63,8 @@ def main() -> None:
     cfg.generation.max_tokens = args.max_tokens
     cfg.engine.backend = args.engine
     stamp = int(time.time())
-    report: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    report = harness.Report("grounding_speed.json", key="parts", **harness.device_line(device, engine=args.engine))
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
 
@@ -84,27 +85,23 @@ def main() -> None:
         rl_cfg.train.ckpt.enable_checkpoint = False
         cpu = time.process_time()
         result = profiled("grpo", lambda: run_grpo(rl_cfg))
-        report["grpo_cpu_s"] = time.process_time() - cpu  # this process's CPU seconds (threads included), whole run
+        grpo = {"part": "grpo", "grpo_cpu_s": time.process_time() - cpu}  # this process's CPU seconds, whole run
         timed = result.metrics[args.warmup :]
         for key in ("time/generate_s", "time/score_s", "time/train_s", "time/step_s"):
-            report[key] = statistics.median(m[key] for m in timed)
-        report["response_length_mean"] = statistics.mean(m["rollout/response_length_mean"] for m in timed)
-        print(
+            grpo[key] = statistics.median(m[key] for m in timed)
+        grpo["response_length_mean"] = statistics.mean(m["rollout/response_length_mean"] for m in timed)
+        report.row(grpo, (
             f"GRPO step ({args.grpo_prompts} prompts x {args.grpo_n}, median of {len(timed)}): "
-            f"{report['time/step_s']:.3f} s (generate {report['time/generate_s']:.3f}, score "
-            f"{report['time/score_s']:.3f}, train {report['time/train_s']:.3f}); mean response "
-            f"{report['response_length_mean']:.0f} tokens"
-        )
+            f"{grpo['time/step_s']:.3f} s (generate {grpo['time/generate_s']:.3f}, score "
+            f"{grpo['time/score_s']:.3f}, train {grpo['time/train_s']:.3f}); mean response "
+            f"{grpo['response_length_mean']:.0f} tokens"
+        ))
     if not args.skip_eval:
         started, cpu = time.perf_counter(), time.process_time()
         profiled("eval", lambda: accuracy_by_dataset(with_model(cfg, model_dir), out / f"speed-eval-{stamp}", show_progress=False))
-        report["eval_s"] = time.perf_counter() - started
-        report["eval_cpu_s"] = time.process_time() - cpu
-        report["eval_clips"] = args.test_per_task * len(exp.tasks)
-        print(f"greedy evaluation of {report['eval_clips']} clips: {report['eval_s']:.2f} s (engine start included)")
-    print(json.dumps(report))
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "grounding_speed.json").write_text(json.dumps(report, indent=2))
+        seconds, clips = time.perf_counter() - started, args.test_per_task * len(exp.tasks)
+        report.row({"part": "eval", "eval_s": seconds, "eval_cpu_s": time.process_time() - cpu, "eval_clips": clips},
+                   f"greedy evaluation of {clips} clips: {seconds:.2f} s (engine start included)")  # fmt: skip
 
 
 if __name__ == "__main__":
