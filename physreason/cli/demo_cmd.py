@@ -17,13 +17,13 @@ def demo(
     ),
     sft_task_clips: int = typer.Option(240, help="Generated training clips of each task SFT trains on."),
     control_clips: int = typer.Option(
-        8, help="Training clips of each other task in SFT's and GRPO's data (so they learn those tasks' letters)."
+        16, help="Training clips of each other task in SFT's and GRPO's data (so they learn those tasks' letters)."
     ),
     val_per_task: int = typer.Option(
         96, help="Generated validation clips of each SFT task: GRPO's weights are kept only if they do better there."
     ),
     tower_steps: int = typer.Option(150, help="Vision-tower pre-training steps (batches of 32 clips) before SFT."),
-    sft_steps: int = typer.Option(100, help="SFT optimizer steps."),
+    sft_steps: int = typer.Option(150, help="SFT optimizer steps."),
     sft_task: list[str] = typer.Option(
         [], "--sft-task", metavar="<task>", help="Train SFT on this task's clips (repeatable; all three for every task) [default: spatial_puzzle]."
     ),
