@@ -418,9 +418,9 @@ def grpo_verdict(val_sft: dict[str, bool], val_grpo: dict[str, bool]) -> str:
         return "GRPO's weights not kept: no validation clips to compare on (the last column is the SFT model's)"
     gained, lost = grpo_changes(val_sft, val_grpo)
     before, after = sum(val_sft.values()), sum(val_sft.values()) + gained - lost
-    said = (f"on {len(val_sft)} validation clips (scenes neither training nor the test has) GRPO turned {gained} "
-            f"answers right and {lost} wrong ({before} -> {after} right; twice the noise of those changes: "
-            f"{2 * (gained + lost) ** 0.5:.1f})")  # fmt: skip
+    said = (f"on {len(val_sft)} validation clips (scenes neither training nor the test has) GRPO turned right "
+            f"{gained} and wrong {lost} of SFT's answers ({before} -> {after} right; twice the noise of those "
+            f"changes: {2 * (gained + lost) ** 0.5:.1f})")  # fmt: skip
     if grpo_kept(val_sft, val_grpo):
         return f"GRPO's weights kept: {said}"
     return f"GRPO's weights not kept: {said}; no gain beyond that noise, so the last column is the SFT model's"

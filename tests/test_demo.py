@@ -181,9 +181,9 @@ def test_grpo_weights_are_kept_only_when_their_validation_gain_beats_the_noise_o
     turned = {**sft, **{f"spatial_puzzle/clip{k}": True for k in range(30, 34)}, "spatial_puzzle/clip0": False}
     assert grpo_changes(sft, turned) == (4, 1) and not grpo_kept(sft, turned)
     assert grpo_verdict(sft, turned) == (
-        "GRPO's weights not kept: on 48 validation clips (scenes neither training nor the test has) GRPO turned 4 "
-        "answers right and 1 wrong (30 -> 33 right; twice the noise of those changes: 4.5); no gain beyond that "
-        "noise, so the last column is the SFT model's"
+        "GRPO's weights not kept: on 48 validation clips (scenes neither training nor the test has) GRPO turned "
+        "right 4 and wrong 1 of SFT's answers (30 -> 33 right; twice the noise of those changes: 4.5); no gain "
+        "beyond that noise, so the last column is the SFT model's"
     )
     # 9 right and 1 wrong: +8 beyond 2 sqrt(10) = 6.3
     clear = {**sft, **{f"spatial_puzzle/clip{k}": True for k in range(30, 39)}, "spatial_puzzle/clip0": False}
