@@ -18,7 +18,7 @@ Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losse
 --vllm:    vllm-generate, vllm-weight-push (the engine's output follows pushed weights), vllm-fp8-rollout
 
 Set up on a bare GPU machine (the image has torch and an older transformers; nothing can be downloaded there):
-    here, once:  bash bench/gpu_wheels.sh            (makes .device-wheels, about 60 MiB, git-ignored)
+    here, once:  bash tools/gpu_wheels.sh            (makes .device-wheels, about 60 MiB, git-ignored)
     run call:    carry [".device-wheels"], command:
                  source .device-wheels/setup.sh && python -m physreason gpu-check --commit C 2>&1 | tee $OUT/gpu_check.log
     with vLLM:   the parts of ../shared/gpu/vllm-wheels.sh first (see its header), then add --vllm

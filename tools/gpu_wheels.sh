@@ -2,7 +2,7 @@
 # Prepare .device-wheels/ (git-ignored): the packages physreason needs on the GPU machine beyond its image (torch 2.11,
 # transformers 5.17, numpy, safetensors, pyyaml, regex, tqdm, filelock, fsspec, psutil, packaging), for one `run` call.
 #
-# Usage, here in the project root:  bash bench/gpu_wheels.sh      (about 60 MiB; carry: [".device-wheels"])
+# Usage, here in the project root:  bash tools/gpu_wheels.sh      (about 60 MiB; carry: [".device-wheels"])
 # There, first in the command:      source .device-wheels/setup.sh
 # setup.sh unpacks the wheels into /tmp/site (about 10 s) and sets PYTHONPATH=/tmp/site:<project> and PYTHONUNBUFFERED.
 # The set stays under the 64 MiB a call carries with the tree: hf-xet (hub downloads) is left out, nothing is

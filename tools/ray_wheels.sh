@@ -3,7 +3,7 @@
 # dependencies neither the GPU image nor the vLLM set (../shared/gpu/vllm-wheels.sh) has, split into parts of 57 MiB
 # so each part travels in its own `run` call beside the tree (64 MiB in all).
 #
-# Usage, here in the project root:  bash bench/ray_wheels.sh      (makes .device-ray/, git-ignored; about 80 MiB)
+# Usage, here in the project root:  bash tools/ray_wheels.sh      (makes .device-ray/, git-ignored; about 80 MiB)
 # There, each part in its own call, in order, within 30 s of the last (the same machine keeps /tmp):
 #   first:  rm -f /tmp/r.tar; cat .device-ray/p00/part >> /tmp/r.tar          carry [".device-ray/p00"]
 #   last:   cat .device-ray/p01/part >> /tmp/r.tar && bash .device-ray/p01/install.sh && <your command>
