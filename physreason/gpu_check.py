@@ -51,15 +51,6 @@ def say(message: str) -> None:
     print(f"[{time.perf_counter() - _STARTED:7.1f} s] {message}", flush=True)
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (other jobs on the machine may hold any fixed one)."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -170,6 +161,8 @@ def torchrun(
     """SFT with `settings` in `nproc` torchrun processes (NCCL on GPUs); rank 0's losses. `mesh`, when given, is
     filled with the trained mesh's dimension sizes; `info` with the worker's whole record (float8_precomputes: the
     float8 scale passes that followed optimizer steps). The processes' output goes to a log beside the losses."""
+    from physreason.distributed.policy_worker import free_port
+
     stamp = time.monotonic_ns()
     script, losses = work / "sft_worker.py", work / f"losses_{nproc}_{stamp}.json"
     script.write_text(SFT_WORKER)
@@ -357,6 +350,7 @@ def check_bf16_grouped(device: str = "cuda", timed: int = 400) -> str:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from physreason.distributed.policy_worker import free_port
     from physreason.train.adamw import AdamWBF16State
 
     def compare(ours, theirs, grouped, per_parameter, what: str) -> None:
