@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -278,17 +277,12 @@ def init_world() -> Any:
     if torchrun:
         dist.init_process_group("nccl" if cuda else "gloo")
     else:
+        from physreason.net import free_port
+
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
         dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
     return device
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (other jobs on the machine may hold any fixed one)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 # ---- inputs ---------------------------------------------------------------------------------------------------------

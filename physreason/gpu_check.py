@@ -161,7 +161,7 @@ def torchrun(
     """SFT with `settings` in `nproc` torchrun processes (NCCL on GPUs); rank 0's losses. `mesh`, when given, is
     filled with the trained mesh's dimension sizes; `info` with the worker's whole record (float8_precomputes: the
     float8 scale passes that followed optimizer steps). The processes' output goes to a log beside the losses."""
-    from physreason.distributed.policy_worker import free_port
+    from physreason.net import free_port
 
     stamp = time.monotonic_ns()
     script, losses = work / "sft_worker.py", work / f"losses_{nproc}_{stamp}.json"
@@ -350,7 +350,7 @@ def check_bf16_grouped(device: str = "cuda", timed: int = 400) -> str:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from physreason.distributed.policy_worker import free_port
+    from physreason.net import free_port
     from physreason.train.adamw import AdamWBF16State
 
     def compare(ours, theirs, grouped, per_parameter, what: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from physreason.config import Config, load_config
+from physreason.net import free_port
 from physreason.rewards import register_reward
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -129,13 +129,6 @@ def grpo_overrides(model: Path, data: Path, out: Path, reward: str, lr: str) -> 
 def grpo_recipe(model: Path, data: Path, out: Path, *settings: str, lr: str, reward: str = "test_mentions_b") -> Config:
     """The recipe of a GRPO test: grpo_overrides, then the test's own `settings` (later ones win)."""
     return load_config(None, [*grpo_overrides(model, data, out, reward, lr), *settings])
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, for a child's process group (MASTER_PORT)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def load_bench(name: str) -> ModuleType:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from typing import Any
 
@@ -29,6 +28,7 @@ from physreason.distributed.weight_transfer import (
 )
 from physreason.models import loading
 from physreason.models.family import read_vision_tokens
+from physreason.net import free_port
 from physreason.train.grpo import UpdateSettings, build_policy, update_policy
 from physreason.train.loop import Checkpointer
 from physreason.train.rollout import RolloutSample
@@ -36,13 +36,6 @@ from physreason.train.runtime import init_runtime, seed_everything
 from physreason.train.weight_sync import full_named_parameters
 
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    """A TCP port free on this host right now."""
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def node_address() -> str:
