@@ -1,4 +1,4 @@
-"""GRPO throughput on N GPUs: colocated (policy and vLLM share all N) vs disaggregated layouts P+R (P policy GPUs + R rollout GPUs).
+"""GRPO throughput on N GPUs: colocated (policy and vLLM share all N) vs disaggregated P policy + R rollout GPUs.
 
 What it measures and how: bench/RESULTS.md ("How the scripts measure"). Writes <out>/results.json, <out>/<mode>.log.
 GPU (2 GPUs, vLLM and ray in /tmp/site): PYTHONPATH=$PWD:/tmp/site python3 bench/rl_disaggregated.py --out /tmp/rl-bench
@@ -103,7 +103,7 @@ def batch_shape(tiny: bool) -> tuple[int, int]:
 
 
 def check_divisible(layouts: list[tuple[int, int]], gpus: int, tiny: bool, modes: list[str]) -> None:
-    """Every data-parallel world (colocated: --gpus ranks; each layout: P policy ranks) must split the step's prompts."""
+    """Every data-parallel world (colocated: --gpus ranks; a layout: P policy ranks) must split the step's prompts."""
     prompts, _ = batch_shape(tiny)
     worlds = ([("colocated", gpus)] if "colocated" in modes else []) + [(layout_mode(p, r), p) for p, r in layouts]
     for mode, world in worlds:
@@ -137,7 +137,7 @@ def recipe(model: Path, data: Path, out: Path, mode: str, args: argparse.Namespa
                     "sampling_config": {"temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0},
                     "parallelism": {"n_init_replicas": rollout_replicas, "tp_size": 1}},
         "policy": {"parallelism": {"dp_shard_size": policy_gpus}},
-        "grpo": {"mode": "colocated" if layout is None else DISAGGREGATED, "allowed_outdated_steps": 1, "mini_batch": 8},
+        "grpo": {"mode": DISAGGREGATED if layout else "colocated", "allowed_outdated_steps": 1, "mini_batch": 8},
         "logging": {"logger": ["jsonl"]},
     }  # fmt: skip
 
@@ -502,6 +502,9 @@ def main() -> None:
     parser.add_argument("--kill-rollout-at", type=int, default=0, metavar="STEP",
                         help="disaggregated: after this step, kill a rollout replica (its Ray actor) once it is "
                         "generating (within 60 s); 0: none")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the results of other modes already in <out>/results.json (an earlier call on the "
+                        "same machine) in the table and the ratios; modes run now replace theirs")  # fmt: skip
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CONFIG"), help=argparse.SUPPRESS)
     parser.add_argument("--build-model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -530,7 +533,9 @@ def main() -> None:
     model = build_model(args.out / ("model-tiny" if args.tiny else "model-3b"), args.tiny)
     data = build_data(args.out / "data", args.clips, args.synth_workers)
     print(f"model and data ready in {time.time() - started:.0f} s", flush=True)
-    results = []
+    earlier = args.out / "results.json"
+    kept = json.loads(earlier.read_text()) if args.append and earlier.is_file() else []
+    results = [r for r in kept if r["mode"] not in modes]
     for i, mode in enumerate(modes):
         timeout_s = (deadline - time.time()) / (len(modes) - i)
         results.append(measure(mode, recipe(model, data, args.out, mode, args), args.out, args, timeout_s))
