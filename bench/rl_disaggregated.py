@@ -450,6 +450,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
         "policy idle | rollout idle | sync s | push GB/s | staleness | start-up s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    notes: list[str] = []  # after the table, so that its rows stay one markdown table
     for r in results:
         util = [u / 100 for u in r["gpu_mean_util"]] if r.get("gpu_mean_util") else None
         rows.append(
@@ -463,14 +464,14 @@ def markdown(results: list[dict[str, Any]]) -> str:
         )
         for attempt in r.get("weight_channel_probe", []):
             if "gbytes_per_s" in attempt:
-                rows.append(
-                    f"\nweight channel probe ({attempt['env'] or 'default settings'}): {attempt['bytes'] / 2**20:.0f} MiB "
+                notes.append(
+                    f"\n{r['mode']}: weight channel probe ({attempt['env'] or 'default settings'}): {attempt['bytes'] / 2**20:.0f} MiB "
                     f"in {attempt['bucket_bytes'] / 2**20:.0f} MiB buckets, best {attempt['gbytes_per_s']:.3g} GB/s "
                     f"(rounds: {', '.join(f'{t:.3f}' for t in attempt['seconds'])} s)"
                 )
         if r.get("killed"):
             kill = r["killed"][0]
-            rows.append(
+            notes.append(
                 f"\n{r['mode']}: rollout replica {kill['replica']} killed after step {kill['after_step']} "
                 f"({'generating' if kill['busy'] else 'idle'}): {r['steps_logged']} of {r['steps_wanted']} steps logged, "
                 f"{len(r['redrawn'])} prompt(s) handed back, {len(r['redispatched'])} of them handed out again"
@@ -478,8 +479,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
     rates = {r["mode"]: r.get("samples_per_s") for r in results}
     for mode, rate in rates.items():
         if mode_layout(mode) and rate and rates.get("colocated"):
-            rows.append(f"\n{mode} / colocated samples/s: {rate / rates['colocated']:.2f}x")
-    return "\n".join(rows)
+            notes.append(f"\n{mode} / colocated samples/s: {rate / rates['colocated']:.2f}x")
+    return "\n".join(rows + notes)
 
 
 def main() -> None:
