@@ -1,7 +1,8 @@
-"""GRPO throughput on 2 GPUs: colocated (policy and vLLM share both GPUs) vs disaggregated (1 policy GPU + 1 rollout GPU).
+"""GRPO throughput on N GPUs: colocated (policy and vLLM share all N) vs disaggregated P policy + R rollout GPUs.
 
 What it measures and how: bench/RESULTS.md ("How the scripts measure"). Writes <out>/results.json, <out>/<mode>.log.
 GPU (2 GPUs, vLLM and ray in /tmp/site): PYTHONPATH=$PWD:/tmp/site python3 bench/rl_disaggregated.py --out /tmp/rl-bench
+4 GPUs, two layouts:  ... bench/rl_disaggregated.py --gpus 4 --layouts 2+2,1+3 --out /tmp/rl-bench
 CPU check of every code path:  python bench/rl_disaggregated.py --tiny --steps 3 --warmup 1 --clips 16
 """
 
@@ -24,6 +25,7 @@ import harness
 
 ROOT = harness.REPO
 MODES = ("colocated", "disaggregated")
+DISAGGREGATED = "disaggregated"  # mode names: disaggregated-P+R, one per layout
 RAY_TMP = "/tmp/ray-rl-bench"  # short: Ray's socket paths must stay under 107 characters
 PROBE_TIMEOUT_S = 120.0
 PROBE_ROUNDS = 4  # the first sets the channel up and is not counted
@@ -59,10 +61,67 @@ def build_data(folder: Path, count: int, workers: int) -> Path:
     return data
 
 
+def parse_layouts(text: str | None, gpus: int) -> list[tuple[int, int]]:
+    """--layouts "2+2,1+3" as [(policy GPUs, rollout replicas)]; None: half the GPUs each side (1+1 on 2 GPUs).
+
+    SystemExit (exit code 2) naming the layout when it is malformed or its GPUs do not add up to `gpus`.
+    """
+    if text is None:
+        return [(max(gpus // 2, 1), max(gpus - gpus // 2, 1))]
+    layouts = []
+    for item in text.split(","):
+        policy, _, rollout = item.strip().partition("+")
+        if not (policy.isdigit() and rollout.isdigit()) or int(policy) < 1 or int(rollout) < 1:
+            usage_error(f"--layouts: {item.strip()!r} is not P+R (policy GPUs + rollout replicas, each >= 1), e.g. 2+2")
+        if int(policy) + int(rollout) != gpus:
+            usage_error(f"--layouts: {item.strip()} uses {int(policy) + int(rollout)} GPUs but --gpus is {gpus}: "
+                        "make P+R equal --gpus (or change --gpus)")  # fmt: skip
+        layouts.append((int(policy), int(rollout)))
+    return layouts
+
+
+def usage_error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def layout_mode(policy: int, rollout: int) -> str:
+    return f"{DISAGGREGATED}-{policy}+{rollout}"
+
+
+def mode_layout(mode: str) -> tuple[int, int] | None:
+    """(policy GPUs, rollout replicas) of a disaggregated-P+R mode; None for colocated."""
+    if not mode.startswith(DISAGGREGATED + "-"):
+        return None
+    policy, rollout = mode.removeprefix(DISAGGREGATED + "-").split("+")
+    return int(policy), int(rollout)
+
+
+def batch_shape(tiny: bool) -> tuple[int, int]:
+    """(prompts, completions each) of one step: 8 x 8 = 64 completions on GPUs, 4 x 4 with --tiny."""
+    return (4, 4) if tiny else (8, 8)
+
+
+def check_divisible(layouts: list[tuple[int, int]], gpus: int, tiny: bool, modes: list[str]) -> None:
+    """Every data-parallel world (colocated: --gpus ranks; a layout: P policy ranks) must split the step's prompts."""
+    prompts, _ = batch_shape(tiny)
+    worlds = ([("colocated", gpus)] if "colocated" in modes else []) + [(layout_mode(p, r), p) for p, r in layouts]
+    for mode, world in worlds:
+        if prompts % world:
+            usage_error(f"{mode}: {world} policy ranks do not split the step's {prompts} prompt groups evenly: "
+                        f"use a number of policy GPUs that divides {prompts}")  # fmt: skip
+
+
 def recipe(model: Path, data: Path, out: Path, mode: str, args: argparse.Namespace) -> dict:
-    """The GRPO recipe of one mode; both modes train the same batches, only the placement differs."""
+    """The GRPO recipe of one mode; every mode trains the same batches, only the placement differs.
+
+    disaggregated-P+R: the policy is one FSDP replica over exactly P ranks (dp_shard_size P) and R rollout replicas of
+    tp 1 each, so the controller asks for P + R GPUs.
+    """
     gpu = not args.tiny
-    prompts, n = (8, 8) if gpu else (4, 4)
+    prompts, n = batch_shape(args.tiny)
+    layout = mode_layout(mode)
+    policy_gpus, rollout_replicas = layout if layout else (-1, 1)
     # Colocated, vLLM sits beside an FSDP shard of the policy (fp32 masters and AdamW: about 30 GB per GPU).
     engine_memory = 0.3 if mode == "colocated" else 0.85
     return {
@@ -76,9 +135,9 @@ def recipe(model: Path, data: Path, out: Path, mode: str, args: argparse.Namespa
                   "ckpt": {"enable_checkpoint": False}},
         "rollout": {"n_generation": n, "max_response_length": args.response_len, "batch_size": prompts,
                     "sampling_config": {"temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0},
-                    "parallelism": {"n_init_replicas": 1, "tp_size": 1}},
-        "policy": {"parallelism": {"dp_shard_size": 1 if mode == "disaggregated" else -1}},
-        "grpo": {"mode": mode, "allowed_outdated_steps": 1, "mini_batch": 8},
+                    "parallelism": {"n_init_replicas": rollout_replicas, "tp_size": 1}},
+        "policy": {"parallelism": {"dp_shard_size": policy_gpus}},
+        "grpo": {"mode": DISAGGREGATED if layout else "colocated", "allowed_outdated_steps": 1, "mini_batch": 8},
         "logging": {"logger": ["jsonl"]},
     }  # fmt: skip
 
@@ -320,8 +379,8 @@ def measure(mode: str, config: dict, out: Path, args: argparse.Namespace, timeou
     child = [str(Path(__file__).resolve()), "--child", mode, str(config_path), "--gpus", str(args.gpus),
              "--kill-rollout-at", str(args.kill_rollout_at)]
     if mode == "colocated":
-        ranks = args.gpus if not args.tiny else 2
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *child]
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.gpus),
+                   *child]  # fmt: skip
     else:
         command = [sys.executable, *child]
     print(f"{mode}: {' '.join(command)} (limit {timeout_s:.0f} s, log {out / f'{mode}.log'})", flush=True)
@@ -331,11 +390,15 @@ def measure(mode: str, config: dict, out: Path, args: argparse.Namespace, timeou
     status = "timed out" if code is None else "ok" if code == 0 else f"exit code {code}"
     sampler.stop()
     lines = [json.loads(line) for line in metrics_path.open()] if metrics_path.is_file() else []
+    layout = mode_layout(mode)
     result: dict[str, Any] = {"mode": mode, "status": status, "steps_logged": len(lines), "steps_wanted": args.steps,
-                              "wall_s": time.time() - started}  # fmt: skip
-    if mode == "disaggregated" and config_path.with_suffix(".probe.json").is_file():
+                              "wall_s": time.time() - started, "gpus": args.gpus,
+                              "layout": f"{layout[0]}+{layout[1]}" if layout else f"{args.gpus} shared",
+                              "policy_gpus": layout[0] if layout else args.gpus,
+                              "rollout_replicas": layout[1] if layout else args.gpus}  # fmt: skip
+    if layout and config_path.with_suffix(".probe.json").is_file():
         result["weight_channel_probe"] = json.loads(config_path.with_suffix(".probe.json").read_text())
-    if mode == "disaggregated" and config_path.with_suffix(".run.json").is_file():
+    if layout and config_path.with_suffix(".run.json").is_file():
         run = json.loads(config_path.with_suffix(".run.json").read_text())
         result.update({"killed": run["killed"], "redrawn": run["redrawn"], "redispatched": run["redispatched"],
                        "replicas_lost": sum(" lost (" in e for e in run["events"])})
@@ -359,7 +422,7 @@ def measure(mode: str, config: dict, out: Path, args: argparse.Namespace, timeou
         "response_length_mean": sum(m.get("rollout/response_length_mean", 0.0) for m in measured) / len(measured),
     })
     result["sync_s_mean"] = sum(m["time/sync_s"] for m in measured) / len(measured)
-    if mode == "disaggregated":
+    if layout:
         # Each side's idle share as the controller times it (policy: updates, pushes, saves; rollout: loads, generates).
         for key in ("rollout/staleness_mean", "time/policy_idle_frac", "time/rollout_idle_frac"):
             result[key.split("/")[1]] = sum(m[key] for m in measured) / len(measured)
@@ -376,20 +439,24 @@ def markdown(results: list[dict[str, Any]]) -> str:
     def pct(values: list[float] | None, gpu: int) -> str:
         return f"{values[gpu]:.0%}" if values and gpu < len(values) else "n/a"
 
+    def per_gpu(values: list[float] | None) -> str:
+        return " ".join(f"{v:.0%}" for v in values) if values else "n/a"
+
     def num(value: float | None, spec: str) -> str:
         return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
     rows = [
-        "| mode | status | steps | samples/s | step s | GPU0 idle | GPU1 idle | GPU0 util | GPU1 util | policy idle | "
-        "rollout idle | sync s | push GB/s | staleness | start-up s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | policy+rollout GPUs | status | steps | samples/s | step s | idle per GPU | util per GPU | "
+        "policy idle | rollout idle | sync s | push GB/s | staleness | start-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    notes: list[str] = []  # after the table, so that its rows stay one markdown table
     for r in results:
         util = [u / 100 for u in r["gpu_mean_util"]] if r.get("gpu_mean_util") else None
         rows.append(
-            f"| {r['mode']} | {r['status']} | {r.get('steps', 0)} | {num(r.get('samples_per_s'), '.2f')} | "
-            f"{num(r.get('step_s_mean'), '.2f')} | {pct(r.get('gpu_idle_fraction'), 0)} | "
-            f"{pct(r.get('gpu_idle_fraction'), 1)} | {pct(util, 0)} | {pct(util, 1)} | "
+            f"| {r['mode']} | {r.get('layout', 'n/a')} | {r['status']} | {r.get('steps', 0)} | "
+            f"{num(r.get('samples_per_s'), '.2f')} | {num(r.get('step_s_mean'), '.2f')} | "
+            f"{per_gpu(r.get('gpu_idle_fraction'))} | {per_gpu(util)} | "
             f"{pct([r['policy_idle_frac']] if 'policy_idle_frac' in r else None, 0)} | "
             f"{pct([r['rollout_idle_frac']] if 'rollout_idle_frac' in r else None, 0)} | "
             f"{num(r.get('sync_s_mean'), '.3f')} | {num(r.get('push_gbytes_per_s'), '.3g')} | "
@@ -397,22 +464,23 @@ def markdown(results: list[dict[str, Any]]) -> str:
         )
         for attempt in r.get("weight_channel_probe", []):
             if "gbytes_per_s" in attempt:
-                rows.append(
-                    f"\nweight channel probe ({attempt['env'] or 'default settings'}): {attempt['bytes'] / 2**20:.0f} MiB "
+                notes.append(
+                    f"\n{r['mode']}: weight channel probe ({attempt['env'] or 'default settings'}): {attempt['bytes'] / 2**20:.0f} MiB "
                     f"in {attempt['bucket_bytes'] / 2**20:.0f} MiB buckets, best {attempt['gbytes_per_s']:.3g} GB/s "
                     f"(rounds: {', '.join(f'{t:.3f}' for t in attempt['seconds'])} s)"
                 )
         if r.get("killed"):
             kill = r["killed"][0]
-            rows.append(
-                f"\nrollout replica {kill['replica']} killed after step {kill['after_step']} "
+            notes.append(
+                f"\n{r['mode']}: rollout replica {kill['replica']} killed after step {kill['after_step']} "
                 f"({'generating' if kill['busy'] else 'idle'}): {r['steps_logged']} of {r['steps_wanted']} steps logged, "
                 f"{len(r['redrawn'])} prompt(s) handed back, {len(r['redispatched'])} of them handed out again"
             )
     rates = {r["mode"]: r.get("samples_per_s") for r in results}
-    if rates.get("colocated") and rates.get("disaggregated"):
-        rows.append(f"\ndisaggregated / colocated samples/s: {rates['disaggregated'] / rates['colocated']:.2f}x")
-    return "\n".join(rows)
+    for mode, rate in rates.items():
+        if mode_layout(mode) and rate and rates.get("colocated"):
+            notes.append(f"\n{mode} / colocated samples/s: {rate / rates['colocated']:.2f}x")
+    return "\n".join(rows + notes)
 
 
 def main() -> None:
@@ -423,7 +491,11 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=96, help="arrow-of-time clips (prompts; drawn again after an epoch)")
     parser.add_argument("--response-len", type=int, default=256, help="most new tokens per completion")
     parser.add_argument("--gpus", type=int, default=2)
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                        help="disaggregated: one run per --layouts entry")
+    parser.add_argument("--layouts", default=None, metavar="P+R[,P+R...]",
+                        help="disaggregated layouts: P policy GPUs (one FSDP replica) + R rollout replicas (tp 1), "
+                        "P+R = --gpus each, e.g. 2+2,1+3 with --gpus 4; default: half each side (1+1 on 2 GPUs)")
     parser.add_argument("--engine", choices=["vllm", "hf"], default=None, help="default: vllm, hf with --tiny")
     parser.add_argument("--tiny", action="store_true", help="tiny model and shapes on CPU: checks every code path")
     parser.add_argument("--time-limit", type=float, default=480.0, help="seconds for everything; modes share what is left")
@@ -431,6 +503,9 @@ def main() -> None:
     parser.add_argument("--kill-rollout-at", type=int, default=0, metavar="STEP",
                         help="disaggregated: after this step, kill a rollout replica (its Ray actor) once it is "
                         "generating (within 60 s); 0: none")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the results of other modes already in <out>/results.json (an earlier call on the "
+                        "same machine) in the table and the ratios; modes run now replace theirs")  # fmt: skip
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CONFIG"), help=argparse.SUPPRESS)
     parser.add_argument("--build-model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -443,6 +518,9 @@ def main() -> None:
     if args.build_model:
         build_model_child(args.build_model, args.tiny)
         return
+    layouts = parse_layouts(args.layouts, args.gpus)
+    check_divisible(layouts, args.gpus, args.tiny, args.modes)
+    modes = [m for mode in args.modes for m in ([mode] if mode == "colocated" else [layout_mode(*x) for x in layouts])]
     deadline = time.time() + args.time_limit
     args.engine = args.engine or ("hf" if args.tiny else "vllm")
     if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
@@ -456,9 +534,11 @@ def main() -> None:
     model = build_model(args.out / ("model-tiny" if args.tiny else "model-3b"), args.tiny)
     data = build_data(args.out / "data", args.clips, args.synth_workers)
     print(f"model and data ready in {time.time() - started:.0f} s", flush=True)
-    results = []
-    for i, mode in enumerate(args.modes):
-        timeout_s = (deadline - time.time()) / (len(args.modes) - i)
+    earlier = args.out / "results.json"
+    kept = json.loads(earlier.read_text()) if args.append and earlier.is_file() else []
+    results = [r for r in kept if r["mode"] not in modes]
+    for i, mode in enumerate(modes):
+        timeout_s = (deadline - time.time()) / (len(modes) - i)
         results.append(measure(mode, recipe(model, data, args.out, mode, args), args.out, args, timeout_s))
         (args.out / "results.json").write_text(json.dumps(results, indent=2))
         harness.write_json("rl_disaggregated.json", {**info, "results": results})
