@@ -19,8 +19,8 @@ from pathlib import Path
 
 import harness
 import torch
-from torch.profiler import record_function
 from shapes import SHAPES
+from torch.profiler import record_function
 from transformers import AutoConfig
 
 from physreason.config import LoraConfig, TrainConfig
@@ -30,9 +30,9 @@ from physreason.models import parallelize
 from physreason.models.family import model_family, vision_special_token_ids
 from physreason.models.lora import apply_lora
 from physreason.models.sizes import shape_from_hf_config
+from physreason.train import phases
 from physreason.train.build import shard
 from physreason.train.memory import GIB, Layout, Workload, plan_memory
-from physreason.train import phases
 from physreason.train.model import CausalLMLoss
 from physreason.train.profiling import CATEGORIES, Profiled, format_breakdown, launches_under, summary_json
 from physreason.train.runtime import init_runtime
@@ -267,7 +267,8 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
         if hasattr(optimizer, "grouped_launches"):  # bf16 state: which update ran (one kernel a group, or a parameter)
             stepped = args.warmup + args.steps + (args.profile_steps if profiled else 0)
             row["adamw_launches_per_step"] = {"grouped": optimizer.grouped_launches / stepped,
-                                              "per_parameter": optimizer.per_parameter_updates / stepped}
+                                              "per_parameter": optimizer.per_parameter_updates / stepped,
+                                              "table_builds": optimizer.table_builds / stepped}
         if profiled:
             row["profile"] = profiled
         none = next((r for r in rows if r["mode"] == "none"), row if mode == "none" else None)
@@ -286,7 +287,8 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
             if "adamw_launches_per_step" in row:
                 launches = row["adamw_launches_per_step"]
                 print(f"  AdamW of {mode}: {launches['grouped']:.0f} grouped kernels and {launches['per_parameter']:.0f} "
-                      "per-parameter updates a step", flush=True)  # fmt: skip
+                      f"per-parameter updates a step; pointer tables built {launches['table_builds']:.2f} a step "
+                      "(gradients at new addresses each step make that one a bucket)", flush=True)  # fmt: skip
             if profiled:
                 print(profiled["line"], flush=True)
             record = {"args": vars(args), **info, "world_size": runtime.world_size, "cpu_threads": cpu.threads, "rows": rows}

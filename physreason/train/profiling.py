@@ -145,13 +145,14 @@ def breakdown(events: list[Any], device: str) -> Breakdown:
 
 def launches_under(events: list[Any], ranges: tuple[str, ...], device: str) -> dict[str, int]:
     """Work launched under each named range (its innermost one of `ranges`), over all profiled steps: on a GPU the
-    kernels (memcpy/memset included) the range's CPU ops launched; on CPU the leaf ops that ran in it (each op is
-    what a kernel launch is there)."""
+    kernels (memcpy/memset included) the range's CPU ops launched; on CPU the ops called from Python in it (those
+    under no other op: what a launch is there)."""
     counts = dict.fromkeys(ranges, 0)
     for event in events:
         if event.device_type != torch.autograd.DeviceType.CPU:
             continue
-        work = len(event.kernels) if device == "cuda" else int(not event.cpu_children and event.name not in ranges)
+        called = not event.is_user_annotation and (event.cpu_parent is None or event.cpu_parent.is_user_annotation)
+        work = len(event.kernels) if device == "cuda" else int(called)
         if not work:
             continue
         owner = next((node.name for node in _ancestors(event) if node.name in counts), None)
