@@ -5,7 +5,7 @@ stage against its plan. What each runs: bench/RESULTS.md ("How the scripts measu
   torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --config tests/fixtures/qwen3_vl_32b --layers 4 \
       [--state bfloat16 | --offload]
   torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --shape qwen2.5-vl-3b --layers 0 --seq-len 4096 \
-      --modes none,offload,bf16-state --steps 3 --warmup 1
+      --modes none,offload,bf16-state --steps 3 --warmup 1 [--profile DIR [--profile-steps 2]]
   python bench/memory_plan.py --grounding-grpo --steps 3
 CPU check: python bench/memory_plan.py --tiny
 """
