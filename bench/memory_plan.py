@@ -288,7 +288,7 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
                 launches = row["adamw_launches_per_step"]
                 print(f"  AdamW of {mode}: {launches['grouped']:.0f} grouped kernels and {launches['per_parameter']:.0f} "
                       f"per-parameter updates a step; pointer tables built {launches['table_builds']:.2f} a step "
-                      "(gradients at new addresses each step make that one a bucket)", flush=True)  # fmt: skip
+                      "(one a bucket when its gradients move every step)", flush=True)  # fmt: skip
             if profiled:
                 print(profiled["line"], flush=True)
             record = {"args": vars(args), **info, "world_size": runtime.world_size, "cpu_threads": cpu.threads, "rows": rows}
