@@ -5,7 +5,7 @@ stage against its plan. What each runs: bench/RESULTS.md ("How the scripts measu
   torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --config tests/fixtures/qwen3_vl_32b --layers 4 \
       [--state bfloat16 | --offload]
   torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --shape qwen2.5-vl-3b --layers 0 --seq-len 4096 \
-      --modes none,offload,bf16-state --steps 3 --warmup 1
+      --modes none,offload,bf16-state --steps 3 --warmup 1 [--profile DIR [--profile-steps 2]]
   python bench/memory_plan.py --grounding-grpo --steps 3
 CPU check: python bench/memory_plan.py --tiny
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 import harness
 import torch
 from shapes import SHAPES
+from torch.profiler import record_function
 from transformers import AutoConfig
 
 from physreason.config import LoraConfig, TrainConfig
@@ -29,9 +30,11 @@ from physreason.models import parallelize
 from physreason.models.family import model_family, vision_special_token_ids
 from physreason.models.lora import apply_lora
 from physreason.models.sizes import shape_from_hf_config
+from physreason.train import phases
 from physreason.train.build import shard
 from physreason.train.memory import GIB, Layout, Workload, plan_memory
 from physreason.train.model import CausalLMLoss
+from physreason.train.profiling import CATEGORIES, Profiled, format_breakdown, launches_under, summary_json
 from physreason.train.runtime import init_runtime
 from physreason.train.schedule import build_optimizer, fused_adamw
 
@@ -77,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", default=None, metavar="none,offload,bf16-state",
                         help="measure tokens/s of each mode against none in this run (instead of one memory row)")
     harness.add_steps(parser, 3, 1, "steps per mode (--modes)")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="with --modes: --profile-steps more steps of each mode after its timed steps under "
+                             "torch.profiler, the device synchronised around clipping, AdamW and zeroing; prints one "
+                             "line a mode, writes DIR/<mode>/profile.txt (and trace.json.gz when small)")
+    parser.add_argument("--profile-steps", type=int, default=2, help="steps under the profiler per mode")
     parser.add_argument("--tiny", action="store_true", help="the tiny Qwen3-VL on CPU, to check the script")
     parser.add_argument("--grounding-grpo", action="store_true",
                         help="measure the grounding experiment's GRPO stage against its plan")
@@ -140,18 +148,55 @@ def make_step(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, 
     parameters = [p for p in module.parameters() if p.requires_grad]
     autocast = not runtime.distributed  # FSDP2 casts to bf16 itself
 
-    def step() -> None:
+    def step(timings: dict[str, list[float]] | None = None) -> None:
+        """One step; with `timings` (the profiled steps only) the device is synchronised around clipping, AdamW and
+        zeroing, and each one's wall seconds (and the seconds until optimizer.step() returned) appended there."""
         with torch.autocast(runtime.device.type, dtype=torch.bfloat16, enabled=autocast):
             loss = module(batch)
-        (loss / batch.num_targets).backward()
-        started = time.perf_counter()
-        parallelize.clip_grad_norm(parameters, 1.0)
-        optimizer.step()
-        if host_seconds is not None:
-            host_seconds.append(time.perf_counter() - started)
-        optimizer.zero_grad(set_to_none=True)
+        with phases.phase(phases.BACKWARD):
+            (loss / batch.num_targets).backward()
+        with phases.phase(phases.OPTIMIZER):
+            clock = _Clock(timings, runtime.device)
+            started = time.perf_counter()
+            with record_function(OPTIMIZER_PARTS[0]):
+                parallelize.clip_grad_norm(parameters, 1.0)
+            clock.lap("clip")
+            with record_function(OPTIMIZER_PARTS[1]):
+                optimizer.step()
+            clock.lap("step_returned", sync=False)
+            clock.lap("step")
+            if host_seconds is not None:
+                host_seconds.append(time.perf_counter() - started)
+            with record_function(OPTIMIZER_PARTS[2]):
+                optimizer.zero_grad(set_to_none=True)
+            clock.lap("zero_grad")
 
     return module, optimizer, step
+
+
+# profiler ranges inside the optimizer phase, so --profile counts each one's kernel launches
+OPTIMIZER_PARTS = ("bench.clip_grad_norm", "bench.optimizer_step", "bench.zero_grad")
+
+
+class _Clock:
+    """Wall seconds of the parts of the optimizer phase, the device synchronised at each lap (timings=None: nothing
+    is timed and nothing synchronised, as in the timed steps)."""
+
+    def __init__(self, timings: dict[str, list[float]] | None, device: torch.device) -> None:
+        self.timings, self.device = timings, device
+        if timings is not None:
+            harness.sync(device)
+            self.lap_start = time.perf_counter()
+
+    def lap(self, name: str, sync: bool = True) -> None:
+        if self.timings is None:
+            return
+        if sync:
+            harness.sync(self.device)
+        now = time.perf_counter()
+        self.timings.setdefault(name, []).append(now - self.lap_start)
+        if sync:
+            self.lap_start = now
 
 
 def planned_tensors(args: argparse.Namespace, runtime, hf_config, train: TrainConfig):
@@ -212,6 +257,7 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
         if host_seconds is not None:
             host_seconds.clear()  # the timed steps' only
         seconds = harness.timed_steps(step, 0, args.steps, runtime.device)
+        profiled = profile_mode(args, runtime, mode, step) if args.profile is not None else None
         _, planned = planned_tensors(args, runtime, hf_config, train)
         row = {"mode": mode, "seconds_per_step": seconds, "tokens_per_s": tokens / seconds,
                "peak_gib": harness.peak_gib(), "planned_gib": planned / GIB}  # fmt: skip
@@ -219,8 +265,12 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
             row["host_step_seconds"] = sum(host_seconds) / len(host_seconds)
             row["host_adamw"] = "fused" if optimizer.defaults.get("fused") else type(optimizer).__name__
         if hasattr(optimizer, "grouped_launches"):  # bf16 state: which update ran (one kernel a group, or a parameter)
-            row["adamw_launches_per_step"] = {"grouped": optimizer.grouped_launches / (args.warmup + args.steps),
-                                              "per_parameter": optimizer.per_parameter_updates / (args.warmup + args.steps)}
+            stepped = args.warmup + args.steps + (args.profile_steps if profiled else 0)
+            row["adamw_launches_per_step"] = {"grouped": optimizer.grouped_launches / stepped,
+                                              "per_parameter": optimizer.per_parameter_updates / stepped,
+                                              "table_builds": optimizer.table_builds / stepped}
+        if profiled:
+            row["profile"] = profiled
         none = next((r for r in rows if r["mode"] == "none"), row if mode == "none" else None)
         row["vs_none"] = row["tokens_per_s"] / none["tokens_per_s"] if none else None
         rows.append(row)
@@ -237,10 +287,69 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
             if "adamw_launches_per_step" in row:
                 launches = row["adamw_launches_per_step"]
                 print(f"  AdamW of {mode}: {launches['grouped']:.0f} grouped kernels and {launches['per_parameter']:.0f} "
-                      "per-parameter updates a step", flush=True)  # fmt: skip
+                      f"per-parameter updates a step; pointer tables built {launches['table_builds']:.2f} a step "
+                      "(one a bucket when its gradients move every step)", flush=True)  # fmt: skip
+            if profiled:
+                print(profiled["line"], flush=True)
             record = {"args": vars(args), **info, "world_size": runtime.world_size, "cpu_threads": cpu.threads, "rows": rows}
             harness.write_json("memory_plan_modes.json", record, args.json)
     return rows
+
+
+def profile_mode(args: argparse.Namespace, runtime, mode: str, step) -> dict | None:
+    """--profile: --profile-steps more steps of `mode` (after its timed steps, so the timed figure has no profiler in
+    it) under torch.profiler, the device synchronised around clipping, AdamW and zeroing. Writes DIR/<mode>/profile.txt
+    (the breakdown of physreason/train/profiling.py, the host timings, key_averages' top 25) and the chrome trace
+    gzipped when that is under 5 MB; returns the figures per step, with the one-line summary under "line"."""
+    import gzip
+    import shutil
+
+    steps = args.profile_steps
+    timings: dict[str, list[float]] = {}
+    walls: list[float] = []
+    if not runtime.is_main:  # other ranks step too, so collectives stay matched
+        for _ in range(steps):
+            step(timings)
+        return None
+    folder = args.profile / mode
+    shutil.rmtree(folder, ignore_errors=True)
+    with Profiled(folder, "trace", runtime.device, echo=False) as profiler:
+        for _ in range(steps):
+            harness.sync(runtime.device)
+            started = time.perf_counter()
+            step(timings)
+            harness.sync(runtime.device)
+            walls.append(time.perf_counter() - started)
+            profiler.step()
+    result, device = profiler.result, profiler.device
+    events = list(profiler.profiler.events())
+    launches = {part.split(".")[-1]: n / steps for part, n in launches_under(events, OPTIMIZER_PARTS, device).items()}
+    host_ms = {name: 1e3 * sum(values) / len(values) for name, values in timings.items()}
+    record = {**summary_json(result, steps), "steps": steps, "step_wall_ms": 1e3 * sum(walls) / steps,
+              "host_ms": host_ms, "optimizer_launches_per_step": launches}  # fmt: skip
+    unit = "kernels" if device == "cuda" else "ops"
+    categories = ", ".join(f"{name} {record['by_category_ms_per_step'][name]:.1f}" for name in CATEGORIES)
+    record["line"] = (
+        f"  profile of {mode} ({steps} steps, synchronised): step {record['step_wall_ms']:.1f} ms wall, "
+        f"{'GPU kernel' if device == 'cuda' else 'CPU op'} time {record['total_ms_per_step']:.1f} ms [{categories}; "
+        f"unattributed {record['unattributed_ms_per_step']:.1f}]; wall ms clip {host_ms['clip']:.2f}, optimizer.step "
+        f"{host_ms['step']:.2f} (returned after {host_ms['step_returned']:.2f}), zero_grad {host_ms['zero_grad']:.2f}; "
+        f"{unit} a step: clip {launches['clip_grad_norm']:.0f}, optimizer.step {launches['optimizer_step']:.0f}, "
+        f"zero_grad {launches['zero_grad']:.0f}"
+    )  # fmt: skip
+    sort = "device_time_total" if device == "cuda" else "cpu_time_total"
+    table = profiler.profiler.key_averages().table(sort_by=sort, row_limit=25)
+    raw = folder / "trace.trace.json"
+    text = [record["line"].strip(), "", format_breakdown(result, steps), "", f"key_averages, top 25 by {sort}:", table]
+    packed = gzip.compress(raw.read_bytes(), compresslevel=6)
+    if len(packed) < 5 * 2**20:
+        (folder / "trace.json.gz").write_bytes(packed)
+    else:
+        text.insert(1, f"(chrome trace not kept: {len(packed) / 2**20:.0f} MB gzipped)")
+    raw.unlink()
+    (folder / "trace.profile.json").unlink()  # its figures are in memory_plan_modes.json's row
+    (folder / "profile.txt").write_text("\n".join(text) + "\n")
+    return record
 
 
 def measure_grounding_grpo(args: argparse.Namespace) -> dict:
@@ -309,6 +418,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--modes sets offload and the state dtype per mode: leave out --offload and --state")
         if args.steps < 1:
             parser.error("--steps must be at least 1")
+    if args.profile is not None and (modes is None or args.profile_steps < 1):
+        parser.error("--profile needs --modes and --profile-steps of at least 1")
     runtime = init_runtime()
     hf_config = build_config(args)
     if modes is None:

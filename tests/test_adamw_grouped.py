@@ -161,3 +161,25 @@ def test_a_grouped_kernel_that_fails_to_build_falls_back_to_a_kernel_a_parameter
     optimizer.grouped, optimizer.grouped_launches = True, 1  # once a grouped kernel ran, a failure is an error
     with pytest.raises(RuntimeError, match="no ptxas"):
         optimizer.step()
+
+
+def test_the_step_keeps_its_pointer_tables_while_the_gradients_stay_and_rebuilds_them_when_one_moves(monkeypatch):
+    # the grouped path on host tensors with the launch recorded instead of run: only the host-side bookkeeping
+    launched: list[list[int]] = []
+    monkeypatch.setattr(adamw, "_GROUPED_ON_CPU", True)
+    monkeypatch.setattr(adamw, "_KERNELS", {"found": True})
+    monkeypatch.setattr(adamw, "grouped_adamw_bf16_update", lambda tables, scalars: launched.append(tables.rows))
+    params = [torch.nn.Parameter(torch.zeros(4, 8)), torch.nn.Parameter(torch.zeros(8))]
+    optimizer = AdamWBF16State([{"params": params[:1]}, {"params": params[1:], "weight_decay": 0.0}])
+    for param in params:
+        param.grad = torch.ones_like(param)
+    optimizer.step()
+    optimizer.step()  # the same gradients: both groups' tables found again
+    assert optimizer.table_builds == 2 and optimizer.grouped_launches == 4 and optimizer.per_parameter_updates == 0
+    assert launched[2:] == launched[:2]
+    moved = torch.ones_like(params[0])
+    params[0].grad = moved  # zero_grad(set_to_none=True) and a backward: a gradient at a new address
+    optimizer.step()
+    assert optimizer.table_builds == 3  # the moved group's table only
+    assert launched[-2][1] == moved.data_ptr() and launched[-1] == launched[1]
+    assert optimizer.state[params[0]]["step"].item() == 3.0

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from setups import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,9 +62,33 @@ def test_offload_without_torchrun_is_refused_instead_of_measured_without_offload
 @pytest.mark.parametrize(
     "argv, message",
     [(["--modes", "none,fast"], "--modes 'none,fast'"), (["--modes", "none,offload", "--offload"], "leave out"),
-     (["--modes", "none", "--steps", "0"], "--steps must be")],
+     (["--modes", "none", "--steps", "0"], "--steps must be"), (["--profile", "/tmp/p"], "--profile needs --modes"),
+     (["--modes", "none", "--profile", "/tmp/p", "--profile-steps", "0"], "--profile needs --modes")],
 )  # fmt: skip
 def test_mode_options_that_cannot_run_are_refused_with_the_option_named(memory_bench, capsys, argv, message):
     with pytest.raises(SystemExit):
         memory_bench.main(["--tiny", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_profile_prints_a_line_a_mode_and_keeps_one_text_and_a_small_trace(memory_bench, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    memory_bench.main(["--tiny", "--seq-len", "32", "--modes", "bf16-state", "--steps", "1", "--warmup", "1",
+                       "--profile", str(tmp_path / "prof"), "--profile-steps", "2"])  # fmt: skip
+    out = capsys.readouterr().out
+    line = next(text for text in out.splitlines() if text.startswith("  profile of bf16-state (2 steps"))
+    for part in ("GPU kernel" if torch.cuda.is_available() else "CPU op", "optimizer ", "GEMMs ", "wall ms clip ",
+                 "optimizer.step ", "zero_grad ", "a step: clip "):  # fmt: skip
+        assert part in line
+    assert "pointer tables built" in out
+    assert sorted(p.name for p in (tmp_path / "prof" / "bf16-state").iterdir()) == ["profile.txt", "trace.json.gz"]
+    text = (tmp_path / "prof" / "bf16-state" / "profile.txt").read_text()
+    assert text.startswith("profile of bf16-state") and "key_averages, top 25" in text and "category" in text
+    row = json.loads((tmp_path / "memory_plan_modes.json").read_text())["rows"][0]["profile"]
+    assert row["steps"] == 2 and set(row["host_ms"]) == {"clip", "step", "step_returned", "zero_grad"}
+    # the eager bf16 update on the host: its ops are counted under optimizer.step, and AdamW is in the optimizer phase
+    assert row["optimizer_launches_per_step"]["optimizer_step"] > row["optimizer_launches_per_step"]["zero_grad"]
+    assert row["by_category_ms_per_step"]["optimizer"] > 0
+    assert row["host_ms"]["step"] >= row["host_ms"]["step_returned"] > 0

@@ -103,3 +103,18 @@ def test_a_few_sft_steps_profiled_through_on_step_split_by_phase(tmp_path, tiny_
         assert result.by_phase[f"{phase} (forward)"] > 0 and result.by_phase[f"{phase} (backward)"] > 0, phase
     assert result.by_category["optimizer"] > 0 and result.by_category["loss/logits"] > 0
     assert result.by_category["GEMMs"] > 0
+
+
+def test_launches_are_counted_under_their_innermost_named_range():
+    from torch.profiler import profile, record_function
+
+    x = torch.ones(8)
+    with profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with record_function("outer"):
+            torch.add(x, 1)
+            with record_function("inner"):
+                torch.mul(x, 2)
+                torch.mul(x, 3)
+        torch.sub(x, 1)  # under neither range
+    counts = profiling.launches_under(list(prof.events()), ("outer", "inner"), "cpu")
+    assert counts == {"outer": 1, "inner": 2}

@@ -42,6 +42,7 @@ class AdamWBF16State(torch.optim.Optimizer):
         self.grouped = grouped
         self.grouped_launches = 0  # kernels the grouped update launched (the GPU check proves it ran)
         self.per_parameter_updates = 0  # updates of one parameter each (compiled kernel, or eager on the host)
+        self.table_builds = 0  # pointer tables built (once, then again only when a pointer moved: a new gradient)
         self._tables: dict[tuple, _Tables] = {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -118,6 +119,7 @@ class AdamWBF16State(torch.optim.Optimizer):
                 tables = self._tables.get((index, *key[:-1]))
                 if tables is None or tables.rows != bucket.rows:  # a pointer moved (a new gradient, a resume)
                     tables = self._tables[(index, *key[:-1])] = _Tables(bucket, aligned=key[3], previous=tables)
+                    self.table_builds += 1
                 if self.grouped:
                     try:
                         grouped_adamw_bf16_update(tables, scalars)

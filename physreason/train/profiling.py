@@ -143,6 +143,24 @@ def breakdown(events: list[Any], device: str) -> Breakdown:
     return result
 
 
+def launches_under(events: list[Any], ranges: tuple[str, ...], device: str) -> dict[str, int]:
+    """Work launched under each named range (its innermost one of `ranges`), over all profiled steps: on a GPU the
+    kernels (memcpy/memset included) the range's CPU ops launched; on CPU the ops called from Python in it (those
+    under no other op: what a launch is there)."""
+    counts = dict.fromkeys(ranges, 0)
+    for event in events:
+        if event.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        called = not event.is_user_annotation and (event.cpu_parent is None or event.cpu_parent.is_user_annotation)
+        work = len(event.kernels) if device == "cuda" else int(called)
+        if not work:
+            continue
+        owner = next((node.name for node in _ancestors(event) if node.name in counts), None)
+        if owner is not None:
+            counts[owner] += work
+    return counts
+
+
 def format_breakdown(result: Breakdown, steps: int, top: int = 12) -> str:
     """Tables of ms per step by category, by phase and the heaviest kernels (or ops)."""
     unit = "GPU kernel time" if result.device == "cuda" else "CPU self time"
@@ -178,10 +196,11 @@ class Profiled:
     """Context that profiles what runs inside it; `step()` marks a step's end; on exit writes a chrome trace
     (`folder/<name>.trace.json`) and the breakdown (`folder/<name>.profile.json`), and prints the tables."""
 
-    def __init__(self, folder: Path, name: str, device: torch.device) -> None:
+    def __init__(self, folder: Path, name: str, device: torch.device, echo: bool = True) -> None:
+        """`echo`: print the tables on exit (False: the caller prints what it needs from `result`)."""
         from torch.profiler import ProfilerActivity, profile
 
-        self.folder, self.name, self.steps = Path(folder), name, 0
+        self.folder, self.name, self.steps, self.echo = Path(folder), name, 0, echo
         self.device = "cuda" if device.type == "cuda" else "cpu"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
         self.profiler = profile(activities=activities, record_shapes=False, with_stack=False)
@@ -207,5 +226,6 @@ class Profiled:
         steps = max(self.steps, 1)
         self.result = breakdown(list(self.profiler.events()), self.device)
         (self.folder / f"{self.name}.profile.json").write_text(json.dumps(summary_json(self.result, steps), indent=2))
-        print(f"profile of {self.name} ({self.folder / f'{self.name}.trace.json'}):", flush=True)
-        print(format_breakdown(self.result, steps), flush=True)
+        if self.echo:
+            print(f"profile of {self.name} ({self.folder / f'{self.name}.trace.json'}):", flush=True)
+            print(format_breakdown(self.result, steps), flush=True)
