@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness import Report, child_env, device_info, device_line, free_memory, timed
+from harness import Report, child_env, device_line, free_memory, timed
 from harness import emit as out
 from shapes import DECODER_SHAPES as SHAPES
 
@@ -227,8 +227,9 @@ def compare_fp8(tokenizer: Path, folder: Path, shape: str, batches: list[int], r
     """bf16 then FP8, each engine in its own child process (two vLLM engines in one process would share its
     distributed state and split its memory); the ratio rows, also written to the JSON."""
     folder = make_folder(folder, tokenizer, SHAPES[shape])
-    report = Report("engine_throughput_fp8.json", json_path, **device_info(), shape=shape, prompt=PROMPT, new=NEW,
-                    runs=runs, gpu_memory_utilization=gpu_memory, sampling="temperature 1, ignore_eos, log-probs",
+    header = device_line(shape=shape, compare="fp8")
+    report = Report("engine_throughput_fp8.json", json_path, **header, prompt=PROMPT, new=NEW, runs=runs,
+                    gpu_memory_utilization=gpu_memory, sampling="temperature 1, ignore_eos, log-probs",
                     layout="one engine per child process, bf16 then fp8, runs back to back")  # fmt: skip
     decode_rows, failed = [], {}
     with tempfile.TemporaryDirectory() as work:
@@ -275,10 +276,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not torch.cuda.is_available():
         raise SystemExit("engine_throughput.py runs vLLM engines on a CUDA GPU and this machine has none")
-    device_line(shape=args.shape, compare=args.compare)
     if args.compare == "fp8":
         compare_fp8(args.tokenizer, args.folder, args.shape, args.batches, args.runs, args.gpu_memory, args.json)
         return
+    device_line(shape=args.shape)
     folder = make_folder(args.folder, args.tokenizer, SHAPES[args.shape])
     bench_vllm(folder, args.batches, args.runs)
 

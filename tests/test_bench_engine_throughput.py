@@ -63,7 +63,9 @@ def test_compare_runs_bf16_then_fp8_in_children_and_writes_the_ratio_json(bench,
     assert data["shape"] == "qwen3-vl-8b" and data["failed"] == {"fp8": 1} and len(data["decode"]) == 2
     assert data["rows"] == [{"batch": 1, "bf16_tok_per_s": [190.0, 192.0], "bf16_tokens": [256, 256], "bf16_mean": 191.0,
                              "fp8_tok_per_s": [], "fp8_tokens": [], "fp8_mean": None, "ratio": None}]  # fmt: skip
-    assert "batch 1: bf16 191 tok/s (190, 192) | fp8 - | fp8/bf16 -" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert printed.startswith("device: ") and "shape qwen3-vl-8b" in printed.splitlines()[0]
+    assert "batch 1: bf16 191 tok/s (190, 192) | fp8 - | fp8/bf16 -" in printed
 
 
 @pytest.mark.parametrize(
