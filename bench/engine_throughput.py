@@ -2,8 +2,16 @@
 
 Shapes and prompts: bench/RESULTS.md ("How the scripts measure"). One JSON line per measurement.
 
+--compare fp8: physreason's engine with bf16 weights against the same engine with FP8 rollout weights, on the same
+shape, prompts and seeded random weights (pushed through train/weight_sync.py's push_weights, quantized by the sender
+for FP8), 256 new tokens at temperature 1 with ignore_eos and the sampled tokens' log-probs (RL rollouts). The two
+engines do not share one process: each runs in a child process, bf16 first then FP8, its --runs timed runs per batch
+back to back; then one row per batch (bf16 tok/s, FP8 tok/s, ratio of the means) and the JSON
+(engine_throughput_fp8.json under $OUT, or --json).
+
     python bench/engine_throughput.py vllm --tokenizer DIR     # raw vLLM vs our vllm engine, update_weights
     python bench/engine_throughput.py vllm --tokenizer DIR --shape qwen3-vl-8b --folder /tmp/physreason-8b-shape
+    python bench/engine_throughput.py vllm --compare fp8 --tokenizer DIR [--shape qwen3-vl-8b] [--batches 1 64 256]
 """
 
 from __future__ import annotations
@@ -11,11 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
-from harness import device_line, timed
+from harness import Report, child_env, device_line, free_memory, timed
 from harness import emit as out
 from shapes import DECODER_SHAPES as SHAPES
 
@@ -114,15 +128,157 @@ def bench_update_weights(engine) -> None:
             s=round(seconds, 3))
 
 
-def main() -> None:
+# ---- --compare fp8: the engine with bf16 weights against FP8 rollout weights ---------------------------------------
+
+QUANTIZATIONS = ("bf16", "fp8")  # bf16: the engine's own dtype (rollout.quantization = "none"); fp8: block FP8
+
+
+def policy_model(folder: Path, device: str, seed: int = 0) -> torch.nn.Module:
+    """The folder's causal LM in bf16 on `device`, every parameter N(0, 0.02) from a seeded generator (norms 1): the
+    same weights in every process, standing in for the policy that pushes them."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16)
+    generator = torch.Generator(device).manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.fill_(1.0)
+            else:
+                parameter.normal_(0.0, 0.02, generator=generator)
+    return model
+
+
+def decode_one(folder: Path, quantization: str, batches: list[int], runs: int, gpu_memory: float, rows: Path) -> None:
+    """One engine (bf16 or FP8 rollout weights): push the seeded policy weights the way GRPO does, then time generate
+    at each batch size (`runs` timed runs after an untimed one); its rows go to `rows` as they finish."""
+    from physreason.config import EngineConfig, ModelConfig, SamplingConfig
+    from physreason.engines.vllm import VLLMEngine
+    from physreason.train.weight_sync import push_weights
+
+    report = Report(rows.name, rows, quantization=quantization)
+    start = time.perf_counter()
+    extra = {"quantization": "fp8"} if quantization == "fp8" else {"load_format": "dummy"}
+    engine = VLLMEngine(ModelConfig(model_name_or_path=str(folder), model_max_length=4096),
+                        EngineConfig(gpu_memory_utilization=gpu_memory), **extra)  # fmt: skip
+    out(what="engine_start", quantization=quantization, s=round(time.perf_counter() - start, 1))
+    model = policy_model(folder, "cuda")
+    push = "fp8" if quantization == "fp8" else "none"
+    for attempt in range(2):
+        seconds, _ = timed(partial(push_weights, engine, model, torch.bfloat16, quantization=push))
+        out(what="push", quantization=quantization, attempt=attempt, s=round(seconds, 3))
+    model = None  # the engine holds its own copy now
+    free_memory()
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, repetition_penalty=1.0, max_tokens=NEW, seed=0,
+                              ignore_eos=True)  # fmt: skip
+    engine.generate(make_requests(engine.tokenizer, 2, seed=99), sampling)  # warm-up
+    for batch in batches:
+        requests = make_requests(engine.tokenizer, batch, seed=batch)
+        # Untimed, short: the prefill's GEMM shapes of this batch (FP8 kernels are compiled at first use).
+        engine.generate(requests, sampling.model_copy(update={"max_tokens": 8}), logprobs=True)
+        for run in range(runs):
+            engine.llm.reset_prefix_cache()
+            seconds, results = timed(partial(engine.generate, requests, sampling, logprobs=True))
+            tokens = sum(len(r.completions[0].token_ids) for r in results)
+            errors = [r.error for r in results if r.error]
+            report.row(dict(what="decode", quantization=quantization, batch=batch, run=run, prompt=PROMPT, new=NEW,
+                            tokens=tokens, errors=len(errors), s=round(seconds, 2), tok_per_s=round(tokens / seconds, 1)))  # fmt: skip
+
+
+def ratio_rows(decode_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per batch size from the decode rows of both engines: each side's tok/s per run, their means, the
+    tokens each run decoded, and fp8 / bf16 of the means (None where a side has no run)."""
+    table = []
+    for batch in sorted({row["batch"] for row in decode_rows}):
+        entry: dict[str, Any] = {"batch": batch}
+        for quantization in QUANTIZATIONS:
+            runs = [r for r in decode_rows if r["batch"] == batch and r["quantization"] == quantization]
+            entry[f"{quantization}_tok_per_s"] = [r["tok_per_s"] for r in runs]
+            entry[f"{quantization}_tokens"] = [r["tokens"] for r in runs]
+            speeds = entry[f"{quantization}_tok_per_s"]
+            entry[f"{quantization}_mean"] = round(statistics.fmean(speeds), 1) if runs else None
+        bf16, fp8 = entry["bf16_mean"], entry["fp8_mean"]
+        entry["ratio"] = round(fp8 / bf16, 3) if bf16 and fp8 is not None else None
+        table.append(entry)
+    return table
+
+
+def ratio_line(row: dict[str, Any]) -> str:
+    """`batch 256: bf16 9,700 tok/s (9,650, 9,750) | fp8 13,580 tok/s (...) | fp8/bf16 1.40x` ("-" for a missing side)."""
+
+    def side(name: str) -> str:
+        if row[f"{name}_mean"] is None:
+            return f"{name} -"
+        runs = ", ".join(f"{v:,.0f}" for v in row[f"{name}_tok_per_s"])
+        return f"{name} {row[f'{name}_mean']:,.0f} tok/s ({runs})"
+
+    ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+    return f"batch {row['batch']}: {side('bf16')} | {side('fp8')} | fp8/bf16 {ratio}"
+
+
+def run_child(command: list[str]) -> int:
+    """Run one engine's child process (its output goes through to ours); its exit code."""
+    return subprocess.run(command, env=child_env()).returncode
+
+
+def compare_fp8(tokenizer: Path, folder: Path, shape: str, batches: list[int], runs: int, gpu_memory: float,
+                json_path: Path | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """bf16 then FP8, each engine in its own child process (two vLLM engines in one process would share its
+    distributed state and split its memory); the ratio rows, also written to the JSON."""
+    folder = make_folder(folder, tokenizer, SHAPES[shape])
+    header = device_line(shape=shape, compare="fp8")
+    report = Report("engine_throughput_fp8.json", json_path, **header, prompt=PROMPT, new=NEW, runs=runs,
+                    gpu_memory_utilization=gpu_memory, sampling="temperature 1, ignore_eos, log-probs",
+                    layout="one engine per child process, bf16 then fp8, runs back to back")  # fmt: skip
+    decode_rows, failed = [], {}
+    with tempfile.TemporaryDirectory() as work:
+        for quantization in QUANTIZATIONS:
+            rows = Path(work, f"{quantization}.json")
+            command = [sys.executable, __file__, "vllm", "--compare", "fp8", "--only", quantization, "--rows", str(rows),
+                       "--tokenizer", str(tokenizer), "--folder", str(folder), "--shape", shape, "--runs", str(runs),
+                       "--gpu-memory", str(gpu_memory), "--batches", *map(str, batches)]  # fmt: skip
+            code = run_child(command)
+            if code != 0:
+                failed[quantization] = code
+            if rows.is_file():
+                decode_rows += json.loads(rows.read_text())["rows"]
+    report.update(decode=decode_rows, failed=failed)
+    for row in ratio_rows(decode_rows):
+        report.row(row, ratio_line(row))
+    return report.rows
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("engine", choices=["vllm"], help="the engine measured (the hf static-cache path was removed)")
     parser.add_argument("--tokenizer", type=Path, required=True, help="folder with the Qwen2.5 tokenizer files")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/physreason-7b-shape"))
-    parser.add_argument("--runs", type=int, default=2, help="timed runs of each engine (interleaved)")
+    parser.add_argument("--runs", type=int, default=2, help="timed runs of each engine (raw: interleaved)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256], help="vllm: batch sizes to measure")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-vl-7b", help="language-model shape")
-    args = parser.parse_args()
+    parser.add_argument("--compare", choices=["raw", "fp8"], default="raw",
+                        help="raw: our engine against raw vllm.LLM (bf16); fp8: our engine, bf16 against FP8 rollout weights")  # fmt: skip
+    parser.add_argument("--gpu-memory", type=float, default=0.6, help="fp8: each engine's gpu_memory_utilization")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="fp8: the JSON's path (default: $OUT)")
+    parser.add_argument("--only", choices=QUANTIZATIONS, default=None, help=argparse.SUPPRESS)  # a child's engine
+    parser.add_argument("--rows", type=Path, default=None, help=argparse.SUPPRESS)  # where a child writes its rows
+    args = parser.parse_args(argv)
+    if args.runs < 1 or any(batch < 1 for batch in args.batches):
+        parser.error("--runs and --batches: give whole numbers of at least 1")
+    if not 0 < args.gpu_memory <= 1:
+        parser.error(f"--gpu-memory {args.gpu_memory}: give a fraction of the GPU's memory in (0, 1]")
+    if not any((args.tokenizer / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        parser.error(f"--tokenizer {args.tokenizer}: no tokenizer.json or tokenizer_config.json there; give the folder "
+                     "of the Qwen2.5 tokenizer files")  # fmt: skip
+    if args.only is not None:
+        decode_one(args.folder, args.only, args.batches, args.runs, args.gpu_memory, args.rows)
+        return
+    if not torch.cuda.is_available():
+        raise SystemExit("engine_throughput.py runs vLLM engines on a CUDA GPU and this machine has none")
+    if args.compare == "fp8":
+        compare_fp8(args.tokenizer, args.folder, args.shape, args.batches, args.runs, args.gpu_memory, args.json)
+        return
     device_line(shape=args.shape)
     folder = make_folder(args.folder, args.tokenizer, SHAPES[args.shape])
     bench_vllm(folder, args.batches, args.runs)

@@ -3,7 +3,7 @@ float8 SFT loss curve beside bf16's (GPU; --tiny checks sft and curve on CPU).
 
 What each measures and what a machine must have: bench/RESULTS.md ("How the scripts measure"). One JSON line a
 measurement. GRPO step time: bench/grpo_step.py --quantization fp8.
-    python bench/fp8.py decode --tokenizer DIR [--shape qwen3-vl-8b] [--batches 1 64 256]
+    python bench/fp8.py decode --tokenizer DIR [--shape qwen3-vl-8b] [--batches 1 64 256]   (engine_throughput.py --compare fp8)
     python bench/fp8.py sft [--shape qwen3-vl-8b --layers 14] [-- --chunked-ce --ac-every 2]
     python bench/fp8.py sft --tiny --recipes rowwise -- --seq-len 32 --steps 1 --warmup 0    (CPU: checks the script)
     python bench/fp8.py curve [--steps 200 --recipe rowwise --out /tmp/physreason-fp8-curve]
@@ -20,7 +20,6 @@ import importlib.util
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,68 +67,12 @@ def require_float8_support(command: str, tiny: bool) -> None:
                          f"{torch.cuda.get_device_name()} is {capability[0]}.{capability[1]}: run it on an H100 or L40S")  # fmt: skip
 
 
-def random_weights(folder: Path, device: str, seed: int = 0):
-    """(name, bf16 tensor) of the folder's model, N(0, 0.02) from a seeded generator, made one at a time on `device`."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    with torch.device("meta"):
-        meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
-    generator = torch.Generator(device).manual_seed(seed)
-    for name, parameter in meta.named_parameters():
-        tensor = torch.empty(parameter.shape, dtype=torch.bfloat16, device=device)
-        if name.endswith("norm.weight"):
-            yield name, tensor.fill_(1.0)
-        else:
-            yield name, tensor.normal_(0.0, 0.02, generator=generator)
-
-
-def decode_one(folder: Path, quantization: str, batches: list[int], runs: int) -> None:
-    """One engine (bf16 or FP8 rollout weights): push the seeded weights, then time generate at each batch."""
-    from engine_throughput import NEW, PROMPT, make_requests
-
-    from physreason.config import EngineConfig, ModelConfig, SamplingConfig
-    from physreason.engines.vllm import VLLMEngine
-    from physreason.models.fp8 import fp8_rollout_weights
-
-    start = time.perf_counter()
-    extra = {"quantization": quantization} if quantization != "none" else {"load_format": "dummy"}
-    engine = VLLMEngine(ModelConfig(model_name_or_path=str(folder), model_max_length=4096),
-                        EngineConfig(gpu_memory_utilization=0.6), **extra)  # fmt: skip
-    out(what="engine_start", quantization=quantization, s=round(time.perf_counter() - start, 1))
-    for attempt in range(2):
-        weights = random_weights(folder, "cuda")
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        engine.update_weights(fp8_rollout_weights(weights) if quantization == "fp8" else weights)
-        torch.cuda.synchronize()
-        out(what="push", quantization=quantization, attempt=attempt, s=round(time.perf_counter() - t, 3))
-    sampling = SamplingConfig(temperature=1.0, top_p=1.0, repetition_penalty=1.0, max_tokens=NEW, seed=0)
-    engine.generate(make_requests(engine.tokenizer, 2, seed=99), sampling)  # warm-up
-    for batch in batches:
-        requests = make_requests(engine.tokenizer, batch, seed=batch)
-        for run in range(runs):
-            engine.llm.reset_prefix_cache()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            results = engine.generate(requests, sampling, logprobs=True)
-            dt = time.perf_counter() - t
-            tokens = sum(len(r.completions[0].token_ids) for r in results)
-            out(what="decode", quantization=quantization, batch=batch, run=run, prompt=PROMPT, new=NEW, tokens=tokens,
-                s=round(dt, 2), tok_per_s=round(tokens / dt, 1))
-
-
 def bench_decode(args: argparse.Namespace) -> None:
-    from engine_throughput import make_folder
-    from shapes import DECODER_SHAPES
+    """bench/engine_throughput.py --compare fp8: the same engine with bf16 and FP8 rollout weights, one after the other."""
+    from engine_throughput import compare_fp8
 
     require_decode_support(args.tokenizer)
-    out(what="device", **device_info(), shape=args.shape)
-    folder = make_folder(args.folder, args.tokenizer, DECODER_SHAPES[args.shape])
-    for quantization in ("none", "fp8"):
-        command = [sys.executable, __file__, "decode", "--tokenizer", str(args.tokenizer), "--folder", str(folder),
-                   "--shape", args.shape, "--runs", str(args.runs), "--only", quantization,
-                   "--batches", *map(str, args.batches)]  # fmt: skip
-        subprocess.run(command, check=True)
+    compare_fp8(args.tokenizer, args.folder, args.shape, args.batches, args.runs, gpu_memory=0.6)
 
 
 def bench_sft(args: argparse.Namespace, rest: list[str]) -> None:
@@ -317,7 +260,6 @@ def main(argv: list[str] | None = None) -> None:
     decode.add_argument("--shape", choices=["qwen2.5-vl-7b", "qwen3-vl-8b"], default="qwen2.5-vl-7b")
     decode.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
     decode.add_argument("--runs", type=int, default=2, help="timed runs per batch size")
-    decode.add_argument("--only", choices=["none", "fp8"], default=None, help=argparse.SUPPRESS)  # the child's engine
     sft = commands.add_parser("sft", help="SFT tokens/s, float8 training vs bf16 (options after -- go to sft_throughput)")
     sft.add_argument("--shape", choices=["qwen2.5-vl-3b", "qwen3-vl-8b"], default="qwen2.5-vl-3b")
     sft.add_argument("--layers", type=int, default=None, help="decoder layers instead of the shape's (fits one GPU)")
@@ -349,10 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "decode":
         if rest:
             parser.error(f"unknown options for decode: {rest}")
-        if args.only is None:
-            bench_decode(args)
-        else:
-            decode_one(args.folder, args.only, args.batches, args.runs)
+        bench_decode(args)
     else:
         args.recipes = comma_list(parser, "--recipes", args.recipes, RECIPES)
         bench_sft(args, rest)

@@ -228,6 +228,25 @@ def test_under_torchrun_each_rank_engine_gets_the_external_launcher(monkeypatch,
     assert seen.get("distributed_executor_backend") == executor
 
 
+def test_a_config_only_folder_starts_with_dummy_weights_and_is_refused_without(monkeypatch, tiny_model_dir, tmp_path):
+    """bench/engine_throughput.py builds engines on config-only shape folders with load_format="dummy"."""
+    import shutil
+
+    from physreason.engines.vllm import VLLMEngine
+    from physreason.errors import ConfigError
+
+    def recording_llm(**kwargs):
+        raise _Built
+
+    monkeypatch.setattr(vllm, "LLM", recording_llm)
+    shutil.copy(tiny_model_dir / "config.json", tmp_path / "config.json")
+    model = ModelConfig(model_name_or_path=str(tmp_path))
+    with pytest.raises(_Built):
+        VLLMEngine(model, EngineConfig(), load_format="dummy")
+    with pytest.raises(ConfigError, match="has config.json but no weights"):
+        VLLMEngine(model, EngineConfig())
+
+
 def test_ignore_eos_sampling_params_drop_every_stop():
     from physreason import vllm_compat
 

@@ -97,7 +97,8 @@ class VLLMEngine(Engine):
         self.engine_config = engine
         source = model.model_name_or_path
         hf_config = loading.load_model_config(model)
-        if quantization in (None, "none"):  # fp8 rollouts start from dummy weights and wait for the first push
+        # fp8 rollouts start from dummy weights and wait for the first push; so does load_format="dummy" (benchmarks)
+        if quantization in (None, "none") and llm_overrides.get("load_format") != "dummy":
             check_model_weights(source)
         self.hf_config = hf_config
         self.is_vl = model_family(hf_config).is_vision_language
