@@ -368,6 +368,13 @@ def run_child(mode: str, config_path: Path, gpus: int, kill_at: int = 0) -> None
 # ---- parent ---------------------------------------------------------------------------------------------------------
 
 
+def run_status(code: int | None, logged: int, wanted: int) -> str:
+    """A mode's outcome: its exit code, or (killed at its time share: code None) whether every step was logged first."""
+    if code is None:
+        return "all steps, then killed at exit" if logged >= wanted else "timed out"
+    return "ok" if code == 0 else f"exit code {code}"
+
+
 def measure(mode: str, config: dict, out: Path, args: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
     """Run one mode as a child process under the GPU sampler and summarise its logged steps."""
     from physreason.config import Config, dump_config
@@ -387,9 +394,9 @@ def measure(mode: str, config: dict, out: Path, args: argparse.Namespace, timeou
     sampler = GPUSampler()
     started = time.time()
     code = harness.run_logged(command, out / f"{mode}.log", timeout_s, cwd=ROOT)
-    status = "timed out" if code is None else "ok" if code == 0 else f"exit code {code}"
     sampler.stop()
     lines = [json.loads(line) for line in metrics_path.open()] if metrics_path.is_file() else []
+    status = run_status(code, len(lines), args.steps)
     layout = mode_layout(mode)
     result: dict[str, Any] = {"mode": mode, "status": status, "steps_logged": len(lines), "steps_wanted": args.steps,
                               "wall_s": time.time() - started, "gpus": args.gpus,

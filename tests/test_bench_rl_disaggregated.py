@@ -68,3 +68,10 @@ def test_table_names_the_layout_lists_every_gpu_and_gives_each_layout_over_coloc
     assert "disaggregated-2+2 / colocated samples/s: 0.50x" in table
     assert "disaggregated-1+3 / colocated samples/s: 1.25x" in table
     assert "colocated / colocated" not in table
+
+
+def test_a_mode_killed_after_logging_every_step_is_not_reported_as_timed_out(bench):
+    assert bench.run_status(None, 6, 6) == "all steps, then killed at exit"
+    assert bench.run_status(None, 2, 6) == "timed out"
+    assert bench.run_status(0, 6, 6) == "ok"
+    assert bench.run_status(3, 1, 6) == "exit code 3"
