@@ -310,3 +310,36 @@ def test_presence_and_frequency_penalties_follow_the_hf_engines_semantics(engine
         adjusted = logits[step] - frequency * counts - presence * (counts > 0).float()
         assert float(adjusted.max() - adjusted[token]) < 1e-2, f"step {step}"
         counts[token] += 1
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_an_fp8_kv_cache_reaches_vllm_with_or_without_fp8_weights_and_auto_passes_nothing(monkeypatch, quantization):
+    from types import SimpleNamespace
+
+    from vllm.config import CacheConfig
+
+    from physreason import vllm_compat
+    from physreason.engines.vllm import VLLMEngine
+
+    seen = []
+
+    def recording_llm(**kwargs):
+        seen.append(kwargs)
+        raise _Built
+
+    monkeypatch.setattr(vllm, "LLM", recording_llm)
+    # the FP8 weights' arguments come from a checked block-FP8 config; only the KV cache's are under test here
+    monkeypatch.setattr(VLLMEngine, "_quantized_kwargs", lambda self: {"quantization": "fp8"})
+    tiny = SimpleNamespace(get_text_config=lambda: None)
+    monkeypatch.setattr("physreason.engines.vllm.loading.load_model_config", lambda model: tiny)
+    monkeypatch.setattr("physreason.engines.vllm.model_family", lambda config: SimpleNamespace(is_vision_language=False))
+    monkeypatch.setattr("physreason.engines.vllm.check_model_weights", lambda source: None)
+    for kv_cache_dtype in ("auto", "fp8"):
+        with pytest.raises(_Built):
+            VLLMEngine(ModelConfig(model_name_or_path="/m"), EngineConfig(kv_cache_dtype=kv_cache_dtype), quantization=quantization)
+    auto, fp8 = seen
+    assert "kv_cache_dtype" not in auto and fp8["kv_cache_dtype"] == "fp8"
+    assert auto.get("quantization") == fp8.get("quantization") == quantization
+    # the installed vLLM takes the value as an engine argument and a cache dtype
+    assert vllm_compat.llm_kwargs(kv_cache_dtype="fp8") == {"kv_cache_dtype": "fp8"}
+    assert CacheConfig(cache_dtype=fp8["kv_cache_dtype"]).cache_dtype == "fp8"
