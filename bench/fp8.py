@@ -68,7 +68,8 @@ def require_float8_support(command: str, tiny: bool) -> None:
 
 
 def bench_decode(args: argparse.Namespace) -> None:
-    """bench/engine_throughput.py --compare fp8: the same engine with bf16 and FP8 rollout weights, one after the other."""
+    """bench/engine_throughput.py --compare fp8: the same engine with bf16 weights, FP8 rollout weights, and FP8 rollout
+    weights with an FP8 KV cache, one after the other."""
     from engine_throughput import compare_fp8
 
     require_decode_support(args.tokenizer)

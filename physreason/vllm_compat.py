@@ -246,6 +246,18 @@ def fp8_rollout_kwargs(quantization_config: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+def kv_cache_kwargs(kv_cache_dtype: str) -> dict[str, Any]:
+    """`vllm.LLM` arguments for `engine.kv_cache_dtype`: none for "auto" (the model's dtype, vLLM's default).
+
+    "fp8" is vLLM's alias of fp8_e4m3 in 0.26 and 0.32. The per-tensor K and V scales stay 1.0: physreason's
+    checkpoints carry no k_scale / v_scale, and 0.26's `calculate_kv_scales` (dropped by 0.32) would measure them
+    once, in the start-up's profiling pass, from weights that GRPO replaces at every push.
+    """
+    if kv_cache_dtype == "auto":
+        return {}
+    return {"kv_cache_dtype": kv_cache_dtype}
+
+
 def _fp8_modules(model: torch.nn.Module) -> list[str]:
     import torch
 

@@ -226,3 +226,12 @@ def test_policy_rows_are_packed_unless_the_kernel_is_flash_or_packing_is_turned_
     assert not load_config(None, ["model.attn_implementation='flash_attention_2'"]).packs_completions
     assert not load_config(None, ["grpo.pack_completions=false"]).packs_completions
     assert load_config(None, ["grpo.pack_completions=true", "model.attn_implementation='eager'"]).packs_completions
+
+
+def test_kv_cache_dtype_is_auto_unless_set_and_a_bad_value_names_the_key_and_the_choices(tmp_path):
+    assert load_config(None).engine.kv_cache_dtype == "auto"
+    assert load_config(write(tmp_path, '[engine]\nkv_cache_dtype = "fp8"\n')).engine.kv_cache_dtype == "fp8"
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["engine.kv_cache_dtype=fp16"])
+    message = str(error.value)
+    assert "\n" not in message and "engine.kv_cache_dtype: Input should be 'auto' or 'fp8' (got 'fp16')" in message

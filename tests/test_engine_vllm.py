@@ -6,6 +6,7 @@ the log-probabilities must agree to float tolerance.
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -310,3 +311,51 @@ def test_presence_and_frequency_penalties_follow_the_hf_engines_semantics(engine
         adjusted = logits[step] - frequency * counts - presence * (counts > 0).float()
         assert float(adjusted.max() - adjusted[token]) < 1e-2, f"step {step}"
         counts[token] += 1
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_an_fp8_kv_cache_reaches_vllm_with_or_without_fp8_weights_and_auto_passes_nothing(monkeypatch, quantization):
+    from types import SimpleNamespace
+
+    from vllm.config import CacheConfig
+
+    from physreason import vllm_compat
+    from physreason.engines.vllm import VLLMEngine
+
+    seen = []
+
+    def recording_llm(**kwargs):
+        seen.append(kwargs)
+        raise _Built
+
+    monkeypatch.setattr(vllm, "LLM", recording_llm)
+    for name, value in (("VLLM_DEEP_GEMM_WARMUP", "skip"), ("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "0")):
+        monkeypatch.setenv(name, value)  # what an FP8 engine sets, restored after this test
+    # the FP8 weights' arguments come from a checked block-FP8 config; only the KV cache's are under test here
+    monkeypatch.setattr(VLLMEngine, "_quantized_kwargs", lambda self: {"quantization": "fp8"})
+    tiny = SimpleNamespace(get_text_config=lambda: None)
+    monkeypatch.setattr("physreason.engines.vllm.loading.load_model_config", lambda model: tiny)
+    monkeypatch.setattr("physreason.engines.vllm.model_family", lambda config: SimpleNamespace(is_vision_language=False))
+    monkeypatch.setattr("physreason.engines.vllm.check_model_weights", lambda source: None)
+    for kv_cache_dtype in ("auto", "fp8"):
+        with pytest.raises(_Built):
+            VLLMEngine(ModelConfig(model_name_or_path="/m"), EngineConfig(kv_cache_dtype=kv_cache_dtype), quantization=quantization)
+    auto, fp8 = seen
+    assert "kv_cache_dtype" not in auto and fp8["kv_cache_dtype"] == "fp8"
+    assert auto.get("quantization") == fp8.get("quantization") == quantization
+    # the installed vLLM takes the value as an engine argument and a cache dtype
+    assert vllm_compat.llm_kwargs(kv_cache_dtype="fp8") == {"kv_cache_dtype": "fp8"}
+    assert CacheConfig(cache_dtype=fp8["kv_cache_dtype"]).cache_dtype == "fp8"
+
+
+def test_a_tiny_engine_with_an_fp8_kv_cache_stores_fp8_and_generates(tiny_model_dir):
+    from physreason.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine(
+        ModelConfig(model_name_or_path=str(tiny_model_dir), dtype="bfloat16", model_max_length=512),
+        EngineConfig(enforce_eager=True, kv_cache_dtype="fp8"),
+    )
+    assert engine.llm.llm_engine.vllm_config.cache_config.cache_dtype == "fp8"
+    (result,) = engine.generate([build_request("Say hello.", request_id="text")], GREEDY)
+    assert result.error is None and len(result.completions[0].token_ids) > 0
+    assert all(math.isfinite(value) and value <= 0 for value in result.completions[0].logprobs)

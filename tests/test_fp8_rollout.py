@@ -268,3 +268,8 @@ def test_fp8_rollouts_refuse_shapes_whose_fused_shards_split_a_block():
     engine.model_config = ModelConfig(model_name_or_path="/models/tiny")
     with pytest.raises(PhysReasonError, match="/models/tiny: k_proj / v_proj has 64 output rows.*quantization = 'none'"):
         engine._quantized_kwargs()
+
+
+def test_an_fp8_kv_cache_needs_the_vllm_engine(tmp_path):
+    with pytest.raises(ConfigError, match="engine.kv_cache_dtype = 'fp8' runs on the vLLM engine.*kv_cache_dtype = 'auto'"):
+        create_engine(ModelConfig(model_name_or_path=str(tmp_path)), EngineConfig(backend="hf", kv_cache_dtype="fp8"))

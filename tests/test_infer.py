@@ -11,6 +11,7 @@ from media import write_clip, write_image
 
 from physreason.config import EngineConfig, ModelConfig, SamplingConfig, VisionConfig
 from physreason.engines.hf import HFEngine
+from physreason.errors import InputError
 from physreason.infer import run_batch
 from physreason.infer.results import finished_ids
 
@@ -341,3 +342,18 @@ def test_cli_rerun_compares_the_model_on_disk_not_the_path_as_typed(tiny_model_d
     assert other.returncode == 2, other.stderr
     assert "model.fingerprint: 'config " in other.stderr and "Traceback" not in other.stderr
     assert len(read_out(out)) == 3
+
+
+def test_settings_leave_out_the_default_kv_cache_dtype_so_older_outputs_still_resume(tmp_path):
+    from physreason.config import load_config
+    from physreason.infer.settings import answer_settings, check_and_store_settings
+
+    out = tmp_path / "answers.jsonl"
+    older = answer_settings(load_config(None))
+    assert "engine.kv_cache_dtype" not in older  # as a settings file written before the key existed
+    check_and_store_settings(out, older, has_results=False)
+    check_and_store_settings(out, answer_settings(load_config(None, ["engine.kv_cache_dtype=auto"])), has_results=True)
+    fp8 = answer_settings(load_config(None, ["engine.kv_cache_dtype=fp8"]))
+    assert fp8["engine.kv_cache_dtype"] == "fp8"
+    with pytest.raises(InputError, match="engine.kv_cache_dtype: None there, 'fp8' now"):
+        check_and_store_settings(out, fp8, has_results=True)

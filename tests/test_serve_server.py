@@ -58,6 +58,12 @@ def test_recipe_and_options_reach_the_command_and_the_key_stays_off_the_command_
     assert command.env == {"VLLM_API_KEY": "s3cret", MEDIA_ROOT_ENV: str(tmp_path)}
 
 
+def test_an_fp8_kv_cache_reaches_the_server_command_and_auto_leaves_vllms_default():
+    assert "--kv-cache-dtype" not in build_server_command(load_config(None), ServeOptions(), None).argv
+    argv = build_server_command(load_config(None, ["engine.kv_cache_dtype=fp8"]), ServeOptions(), None).argv
+    assert arg(argv, "--kv-cache-dtype") == "fp8"
+
+
 def test_a_conversation_without_system_message_gets_the_cosmos_reason_prompt():
     tokenizer = build_tiny_tokenizer()
     tokenizer.chat_template = with_prompt_style(tokenizer.chat_template, Prompting(system_prompt=REASONING_SYSTEM_PROMPT))

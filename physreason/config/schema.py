@@ -221,6 +221,13 @@ class EngineConfig(Section):
         default_factory=lambda: {"image": 4, "video": 1}, description="Most images/videos in one prompt (vLLM)."
     )
     enforce_eager: bool = Field(False, description="Disable CUDA graphs in vLLM (slower; less memory, faster start).")
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        "auto",
+        description="vLLM's KV cache storage (vLLM's argument): 'auto' keeps model.dtype; 'fp8' stores keys and values "
+        "as float8_e4m3 with per-tensor scales of 1.0 (no calibration), halving the cache a decode step reads; with "
+        "FlashAttention 3 (Hopper) queries are quantized to FP8 too. With or without rollout.quantization = 'fp8'. "
+        "Needs vLLM. Accuracy: values beyond +-448 saturate and tiny ones lose precision (docs/fp8.md).",
+    )
     batch_size: int = Field(8, ge=1, description="Requests per generate call of the hf engine.")
     hf_static_cache: bool = Field(
         False, description="hf engine: static KV cache + torch.compile on GPU (compiles once per batch shape)."

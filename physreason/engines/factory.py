@@ -43,6 +43,12 @@ def create_engine(
             "(engine.backend, or vLLM not installed): install vLLM and set engine.backend = 'vllm', "
             "or rollout.quantization = 'none'"
         )
+    if engine.kv_cache_dtype != "auto" and resolve_backend(engine) != "vllm":
+        raise ConfigError(
+            f"engine.kv_cache_dtype = {engine.kv_cache_dtype!r} runs on the vLLM engine, but the engine is 'hf' "
+            "(engine.backend, or vLLM not installed): install vLLM and set engine.backend = 'vllm', "
+            "or engine.kv_cache_dtype = 'auto'"
+        )
     if resolve_backend(engine) == "vllm":
         if not vllm_installed():
             raise ConfigError("engine.backend = 'vllm' but vLLM is not installed: install vllm, or use --engine hf")

@@ -123,6 +123,7 @@ class VLLMEngine(Engine):
             kwargs["limit_mm_per_prompt"] = dict(engine.limit_mm_per_prompt)
         if self.quantization is not None:
             kwargs.update(self._quantized_kwargs())
+        kwargs.update(vllm_compat.kv_cache_kwargs(engine.kv_cache_dtype))
         ranks = [lora_rank] if lora_rank is not None else []
         if engine.lora is not None:
             from physreason.models.lora import check_adapter_base, read_adapter_config

@@ -27,6 +27,9 @@ _NOT_ANSWERS = (
     "engine.batch_size",
     "engine.hf_static_cache",
 )
+# Keys added after outputs already stored settings, with the default that reproduces those outputs: left out at that
+# default, so a rerun of an older output is not refused for a key its settings file could not have had.
+_NEW_KEY_DEFAULTS = {"engine.kv_cache_dtype": "auto"}
 
 
 def answer_settings(cfg: Config, **switches: Any) -> dict[str, Any]:
@@ -35,6 +38,9 @@ def answer_settings(cfg: Config, **switches: Any) -> dict[str, Any]:
     flat = _flatten(tree)
     for key in _NOT_ANSWERS:
         flat.pop(key, None)
+    for key, default in _NEW_KEY_DEFAULTS.items():
+        if flat.get(key) == default:
+            del flat[key]
     flat.update(switches)
     return flat
 

@@ -219,6 +219,8 @@ def build_server_command(
         argv += ["--revision", model.revision]
     if engine.enforce_eager:
         argv.append("--enforce-eager")
+    if engine.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", engine.kv_cache_dtype]
     if model.trust_remote_code:
         argv.append("--trust-remote-code")
     if options.media_root is not None:
