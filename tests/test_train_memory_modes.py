@@ -154,10 +154,14 @@ def world_of_one(tmp_path):
     dist.destroy_process_group()
 
 
-def test_offloaded_shards_step_with_the_fused_host_adamw_and_train_as_without_offload(world_of_one, tmp_path):
+@pytest.mark.parametrize("clip", [1e-3, 1e3])
+def test_offloaded_shards_step_with_the_fused_host_adamw_and_train_as_without_offload(world_of_one, tmp_path, clip):
     """train.cpu_offload under torchrun (one rank): the AdamW over the host's DTensor shards is torch's fused kernel,
     not its default single-tensor loop (a dozen DTensor-dispatched passes over memory per parameter), and the run's
-    losses and weights equal those of the same run without offload."""
+    losses and weights equal those of the same run without offload, whose clipping multiplies the gradients. With
+    clipping active (1e-3: the gradients shrink to where AdamW's eps counts, so a coefficient applied twice or not at
+    all moves the weights) the offloaded step takes the coefficient as the fused kernel's grad_scale; inactive (1e3),
+    it takes none."""
     from torch.distributed.tensor import DTensor
 
     from physreason.models import loading
@@ -181,8 +185,20 @@ def test_offloaded_shards_step_with_the_fused_host_adamw_and_train_as_without_of
         tokenizer = loading.load_tokenizer(config.model)
         train_set, _ = build_datasets(config, tokenizer, loading.load_model_config(config.model))
         batch = _collate_fn(config, tokenizer.pad_token_id, mrope=True)([train_set[i] for i in range(2)])
-        losses = [train_step(trained.module, [batch], trained.optimizer, trained.scheduler, runtime, 1, 1.0,
-                             trained.autocast)[0] for _ in range(3)]  # fmt: skip
+        scales: list[torch.Tensor | None] = []  # the grad_scale each step ran with
+
+        def seen(optimizer, *_, scales=scales):
+            scales.append(getattr(optimizer, "grad_scale", None))
+
+        trained.optimizer.register_step_pre_hook(seen)
+        results = [train_step(trained.module, [batch], trained.optimizer, trained.scheduler, runtime, 1, clip,
+                              trained.autocast) for _ in range(3)]  # fmt: skip
+        losses, norms = [loss for loss, _ in results], [norm for _, norm in results]
+        assert all((norm > clip) == (clip < 1) for norm in norms)
+        folded = offload and clip < 1
+        assert [scale is not None for scale in scales] == [folded] * 3
+        if folded:
+            assert [float(scale) for scale in scales] == [pytest.approx(norm / clip, rel=1e-5) for norm in norms]
         weights = {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
                    for name, p in trained.module.named_parameters()}  # fmt: skip
         runs[offload] = losses, weights

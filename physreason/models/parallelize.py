@@ -5,7 +5,7 @@ The model code is never changed; these functions wrap or shard modules in place,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -310,15 +310,71 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch
     all_reduce over the world adds them up: one collective per step whatever the meshes (DTensor's own norm makes one
     all-reduce per mesh dimension, one after another, and one more per mesh). The gradients are then scaled in place
     by one foreach multiply per device and dtype, on the local pieces; gradients on the host (CPU offload) whose norm
-    is within max_norm are not touched.
+    is within max_norm are not touched. clip_and_step also steps the optimizer, and on the host folds the scaling
+    into the fused AdamW.
+    """
+    total, groups = _grad_norm(parameters)
+    scale = _clip_coefficient(total, max_norm)
+    if scale is not None:
+        with torch.no_grad():
+            for (where, _dtype), pieces in groups.items():
+                torch._foreach_mul_(pieces, scale.to(where))
+    return total
+
+
+def clip_and_step(
+    parameters: Iterable[nn.Parameter],
+    max_norm: float,
+    optimizer: torch.optim.Optimizer,
+    on_norm: Callable[[], None] | None = None,
+) -> torch.Tensor:
+    """clip_grad_norm(parameters, max_norm), then optimizer.step(); returns the norm before clipping (0-dim, fp32).
+
+    Host gradients (train.cpu_offload) stepped by torch's fused AdamW are not multiplied by the clip coefficient in a
+    pass of their own: the fused kernel takes it as its grad_scale (it divides each gradient by grad_scale as it reads
+    it, the same read the update makes anyway) and writes the clipped gradient back, so the host reads every gradient
+    once for the norm and once in AdamW, instead of three times and one more write. The coefficient applies once,
+    in this step: grad_scale is set for it alone. Elsewhere (GPU gradients, other optimizers) the gradients are
+    scaled in place as clip_grad_norm does. The result equals clip_grad_norm then step() to float32 rounding
+    (g / (1 / c) against g x c). on_norm: called once the norm (and any scaling) is done, before the step; the
+    bench times the two parts with it.
+    """
+    total, groups = _grad_norm(parameters)
+    scale = _clip_coefficient(total, max_norm)
+    fold = scale is not None and _folds_grad_scale(optimizer, groups)
+    if scale is not None and not fold:
+        with torch.no_grad():
+            for (where, _dtype), pieces in groups.items():
+                torch._foreach_mul_(pieces, scale.to(where))
+    if on_norm is not None:
+        on_norm()
+    if not fold:
+        optimizer.step()
+        return total
+    # the same coefficient as the multiply's, as the divisor the kernel wants
+    optimizer.grad_scale = (total + 1e-6) / max_norm  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale  # type: ignore[attr-defined]
+    return total
+
+
+_Groups = dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]  # gradients' local pieces by (device, dtype)
+
+
+def _grad_norm(parameters: Iterable[nn.Parameter]) -> tuple[torch.Tensor, _Groups]:
+    """(global L2 norm of the gradients, fp32 0-dim; their local pieces grouped by (device, dtype)); see clip_grad_norm.
+
+    One read of every gradient: torch._foreach_norm in float32 per group of pieces.
     """
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
-        return torch.zeros((), dtype=torch.float32)
+        return torch.zeros((), dtype=torch.float32), {}
     distributed = dist.is_available() and dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
     # local pieces grouped by (device, dtype) for the foreach kernels, and by copies for the weighting
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    groups: _Groups = {}
     weighted: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
     with torch.no_grad():
         for grad in grads:
@@ -332,15 +388,34 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch
             total += torch.stack(norms).square().sum().to(device) / copies  # []
         if world > 1:
             dist.all_reduce(total)
-        total = total.sqrt()
-        if max_norm > 0:
-            scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-            # Host gradients (train.cpu_offload) under the limit are left as they are: the scale is known without a
-            # device sync there, and multiplying by 1 would cost a pass over every gradient for the same values.
-            if scale.device.type != "cpu" or float(scale) < 1.0:
-                for (where, _dtype), pieces in groups.items():
-                    torch._foreach_mul_(pieces, scale.to(where))
-    return total
+    return total.sqrt(), groups
+
+
+def _clip_coefficient(total: torch.Tensor, max_norm: float) -> torch.Tensor | None:
+    """The factor clipping multiplies the gradients by (0-dim, on total's device), or None when there is nothing to do.
+
+    Host gradients (train.cpu_offload) under the limit are left as they are: the factor is known without a device
+    sync there, and multiplying by 1 would cost a pass over every gradient for the same values.
+    """
+    if max_norm <= 0:
+        return None
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    if scale.device.type == "cpu" and float(scale) >= 1.0:
+        return None
+    return scale
+
+
+def _folds_grad_scale(optimizer: torch.optim.Optimizer, groups: _Groups) -> bool:
+    """Whether clip_and_step hands the clip coefficient to the optimizer's fused kernel: torch's Adam or AdamW with
+    fused=True in every group, float32 gradients all on the host, and no grad_scale of someone else's (GradScaler)."""
+    return (
+        isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+        and all(group.get("fused") for group in optimizer.param_groups)
+        and bool(groups)
+        and all(device.type == "cpu" and dtype == torch.float32 for device, dtype in groups)
+        and getattr(optimizer, "grad_scale", None) is None
+        and getattr(optimizer, "found_inf", None) is None
+    )
 
 
 # transformers' Qwen2.5-VL runs its vision tower once for a batch's images and once for its videos.

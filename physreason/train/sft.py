@@ -303,8 +303,8 @@ def train_step(
             (loss * scale).backward()
         loss_sum += float(loss.detach())
     with phases.phase(phases.OPTIMIZER):
-        norm = parallelize.clip_grad_norm([p for p in module.parameters() if p.requires_grad], clip)
-        optimizer.step()
+        # on the host (train.cpu_offload) the clip coefficient rides in the fused AdamW: no pass of its own
+        norm = parallelize.clip_and_step([p for p in module.parameters() if p.requires_grad], clip, optimizer)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     return all_reduce_sum(loss_sum, runtime, dp_group) / max(targets, 1.0), float(norm)
