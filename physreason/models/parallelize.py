@@ -327,6 +327,7 @@ def clip_and_step(
     max_norm: float,
     optimizer: torch.optim.Optimizer,
     on_norm: Callable[[], None] | None = None,
+    reduced: ReducedGradNorm | None = None,
 ) -> torch.Tensor:
     """clip_grad_norm(parameters, max_norm), then optimizer.step(); returns the norm before clipping (0-dim, fp32).
 
@@ -337,9 +338,10 @@ def clip_and_step(
     in this step: grad_scale is set for it alone. Elsewhere (GPU gradients, other optimizers) the gradients are
     scaled in place as clip_grad_norm does. The result equals clip_grad_norm then step() to float32 rounding
     (g / (1 / c) against g x c). on_norm: called once the norm (and any scaling) is done, before the step; the
-    bench times the two parts with it.
+    bench times the two parts with it. reduced: the norm FSDP2's reduce-scatter outputs gave on the GPU, used when it
+    covers this step's gradients (ReducedGradNorm.take), instead of a pass over them on the host.
     """
-    total, groups = _grad_norm(parameters)
+    total, groups = _grad_norm(parameters, reduced)
     scale = _clip_coefficient(total, max_norm)
     fold = scale is not None and _folds_grad_scale(optimizer, groups)
     if scale is not None and not fold:
@@ -363,12 +365,14 @@ def clip_and_step(
 _Groups = dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]  # gradients' local pieces by (device, dtype)
 
 
-def _grad_norm(parameters: Iterable[nn.Parameter]) -> tuple[torch.Tensor, _Groups]:
+def _grad_norm(parameters: Iterable[nn.Parameter], reduced: ReducedGradNorm | None = None) -> tuple[torch.Tensor, _Groups]:
     """(global L2 norm of the gradients, fp32 0-dim; their local pieces grouped by (device, dtype)); see clip_grad_norm.
 
-    One read of every gradient: torch._foreach_norm in float32 per group of pieces.
+    One read of every gradient: torch._foreach_norm in float32 per group of pieces, or none where `reduced` has the
+    norm from the GPU.
     """
-    grads = [p.grad for p in parameters if p.grad is not None]
+    parameters = [p for p in parameters if p.grad is not None]
+    grads = [p.grad for p in parameters]
     if not grads:
         return torch.zeros((), dtype=torch.float32), {}
     distributed = dist.is_available() and dist.is_initialized()
@@ -382,6 +386,9 @@ def _grad_norm(parameters: Iterable[nn.Parameter]) -> tuple[torch.Tensor, _Group
             groups.setdefault((local.device, local.dtype), []).append(local)
             weighted.setdefault((local.device, _copies(grad, world)), []).append(local)
         device = next(iter(groups))[0]
+        from_gpu = reduced.take(parameters) if reduced is not None else None
+        if from_gpu is not None:
+            return from_gpu.to(device), groups
         total = torch.zeros((), dtype=torch.float32, device=device)
         for (_where, copies), pieces in weighted.items():
             norms = torch._foreach_norm(pieces, 2.0, dtype=torch.float32)
@@ -389,6 +396,77 @@ def _grad_norm(parameters: Iterable[nn.Parameter]) -> tuple[torch.Tensor, _Group
         if world > 1:
             dist.all_reduce(total)
     return total.sqrt(), groups
+
+
+class ReducedGradNorm:
+    """The gradients' squared L2 norm summed on the GPU from FSDP2's reduce-scatter outputs, for clip_and_step.
+
+    Under train.cpu_offload the gradients reach the host as FSDP2 copies them there, and clipping would read all of
+    them once more on the host for their norm (15 GB a step at the 3B shape, fp32). Each FSDP2 unit's reduce-scatter
+    output is still on the GPU when FSDP2's public all-reduce hook (FSDPModule.set_all_reduce_hook) sees it, and on
+    one rank it holds exactly the unit's gradients (a SUM over one rank: no division, no padding), so a norm kernel
+    there costs a fraction of a millisecond. attach() installs it only on a one-rank mesh; take() returns the norm
+    only when every gradient being clipped came from one reduce of its unit this step (one micro-batch: a second
+    micro-batch's gradients are added on the host, whose sum the GPU never sees) and each output had the size of its
+    unit's gradients; otherwise None, and clip_and_step reads the host gradients as before.
+    """
+
+    def __init__(self) -> None:
+        self.owner: dict[int, int] = {}  # id(parameter) -> index of its unit
+        self.squares: dict[int, torch.Tensor] = {}  # unit -> squared norm of its last reduce-scatter output, [] fp32
+        self.sizes: dict[int, int] = {}  # unit -> elements of that output
+        self.reduces: dict[int, int] = {}  # unit -> reduce-scatters since the last take()
+        self.served = 0  # the take() calls answered with a norm (the rest fell back to the host)
+
+    @classmethod
+    def attach(cls, module: nn.Module) -> ReducedGradNorm | None:
+        """Hook every FSDP2 unit under `module` (itself included); None where the norm cannot come from the reduce
+        outputs (no FSDP2 unit, a mesh of more than one rank, a unit of several parameter groups)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        if not units:
+            return None
+        tracker = cls()
+        claimed: set[int] = set()
+        for index, unit in enumerate(reversed(units)):  # innermost first: a parameter belongs to the unit nearest it
+            state = unit._get_fsdp_state()
+            groups = state._fsdp_param_groups
+            if len(groups) != 1 or groups[0].mesh_info.mesh.size() != 1:
+                return None
+            for parameter in unit.parameters():
+                if id(parameter) not in claimed:
+                    claimed.add(id(parameter))
+                    tracker.owner[id(parameter)] = index
+            unit.set_all_reduce_hook(tracker._hook(index))
+        return tracker
+
+    def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        def seen(output: torch.Tensor) -> None:  # runs on FSDP2's stream, before the copy to the host
+            self.squares[index] = torch.linalg.vector_norm(output, dtype=torch.float32).square()
+            self.sizes[index] = output.numel()
+            self.reduces[index] = self.reduces.get(index, 0) + 1
+
+        return seen
+
+    def take(self, parameters: list[nn.Parameter]) -> torch.Tensor | None:
+        """The norm of these parameters' gradients (0-dim fp32, on the host), or None where the reduce outputs do not
+        cover them exactly; either way the counts start again for the next step."""
+        reduces, squares, sizes = self.reduces, self.squares, self.sizes
+        self.reduces, self.squares, self.sizes = {}, {}, {}
+        expected: dict[int, int] = {}  # unit -> elements of its gradients being clipped
+        for parameter in parameters:
+            unit = self.owner.get(id(parameter))
+            if unit is None:
+                return None
+            expected[unit] = expected.get(unit, 0) + parameter.grad.numel()
+        if any(reduces.get(unit) != 1 or sizes.get(unit) != size for unit, size in expected.items()):
+            return None
+        if set(reduces) != set(expected):  # a reduce of gradients not being clipped
+            return None
+        # FSDP2's final backward callback made the current stream wait for the reduce streams' work
+        self.served += 1
+        return torch.stack([squares[unit] for unit in sorted(expected)]).sum().sqrt().cpu()
 
 
 def _clip_coefficient(total: torch.Tensor, max_norm: float) -> torch.Tensor | None:
