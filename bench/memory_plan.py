@@ -134,14 +134,18 @@ def build_trained(args: argparse.Namespace, runtime, hf_config, train: TrainConf
 
 
 def make_step(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, draw_on: torch.device,
-              host_seconds: list[float] | None = None):  # fmt: skip
+              host_seconds: list[tuple[float, float, bool]] | None = None):  # fmt: skip
     """(module, optimizer, step) of build_trained; step() is one optimizer step as the trainer's on --batch rows of
-    random text: forward (bf16 autocast outside FSDP2), backward, clipping, AdamW.
+    random text: forward (bf16 autocast outside FSDP2), backward, clipping and AdamW (parallelize.clip_and_step).
 
-    host_seconds: each step appends the wall seconds of its clipping and AdamW step. Meant for offload, whose
-    gradients are on the host once the backward returns (FSDP2 waits for their copies) and whose clipping and AdamW
-    run there, so the figure needs no GPU sync; on the GPU it would be launch time only."""
+    host_seconds: each step appends (the wall seconds of its gradient norm, with the clip multiply where one runs (under
+    offload on one rank the norm comes from the GPU: only its copy to the host); of its AdamW step, which under
+    offload takes the clip coefficient itself; whether clipping scaled). Meant for offload, whose gradients are on
+    the host once the backward returns (FSDP2 waits for their copies) and whose clipping and AdamW run there, so the
+    figures need no GPU sync; on the GPU they would be launch time only."""
     module, optimizer = build_trained(args, runtime, hf_config, train, draw_on)
+    # as build_training_model: offloaded gradients take their norm from FSDP2's reduce outputs on the GPU (one rank)
+    reduced = parallelize.ReducedGradNorm.attach(module) if train.cpu_offload else None
     text = getattr(hf_config, "text_config", hf_config)
     below = min(vision_special_token_ids(hf_config) or [text.vocab_size])
     batch = synthetic_batch(args.batch, args.seq_len, below, runtime.device)
@@ -157,21 +161,37 @@ def make_step(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, 
             (loss / batch.num_targets).backward()
         with phases.phase(phases.OPTIMIZER):
             clock = _Clock(timings, runtime.device)
-            started = time.perf_counter()
-            with record_function(OPTIMIZER_PARTS[0]):
-                parallelize.clip_grad_norm(parameters, 1.0)
-            clock.lap("clip")
-            with record_function(OPTIMIZER_PARTS[1]):
-                optimizer.step()
+            laps = [time.perf_counter()]
+            ranges = [record_function(OPTIMIZER_PARTS[0]), record_function(OPTIMIZER_PARTS[1])]
+            ranges[0].__enter__()
+
+            def norm_done() -> None:  # between the norm (and any clip multiply) and optimizer.step()
+                ranges[0].__exit__(None, None, None)
+                clock.lap("clip")
+                laps.append(time.perf_counter())
+                ranges[1].__enter__()
+
+            norm = parallelize.clip_and_step(parameters, 1.0, optimizer, on_norm=norm_done, reduced=reduced)
+            ranges[1].__exit__(None, None, None)
             clock.lap("step_returned", sync=False)
             clock.lap("step")
             if host_seconds is not None:
-                host_seconds.append(time.perf_counter() - started)
+                now = time.perf_counter()
+                host_seconds.append((laps[1] - laps[0], now - laps[1], float(norm) > 1.0))
             with record_function(OPTIMIZER_PARTS[2]):
                 optimizer.zero_grad(set_to_none=True)
             clock.lap("zero_grad")
 
+    optimizer.reduced_norm = reduced  # for reduced_served
     return module, optimizer, step
+
+
+def reduced_served(optimizer) -> str:
+    """Where the offload row's gradient norms came from: FSDP2's reduce outputs on the GPU, or the host gradients."""
+    reduced = getattr(optimizer, "reduced_norm", None)
+    if reduced is None:
+        return "norm read on the host (no one-rank FSDP2 reduce hook)"
+    return f"norm from the GPU's reduce outputs in {reduced.served} steps of the mode, the rest on the host"
 
 
 # profiler ranges inside the optimizer phase, so --profile counts each one's kernel launches
@@ -248,7 +268,7 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
     for mode in modes:
         train = train_config(args, **MODES[mode])
         # Drawn on the device for every mode (fast); with offload, FSDP2 moves the shards to the host when it wraps.
-        host_seconds: list[float] | None = [] if train.cpu_offload else None
+        host_seconds: list[tuple[float, float, bool]] | None = [] if train.cpu_offload else None
         module, optimizer, step = make_step(args, runtime, hf_config, train, runtime.device, host_seconds)
         for _ in range(args.warmup):
             step()
@@ -262,7 +282,12 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
         row = {"mode": mode, "seconds_per_step": seconds, "tokens_per_s": tokens / seconds,
                "peak_gib": harness.peak_gib(), "planned_gib": planned / GIB}  # fmt: skip
         if host_seconds:  # offload: clipping and AdamW on the host, and which AdamW ran there
-            row["host_step_seconds"] = sum(host_seconds) / len(host_seconds)
+            row["host_norm_seconds"] = sum(norm for norm, _, _ in host_seconds) / len(host_seconds)
+            row["host_adamw_seconds"] = sum(adamw for _, adamw, _ in host_seconds) / len(host_seconds)
+            row["host_clipped_steps"] = sum(clipped for _, _, clipped in host_seconds)
+            row["host_timed_steps"] = len(host_seconds)
+            row["norm_from_gpu"] = reduced_served(optimizer)
+            row["host_step_seconds"] = row["host_norm_seconds"] + row["host_adamw_seconds"]
             row["host_adamw"] = "fused" if optimizer.defaults.get("fused") else type(optimizer).__name__
         if hasattr(optimizer, "grouped_launches"):  # bf16 state: which update ran (one kernel a group, or a parameter)
             stepped = args.warmup + args.steps + (args.profile_steps if profiled else 0)
@@ -283,7 +308,11 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
             if "host_step_seconds" in row:
                 host = row["host_step_seconds"]
                 print(f"  {mode}: clipping and AdamW ({row['host_adamw']}) on the host {host:.3f} s of the {seconds:.3f} s "
-                      f"step, forward and backward with their copies {seconds - host:.3f} s; {cpu.describe()}", flush=True)  # fmt: skip
+                      f"step (gradient norm {row['host_norm_seconds']:.3f} s, {row['norm_from_gpu']}; AdamW "
+                      f"{row['host_adamw_seconds']:.3f} s; "
+                      f"clipped in {row['host_clipped_steps']} of {row['host_timed_steps']} steps, the coefficient "
+                      f"folded into AdamW), forward and backward with their copies {seconds - host:.3f} s; "
+                      f"{cpu.describe()}", flush=True)  # fmt: skip
             if "adamw_launches_per_step" in row:
                 launches = row["adamw_launches_per_step"]
                 print(f"  AdamW of {mode}: {launches['grouped']:.0f} grouped kernels and {launches['per_parameter']:.0f} "

@@ -154,10 +154,15 @@ def world_of_one(tmp_path):
     dist.destroy_process_group()
 
 
-def test_offloaded_shards_step_with_the_fused_host_adamw_and_train_as_without_offload(world_of_one, tmp_path):
+@pytest.mark.parametrize("clip", [1e-3, 1e3])
+def test_offloaded_shards_step_with_the_fused_host_adamw_and_train_as_without_offload(world_of_one, tmp_path, clip):
     """train.cpu_offload under torchrun (one rank): the AdamW over the host's DTensor shards is torch's fused kernel,
     not its default single-tensor loop (a dozen DTensor-dispatched passes over memory per parameter), and the run's
-    losses and weights equal those of the same run without offload."""
+    losses and weights equal those of the same run without offload, whose clipping multiplies the gradients. With
+    clipping active (1e-3: the gradients shrink to where AdamW's eps counts, so a coefficient applied twice or not at
+    all moves the weights) the offloaded step takes the coefficient as the fused kernel's grad_scale; inactive (1e3),
+    it takes none. The gradient norm of a one-micro-batch step comes from FSDP2's reduce outputs (ReducedGradNorm),
+    that of a two-micro-batch step (gradients added on the host) from the host gradients; both equal the plain run's."""
     from torch.distributed.tensor import DTensor
 
     from physreason.models import loading
@@ -169,7 +174,7 @@ def test_offloaded_shards_step_with_the_fused_host_adamw_and_train_as_without_of
     model = save_tiny_model("qwen2_5_vl", tmp_path / "model")
     data = _records(tmp_path)
     runtime = Runtime(rank=0, world_size=1, device=torch.device("cpu"), distributed=True)
-    runs = {}
+    runs, norms_of = {}, {}
     for offload in (True, False):
         config = load_config(None, _overrides(model, data, tmp_path / str(offload), f"train.cpu_offload={str(offload).lower()}"))
         torch.manual_seed(0)
@@ -178,15 +183,42 @@ def test_offloaded_shards_step_with_the_fused_host_adamw_and_train_as_without_of
             shards = [p for p in trained.module.parameters() if p.requires_grad]
             assert shards and all(isinstance(p, DTensor) and p.device.type == "cpu" for p in shards)
             assert trained.optimizer.defaults["fused"] is True
+        assert (trained.reduced_norm is not None) == offload
+        taken: list[bool] = []  # whether each step's norm came from the reduce outputs
+        if offload:
+            take = trained.reduced_norm.take
+
+            def counted(parameters, take=take, taken=taken):
+                norm = take(parameters)
+                taken.append(norm is not None)
+                return norm
+
+            trained.reduced_norm.take = counted
         tokenizer = loading.load_tokenizer(config.model)
         train_set, _ = build_datasets(config, tokenizer, loading.load_model_config(config.model))
         batch = _collate_fn(config, tokenizer.pad_token_id, mrope=True)([train_set[i] for i in range(2)])
-        losses = [train_step(trained.module, [batch], trained.optimizer, trained.scheduler, runtime, 1, 1.0,
-                             trained.autocast)[0] for _ in range(3)]  # fmt: skip
+        scales: list[torch.Tensor | None] = []  # the grad_scale each step ran with
+
+        def seen(optimizer, *_, scales=scales):
+            scales.append(getattr(optimizer, "grad_scale", None))
+
+        trained.optimizer.register_step_pre_hook(seen)
+        results = [train_step(trained.module, micro, trained.optimizer, trained.scheduler, runtime, 1, clip,
+                              trained.autocast, reduced_norm=trained.reduced_norm)
+                   for micro in ([batch], [batch], [batch, batch])]  # fmt: skip
+        losses, norms = [loss for loss, _ in results], [norm for _, norm in results]
+        assert all((norm > clip) == (clip < 1) for norm in norms)
+        assert taken == ([True, True, False] if offload else [])
+        folded = offload and clip < 1
+        assert [scale is not None for scale in scales] == [folded] * 3
+        if folded:
+            assert [float(scale) for scale in scales] == [pytest.approx(norm / clip, rel=1e-5) for norm in norms]
         weights = {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
                    for name, p in trained.module.named_parameters()}  # fmt: skip
         runs[offload] = losses, weights
+        norms_of[offload] = norms
     (offloaded, offloaded_weights), (plain, plain_weights) = runs[True], runs[False]
+    assert norms_of[True] == pytest.approx(norms_of[False], rel=1e-5)
     assert offloaded[-1] < offloaded[0]
     # fused and single-tensor AdamW round in a different order: equal to float32 rounding, not bit for bit
     assert offloaded == pytest.approx(plain, rel=1e-5)

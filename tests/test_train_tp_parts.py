@@ -11,7 +11,12 @@ from physreason.data.collate import collate_padded
 from physreason.data.sft import IGNORE_INDEX, SFTSample
 from physreason.errors import ConfigError
 from physreason.models.loading import decoder_layers, vision_tower
-from physreason.models.parallelize import clip_grad_norm, dummy_vision_features, enable_activation_checkpointing
+from physreason.models.parallelize import (
+    clip_and_step,
+    clip_grad_norm,
+    dummy_vision_features,
+    enable_activation_checkpointing,
+)
 from physreason.models.tiny import build_tiny_model, build_tiny_tokenizer
 from physreason.train.model import CausalLMLoss
 from physreason.train.sft import batch_layout
@@ -63,6 +68,67 @@ def test_clip_grad_norm_leaves_host_gradients_within_the_limit_untouched(monkeyp
     assert passes == [] and torch.equal(parameter.grad, torch.full((4,), 3.0))
     assert float(clip_grad_norm([parameter], 3.0)) == pytest.approx(6.0)
     assert passes == [1] and torch.allclose(parameter.grad, torch.full((4,), 1.5))
+
+
+def _host_pair(fused: bool):
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(64, 33)) for _ in range(3)]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    make = lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, fused=fused)  # noqa: E731
+    return ours, theirs, make(ours), make(theirs)
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e3])
+def test_clip_and_step_folds_the_host_clip_into_the_fused_adamw_once(monkeypatch, max_norm):
+    """Host gradients under torch's fused AdamW (train.cpu_offload): the clip coefficient goes into the kernel as its
+    grad_scale, for that step alone, with no multiply pass; weights, moments and the clipped gradients equal those of
+    clip_grad_norm then step() to float32 rounding, over and under the limit."""
+    ours, theirs, mine, reference = _host_pair(fused=True)
+    passes, scales, norms = [], [], []
+    multiply = torch._foreach_mul_
+    monkeypatch.setattr(torch, "_foreach_mul_", lambda pieces, scale: passes.append(1) or multiply(pieces, scale))
+    mine.register_step_pre_hook(lambda optimizer, *_: scales.append(getattr(optimizer, "grad_scale", None)))
+    for _ in range(3):
+        grads = [torch.randn(64, 33) * 10 for _ in ours]  # norm about 460
+        for a, b, grad in zip(ours, theirs, grads, strict=True):
+            a.grad, b.grad = grad.clone(), grad.clone()
+        norm = clip_and_step(ours, max_norm, mine)
+        norms.append(norm)
+        assert not hasattr(mine, "grad_scale")  # the next step starts clean
+        assert float(norm) == pytest.approx(float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))))
+        assert float(norm) == float(clip_grad_norm(theirs, max_norm))
+        reference.step()
+        for a, b in zip(ours, theirs, strict=True):
+            # the kernel writes the gradient it used back: clipped once (twice would leave a norm of max_norm**2 / 460)
+            torch.testing.assert_close(a.grad, b.grad, rtol=2e-7, atol=0)
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+            for key in ("exp_avg", "exp_avg_sq"):
+                # near-cancelling moments carry the rounding of larger terms: tolerance relative to the largest
+                expected = reference.state[b][key]
+                tolerance = 1e-6 * float(expected.abs().max())
+                torch.testing.assert_close(mine.state[a][key], expected, rtol=1e-6, atol=tolerance)
+    clipped = max_norm < 460
+    assert passes == ([1, 1, 1] if clipped else [])  # clip_grad_norm's multiplies for the reference only
+    if clipped:
+        # the divisor is the clip coefficient's reciprocal: norm / max_norm, about 920 here
+        assert [float(scale) for scale in scales] == [pytest.approx(float(n) / max_norm, rel=1e-6) for n in norms]
+        total = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in ours]))
+        assert float(total) == pytest.approx(max_norm, rel=1e-5)
+    else:
+        assert scales == [None, None, None]
+
+
+def test_clip_and_step_scales_in_place_for_optimizers_without_the_fused_kernel(monkeypatch):
+    """Unfused AdamW (and GPU gradients, bf16-state AdamW): the gradients are multiplied as clip_grad_norm does, and the
+    step is exactly clip_grad_norm then step()."""
+    ours, theirs, mine, reference = _host_pair(fused=False)
+    for a, b in zip(ours, theirs, strict=True):
+        a.grad = torch.randn(64, 33) * 10
+        b.grad = a.grad.clone()
+    clip_and_step(ours, 0.5, mine)
+    clip_grad_norm(theirs, 0.5)
+    reference.step()
+    assert all(torch.equal(a, b) and torch.equal(a.grad, b.grad) for a, b in zip(ours, theirs, strict=True))
 
 
 def test_balanced_vision_runs_the_tower_for_images_and_videos_on_a_text_batch_without_changing_the_loss(tiny):

@@ -5,7 +5,7 @@ The model code is never changed; these functions wrap or shard modules in place,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -310,15 +310,75 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch
     all_reduce over the world adds them up: one collective per step whatever the meshes (DTensor's own norm makes one
     all-reduce per mesh dimension, one after another, and one more per mesh). The gradients are then scaled in place
     by one foreach multiply per device and dtype, on the local pieces; gradients on the host (CPU offload) whose norm
-    is within max_norm are not touched.
+    is within max_norm are not touched. clip_and_step also steps the optimizer, and on the host folds the scaling
+    into the fused AdamW.
     """
-    grads = [p.grad for p in parameters if p.grad is not None]
+    total, groups = _grad_norm(parameters)
+    scale = _clip_coefficient(total, max_norm)
+    if scale is not None:
+        with torch.no_grad():
+            for (where, _dtype), pieces in groups.items():
+                torch._foreach_mul_(pieces, scale.to(where))
+    return total
+
+
+def clip_and_step(
+    parameters: Iterable[nn.Parameter],
+    max_norm: float,
+    optimizer: torch.optim.Optimizer,
+    on_norm: Callable[[], None] | None = None,
+    reduced: ReducedGradNorm | None = None,
+) -> torch.Tensor:
+    """clip_grad_norm(parameters, max_norm), then optimizer.step(); returns the norm before clipping (0-dim, fp32).
+
+    Host gradients (train.cpu_offload) stepped by torch's fused AdamW are not multiplied by the clip coefficient in a
+    pass of their own: the fused kernel takes it as its grad_scale (it divides each gradient by grad_scale as it reads
+    it, the same read the update makes anyway) and writes the clipped gradient back, so the host reads every gradient
+    once for the norm and once in AdamW, instead of three times and one more write. The coefficient applies once,
+    in this step: grad_scale is set for it alone. Elsewhere (GPU gradients, other optimizers) the gradients are
+    scaled in place as clip_grad_norm does. The result equals clip_grad_norm then step() to float32 rounding
+    (g / (1 / c) against g x c). on_norm: called once the norm (and any scaling) is done, before the step; the
+    bench times the two parts with it. reduced: the norm FSDP2's reduce-scatter outputs gave on the GPU, used when it
+    covers this step's gradients (ReducedGradNorm.take), instead of a pass over them on the host.
+    """
+    total, groups = _grad_norm(parameters, reduced)
+    scale = _clip_coefficient(total, max_norm)
+    fold = scale is not None and _folds_grad_scale(optimizer, groups)
+    if scale is not None and not fold:
+        with torch.no_grad():
+            for (where, _dtype), pieces in groups.items():
+                torch._foreach_mul_(pieces, scale.to(where))
+    if on_norm is not None:
+        on_norm()
+    if not fold:
+        optimizer.step()
+        return total
+    # the same coefficient as the multiply's, as the divisor the kernel wants
+    optimizer.grad_scale = (total + 1e-6) / max_norm  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale  # type: ignore[attr-defined]
+    return total
+
+
+_Groups = dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]  # gradients' local pieces by (device, dtype)
+
+
+def _grad_norm(parameters: Iterable[nn.Parameter], reduced: ReducedGradNorm | None = None) -> tuple[torch.Tensor, _Groups]:
+    """(global L2 norm of the gradients, fp32 0-dim; their local pieces grouped by (device, dtype)); see clip_grad_norm.
+
+    One read of every gradient: torch._foreach_norm in float32 per group of pieces, or none where `reduced` has the
+    norm from the GPU.
+    """
+    parameters = [p for p in parameters if p.grad is not None]
+    grads = [p.grad for p in parameters]
     if not grads:
-        return torch.zeros((), dtype=torch.float32)
+        return torch.zeros((), dtype=torch.float32), {}
     distributed = dist.is_available() and dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
     # local pieces grouped by (device, dtype) for the foreach kernels, and by copies for the weighting
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    groups: _Groups = {}
     weighted: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
     with torch.no_grad():
         for grad in grads:
@@ -326,21 +386,114 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch
             groups.setdefault((local.device, local.dtype), []).append(local)
             weighted.setdefault((local.device, _copies(grad, world)), []).append(local)
         device = next(iter(groups))[0]
+        from_gpu = reduced.take(parameters) if reduced is not None else None
+        if from_gpu is not None:
+            return from_gpu.to(device), groups
         total = torch.zeros((), dtype=torch.float32, device=device)
         for (_where, copies), pieces in weighted.items():
             norms = torch._foreach_norm(pieces, 2.0, dtype=torch.float32)
             total += torch.stack(norms).square().sum().to(device) / copies  # []
         if world > 1:
             dist.all_reduce(total)
-        total = total.sqrt()
-        if max_norm > 0:
-            scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-            # Host gradients (train.cpu_offload) under the limit are left as they are: the scale is known without a
-            # device sync there, and multiplying by 1 would cost a pass over every gradient for the same values.
-            if scale.device.type != "cpu" or float(scale) < 1.0:
-                for (where, _dtype), pieces in groups.items():
-                    torch._foreach_mul_(pieces, scale.to(where))
-    return total
+    return total.sqrt(), groups
+
+
+class ReducedGradNorm:
+    """The gradients' squared L2 norm summed on the GPU from FSDP2's reduce-scatter outputs, for clip_and_step.
+
+    Under train.cpu_offload the gradients reach the host as FSDP2 copies them there, and clipping would read all of
+    them once more on the host for their norm (15 GB a step at the 3B shape, fp32). Each FSDP2 unit's reduce-scatter
+    output is still on the GPU when FSDP2's public all-reduce hook (FSDPModule.set_all_reduce_hook) sees it, and on
+    one rank it holds exactly the unit's gradients (a SUM over one rank: no division, no padding), so a norm kernel
+    there costs a fraction of a millisecond. attach() installs it only on a one-rank mesh; take() returns the norm
+    only when every gradient being clipped came from one reduce of its unit this step (one micro-batch: a second
+    micro-batch's gradients are added on the host, whose sum the GPU never sees) and each output had the size of its
+    unit's gradients; otherwise None, and clip_and_step reads the host gradients as before.
+    """
+
+    def __init__(self) -> None:
+        self.owner: dict[int, int] = {}  # id(parameter) -> index of its unit
+        self.squares: dict[int, torch.Tensor] = {}  # unit -> squared norm of its last reduce-scatter output, [] fp32
+        self.sizes: dict[int, int] = {}  # unit -> elements of that output
+        self.reduces: dict[int, int] = {}  # unit -> reduce-scatters since the last take()
+        self.served = 0  # the take() calls answered with a norm (the rest fell back to the host)
+
+    @classmethod
+    def attach(cls, module: nn.Module) -> ReducedGradNorm | None:
+        """Hook every FSDP2 unit under `module` (itself included); None where the norm cannot come from the reduce
+        outputs (no FSDP2 unit, a mesh of more than one rank, a unit of several parameter groups)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        if not units:
+            return None
+        tracker = cls()
+        claimed: set[int] = set()
+        for index, unit in enumerate(reversed(units)):  # innermost first: a parameter belongs to the unit nearest it
+            state = unit._get_fsdp_state()
+            groups = state._fsdp_param_groups
+            if len(groups) != 1 or groups[0].mesh_info.mesh.size() != 1:
+                return None
+            for parameter in unit.parameters():
+                if id(parameter) not in claimed:
+                    claimed.add(id(parameter))
+                    tracker.owner[id(parameter)] = index
+            unit.set_all_reduce_hook(tracker._hook(index))
+        return tracker
+
+    def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        def seen(output: torch.Tensor) -> None:  # runs on FSDP2's stream, before the copy to the host
+            self.squares[index] = torch.linalg.vector_norm(output, dtype=torch.float32).square()
+            self.sizes[index] = output.numel()
+            self.reduces[index] = self.reduces.get(index, 0) + 1
+
+        return seen
+
+    def take(self, parameters: list[nn.Parameter]) -> torch.Tensor | None:
+        """The norm of these parameters' gradients (0-dim fp32, on the host), or None where the reduce outputs do not
+        cover them exactly; either way the counts start again for the next step."""
+        reduces, squares, sizes = self.reduces, self.squares, self.sizes
+        self.reduces, self.squares, self.sizes = {}, {}, {}
+        expected: dict[int, int] = {}  # unit -> elements of its gradients being clipped
+        for parameter in parameters:
+            unit = self.owner.get(id(parameter))
+            if unit is None:
+                return None
+            expected[unit] = expected.get(unit, 0) + parameter.grad.numel()
+        if any(reduces.get(unit) != 1 or sizes.get(unit) != size for unit, size in expected.items()):
+            return None
+        if set(reduces) != set(expected):  # a reduce of gradients not being clipped
+            return None
+        # FSDP2's final backward callback made the current stream wait for the reduce streams' work
+        self.served += 1
+        return torch.stack([squares[unit] for unit in sorted(expected)]).sum().sqrt().cpu()
+
+
+def _clip_coefficient(total: torch.Tensor, max_norm: float) -> torch.Tensor | None:
+    """The factor clipping multiplies the gradients by (0-dim, on total's device), or None when there is nothing to do.
+
+    Host gradients (train.cpu_offload) under the limit are left as they are: the factor is known without a device
+    sync there, and multiplying by 1 would cost a pass over every gradient for the same values.
+    """
+    if max_norm <= 0:
+        return None
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    if scale.device.type == "cpu" and float(scale) >= 1.0:
+        return None
+    return scale
+
+
+def _folds_grad_scale(optimizer: torch.optim.Optimizer, groups: _Groups) -> bool:
+    """Whether clip_and_step hands the clip coefficient to the optimizer's fused kernel: torch's Adam or AdamW with
+    fused=True in every group, float32 gradients all on the host, and no grad_scale of someone else's (GradScaler)."""
+    return (
+        isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+        and all(group.get("fused") for group in optimizer.param_groups)
+        and bool(groups)
+        and all(device.type == "cpu" and dtype == torch.float32 for device, dtype in groups)
+        and getattr(optimizer, "grad_scale", None) is None
+        and getattr(optimizer, "found_inf", None) is None
+    )
 
 
 # transformers' Qwen2.5-VL runs its vision tower once for a batch's images and once for its videos.

@@ -48,6 +48,8 @@ class TrainingModel:
     dp_group: dist.ProcessGroup | None = None  # the data-parallel group under torchrun (None in one process)
     reference: nn.Module | None = None  # a frozen copy wrapped the same way (GRPO's KL reference), or None
     peft: nn.Module | None = None  # with [train.lora]: the PeftModel around `model` (adapter saves), else None
+    # train.cpu_offload on one rank: the gradient norm from FSDP2's reduce outputs on the GPU (clip_and_step), else None
+    reduced_norm: parallelize.ReducedGradNorm | None = None
 
 
 def check_lora(config: Config) -> None:
@@ -237,4 +239,6 @@ def build_training_model(
         mesh["dp"].get_group() if mesh is not None else None,
         frozen,
         peft_model,
+        # offloaded gradients: their norm on the GPU saves clipping a read of all of them on the host
+        parallelize.ReducedGradNorm.attach(module) if train.cpu_offload else None,
     )

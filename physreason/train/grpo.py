@@ -286,9 +286,9 @@ def update_policy(
         # Under tensor parallelism the decoder blocks' gradients live on the (dp, tp) mesh and the rest on
         # dp alone: torch's clip_grad_norm_ cannot stack norms across meshes, parallelize.clip_grad_norm can.
         with phases.phase(phases.OPTIMIZER):
-            norm = parallelize.clip_grad_norm([p for p in scorer.parameters() if p.requires_grad], settings.grad_clip)
+            parameters = [p for p in scorer.parameters() if p.requires_grad]
+            norm = parallelize.clip_and_step(parameters, settings.grad_clip, optimizer)
             norms.append(float(norm))
-            optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
     names = sorted(sums)

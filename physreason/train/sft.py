@@ -280,11 +280,13 @@ def train_step(
     clip: float,
     autocast: Any,
     dp_group: dist.ProcessGroup | None = None,
+    reduced_norm: parallelize.ReducedGradNorm | None = None,
 ) -> tuple[float, float]:
     """One optimizer step over the micro-batches; returns (global token-mean loss, grad norm).
 
     grad_ranks: the ranks FSDP2 averages gradients over (data-parallel x context-parallel). dp_group: the
-    data-parallel process group (None: all ranks, i.e. no tensor or context parallelism).
+    data-parallel process group (None: all ranks, i.e. no tensor or context parallelism). reduced_norm: the training
+    model's (train.cpu_offload on one rank), for the gradient norm from the GPU.
     """
     targets = all_reduce_sum(sum(b.num_targets for b in micro_batches), runtime, dp_group)
     # FSDP averages gradients over its ranks; multiplying by grad_ranks makes the result the gradient of (sum of
@@ -303,8 +305,9 @@ def train_step(
             (loss * scale).backward()
         loss_sum += float(loss.detach())
     with phases.phase(phases.OPTIMIZER):
-        norm = parallelize.clip_grad_norm([p for p in module.parameters() if p.requires_grad], clip)
-        optimizer.step()
+        # on the host (train.cpu_offload) the clip coefficient rides in the fused AdamW: no pass of its own
+        parameters = [p for p in module.parameters() if p.requires_grad]
+        norm = parallelize.clip_and_step(parameters, clip, optimizer, reduced=reduced_norm)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     return all_reduce_sum(loss_sum, runtime, dp_group) / max(targets, 1.0), float(norm)
@@ -437,7 +440,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
             tokens = all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime, dp_group)
             loss, norm = train_step(
                 module, micro, optimizer, scheduler, runtime, dp_size * cp, train_cfg.optm_grad_norm_clip, autocast,
-                dp_group,
+                dp_group, trained.reduced_norm,
             )
             step += 1
             elapsed = time.perf_counter() - started
