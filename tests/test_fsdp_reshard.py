@@ -39,3 +39,21 @@ def test_blocks_hold_their_gathered_parameters_after_forward_as_chosen(world_of_
     assert gathered == kept
     with pytest.raises(ValueError, match="reshard must be one of"):
         parallelize.apply_fsdp2(wrapper, model, world_of_one, reshard="some")
+
+
+def test_reduced_grad_norm_hooks_one_rank_units_and_falls_back_without_fsdp_state(world_of_one, monkeypatch):
+    """ReducedGradNorm reads FSDP2's private unit state: where a torch release lacks it, attach gives None (the host
+    norm) and hooks nothing, instead of failing the run."""
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    fully_shard(model[0], mesh=world_of_one)
+    fully_shard(model, mesh=world_of_one)
+    tracker = parallelize.ReducedGradNorm.attach(model)
+    assert tracker is not None and sorted(set(tracker.owner.values())) == [0, 1]
+    hooked: list[FSDPModule] = []
+    monkeypatch.setattr(FSDPModule, "_get_fsdp_state", lambda self: object())
+    monkeypatch.setattr(FSDPModule, "set_all_reduce_hook", lambda self, hook, **kw: hooked.append(self))
+    assert parallelize.ReducedGradNorm.attach(model) is None
+    assert hooked == []

@@ -427,13 +427,18 @@ class ReducedGradNorm:
         units = [m for m in module.modules() if isinstance(m, FSDPModule)]
         if not units:
             return None
+        units.reverse()  # innermost first: a parameter belongs to the unit nearest it
+        for unit in units:  # every unit checked before any is hooked
+            try:  # FSDP2's unit state is private and changes between torch releases: without it, the host norm
+                groups = unit._get_fsdp_state()._fsdp_param_groups
+                one_rank = len(groups) == 1 and groups[0].mesh_info.mesh.size() == 1
+            except AttributeError:
+                return None
+            if not one_rank:
+                return None
         tracker = cls()
         claimed: set[int] = set()
-        for index, unit in enumerate(reversed(units)):  # innermost first: a parameter belongs to the unit nearest it
-            state = unit._get_fsdp_state()
-            groups = state._fsdp_param_groups
-            if len(groups) != 1 or groups[0].mesh_info.mesh.size() != 1:
-                return None
+        for index, unit in enumerate(units):
             for parameter in unit.parameters():
                 if id(parameter) not in claimed:
                     claimed.add(id(parameter))
