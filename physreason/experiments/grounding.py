@@ -32,11 +32,18 @@ The levers the issue names, each selectable (bench/RESULTS.md says what they gav
 - reward shaping: `--iou-hit-weight W --iou-hit-threshold T` (grpo.reward_options of the `localization` reward:
   (1 - W) x IoU + W x [IoU >= T]; 0 the continuous IoU, 1 the thresholded hit, between a mix);
 - more completions per prompt: `--grpo-n 16`; dynamic sampling: `--grpo-dynamic-sampling` (up to 8 prompt draws
-  per step when every completion of a group scores the same: a step can take several times as long).
+  per step when every completion of a group scores the same: a step can take several times as long);
+- GRPO's learning rate: the variant key `grpo-lr` (that variant's alone; `--grpo-lr` sets the control's and the
+  variants' default);
+- a KL term: `--kl-beta 0.04` or the variant key `kl-beta` (grpo.kl_beta: beta x the k3 KL to the reference, the SFT
+  export the variant starts from, grpo.reference_model_path; 0, the recipe, loads no reference).
 `--variants` runs several GRPO settings from each seed's one SFT export, each against the one control, in one table
 (a row and a paired test per variant; p-values also Holm-adjusted over the table's tests):
-`--variants grpo grpo-mix:iou-hit-weight=0.5 grpo-n16:grpo-n=16`. Each variant has its own run folder
-(`<name><suffix>`); a name reused with other settings under the same --out stops the bench.
+`--variants grpo grpo-mix:iou-hit-weight=0.5 grpo-n16:grpo-n=16 grpo-lr1e-5:grpo-lr=1e-5 grpo-kl:kl-beta=0.04`.
+Each variant has its own run folder, `<name><settings><suffix>`: <settings> tags its GRPO settings other than the
+recipe's (`-hit0.5`, `-n16`, `-lr1e-05`, `-kl0.04`, ...; none for the recipe's), so a variant whose settings change
+gets a new folder and never resumes an old run; the control's folder carries `-lr<x>` when --grpo-lr is not the
+recipe's. A folder that holds a run of other settings anyway stops the bench.
 Stages are resumable as in the letter experiment: a rerun with the same --out reuses clips, finished exports and
 evaluations, and continues an interrupted SFT or GRPO from its last checkpoint (`--ckpt-every`).
 Prints and writes the table as markdown and JSON to <out>/grounding<variant>.{md,json} and, when OUT is set, to
