@@ -202,6 +202,9 @@ def test_whole_pipeline_writes_a_table_of_every_stage_variant_and_question_kind(
     assert (hit.grpo.kl_beta, plain.grpo.kl_beta) == (0.04, 0.0)
     assert hit.grpo.reference_model_path == hit.model.model_name_or_path  # the KL is to the SFT export
     assert plain.grpo.reference_model_path is None
+    # the KL variant scored its completions with the reference model: its log has the KL term, the plain run's not
+    assert len(bench.logged(folder / "grpo-hit-hit1-n3-lr1e-05-kl0.04-scale1-train4-rl4-sft2", "policy/kl_ref")) == 1
+    assert bench.logged(folder / "grpo-n2-scale1-train4-rl4-sft2", "policy/kl_ref") == []
     assert len(run["grpo_rewards"]["after SFT+GRPO (grpo-hit)"]) == 1
     assert list(payload["paired_grpo_minus_control"]) == ["after SFT+GRPO", "after SFT+GRPO (grpo-hit)"]
     for tests in payload["paired_grpo_minus_control"].values():
