@@ -173,7 +173,7 @@ def test_whole_pipeline_writes_a_table_of_every_stage_variant_and_question_kind(
         "--sft-batch", "2", "--grpo-steps", "1", "--grpo-prompts", "2", "--grpo-n", "2", "--scale", "1",
         "--max-tokens", "8", "--max-pixels", "12544", "--ckpt-every", "1", "--workers", "1",
         "--loader-workers", "0", "--out", str(tmp_path / "run"),
-        "--variants", "grpo", "grpo-hit:iou-hit-weight=1,grpo-n=3",
+        "--variants", "grpo", "grpo-hit:iou-hit-weight=1,grpo-n=3,grpo-lr=1e-5,kl-beta=0.04",
     ]  # fmt: skip
     payload = bench.main(argv)
     run = payload["per_seed"][0]
@@ -191,11 +191,20 @@ def test_whole_pipeline_writes_a_table_of_every_stage_variant_and_question_kind(
     folder = tmp_path / "run" / "qwen2_5_vl"
     from physreason.config import load_config
 
-    hit = load_config(folder / "grpo-hit-scale1-train4-rl4-sft2" / "config.toml")
-    plain = load_config(folder / "grpo-scale1-train4-rl4-sft2" / "config.toml")
+    # each variant's folder names its settings other than the recipe's (the command's --grpo-n 2 is one of them)
+    hit = load_config(folder / "grpo-hit-hit1-n3-lr1e-05-kl0.04-scale1-train4-rl4-sft2" / "config.toml")
+    plain = load_config(folder / "grpo-n2-scale1-train4-rl4-sft2" / "config.toml")
+    control = load_config(folder / "grpo-scale1-train4-rl4-sft2-sft-control" / "config.toml")
     assert hit.grpo.reward_options == {"localization": {"hit_weight": 1.0, "hit_threshold": 0.5}}
     assert (hit.rollout.n_generation, plain.rollout.n_generation, plain.grpo.reward_options) == (3, 2, {})
     assert hit.model.model_name_or_path == plain.model.model_name_or_path  # the SFT export
+    assert (hit.train.optm_lr, plain.train.optm_lr, control.train.optm_lr) == (1e-5, 3e-5, 3e-5)
+    assert (hit.grpo.kl_beta, plain.grpo.kl_beta) == (0.04, 0.0)
+    assert hit.grpo.reference_model_path == hit.model.model_name_or_path  # the KL is to the SFT export
+    assert plain.grpo.reference_model_path is None
+    # the KL variant scored its completions with the reference model: its log has the KL term, the plain run's not
+    assert len(bench.logged(folder / "grpo-hit-hit1-n3-lr1e-05-kl0.04-scale1-train4-rl4-sft2", "policy/kl_ref")) == 1
+    assert bench.logged(folder / "grpo-n2-scale1-train4-rl4-sft2", "policy/kl_ref") == []
     assert len(run["grpo_rewards"]["after SFT+GRPO (grpo-hit)"]) == 1
     assert list(payload["paired_grpo_minus_control"]) == ["after SFT+GRPO", "after SFT+GRPO (grpo-hit)"]
     for tests in payload["paired_grpo_minus_control"].values():
@@ -206,6 +215,12 @@ def test_whole_pipeline_writes_a_table_of_every_stage_variant_and_question_kind(
     assert text == (folder / "grounding-scale1-train4-rl4-sft2.md").read_text()  # the variant's name
     assert "- device: cpu" in text and "- command: `python " in text
     assert "- grpo-hit: reward hit@0.5 + 0.1 x json_format; 3 completions per prompt" in text
+    assert "dynamic sampling off; lr 1e-05; KL 0.04 x k3 to the SFT export" in text
+    assert "steps of 2 prompts, the control at lr 3e-05" in text
+    settings = json.loads((tmp_path / "report" / "grounding.json").read_text())["variant_settings"]
+    assert (settings["grpo-hit"]["grpo_lr"], settings["grpo-hit"]["kl_beta"], settings["grpo"]["grpo_lr"]) == (
+        1e-5, 0.04, 3e-5,
+    )  # fmt: skip
     table = [line for line in text.splitlines() if line.startswith("| ")]
     labels = [line.split(" | ")[0].removeprefix("| ") for line in table]
     assert labels[:6] == ["stage", *rows]
@@ -220,18 +235,23 @@ def test_whole_pipeline_writes_a_table_of_every_stage_variant_and_question_kind(
         assert -100.0 <= float(cells[1]) <= 100.0 and all(0.0 < float(p) <= 1.0 for p in cells[3:5])
         assert float(cells[4]) >= float(cells[3])  # Holm never lowers a p-value
     assert json.loads((tmp_path / "report" / "grounding.json").read_text())["summary"]["after SFT"]
-    # a rerun with the same --out reuses every finished stage; the same variant name with other settings stops
+    # a rerun with the same --out reuses every finished stage; the same variant name with other settings gets
+    # another folder (test_a_variants_folder_changes_with_its_settings), and one reused anyway stops the bench
     rerun = bench.main(argv)
     assert rerun["per_seed"][0]["clip_ious"] == run["clip_ious"]
-    with pytest.raises(SystemExit, match="grpo-hit-scale1-train4-rl4-sft2 holds a GRPO run with other settings"):
-        bench.main([*argv[:-1], "grpo-hit:iou-hit-weight=0.5,grpo-n=3"])
+    other = bench.parse_args([*argv[:-1], "grpo-hit:iou-hit-weight=0.5,grpo-n=3,grpo-lr=1e-5,kl-beta=0.04"])
+    assert (
+        bench.run_labels(other, 0)["after SFT+GRPO (grpo-hit)"]
+        == "grpo-hit-hit0.5-n3-lr1e-05-kl0.04-scale1-train4-rl4-sft2"
+    )
 
 
 def test_variants_parse_into_each_runs_overrides_of_the_commands_grpo_settings(bench):
     assert bench.parse_args([]).variants == {"grpo": {}}  # the recipe: one GRPO run, as before --variants
     args = bench.parse_args(
         ["--grpo-n", "4", "--variants", "grpo", "grpo-hit:iou-hit-weight=1", "grpo-mix:iou-hit-weight=0.5,"
-         "iou-hit-threshold=0.3", "grpo-n16:grpo-n=16", "grpo-dyn:grpo-dynamic-sampling=true,grpo-temperature=1.2"]
+         "iou-hit-threshold=0.3", "grpo-n16:grpo-n=16", "grpo-dyn:grpo-dynamic-sampling=true,grpo-temperature=1.2",
+         "grpo-lr:grpo-lr=1e-5", "grpo-kl:kl-beta=0.04,grpo-lr=2e-5"]
     )  # fmt: skip
     assert args.variants == {
         "grpo": {},
@@ -239,7 +259,10 @@ def test_variants_parse_into_each_runs_overrides_of_the_commands_grpo_settings(b
         "grpo-mix": {"iou_hit_weight": 0.5, "iou_hit_threshold": 0.3},
         "grpo-n16": {"grpo_n": 16},
         "grpo-dyn": {"grpo_dynamic_sampling": True, "grpo_temperature": 1.2},
+        "grpo-lr": {"grpo_lr": 1e-5},
+        "grpo-kl": {"kl_beta": 0.04, "grpo_lr": 2e-5},
     }
+    assert (args.grpo_lr, args.kl_beta) == (3e-5, 0.0)  # the command's (the control's lr) unchanged
     n16 = bench.variant_args(args, args.variants["grpo-n16"])
     assert (n16.grpo_n, bench.variant_args(args, {}).grpo_n, args.grpo_n) == (16, 4, 4)  # the command's args unchanged
     assert bench.variant_text(bench.variant_args(args, args.variants["grpo-mix"])).startswith(
@@ -247,6 +270,11 @@ def test_variants_parse_into_each_runs_overrides_of_the_commands_grpo_settings(b
     )
     assert "reward hit@0.5 +" in bench.variant_text(bench.variant_args(args, args.variants["grpo-hit"]))
     assert "reward IoU +" in bench.variant_text(args) and "dynamic sampling off" in bench.variant_text(args)
+    assert bench.variant_text(args).endswith("; lr 3e-05; no KL")
+    assert bench.variant_text(bench.variant_args(args, args.variants["grpo-kl"])).endswith(
+        "; lr 2e-05; KL 0.04 x k3 to the SFT export"
+    )
+    assert bench.parse_args(["--kl-beta", "0.1"]).kl_beta == 0.1
 
 
 @pytest.mark.parametrize(
@@ -257,7 +285,17 @@ def test_variants_parse_into_each_runs_overrides_of_the_commands_grpo_settings(b
         (["--variants", "grpo/x"], "name a variant"),
         (["--variants", "grpo", "grpo"], "'grpo' is given twice"),
         (["--variants", "grpo-a:grpo-steps=10"], "grpo-steps is shared by every variant and the control"),
-        (["--variants", "grpo-a:grpo-lr=1e-4"], "grpo-lr is shared"),
+        (["--variants", "grpo-a:grpo-prompts=8"], "grpo-prompts is shared"),
+        (["--variants", "grpo-a:grpo-lr=0"], "--variants 'grpo-a:grpo-lr=0': grpo-lr='0' is not a valid float > 0"),
+        (["--variants", "grpo-a:grpo-lr=fast"], "grpo-lr='fast' is not a valid float > 0"),
+        (["--variants", "grpo-a:grpo-lr=nan"], "grpo-lr='nan' is not a valid float > 0"),
+        (
+            ["--variants", "grpo-kl:kl-beta=-0.1"],
+            "--variants 'grpo-kl:kl-beta=-0.1': kl-beta='-0.1' is not a valid float >= 0",
+        ),
+        (["--variants", "grpo-kl:kl-beta=inf"], "kl-beta='inf' is not a valid float >= 0"),
+        (["--variants", "grpo-a:grpo-n=0"], "grpo-n='0' is not a valid int > 0"),
+        (["--kl-beta", "-1"], "--kl-beta -1: give a weight >= 0"),
         (["--variants", "grpo-a:kl=1"], "'kl=1' is not KEY=VALUE"),
         (["--variants", "grpo-a:grpo-n"], "'grpo-n' is not KEY=VALUE"),
         (["--variants", "grpo-a:grpo-n=many"], "grpo-n='many' is not a valid int"),
@@ -285,6 +323,62 @@ def test_a_variants_grpo_config_carries_its_reward_shaping_group_size_and_sampli
     assert (shaped.rollout.n_generation, shaped.grpo.dynamic_sampling) == (16, True)
     assert shaped.train.train_batch_per_replica == 16 * args.grpo_prompts  # prompts per step as the control's
     assert (shaped.rollout.batch_size, shaped.train.optm_lr) == (plain.rollout.batch_size, plain.train.optm_lr)
+    assert (plain.grpo.kl_beta, plain.grpo.reference_model_path) == (0.0, None)  # the recipe: no reference loaded
+
+
+def test_a_variants_lr_and_kl_reach_its_grpo_config_against_its_sft_export_and_leave_the_control(
+    bench, tmp_path, monkeypatch
+):
+    args = bench.parse_args(["--grpo-lr", "4e-5", "--variants", "grpo", "grpo-x:grpo-lr=1e-5,kl-beta=0.04"])
+    cfg = bench.stage_config(args, tmp_path, tmp_path / "model", 1)
+    sft = tmp_path / "sft-export"
+    plain = bench.variant_grpo_config(bench.variant_args(args, {}), cfg, tmp_path, sft, tmp_path / "g")
+    tuned = bench.variant_grpo_config(
+        bench.variant_args(args, args.variants["grpo-x"]), cfg, tmp_path, sft, tmp_path / "h"
+    )
+    assert (plain.train.optm_lr, plain.grpo.kl_beta, plain.grpo.reference_model_path) == (4e-5, 0.0, None)
+    assert (tuned.train.optm_lr, tuned.grpo.kl_beta) == (1e-5, 0.04)
+    # the KL reference is the SFT export the variant starts from (its policy), not the random model or a hub id
+    assert tuned.grpo.reference_model_path == str(sft) == tuned.model.model_name_or_path
+    everywhere = bench.parse_args(["--kl-beta", "0.02"])  # the command-level flag: every variant
+    kl = bench.variant_grpo_config(everywhere, cfg, tmp_path, sft, tmp_path / "k")
+    assert (kl.grpo.kl_beta, kl.grpo.reference_model_path) == (0.02, str(sft))
+
+    # the control continues SFT at the command's --grpo-lr whatever the variants' lr
+    import physreason.train.sft
+
+    seen = []
+    monkeypatch.setattr(
+        physreason.train.sft, "run_sft", lambda c: seen.append(c) or type("R", (), {"export_dir": tmp_path / "c"})
+    )
+    bench.sft_control(cfg, sft, tmp_path / "control.jsonl", tmp_path / "control", args)
+    assert (seen[0].train.optm_lr, seen[0].grpo.kl_beta, seen[0].model.model_name_or_path) == (4e-5, 0.0, str(sft))
+
+
+def test_a_variants_folder_changes_with_its_settings_and_the_controls_with_its_lr(bench):
+    argv = ["--sft-steps", "300", "--seeds", "1", "--variants", "grpo", "grpo-mix:iou-hit-weight=0.5"]
+    labels = bench.run_labels(bench.parse_args(argv), 1)
+    assert labels == {  # the recipe's GRPO settings: the folders of the runs before settings tags
+        "untrained model": "base-seed1",
+        "after SFT": "sft-sft300-seed1",
+        "after SFT+GRPO": "grpo-sft300-seed1",
+        "after SFT+GRPO (grpo-mix)": "grpo-mix-hit0.5-sft300-seed1",
+        "after SFT+SFT (control)": "grpo-sft300-seed1-sft-control",
+    }
+    folders = {  # the same variant name with each other setting gets another folder
+        spec: bench.run_labels(bench.parse_args([*argv[:-1], f"grpo-mix:{spec}"]), 1)["after SFT+GRPO (grpo-mix)"]
+        for spec in ("iou-hit-weight=0.5", "iou-hit-weight=0.5,iou-hit-threshold=0.7", "grpo-lr=1e-5",
+                     "kl-beta=0.04", "kl-beta=0.1", "grpo-n=16", "grpo-dynamic-sampling=on", "grpo-temperature=0.8",
+                     "json-format-weight=0.2", "grpo-lr=1e-5,kl-beta=0.04")
+    }  # fmt: skip
+    assert len(set(folders.values())) == len(folders)
+    assert folders["grpo-lr=1e-5,kl-beta=0.04"] == "grpo-mix-lr1e-05-kl0.04-sft300-seed1"
+    # settings given for the whole command count too; the control's folder carries a --grpo-lr not the recipe's
+    command = bench.run_labels(bench.parse_args(["--grpo-lr", "1e-5", "--kl-beta", "0.04", *argv]), 1)
+    assert command["after SFT+GRPO"] == "grpo-lr1e-05-kl0.04-sft300-seed1"
+    assert command["after SFT+SFT (control)"] == "grpo-lr1e-05-sft300-seed1-sft-control"
+    variant_lr = bench.run_labels(bench.parse_args([*argv[:-1], "grpo-lr:grpo-lr=1e-5"]), 1)
+    assert variant_lr["after SFT+SFT (control)"] == labels["after SFT+SFT (control)"]  # a variant's lr is its own
 
 
 def test_a_variant_name_reused_with_other_settings_stops_the_bench(bench, tmp_path):
@@ -302,6 +396,9 @@ def test_a_variant_name_reused_with_other_settings_stops_the_bench(bench, tmp_pa
                                       tmp_path / "sft", folder)  # fmt: skip
     with pytest.raises(SystemExit, match=r"grpo-x holds a GRPO run with other settings \(grpo.reward_options: \{\} th"):
         bench.refuse_other_settings(other)
+    kl = bench.variant_grpo_config(bench.variant_args(args, {"kl_beta": 0.04}), cfg, tmp_path, tmp_path / "sft", folder)
+    with pytest.raises(SystemExit, match=r"grpo.kl_beta: 0.0 there, 0.04 now; grpo.reference_model_path: None there"):
+        bench.refuse_other_settings(kl)
 
 
 def test_fewer_sft_labels_than_rl_prompts_get_their_own_sft_grpo_and_control_folders(bench):

@@ -32,11 +32,18 @@ The levers the issue names, each selectable (bench/RESULTS.md says what they gav
 - reward shaping: `--iou-hit-weight W --iou-hit-threshold T` (grpo.reward_options of the `localization` reward:
   (1 - W) x IoU + W x [IoU >= T]; 0 the continuous IoU, 1 the thresholded hit, between a mix);
 - more completions per prompt: `--grpo-n 16`; dynamic sampling: `--grpo-dynamic-sampling` (up to 8 prompt draws
-  per step when every completion of a group scores the same: a step can take several times as long).
+  per step when every completion of a group scores the same: a step can take several times as long);
+- GRPO's learning rate: the variant key `grpo-lr` (that variant's alone; `--grpo-lr` sets the control's and the
+  variants' default);
+- a KL term: `--kl-beta 0.04` or the variant key `kl-beta` (grpo.kl_beta: beta x the k3 KL to the reference, the SFT
+  export the variant starts from, grpo.reference_model_path; 0, the recipe, loads no reference).
 `--variants` runs several GRPO settings from each seed's one SFT export, each against the one control, in one table
 (a row and a paired test per variant; p-values also Holm-adjusted over the table's tests):
-`--variants grpo grpo-mix:iou-hit-weight=0.5 grpo-n16:grpo-n=16`. Each variant has its own run folder
-(`<name><suffix>`); a name reused with other settings under the same --out stops the bench.
+`--variants grpo grpo-mix:iou-hit-weight=0.5 grpo-n16:grpo-n=16 grpo-lr1e-5:grpo-lr=1e-5 grpo-kl:kl-beta=0.04`.
+Each variant has its own run folder, `<name><settings><suffix>`: <settings> tags its GRPO settings other than the
+recipe's (`-hit0.5`, `-n16`, `-lr1e-05`, `-kl0.04`, ...; none for the recipe's), so a variant whose settings change
+gets a new folder and never resumes an old run; the control's folder carries `-lr<x>` when --grpo-lr is not the
+recipe's. A folder that holds a run of other settings anyway stops the bench.
 Stages are resumable as in the letter experiment: a rerun with the same --out reuses clips, finished exports and
 evaluations, and continues an interrupted SFT or GRPO from its last checkpoint (`--ckpt-every`).
 Prints and writes the table as markdown and JSON to <out>/grounding<variant>.{md,json} and, when OUT is set, to
@@ -121,6 +128,23 @@ PERMUTATIONS = 20000
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
     """The experiment's knobs; the defaults are the recipe. `prog` names the command in usage lines and errors
     (default: the script's name)."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    args.option_order = "fixed"  # the letter clips of the tower pre-training (a JSON answer has no options)
+    if not math.isfinite(args.kl_beta) or args.kl_beta < 0:
+        parser.error(f"--kl-beta {args.kl_beta:g}: give a weight >= 0 (0: no KL term, the recipe)")
+    args.variants = parse_variants(args.variants or [DEFAULT_VARIANT], args, parser)
+    return args
+
+
+def recipe_defaults() -> dict[str, Any]:
+    """The recipe's value of each GRPO setting a variant may change (its argument's default), by argument name."""
+    parser = build_parser()
+    return {dest: parser.get_default(dest) for dest, _ in VARIANT_KEYS.values()}
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The experiment's argument parser (see parse_args)."""
     from physreason.data.synth.tasks import JSON_TASK_NAMES
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
@@ -159,19 +183,24 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         "--iou-hit-threshold", type=float, default=IOU_HIT, help="IoU from which the hit bonus is paid (see above)"
     )
     parser.add_argument(
+        "--kl-beta",
+        type=float,
+        default=0.0,
+        help="GRPO's k3 KL penalty to the reference model, the SFT export GRPO starts from (grpo.kl_beta; 0: no KL "
+        "term and no reference model loaded)",
+    )
+    parser.add_argument(
         "--variants",
         nargs="+",
         metavar="NAME[:KEY=VALUE,...]",
         help="several GRPO runs from each seed's one SFT export, each against the same control, in one table: e.g. "
-        "`grpo grpo-hit:iou-hit-weight=1 grpo-n16:grpo-n=16 grpo-dyn:grpo-dynamic-sampling=true`. A name starts "
-        "with grpo (its run folder and results label); the keys override this command's settings of that run: "
-        f"{', '.join(VARIANT_KEYS)} (default: one variant, grpo, with this command's settings)",
+        "`grpo grpo-hit:iou-hit-weight=1 grpo-n16:grpo-n=16 grpo-lr1e-5:grpo-lr=1e-5 grpo-kl:kl-beta=0.04`. A name "
+        "starts with grpo (its results label, and with its settings other than the recipe's its run folder); the "
+        f"keys override this command's settings of that run: {', '.join(VARIANT_KEYS)} (grpo-lr is the variant's "
+        "alone: the control keeps --grpo-lr). Default: one variant, grpo, with this command's settings",
     )
     parser.add_argument("--stop-after", choices=("data", "sft", "all"), default="all")
-    args = parser.parse_args(argv)
-    args.option_order = "fixed"  # the letter clips of the tower pre-training (a JSON answer has no options)
-    args.variants = parse_variants(args.variants or [DEFAULT_VARIANT], args, parser)
-    return args
+    return parser
 
 
 BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
@@ -184,17 +213,49 @@ def boolean(text: str) -> bool:
     return BOOLEANS[text.lower()]
 
 
+def positive_int(text: str) -> int:
+    """An int > 0; ValueError otherwise."""
+    if (value := int(text)) <= 0:
+        raise ValueError(text)
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite float > 0; ValueError otherwise."""
+    if not (math.isfinite(value := float(text)) and value > 0):
+        raise ValueError(text)
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite float >= 0; ValueError otherwise."""
+    if not (math.isfinite(value := float(text)) and value >= 0):
+        raise ValueError(text)
+    return value
+
+
+KIND_TEXT = {  # what a --variants value must be, for its error line
+    int: "a valid int",
+    float: "a valid float",
+    boolean: "a valid boolean (true/false, 1/0, yes/no, on/off)",
+    positive_int: "a valid int > 0",
+    positive_float: "a valid float > 0",
+    non_negative_float: "a valid float >= 0 (0: off)",
+}
 VARIANT_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {  # --variants key -> the argument it sets, its type
     "iou-hit-weight": ("iou_hit_weight", float),
     "iou-hit-threshold": ("iou_hit_threshold", float),
-    "grpo-n": ("grpo_n", int),
+    "grpo-n": ("grpo_n", positive_int),
     "grpo-dynamic-sampling": ("grpo_dynamic_sampling", boolean),
-    "grpo-temperature": ("grpo_temperature", float),
+    "grpo-temperature": ("grpo_temperature", positive_float),
     "json-format-weight": ("json_format_weight", float),
+    "grpo-lr": ("grpo_lr", positive_float),
+    "kl-beta": ("kl_beta", non_negative_float),
 }
-# GRPO settings a variant may not change: the control continues SFT with GRPO's steps, prompts per step and lr,
-# so a variant that changed them would no longer be paired with the control it is tested against.
-CONTROL_KEYS = ("grpo-steps", "grpo-prompts", "grpo-lr")
+# GRPO settings a variant may not change: the control continues SFT with GRPO's steps and prompts per step, so a
+# variant that changed them would no longer be paired with the control it is tested against. (The control's lr is the
+# command's --grpo-lr; a variant's grpo-lr changes its GRPO run alone.)
+CONTROL_KEYS = ("grpo-steps", "grpo-prompts")
 DEFAULT_VARIANT = "grpo"
 VARIANT_NAME = re.compile(r"grpo([-_.][A-Za-z0-9]+)*")
 
@@ -223,7 +284,7 @@ def parse_variants(
             if key in CONTROL_KEYS:
                 parser.error(
                     f"--variants {spec!r}: {key} is shared by every variant and the control (the control continues "
-                    f"SFT with GRPO's steps, prompts per step and lr); set --{key} for the whole command instead"
+                    f"SFT with GRPO's steps and prompts per step); set --{key} for the whole command instead"
                 )
             if key not in VARIANT_KEYS or not equals:
                 parser.error(
@@ -233,7 +294,7 @@ def parse_variants(
             try:
                 overrides[dest] = kind(value)
             except ValueError:
-                parser.error(f"--variants {spec!r}: {key}={value!r} is not a valid {kind.__name__}")
+                parser.error(f"--variants {spec!r}: {key}={value!r} is not {KIND_TEXT[kind]}")
         settings_of = variant_args(args, overrides)
         try:
             IoUShaping(settings_of.iou_hit_threshold, settings_of.iou_hit_weight)
@@ -249,12 +310,41 @@ def variant_args(args: argparse.Namespace, overrides: dict[str, Any]) -> argpars
 
 
 def variant_text(args: argparse.Namespace) -> str:
-    """One line of a variant's GRPO settings: its reward, completions per prompt, dynamic sampling, temperature."""
+    """One line of a variant's GRPO settings: its reward, completions per prompt, dynamic sampling, temperature, lr
+    and KL term."""
     w, t = args.iou_hit_weight, args.iou_hit_threshold
     reward = "IoU" if w == 0 else f"hit@{t:g}" if w == 1 else f"{1 - w:g} x IoU + {w:g} x hit@{t:g}"
+    kl = f"KL {args.kl_beta:g} x k3 to the SFT export" if args.kl_beta else "no KL"
     return (
         f"reward {reward} + {args.json_format_weight:g} x json_format; {args.grpo_n} completions per prompt at "
-        f"temperature {args.grpo_temperature:g}; dynamic sampling {'on' if args.grpo_dynamic_sampling else 'off'}"
+        f"temperature {args.grpo_temperature:g}; dynamic sampling {'on' if args.grpo_dynamic_sampling else 'off'}; "
+        f"lr {args.grpo_lr:g}; {kl}"
+    )
+
+
+def variant_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """A variant's GRPO settings (the arguments VARIANT_KEYS sets), by argument name: the results JSON's record."""
+    return {dest: getattr(args, dest) for dest, _ in VARIANT_KEYS.values()}
+
+
+SETTING_TAGS: dict[str, Callable[[Any], str]] = {  # argument -> its folder-name tag when not the recipe's
+    "iou_hit_weight": lambda v: f"-hit{v:g}",
+    "iou_hit_threshold": lambda v: f"-at{v:g}",
+    "grpo_n": lambda v: f"-n{v}",
+    "grpo_dynamic_sampling": lambda v: "-dyn" if v else "-nodyn",
+    "grpo_temperature": lambda v: f"-temp{v:g}",
+    "json_format_weight": lambda v: f"-fmt{v:g}",
+    "grpo_lr": lambda v: f"-lr{v:g}",
+    "kl_beta": lambda v: f"-kl{v:g}",
+}
+
+
+def settings_tag(args: argparse.Namespace, defaults: dict[str, Any]) -> str:
+    """The folder-name tag of a variant's GRPO settings that differ from the recipe's ("" for the recipe's), e.g.
+    -n16-lr1e-05-kl0.04: a variant whose settings change gets another run folder, so a rerun never resumes or reuses
+    a run of other settings."""
+    return "".join(
+        SETTING_TAGS[dest](getattr(args, dest)) for dest in SETTING_TAGS if getattr(args, dest) != defaults[dest]
     )
 
 
@@ -351,15 +441,27 @@ def grpo_row(variant: str) -> str:
     return "after SFT+GRPO" if variant == DEFAULT_VARIANT else f"after SFT+GRPO ({variant})"
 
 
-def stage_labels(variants: list[str], suffix: str, seed: int) -> dict[str, str]:
+def stage_labels(variants: dict[str, str] | list[str], suffix: str, seed: int, control_tag: str = "") -> dict[str, str]:
     """Table row -> its run and evaluation folder name, in table order (the letter experiment's names: the control keeps
-    grpo<suffix>-sft-control whatever the variants, as they share it)."""
+    grpo<suffix>-sft-control whatever the variants, as they share it). `variants` maps each name to its settings tag
+    (settings_tag; a list: the recipe's settings), the variant's folder being <name><tag><suffix>; `control_tag` is the
+    control's lr tag when --grpo-lr is not the recipe's."""
+    tags = variants if isinstance(variants, dict) else dict.fromkeys(variants, "")
     return {
         BASE_ROW: f"base{seed_tag(seed)}",
         SFT_ROW: f"sft{suffix}",
-        **{grpo_row(name): f"{name}{suffix}" for name in variants},
-        CONTROL_ROW: f"grpo{suffix}-sft-control",
+        **{grpo_row(name): f"{name}{tag}{suffix}" for name, tag in tags.items()},
+        CONTROL_ROW: f"grpo{control_tag}{suffix}-sft-control",
     }
+
+
+def run_labels(args: argparse.Namespace, seed: int) -> dict[str, str]:
+    """stage_labels of this command's variants for one seed: each variant's folder carries its settings other than
+    the recipe's, the control's its lr when --grpo-lr is not the recipe's."""
+    defaults = recipe_defaults()
+    tags = {name: settings_tag(variant_args(args, overrides), defaults) for name, overrides in args.variants.items()}
+    control = "" if args.grpo_lr == defaults["grpo_lr"] else SETTING_TAGS["grpo_lr"](args.grpo_lr)
+    return stage_labels(tags, variant_suffix(args, seed), seed, control)
 
 
 # The settings a GRPO run folder's config.toml must share with a variant that reuses the folder, as the same name
@@ -372,6 +474,8 @@ VARIANT_CONFIG_KEYS = (
     "rollout.batch_size",
     "rollout.sampling_config.temperature",
     "train.optm_lr",
+    "grpo.kl_beta",
+    "grpo.reference_model_path",
 )
 
 
@@ -401,8 +505,13 @@ def refuse_other_settings(rl_cfg: Any) -> None:
 
 def variant_grpo_config(args: argparse.Namespace, cfg: Any, out: Path, sft_dir: Path, output_dir: Path) -> Any:
     """GRPO from `sft_dir` on the RL prompts with one variant's arguments: the IoU reward (shaped when
-    --iou-hit-weight is set), json_format, completions per prompt, temperature, dynamic sampling."""
+    --iou-hit-weight is set), json_format, completions per prompt, temperature, dynamic sampling, lr (the variant's:
+    grpo_stage_config sets --grpo-lr, laid over here) and the KL term against `sft_dir` (kl_beta > 0 only)."""
     rl_cfg = grpo_stage_config(args, cfg, out, sft_dir, out / "data" / "rl" / "grpo.jsonl", output_dir)
+    rl_cfg.train.optm_lr = args.grpo_lr
+    rl_cfg.grpo.kl_beta = args.kl_beta
+    if args.kl_beta:  # the reference is the SFT export GRPO starts from, named so whatever the schema's fallback
+        rl_cfg.grpo.reference_model_path = str(sft_dir)
     rl_cfg.grpo.reward_function = {"localization": 1.0, "json_format": args.json_format_weight}
     if args.iou_hit_weight:  # without a hit bonus the threshold does nothing: the recipe keeps no options
         rl_cfg.grpo.reward_options = {
@@ -428,7 +537,7 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any]:
     cfg.generation.max_tokens = args.max_tokens
     suffix = variant_suffix(args, seed)
     cfg.train.output_dir = str(out / f"sft{suffix}")
-    labels = stage_labels(list(args.variants), suffix, seed)
+    labels = run_labels(args, seed)
     results = out / "results"
 
     def evaluate(row: str, model: Path) -> None:
@@ -606,7 +715,7 @@ def recipe_lines(args: argparse.Namespace) -> list[str]:
         f"- clips per task: {args.train_per_task} SFT (labelled), {args.rl_per_task} RL prompts, "
         f"{args.test_per_task} test",
         f"- SFT {args.sft_steps} steps of {args.sft_batch}; GRPO and the control {args.grpo_steps} steps of "
-        f"{args.grpo_prompts} prompts at lr {args.grpo_lr:g}",
+        f"{args.grpo_prompts} prompts, the control at lr {args.grpo_lr:g} (each variant's lr below)",
         *(f"- {name}: {variant_text(variant_args(args, overrides))}" for name, overrides in args.variants.items()),
     ]
 
@@ -649,6 +758,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict[str, An
         "device": device,
         "header": header,
         "args": {k: str(v) for k, v in vars(args).items()},
+        "variant_settings": {name: variant_settings(variant_args(args, o)) for name, o in args.variants.items()},
+        "control_lr": args.grpo_lr,
         "data_timings": data_timings,
         "summary": seed_summary(runs),
         "paired_grpo_minus_control": pooled,
