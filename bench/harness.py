@@ -162,6 +162,29 @@ def sync(device: Any = None) -> None:
         torch.cuda.synchronize()
 
 
+class Laps:
+    """Wall seconds of the parts of a step, the device synchronised at each lap (timings=None: nothing is timed and
+    nothing synchronised, as in timed steps). `lap(name)` appends the seconds since the last synchronised lap (or
+    since the Laps was made) to timings[name]; sync=False reads the clock without waiting for the device (the
+    seconds until the host returned) and does not start a new lap."""
+
+    def __init__(self, timings: dict[str, list[float]] | None, device: Any = None) -> None:
+        self.timings, self.device = timings, device
+        if timings is not None:
+            sync(device)
+            self.lap_start = time.perf_counter()
+
+    def lap(self, name: str, sync_device: bool = True) -> None:
+        if self.timings is None:
+            return
+        if sync_device:
+            sync(self.device)
+        now = time.perf_counter()
+        self.timings.setdefault(name, []).append(now - self.lap_start)
+        if sync_device:
+            self.lap_start = now
+
+
 def timed(call: Callable[[], Any], device: Any = None) -> tuple[float, Any]:
     """(seconds, result) of `call()`, synchronised before and after."""
     sync(device)

@@ -160,7 +160,7 @@ def make_step(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, 
         with phases.phase(phases.BACKWARD):
             (loss / batch.num_targets).backward()
         with phases.phase(phases.OPTIMIZER):
-            clock = _Clock(timings, runtime.device)
+            clock = harness.Laps(timings, runtime.device)
             laps = [time.perf_counter()]
             ranges = [record_function(OPTIMIZER_PARTS[0]), record_function(OPTIMIZER_PARTS[1])]
             ranges[0].__enter__()
@@ -173,7 +173,7 @@ def make_step(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, 
 
             norm = parallelize.clip_and_step(parameters, 1.0, optimizer, on_norm=norm_done, reduced=reduced)
             ranges[1].__exit__(None, None, None)
-            clock.lap("step_returned", sync=False)
+            clock.lap("step_returned", sync_device=False)
             clock.lap("step")
             if host_seconds is not None:
                 now = time.perf_counter()
@@ -196,27 +196,6 @@ def reduced_served(optimizer) -> str:
 
 # profiler ranges inside the optimizer phase, so --profile counts each one's kernel launches
 OPTIMIZER_PARTS = ("bench.clip_grad_norm", "bench.optimizer_step", "bench.zero_grad")
-
-
-class _Clock:
-    """Wall seconds of the parts of the optimizer phase, the device synchronised at each lap (timings=None: nothing
-    is timed and nothing synchronised, as in the timed steps)."""
-
-    def __init__(self, timings: dict[str, list[float]] | None, device: torch.device) -> None:
-        self.timings, self.device = timings, device
-        if timings is not None:
-            harness.sync(device)
-            self.lap_start = time.perf_counter()
-
-    def lap(self, name: str, sync: bool = True) -> None:
-        if self.timings is None:
-            return
-        if sync:
-            harness.sync(self.device)
-        now = time.perf_counter()
-        self.timings.setdefault(name, []).append(now - self.lap_start)
-        if sync:
-            self.lap_start = now
 
 
 def planned_tensors(args: argparse.Namespace, runtime, hf_config, train: TrainConfig):

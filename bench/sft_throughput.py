@@ -15,6 +15,7 @@ import contextlib
 import copy
 import os
 import shlex
+import time
 from pathlib import Path
 
 import harness
@@ -191,34 +192,96 @@ def run_baseline(config, args, device) -> dict:
         inputs = {**batch.model_inputs(), "labels": labels}
         flops = text_train_flops(config, args.seq_len, batch.num_targets) + vision_train_flops(config, args.grid)
 
-    def step():
+    def step(timings: dict[str, list[float]] | None = None):
+        laps = harness.Laps(timings, device)  # profiled steps only: the device synchronised around each phase
         loss = model(**inputs, use_cache=False).loss
+        laps.lap("forward")
         with phases.phase(phases.BACKWARD):
             loss.backward()
+        laps.lap("backward")
         with phases.phase(phases.OPTIMIZER):
             optimizer.step()
+            laps.lap("optimizer.step")
             optimizer.zero_grad(set_to_none=True)
+            laps.lap("zero_grad")
 
     harness.reset_peak()
     seconds = harness.timed_steps(step, args.warmup, args.steps, device)
-    profile(step, args, "transformers-baseline", device)
+    split = profile(step, args, "transformers-baseline", device, seconds)
     return {"seconds_per_step": seconds, "tokens_per_step": args.seq_len, "flops_per_step": flops, "gpus": 1,
-            "peak_gib": harness.peak_gib()}  # fmt: skip
+            "peak_gib": harness.peak_gib(), **({"profile_split": split} if split else {})}  # fmt: skip
 
 
-def profile(step, args, label: str, device) -> None:
+# phases of a step that --profile times with the device synchronised around each (a row without clipping skips it)
+SPLIT_PHASES = ("forward", "backward", "clip", "optimizer.step", "zero_grad")
+NOT_PER_STEP = "kernel total exceeds the step's wall: the profiler window is not a per-step breakdown"
+
+
+def profile(step, args, label: str, device, timed_seconds: float | None = None) -> dict | None:
     """With --profile: --profile-steps more steps under torch.profiler, written and summarised
-    (physreason/train/profiling.py)."""
-    if args.profile is None or dist.get_rank() != 0 and not os.environ.get("PROFILE_ALL_RANKS"):
+    (physreason/train/profiling.py), the device synchronised around each phase of each step (`step(timings)`), so
+    the step's wall and its phases' walls stand beside the profiler's kernel total; prints that line and returns its
+    figures (None: no --profile, or a rank that does not profile). `timed_seconds`: the row's timed step, beside
+    which the profiled steps' wall shows what the profiler and the synchronisation cost."""
+    from physreason.train.profiling import device_busy_us, optimizer_steps
+
+    if args.profile is None or dist.is_initialized() and dist.get_rank() != 0 and not os.environ.get("PROFILE_ALL_RANKS"):
         if args.profile is not None:  # other ranks still step, so collectives stay matched
             for _ in range(args.profile_steps):
-                step()
-        return
+                step({})
+        return None
     name = "".join(c if c.isalnum() or c in "-_" else "_" for c in label)[:120]
+    timings: dict[str, list[float]] = {}
+    walls: list[float] = []
     with Profiled(args.profile, name, device) as profiler:
         for _ in range(args.profile_steps):
-            step()
+            harness.sync(device)
+            started = time.perf_counter()
+            step(timings)
+            harness.sync(device)
+            walls.append(time.perf_counter() - started)
             profiler.step()
+    events = list(profiler.profiler.events())
+    steps = args.profile_steps
+    in_window = optimizer_steps(events)
+    per = in_window or steps  # what ran in the window, not what was asked for
+    device_sum, busy, longest = device_busy_us(events)
+    split = {
+        "label": label, "device_time": profiler.device, "profiled_steps": steps, "optimizer_steps_in_window": in_window,
+        "step_wall_ms": 1e3 * sum(walls) / steps,
+        "phase_wall_ms": {p: 1e3 * sum(timings[p]) / steps for p in SPLIT_PHASES if p in timings},
+        "kernel_ms_per_step": profiler.result.total_us / per / 1e3,
+        "device_events_ms_per_step": device_sum / per / 1e3, "device_busy_ms_per_step": busy / per / 1e3,
+        "longest_device_event_ms": longest / 1e3,
+        "timed_step_ms": None if timed_seconds is None else 1e3 * timed_seconds,
+    }  # fmt: skip
+    split["line"] = split_line(split)
+    print(split["line"], flush=True)
+    return split
+
+
+def split_line(split: dict) -> str:
+    """One line of `profile`'s figures: the synchronised step wall and phase walls beside the profiler's kernel total
+    a step, flagged where that total cannot be one step's (more than its wall) or the window held another number of
+    optimizer steps than were profiled."""
+    phases_ms = ", ".join(f"{name} {ms:.1f}" for name, ms in split["phase_wall_ms"].items())
+    cuda = split["device_time"] == "cuda"
+    timed = "" if split.get("timed_step_ms") is None else f" (timed step {split['timed_step_ms']:.1f} ms)"
+    line = (
+        f"  synchronised split of {split['label']} ({split['profiled_steps']} profiled steps, "
+        f"{split['optimizer_steps_in_window']} optimizer steps in the profiler window): step {split['step_wall_ms']:.1f} "
+        f"ms wall{timed}; phases ms wall: {phases_ms}; profiler {'GPU kernel' if cuda else 'CPU op'} total "
+        f"{split['kernel_ms_per_step']:.1f} ms a step"
+    )  # fmt: skip
+    if cuda:
+        line += (f" (trace's device events {split['device_events_ms_per_step']:.1f} ms, device busy "
+                 f"{split['device_busy_ms_per_step']:.1f} ms, longest device event "
+                 f"{split['longest_device_event_ms']:.1f} ms)")  # fmt: skip
+    if split["optimizer_steps_in_window"] not in (0, split["profiled_steps"]):
+        line += f"; the window held {split['optimizer_steps_in_window']} optimizer steps: per-step figures divide by that"
+    if split["kernel_ms_per_step"] > split["step_wall_ms"]:
+        line += f"; {NOT_PER_STEP}"
+    return line
 
 
 def run_ours(config, args, device, mesh) -> dict:
@@ -283,21 +346,27 @@ def run_ours(config, args, device, mesh) -> dict:
     batch = make_batch(config, args.seq_len, args.batch, args.packing, device, args.grid)
     scale = 1.0 / (batch.num_targets * args.grad_accum)
 
-    def step():
+    def step(timings: dict[str, list[float]] | None = None):
+        laps = harness.Laps(timings, device)  # profiled steps only: the device synchronised around each phase
         for _ in range(args.grad_accum):
             with autocast, attention_backend(args.sdpa_backend):
                 loss = module(batch)
+            laps.lap("forward")
             with phases.phase(phases.BACKWARD):
                 (loss * scale).backward()
+            laps.lap("backward")
         with phases.phase(phases.OPTIMIZER):
             clip_grad_norm(parameters, 1.0)
+            laps.lap("clip")
             optimizer.step()
+            laps.lap("optimizer.step")
             optimizer.zero_grad(set_to_none=True)
+            laps.lap("zero_grad")
 
     try:
         harness.reset_peak()
         seconds = harness.timed_steps(step, args.warmup, args.steps, device)
-        profile(step, args, f"{dist.get_rank()}-{describe_row(args)}", device)
+        split = profile(step, args, f"{dist.get_rank()}-{describe_row(args)}", device, seconds)
     finally:
         loss_module._chunk_loss, loss_module.FUSED = chunk_loss, fused
     replicas = args.grad_accum * (world // tp)
@@ -308,7 +377,7 @@ def run_ours(config, args, device, mesh) -> dict:
         per_row = text_train_flops(config, args.seq_len, batch.num_targets // args.batch)
         flops = replicas * args.batch * (per_row + vision_train_flops(config, args.grid))
     return {"seconds_per_step": seconds, "tokens_per_step": tokens, "flops_per_step": flops, "gpus": world,
-            "peak_gib": harness.peak_gib()}  # fmt: skip
+            "peak_gib": harness.peak_gib(), **({"profile_split": split} if split else {})}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -358,7 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--video-total-pixels", type=int, default=REASON2_TOTAL_PIXELS,
                         help="pixel budget of the clip (Cosmos-Reason2's inference recipe)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                        help="profile --profile-steps steps of each row after its timed steps, traces into DIR")
+                        help="profile --profile-steps steps of each row after its timed steps, traces into DIR; the device is "
+                             "synchronised around each phase of those steps, and one line a row prints the step's "
+                             "wall and its phases' walls beside the profiler's kernel total")
     parser.add_argument("--profile-steps", type=int, default=3, help="steps under the profiler per row")
     harness.add_json(parser)
     return parser

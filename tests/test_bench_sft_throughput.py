@@ -92,3 +92,92 @@ def test_sft_bench_with_profile_writes_each_rows_trace_and_summary(tmp_path):
     runs = json.loads((tmp_path / "sft_throughput.json").read_text())["runs"]
     assert set(runs) == {"transformers baseline", "physreason --chunked-ce --ce-chunk 16 --seq-len 32"}
     assert all(run["tokens_per_s"] > 0 for run in runs.values())
+    # each row's synchronised split: one line, the window holding exactly the profiled optimizer steps
+    assert done.stdout.count("synchronised split of ") == 2
+    for run in runs.values():
+        split = run["profile_split"]
+        assert split["optimizer_steps_in_window"] == split["profiled_steps"] == 2
+        assert set(split["phase_wall_ms"]) <= set(["forward", "backward", "clip", "optimizer.step", "zero_grad"])
+        assert split["line"] in done.stdout
+
+
+def _toy_step(device):
+    """A step shaped like the bench's: forward, backward, clip, AdamW, zero_grad, timed with the device synchronised
+    when `timings` is given (harness.Laps)."""
+    import harness
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    inputs = torch.randn(8, 16)
+
+    def step(timings=None):
+        laps = harness.Laps(timings, device)
+        loss = model(inputs).square().mean()
+        laps.lap("forward")
+        loss.backward()
+        laps.lap("backward")
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        laps.lap("clip")
+        optimizer.step()
+        laps.lap("optimizer.step")
+        optimizer.zero_grad(set_to_none=True)
+        laps.lap("zero_grad")
+
+    return step
+
+
+def test_profile_times_each_phase_and_counts_the_optimizer_steps_in_the_window(sft_bench, tmp_path, capsys):
+    """--profile's synchronised split: every phase timed in each profiled step, the window holding exactly the
+    profiled optimizer steps (the divisor of the per-step figures), and one line printed beside the profiler's total."""
+    import argparse
+
+    device = torch.device("cpu")
+    step = _toy_step(device)
+    step()  # a warm-up step outside the window, as the timed steps are
+    args = argparse.Namespace(profile=tmp_path, profile_steps=3)
+    split = sft_bench.profile(step, args, "toy row", device, 0.25)
+    assert split["profiled_steps"] == 3 and split["optimizer_steps_in_window"] == 3
+    assert list(split["phase_wall_ms"]) == list(sft_bench.SPLIT_PHASES)
+    assert all(ms > 0 for ms in split["phase_wall_ms"].values())
+    # the phases are laps inside the step's wall
+    assert sum(split["phase_wall_ms"].values()) <= split["step_wall_ms"]
+    assert split["device_time"] == "cpu" and split["kernel_ms_per_step"] > 0 and split["timed_step_ms"] == 250.0
+    printed = capsys.readouterr().out
+    assert split["line"] in printed and "3 optimizer steps in the profiler window" in split["line"]
+    assert "forward " in split["line"] and "zero_grad " in split["line"]
+    assert (tmp_path / "toy_row.trace.json").stat().st_size > 0
+
+
+def test_profile_without_the_option_steps_nothing(sft_bench):
+    import argparse
+
+    calls = []
+    assert sft_bench.profile(calls.append, argparse.Namespace(profile=None, profile_steps=2), "row", None) is None
+    assert calls == []
+
+
+def _split(**changes):
+    split = {"label": "row", "device_time": "cuda", "profiled_steps": 2, "optimizer_steps_in_window": 2,
+             "step_wall_ms": 400.0, "phase_wall_ms": {"forward": 120.0, "backward": 250.0, "clip": 5.0,
+                                                       "optimizer.step": 25.0, "zero_grad": 0.1},
+             "kernel_ms_per_step": 380.0, "device_events_ms_per_step": 380.0, "device_busy_ms_per_step": 370.0,
+             "longest_device_event_ms": 12.0, "timed_step_ms": 395.0}  # fmt: skip
+    return {**split, **changes}
+
+
+def test_split_line_flags_a_kernel_total_above_the_steps_wall(sft_bench):
+    """The H200 profile of issue #46: 2,259 ms of kernels a step beside a 0.4 s step cannot be one step's breakdown."""
+    plain = sft_bench.split_line(_split())
+    assert "step 400.0 ms wall" in plain and "GPU kernel total 380.0 ms a step" in plain
+    assert "device busy 370.0 ms" in plain and "longest device event 12.0 ms" in plain
+    assert "(timed step 395.0 ms)" in plain and sft_bench.NOT_PER_STEP not in plain
+    flagged = sft_bench.split_line(_split(kernel_ms_per_step=2259.0, device_events_ms_per_step=2259.0))
+    assert flagged.endswith(sft_bench.NOT_PER_STEP)
+    assert "not a per-step breakdown" in sft_bench.NOT_PER_STEP
+
+
+def test_split_line_says_when_the_window_held_another_number_of_optimizer_steps(sft_bench):
+    assert "the window held" not in sft_bench.split_line(_split())
+    line = sft_bench.split_line(_split(optimizer_steps_in_window=5))
+    assert "the window held 5 optimizer steps: per-step figures divide by that" in line

@@ -118,3 +118,31 @@ def test_launches_are_counted_under_their_innermost_named_range():
         torch.sub(x, 1)  # under neither range
     counts = profiling.launches_under(list(prof.events()), ("outer", "inner"), "cpu")
     assert counts == {"outer": 1, "inner": 2}
+
+
+def _device_event(start: float, end: float, name: str = "kernel"):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(device_type=torch.autograd.DeviceType.CUDA, is_user_annotation=False, name=name,
+                           time_range=SimpleNamespace(start=start, end=end))  # fmt: skip
+
+
+def test_device_busy_is_the_union_of_device_intervals_beside_their_sum():
+    """Overlapping device intervals (impossible on one stream) show as a sum above the time the device was busy."""
+    events = [_device_event(0, 10), _device_event(5, 20), _device_event(30, 40), _device_event(32, 35),
+              _device_event(0, 100, "ProfilerStep#1")]  # fmt: skip
+    assert profiling.device_busy_us(events) == (38.0, 30.0, 15.0)
+    assert profiling.device_busy_us(events[2:3]) == (10.0, 10.0, 10.0)
+    assert profiling.device_busy_us([]) == (0.0, 0.0, 0.0)
+
+
+def test_optimizer_steps_counts_torch_optims_step_ranges_in_the_window(tmp_path):
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.AdamW(model.parameters())
+    with profiling.Profiled(tmp_path, "steps", torch.device("cpu"), echo=False) as profiler:
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            profiler.step()
+    assert profiling.optimizer_steps(list(profiler.profiler.events())) == 3

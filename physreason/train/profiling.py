@@ -161,6 +161,33 @@ def launches_under(events: list[Any], ranges: tuple[str, ...], device: str) -> d
     return counts
 
 
+def optimizer_steps(events: list[Any]) -> int:
+    """How many optimizer steps ran inside the profiled window: torch.optim's own `Optimizer.step#<class>.step` ranges
+    (what a per-step figure should divide by, whatever the number of profiler steps)."""
+    return sum(
+        1 for e in events if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("Optimizer.step#")
+    )
+
+
+def device_busy_us(events: list[Any]) -> tuple[float, float, float]:
+    """(sum, union, longest) of the device events' durations in microseconds (kernels, memcpy, memset): the union is
+    the time the device was busy at all; on one stream the sum cannot exceed it unless the trace's device times
+    overlap, and no one event can outlast the step that launched it unless its record is corrupt."""
+    intervals = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type != torch.autograd.DeviceType.CPU and not e.is_user_annotation
+        and not e.name.startswith((PREFIX, "ProfilerStep"))
+    )
+    total = sum(end - start for start, end in intervals)
+    busy, reach = 0.0, float("-inf")
+    for start, end in intervals:
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return total, busy, max((end - start for start, end in intervals), default=0.0)
+
+
 def format_breakdown(result: Breakdown, steps: int, top: int = 12) -> str:
     """Tables of ms per step by category, by phase and the heaviest kernels (or ops)."""
     unit = "GPU kernel time" if result.device == "cuda" else "CPU self time"
