@@ -24,7 +24,11 @@ def test_one_rank_without_fsdp2_matches_fsdp2_and_its_checkpoints_cross_to_two_p
     fsdp = torchrun_sft(tmp_path, 1, 0, _bf16(model, data, tmp_path / "fsdp", "train.one_rank_precision='legacy'"))
     cast = torchrun_sft(tmp_path, 1, 0, _bf16(model, data, tmp_path / "cast"))
     assert len(cast) == 4
-    assert cast == fsdp  # same bf16 compute from the same fp32 masters, fp32 gradients: bit for bit
+    # same bf16 compute from the same fp32 masters, fp32 gradients: equal bit for bit in nearly every run, but one
+    # full-suite run (2026-11-27) gave a first loss 5.6e-6 apart (not reproduced alone in five runs): CPU GEMM
+    # kernels may block FSDP2's views into its flat buffer differently from separate tensors. A wrong dtype or a
+    # missed cast differs by 1e-3 or more.
+    assert cast == pytest.approx(fsdp, rel=2e-5, abs=0)
 
     trust = "train.trust_checkpoint=true"
     # the one-rank checkpoint of step 2 resumes in two FSDP2 processes (DCP reshards it) ...
