@@ -316,9 +316,7 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch
     total, groups = _grad_norm(parameters)
     scale = _clip_coefficient(total, max_norm)
     if scale is not None:
-        with torch.no_grad():
-            for (where, _dtype), pieces in groups.items():
-                torch._foreach_mul_(pieces, scale.to(where))
+        _scale_grads(groups, scale)
     return total
 
 
@@ -345,9 +343,7 @@ def clip_and_step(
     scale = _clip_coefficient(total, max_norm)
     fold = scale is not None and _folds_grad_scale(optimizer, groups)
     if scale is not None and not fold:
-        with torch.no_grad():
-            for (where, _dtype), pieces in groups.items():
-                torch._foreach_mul_(pieces, scale.to(where))
+        _scale_grads(groups, scale)
     if on_norm is not None:
         on_norm()
     if not fold:
@@ -472,6 +468,13 @@ class ReducedGradNorm:
         # FSDP2's final backward callback made the current stream wait for the reduce streams' work
         self.served += 1
         return torch.stack([squares[unit] for unit in sorted(expected)]).sum().sqrt().cpu()
+
+
+def _scale_grads(groups: _Groups, scale: torch.Tensor) -> None:
+    """Multiply the gradients' local pieces in place by the clip coefficient: one foreach kernel per (device, dtype)."""
+    with torch.no_grad():
+        for (where, _dtype), pieces in groups.items():
+            torch._foreach_mul_(pieces, scale.to(where))
 
 
 def _clip_coefficient(total: torch.Tensor, max_norm: float) -> torch.Tensor | None:
