@@ -37,18 +37,13 @@ def create_engine(
     runtime LoRA adapter slot of this rank (GRPO pushes its adapters there); the hf engine takes merged weights.
     quantization: the rollout engine's weights ([rollout] quantization); "fp8" needs vLLM.
     """
-    if quantization != "none" and resolve_backend(engine) != "vllm":
-        raise ConfigError(
-            f"rollout.quantization = {quantization!r} runs on the vLLM engine, but the engine is 'hf' "
-            "(engine.backend, or vLLM not installed): install vLLM and set engine.backend = 'vllm', "
-            "or rollout.quantization = 'none'"
-        )
-    if engine.kv_cache_dtype != "auto" and resolve_backend(engine) != "vllm":
-        raise ConfigError(
-            f"engine.kv_cache_dtype = {engine.kv_cache_dtype!r} runs on the vLLM engine, but the engine is 'hf' "
-            "(engine.backend, or vLLM not installed): install vLLM and set engine.backend = 'vllm', "
-            "or engine.kv_cache_dtype = 'auto'"
-        )
+    vllm_only = {"rollout.quantization": (quantization, "none"), "engine.kv_cache_dtype": (engine.kv_cache_dtype, "auto")}
+    for key, (value, default) in vllm_only.items():
+        if value != default and resolve_backend(engine) != "vllm":
+            raise ConfigError(
+                f"{key} = {value!r} runs on the vLLM engine, but the engine is 'hf' (engine.backend, or vLLM not "
+                f"installed): install vLLM and set engine.backend = 'vllm', or {key} = '{default}'"
+            )
     if resolve_backend(engine) == "vllm":
         if not vllm_installed():
             raise ConfigError("engine.backend = 'vllm' but vLLM is not installed: install vllm, or use --engine hf")
