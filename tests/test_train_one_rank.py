@@ -24,24 +24,27 @@ def test_one_rank_without_fsdp2_matches_fsdp2_and_its_checkpoints_cross_to_two_p
     fsdp = torchrun_sft(tmp_path, 1, 0, _bf16(model, data, tmp_path / "fsdp", "train.one_rank_precision='legacy'"))
     cast = torchrun_sft(tmp_path, 1, 0, _bf16(model, data, tmp_path / "cast"))
     assert len(cast) == 4
-    # same bf16 compute from the same fp32 masters, fp32 gradients: equal bit for bit in nearly every run, but one
-    # full-suite run (2026-11-27) gave a first loss 5.6e-6 apart (not reproduced alone in five runs): CPU GEMM
-    # kernels may block FSDP2's views into its flat buffer differently from separate tensors. A wrong dtype or a
-    # missed cast differs by 1e-3 or more.
-    assert cast == pytest.approx(fsdp, rel=2e-5, abs=0)
+    # Same bf16 compute from the same fp32 masters. That the cast path computes as FSDP2 does, bit for bit, is pinned
+    # in one process by tests/test_compute_cast.py; here the job's wiring (optimizer, schedule, clip, checkpoints) is
+    # checked, where a wrong learning rate or a skipped step moves a loss by 1e-2 or more. The legacy FSDP2 child on
+    # CPU is not bit-reproducible inside a full suite run: two runs (2026-11-27) gave losses 9e-7 and 6.8e-5 apart
+    # (relative) from the same weights, never seen in 13 runs alone or under load; its kernels are oneDNN's AMX
+    # bf16 matmuls, and capping them at AVX-512 or AVX2 moves each loss by 1e-5 to 8e-5.
+    assert cast == pytest.approx(fsdp, rel=5e-4, abs=0)
 
     trust = "train.trust_checkpoint=true"
     # the one-rank checkpoint of step 2 resumes in two FSDP2 processes (DCP reshards it) ...
     two = torchrun_sft(tmp_path, 2, 0, _bf16(model, data, tmp_path / "two", trust,
                                              f"train.resume='{tmp_path / 'cast' / 'checkpoints' / 'step_2'}'"))
-    assert two[0] == cast[2]  # step 3's loss comes from the step-2 weights: they crossed exactly
+    # step 3's loss is a forward from the step-2 weights: they crossed (a forward's kernel noise is 1e-6 at most)
+    assert two[0] == pytest.approx(cast[2], rel=1e-5, abs=0)
     # step 4's from an AdamW step that used the saved moments; two ranks' bf16 gradients of half a batch each,
     # summed in fp32, are not one rank's bit for bit
     assert two[1] == pytest.approx(cast[3], rel=1e-4)
     # ... and their checkpoint of step 3 back in one process without FSDP2
     back = torchrun_sft(tmp_path, 1, 0, _bf16(model, data, tmp_path / "back", trust,
                                               f"train.resume='{tmp_path / 'two' / 'checkpoints' / 'step_3'}'"))
-    assert back == two[1:]
+    assert back == pytest.approx(two[1:], rel=1e-5, abs=0)
 
 
 def test_lora_in_one_plain_process_without_fsdp2_matches_fsdp2_on_one_rank(tmp_path):
@@ -59,4 +62,6 @@ def test_lora_in_one_plain_process_without_fsdp2_matches_fsdp2_on_one_rank(tmp_p
     fsdp = torchrun_sft(tmp_path, 1, 0, lora("fsdp", "train.one_rank_precision='legacy'"))
     cast = run_sft(load_config(None, lora("cast"))).losses
     # text rows: the tower (its dummy pass under torchrun, none in a plain process) takes no part in the loss
-    assert len(cast) == 3 and cast == fsdp
+    # to the same tolerance as above (the legacy FSDP2 child's kernel noise); a tenth of the learning rate moves the
+    # third loss by 8%
+    assert len(cast) == 3 and cast == pytest.approx(fsdp, rel=5e-4, abs=0)
