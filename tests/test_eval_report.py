@@ -152,6 +152,20 @@ def test_torn_last_line_is_ignored(tmp_path):
     assert (row.scored, row.failed) == (2, 0)
 
 
+
+def test_a_shard_cut_inside_a_character_merges_with_every_finished_sample(tmp_path):
+    from physreason.eval.results import finished_in_run
+
+    run = run_dir(tmp_path / "m" / "letter", "av", 1)
+    run.mkdir(parents=True)
+    lines = [json.dumps({"id": f"q{i}", "is_correct": True, "prediction": "é"}, ensure_ascii=False) for i in range(3)]
+    # a garbled byte inside a complete line, then a kill inside the next line's two-byte character
+    text = "\n".join(lines).encode().replace("é".encode(), b"\xff", 1) + b"\n" + lines[0].replace("q0", "q3").encode()
+    (run / "shard-0-of-2.jsonl").write_bytes(text[: text.rindex("é".encode()) + 1])
+    assert sorted(read_run(run)) == sorted(finished_in_run(run)) == ["q0", "q1", "q2"]
+    assert merge_shards(run) == 3
+    assert sorted(json.loads(line)["id"] for line in (run / "results.jsonl").read_text().splitlines()) == ["q0", "q1", "q2"]
+
 def test_no_results_is_an_error_naming_the_folder(tmp_path):
     with pytest.raises(InputError, match="no results under"):
         collect_reports(tmp_path)

@@ -26,6 +26,17 @@ def test_a_resumed_run_drops_metrics_after_its_checkpoint_and_a_fresh_run_starts
     assert metrics.read_text() == ""
 
 
+
+def test_a_resume_drops_a_last_line_cut_inside_a_character_or_garbled_and_keeps_the_rest(tmp_path):
+    # A kill (or power loss) can leave bytes that are not UTF-8: a character cut in half, a garbled block.
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    metrics = logs / "metrics.jsonl"
+    good = "".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 4))
+    metrics.write_bytes(b'{"step": 0, "\xff": 1}\n' + good.encode() + '{"step": 4, "note": "é'.encode()[:-1])
+    MetricLogger(tmp_path, LoggingConfig(logger=["jsonl"]), resumed_step=3).close()
+    assert steps(metrics) == [0, 1, 2, 3]
+
 def test_resume_command_replaces_an_earlier_resume_key_and_quotes_arguments():
     argv = ["sft", "-c", "my recipe.toml", "--set", "train.resume=false", "--set=train.resume=/x", "--set", "a.b=1"]
     assert resume_command(argv) == (

@@ -128,9 +128,14 @@ def finished_in_run(run: Path) -> set[str]:
 
 
 def read_jsonl_records(path: Path) -> list[dict[str, Any]]:
-    """The complete JSON object lines of a result file; a torn line from a killed writer is skipped."""
+    """The complete JSON object lines of a result file; a torn line from a killed writer is skipped.
+
+    Bytes that are not UTF-8 (a kill inside a multi-byte character, a garbled block) are read as U+FFFD, as
+    finished_ids reads them: a torn line then fails to parse and is skipped, and a line finished_ids counts as
+    done is read here too, so no sample is counted finished without a result.
+    """
     records = []
-    with path.open(encoding="utf-8") as handle:
+    with path.open(encoding="utf-8", errors="replace") as handle:
         for line in handle:
             try:
                 record = json.loads(line)

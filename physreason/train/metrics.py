@@ -22,7 +22,9 @@ def keep_records_up_to(path: Path, step: int) -> None:
     if not path.is_file():
         return
     kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    # errors="replace": a kill inside a multi-byte character leaves bytes that are not UTF-8; that line fails to
+    # parse below and goes, like any torn line, instead of the resume failing on the whole file.
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
