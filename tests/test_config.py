@@ -235,3 +235,19 @@ def test_kv_cache_dtype_is_auto_unless_set_and_a_bad_value_names_the_key_and_the
         load_config(None, ["engine.kv_cache_dtype=fp16"])
     message = str(error.value)
     assert "\n" not in message and "engine.kv_cache_dtype: Input should be 'auto' or 'fp8' (got 'fp16')" in message
+
+
+def test_dump_config_stopped_mid_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    # A resumed eval compares its settings with the stored config.toml: a kill while it is rewritten must not cut it.
+    path = tmp_path / "config.toml"
+    dump_config(load_config(None, ["generation.max_tokens=9"]), path)
+    before = path.read_text()
+
+    def killed(fd: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("os.fsync", killed)
+    with pytest.raises(KeyboardInterrupt):
+        dump_config(load_config(None), path)
+    assert path.read_text() == before
+    assert load_config(path).generation.max_tokens == 9

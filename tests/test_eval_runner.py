@@ -243,6 +243,18 @@ def test_a_folder_with_settings_but_no_result_takes_new_settings(tmp_path, tiny_
         check_resumable(base, load_config(config))
 
 
+
+def test_a_stored_config_cut_short_is_a_clear_error_that_keeps_the_results(tmp_path):
+    # An older run wrote config.toml in place on every run: a kill then left it empty or cut short.
+    base = tmp_path / "results" / "m" / "letter"
+    (base / "mini" / "seed_1").mkdir(parents=True)
+    (base / "mini" / "seed_1" / "results.jsonl").write_text('{"id": "x", "is_correct": true}\n')
+    for cut in ("", "[generation]\ntemperature = 0.", "\0" * 8):
+        (base / "config.toml").write_text(cut)
+        with pytest.raises(ConfigError, match=r"config.toml cannot be read .*Delete it \(the results stay\)"):
+            check_resumable(base, load_config(None))
+    assert (base / "mini" / "seed_1" / "results.jsonl").is_file()
+
 def test_an_eval_resolves_its_settings_once_and_passes_the_plan_down(tmp_path, tiny_model_dir, bench_root, monkeypatch):
     # The CLI's start-up summary, the resume check, the stored config, the run.json files and the shard all use the
     # one plan: the prompt style (read from the checkpoint's config.json), mode and sampling are resolved once and

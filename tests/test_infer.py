@@ -357,3 +357,30 @@ def test_settings_leave_out_the_default_kv_cache_dtype_so_older_outputs_still_re
     assert fp8["engine.kv_cache_dtype"] == "fp8"
     with pytest.raises(InputError, match="engine.kv_cache_dtype: None there, 'fp8' now"):
         check_and_store_settings(out, fp8, has_results=True)
+
+
+def test_a_settings_file_cut_short_is_a_clear_error_and_deleting_it_keeps_the_results(tmp_path, monkeypatch):
+    from physreason.config import load_config
+    from physreason.infer.settings import answer_settings, check_and_store_settings, settings_path
+
+    out = tmp_path / "answers.jsonl"
+    settings = answer_settings(load_config(None))
+    check_and_store_settings(out, settings, has_results=False)
+    stored = settings_path(out)
+    text = stored.read_text()
+
+    def killed(fd: int) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:  # a kill while the settings are rewritten leaves the old file whole
+        patch.setattr("os.fsync", killed)
+        with pytest.raises(KeyboardInterrupt):
+            check_and_store_settings(out, settings, has_results=True)
+    assert stored.read_text() == text
+    for cut in (text[: len(text) // 2], "\0" * 8, "[1]"):  # as a kill or a power loss leaves an in-place write
+        stored.write_text(cut)
+        with pytest.raises(InputError, match=f"{stored} cannot be read .*Delete it to keep those results"):
+            check_and_store_settings(out, settings, has_results=True)
+    stored.unlink()
+    check_and_store_settings(out, settings, has_results=True)
+    assert json.loads(stored.read_text()) == json.loads(text)

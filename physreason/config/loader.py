@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import tomllib
@@ -376,8 +377,18 @@ def load_config(
 
 
 def dump_config(config: Config, path: str | Path) -> None:
-    """Write the fully resolved config as TOML (runs store it beside their outputs)."""
-    Path(path).write_text(tomli_w.dumps(config.model_dump(mode="json", exclude_none=True)), encoding="utf-8")
+    """Write the fully resolved config as TOML (runs store it beside their outputs).
+
+    Written beside and renamed over `path`: a resume compares its settings with the stored ones, and a kill
+    mid-write must leave the old file or the new, never a cut-short one.
+    """
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp")
+    with temporary.open("w", encoding="utf-8") as handle:
+        handle.write(tomli_w.dumps(config.model_dump(mode="json", exclude_none=True)))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
 
 
 def with_model(config: Config, model_dir: str | Path) -> Config:

@@ -171,7 +171,17 @@ def _check_resumable(base: Path, resolved: Callable[[], Config]) -> None:
         # A run that stopped before its first result made nothing its settings could skew.
         log.warning("%s holds no result yet: its settings (%s) are replaced by this run's", base, stored_path)
         return
-    stored = tomllib.loads(stored_path.read_text(encoding="utf-8"))
+    try:
+        stored = tomllib.loads(stored_path.read_text(encoding="utf-8"))
+        why = "" if stored else "it is empty"
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        stored, why = {}, f"{type(exc).__name__}: {exc}"
+    if why:
+        # Empty or cut short: a run stopped while writing it (older versions wrote it in place on every run).
+        raise ConfigError(
+            f"{stored_path} cannot be read ({why}); it records the settings of the results in {base}. Delete it "
+            "(the results stay) and rerun with the settings those results were made with"
+        )
     current = resolved().model_dump(mode="json", exclude_none=True)
     changed = [
         key

@@ -9,6 +9,7 @@ a setting added later is recorded without a change here.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,17 @@ def check_and_store_settings(out: Path, settings: Mapping[str, Any], has_results
     """
     path = settings_path(out)
     if has_results and path.is_file():
-        stored = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            stored = exc
+        if not isinstance(stored, dict):
+            why = f"{type(stored).__name__}: {stored}" if isinstance(stored, Exception) else "not a JSON object"
+            raise InputError(
+                f"{path} cannot be read ({why}); it holds the settings of the results in {out}, and a run stopped "
+                "while writing it leaves it so. Delete it to keep those results (they are then taken as they are), "
+                "or pass --overwrite to delete them and start anew"
+            )
         # The model and the prompt first: they explain the rest (another family resolves other sampling defaults).
         if "model.fingerprint" not in stored and _same_folder(stored.get("model.model_name_or_path"), settings):
             # Written before fingerprints were stored, with the path as typed: compared on the rest.
@@ -87,7 +98,13 @@ def check_and_store_settings(out: Path, settings: Mapping[str, Any], has_results
                 "two kinds of answers. Write to a new --out, or pass --overwrite to delete those results and start anew"
             )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(settings), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    # Written beside and renamed over: a kill mid-write leaves the old settings or the new, never half a file.
+    temporary = path.with_name(f".{path.name}.tmp")
+    with temporary.open("w", encoding="utf-8") as handle:
+        handle.write(json.dumps(dict(settings), indent=2, sort_keys=True) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
 
 
 def _same_folder(stored: Any, settings: Mapping[str, Any]) -> bool:
