@@ -37,6 +37,22 @@ def test_a_resume_drops_a_last_line_cut_inside_a_character_or_garbled_and_keeps_
     MetricLogger(tmp_path, LoggingConfig(logger=["jsonl"]), resumed_step=3).close()
     assert steps(metrics) == [0, 1, 2, 3]
 
+
+def test_a_resume_names_a_stored_config_cut_short_instead_of_a_toml_traceback(tmp_path):
+    import pytest
+
+    from physreason.config import load_config
+    from physreason.errors import ConfigError
+    from physreason.train.loop import resume_changes
+
+    stored = tmp_path / "config.toml"
+    for cut in ("", "[train]\noptm_lr = 1.", "\0" * 8):  # as a kill during an in-place write leaves it
+        stored.write_text(cut)
+        with pytest.raises(ConfigError, match=r"config.toml cannot be read .*Delete it and resume"):
+            resume_changes(stored, load_config(None))
+    stored.unlink()
+    assert resume_changes(stored, load_config(None)) == []
+
 def test_resume_command_replaces_an_earlier_resume_key_and_quotes_arguments():
     argv = ["sft", "-c", "my recipe.toml", "--set", "train.resume=false", "--set=train.resume=/x", "--set", "a.b=1"]
     assert resume_command(argv) == (

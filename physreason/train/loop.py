@@ -110,8 +110,18 @@ def resume_changes(stored_path: Path, config: Config) -> list[str]:
     if not stored_path.is_file():
         return []
     # A key the stored file lacks (None then, or added to physreason since) had its default value.
+    try:
+        written = tomllib.loads(stored_path.read_text(encoding="utf-8"))
+        why = "" if written else "it is empty"
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        written, why = {}, f"{type(exc).__name__}: {exc}"
+    if why:  # cut short by a kill while an older physreason rewrote it in place
+        raise ConfigError(
+            f"train.resume: {stored_path} cannot be read ({why}); it records this run's settings. Delete it and "
+            "resume with the settings the run was started with (the checkpoints stay)"
+        )
     stored = _flat(type(config)().model_dump(mode="json", exclude_none=True))
-    stored |= _flat(tomllib.loads(stored_path.read_text(encoding="utf-8")))
+    stored |= _flat(written)
     current = _flat(config.model_dump(mode="json", exclude_none=True))
     return sorted(
         key for key in set(stored) | set(current) if key.startswith(_RESUME_FIXED) and stored.get(key) != current.get(key)
