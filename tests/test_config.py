@@ -251,3 +251,9 @@ def test_dump_config_stopped_mid_write_leaves_the_old_file_whole(tmp_path, monke
         dump_config(load_config(None), path)
     assert path.read_text() == before
     assert load_config(path).generation.max_tokens == 9
+
+
+def test_a_recipe_saved_with_a_byte_order_mark_loads(tmp_path):
+    path = tmp_path / "recipe.toml"
+    path.write_text("\ufeff[train]\noptm_lr = 3e-6\n", encoding="utf-8")
+    assert load_config(path).train.optm_lr == 3e-6

@@ -224,6 +224,19 @@ def test_every_malformed_record_is_a_counted_problem_naming_its_line_and_key(tmp
     )
 
 
+
+def test_a_byte_order_mark_at_the_start_of_a_data_file_is_not_data(tmp_path):
+    # Notepad and Excel save "UTF-8" with a leading BOM; only the first line may carry it, elsewhere it is an error.
+    record = _turns("physreason", "q")
+    bom = "\ufeff"
+    for name, text in [("a.jsonl", f"{bom}{json.dumps(record)}\n\n"), ("a.json", bom + json.dumps([record]))]:
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        records, _, where = load_located_records(DatasetConfig(name=str(tmp_path / name)))
+        assert records == [record] and where[0].endswith(("a.jsonl:1", "a.json record 0"))
+    (tmp_path / "b.jsonl").write_text(f"{json.dumps(record)}\n{bom}{json.dumps(record)}\n", encoding="utf-8")
+    with pytest.raises(InputError, match=rf"{tmp_path / 'b.jsonl'}:2 is not valid JSON"):
+        load_located_records(DatasetConfig(name=str(tmp_path / "b.jsonl")))
+
 def test_a_json_file_that_the_parser_refuses_is_named_with_the_line(tmp_path):
     records = [_turns("physreason", "q"), {**_turns("physreason", "q"), "id": None}]
     path = tmp_path / "train.json"

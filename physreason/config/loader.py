@@ -346,7 +346,7 @@ def load_config(
         if not file.is_file():
             raise ConfigError(f"config file {file} does not exist: pass the path of a TOML recipe (see configs/)")
         try:
-            data = tomllib.loads(file.read_text(encoding="utf-8"))
+            data = tomllib.loads(file.read_text(encoding="utf-8-sig"))  # -sig: a leading byte order mark is no key
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{file} is not valid TOML: {exc}") from exc
         except UnicodeDecodeError as exc:

@@ -38,6 +38,10 @@ def parse_json_text(text: str, what: str, fix: str) -> Any:
     raise InputError(f"{what} is not valid JSON ({why}): {fix}")
 
 
+# The UTF-8 byte order mark some editors (Windows Notepad, Excel's "CSV UTF-8") put before the text: not data.
+_BOM = b"\xef\xbb\xbf"
+
+
 def _decode_utf8(data: bytes, what: str) -> str:
     """`data` as text; bytes that are not UTF-8 are an InputError naming `what` and where the first bad byte is."""
     try:
@@ -62,7 +66,7 @@ def _read_json(path: Path, require_objects: bool, unreadable: list[str] | None =
     appended there; a file that is not JSON as a whole is an InputError either way.
     """
     fix = "write a list of records, or use .jsonl with one per line"
-    text = _decode_utf8(path.read_bytes(), str(path))
+    text = _decode_utf8(path.read_bytes().removeprefix(_BOM), str(path))
     try:
         data = parse_json_text(text, str(path), fix)
     except InputError as exc:
@@ -102,6 +106,8 @@ def jsonl_lines(path: Path, unreadable: list[str] | None = None) -> Iterator[tup
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             where = f"{path}:{number}"
+            if number == 1:
+                raw = raw.removeprefix(_BOM)
             try:
                 line = _decode_utf8(raw, where)
                 if not line.strip():
