@@ -49,6 +49,19 @@ def test_data_convert_rewrites_every_layout_and_keeps_the_rest(tmp_path):
     assert written[2] == records[2]
 
 
+
+def test_data_convert_keeps_a_conversation_text_the_json_parser_refuses_as_written(tmp_path):
+    from physreason.data.convert import convert_records
+
+    refused = ["[" + "9" * 5000 + "]", "[" * 5000 + "]" * 5000, "not json"]  # too many digits, too deep, not JSON
+    records = [{"conversations": text, "id": k} for k, text in enumerate(refused)] + [llava()]
+    source, target = tmp_path / "r1.jsonl", tmp_path / "r2.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert convert_records(source, target) == (1, 4)
+    written = [json.loads(line) for line in target.read_text().splitlines()]
+    assert written[:3] == records[:3]
+    assert written[3]["conversations"][1]["value"] == "<think>\nthe ball falls\n</think>\n\nB"
+
 def test_reason1_records_for_a_reason2_model_are_named_in_one_warning(tiny_model_dirs, caplog):
     from transformers import AutoConfig
 

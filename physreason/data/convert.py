@@ -96,8 +96,8 @@ def convert_records(source: Path, target: Path) -> tuple[int, int]:
             if isinstance(turns, str):  # a conversation stored as JSON text stays JSON text
                 try:
                     parsed = json.loads(turns)
-                except json.JSONDecodeError:
-                    continue
+                except (ValueError, RecursionError):  # not JSON, a 5,000-digit number, nesting the parser refuses
+                    continue  # kept as written: the SFT loader names the record
                 changes += _convert_turns(parsed)
                 record[key] = json.dumps(parsed, ensure_ascii=False)
             else:
