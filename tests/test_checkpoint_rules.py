@@ -112,6 +112,21 @@ def test_rotation_never_deletes_the_folder_just_written(tmp_path):
     assert [p.name for p in checkpoint_dirs(tmp_path)] == ["step_5", "step_20"]
 
 
+def test_rotation_deletes_only_checkpoints_the_run_wrote(tmp_path):
+    import shutil
+
+    other = saved_checkpoint(tmp_path / "elsewhere", 1)
+    mine = tmp_path / "mine"
+    copied = mine / "checkpoints" / "step_1"
+    shutil.copytree(other, copied)  # another run's checkpoint, resumed from with train.trust_checkpoint
+    assert resolve_resume(str(copied), mine, trust=True) == copied
+    planted = fake_checkpoint(mine, 2)  # a folder of another tool or run in the same output_dir
+    for step in (3, 4, 5):
+        saved_checkpoint(mine, step, max_keep=2)
+    assert [p.name for p in checkpoint_dirs(mine)] == ["step_1", "step_2", "step_4", "step_5"]
+    assert (copied / ".metadata").is_file() and (planted / ".metadata").is_file()
+
+
 def test_single_process_save_and_load_raise_no_distributed_warning(tmp_path):
     from physreason.train.checkpoint import load_checkpoint
 

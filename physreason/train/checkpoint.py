@@ -192,7 +192,8 @@ def refuse_stale_checkpoints(output_dir: str | Path, resume: bool | str) -> None
 def prune_step_dirs(root: Path, max_keep: int, keep: Path) -> list[Path]:
     """Delete all but the newest `max_keep` step_<n> folders under `root`; never `keep`, the one just written.
 
-    Returns the folders deleted.
+    The rotation of safetensors exports; checkpoints rotate with reapply_retention (only the run's own). Returns the
+    folders deleted.
     """
     steps = [
         p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit()
@@ -210,11 +211,13 @@ def prune_step_dirs(root: Path, max_keep: int, keep: Path) -> list[Path]:
 
 
 def reapply_retention(output_dir: str | Path, max_keep: int, keep: Path) -> list[Path]:
-    """Delete this run's own checkpoints beyond the newest `max_keep`; never `keep` (the one resumed from).
+    """Delete this run's own checkpoints beyond the newest `max_keep`; never `keep` (the one just written or resumed
+    from).
 
-    A kill between a save's rename and its rotation leaves one checkpoint too many; a resume calls this first.
-    Only folders the run wrote, unchanged (written_by_run), are counted and deleted: never a folder copied or linked
-    in. Returns the folders deleted (their entries leave the record too).
+    Every save rotates with it; a kill between a save's rename and its rotation leaves one checkpoint too many, so a
+    resume calls it first too. Only folders the run wrote, unchanged (written_by_run), are counted and deleted: never
+    a folder copied or linked in (a checkpoint of another run, one resumed from with train.trust_checkpoint), nor one
+    changed since. Returns the folders deleted (their entries leave the record too).
     """
     own = [path for path in checkpoint_dirs(output_dir) if written_by_run(path, output_dir)]
     surplus = [path for path in own[: max(len(own) - max_keep, 0)] if path.resolve() != keep.resolve()]
@@ -259,9 +262,7 @@ def _commit(output_dir: Path, staging: Path, final: Path, max_keep: int, export:
         final.unlink()  # a link someone put in place of this step: replaced, its target left alone
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
-    deleted = prune_step_dirs(final.parent, max_keep, keep=final)
-    if deleted:
-        _write_record(output_dir, {k: v for k, v in record.items() if k not in {p.name for p in deleted}})
+    reapply_retention(output_dir, max_keep, keep=final)  # this run's own checkpoints only
 
 
 def _checkpoint_state(model: nn.Module, optimizer, scheduler, trainable_only: bool) -> dict[str, Any]:
