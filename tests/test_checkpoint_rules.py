@@ -127,6 +127,37 @@ def test_rotation_deletes_only_checkpoints_the_run_wrote(tmp_path):
     assert (copied / ".metadata").is_file() and (planted / ".metadata").is_file()
 
 
+def test_a_run_never_trains_from_a_folder_its_own_saves_rotate(tmp_path):
+    from physreason.config import load_config
+    from physreason.models.tiny import save_tiny_model
+    from physreason.train.loop import prepare_output
+
+    out = tmp_path / "run"
+    export = save_tiny_model("qwen2_5_vl", out / "safetensors" / "step_100")  # the first stage's export, checkpoints gone
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+
+    def recipe(model: Path, data: Path, *extra: str):
+        return load_config(None, [f"model.model_name_or_path='{model}'", f"data.dataset.name='{data}'",
+                                  f"train.output_dir='{out}'", *extra])  # fmt: skip
+
+    with pytest.raises(ConfigError, match=r"model.model_name_or_path = .*step_100' lies in .*safetensors.*max_keep"):
+        prepare_output(recipe(export, data))
+    with pytest.raises(ConfigError, match=r"grpo.reference_model_path = .*lies in .*safetensors"):
+        prepare_output(recipe(tmp_path, data, f"grpo.reference_model_path='{export}'"))
+    (out / "checkpoints").mkdir()
+    moved = out / "checkpoints" / "train.jsonl"
+    data.rename(moved)
+    with pytest.raises(ConfigError, match=r"data.dataset.name = .*lies in .*checkpoints"):
+        prepare_output(recipe(tmp_path, moved))
+    assert not (out / "config.toml").exists()  # refused before anything was written
+    moved.rename(data)
+    assert prepare_output(recipe(export, data, f"train.output_dir='{tmp_path / 'stage2'}'")) == tmp_path / "stage2"
+    # The model folder itself as train.output_dir: the run writes beside its files, never over them.
+    assert prepare_output(recipe(export, data, f"train.output_dir='{export}'")) == export
+    assert (export / "model.safetensors").is_file()
+
+
 def test_single_process_save_and_load_raise_no_distributed_warning(tmp_path):
     from physreason.train.checkpoint import load_checkpoint
 
