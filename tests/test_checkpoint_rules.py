@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 
@@ -32,6 +33,23 @@ def test_fresh_run_into_a_folder_with_checkpoints_is_refused_naming_both_ways_ou
         refuse_stale_checkpoints(tmp_path, False)
     refuse_stale_checkpoints(tmp_path, True)
     refuse_stale_checkpoints(tmp_path, str(tmp_path / "checkpoints" / "step_4"))
+
+
+def test_a_run_from_step_0_never_replaces_an_earlier_runs_exports(tmp_path):
+    for step in (900, 1000):  # a finished run's exports; its checkpoints deleted to free the disk
+        (tmp_path / "safetensors" / f"step_{step}").mkdir(parents=True)
+    (tmp_path / "safetensors" / "step_5.tmp").mkdir()  # a cut-short export is no export
+    for resume in (False, True):  # true finds no checkpoint: the run would start from step 0 too
+        with pytest.raises(ConfigError, match=r"safetensors exports of an earlier run \(step_900, step_1000\) and no "
+                           r"checkpoint.*new or empty folder"):  # fmt: skip
+            refuse_stale_checkpoints(tmp_path, resume)
+    fake_checkpoint(tmp_path, 1000)
+    refuse_stale_checkpoints(tmp_path, True)  # resumes the run that wrote them
+    refuse_stale_checkpoints(tmp_path, str(tmp_path / "checkpoints" / "step_1000"))
+    shutil.rmtree(tmp_path / "safetensors" / "step_900")
+    shutil.rmtree(tmp_path / "safetensors" / "step_1000")
+    shutil.rmtree(tmp_path / "checkpoints")
+    refuse_stale_checkpoints(tmp_path, False)  # a run killed before its first save: the rerun goes ahead
 
 
 def saved_checkpoint(output: Path, step: int, max_keep: int = 5) -> Path:
@@ -68,8 +86,6 @@ def test_a_checkpoint_linked_into_the_run_is_not_trusted_on_resume(tmp_path):
 
 
 def test_a_checkpoint_copied_into_the_run_is_not_trusted_as_advised_before(tmp_path):
-    import shutil
-
     other = saved_checkpoint(tmp_path / "elsewhere", 5)
     own = saved_checkpoint(tmp_path / "mine", 3)
     shutil.copytree(other, tmp_path / "mine" / "checkpoints" / "step_5")  # the old message's "copy the run in"
@@ -113,8 +129,6 @@ def test_rotation_never_deletes_the_folder_just_written(tmp_path):
 
 
 def test_rotation_deletes_only_checkpoints_the_run_wrote(tmp_path):
-    import shutil
-
     other = saved_checkpoint(tmp_path / "elsewhere", 1)
     mine = tmp_path / "mine"
     copied = mine / "checkpoints" / "step_1"

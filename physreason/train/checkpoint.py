@@ -85,9 +85,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def checkpoint_dirs(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints under output_dir, oldest first."""
-    root = Path(output_dir) / "checkpoints"
+def checkpoint_dirs(output_dir: str | Path, under: str = "checkpoints") -> list[Path]:
+    """Complete checkpoints under output_dir, oldest first (`under`: their folder; "safetensors" lists the exports)."""
+    root = Path(output_dir) / under
     if not root.is_dir():
         return []
     done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit()]
@@ -174,19 +174,29 @@ def resolve_resume(resume: bool | str, output_dir: str | Path, trust: bool = Fal
 
 
 def refuse_stale_checkpoints(output_dir: str | Path, resume: bool | str) -> None:
-    """Raise ConfigError when a fresh run (train.resume false) would write into a folder that has checkpoints.
+    """Raise ConfigError when a fresh run (train.resume false) would write into a folder that has checkpoints, or a
+    run that starts from step 0 (nothing to resume) into one that has safetensors exports.
 
-    Such a run would start again from step 0, append duplicate steps to logs/metrics.jsonl and rotate
-    the earlier run's checkpoints together with its own.
+    Such a run would start again from step 0, append duplicate steps to logs/metrics.jsonl and replace or rotate
+    the earlier run's checkpoints and exports together with its own.
     """
     found = checkpoint_dirs(output_dir)
-    if resume is not False or not found:
-        return
-    names = ", ".join(p.name for p in found)
-    raise ConfigError(
-        f"train.output_dir {output_dir} already holds checkpoints of an earlier run ({names}). Continue that run "
-        "with --set train.resume=true, or start a new one in a new or empty folder with --set train.output_dir=..."
-    )
+    if resume is False and found:
+        names = ", ".join(p.name for p in found)
+        raise ConfigError(
+            f"train.output_dir {output_dir} already holds checkpoints of an earlier run ({names}). Continue that run "
+            "with --set train.resume=true, or start a new one in a new or empty folder with --set train.output_dir=..."
+        )
+    exports = checkpoint_dirs(output_dir, under="safetensors")
+    if exports and (resume is False or (resume is True and not found)):
+        # Checkpoints deleted to save space, the exports kept: the new run's exports would replace them step by step
+        # and train.ckpt.max_keep would rotate them away.
+        names = ", ".join(p.name for p in exports)
+        raise ConfigError(
+            f"train.output_dir {output_dir} holds safetensors exports of an earlier run ({names}) and no checkpoint "
+            "to resume from: a new run there would replace and delete them. Start it in a new or empty folder with "
+            "--set train.output_dir=..."
+        )
 
 
 def prune_step_dirs(root: Path, max_keep: int, keep: Path) -> list[Path]:
