@@ -218,7 +218,7 @@ def test_a_resumed_sft_run_reapplies_max_keep_that_a_kill_after_a_save_skipped(t
                           logger="['jsonl']")  # fmt: skip
 
     with monkeypatch.context() as patch:
-        patch.setattr(checkpoint, "prune_step_dirs", lambda root, max_keep, keep: [])  # killed before each rotation
+        patch.setattr(checkpoint, "reapply_retention", lambda output_dir, max_keep, keep: [])  # killed before each rotation
         run_sft(config())
     assert [p.name for p in checkpoint_dirs(tmp_path / "out")] == ["step_1", "step_2", "step_3"]
     resumed = run_sft(config("train.resume=true"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 
@@ -32,6 +33,23 @@ def test_fresh_run_into_a_folder_with_checkpoints_is_refused_naming_both_ways_ou
         refuse_stale_checkpoints(tmp_path, False)
     refuse_stale_checkpoints(tmp_path, True)
     refuse_stale_checkpoints(tmp_path, str(tmp_path / "checkpoints" / "step_4"))
+
+
+def test_a_run_from_step_0_never_replaces_an_earlier_runs_exports(tmp_path):
+    for step in (900, 1000):  # a finished run's exports; its checkpoints deleted to free the disk
+        (tmp_path / "safetensors" / f"step_{step}").mkdir(parents=True)
+    (tmp_path / "safetensors" / "step_5.tmp").mkdir()  # a cut-short export is no export
+    for resume in (False, True):  # true finds no checkpoint: the run would start from step 0 too
+        with pytest.raises(ConfigError, match=r"safetensors exports of an earlier run \(step_900, step_1000\) and no "
+                           r"checkpoint.*new or empty folder"):  # fmt: skip
+            refuse_stale_checkpoints(tmp_path, resume)
+    fake_checkpoint(tmp_path, 1000)
+    refuse_stale_checkpoints(tmp_path, True)  # resumes the run that wrote them
+    refuse_stale_checkpoints(tmp_path, str(tmp_path / "checkpoints" / "step_1000"))
+    shutil.rmtree(tmp_path / "safetensors" / "step_900")
+    shutil.rmtree(tmp_path / "safetensors" / "step_1000")
+    shutil.rmtree(tmp_path / "checkpoints")
+    refuse_stale_checkpoints(tmp_path, False)  # a run killed before its first save: the rerun goes ahead
 
 
 def saved_checkpoint(output: Path, step: int, max_keep: int = 5) -> Path:
@@ -68,8 +86,6 @@ def test_a_checkpoint_linked_into_the_run_is_not_trusted_on_resume(tmp_path):
 
 
 def test_a_checkpoint_copied_into_the_run_is_not_trusted_as_advised_before(tmp_path):
-    import shutil
-
     other = saved_checkpoint(tmp_path / "elsewhere", 5)
     own = saved_checkpoint(tmp_path / "mine", 3)
     shutil.copytree(other, tmp_path / "mine" / "checkpoints" / "step_5")  # the old message's "copy the run in"
@@ -110,6 +126,50 @@ def test_rotation_never_deletes_the_folder_just_written(tmp_path):
     just_written = fake_checkpoint(tmp_path, 5)  # a restarted run's first save, below the old steps
     prune_step_dirs(tmp_path / "checkpoints", 1, keep=just_written)
     assert [p.name for p in checkpoint_dirs(tmp_path)] == ["step_5", "step_20"]
+
+
+def test_rotation_deletes_only_checkpoints_the_run_wrote(tmp_path):
+    other = saved_checkpoint(tmp_path / "elsewhere", 1)
+    mine = tmp_path / "mine"
+    copied = mine / "checkpoints" / "step_1"
+    shutil.copytree(other, copied)  # another run's checkpoint, resumed from with train.trust_checkpoint
+    assert resolve_resume(str(copied), mine, trust=True) == copied
+    planted = fake_checkpoint(mine, 2)  # a folder of another tool or run in the same output_dir
+    for step in (3, 4, 5):
+        saved_checkpoint(mine, step, max_keep=2)
+    assert [p.name for p in checkpoint_dirs(mine)] == ["step_1", "step_2", "step_4", "step_5"]
+    assert (copied / ".metadata").is_file() and (planted / ".metadata").is_file()
+
+
+def test_a_run_never_trains_from_a_folder_its_own_saves_rotate(tmp_path):
+    from physreason.config import load_config
+    from physreason.models.tiny import save_tiny_model
+    from physreason.train.loop import prepare_output
+
+    out = tmp_path / "run"
+    export = save_tiny_model("qwen2_5_vl", out / "safetensors" / "step_100")  # the first stage's export, checkpoints gone
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+
+    def recipe(model: Path, data: Path, *extra: str):
+        return load_config(None, [f"model.model_name_or_path='{model}'", f"data.dataset.name='{data}'",
+                                  f"train.output_dir='{out}'", *extra])  # fmt: skip
+
+    with pytest.raises(ConfigError, match=r"model.model_name_or_path = .*step_100' lies in .*safetensors.*max_keep"):
+        prepare_output(recipe(export, data))
+    with pytest.raises(ConfigError, match=r"grpo.reference_model_path = .*lies in .*safetensors"):
+        prepare_output(recipe(tmp_path, data, f"grpo.reference_model_path='{export}'"))
+    (out / "checkpoints").mkdir()
+    moved = out / "checkpoints" / "train.jsonl"
+    data.rename(moved)
+    with pytest.raises(ConfigError, match=r"data.dataset.name = .*lies in .*checkpoints"):
+        prepare_output(recipe(tmp_path, moved))
+    assert not (out / "config.toml").exists()  # refused before anything was written
+    moved.rename(data)
+    assert prepare_output(recipe(export, data, f"train.output_dir='{tmp_path / 'stage2'}'")) == tmp_path / "stage2"
+    # The model folder itself as train.output_dir: the run writes beside its files, never over them.
+    assert prepare_output(recipe(export, data, f"train.output_dir='{export}'")) == export
+    assert (export / "model.safetensors").is_file()
 
 
 def test_single_process_save_and_load_raise_no_distributed_warning(tmp_path):

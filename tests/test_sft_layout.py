@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from physreason.config import load_config
-from physreason.data.convert import to_reason2
+from physreason.data.convert import convert_records, to_reason2
 from physreason.data.sft import SFTDataset, normalize_conversation
 from physreason.errors import InputError
 
@@ -61,6 +61,26 @@ def test_data_convert_keeps_a_conversation_text_the_json_parser_refuses_as_writt
     written = [json.loads(line) for line in target.read_text().splitlines()]
     assert written[:3] == records[:3]
     assert written[3]["conversations"][1]["value"] == "<think>\nthe ball falls\n</think>\n\nB"
+
+
+def test_data_convert_never_replaces_an_existing_file_unasked(tmp_path):
+    from typer.testing import CliRunner
+
+    from physreason.cli import app
+
+    source, target = tmp_path / "r1.jsonl", tmp_path / "other_set.jsonl"
+    source.write_text(json.dumps(llava()) + "\n")
+    target.write_text('{"id": "someone else\'s record"}\n')
+    refused = CliRunner().invoke(app, ["data", "convert", str(source), str(target), "--style", "reason2"])
+    assert isinstance(refused.exception, InputError)  # exit 2 through physreason's main
+    assert f"{target} already exists: give a new file, or pass --overwrite" in str(refused.exception)
+    assert "someone else" in target.read_text()
+    with pytest.raises(InputError, match="is a folder"):
+        convert_records(source, tmp_path, overwrite=True)
+    replaced = CliRunner().invoke(app, ["data", "convert", str(source), str(target), "--style", "reason2", "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert json.loads(target.read_text())["conversations"][1]["value"].endswith("</think>\n\nB")
+
 
 def test_reason1_records_for_a_reason2_model_are_named_in_one_warning(tiny_model_dirs, caplog):
     from transformers import AutoConfig

@@ -71,6 +71,7 @@ def convert(
     source: Annotated[Path, typer.Argument(help="SFT records (JSONL) with Cosmos-Reason1 replies (<answer> tags).")],
     target: Annotated[Path, typer.Argument(help="JSONL file to write; keep it beside SOURCE so media paths still resolve.")],
     style: Annotated[str, typer.Option("--style", help="The answer layout to write: reason2 (the only conversion).")],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace TARGET if it exists (never SOURCE).")] = False,
 ) -> None:
     """Rewrite SFT records' assistant replies from Cosmos-Reason1's layout (<think>..</think><answer>..</answer>) to
     Cosmos-Reason2's (the answer right after </think>), for fine-tuning a Reason2 (Qwen3-VL) model."""
@@ -81,7 +82,7 @@ def convert(
         raise InputError(f"--style {style!r}: only reason2 is written (Reason1's layout is what synth and the demo write)")
     if not source.is_file():
         raise InputError(f"{source} does not exist: give a JSONL file of SFT records")
-    converted, total = convert_records(source, target)
+    converted, total = convert_records(source, target, overwrite)
     typer.echo(f"{converted} of {total} records rewritten in Cosmos-Reason2's layout into {target}")
     if source.resolve().parent != target.resolve().parent:
         typer.echo(f"media paths are relative: set data.dataset.media_root = {str(source.resolve().parent)!r}")

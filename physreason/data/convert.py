@@ -80,10 +80,17 @@ def _convert_turns(turns: Any) -> int:
     return changed
 
 
-def convert_records(source: Path, target: Path) -> tuple[int, int]:
-    """Write `source`'s JSONL records to `target` with every Reason1 reply in Reason2's layout: (converted, total)."""
+def convert_records(source: Path, target: Path, overwrite: bool = False) -> tuple[int, int]:
+    """Write `source`'s JSONL records to `target` with every Reason1 reply in Reason2's layout: (converted, total).
+
+    An existing `target` is replaced only with `overwrite` (it may be another data set); never `source`.
+    """
     if source.resolve() == target.resolve():
         raise InputError(f"{target} is the input file: write the converted records to another file")
+    if target.is_dir():
+        raise InputError(f"{target} is a folder: give the JSONL file to write")
+    if target.exists() and not overwrite:
+        raise InputError(f"{target} already exists: give a new file, or pass --overwrite to replace it")
     converted = total = 0
     lines = []
     for number, record in jsonl_lines(source):

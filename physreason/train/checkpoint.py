@@ -85,9 +85,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def checkpoint_dirs(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints under output_dir, oldest first."""
-    root = Path(output_dir) / "checkpoints"
+def checkpoint_dirs(output_dir: str | Path, under: str = "checkpoints") -> list[Path]:
+    """Complete checkpoints under output_dir, oldest first (`under`: their folder; "safetensors" lists the exports)."""
+    root = Path(output_dir) / under
     if not root.is_dir():
         return []
     done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit()]
@@ -174,25 +174,36 @@ def resolve_resume(resume: bool | str, output_dir: str | Path, trust: bool = Fal
 
 
 def refuse_stale_checkpoints(output_dir: str | Path, resume: bool | str) -> None:
-    """Raise ConfigError when a fresh run (train.resume false) would write into a folder that has checkpoints.
+    """Raise ConfigError when a fresh run (train.resume false) would write into a folder that has checkpoints, or a
+    run that starts from step 0 (nothing to resume) into one that has safetensors exports.
 
-    Such a run would start again from step 0, append duplicate steps to logs/metrics.jsonl and rotate
-    the earlier run's checkpoints together with its own.
+    Such a run would start again from step 0, append duplicate steps to logs/metrics.jsonl and replace or rotate
+    the earlier run's checkpoints and exports together with its own.
     """
     found = checkpoint_dirs(output_dir)
-    if resume is not False or not found:
-        return
-    names = ", ".join(p.name for p in found)
-    raise ConfigError(
-        f"train.output_dir {output_dir} already holds checkpoints of an earlier run ({names}). Continue that run "
-        "with --set train.resume=true, or start a new one in a new or empty folder with --set train.output_dir=..."
-    )
+    if resume is False and found:
+        names = ", ".join(p.name for p in found)
+        raise ConfigError(
+            f"train.output_dir {output_dir} already holds checkpoints of an earlier run ({names}). Continue that run "
+            "with --set train.resume=true, or start a new one in a new or empty folder with --set train.output_dir=..."
+        )
+    exports = checkpoint_dirs(output_dir, under="safetensors")
+    if exports and (resume is False or (resume is True and not found)):
+        # Checkpoints deleted to save space, the exports kept: the new run's exports would replace them step by step
+        # and train.ckpt.max_keep would rotate them away.
+        names = ", ".join(p.name for p in exports)
+        raise ConfigError(
+            f"train.output_dir {output_dir} holds safetensors exports of an earlier run ({names}) and no checkpoint "
+            "to resume from: a new run there would replace and delete them. Start it in a new or empty folder with "
+            "--set train.output_dir=..."
+        )
 
 
 def prune_step_dirs(root: Path, max_keep: int, keep: Path) -> list[Path]:
     """Delete all but the newest `max_keep` step_<n> folders under `root`; never `keep`, the one just written.
 
-    Returns the folders deleted.
+    The rotation of safetensors exports; checkpoints rotate with reapply_retention (only the run's own). Returns the
+    folders deleted.
     """
     steps = [
         p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit()
@@ -210,11 +221,13 @@ def prune_step_dirs(root: Path, max_keep: int, keep: Path) -> list[Path]:
 
 
 def reapply_retention(output_dir: str | Path, max_keep: int, keep: Path) -> list[Path]:
-    """Delete this run's own checkpoints beyond the newest `max_keep`; never `keep` (the one resumed from).
+    """Delete this run's own checkpoints beyond the newest `max_keep`; never `keep` (the one just written or resumed
+    from).
 
-    A kill between a save's rename and its rotation leaves one checkpoint too many; a resume calls this first.
-    Only folders the run wrote, unchanged (written_by_run), are counted and deleted: never a folder copied or linked
-    in. Returns the folders deleted (their entries leave the record too).
+    Every save rotates with it; a kill between a save's rename and its rotation leaves one checkpoint too many, so a
+    resume calls it first too. Only folders the run wrote, unchanged (written_by_run), are counted and deleted: never
+    a folder copied or linked in (a checkpoint of another run, one resumed from with train.trust_checkpoint), nor one
+    changed since. Returns the folders deleted (their entries leave the record too).
     """
     own = [path for path in checkpoint_dirs(output_dir) if written_by_run(path, output_dir)]
     surplus = [path for path in own[: max(len(own) - max_keep, 0)] if path.resolve() != keep.resolve()]
@@ -259,9 +272,7 @@ def _commit(output_dir: Path, staging: Path, final: Path, max_keep: int, export:
         final.unlink()  # a link someone put in place of this step: replaced, its target left alone
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
-    deleted = prune_step_dirs(final.parent, max_keep, keep=final)
-    if deleted:
-        _write_record(output_dir, {k: v for k, v in record.items() if k not in {p.name for p in deleted}})
+    reapply_retention(output_dir, max_keep, keep=final)  # this run's own checkpoints only
 
 
 def _checkpoint_state(model: nn.Module, optimizer, scheduler, trainable_only: bool) -> dict[str, Any]:

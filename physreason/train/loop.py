@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from physreason.config import Config, dump_config
 from physreason.errors import ConfigError, Interrupted, TrainingDiverged
+from physreason.overwrite import holds
 from physreason.train.build import TrainingModel
 from physreason.train.checkpoint import (
     PendingCheckpoint,
@@ -77,11 +78,12 @@ class TrainingResult:
 def prepare_output(config: Config, runtime: Runtime | None = None) -> Path:
     """Create train.output_dir and write the fully resolved recipe there as config.toml (main process only).
 
-    Raises ConfigError, before anything is written, when a fresh run would reuse a folder holding
-    checkpoints, when train.resume names a checkpoint it may not load (see resolve_resume), and when an upload
+    Raises ConfigError, before anything is written, when the model or data lies where the run's saves rotate (see
+    refuse_inputs_in_rotation), when a fresh run would reuse a folder holding checkpoints, when train.resume names a checkpoint it may not load (see resolve_resume), and when an upload
     ([train.ckpt] upload_s3, upload_hf) lacks its library or credentials.
     """
     output = Path(config.train.output_dir)
+    refuse_inputs_in_rotation(config, output)
     refuse_stale_checkpoints(output, config.train.resume)
     check_upload_settings(config)
     resumed = resolve_resume(config.train.resume, output, config.train.trust_checkpoint)
@@ -99,6 +101,27 @@ def prepare_output(config: Config, runtime: Runtime | None = None) -> Path:
             log.warning("resuming with changed %s; the earlier settings are kept in %s", ", ".join(changed), kept)
         dump_config(config, output / "config.toml")
     return output
+
+
+def refuse_inputs_in_rotation(config: Config, output: Path) -> None:
+    """Raise ConfigError when the model, reference model or data the run reads lies in `output`'s checkpoints/ or
+    safetensors/: the run's saves replace step_<n> folders there and train.ckpt.max_keep deletes the older ones, so
+    it would delete what it trains from (a second stage started from its own export in the same train.output_dir)."""
+    data = [config.data.dataset, *([config.data.val_dataset] if config.data.val_dataset else [])]
+    inputs = [("model.model_name_or_path", config.model.model_name_or_path),
+              ("grpo.reference_model_path", config.grpo.reference_model_path)]  # fmt: skip
+    for key, section in zip(("data.dataset", "data.val_dataset"), data):
+        inputs += [(f"{key}.name", section.name), (f"{key}.media_root", section.media_root)]
+    for key, value in inputs:
+        if not value or not Path(value).expanduser().exists():
+            continue  # unset, or a hub name
+        for area in (output / "checkpoints", output / "safetensors"):
+            if holds(area, value):
+                raise ConfigError(
+                    f"{key} = {value!r} lies in {area}, where this run's saves replace step_<n> folders and "
+                    "train.ckpt.max_keep deletes older ones: copy it out of there first, or set another "
+                    "train.output_dir"
+                )
 
 
 # What a resume may not change without train.resume_allow_changes: what the run learns from and how.
