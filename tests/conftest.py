@@ -11,6 +11,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True)
+def _release_run_locks():
+    """A test that calls prepare_output directly (no run entry point around it) lets go of its folders' run locks."""
+    yield
+    from physreason.train.runlock import release_all
+
+    release_all()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random Qwen2.5-VL model saved as a Hugging Face folder (built once per session)."""

@@ -44,6 +44,7 @@ from physreason.rewards import check_reward_options
 from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, print_grpo_startup, rollout_metrics
 from physreason.train.loop import DivergenceWatch, StepLog, checkpoint_due, prepare_output
 from physreason.train.rollout import RolloutBatch, RolloutSample, logged_reward_names
+from physreason.train.runlock import releases_output_lock
 from physreason.train.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -601,6 +602,7 @@ class Controller:
 
     # ---- run ----------------------------------------------------------------------------------
 
+    @releases_output_lock
     def run(self) -> DisaggregatedResult:
         """Train until `total_steps` and the last checkpoint are done; returns the run's record."""
         prepare_output(self.config)

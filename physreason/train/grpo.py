@@ -65,6 +65,7 @@ from physreason.train.rollout import (
     rollout_engine_config,
     rollout_settings,
 )
+from physreason.train.runlock import releases_output_lock
 from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
 from physreason.train.weight_sync import PolicySync, adapter_push_supported
 
@@ -397,6 +398,7 @@ def print_grpo_startup(config: Config, prompts: int, steps: int, device: object,
     )
 
 
+@releases_output_lock
 def run_grpo(
     config: Config, engine: Engine | None = None, on_step: Callable[[int], None] | None = None
 ) -> GRPOResult:

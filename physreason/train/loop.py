@@ -60,6 +60,7 @@ from physreason.train.checkpoint import (
     written_by_run,
 )
 from physreason.train.metrics import MetricLogger
+from physreason.train.runlock import lock_output
 from physreason.train.runtime import Runtime, all_reduce_sum
 from physreason.train.upload import Uploads, check_upload_settings, s3_target
 
@@ -78,11 +79,16 @@ class TrainingResult:
 def prepare_output(config: Config, runtime: Runtime | None = None) -> Path:
     """Create train.output_dir and write the fully resolved recipe there as config.toml (main process only).
 
-    Raises ConfigError, before anything is written, when the model or data lies where the run's saves rotate (see
-    refuse_inputs_in_rotation), when a fresh run would reuse a folder holding checkpoints, when train.resume names a checkpoint it may not load (see resolve_resume), and when an upload
-    ([train.ckpt] upload_s3, upload_hf) lacks its library or credentials.
+    Raises ConfigError, before anything is written, when another run holds the folder (physreason.train.runlock),
+    when the model or data lies where the run's saves rotate (see refuse_inputs_in_rotation), when a fresh run would
+    reuse a folder holding checkpoints, when train.resume names a checkpoint it may not load (see resolve_resume),
+    and when an upload ([train.ckpt] upload_s3, upload_hf) lacks its library or credentials. The main process holds
+    the folder's run lock from here until the run's entry point (decorated with runlock.releases_output_lock) ends.
     """
     output = Path(config.train.output_dir)
+    main = runtime is None or runtime.is_main
+    if main and output.is_dir():
+        lock_output(output)  # before the checks: another run in the folder may be changing what they read
     refuse_inputs_in_rotation(config, output)
     refuse_stale_checkpoints(output, config.train.resume)
     check_upload_settings(config)
@@ -94,8 +100,9 @@ def prepare_output(config: Config, runtime: Runtime | None = None) -> Path:
             "silently continue with new data, model or optimizer settings. Restore them, start a fresh run in "
             "another train.output_dir, or pass --set train.resume_allow_changes=true to change them on purpose"
         )
-    if runtime is None or runtime.is_main:
+    if main:
         output.mkdir(parents=True, exist_ok=True)
+        lock_output(output)  # held until the run returns or raises (runlock.releases_output_lock)
         if changed:
             kept = _keep_earlier_config(output / "config.toml")
             log.warning("resuming with changed %s; the earlier settings are kept in %s", ", ".join(changed), kept)

@@ -47,6 +47,7 @@ from physreason.train.loop import (
 )
 from physreason.train.memory_report import check_runtime_memory
 from physreason.train.model import CausalLMLoss
+from physreason.train.runlock import releases_output_lock
 from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
 
 log = logging.getLogger(__name__)
@@ -342,6 +343,7 @@ def validation_loss(
     return all_reduce_sum(total, runtime, dp_group) / max(all_reduce_sum(count, runtime, dp_group), 1.0)
 
 
+@releases_output_lock
 def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFTResult:
     """Fine-tune config.model on config.data as configured in config.train; returns the run's record.
 

@@ -1,0 +1,96 @@
+"""One training run at a time in a train.output_dir.
+
+Two runs writing one folder (a job requeued by its scheduler while the first still runs, the same command started in
+two terminals) replace each other's step_<n> folders, written.json, config.toml and logs/metrics.jsonl. The run's
+main process holds an exclusive lock on `<output_dir>/.physreason.lock` from prepare_output until the run returns or
+raises; a second run that finds it held stops with one ConfigError line naming the holder (pid, host, start time)
+before it writes anything.
+
+The lock is a POSIX record lock (fcntl.lockf, which NFS servers honour too): it belongs to the process, not to the
+file, and the kernel releases it when the process ends, however it ends (kill -9, a crash). A run that failed never
+locks its folder against the corrected rerun; the file left behind is only a note of the last holder. Processes the
+run forks (data-loader workers) do not inherit it, so it is free again the moment the run's entry point returns.
+On a filesystem without locks the run goes on with a warning, unprotected.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from physreason.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".physreason.lock"
+_HELD: dict[Path, IO[str]] = {}  # resolved output_dir -> the open lock file this process holds
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def lock_output(output: Path) -> bool:
+    """Hold `output`'s run lock for this process (again: nothing to do); True when held, False when the filesystem
+    has no locks. ConfigError when another process holds it. `output` must exist."""
+    key = Path(output).resolve()
+    if key in _HELD:
+        return True
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        return False
+    handle = open(key / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115 (held open until release)
+    try:
+        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EAGAIN):
+            handle.close()
+            log.warning("%s cannot be locked (%s): nothing stops a second run from writing there at once", key, exc)
+            return False
+        handle.seek(0)
+        holder = handle.read().strip() or "its process is not named in the file"
+        handle.close()
+        raise ConfigError(
+            f"train.output_dir {output} is in use by another run ({holder}): two runs in one folder replace each "
+            "other's checkpoints and logs. Wait for that run to end (or stop it), or set another train.output_dir"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    handle.flush()
+    _HELD[key] = handle
+    return True
+
+
+def release_output(output: Path) -> None:
+    """Let go of `output`'s run lock if this process holds it."""
+    handle = _HELD.pop(Path(output).resolve(), None)
+    if handle is not None:
+        handle.close()  # closing the file releases the lock
+
+
+def release_all() -> None:
+    """Let go of every run lock this process holds."""
+    for key in list(_HELD):
+        release_output(key)
+
+
+def releases_output_lock(function: F) -> F:
+    """Decorate a run's entry point: the run locks it took (prepare_output) are released when it returns or raises,
+    so the next run in the same process (a resume, the next stage of an experiment) may take the folder."""
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        before = set(_HELD)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            for key in set(_HELD) - before:
+                release_output(key)
+
+    return run  # type: ignore[return-value]

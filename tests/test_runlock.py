@@ -1,0 +1,96 @@
+"""One training run at a time in a train.output_dir (physreason.train.runlock): a second run is refused while the
+first holds the folder, a killed run never locks it, and a run's entry point lets go of it when it ends."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from physreason.errors import ConfigError
+from physreason.train import runlock
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[1]
+# Another process holding the folder as a run does from prepare_output on, until it is killed.
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from physreason.train.runlock import lock_output
+    assert lock_output(Path(sys.argv[1]))
+    print("held", flush=True)
+    time.sleep(100)
+    """
+)
+
+
+def _holder(folder: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE, text=True, env=env)
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
+def _recipe(out: Path, tmp_path: Path):
+    from physreason.config import load_config
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    return load_config(None, [f"model.model_name_or_path='{tmp_path}'", f"data.dataset.name='{data}'",
+                              f"train.output_dir='{out}'"])  # fmt: skip
+
+
+def test_a_second_run_is_refused_while_another_holds_the_folder_and_a_killed_one_never_locks_it(tmp_path):
+    from physreason.train.loop import prepare_output
+
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = _holder(out)
+    try:
+        with pytest.raises(ConfigError, match=rf"train.output_dir {out} is in use by another run \(pid {holder.pid} on "):
+            prepare_output(_recipe(out, tmp_path))
+        assert not (out / "config.toml").exists()  # refused before anything was written
+    finally:
+        holder.kill()  # as kill -9: the process ends without a word
+        holder.wait()
+    assert prepare_output(_recipe(out, tmp_path)) == out  # the kernel let go with the process
+    assert (out / "config.toml").is_file()
+    assert f"pid {os.getpid()} on " in (out / runlock.LOCK_NAME).read_text()
+
+
+def test_a_run_lets_go_of_its_folder_when_it_ends_even_by_an_error(tmp_path):
+    from physreason.train.loop import prepare_output
+
+    out = tmp_path / "run"
+
+    @runlock.releases_output_lock
+    def failing_run():
+        prepare_output(_recipe(out, tmp_path))
+        prepare_output(_recipe(out, tmp_path))  # again in the same process (a resume in-process): still its own
+        assert out.resolve() in runlock._HELD
+        raise RuntimeError("the run failed")
+
+    with pytest.raises(RuntimeError, match="the run failed"):
+        failing_run()
+    assert out.resolve() not in runlock._HELD
+    holder = _holder(out)  # another process may take the folder now
+    holder.kill()
+    holder.wait()
+
+
+def test_a_folder_that_cannot_be_locked_runs_unprotected_with_a_warning(tmp_path, monkeypatch, caplog):
+    import fcntl
+
+    def no_locks(*args):
+        raise OSError(38, "Function not implemented")  # ENOLCK/ENOSYS on a mount without locks
+
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
+    assert runlock.lock_output(tmp_path) is False
+    assert "nothing stops a second run" in caplog.text
+    assert tmp_path.resolve() not in runlock._HELD
