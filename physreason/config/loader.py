@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import tomllib
@@ -16,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from physreason.config.schema import Config
 from physreason.errors import ConfigError
+from physreason.files import write_atomic
 
 # cosmos-rl keys whose meaning lives under another name here; named in the error so a ported
 # recipe is fixed in one edit.
@@ -382,13 +382,7 @@ def dump_config(config: Config, path: str | Path) -> None:
     Written beside and renamed over `path`: a resume compares its settings with the stored ones, and a kill
     mid-write must leave the old file or the new, never a cut-short one.
     """
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("w", encoding="utf-8") as handle:
-        handle.write(tomli_w.dumps(config.model_dump(mode="json", exclude_none=True)))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    write_atomic(Path(path), tomli_w.dumps(config.model_dump(mode="json", exclude_none=True)))
 
 
 def with_model(config: Config, model_dir: str | Path) -> Config:

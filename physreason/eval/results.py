@@ -9,13 +9,13 @@ id is in any of these files, so a rerun with another shard count resumes where t
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from physreason.errors import InputError
+from physreason.files import write_atomic
 from physreason.infer.results import finished_ids
 
 MERGED_FILE = "results.jsonl"
@@ -171,16 +171,6 @@ def merge_shards(run: Path, order: Iterable[str] = ()) -> int:
     for path in shards:
         path.unlink()
     return len(ordered)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, flush it to disk and rename it over `path`."""
-    temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
 
 
 def write_run_info(run: Path, info: dict[str, Any]) -> None:

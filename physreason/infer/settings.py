@@ -9,13 +9,13 @@ a setting added later is recorded without a change here.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from physreason.config import Config
 from physreason.errors import InputError
+from physreason.files import write_atomic
 from physreason.infer.results import is_parquet
 
 # Sections of the recipe that no inference answer reads.
@@ -99,12 +99,7 @@ def check_and_store_settings(out: Path, settings: Mapping[str, Any], has_results
             )
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written beside and renamed over: a kill mid-write leaves the old settings or the new, never half a file.
-    temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("w", encoding="utf-8") as handle:
-        handle.write(json.dumps(dict(settings), indent=2, sort_keys=True) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    write_atomic(path, json.dumps(dict(settings), indent=2, sort_keys=True) + "\n")
 
 
 def _same_folder(stored: Any, settings: Mapping[str, Any]) -> bool:
