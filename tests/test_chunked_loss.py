@@ -85,3 +85,20 @@ def test_without_gradients_the_chunks_only_compute_the_loss(monkeypatch):
     with torch.no_grad():
         loss = cross_entropy_sum(hidden, weight, targets, CHUNK)
     assert torch.allclose(loss, cross_entropy_sum(hidden, weight, targets, 0).detach(), rtol=1e-6)
+
+
+def test_fused_chunks_under_autocast_with_float32_weights(monkeypatch):
+    """A plain process trains float32 weights under bf16 autocast (legacy precision, float8): the fused chunks cast
+    their inputs as autocast casts a matmul's and hand float32 gradients back (they once failed in the first chunk's
+    `torch.mm(..., out=)` with a bf16 product into a float32 buffer)."""
+    monkeypatch.setattr(loss_module, "FUSED", True)
+    hidden, weight, targets = _inputs(torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = cross_entropy_sum(hidden, weight, targets, CHUNK)
+    (loss * 0.37).backward()
+    assert loss.dtype == torch.float32
+    assert hidden.grad.dtype == torch.float32 and weight.grad.dtype == torch.float32
+    reference = _loss_and_grads(CHUNK, True, torch.bfloat16, monkeypatch)  # the same inputs cast to bf16 first
+    assert torch.allclose(loss.detach(), reference[0], rtol=1e-6)
+    assert torch.equal(hidden.grad, reference[1].float())
+    assert torch.equal(weight.grad, reference[2].float())

@@ -93,7 +93,15 @@ def cross_entropy_sum(
     if chunk_size <= 0 or selected.shape[0] <= chunk_size:
         return _chunk_loss(selected, weight, wanted)
     if FUSED and torch.is_grad_enabled() and (selected.requires_grad or weight.requires_grad):
-        return _FusedChunkedCrossEntropy.apply(selected, weight, wanted, chunk_size)
+        device_type = selected.device.type
+        if not torch.is_autocast_enabled(device_type):
+            return _FusedChunkedCrossEntropy.apply(selected, weight, wanted, chunk_size)
+        # Under autocast (float32 weights in a plain process): autocast would run the chunk matmuls in its dtype and
+        # refuse the float32 gradient buffers, so cast both inputs here, as autocast casts them for a plain matmul;
+        # the casts' backward returns float32 gradients, as autocast's would.
+        dtype = torch.get_autocast_dtype(device_type)
+        with torch.autocast(device_type, enabled=False):
+            return _FusedChunkedCrossEntropy.apply(selected.to(dtype), weight.to(dtype), wanted, chunk_size)
     total = selected.new_zeros((), dtype=torch.float32)
     for start in range(0, selected.shape[0], chunk_size):
         piece = slice(start, start + chunk_size)
