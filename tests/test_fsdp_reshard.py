@@ -57,3 +57,30 @@ def test_reduced_grad_norm_hooks_one_rank_units_and_falls_back_without_fsdp_stat
     monkeypatch.setattr(FSDPModule, "set_all_reduce_hook", lambda self, hook, **kw: hooked.append(self))
     assert parallelize.ReducedGradNorm.attach(model) is None
     assert hooked == []
+
+
+def test_reduced_grad_norm_reads_the_one_group_layout_of_torch_2_11(world_of_one, monkeypatch):
+    """torch 2.11 (the GPU image) keeps one `_fsdp_param_group` a unit (None without parameters of its own) where later
+    releases keep a `_fsdp_param_groups` list: attach hooks the units under either layout (under 2.11 it once fell
+    back to the host norm on every GPU run)."""
+    from types import SimpleNamespace
+
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    fully_shard(model[0], mesh=world_of_one)
+    fully_shard(model[1], mesh=world_of_one)
+    fully_shard(model, mesh=world_of_one)  # the root holds no parameter of its own
+    real = FSDPModule._get_fsdp_state
+
+    def old_layout(self):
+        groups = real(self)._fsdp_param_groups
+        return SimpleNamespace(_fsdp_param_group=groups[0] if groups else None)
+
+    hooked: list[FSDPModule] = []
+    monkeypatch.setattr(FSDPModule, "_get_fsdp_state", old_layout)
+    monkeypatch.setattr(FSDPModule, "set_all_reduce_hook", lambda self, hook, **kw: hooked.append(self))
+    tracker = parallelize.ReducedGradNorm.attach(model)
+    assert tracker is not None and sorted(set(tracker.owner.values())) == [0, 1]
+    assert len(hooked) == 3

@@ -426,8 +426,8 @@ class ReducedGradNorm:
         units.reverse()  # innermost first: a parameter belongs to the unit nearest it
         for unit in units:  # every unit checked before any is hooked
             try:  # FSDP2's unit state is private and changes between torch releases: without it, the host norm
-                groups = unit._get_fsdp_state()._fsdp_param_groups
-                one_rank = len(groups) == 1 and groups[0].mesh_info.mesh.size() == 1
+                groups = _unit_param_groups(unit)
+                one_rank = len(groups) <= 1 and all(group.mesh_info.mesh.size() == 1 for group in groups)
             except AttributeError:
                 return None
             if not one_rank:
@@ -468,6 +468,17 @@ class ReducedGradNorm:
         # FSDP2's final backward callback made the current stream wait for the reduce streams' work
         self.served += 1
         return torch.stack([squares[unit] for unit in sorted(expected)]).sum().sqrt().cpu()
+
+
+def _unit_param_groups(unit: nn.Module) -> list[Any]:
+    """The FSDP2 parameter groups of one fully_shard unit: a list in torch >= 2.12 (`_fsdp_param_groups`), at most
+    one before (`_fsdp_param_group`, None for a unit without parameters of its own); AttributeError when neither."""
+    state = unit._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = state._fsdp_param_group  # torch 2.11 (the GPU image): one group a unit
+    return [] if group is None else [group]
 
 
 def _scale_grads(groups: _Groups, scale: torch.Tensor) -> None:
