@@ -24,12 +24,14 @@ Set up on a bare GPU machine (the image has torch and an older transformers; not
     with vLLM:   the parts of ../shared/gpu/vllm-wheels.sh first (see its header), then add --vllm
 Each check runs in a worker process of its own (a CUDA fault cannot take the next check with it) with a time limit
 (--timeout, 120 s). With OUT set, $OUT/gpu_check.json is rewritten after every check and a failed check's log is
-kept as $OUT/NAME.log. --only NAME[,NAME] runs some.
+kept as $OUT/NAME.log. --only NAME[,NAME] runs some. --jobs N runs the one-GPU checks N at a time on the same GPU
+(lines in the order they finish, the JSON in list order); the two-GPU and vLLM checks still run alone, afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import faulthandler
 import importlib.util
 import json
@@ -38,6 +40,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -163,11 +166,12 @@ def torchrun(
     """SFT with `settings` in `nproc` torchrun processes (NCCL on GPUs); rank 0's losses. `mesh`, when given, is
     filled with the trained mesh's dimension sizes; `info` with the worker's whole record (float8_precomputes: the
     float8 scale passes that followed optimizer steps). The processes' output goes to a log beside the losses."""
+    from physreason.files import write_atomic
     from physreason.net import free_port
 
     stamp = time.monotonic_ns()
     script, losses = work / "sft_worker.py", work / f"losses_{nproc}_{stamp}.json"
-    script.write_text(SFT_WORKER)
+    write_atomic(script, SFT_WORKER)  # checks running at once (--jobs) never read a half-written script
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
                str(free_port()), str(script), json.dumps(settings), str(losses)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -541,11 +545,35 @@ def worker(name: str, work: Path, timeout: float, result_file: Path) -> int:
     return 0
 
 
+def run_worker(check: Check, work: Path, timeout: float) -> dict:
+    """Run one check in a worker process of its own (a CUDA fault cannot take the next check with it); its row."""
+    started = time.perf_counter()
+    result_file = work / f"{check.name}.result.json"
+    result_file.unlink(missing_ok=True)
+    log = work / f"{check.name}.log"
+    command = [sys.executable, "-m", "physreason.gpu_check", "--worker", check.name, "--work", str(work), "--result",
+               str(result_file), "--timeout", str(timeout)]  # fmt: skip
+    try:
+        with open(log, "w") as sink:
+            subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+        if result_file.is_file():
+            outcome = json.loads(result_file.read_text())
+        else:
+            outcome = {"ok": False, "detail": f"worker died: {last_error(log.read_text(errors='replace'))}"}
+    except subprocess.TimeoutExpired:
+        outcome = {"ok": False, "detail": f"did not finish in {timeout:g} s ({log})"}
+    return {"check": check.name, "status": "pass" if outcome["ok"] else "FAIL", "detail": outcome["detail"],
+            "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--vllm", action="store_true", help="also run the vLLM checks (vLLM must be installed)")
     parser.add_argument("--only", default="", help="comma-separated check names (default: all)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds each check may take")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="one-GPU checks run this many at a time on the same GPU (checks of several GPUs and "
+                             "the vLLM checks still run alone); 1: one after another")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
     parser.add_argument("--list", action="store_true", help="print the checks and exit")
     parser.add_argument("--cpu", action="store_true",
@@ -554,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: give 1 or more")
     if args.list:
         for c in CHECKS:
             print(f"{c.name:22s} {c.gpus} GPU{'s' if c.gpus > 1 else ''} {c.needs}")
@@ -580,44 +610,51 @@ def main(argv: list[str] | None = None) -> int:
             versions += f", {package} {__import__(package).__version__}"
     say(f"gpu_check on {gpus} x {device}; {versions}; commit {commit or '(not given: --commit)'}")
     prepare(work)  # the tiny model and data, once, before the workers
-    rows = []
     out = os.environ.get("OUT")
+    rows: dict[str, dict] = {}
+    lock = threading.Lock()
+
+    def record(row: dict) -> None:
+        """One finished check: its line, its log under $OUT when it failed, the JSON rewritten (list order)."""
+        with lock:
+            rows[row["check"]] = row
+            if out and row["status"] == "FAIL" and (work / f"{row['check']}.log").is_file():
+                # a failed check's log (its traceback, a torchrun's ranks' output) comes back with the results
+                Path(out).mkdir(parents=True, exist_ok=True)
+                text = (work / f"{row['check']}.log").read_text(errors="replace")
+                (Path(out) / f"{row['check']}.log").write_text(text[-200_000:])
+            say(f"{row['status']:4s} {row['check']:22s} {row['seconds']:6.1f} s  {row['detail']}")
+            if out:
+                Path(out).mkdir(parents=True, exist_ok=True)
+                ordered = [rows[c.name] for c in chosen if c.name in rows]
+                summary = {"device": device, "gpus": gpus, "versions": versions, "commit": commit, "rows": ordered}
+                (Path(out) / "gpu_check.json").write_text(json.dumps(summary, indent=1))
+
+    # --jobs N: the one-GPU checks share the GPU, N at a time; checks of several GPUs and the vLLM engines (each takes
+    # a fixed share of the GPU's memory) run alone afterwards. With 1, every check in list order.
+    runnable = [c for c in chosen if missing(c, gpus, args.vllm, args.cpu) is None]
+    shared = [c for c in runnable if c.gpus == 1 and c.needs != "vllm"] if args.jobs > 1 else []
+    if shared:
+        for check in chosen:
+            if check not in runnable:
+                record({"check": check.name, "status": "skip", "detail": missing(check, gpus, args.vllm, args.cpu),
+                        "seconds": 0.0})  # fmt: skip
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = [pool.submit(run_worker, check, work, args.timeout) for check in shared]
+            for future in concurrent.futures.as_completed(futures):
+                record(future.result())
     for check in chosen:
+        if check in shared or check.name in rows:
+            continue
         reason = missing(check, gpus, args.vllm, args.cpu)
-        started = time.perf_counter()
-        if reason is not None:
-            row = {"check": check.name, "status": "skip", "detail": reason, "seconds": 0.0}
+        if reason is None:
+            record(run_worker(check, work, args.timeout))
         else:
-            result_file = work / f"{check.name}.result.json"
-            result_file.unlink(missing_ok=True)
-            log = work / f"{check.name}.log"
-            command = [sys.executable, "-m", "physreason.gpu_check", "--worker", check.name, "--work", str(work), "--result", str(result_file),
-                       "--timeout", str(args.timeout)]  # fmt: skip
-            try:
-                with open(log, "w") as sink:
-                    subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, timeout=args.timeout, check=False)
-                if result_file.is_file():
-                    outcome = json.loads(result_file.read_text())
-                else:
-                    outcome = {"ok": False, "detail": f"worker died: {last_error(log.read_text(errors='replace'))}"}
-            except subprocess.TimeoutExpired:
-                outcome = {"ok": False, "detail": f"did not finish in {args.timeout:g} s ({log})"}
-            row = {"check": check.name, "status": "pass" if outcome["ok"] else "FAIL", "detail": outcome["detail"],
-                   "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
-        rows.append(row)
-        if out and row["status"] == "FAIL" and (work / f"{check.name}.log").is_file():
-            # a failed check's log (its traceback, a torchrun's ranks' output) comes back with the results
-            Path(out).mkdir(parents=True, exist_ok=True)
-            text = (work / f"{check.name}.log").read_text(errors="replace")
-            (Path(out) / f"{check.name}.log").write_text(text[-200_000:])
-        say(f"{row['status']:4s} {check.name:22s} {row['seconds']:6.1f} s  {row['detail']}")
-        if out:
-            Path(out).mkdir(parents=True, exist_ok=True)
-            summary = {"device": device, "gpus": gpus, "versions": versions, "commit": commit, "rows": rows}
-            (Path(out) / "gpu_check.json").write_text(json.dumps(summary, indent=1))
-    failed = [r["check"] for r in rows if r["status"] == "FAIL"]
-    passed = sum(r["status"] == "pass" for r in rows)
-    skipped = sum(r["status"] == "skip" for r in rows)
+            record({"check": check.name, "status": "skip", "detail": reason, "seconds": 0.0})
+    ordered = [rows[c.name] for c in chosen]
+    failed = [r["check"] for r in ordered if r["status"] == "FAIL"]
+    passed = sum(r["status"] == "pass" for r in ordered)
+    skipped = sum(r["status"] == "skip" for r in ordered)
     say(f"{passed} passed, {len(failed)} failed, {skipped} skipped" + (f": {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 

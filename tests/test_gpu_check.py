@@ -63,3 +63,15 @@ def test_the_torchrun_worker_trains_fsdp2_on_one_rank(tmp_path):
     done = run(tmp_path, "--only", "fsdp2-torchrun", "--timeout", "240")
     assert done.returncode == 0, done.stdout + done.stderr + (tmp_path / "w" / "fsdp2-torchrun.log").read_text()
     assert " pass fsdp2-torchrun " in done.stdout and "FSDP2 on a one-rank mesh" in done.stdout, done.stdout
+
+
+def test_jobs_run_one_gpu_checks_at_once_and_keep_the_json_in_list_order(tmp_path):
+    done = run(tmp_path, "--only", "chunked-loss,hf-generate,float8-rowwise", "--jobs", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " pass hf-generate " in done.stdout and " pass chunked-loss " in done.stdout, done.stdout
+    assert done.stdout.strip().splitlines()[-1].endswith("2 passed, 0 failed, 1 skipped")
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert [r["check"] for r in report["rows"]] == ["float8-rowwise", "chunked-loss", "hf-generate"]
+    refused = subprocess.run([sys.executable, "-m", "physreason", "gpu-check", "--jobs", "0"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode == 2 and "--jobs 0: give 1 or more" in refused.stdout + refused.stderr

@@ -11,6 +11,9 @@ def gpu_check(
     only: str = typer.Option("", help="Comma-separated check names (default: all; --list names them)."),
     vllm: bool = typer.Option(False, "--vllm", help="Also run the vLLM checks (vLLM must be installed)."),
     timeout: float = typer.Option(120.0, help="Seconds each check may take (its worker dumps its stacks 10 s before)."),
+    jobs: int = typer.Option(
+        1, help="One-GPU checks run this many at a time on the same GPU (two-GPU and vLLM checks still run alone)."
+    ),
     work: Path | None = typer.Option(None, help="Scratch folder [default: a new temporary one]."),
     commit: str = typer.Option("", help="The commit the tree is at, for the report (a copy without git history)."),
     list_checks: bool = typer.Option(False, "--list", help="Print the checks with their GPU counts and exit."),
@@ -24,10 +27,12 @@ def gpu_check(
     from physreason.errors import ConfigError
     from physreason.gpu_check import CHECKS, main
 
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: give 1 or more (1: one check after another)")
     unknown = sorted({name for name in only.split(",") if name} - {check.name for check in CHECKS})
     if unknown:
         raise ConfigError(f"--only names unknown check(s) {', '.join(unknown)}: physreason gpu-check --list names them")
-    argv = ["--timeout", str(timeout)]
+    argv = ["--timeout", str(timeout), "--jobs", str(jobs)]
     argv += ["--only", only] if only else []
     argv += ["--vllm"] if vllm else []
     argv += ["--work", str(work)] if work is not None else []
