@@ -319,6 +319,7 @@ def _outputs(base: Path) -> dict[str, bytes]:
 
     files = {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
     files.pop("logs/shard-0-of-2.log", None), files.pop("logs/shard-1-of-2.log", None)
+    assert files.pop(".physreason.lock").startswith(b"pid ")  # the run lock's note of its last holder, no result
     config = files.pop("config.toml").decode().splitlines()
     files["config.toml"] = "\n".join(line for line in config if not line.startswith(("results_dir", "num_gpus"))).encode()
     reports = collect_reports(base)
@@ -351,3 +352,28 @@ def test_two_shards_give_the_same_files_and_report_as_one_process_and_resume_fro
     resumed = run_eval(two_config, show_progress=False)
     assert [(r.answered, r.failed, r.missing) for r in resumed.runs] == [(GOOD, 2, 0)] * 2
     assert _outputs(two.base) == expected
+
+
+def test_a_second_evaluation_into_the_same_folder_is_refused_while_the_first_runs(tmp_path, tiny_model_dir, bench_root):
+    from physreason.eval.launch import plan_eval
+    from physreason.train import runlock
+
+    config = load_config(write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, tmp_path / "results"))
+    base = plan_eval(config).base
+    base.mkdir(parents=True)
+    script = "import sys, time; from pathlib import Path; from physreason.train.runlock import lock_file; " \
+             "assert lock_file(Path(sys.argv[1]), 'x', 'y'); print('held', flush=True); time.sleep(100)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    holder = subprocess.Popen([sys.executable, "-c", script, str(base / runlock.LOCK_NAME)], stdout=subprocess.PIPE,
+                              text=True, env=env)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=rf"the evaluation folder {base} is in use by another run \(pid {holder.pid}"):
+            run_eval(config, show_progress=False)
+        assert not list(base.glob("*/seed_*"))  # refused before any run folder was written
+    finally:
+        holder.kill()
+        holder.wait()
+    outcome = run_eval(config, show_progress=False)  # the first one gone: the folder is free
+    assert [(r.answered, r.failed) for r in outcome.runs] == [(GOOD, 2)]
+    assert not runlock._HELD

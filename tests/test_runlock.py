@@ -22,8 +22,9 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from physreason.train.runlock import lock_output
-    assert lock_output(Path(sys.argv[1]))
+    from physreason.train.runlock import LOCK_NAME, lock_file
+    path = Path(sys.argv[1])
+    assert lock_file(path if path.suffix == ".lock" else path / LOCK_NAME, "held", "by the test")
     print("held", flush=True)
     time.sleep(100)
     """
@@ -31,6 +32,7 @@ HOLDER = textwrap.dedent(
 
 
 def _holder(folder: Path) -> subprocess.Popen:
+    """Another process holding `folder` as a run does (or, given a `.lock` file, that lock)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     process = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE, text=True, env=env)
     assert process.stdout.readline().strip() == "held"
@@ -73,12 +75,12 @@ def test_a_run_lets_go_of_its_folder_when_it_ends_even_by_an_error(tmp_path):
     def failing_run():
         prepare_output(_recipe(out, tmp_path))
         prepare_output(_recipe(out, tmp_path))  # again in the same process (a resume in-process): still its own
-        assert out.resolve() in runlock._HELD
+        assert (out / runlock.LOCK_NAME).resolve() in runlock._HELD
         raise RuntimeError("the run failed")
 
     with pytest.raises(RuntimeError, match="the run failed"):
         failing_run()
-    assert out.resolve() not in runlock._HELD
+    assert (out / runlock.LOCK_NAME).resolve() not in runlock._HELD
     holder = _holder(out)  # another process may take the folder now
     holder.kill()
     holder.wait()
@@ -93,4 +95,27 @@ def test_a_folder_that_cannot_be_locked_runs_unprotected_with_a_warning(tmp_path
     monkeypatch.setattr(fcntl, "lockf", no_locks)
     assert runlock.lock_output(tmp_path) is False
     assert "nothing stops a second run" in caplog.text
-    assert tmp_path.resolve() not in runlock._HELD
+    assert (tmp_path / runlock.LOCK_NAME).resolve() not in runlock._HELD
+
+
+def test_a_second_infer_into_the_same_out_is_refused_before_it_reads_or_writes(tmp_path):
+    from physreason.config import SamplingConfig, VisionConfig
+    from physreason.infer import run_batch
+
+    (tmp_path / "requests.jsonl").write_text('{"id": "a", "question": "Is it falling?"}\n')
+    out = tmp_path / "answers" / "out.jsonl"
+    out.parent.mkdir()
+
+    def no_engine():
+        raise AssertionError("the refused run built an engine")
+
+    holder = _holder(out.parent / ".out.jsonl.lock")
+    try:
+        with pytest.raises(ConfigError, match=rf"--out {out} is in use by another run \(pid {holder.pid} on "):
+            run_batch(no_engine, tmp_path / "requests.jsonl", out, sampling=SamplingConfig(), vision=VisionConfig(),
+                      show_progress=False)  # fmt: skip
+        assert not out.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not runlock._HELD  # nothing left held by the refused run

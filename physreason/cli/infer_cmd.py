@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -119,7 +120,7 @@ def infer(
     from physreason.config import load_config
     from physreason.engines import create_engine
     from physreason.infer import build_request, result_record, run_batch, run_ray_batch
-    from physreason.infer.batch import prepare_single_out, write_single_result
+    from physreason.infer.batch import output_lock, prepare_single_out, write_single_result
     from physreason.infer.settings import answer_settings
     from physreason.models.inputs import checked_vision_factor, patch_factor, prompting_for
     from physreason.models.source import model_fingerprint
@@ -187,14 +188,16 @@ def infer(
         typer.echo(describe_prompt(request, cfg.model))
         return
     rid = str((video or image or ["question"])[0])
-    if out is not None:  # the one result goes to OUT in the batch format; checked before the model loads
-        prepare_single_out(out, rid, settings, overwrite)
-    generator = create_engine(cfg.model, cfg.engine)
-    (result,) = generator.generate([request], sampling, logprobs=False)
-    record = result_record(result, prompting.style, prompting.reasoning)
-    if out is not None:
-        write_single_result(out, {**record, "id": rid})
-        console.print(f"wrote the result of {rid} to {out}", soft_wrap=True, highlight=False)
+    with contextlib.ExitStack() as held:
+        if out is not None:  # the one result goes to OUT in the batch format; checked before the model loads
+            held.enter_context(output_lock(out))
+            prepare_single_out(out, rid, settings, overwrite)
+        generator = create_engine(cfg.model, cfg.engine)
+        (result,) = generator.generate([request], sampling, logprobs=False)
+        record = result_record(result, prompting.style, prompting.reasoning)
+        if out is not None:
+            write_single_result(out, {**record, "id": rid})
+            console.print(f"wrote the result of {rid} to {out}", soft_wrap=True, highlight=False)
     if as_json:
         typer.echo(json.dumps(record, ensure_ascii=False, indent=2))
     elif result.error:

@@ -38,6 +38,7 @@ from physreason.eval.runner import ShardCounts, ShardJob, evaluate_shards, shard
 from physreason.eval.settings import EvalSetup, effective_config, reproduction_settings
 from physreason.models.source import check_model_source
 from physreason.progress import LoggedProgress, progress_display
+from physreason.train.runlock import LOCK_NAME, holding
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +258,9 @@ def discard_unstarted_runs(plan: EvalPlan) -> None:
 
 def _remove_if_empty(*folders: Path) -> None:
     for folder in folders:
-        if folder.is_dir() and not any(folder.iterdir()):
+        # the run lock (run_eval holds it until it returns) is no content: the failed evaluation leaves no folder
+        if folder.is_dir() and all(entry.name == LOCK_NAME for entry in folder.iterdir()):
+            (folder / LOCK_NAME).unlink(missing_ok=True)
             folder.rmdir()
 
 
@@ -392,6 +395,18 @@ def run_eval(
     checked_vision_factor(plan.config)  # the model is found and the pixel budgets fit it before the folder is touched
     if on_start is not None:
         on_start(plan)
+    plan.base.mkdir(parents=True, exist_ok=True)
+    with holding(
+        plan.base / LOCK_NAME,
+        f"the evaluation folder {plan.base}",
+        "two evaluations writing one folder repeat and mix results. Wait for that one to end (or stop it), or set "
+        "another eval.results_dir or eval.model_name",
+    ):
+        return _run_planned(plan, show_progress)
+
+
+def _run_planned(plan: EvalPlan, show_progress: bool) -> EvalOutcome:
+    """run_eval's work once the plan is made and the folder held: prepare, run the shards, merge, count."""
     outcome = EvalOutcome(base=plan.base, resumed=prepare_runs(plan))
     failed_shards: list[tuple[int, int, Path]] = []
     try:

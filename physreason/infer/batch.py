@@ -7,13 +7,15 @@ one engine in this process.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.progress import (
     BarColumn,
@@ -46,6 +48,7 @@ from physreason.overwrite import check_replace
 from physreason.progress import LoggedProgress
 
 log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
 
 # What a request record may hold; anything else (a typo such as "videos") is an error, not a silent skip.
 REQUEST_KEYS = ("id", "question", "video", "image", "system_prompt", "video_start", "video_end")
@@ -180,6 +183,32 @@ def _repair_jsonl(out: Path) -> None:
         numbers = ", ".join(map(str, dropped[:10])) + (f" and {len(dropped) - 10} more" if len(dropped) > 10 else "")
         print(f"{out}: dropped {len(dropped)} broken line(s) that were not JSON (line {numbers}, numbered as "
               "before); every other line is kept and their requests are run again", file=sys.stderr)  # fmt: skip
+
+
+def output_lock(out: Path) -> contextlib.AbstractContextManager[None]:
+    """Hold `out` for this process while a run writes it (a lock file `.<name>.lock` beside it; physreason.train.
+    runlock): a second infer into the same --out is refused with one line naming the first, not interleaved."""
+    from physreason.train.runlock import holding
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return holding(
+        out.parent / f".{out.name}.lock",
+        f"--out {out}",
+        "two runs writing one output repeat and mix results. Wait for that run to end (or stop it), or give another "
+        "--out",
+    )
+
+
+def locks_out(function: F) -> F:
+    """Decorate a batch runner taking (engine or config, requests_path, out_path, ...): output_lock(out_path) held for
+    the whole call."""
+
+    @functools.wraps(function)
+    def run(first: Any, requests_path: str | Path, out_path: str | Path, *args: Any, **kwargs: Any) -> Any:
+        with output_lock(Path(out_path)):
+            return function(first, requests_path, out_path, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 def _check_out(out: Path, requests: Path | None, overwrite: bool) -> None:
@@ -338,6 +367,7 @@ def record_to(sink: ResultSink, summary: BatchSummary, record: dict[str, Any]) -
     summary.failed += record.get("error") is not None
 
 
+@locks_out
 def run_batch(
     engine: Engine | Callable[[], Engine],
     requests_path: str | Path,

@@ -39,7 +39,7 @@ from physreason.chat.style import Prompting, StyleName
 from physreason.config import Config, EngineConfig, ModelConfig, SamplingConfig, VisionConfig
 from physreason.engines import Engine, GenerationResult, create_engine
 from physreason.errors import ConfigError, PhysReasonError
-from physreason.infer.batch import BatchSummary, batch_progress, plan_batch, record_to, request_from_record
+from physreason.infer.batch import BatchSummary, batch_progress, locks_out, plan_batch, record_to, request_from_record
 from physreason.infer.request import result_record
 from physreason.infer.results import open_sink
 from physreason.models import loading
@@ -218,6 +218,7 @@ def _block_count(rows: int, batch_size: int) -> int:
     return max(1, min(math.ceil(rows / batch_size), MAX_BLOCKS))
 
 
+@locks_out
 def run_ray_batch(
     cfg: Config,
     requests_path: str | Path,

@@ -15,13 +15,14 @@ On a filesystem without locks the run goes on with a warning, unprotected.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -30,21 +31,33 @@ from physreason.errors import ConfigError
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".physreason.lock"
-_HELD: dict[Path, IO[str]] = {}  # resolved output_dir -> the open lock file this process holds
+_HELD: dict[Path, IO[str]] = {}  # resolved lock file -> its open handle, for the locks this process holds
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def lock_output(output: Path) -> bool:
     """Hold `output`'s run lock for this process (again: nothing to do); True when held, False when the filesystem
     has no locks. ConfigError when another process holds it. `output` must exist."""
-    key = Path(output).resolve()
+    return lock_file(
+        Path(output) / LOCK_NAME,
+        f"train.output_dir {output}",
+        "two runs in one folder replace each other's checkpoints and logs. Wait for that run to end (or stop it), or "
+        "set another train.output_dir",
+    )
+
+
+def lock_file(path: Path, what: str, why: str) -> bool:
+    """Hold the lock on the file `path` (created if missing; its folder must exist) for this process; True when held
+    (also when already held here), False when the filesystem has no locks. ConfigError `<what> is in use by another
+    run (<holder>): <why>` when another process holds it."""
+    key = Path(path).resolve()
     if key in _HELD:
         return True
     try:
         import fcntl
     except ImportError:  # not a POSIX system
         return False
-    handle = open(key / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115 (held open until release)
+    handle = open(key, "a+", encoding="utf-8")  # noqa: SIM115 (held open until release)
     try:
         fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -55,10 +68,7 @@ def lock_output(output: Path) -> bool:
         handle.seek(0)
         holder = handle.read().strip() or "its process is not named in the file"
         handle.close()
-        raise ConfigError(
-            f"train.output_dir {output} is in use by another run ({holder}): two runs in one folder replace each "
-            "other's checkpoints and logs. Wait for that run to end (or stop it), or set another train.output_dir"
-        ) from None
+        raise ConfigError(f"{what} is in use by another run ({holder}): {why}") from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
@@ -67,17 +77,33 @@ def lock_output(output: Path) -> bool:
     return True
 
 
-def release_output(output: Path) -> None:
-    """Let go of `output`'s run lock if this process holds it."""
-    handle = _HELD.pop(Path(output).resolve(), None)
+@contextlib.contextmanager
+def holding(path: Path, what: str, why: str) -> Iterator[None]:
+    """lock_file(path, what, why) for the `with` block; released when it ends, however it ends."""
+    taken = Path(path).resolve() not in _HELD and lock_file(path, what, why)
+    try:
+        yield
+    finally:
+        if taken:
+            release_file(path)
+
+
+def release_file(path: Path) -> None:
+    """Let go of the lock on `path` if this process holds it."""
+    handle = _HELD.pop(Path(path).resolve(), None)
     if handle is not None:
         handle.close()  # closing the file releases the lock
+
+
+def release_output(output: Path) -> None:
+    """Let go of `output`'s run lock if this process holds it."""
+    release_file(Path(output) / LOCK_NAME)
 
 
 def release_all() -> None:
     """Let go of every run lock this process holds."""
     for key in list(_HELD):
-        release_output(key)
+        release_file(key)
 
 
 def releases_output_lock(function: F) -> F:
@@ -91,6 +117,6 @@ def releases_output_lock(function: F) -> F:
             return function(*args, **kwargs)
         finally:
             for key in set(_HELD) - before:
-                release_output(key)
+                release_file(key)
 
     return run  # type: ignore[return-value]
