@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -139,6 +141,21 @@ def test_rotation_deletes_only_checkpoints_the_run_wrote(tmp_path):
         saved_checkpoint(mine, step, max_keep=2)
     assert [p.name for p in checkpoint_dirs(mine)] == ["step_1", "step_2", "step_4", "step_5"]
     assert (copied / ".metadata").is_file() and (planted / ".metadata").is_file()
+
+
+def test_the_record_of_checkpoints_is_flushed_to_disk_before_it_replaces_the_old(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    saved_checkpoint(tmp_path, 1)
+    record = tmp_path / "checkpoints" / "written.json"
+    assert str(record) + ".tmp" in synced  # a power cut after the rename never leaves an empty record
+    assert list(json.loads(record.read_text())) == ["step_1"]
 
 
 def test_a_run_never_trains_from_a_folder_its_own_saves_rotate(tmp_path):

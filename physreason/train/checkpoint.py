@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import pickle
 import random
 import shutil
@@ -49,6 +48,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from physreason.errors import ConfigError
+from physreason.files import write_atomic
 from physreason.train.checkpoint_read import SafeLoadPlanner, SafeReader, damaged, read_metadata
 
 _PREFIX = "step_"
@@ -120,10 +120,7 @@ def read_record(output_dir: str | Path) -> dict[str, dict[str, Any]]:
 
 
 def _write_record(output_dir: Path, record: dict[str, dict[str, Any]]) -> None:
-    path = output_dir / "checkpoints" / _RECORD
-    temporary = path.with_name(f".{_RECORD}.tmp")
-    temporary.write_text(json.dumps(record, indent=1), encoding="utf-8")
-    os.replace(temporary, path)
+    write_atomic(output_dir / "checkpoints" / _RECORD, json.dumps(record, indent=1))
 
 
 def written_by_run(path: Path, output_dir: str | Path) -> bool:

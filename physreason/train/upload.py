@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from physreason.errors import ConfigError
+from physreason.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -217,10 +218,7 @@ class Uploads:
 
     def _save_record(self) -> None:
         with self._lock:
-            path = self.output / RECORD
-            temporary = path.with_name(f".{RECORD}.tmp")
-            temporary.write_text(json.dumps(self._record, indent=1), encoding="utf-8")
-            os.replace(temporary, path)
+            write_atomic(self.output / RECORD, json.dumps(self._record, indent=1))
 
     def pending(self) -> list[tuple[str, str]]:
         """(kind, folder) of every job queued and not finished, this run's and an earlier process's: 's3' or 'hf'."""
