@@ -166,9 +166,34 @@ def read_record(output_dir: Path) -> dict[str, Any]:
         raise ConfigError(
             f"{path} is not valid JSON ({exc}): it lists this run's uploads; delete it to upload everything again"
         ) from exc
+    problem = _record_problem(record)
+    if problem:
+        raise ConfigError(
+            f"{path} is not an upload record as a run writes it ({problem}): it lists this run's uploads; delete it "
+            "to upload everything again"
+        )
     for name, empty in (("pending", []), ("s3", {}), ("hf", {})):
         record.setdefault(name, empty)
     return record
+
+
+def _record_problem(record: Any) -> str | None:
+    """What makes a parsed uploads.json unlike the record a run writes, or None when it is alike."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    pending = record.get("pending", [])
+    if not isinstance(pending, list):
+        return "'pending' is not a list"
+    for job in pending:
+        if not (isinstance(job, list) and len(job) == 2 and job[0] in ("s3", "hf") and isinstance(job[1], str)):
+            return f"'pending' holds {json.dumps(job)[:80]}, not a [kind, folder] pair of kind 's3' or 'hf'"
+        if Path(job[1]).is_absolute() or ".." in Path(job[1]).parts:  # its pin is deleted once uploaded
+            return f"'pending' names the folder {job[1]!r}, outside the run folder"
+    for name in ("s3", "hf"):
+        done = record.get(name, {})
+        if not isinstance(done, dict) or not all(isinstance(entry, dict) for entry in done.values()):
+            return f"{name!r} is not an object of objects"
+    return None
 
 
 def pending_uploads(output_dir: Path) -> list[tuple[str, str]]:
