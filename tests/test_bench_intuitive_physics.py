@@ -167,3 +167,24 @@ def test_combine_joins_one_seed_runs_into_one_table_over_their_seeds(bench, tmp_
     assert "| after SFT | 85.0 ± 7.1 [80.0-90.0] | - | - |" in text
     with pytest.raises(SystemExit):  # the same seed twice would count one run double
         bench.main(["--combine", str(tmp_path / "s1.json"), str(tmp_path / "s1.json")])
+
+
+def test_clip_paths_of_the_records_never_leave_their_data_folder(tmp_path):
+    from physreason.errors import InputError
+    from physreason.experiments.probe import load_split
+    from physreason.models.tiny import save_tiny_model
+    from physreason.train.tower import load_clips
+
+    (tmp_path / "secret.mp4").write_bytes(b"not the data set's")
+    data = tmp_path / "data"
+    (data / "arrow_of_time").mkdir(parents=True)
+    escaping = "arrow_of_time/../../secret.mp4"  # passes the task check: its first part is a task's folder
+    record = {"video": escaping, "conversations": [{"role": "assistant", "content": "A"}]}
+    (data / "sft.jsonl").write_text(json.dumps(record) + "\n")
+    model_dir = save_tiny_model("qwen2_5_vl", tmp_path / "model")
+    with pytest.raises(InputError, match=rf"sft.jsonl: media path '{escaping}' leads outside the data folder {data}"):
+        load_clips(data, model_dir, {"min_pixels": 12544, "max_pixels": 12544}, workers=1)
+    benchmark = data / "arrow_of_time" / "arrow_of_time_benchmark_qa_pairs.json"
+    benchmark.write_text(json.dumps([{"video": "../../secret.mp4", "qa_pairs": {"answer": "A"}}]))
+    with pytest.raises(InputError, match=r"qa_pairs.json: media path '../../secret.mp4' leads outside the data folder"):
+        load_split(data / "arrow_of_time", 12544, workers=1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -12,7 +14,9 @@ import torch
 from physreason.errors import ConfigError
 from physreason.train.checkpoint import (
     checkpoint_dirs,
-    prune_step_dirs,
+    read_record,
+    reapply_retention,
+    record_export,
     refuse_stale_checkpoints,
     resolve_resume,
     save_checkpoint,
@@ -120,12 +124,39 @@ def test_a_refused_checkpoint_is_never_unpickled(tmp_path):
     assert not marker.exists()
 
 
+def fake_export(output: Path, step: int) -> Path:
+    """A safetensors export folder the run wrote: on disk and in its record of exports."""
+    folder = output / "safetensors" / f"step_{step}"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    record_export(output, folder)
+    return folder
+
+
 def test_rotation_never_deletes_the_folder_just_written(tmp_path):
     for step in (10, 20):
-        fake_checkpoint(tmp_path, step)
-    just_written = fake_checkpoint(tmp_path, 5)  # a restarted run's first save, below the old steps
-    prune_step_dirs(tmp_path / "checkpoints", 1, keep=just_written)
-    assert [p.name for p in checkpoint_dirs(tmp_path)] == ["step_5", "step_20"]
+        fake_export(tmp_path, step)
+    just_written = fake_export(tmp_path, 5)  # a restarted run's first save, below the old steps
+    reapply_retention(tmp_path, 1, keep=just_written, under="safetensors")
+    assert [p.name for p in checkpoint_dirs(tmp_path, "safetensors")] == ["step_5", "step_20"]
+
+
+def test_export_rotation_deletes_only_exports_the_run_wrote_and_never_follows_a_link(tmp_path):
+    elsewhere = tmp_path / "elsewhere" / "model"  # a model of the user's, linked in as an export
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "model.safetensors").write_bytes(b"theirs")
+    run = tmp_path / "run"
+    (run / "safetensors").mkdir(parents=True)
+    (run / "safetensors" / "step_1").symlink_to(elsewhere, target_is_directory=True)
+    shutil.copytree(elsewhere, run / "safetensors" / "step_2")  # copied in
+    changed = fake_export(run, 3)
+    (changed / "notes.txt").write_text("added after the export")  # no longer the folder the run wrote
+    for step in (4, 5, 6):
+        reapply_retention(run, 2, keep=fake_export(run, step), under="safetensors")
+    names = [p.name for p in checkpoint_dirs(run, "safetensors")]
+    assert names == ["step_1", "step_2", "step_3", "step_5", "step_6"]
+    assert (elsewhere / "model.safetensors").read_bytes() == b"theirs" and (run / "safetensors" / "step_1").is_symlink()
+    assert sorted(read_record(run, "safetensors")) == ["step_3", "step_5", "step_6"]
 
 
 def test_rotation_deletes_only_checkpoints_the_run_wrote(tmp_path):
@@ -139,6 +170,21 @@ def test_rotation_deletes_only_checkpoints_the_run_wrote(tmp_path):
         saved_checkpoint(mine, step, max_keep=2)
     assert [p.name for p in checkpoint_dirs(mine)] == ["step_1", "step_2", "step_4", "step_5"]
     assert (copied / ".metadata").is_file() and (planted / ".metadata").is_file()
+
+
+def test_the_record_of_checkpoints_is_flushed_to_disk_before_it_replaces_the_old(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    saved_checkpoint(tmp_path, 1)
+    record = tmp_path / "checkpoints" / "written.json"
+    assert str(record) + ".tmp" in synced  # a power cut after the rename never leaves an empty record
+    assert list(json.loads(record.read_text())) == ["step_1"]
 
 
 def test_a_run_never_trains_from_a_folder_its_own_saves_rotate(tmp_path):

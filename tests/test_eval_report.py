@@ -250,3 +250,28 @@ def test_report_table_fits_80_columns_without_cutting_names(tmp_path):
     for name in ("nvidia--Cosmos-Reason1-7B (reasoning)", "my-finetune-step-1200 (reasoning)", "object_permanence",
                  "spatial_puzzle", "33.33", "missing"):
         assert name in result.stdout
+
+
+def test_report_out_never_replaces_files_there_without_overwrite(tmp_path):
+    write_run(tmp_path / "results" / "m" / "reasoning", "av", 1, correct=1, wrong=1, total=2)
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "report.md").write_text("my own notes")
+
+    def report(*extra: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "physreason", "eval", "report", str(tmp_path / "results"), "--out", *extra]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    refused = report(str(out))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.strip() == (
+        f"error: {out} already holds report.md: give a new folder, or pass --overwrite to replace them"
+    )
+    assert (out / "report.md").read_text() == "my own notes" and not (out / "report.csv").exists()
+    (tmp_path / "a-file").write_text("x")
+    refused = report(str(tmp_path / "a-file"))
+    assert refused.returncode == 2 and "is a file: give the folder" in refused.stderr, refused.stderr
+    for flag in ("--overwrite", "--force"):  # --force: the older name, as every --overwrite has it
+        replaced = report(str(out), flag)
+        assert replaced.returncode == 0, replaced.stderr
+        assert "| m | reasoning | av |" in (out / "report.md").read_text() and (out / "report.csv").is_file()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,7 +78,8 @@ def test_rerun_into_a_run_folder_is_refused_until_resumed_and_exports_are_rotate
     first = run_sft_cli(tiny_vl, data, out, "train.max_steps=3", *keep)
     assert first.returncode == 0, first.stderr
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2", "step_3", "written.json"]
-    assert sorted(p.name for p in (out / "safetensors").iterdir()) == ["step_2", "step_3"]  # max_keep rotates exports
+    exports = sorted(p.name for p in (out / "safetensors").iterdir())
+    assert exports == ["step_2", "step_3", "written.json"]  # max_keep rotates exports; the record lists the run's own
     assert "torch.distributed is disabled" not in first.stderr  # DCP's single-process warning
     assert metric_steps(out) == [1, 2, 3]
 
@@ -88,12 +90,14 @@ def test_rerun_into_a_run_folder_is_refused_until_resumed_and_exports_are_rotate
     assert "Traceback" not in again.stderr
     assert metric_steps(out) == [1, 2, 3]  # nothing appended
 
+    shutil.copytree(out / "safetensors" / "step_2", out / "safetensors" / "step_1")  # a copy of the user's
     resumed = run_sft_cli(tiny_vl, data, out, "train.max_steps=4", "train.resume=true", *keep)
     assert resumed.returncode == 0, resumed.stderr
     assert metric_steps(out) == [1, 2, 3, 4]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_3", "step_4", "written.json"]
     assert sorted(json.loads((out / "checkpoints" / "written.json").read_text())) == ["step_3", "step_4"]
-    assert sorted(p.name for p in (out / "safetensors").iterdir()) == ["step_3", "step_4"]
+    # rotation deleted the run's own step_2 export, never the step_1 copied in
+    assert sorted(p.name for p in (out / "safetensors").iterdir()) == ["step_1", "step_3", "step_4", "written.json"]
 
     elsewhere = f"train.resume={out / 'checkpoints' / 'step_4'}"
     refused = run_sft_cli(tiny_vl, data, tmp_path / "other", "train.max_steps=5", elsewhere)

@@ -242,6 +242,6 @@ def test_a_lora_resume_finishes_the_final_export_a_kill_cut_short(tiny_vl, tmp_p
     resumed = run_sft(config.model_copy(update={"train": config.train.model_copy(update={"resume": True})}))
     assert resumed.losses == []
     assert f"finished the safetensors export {exports / 'step_1'}" in capsys.readouterr().out
-    assert sorted(p.name for p in exports.iterdir()) == ["step_1"]
+    assert sorted(p.name for p in exports.iterdir()) == ["step_1", "written.json"]
     assert (exports / "step_1" / "adapter" / "adapter_model.safetensors").is_file()
     assert (exports / "step_1" / "model.safetensors").is_file()

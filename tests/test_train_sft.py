@@ -155,11 +155,11 @@ def test_a_resume_finishes_every_export_a_kill_left_undone_and_says_so(tiny_vl, 
         run_sft(config("run"))
     with killed_during_export(monkeypatch, 4):  # the last step: only the export was left to do
         run_sft(config("run", "train.resume=true"))
-    assert sorted(p.name for p in exports.iterdir()) == ["step_2", "step_4.tmp"]
+    assert sorted(p.name for p in exports.iterdir()) == ["step_2", "step_4.tmp", "written.json"]
     capsys.readouterr()
     resumed = run_sft(config("run", "train.resume=true"))
     assert resumed.losses == [] and resumed.export_dir is None
-    assert sorted(p.name for p in exports.iterdir()) == ["step_2", "step_4"]
+    assert sorted(p.name for p in exports.iterdir()) == ["step_2", "step_4", "written.json"]
     assert f"finished the safetensors export {exports / 'step_4'}" in capsys.readouterr().out
     # An older checkpoint's missing export is written from that checkpoint, not from the latest weights.
     import shutil

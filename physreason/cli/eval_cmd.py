@@ -144,15 +144,24 @@ def _startup(plan: EvalPlan) -> None:
     print_startup("physreason eval", items, console=console)
 
 
+# What `eval report` writes into its folder; with --out, none of them is replaced without --overwrite.
+REPORT_FILES = ("report.md", "report.csv", "board.csv", "accuracy.png")
+
+
 @app.command("report")
 def report(
     results_dir: Path = typer.Argument(..., help="An eval.results_dir, or any folder below it."),
     out: Path | None = typer.Option(
         None, help="Folder for report.md, report.csv and accuracy.png [default: RESULTS_DIR]."
     ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the report files in --out if they exist (never the results)."
+    ),
+    force: bool = hidden_alias("--force", flag=True),
 ) -> None:
     """Print per-data-set accuracy (mean ± std over repeats, samples, failures) under the settings that made it;
     write report.md, report.csv (board.csv for Physical AI Bench) and a chart."""
+    from physreason.errors import InputError
     from physreason.eval import (
         board_csv,
         board_rich_tables,
@@ -165,6 +174,14 @@ def report(
     )
     from physreason.plots import accuracy_chart
 
+    if out is not None and out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file: give the folder to write report.md, report.csv and accuracy.png into")
+    if out is not None and not (overwrite or force):
+        existing = [name for name in REPORT_FILES if (out / name).exists() or (out / name).is_symlink()]
+        if existing:
+            raise InputError(
+                f"{out} already holds {', '.join(existing)}: give a new folder, or pass --overwrite to replace them"
+            )
     reports = collect_reports(results_dir)
     boards = collect_boards(results_dir)
     rows = report_rows(reports)

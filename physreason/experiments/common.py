@@ -191,9 +191,14 @@ def generate_clip_sets(
 
 
 def logged(output_dir: Path, key: str) -> list[float]:
-    """Every value of `key` in a training run's metrics log, in step order (a resumed run's log continues)."""
+    """Every value of `key` in a training run's metrics log, in step order (a resumed run's log continues).
+
+    A torn last line (a run killed mid-write) is skipped; a corrupt line elsewhere is InputError naming it.
+    """
+    from physreason.train.metrics import read_records
+
     path = output_dir / "logs" / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.open()] if path.is_file() else []
+    rows = read_records(path) if path.is_file() else []
     by_step = {row["step"]: row[key] for row in rows if key in row}
     return [by_step[step] for step in sorted(by_step)]
 

@@ -49,8 +49,11 @@ def load_split(folder: Path, max_pixels: int, workers: int):
     import numpy as np
     import torch
 
-    qa = json.loads(next(folder.glob("*_benchmark_qa_pairs.json")).read_text())
-    paths = [str(folder / row["video"]) for row in qa]
+    from physreason.data.loaders import media_path_in_root
+
+    records = next(folder.glob("*_benchmark_qa_pairs.json"))
+    qa = json.loads(records.read_text())
+    paths = [str(media_path_in_root(folder.resolve(), row["video"], str(records))) for row in qa]  # inside folder
     with ProcessPoolExecutor(workers) as pool:
         frames = list(pool.map(_frames, paths, [max_pixels] * len(paths), chunksize=16))
     shortest = min(clip.shape[0] for clip in frames)

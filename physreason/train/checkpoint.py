@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import pickle
 import random
 import shutil
@@ -49,11 +48,14 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from physreason.errors import ConfigError
+from physreason.files import write_atomic
 from physreason.train.checkpoint_read import SafeLoadPlanner, SafeReader, damaged, read_metadata
 
 _PREFIX = "step_"
-# The record of the checkpoints this run wrote, beside them (a file, so checkpoint_dirs never lists it).
+# The record of the checkpoints this run wrote, beside them (a file, so checkpoint_dirs never lists it); its
+# safetensors exports have one of their own beside them.
 _RECORD = "written.json"
+_WRITTEN = {"checkpoints": "checkpoints", "safetensors": "safetensors exports"}
 
 
 def _rank() -> int:
@@ -107,32 +109,38 @@ def _fingerprint(folder: Path) -> dict[str, list[int]]:
     return found
 
 
-def read_record(output_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """The checkpoints this run wrote (`written.json`): step folder name -> {"files": fingerprint, "export": bool}."""
-    path = Path(output_dir) / "checkpoints" / _RECORD
+def read_record(output_dir: str | Path, under: str = "checkpoints") -> dict[str, dict[str, Any]]:
+    """The checkpoints this run wrote (`checkpoints/written.json`): step folder name -> {"files": fingerprint,
+    "export": bool}; with under="safetensors" its exports (`safetensors/written.json`, {"files": fingerprint})."""
+    path = Path(output_dir) / under / _RECORD
     if not path.is_file():
         return {}
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON ({exc}): it lists the checkpoints this run wrote") from exc
+        raise ConfigError(f"{path} is not valid JSON ({exc}): it lists the {_WRITTEN[under]} this run wrote") from exc
     return record if isinstance(record, dict) else {}
 
 
-def _write_record(output_dir: Path, record: dict[str, dict[str, Any]]) -> None:
-    path = output_dir / "checkpoints" / _RECORD
-    temporary = path.with_name(f".{_RECORD}.tmp")
-    temporary.write_text(json.dumps(record, indent=1), encoding="utf-8")
-    os.replace(temporary, path)
+def _write_record(output_dir: Path, record: dict[str, dict[str, Any]], under: str = "checkpoints") -> None:
+    write_atomic(output_dir / under / _RECORD, json.dumps(record, indent=1))
 
 
-def written_by_run(path: Path, output_dir: str | Path) -> bool:
-    """True when `path` is a checkpoint folder this run wrote, unchanged: listed in its record, files identical."""
-    root = Path(output_dir) / "checkpoints"
+def written_by_run(path: Path, output_dir: str | Path, under: str = "checkpoints") -> bool:
+    """True when `path` is a checkpoint folder this run wrote, unchanged: listed in its record, files identical
+    (under="safetensors": an export folder)."""
+    root = Path(output_dir) / under
     if path.is_symlink() or path.parent.resolve() != root.resolve() or not path.is_dir():
         return False
-    entry = read_record(output_dir).get(path.name)
+    entry = read_record(output_dir, under).get(path.name)
     return isinstance(entry, dict) and entry.get("files") == _fingerprint(path)
+
+
+def record_export(output_dir: str | Path, folder: Path) -> None:
+    """Add `folder`, a safetensors export the run has just written under <output_dir>/safetensors, to its record."""
+    record = read_record(output_dir, "safetensors")
+    record[folder.name] = {"files": _fingerprint(folder)}
+    _write_record(Path(output_dir), record, "safetensors")
 
 
 def resolve_resume(resume: bool | str, output_dir: str | Path, trust: bool = False) -> Path | None:
@@ -199,43 +207,23 @@ def refuse_stale_checkpoints(output_dir: str | Path, resume: bool | str) -> None
         )
 
 
-def prune_step_dirs(root: Path, max_keep: int, keep: Path) -> list[Path]:
-    """Delete all but the newest `max_keep` step_<n> folders under `root`; never `keep`, the one just written.
-
-    The rotation of safetensors exports; checkpoints rotate with reapply_retention (only the run's own). Returns the
-    folders deleted.
-    """
-    steps = [
-        p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit()
-    ] if root.is_dir() else []
-    steps.sort(key=lambda p: int(p.name[len(_PREFIX) :]))
-    deleted = []
-    for old in steps[:-max_keep]:
-        if old.resolve() != keep.resolve():
-            if old.is_symlink():
-                old.unlink()  # the link, never the folder it points to
-            else:
-                shutil.rmtree(old, ignore_errors=True)
-            deleted.append(old)
-    return deleted
-
-
-def reapply_retention(output_dir: str | Path, max_keep: int, keep: Path) -> list[Path]:
+def reapply_retention(output_dir: str | Path, max_keep: int, keep: Path, under: str = "checkpoints") -> list[Path]:
     """Delete this run's own checkpoints beyond the newest `max_keep`; never `keep` (the one just written or resumed
-    from).
+    from). under="safetensors" rotates the run's safetensors exports (recorded by record_export) the same way.
 
     Every save rotates with it; a kill between a save's rename and its rotation leaves one checkpoint too many, so a
     resume calls it first too. Only folders the run wrote, unchanged (written_by_run), are counted and deleted: never
     a folder copied or linked in (a checkpoint of another run, one resumed from with train.trust_checkpoint), nor one
     changed since. Returns the folders deleted (their entries leave the record too).
     """
-    own = [path for path in checkpoint_dirs(output_dir) if written_by_run(path, output_dir)]
+    own = [path for path in checkpoint_dirs(output_dir, under) if written_by_run(path, output_dir, under)]
     surplus = [path for path in own[: max(len(own) - max_keep, 0)] if path.resolve() != keep.resolve()]
     for path in surplus:
         shutil.rmtree(path)
     if surplus:
-        record = read_record(output_dir)
-        _write_record(Path(output_dir), {k: v for k, v in record.items() if k not in {p.name for p in surplus}})
+        record = read_record(output_dir, under)
+        kept = {k: v for k, v in record.items() if k not in {p.name for p in surplus}}
+        _write_record(Path(output_dir), kept, under)
     return surplus
 
 

@@ -50,9 +50,9 @@ from physreason.train.checkpoint import (
     ReusingStager,
     checkpoint_dirs,
     load_checkpoint,
-    prune_step_dirs,
     read_record,
     reapply_retention,
+    record_export,
     refuse_stale_checkpoints,
     resolve_resume,
     save_checkpoint,
@@ -469,7 +469,8 @@ class Checkpointer:
 
         With [train.lora] the folder holds the merged model (base + adapters, under the plain Hugging Face names)
         and, in its `adapter` subfolder, the PEFT adapter alone (adapter_config.json + adapter_model.safetensors).
-        Older exports beyond [train.ckpt] max_keep are deleted, as checkpoints are.
+        Older exports beyond [train.ckpt] max_keep are deleted, as checkpoints are: only those the run wrote, unchanged
+        (recorded in safetensors/written.json), never a step_<n> folder copied or linked in.
         """
         from physreason.models.export import export_trained
 
@@ -477,7 +478,8 @@ class Checkpointer:
         out_dir = self.output / "safetensors" / f"step_{step}"
         folder = export_trained(trained.model, trained.peft, model_cfg.model_name_or_path, out_dir, model_cfg.dtype)
         if not dist.is_initialized() or dist.get_rank() == 0:
-            prune_step_dirs(out_dir.parent, self.config.train.ckpt.max_keep, keep=folder)
+            record_export(self.output, folder)  # rotation deletes only exports the run recorded, never one put there
+            reapply_retention(self.output, self.config.train.ckpt.max_keep, keep=folder, under="safetensors")
         return folder
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from physreason.config import LoggingConfig
+from physreason.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,33 @@ def keep_records_up_to(path: Path, step: int) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
     temporary.write_text("".join(kept), encoding="utf-8")
     temporary.replace(path)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every record of a metrics.jsonl, in file order; a torn last line is skipped.
+
+    A run killed mid-write leaves its last line cut short, or (kill -9 on some filesystems) a tail of NUL bytes:
+    blank and NUL-only lines are skipped, and so is a last line that is not a JSON object. Such a line anywhere
+    else is no kill's doing: InputError naming the file and line.
+    """
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip("\x00 \t\r")]
+    records = []
+    for index, (number, line) in enumerate(numbered):
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            record, problem = None, f"not valid JSON ({exc})"
+        else:
+            problem = "not a JSON object"
+        if isinstance(record, dict):
+            records.append(record)
+        elif index < len(numbered) - 1:
+            raise InputError(
+                f"{path}:{number} is {problem}: each line of a metrics log is one step's JSON object; delete or "
+                "fix that line and run again"
+            )
+    return records
 
 
 class MetricLogger:

@@ -70,19 +70,22 @@ def load_clips(data_root: Path, model_dir: Path, vision: dict[str, Any], workers
     """Decode every clip of `data_root/sft.jsonl` once: pixels, grids, task index and answer index per clip."""
     import numpy as np
 
+    from physreason.data.loaders import media_path_in_root
     from physreason.data.synth.tasks import LETTER_TASK_NAMES, TASKS
     from physreason.models.inputs import load_processor_params, patch_factor
 
     tasks = list(LETTER_TASK_NAMES)
     params, factor = load_processor_params(str(model_dir)), patch_factor(str(model_dir))  # read once, not per clip
-    rows = [json.loads(line) for line in (data_root / "sft.jsonl").read_text().splitlines() if line.strip()]
+    records = data_root / "sft.jsonl"
+    rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
     jobs, task_ids, answers = [], [], []
     for row in rows:
+        video = media_path_in_root(data_root.resolve(), row["video"], str(records))  # never a file outside data_root
         task = row["video"].split("/")[0]
         letter = row["conversations"][-1]["content"].strip()
         if task not in tasks or letter not in LETTERS[: TASKS[task].n_options]:
-            raise ValueError(f"{data_root / 'sft.jsonl'}: record for {row['video']} has task {task!r}, answer {letter!r}")
-        jobs.append((str(data_root / row["video"]), vision, params, factor))
+            raise ValueError(f"{records}: record for {row['video']} has task {task!r}, answer {letter!r}")
+        jobs.append((str(video), vision, params, factor))
         task_ids.append(tasks.index(task))
         answers.append(LETTERS.index(letter))
     context = multiprocessing.get_context("spawn")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from physreason.errors import ConfigError
+from physreason.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +166,34 @@ def read_record(output_dir: Path) -> dict[str, Any]:
         raise ConfigError(
             f"{path} is not valid JSON ({exc}): it lists this run's uploads; delete it to upload everything again"
         ) from exc
+    problem = _record_problem(record)
+    if problem:
+        raise ConfigError(
+            f"{path} is not an upload record as a run writes it ({problem}): it lists this run's uploads; delete it "
+            "to upload everything again"
+        )
     for name, empty in (("pending", []), ("s3", {}), ("hf", {})):
         record.setdefault(name, empty)
     return record
+
+
+def _record_problem(record: Any) -> str | None:
+    """What makes a parsed uploads.json unlike the record a run writes, or None when it is alike."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    pending = record.get("pending", [])
+    if not isinstance(pending, list):
+        return "'pending' is not a list"
+    for job in pending:
+        if not (isinstance(job, list) and len(job) == 2 and job[0] in ("s3", "hf") and isinstance(job[1], str)):
+            return f"'pending' holds {json.dumps(job)[:80]}, not a [kind, folder] pair of kind 's3' or 'hf'"
+        if Path(job[1]).is_absolute() or ".." in Path(job[1]).parts:  # its pin is deleted once uploaded
+            return f"'pending' names the folder {job[1]!r}, outside the run folder"
+    for name in ("s3", "hf"):
+        done = record.get(name, {})
+        if not isinstance(done, dict) or not all(isinstance(entry, dict) for entry in done.values()):
+            return f"{name!r} is not an object of objects"
+    return None
 
 
 def pending_uploads(output_dir: Path) -> list[tuple[str, str]]:
@@ -217,10 +243,7 @@ class Uploads:
 
     def _save_record(self) -> None:
         with self._lock:
-            path = self.output / RECORD
-            temporary = path.with_name(f".{RECORD}.tmp")
-            temporary.write_text(json.dumps(self._record, indent=1), encoding="utf-8")
-            os.replace(temporary, path)
+            write_atomic(self.output / RECORD, json.dumps(self._record, indent=1))
 
     def pending(self) -> list[tuple[str, str]]:
         """(kind, folder) of every job queued and not finished, this run's and an earlier process's: 's3' or 'hf'."""
