@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,6 +59,9 @@ class OverlappedHostStep:
         self._thread: threading.Thread | None = None
         self._done: list[threading.Event] = []
         self._error: BaseException | None = None
+        # totals since construction, for benches: steps the thread finished, its seconds, the main thread's seconds
+        # blocked on it (forward hooks and wait(): the part of the host step the forward did not hide)
+        self.steps, self.step_seconds, self.waited_seconds = 0, 0.0, 0.0
         self.handles = [
             unit.register_forward_pre_hook(self._before_forward_of(index), prepend=True)
             for index, unit in enumerate(units)
@@ -94,7 +98,9 @@ class OverlappedHostStep:
         thread, self._thread = self._thread, None
         if thread is None:
             return
+        started = time.perf_counter()
         thread.join()
+        self.waited_seconds += time.perf_counter() - started
         error, self._error = self._error, None
         if error is not None:
             raise error
@@ -121,7 +127,11 @@ class OverlappedHostStep:
                 self._order.append(index)
             if self._thread is None:
                 return
-            self._done[index].wait()
+            done = self._done[index]
+            if not done.is_set():
+                started = time.perf_counter()
+                done.wait()
+                self.waited_seconds += time.perf_counter() - started
             if self._error is not None:
                 self.wait()  # raises it
 
@@ -157,6 +167,7 @@ class OverlappedHostStep:
     # --- the background thread -----------------------------------------------------------------------------------
 
     def _run(self, order: list[int], done: list[threading.Event]) -> None:
+        started = time.perf_counter()
         try:
             for unit in order:
                 stepper = self._steppers[unit]
@@ -165,6 +176,8 @@ class OverlappedHostStep:
                     for parameter in self._members[unit][0]:
                         parameter.grad = None
                 done[unit].set()
+            self.steps += 1
+            self.step_seconds += time.perf_counter() - started
         except BaseException as error:  # raised in the main thread by wait()
             self._error = error
         finally:
