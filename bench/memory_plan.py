@@ -5,7 +5,7 @@ stage against its plan. What each runs: bench/RESULTS.md ("How the scripts measu
   torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --config tests/fixtures/qwen3_vl_32b --layers 4 \
       [--state bfloat16 | --offload]
   torchrun --standalone --nproc-per-node 1 bench/memory_plan.py --shape qwen2.5-vl-3b --layers 0 --seq-len 4096 \
-      --modes none,offload,bf16-state --steps 3 --warmup 1 [--profile DIR [--profile-steps 2]]
+      --modes none,offload,offload-overlap,bf16-state --steps 3 --warmup 1 [--profile DIR [--profile-steps 2]]
   python bench/memory_plan.py --grounding-grpo --steps 3
 CPU check: python bench/memory_plan.py --tiny
 """
@@ -32,6 +32,7 @@ from physreason.models.lora import apply_lora
 from physreason.models.sizes import shape_from_hf_config
 from physreason.train import phases
 from physreason.train.build import shard
+from physreason.train.host_step import OverlappedHostStep
 from physreason.train.memory import GIB, Layout, Workload, plan_memory
 from physreason.train.model import CausalLMLoss
 from physreason.train.profiling import CATEGORIES, Profiled, format_breakdown, launches_under, summary_json
@@ -40,7 +41,8 @@ from physreason.train.schedule import build_optimizer, fused_adamw
 
 ROOT = Path(__file__).resolve().parents[1]
 # --modes: each mode's settings over the command line's (none: as given, fp32 state on the GPU)
-MODES = {"none": {}, "offload": {"cpu_offload": True}, "bf16-state": {"optimizer_state_dtype": "bfloat16"}}
+MODES = {"none": {}, "offload": {"cpu_offload": True}, "bf16-state": {"optimizer_state_dtype": "bfloat16"},
+         "offload-overlap": {"cpu_offload": True, "cpu_offload_overlap": True}}  # fmt: skip
 
 
 def build_config(args: argparse.Namespace):
@@ -77,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--state", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--offload", action="store_true")
     parser.add_argument("--no-checkpointing", action="store_true")
-    parser.add_argument("--modes", default=None, metavar="none,offload,bf16-state",
+    parser.add_argument("--modes", default=None, metavar="none,offload,offload-overlap,bf16-state",
                         help="measure tokens/s of each mode against none in this run (instead of one memory row)")
     harness.add_steps(parser, 3, 1, "steps per mode (--modes)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
@@ -142,8 +144,12 @@ def make_step(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, 
     offload on one rank the norm comes from the GPU: only its copy to the host); of its AdamW step, which under
     offload takes the clip coefficient itself; whether clipping scaled). Meant for offload, whose gradients are on
     the host once the backward returns (FSDP2 waits for their copies) and whose clipping and AdamW run there, so the
-    figures need no GPU sync; on the GPU they would be launch time only."""
+    figures need no GPU sync; on the GPU they would be launch time only. With train.cpu_offload_overlap the step is
+    the trainer's too: AdamW runs in the background (optimizer.overlap, an OverlappedHostStep) beside the next
+    forward, which waits unit by unit, and its AdamW figure is only the start of the thread (the thread's own seconds
+    and the main thread's waits are on optimizer.overlap)."""
     module, optimizer = build_trained(args, runtime, hf_config, train, draw_on)
+    overlap = OverlappedHostStep(module, optimizer) if train.cpu_offload_overlap else None
     # as build_training_model: offloaded gradients take their norm from FSDP2's reduce outputs on the GPU (one rank)
     reduced = parallelize.ReducedGradNorm.attach(module) if train.cpu_offload else None
     text = getattr(hf_config, "text_config", hf_config)
@@ -157,6 +163,8 @@ def make_step(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, 
         zeroing, and each one's wall seconds (and the seconds until optimizer.step() returned) appended there."""
         with torch.autocast(runtime.device.type, dtype=torch.bfloat16, enabled=autocast):
             loss = module(batch)
+        if overlap is not None:
+            overlap.wait()  # as train_step: every unit stepped before the gradients arrive
         with phases.phase(phases.BACKWARD):
             (loss / batch.num_targets).backward()
         with phases.phase(phases.OPTIMIZER):
@@ -171,7 +179,8 @@ def make_step(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, 
                 laps.append(time.perf_counter())
                 ranges[1].__enter__()
 
-            norm = parallelize.clip_and_step(parameters, 1.0, optimizer, on_norm=norm_done, reduced=reduced)
+            norm = parallelize.clip_and_step(parameters, 1.0, optimizer, on_norm=norm_done, reduced=reduced,
+                                             step=overlap.start if overlap is not None else None)  # fmt: skip
             ranges[1].__exit__(None, None, None)
             clock.lap("step_returned", sync_device=False)
             clock.lap("step")
@@ -179,10 +188,12 @@ def make_step(args: argparse.Namespace, runtime, hf_config, train: TrainConfig, 
                 now = time.perf_counter()
                 host_seconds.append((laps[1] - laps[0], now - laps[1], float(norm) > 1.0))
             with record_function(OPTIMIZER_PARTS[2]):
-                optimizer.zero_grad(set_to_none=True)
+                if overlap is None:  # the thread releases each unit's gradients itself
+                    optimizer.zero_grad(set_to_none=True)
             clock.lap("zero_grad")
 
     optimizer.reduced_norm = reduced  # for reduced_served
+    optimizer.overlap = overlap  # for the offload-overlap row's figures
     return module, optimizer, step
 
 
@@ -243,7 +254,7 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
     if runtime.is_main:
         print(f"{info['device']} x {runtime.world_size}, {shape_from_hf_config(hf_config).total_params / 1e9:.2f} B "
               f"parameters, {tokens:,} tokens per step; {args.warmup} warm-up + {args.steps} timed steps per mode", flush=True)
-        print(f"{'mode':<11} {'s/step':>8} {'tokens/s':>10} {'vs none':>8} {'peak GiB':>9} {'planned GiB':>12}", flush=True)
+        print(f"{'mode':<15} {'s/step':>8} {'tokens/s':>10} {'vs none':>8} {'peak GiB':>9} {'planned GiB':>12}", flush=True)
     for mode in modes:
         train = train_config(args, **MODES[mode])
         # Drawn on the device for every mode (fast); with offload, FSDP2 moves the shards to the host when it wraps.
@@ -251,11 +262,28 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
         module, optimizer, step = make_step(args, runtime, hf_config, train, runtime.device, host_seconds)
         for _ in range(args.warmup):
             step()
+        overlap = optimizer.overlap
+        if overlap is not None:
+            # the timed steps hold exactly their own AdamW steps: none of the warm-up's in flight at the start, and the
+            # last one waited for at the end (a run's steady state hides a little more: its first forward too)
+            overlap.wait()
         harness.sync(runtime.device)
         harness.reset_peak()  # the timed steps' peak
         if host_seconds is not None:
             host_seconds.clear()  # the timed steps' only
-        seconds = harness.timed_steps(step, 0, args.steps, runtime.device)
+        if overlap is not None:
+            before = overlap.steps, overlap.step_seconds, overlap.waited_seconds
+
+            def steps_and_wait(step=step, overlap=overlap) -> None:
+                for _ in range(args.steps):
+                    step()
+                overlap.wait()
+
+            seconds = harness.timed(steps_and_wait, runtime.device)[0] / args.steps
+            background = [now - then for now, then in zip((overlap.steps, overlap.step_seconds, overlap.waited_seconds),
+                                                          before, strict=True)]  # fmt: skip
+        else:
+            seconds = harness.timed_steps(step, 0, args.steps, runtime.device)
         profiled = profile_mode(args, runtime, mode, step) if args.profile is not None else None
         _, planned = planned_tensors(args, runtime, hf_config, train)
         row = {"mode": mode, "seconds_per_step": seconds, "tokens_per_s": tokens / seconds,
@@ -268,6 +296,10 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
             row["norm_from_gpu"] = reduced_served(optimizer)
             row["host_step_seconds"] = row["host_norm_seconds"] + row["host_adamw_seconds"]
             row["host_adamw"] = "fused" if optimizer.defaults.get("fused") else type(optimizer).__name__
+            if overlap is not None:  # AdamW in the background: its seconds, and those the main thread waited for it
+                row["host_adamw_seconds"] = background[1] / max(background[0], 1)
+                row["host_wait_seconds"] = background[2] / args.steps
+                row["host_step_seconds"] = row["host_norm_seconds"] + row["host_wait_seconds"]
         if hasattr(optimizer, "grouped_launches"):  # bf16 state: which update ran (one kernel a group, or a parameter)
             stepped = args.warmup + args.steps + (args.profile_steps if profiled else 0)
             row["adamw_launches_per_step"] = {"grouped": optimizer.grouped_launches / stepped,
@@ -278,13 +310,23 @@ def measure_modes(args: argparse.Namespace, runtime, hf_config, modes: list[str]
         none = next((r for r in rows if r["mode"] == "none"), row if mode == "none" else None)
         row["vs_none"] = row["tokens_per_s"] / none["tokens_per_s"] if none else None
         rows.append(row)
-        del module, optimizer, step
+        if overlap is not None:
+            overlap.close()  # its hooks and optimizers hold the shards: gone before the next mode
+        del module, optimizer, step, overlap
         harness.free_memory()  # the next mode starts from an empty GPU (and frees the offloaded shards' pinned memory)
         if runtime.is_main:
             ratio = f"{row['vs_none']:.3f}" if row["vs_none"] is not None else "-"
-            print(f"{mode:<11} {seconds:8.3f} {row['tokens_per_s']:10,.0f} {ratio:>8} {row['peak_gib']:9.2f} "
+            print(f"{mode:<15} {seconds:8.3f} {row['tokens_per_s']:10,.0f} {ratio:>8} {row['peak_gib']:9.2f} "
                   f"{row['planned_gib']:12.2f}", flush=True)  # fmt: skip
-            if "host_step_seconds" in row:
+            if "host_wait_seconds" in row:
+                host = row["host_step_seconds"]
+                print(f"  {mode}: AdamW ({row['host_adamw']}) in the background {row['host_adamw_seconds']:.3f} s a "
+                      f"step, of which the main thread waited {row['host_wait_seconds']:.3f} s (forward hooks and "
+                      f"before the backward); gradient norm {row['host_norm_seconds']:.3f} s ({row['norm_from_gpu']}); "
+                      f"clipped in {row['host_clipped_steps']} of {row['host_timed_steps']} steps; forward and backward "
+                      f"with their copies, the rest of AdamW hidden under them, {seconds - host:.3f} s; "
+                      f"{cpu.describe()}", flush=True)  # fmt: skip
+            elif "host_step_seconds" in row:
                 host = row["host_step_seconds"]
                 print(f"  {mode}: clipping and AdamW ({row['host_adamw']}) on the host {host:.3f} s of the {seconds:.3f} s "
                       f"step (gradient norm {row['host_norm_seconds']:.3f} s, {row['norm_from_gpu']}; AdamW "

@@ -24,14 +24,16 @@ def memory_bench():
 def test_modes_run_in_one_torchrun_and_print_tokens_per_second_against_none(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-               str(ROOT / "bench" / "memory_plan.py"), "--tiny", "--seq-len", "64", "--modes", "none,offload,bf16-state",
+               str(ROOT / "bench" / "memory_plan.py"), "--tiny", "--seq-len", "64", "--modes",
+               "none,offload,bf16-state,offload-overlap",
                "--steps", "1", "--warmup", "1"]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    table = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["none"], ["offload"], ["bf16-state"])]
-    assert [row[0] for row in table] == ["none", "offload", "bf16-state"]
+    modes = ["none", "offload", "bf16-state", "offload-overlap"]
+    table = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in ([mode] for mode in modes)]
+    assert [row[0] for row in table] == modes
     rows = json.loads((tmp_path / "memory_plan_modes.json").read_text())["rows"]
-    assert [r["mode"] for r in rows] == ["none", "offload", "bf16-state"]
+    assert [r["mode"] for r in rows] == modes
     none = rows[0]
     for row in rows:
         assert row["seconds_per_step"] > 0
@@ -48,6 +50,13 @@ def test_modes_run_in_one_torchrun_and_print_tokens_per_second_against_none(tmp_
     assert "host_step_seconds" not in none and "host_step_seconds" not in rows[2]
     assert "offload: clipping and AdamW (fused) on the host" in done.stdout
     assert json.loads((tmp_path / "memory_plan_modes.json").read_text())["cpu_threads"] >= 1
+    # offload-overlap: AdamW in the background thread, timed there; the main thread's waits for it are its host share
+    overlap = rows[3]
+    assert overlap["host_adamw"] == "fused" and overlap["host_adamw_seconds"] > 0
+    assert 0 <= overlap["host_wait_seconds"] < overlap["seconds_per_step"]
+    assert overlap["host_step_seconds"] == pytest.approx(overlap["host_norm_seconds"] + overlap["host_wait_seconds"])
+    assert "offload-overlap: AdamW (fused) in the background" in done.stdout
+    assert "host_wait_seconds" not in offload
     # the plan of each mode, beside its figure: offload moves the state to the host, bf16 state halves the moments
     assert rows[1]["planned_gib"] < none["planned_gib"] and rows[2]["planned_gib"] < none["planned_gib"]
 

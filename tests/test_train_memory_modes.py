@@ -118,6 +118,12 @@ def test_cpu_offload_on_two_gloo_processes_trains_and_resumes_exactly(tmp_path):
                      "train.trust_checkpoint=true")
     assert len(straight) == 4 and straight[-1] < straight[0]
     assert resumed == straight[2:]
+    # train.cpu_offload_overlap on two ranks (the gradient norm reduced over them on the host, before the background
+    # step starts): the serial run's losses and final weights, bit for bit
+    overlapped = launch("c", "train.max_steps=4", "train.cpu_offload_overlap=true")
+    assert overlapped == straight
+    final = [load_file(tmp_path / run / "safetensors" / "step_4" / "model.safetensors") for run in ("a", "c")]
+    assert final[0].keys() == final[1].keys() and all(torch.equal(final[0][k], final[1][k]) for k in final[0])
 
 
 def test_the_fused_gpu_update_computes_the_eager_bf16_state_step():

@@ -462,6 +462,13 @@ class TrainConfig(Section):
         "Slower (12 bytes per parameter over PCIe and an AdamW pass over host memory every step); frees the GPU of "
         "about 16 bytes per parameter / number of processes.",
     )
+    cpu_offload_overlap: bool = Field(
+        False,
+        description="SFT with train.cpu_offload: the host's AdamW steps in a background thread, one FSDP2 unit at a "
+        "time in forward order, while the next step's forward runs; each unit's forward waits for its own update, so "
+        "the losses and weights are exactly those of the serial step. Off by default until measured on a GPU (bench/"
+        "memory_plan.py --modes offload,offload-overlap). Needs float32 optimizer state and no train.fp8.",
+    )
     optimizer_state_dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
         description="Dtype AdamW keeps its two moments in: 'bfloat16' saves 4 bytes per trained parameter (the update "
@@ -488,6 +495,27 @@ class TrainConfig(Section):
     ckpt: CheckpointConfig = Field(default_factory=CheckpointConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
     fp8: Float8TrainConfig = Field(default_factory=Float8TrainConfig)
+
+    @model_validator(mode="after")
+    def _overlap_needs_offload(self) -> TrainConfig:
+        if not self.cpu_offload_overlap:
+            return self
+        if not self.cpu_offload:
+            raise ValueError(
+                "train.cpu_offload_overlap = true overlaps the host's AdamW step of train.cpu_offload with the next forward, "
+                "but train.cpu_offload = false: set train.cpu_offload = true, or train.cpu_offload_overlap = false"
+            )
+        if self.optimizer_state_dtype != "float32":
+            raise ValueError(
+                "train.cpu_offload_overlap = true steps torch's fused AdamW a unit at a time, which needs "
+                "train.optimizer_state_dtype = 'float32': set it, or train.cpu_offload_overlap = false"
+            )
+        if self.fp8.enable_fp8:
+            raise ValueError(
+                "train.cpu_offload_overlap = true cannot run with train.fp8.enable_fp8 = true (float8's scales are computed "
+                "from every weight right after the step): set one of them to false"
+            )
+        return self
 
 
 class RolloutConfig(Section):

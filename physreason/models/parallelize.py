@@ -326,6 +326,7 @@ def clip_and_step(
     optimizer: torch.optim.Optimizer,
     on_norm: Callable[[], None] | None = None,
     reduced: ReducedGradNorm | None = None,
+    step: Callable[[torch.Tensor | None], None] | None = None,
 ) -> torch.Tensor:
     """clip_grad_norm(parameters, max_norm), then optimizer.step(); returns the norm before clipping (0-dim, fp32).
 
@@ -337,7 +338,9 @@ def clip_and_step(
     scaled in place as clip_grad_norm does. The result equals clip_grad_norm then step() to float32 rounding
     (g / (1 / c) against g x c). on_norm: called once the norm (and any scaling) is done, before the step; the
     bench times the two parts with it. reduced: the norm FSDP2's reduce-scatter outputs gave on the GPU, used when it
-    covers this step's gradients (ReducedGradNorm.take), instead of a pass over them on the host.
+    covers this step's gradients (ReducedGradNorm.take), instead of a pass over them on the host. step: called in
+    place of optimizer.step() with the fused kernel's grad_scale (the clip coefficient as a divisor) or None
+    (train.cpu_offload_overlap: OverlappedHostStep.start).
     """
     total, groups = _grad_norm(parameters, reduced)
     scale = _clip_coefficient(total, max_norm)
@@ -346,6 +349,9 @@ def clip_and_step(
         _scale_grads(groups, scale)
     if on_norm is not None:
         on_norm()
+    if step is not None:
+        step((total + 1e-6) / max_norm if fold else None)
+        return total
     if not fold:
         optimizer.step()
         return total

@@ -26,6 +26,7 @@ from physreason.config import Config, ModelConfig, TrainConfig
 from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
 from physreason.models.context_parallel import ContextParallel
+from physreason.train.host_step import OverlappedHostStep
 from physreason.train.runtime import Runtime, autocast_context
 from physreason.train.schedule import build_optimizer, fused_adamw
 
@@ -50,6 +51,14 @@ class TrainingModel:
     peft: nn.Module | None = None  # with [train.lora]: the PeftModel around `model` (adapter saves), else None
     # train.cpu_offload on one rank: the gradient norm from FSDP2's reduce outputs on the GPU (clip_and_step), else None
     reduced_norm: parallelize.ReducedGradNorm | None = None
+    # train.cpu_offload_overlap: the host's AdamW a unit at a time beside the next forward; wait() before reading
+    # weights or optimizer state (physreason.train.host_step), else None
+    overlap: OverlappedHostStep | None = None
+
+    def wait_for_step(self) -> None:
+        """Wait for the optimizer step in flight (train.cpu_offload_overlap); nothing to wait for otherwise."""
+        if self.overlap is not None:
+            self.overlap.wait()
 
 
 def check_lora(config: Config) -> None:
@@ -188,15 +197,25 @@ def compile_blocks(model: nn.Module) -> None:
 
 
 def build_training_model(
-    config: Config, runtime: Runtime, wrap: Wrap, optimizer_steps: int, reference: ModelConfig | None = None
+    config: Config,
+    runtime: Runtime,
+    wrap: Wrap,
+    optimizer_steps: int,
+    reference: ModelConfig | None = None,
+    overlaps_step: bool = False,
 ) -> TrainingModel:
     """Load config.model, wrap it, shard it over the job's processes, compile it and build its optimizer.
 
     wrap: builds the module the optimizer trains around the transformers model. optimizer_steps: the
     optimizer steps the learning-rate schedule spans. reference: a checkpoint loaded frozen, wrapped
-    the same way and sharded like the policy (GRPO's KL reference); None loads none.
+    the same way and sharded like the policy (GRPO's KL reference); None loads none. overlaps_step: the caller
+    steps through TrainingModel.overlap under train.cpu_offload_overlap (SFT); other callers refuse that key.
     """
     train = config.train
+    if train.cpu_offload_overlap and not overlaps_step:
+        raise ConfigError(
+            "train.cpu_offload_overlap = true is implemented for SFT only: set train.cpu_offload_overlap = false"
+        )
     check_lora(config)
     cp = config.policy.parallelism.cp_size
     if cp > 1 and not runtime.distributed:
@@ -241,4 +260,5 @@ def build_training_model(
         peft_model,
         # offloaded gradients: their norm on the GPU saves clipping a read of all of them on the host
         parallelize.ReducedGradNorm.attach(module) if train.cpu_offload else None,
+        OverlappedHostStep(module, optimizer) if train.cpu_offload_overlap else None,
     )

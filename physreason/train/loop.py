@@ -344,6 +344,7 @@ class Checkpointer:
 
     def _load(self, path: Path) -> dict[str, Any]:
         trained = self.trained
+        trained.wait_for_step()  # train.cpu_offload_overlap: no step may write what the load replaces
         return load_checkpoint(
             path, trained.module, trained.optimizer, trained.scheduler, trainable_only=trained.peft is not None
         )
@@ -363,6 +364,7 @@ class Checkpointer:
         written here either way, from the weights of this step, while the checkpoint's files are written.
         """
         trained, ckpt = self.trained, self.config.train.ckpt
+        trained.wait_for_step()  # train.cpu_offload_overlap: the checkpoint holds the stepped weights and state
         args = (self.output, step, trained.module, trained.optimizer, trained.scheduler, {"step": step, **state},
                 ckpt.max_keep)  # fmt: skip
         options = {"trainable_only": trained.peft is not None, "export": ckpt.export_safetensors}
@@ -475,6 +477,7 @@ class Checkpointer:
         from physreason.models.export import export_trained
 
         model_cfg, trained = self.config.model, self.trained
+        trained.wait_for_step()
         out_dir = self.output / "safetensors" / f"step_{step}"
         folder = export_trained(trained.model, trained.peft, model_cfg.model_name_or_path, out_dir, model_cfg.dtype)
         if not dist.is_initialized() or dist.get_rank() == 0:

@@ -33,6 +33,7 @@ from physreason.models import loading, parallelize
 from physreason.models.family import model_family, read_vision_tokens
 from physreason.train import phases
 from physreason.train.build import build_training_model
+from physreason.train.host_step import OverlappedHostStep, settled
 from physreason.train.loop import (
     Checkpointer,
     DivergenceWatch,
@@ -282,12 +283,15 @@ def train_step(
     autocast: Any,
     dp_group: dist.ProcessGroup | None = None,
     reduced_norm: parallelize.ReducedGradNorm | None = None,
+    overlap: OverlappedHostStep | None = None,
 ) -> tuple[float, float]:
     """One optimizer step over the micro-batches; returns (global token-mean loss, grad norm).
 
     grad_ranks: the ranks FSDP2 averages gradients over (data-parallel x context-parallel). dp_group: the
     data-parallel process group (None: all ranks, i.e. no tensor or context parallelism). reduced_norm: the training
-    model's (train.cpu_offload on one rank), for the gradient norm from the GPU.
+    model's (train.cpu_offload on one rank), for the gradient norm from the GPU. overlap: the training model's
+    (train.cpu_offload_overlap): the optimizer step is still running when this returns, and the next step's forward
+    waits for each unit's update; whatever else reads the weights calls overlap.wait() first.
     """
     targets = all_reduce_sum(sum(b.num_targets for b in micro_batches), runtime, dp_group)
     # FSDP averages gradients over its ranks; multiplying by grad_ranks makes the result the gradient of (sum of
@@ -302,15 +306,23 @@ def train_step(
     for batch in usable:
         with autocast:
             loss = module(batch.to(runtime.device))
+        if overlap is not None:
+            overlap.wait()  # the last step's update of units this forward did not run, before their gradients
         with phases.phase(phases.BACKWARD):
             (loss * scale).backward()
         loss_sum += float(loss.detach())
     with phases.phase(phases.OPTIMIZER):
         # on the host (train.cpu_offload) the clip coefficient rides in the fused AdamW: no pass of its own
         parameters = [p for p in module.parameters() if p.requires_grad]
-        norm = parallelize.clip_and_step(parameters, clip, optimizer, reduced=reduced_norm)
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        if overlap is None:
+            norm = parallelize.clip_and_step(parameters, clip, optimizer, reduced=reduced_norm)
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            # the step starts in the background with this step's lr (the schedule moves on below); each unit's
+            # gradients are released once it is stepped
+            norm = parallelize.clip_and_step(parameters, clip, optimizer, reduced=reduced_norm, step=overlap.start)
+            scheduler.step()
     return all_reduce_sum(loss_sum, runtime, dp_group) / max(targets, 1.0), float(norm)
 
 
@@ -385,6 +397,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
         runtime,
         lambda model: CausalLMLoss(model, train_cfg.loss_chunk_size, balance_vision=runtime.balances_vision),
         total_steps,
+        overlaps_step=True,
     )
     module, optimizer, scheduler = trained.module, trained.optimizer, trained.scheduler
     autocast, dp_group = trained.autocast, trained.dp_group
@@ -432,6 +445,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
         contextlib.closing(stream),
         contextlib.closing(checkpointer),
         StopOnSignal(runtime) as stop,
+        settled(trained.overlap),  # leaving (done or failed): the step in flight has finished first
     ):
         while step < total_steps:
             started = time.perf_counter()
@@ -442,7 +456,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
             tokens = all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime, dp_group)
             loss, norm = train_step(
                 module, micro, optimizer, scheduler, runtime, dp_size * cp, train_cfg.optm_grad_norm_clip, autocast,
-                dp_group, trained.reduced_norm,
+                dp_group, trained.reduced_norm, trained.overlap,
             )
             step += 1
             elapsed = time.perf_counter() - started
@@ -456,6 +470,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
             )
             divergence.check(step, loss, norm)  # every rank: loss and norm are global
             if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):
+                trained.wait_for_step()
                 result.val_losses[step] = validation_loss(
                     module, val_set, collate, runtime, train_cfg.mini_batch, autocast, tp * cp, dp_group
                 )
@@ -469,6 +484,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
             stop.after_step(checkpointer, step, saved, {"skipped": dict(result.skipped)})
             if on_step is not None:
                 on_step(step)
+        trained.wait_for_step()
         checkpointer.finish()
     if result.skipped and runtime.is_main:
         log.warning("skipped samples: %s", dict(result.skipped))
