@@ -212,7 +212,7 @@ def _scalar_tensors(values: tuple[float, ...], device: torch.device) -> list[tor
 
 _GROUPED_ON_CPU = False  # host tensors through Triton's interpreter (TRITON_INTERPRET=1): the CPU tests only
 BLOCK, ITERS = 1024, 16  # a program updates BLOCK x ITERS elements (16,384: 64 KiB of float32 weights)
-WARPS = 4  # warps a program (bench/adamw_kernel.py measures other BLOCK, ITERS, WARPS)
+WARPS = 4  # warps a program (chosen with bench/adamw_kernel.py, retired: bench/RESULTS.md)
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
