@@ -87,3 +87,17 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(needs_gpu)
         if "cpu_only" in item.keywords and cuda:
             item.add_marker(needs_cpu)
+
+
+@pytest.fixture
+def fsynced(monkeypatch) -> list[str]:
+    """The paths os.fsync is called on during the test, in order (Linux: read from /proc/self/fd); fsync still runs."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
