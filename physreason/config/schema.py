@@ -466,8 +466,9 @@ class TrainConfig(Section):
         False,
         description="SFT with train.cpu_offload: the host's AdamW steps in a background thread, one FSDP2 unit at a "
         "time in forward order, while the next step's forward runs; each unit's forward waits for its own update, so "
-        "the losses and weights are exactly those of the serial step. Off by default until measured on a GPU (bench/"
-        "memory_plan.py --modes offload,offload-overlap). Needs float32 optimizer state and no train.fp8.",
+        "the losses and weights are exactly those of the serial step. Off by default: on an H100 host of 16 threads "
+        "the background AdamW slowed the forward more than it hid (bench/RESULTS.md; bench/memory_plan.py --modes "
+        "offload,offload-overlap measures a host). Needs float32 optimizer state and no train.fp8.",
     )
     optimizer_state_dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
