@@ -42,6 +42,9 @@ def test_defaults_are_the_recipe_and_variants_get_their_own_folders(bench):
     assert not plain.sft_freeze_tower and bench.variant_suffix(plain) == ""
     trained = bench.parse_args(["--no-sft-freeze-tower"])
     assert bench.variant_suffix(trained) == "-tower4000"
+    # a head that sees every token trains another tower: its folders never reuse the recipe's
+    assert recipe.tower_head == "time"
+    assert bench.variant_suffix(bench.parse_args(["--tower-head", "tokens"])) == "-tower4000-tokens-frozen"
     qwen3 = bench.parse_args(["--family", "qwen3_vl", "--temporal-patch", "4", "--tower-steps", "0"])
     assert bench.model_folder_name(qwen3) == "model-scale2-qwen3_vl-tp4"
     assert bench.variant_suffix(qwen3) == "-scale2-qwen3_vl-tp4"
@@ -89,6 +92,14 @@ def test_spread_gives_mean_std_min_max_over_seeds_per_stage_and_task(bench):
     assert "| untrained model | 0.0 | - |" in text
 
 
+def test_pretrain_tower_refuses_an_unknown_head_input_before_any_work(tmp_path):
+    from physreason.train.tower import pretrain_tower
+
+    with pytest.raises(ValueError, match="head_input 'pooled' is not one of time, tokens"):
+        pretrain_tower(tmp_path / "missing", tmp_path, tmp_path / "out", {}, head_input="pooled")
+    assert not (tmp_path / "out").exists()
+
+
 def test_own_task_loss_is_each_rows_cross_entropy_over_its_own_tasks_options(tower):
     torch.manual_seed(0)
     bounds = torch.tensor([0, 2, 6, 8])  # tasks of 2, 4 and 2 options
@@ -108,9 +119,11 @@ def test_own_task_loss_is_each_rows_cross_entropy_over_its_own_tasks_options(tow
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("family", "patience"), [("qwen2_5_vl", 0), ("qwen3_vl", 1)])
+@pytest.mark.parametrize(
+    ("family", "patience", "head"), [("qwen2_5_vl", 0, "time"), ("qwen3_vl", 1, "time"), ("qwen2_5_vl", 0, "tokens")]
+)
 def test_pretrain_tower_changes_only_the_vision_tower_and_saves_a_loadable_model(
-    tower, tmp_path, monkeypatch, family, patience
+    tower, tmp_path, monkeypatch, family, patience, head
 ):
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
@@ -128,10 +141,10 @@ def test_pretrain_tower_changes_only_the_vision_tower_and_saves_a_loadable_model
     save_tiny_model(family, model_dir)
     vision = {"min_pixels": 12544, "max_pixels": 12544, "max_frames": 12}
     result = tower.pretrain_tower(
-        model_dir, data, out, vision, steps=3, batch=4, workers=1, eval_every=1, patience=patience
+        model_dir, data, out, vision, steps=3, batch=4, workers=1, eval_every=1, patience=patience, head_input=head
     )
 
-    assert result["clips"] == 9 and result["steps"] == 3
+    assert result["clips"] == 9 and result["steps"] == 3 and result["head_input"] == head
     # the held-out tenth is scored at every step and the first best-scoring step's tower is the one kept
     curve = result["heldout_curve"]
     assert [point["step"] for point in curve] == list(range(1, result["stopped_at"] + 1))

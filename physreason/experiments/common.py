@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from physreason.cpu import cpu_share
+from physreason.train.tower import HEAD_INPUTS
 
 
 def seed_list(text: str) -> list[int]:
@@ -61,6 +62,14 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, results: str, out: Pat
         "clip into each patch)",
     )
     parser.add_argument("--tower-lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--tower-head",
+        choices=HEAD_INPUTS,
+        default="time",
+        help="what the tower pre-training's linear head sees: 'time' the merged tokens averaged per temporal patch "
+        "(the recipe), 'tokens' every merged token in place, the frame's layout kept (physreason/train/tower.py); "
+        "folders of a 'tokens' run carry -tokens",
+    )
     parser.add_argument(
         "--tower-eval-every", type=int, default=100, help="score the tower's held-out tenth every N steps"
     )
@@ -150,6 +159,12 @@ def model_folder_name(args: argparse.Namespace, seed: int = 0) -> str:
     return f"model-{architecture_tag(args)}{seed_tag(seed)}"
 
 
+def tower_tag(args: argparse.Namespace) -> str:
+    """The tower pre-training's part of folder names: its steps, and its head input when not the recipe's."""
+    head = getattr(args, "tower_head", "time")
+    return f"-tower{args.tower_steps}" + ("" if head == "time" else f"-{head}")
+
+
 def variant_suffix(args: argparse.Namespace, seed: int = 0) -> str:
     """What tells this run's trained stages apart from other variants' under the same --out ("" for the recipe):
     the architecture when not the recipe's, the tower pre-training, a frozen tower, SFT / RL clip counts other than
@@ -159,7 +174,7 @@ def variant_suffix(args: argparse.Namespace, seed: int = 0) -> str:
     reuses another's finished stage."""
     tag = architecture_tag(args)
     model = "" if tag == "scale2" else f"-{tag}"
-    tower = f"-tower{args.tower_steps}" if args.tower_steps else ""
+    tower = f"{tower_tag(args)}" if args.tower_steps else ""
     frozen = "-frozen" if args.sft_freeze_tower else ""
     train = "" if args.train_per_task == DEFAULT_TRAIN_PER_TASK else f"-train{args.train_per_task}"
     rl = "" if args.rl_per_task == DEFAULT_RL_PER_TASK else f"-rl{args.rl_per_task}"
@@ -254,13 +269,14 @@ def tower_stage(args: argparse.Namespace, model_dir: Path, data_root: Path, cfg:
     """Pre-train `model_dir`'s tower on the letter SFT records under `data_root` (a finished one is reused)."""
     from physreason.train.tower import pretrain_tower
 
-    tower_dir = model_dir.parent / f"{model_dir.name}-tower{args.tower_steps}"
+    tower_dir = model_dir.parent / f"{model_dir.name}{tower_tag(args)}"
     done = tower_dir / "tower_pretraining.json"
     if done.is_file():
         return tower_dir, json.loads(done.read_text())
     result = pretrain_tower(
         model_dir, data_root, tower_dir, cfg.vision.model_dump(), args.tower_steps, args.tower_lr,
         workers=cfg.data.num_workers, seed=seed, eval_every=args.tower_eval_every, patience=args.tower_patience,
+        head_input=getattr(args, "tower_head", "time"),
     )  # fmt: skip
     return tower_dir, result
 

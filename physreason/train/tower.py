@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 LETTERS = "ABCDEFGH"
+HEAD_INPUTS = ("time", "tokens")  # what pretrain_tower's linear head sees (its docstring)
 
 
 def _one_thread() -> None:
@@ -116,17 +117,25 @@ def pretrain_tower(
     eval_every: int = 0,
     patience: int = 0,
     verbose: bool = True,
+    head_input: str = "time",
 ) -> dict[str, Any]:
     """Train `model_dir`'s vision tower on the clips (see the module docstring); save the model to `out_dir`.
 
     Every `eval_every` steps (0: a thirtieth of `steps`) the held-out tenth is scored; the tower and head of the best
     mean held-out accuracy over tasks are kept and saved, and with `patience` > 0 training stops once that many steps
-    pass without a better score; `verbose` prints the loss and the result. The same command reached loss 0.001 on an H200 and 0.076 on an H100 (spatial puzzle
+    pass without a better score; `verbose` prints the loss and the result. `head_input` is what the linear head
+    sees: "time" the merged tokens averaged per temporal patch (one vector a patch of frames, in time order), "tokens"
+    every merged token in place (the frame's layout kept: which region shows what). A mean is a linear function of
+    the tokens, so "tokens" can express everything "time" can; it also lets a task that hinges on where things are
+    (the spatial puzzle's shuffled quadrants) be read without the tower first writing positions into its features. The same command reached loss 0.001 on an H200 and 0.076 on an H100 (spatial puzzle
     held-out 98.4 vs 73.0): the selection keeps a run's best tower whatever its last steps did.
     """
     import numpy as np
     import torch
     from transformers import AutoModelForImageTextToText
+
+    if head_input not in HEAD_INPUTS:
+        raise ValueError(f"pretrain_tower: head_input {head_input!r} is not one of {', '.join(HEAD_INPUTS)}")
 
     from physreason.data.synth.tasks import TASKS
     from physreason.models.vision_attention import use_grouped_vision_attention
@@ -144,7 +153,8 @@ def pretrain_tower(
     per_group = grid_h * grid_w // merge**2
     width = model.config.text_config.hidden_size
     offsets = np.cumsum([0] + [TASKS[name].n_options for name in clips["tasks"]])
-    head = torch.nn.Linear(grid_t * width, int(offsets[-1])).to(device)
+    per_clip = grid_t * width * (per_group if head_input == "tokens" else 1)
+    head = torch.nn.Linear(per_clip, int(offsets[-1])).to(device)
     params = list(tower.parameters()) + list(head.parameters())
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     warmup = max(1, steps // 20)
@@ -169,7 +179,8 @@ def pretrain_tower(
         grids = grid.repeat(len(rows), 1).to(device)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
             merged = tower(frames.flatten(0, 1), grid_thw=grids).pooler_output  # [B * tokens, width]
-            pooled = merged.float().view(len(rows), grid_t, per_group, width).mean(2)  # [B, grid_t, width]
+            tokens = merged.float().view(len(rows), grid_t, per_group, width)
+            pooled = tokens if head_input == "tokens" else tokens.mean(2)  # [B, grid_t, (per_group,) width]
             return head(pooled.flatten(1)).float()
 
     def loss_and_hits(index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,6 +245,7 @@ def pretrain_tower(
         "steps": steps,
         "lr": lr,
         "batch": batch,
+        "head_input": head_input,
         "seed": seed,
         "clips": len(pixels),
         "grid_thw": clips["grid"],
