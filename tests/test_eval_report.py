@@ -292,3 +292,16 @@ def test_report_overwrite_replaces_a_link_in_place_of_a_report_file_and_leaves_i
     assert "| m | reasoning | av |" in (out / "report.md").read_text()
     assert (out / "accuracy.png").read_bytes().startswith(b"\x89PNG")
     assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", "report.csv", "report.md"]  # no temporary left
+
+
+def test_report_overwrite_removes_an_earlier_reports_files_it_does_not_write_and_nothing_else(tmp_path):
+    write_run(tmp_path / "results" / "m" / "reasoning", "av", 1, correct=1, wrong=1, total=2)  # no Physical AI Bench
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "board.csv").write_text("column,accuracy_pct_mean\nOverall,99.0\n")  # an earlier report's board
+    (out / "notes.txt").write_text("mine")
+    (out / "old").mkdir()
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "results"), "--out", str(out), "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", "notes.txt", "old", "report.csv", "report.md"]
+    assert (out / "notes.txt").read_text() == "mine"

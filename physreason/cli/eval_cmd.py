@@ -145,7 +145,9 @@ def _startup(plan: EvalPlan) -> None:
     print_startup("physreason eval", items, console=console)
 
 
-# What `eval report` writes into its folder; with --out, none of them is replaced without --overwrite.
+# What `eval report` writes into its folder; with --out, none of them is replaced without --overwrite. Those an
+# earlier report left that this one does not write (board.csv of a results folder without Physical AI Bench now,
+# accuracy.png before any sample is scored) are removed, so the folder holds one report; no other file is touched.
 REPORT_FILES = ("report.md", "report.csv", "board.csv", "accuracy.png")
 
 
@@ -156,7 +158,10 @@ def report(
         None, help="Folder for report.md, report.csv and accuracy.png [default: RESULTS_DIR]."
     ),
     overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace the report files in --out if they exist (never the results)."
+        False,
+        "--overwrite",
+        help="Replace the report files in --out if they exist, removing those this report does not write (never "
+        "the results or any other file).",
     ),
     force: bool = hidden_alias("--force", flag=True),
 ) -> None:
@@ -206,4 +211,8 @@ def report(
         written.append(chart)
     else:
         console.print("[yellow]no scored sample yet: no accuracy.png[/]")
+    for name in REPORT_FILES:  # an earlier report's file this one does not write would read as current: removed
+        stale = folder / name
+        if stale not in written and (stale.is_file() or stale.is_symlink()):
+            stale.unlink()  # a link goes, its target stays
     console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)  # paths unbroken, to copy
