@@ -219,3 +219,55 @@ def test_single_process_save_and_load_raise_no_distributed_warning(tmp_path):
         warnings.simplefilter("error")
         path = save_checkpoint(tmp_path, 1, model, optimizer, scheduler, {"step": 1}, max_keep=1)
         assert load_checkpoint(path, model, optimizer, scheduler)["step"] == 1
+
+
+def test_a_runs_export_never_replaces_a_step_folder_it_did_not_write(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    from physreason.config import load_config
+    from physreason.train.build import TrainingModel
+    from physreason.train.loop import Checkpointer
+
+    run = tmp_path / "run"
+    config = load_config(None, [f"model.model_name_or_path='{tiny_model_dir}'", f"train.output_dir='{run}'"])
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    checkpointer = Checkpointer(config, TrainingModel(model, model, None, None, None))
+    own = checkpointer.export(2)
+    checkpointer.export(2)  # the run's own export of that step (a resume replays it) is replaced
+    assert sorted(read_record(run, "safetensors")) == ["step_2"]
+    copied = run / "safetensors" / "step_4"
+    shutil.copytree(own, copied)  # put there by hand
+    (copied / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in copied.iterdir())
+    with pytest.raises(ConfigError, match=f"{copied} was not written by this run .* move that folder out of the run"):
+        checkpointer.export(4)
+    assert sorted(p.name for p in copied.iterdir()) == before and (copied / "notes.txt").read_text() == "mine"
+    assert not (run / "safetensors" / "step_4.tmp").exists() and sorted(read_record(run, "safetensors")) == ["step_2"]
+
+
+def test_an_export_the_run_began_but_never_recorded_or_one_from_before_the_record_is_the_runs_to_replace(
+    tiny_model_dir, tmp_path
+):
+    from transformers import AutoModelForImageTextToText
+
+    from physreason.config import load_config
+    from physreason.models.export import export_trained
+    from physreason.train.build import TrainingModel
+    from physreason.train.checkpoint import begin_export
+    from physreason.train.loop import Checkpointer
+
+    run = tmp_path / "run"
+    config = load_config(None, [f"model.model_name_or_path='{tiny_model_dir}'", f"train.output_dir='{run}'"])
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    checkpointer = Checkpointer(config, TrainingModel(model, model, None, None, None))
+    # a run from before physreason kept an export record: its step folders are its own, replaced as they always were
+    old = run / "safetensors" / "step_2"
+    export_trained(model, None, str(tiny_model_dir), old, "float32")
+    assert not (run / "safetensors" / "written.json").exists()
+    assert checkpointer.export(2) == old and sorted(read_record(run, "safetensors")) == ["step_2"]
+    # killed between the rename of step_4 and its record: the resume that redoes step 4 replaces it
+    begin_export(run, "step_4")
+    export_trained(model, None, str(tiny_model_dir), run / "safetensors" / "step_4", "float32")
+    assert read_record(run, "safetensors")["step_4"] == {"pending": True}
+    checkpointer.export(4)
+    assert "files" in read_record(run, "safetensors")["step_4"]

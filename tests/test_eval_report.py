@@ -275,3 +275,33 @@ def test_report_out_never_replaces_files_there_without_overwrite(tmp_path):
         replaced = report(str(out), flag)
         assert replaced.returncode == 0, replaced.stderr
         assert "| m | reasoning | av |" in (out / "report.md").read_text() and (out / "report.csv").is_file()
+
+
+def test_report_overwrite_replaces_a_link_in_place_of_a_report_file_and_leaves_its_target_alone(tmp_path):
+    write_run(tmp_path / "results" / "m" / "reasoning", "av", 1, correct=1, wrong=1, total=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("report.md", "accuracy.png"):
+        (tmp_path / f"mine-{name}").write_text("my own file")
+        (out / name).symlink_to(tmp_path / f"mine-{name}")
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "results"), "--out", str(out), "--overwrite"])
+    assert result.exit_code == 0, result.output
+    for name in ("report.md", "accuracy.png"):
+        assert (tmp_path / f"mine-{name}").read_text() == "my own file"  # never written through the link
+        assert not (out / name).is_symlink()
+    assert "| m | reasoning | av |" in (out / "report.md").read_text()
+    assert (out / "accuracy.png").read_bytes().startswith(b"\x89PNG")
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", "report.csv", "report.md"]  # no temporary left
+
+
+def test_report_overwrite_removes_an_earlier_reports_files_it_does_not_write_and_nothing_else(tmp_path):
+    write_run(tmp_path / "results" / "m" / "reasoning", "av", 1, correct=1, wrong=1, total=2)  # no Physical AI Bench
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "board.csv").write_text("column,accuracy_pct_mean\nOverall,99.0\n")  # an earlier report's board
+    (out / "notes.txt").write_text("mine")
+    (out / "old").mkdir()
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "results"), "--out", str(out), "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", "notes.txt", "old", "report.csv", "report.md"]
+    assert (out / "notes.txt").read_text() == "mine"

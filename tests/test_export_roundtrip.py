@@ -27,3 +27,19 @@ def test_exported_folder_reloads_with_identical_logits(tmp_path, vl_kind):
     assert AutoTokenizer.from_pretrained(out).chat_template
     assert json.loads((out / "config.json").read_text())["model_type"] == vl_kind
     assert not (tmp_path / "export.tmp").exists()
+
+
+def test_an_export_replaces_a_link_in_its_place_and_leaves_the_link_target_alone(tmp_path):
+    source = save_tiny_model("qwen2_5_vl", tmp_path / "src")
+    model = AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "notes.txt").write_text("mine")
+    out = tmp_path / "safetensors" / "step_2"
+    out.parent.mkdir()
+    out.symlink_to(elsewhere, target_is_directory=True)  # a user linked a folder where the run exports
+    out.with_name("step_2.tmp").symlink_to(elsewhere, target_is_directory=True)
+    export_safetensors(model, str(source), out, dtype="float32")
+    assert not out.is_symlink() and (out / "config.json").is_file()
+    assert [p.name for p in elsewhere.iterdir()] == ["notes.txt"] and (elsewhere / "notes.txt").read_text() == "mine"
+    assert not out.with_name("step_2.tmp").exists()

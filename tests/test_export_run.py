@@ -156,6 +156,31 @@ def test_the_cli_refuses_to_replace_the_run_its_parent_or_another_folder_and_rep
     assert same_weights(out, full_run / "safetensors" / "step_4")
 
 
+def test_an_out_that_is_a_link_is_refused_with_exit_2_and_its_target_left_alone(full_run, tmp_path):
+    earlier = export_run(full_run, tmp_path / "earlier", step=2)
+    before = {p.name: p.read_bytes() for p in earlier.iterdir() if p.is_file()}
+    link = full_run / "safetensors" / "step_9"  # a user linked an export into the run
+    link.symlink_to(earlier, target_is_directory=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    try:
+        with pytest.raises(ConfigError, match=f"--out {link}: {link} is a symbolic link \\(to {earlier}\\)"):
+            export_run(full_run, link, force=True)
+        command = [sys.executable, "-m", "physreason", "export", str(full_run), "--out", str(link), "--overwrite"]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert line.startswith(f"error: --out {link}: {link} is a symbolic link") and "give the folder" in line, line
+        assert link.is_symlink() and link.readlink() == earlier
+    finally:
+        link.unlink()
+    assert {p.name: p.read_bytes() for p in earlier.iterdir() if p.is_file()} == before
+    staged = tmp_path / "new.tmp"  # a link in the way of the staging folder: never written through
+    staged.symlink_to(earlier, target_is_directory=True)
+    with pytest.raises(ConfigError, match=f"--out {tmp_path / 'new'}: {staged} is a symbolic link"):
+        export_run(full_run, tmp_path / "new")
+    assert {p.name: p.read_bytes() for p in earlier.iterdir() if p.is_file()} == before
+
+
 @pytest.mark.slow
 def test_a_lora_checkpoint_exports_merged_or_as_its_adapter(tiny_model_dir, tmp_path):
     from transformers import AutoModelForImageTextToText

@@ -9,7 +9,7 @@ import pytest
 from physreason.errors import ConfigError, InputError
 from physreason.infer.batch import BatchSummary, plan_batch, read_requests
 from physreason.infer.ray_pipeline import check_cpus, replica_layout
-from physreason.infer.results import ParquetSink, drop_results, open_sink, result_status
+from physreason.infer.results import ParquetSink, drop_broken_lines, drop_results, open_sink, result_status
 
 
 def answered(rid: str) -> dict:
@@ -78,6 +78,28 @@ def test_drop_results_keeps_other_lines_and_cuts_a_torn_tail(tmp_path):
     out = tmp_path / "o.jsonl"
     out.write_text('{"id": "a"}\n{"id": "b", "error": "x"}\n{"id": "c"}\n{"id": "d", "err')
     drop_results(out, {"b"})
+    assert out.read_text() == '{"id": "a"}\n{"id": "c"}\n'
+
+
+@pytest.mark.parametrize("name", ["out.jsonl", "out.parquet"])
+def test_a_rewrite_that_drops_records_is_flushed_to_disk_before_it_replaces_the_old(tmp_path, fsynced, name):
+    out = tmp_path / name
+    sink = open_sink(out, rows_per_file=2, flush_s=3600)
+    for record in [answered("a"), {"id": "b", "error": "broken"}, answered("c")]:
+        sink.write(record)
+    sink.close()
+    fsynced.clear()
+    drop_results(out, {"b"})
+    part = out / "part-00000.parquet"
+    assert str(part.with_name(f".{part.name}.tmp") if out.is_dir() else out.with_name(f".{name}.tmp")) in fsynced
+    assert result_status(out) == {"a": True, "c": True}
+
+
+def test_dropping_broken_lines_is_flushed_to_disk_before_it_replaces_the_old(tmp_path, fsynced):
+    out = tmp_path / "o.jsonl"
+    out.write_text('{"id": "a"}\n{"id": "b", "tor\n{"id": "c"}\n')
+    assert drop_broken_lines(out) == [2]
+    assert str(tmp_path / ".o.jsonl.tmp") in fsynced  # a power cut after the rename never leaves an empty file
     assert out.read_text() == '{"id": "a"}\n{"id": "c"}\n'
 
 

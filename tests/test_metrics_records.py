@@ -44,3 +44,13 @@ def test_a_corrupt_line_in_the_middle_is_one_error_naming_the_file_and_line(tmp_
 
 def test_no_log_is_no_values(tmp_path):
     assert logged(tmp_path, "train/loss") == []
+
+
+def test_a_resume_rewrites_the_log_flushed_to_disk_before_it_replaces_the_old(tmp_path, fsynced):
+    from physreason.train.metrics import keep_records_up_to
+
+    write_log(tmp_path)
+    path = tmp_path / "logs" / "metrics.jsonl"
+    keep_records_up_to(path, 2)
+    assert str(path) + ".tmp" in fsynced  # a power cut after the rename never leaves an empty log
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]

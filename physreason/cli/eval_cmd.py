@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -144,7 +145,9 @@ def _startup(plan: EvalPlan) -> None:
     print_startup("physreason eval", items, console=console)
 
 
-# What `eval report` writes into its folder; with --out, none of them is replaced without --overwrite.
+# What `eval report` writes into its folder; with --out, none of them is replaced without --overwrite. Those an
+# earlier report left that this one does not write (board.csv of a results folder without Physical AI Bench now,
+# accuracy.png before any sample is scored) are removed, so the folder holds one report; no other file is touched.
 REPORT_FILES = ("report.md", "report.csv", "board.csv", "accuracy.png")
 
 
@@ -155,7 +158,10 @@ def report(
         None, help="Folder for report.md, report.csv and accuracy.png [default: RESULTS_DIR]."
     ),
     overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace the report files in --out if they exist (never the results)."
+        False,
+        "--overwrite",
+        help="Replace the report files in --out if they exist, removing those this report does not write (never "
+        "the results or any other file).",
     ),
     force: bool = hidden_alias("--force", flag=True),
 ) -> None:
@@ -172,6 +178,7 @@ def report(
         report_rows,
         rich_table,
     )
+    from physreason.files import write_atomic
     from physreason.plots import accuracy_chart
 
     if out is not None and out.exists() and not out.is_dir():
@@ -190,14 +197,22 @@ def report(
         console.print(table)
     folder = out or results_dir
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "report.md").write_text(markdown_report(reports, boards), encoding="utf-8")
-    (folder / "report.csv").write_text(csv_text(rows), encoding="utf-8")
+    # Each file is written to a temporary beside it and renamed over it: a link in its place is replaced, never
+    # written through into its target.
+    write_atomic(folder / "report.md", markdown_report(reports, boards))
+    write_atomic(folder / "report.csv", csv_text(rows))
     written = [folder / "report.md", folder / "report.csv"]
     if boards:
-        (folder / "board.csv").write_text(board_csv(boards), encoding="utf-8")
+        write_atomic(folder / "board.csv", board_csv(boards))
         written.append(folder / "board.csv")
     if any(row.mean is not None for row in rows):
-        written.append(accuracy_chart(rows, folder / "accuracy.png"))
+        chart = folder / "accuracy.png"
+        os.replace(accuracy_chart(rows, chart.with_name(".accuracy.tmp.png")), chart)  # .png: savefig's format
+        written.append(chart)
     else:
         console.print("[yellow]no scored sample yet: no accuracy.png[/]")
+    for name in REPORT_FILES:  # an earlier report's file this one does not write would read as current: removed
+        stale = folder / name
+        if stale not in written and (stale.is_file() or stale.is_symlink()):
+            stale.unlink()  # a link goes, its target stays
     console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)  # paths unbroken, to copy

@@ -68,6 +68,8 @@ def export_safetensors(
         if target is not None:
             state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
         staging = out_dir.with_name(out_dir.name + ".tmp")
+        if staging.is_symlink():
+            staging.unlink()  # never written through: the staging folder is made anew
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         if mark is not None:
@@ -86,6 +88,8 @@ def export_safetensors(
                 shutil.copy2(path, staging / name)
         if extra is not None:
             extra(staging)
+        if out_dir.is_symlink():
+            out_dir.unlink()  # a link someone put in place of this folder: replaced, its target left alone
         shutil.rmtree(out_dir, ignore_errors=True)
         staging.rename(out_dir)
     if dist.is_initialized():

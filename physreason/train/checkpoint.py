@@ -111,7 +111,8 @@ def _fingerprint(folder: Path) -> dict[str, list[int]]:
 
 def read_record(output_dir: str | Path, under: str = "checkpoints") -> dict[str, dict[str, Any]]:
     """The checkpoints this run wrote (`checkpoints/written.json`): step folder name -> {"files": fingerprint,
-    "export": bool}; with under="safetensors" its exports (`safetensors/written.json`, {"files": fingerprint})."""
+    "export": bool}; with under="safetensors" its exports (`safetensors/written.json`, {"files": fingerprint}, or {"pending": true}
+    for one begun and not yet recorded: begin_export)."""
     path = Path(output_dir) / under / _RECORD
     if not path.is_file():
         return {}
@@ -134,6 +135,28 @@ def written_by_run(path: Path, output_dir: str | Path, under: str = "checkpoints
         return False
     entry = read_record(output_dir, under).get(path.name)
     return isinstance(entry, dict) and entry.get("files") == _fingerprint(path)
+
+
+def begin_export(output_dir: str | Path, name: str) -> None:
+    """Note in the run's export record that it is writing safetensors/<name>: a kill between that folder's rename and
+    record_export leaves it marked as the run's own ("pending"), so the resume that redoes the step may replace it."""
+    record = read_record(output_dir, "safetensors")
+    if name not in record:
+        record[name] = {"pending": True}
+        (Path(output_dir) / "safetensors").mkdir(parents=True, exist_ok=True)
+        _write_record(Path(output_dir), record, "safetensors")
+
+
+def export_replaceable(path: Path, output_dir: str | Path) -> bool:
+    """Whether the run's export of a step may replace what is at safetensors/step_<n> (`path`): nothing or a link
+    there (the link goes, its target stays), a folder the run recorded (written_by_run) or began writing
+    (begin_export), or any folder of a run that keeps no export record yet (written before physreason kept one)."""
+    if not path.exists() or path.is_symlink() or written_by_run(path, output_dir, "safetensors"):
+        return True
+    if not (Path(output_dir) / "safetensors" / _RECORD).is_file():
+        return True
+    entry = read_record(output_dir, "safetensors").get(path.name)
+    return isinstance(entry, dict) and entry.get("pending") is True
 
 
 def record_export(output_dir: str | Path, folder: Path) -> None:

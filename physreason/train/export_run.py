@@ -85,8 +85,15 @@ def write_manifest(folder: Path, run_dir: Path, checkpoint: Path, adapter_only: 
 
 
 def _check_out(out: Path, force: bool, run_dir: Path, config: Config) -> None:
-    """Refuse an --out that is a file, holds the run or the model it trained from, or is a non-empty folder other
+    """Refuse an --out that is a link or a file, holds the run or the model it trained from, or is a non-empty folder other
     than an earlier export (replaced only with --overwrite); the same for the staging folder beside it."""
+    for path in (out, out.with_name(out.name + ".tmp")):  # --out and its staging folder
+        if path.is_symlink():
+            # replaced, the link's target would be written through or left behind: only a real folder is an output
+            raise ConfigError(
+                f"--out {out}: {path} is a symbolic link (to {path.readlink()}); physreason export neither writes "
+                "through a link nor replaces one: give the folder it points to, or a new folder"
+            )
     if out.is_file():
         raise ConfigError(f"--out {out} is a file: give a folder to write the model into")
     protected: list[tuple[Path, str]] = [(run_dir, "the run being exported")]

@@ -48,7 +48,9 @@ from physreason.train.build import TrainingModel
 from physreason.train.checkpoint import (
     PendingCheckpoint,
     ReusingStager,
+    begin_export,
     checkpoint_dirs,
+    export_replaceable,
     load_checkpoint,
     read_record,
     reapply_retention,
@@ -472,13 +474,25 @@ class Checkpointer:
         With [train.lora] the folder holds the merged model (base + adapters, under the plain Hugging Face names)
         and, in its `adapter` subfolder, the PEFT adapter alone (adapter_config.json + adapter_model.safetensors).
         Older exports beyond [train.ckpt] max_keep are deleted, as checkpoints are: only those the run wrote, unchanged
-        (recorded in safetensors/written.json), never a step_<n> folder copied or linked in.
+        (recorded in safetensors/written.json), never a step_<n> folder copied or linked in. Nor is one replaced: a
+        step_<n> folder already there that the run did not write stops the run with ConfigError (a link in its place
+        is replaced, its target left alone, as a checkpoint's is; a folder the run began and was killed before
+        recording, and any folder of a run from before the record existed, are the run's: see export_replaceable).
         """
         from physreason.models.export import export_trained
 
         model_cfg, trained = self.config.model, self.trained
         trained.wait_for_step()
         out_dir = self.output / "safetensors" / f"step_{step}"
+        if not export_replaceable(out_dir, self.output):
+            self.wait()  # an async checkpoint of this step completes first: the resume that writes the export needs it
+            raise ConfigError(
+                f"{out_dir} was not written by this run (copied in, or changed since; the run's exports are listed in "
+                f"{self.output / 'safetensors' / 'written.json'}), so its export of step {step} does not replace it: "
+                "move that folder out of the run and resume with --set train.resume=true, which writes the export"
+            )
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            begin_export(self.output, out_dir.name)  # a kill before record_export leaves it the run's own
         folder = export_trained(trained.model, trained.peft, model_cfg.model_name_or_path, out_dir, model_cfg.dtype)
         if not dist.is_initialized() or dist.get_rank() == 0:
             record_export(self.output, folder)  # rotation deletes only exports the run recorded, never one put there

@@ -10,6 +10,7 @@ from typing import Any
 
 from physreason.config import LoggingConfig
 from physreason.errors import InputError
+from physreason.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,7 @@ def keep_records_up_to(path: Path, step: int) -> None:
             continue
         if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
             kept.append(line + "\n")
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text("".join(kept), encoding="utf-8")
-    temporary.replace(path)
+    write_atomic(path, "".join(kept))  # flushed to disk before the rename: a power cut never leaves it empty
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
