@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Prepare TRL 1.16.0 and datasets 5.2.0 (Python 3.12, manylinux) for the GPU machine, which has no package access:
+# the two wheels and the dependencies that neither .device-wheels (tools/gpu_wheels.sh: accelerate, huggingface_hub,
+# transformers 5.24, rich) nor the vLLM set (../shared/gpu/vllm-wheels.sh: dill 0.4.1) carries, split into parts of
+# 57 MiB so each part travels in its own `run` call beside the tree (64 MiB in all). bench/grpo_vs_trl.py needs them.
+# From the wheels' Requires-Dist: trl needs accelerate, datasets, huggingface_hub, jinja2, numpy, packaging, pandas,
+# psutil, pyarrow, pyyaml, transformers; datasets needs filelock, numpy, pyarrow>=24, dill<0.4.2, pandas, tqdm, xxhash,
+# multiprocess<0.70.20, fsspec<=2026.9.0, huggingface-hub>=1.31, packaging, pyyaml. The image names pandas, pyarrow,
+# xxhash, fsspec and python-dateutil too, at versions not read here, so the pins that ran with TRL there on 2026-11-24
+# travel (bench/RESULTS.md "GRPO against TRL 1.16"); they come first on PYTHONPATH. python-dateutil 4 needs tzdata.
+#
+# Usage, here in the project root:  bash tools/trl_wheels.sh      (makes .device-trl/, git-ignored; about 67 MiB)
+# There, each part in its own call, in order, within 30 s of the last (the same machine keeps /tmp):
+#   first:  rm -f /tmp/t.tar; cat .device-trl/p00/part >> /tmp/t.tar          carry [".device-trl/p00"]
+#   last:   cat .device-trl/p01/part >> /tmp/t.tar && bash .device-trl/p01/install.sh && <your command>
+# install.sh checks the tar's size and sha256 and installs into /tmp/site (beside vLLM and .device-wheels). Run it
+# after the vLLM set's install.sh, which empties /tmp/site.
+set -euo pipefail
+out=.device-trl
+rm -rf "$out" && mkdir -p "$out/wheels"
+exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
+grep -qxF "/$out/" "$exclude" 2>/dev/null || echo "/$out/" >> "$exclude"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform any \
+  -d "$out/wheels" \
+  trl==1.16.0 datasets==5.2.0 pyarrow==26.0.1 pandas==3.1.1 multiprocess==0.70.19 xxhash==4.1.0 fsspec==2026.9.0 \
+  python-dateutil==4.0.0 tzdata==2026.6 \
+  2>&1 | grep -v 'is ignored: it is neither a file nor a directory' || true
+test "$(ls "$out/wheels"/*.whl | wc -l)" -eq 9 || { echo "expected 9 wheels in $out/wheels: the download failed"; exit 1; }
+(cd "$out/wheels" && tar -cf ../all.tar ./*.whl)
+(cd "$out" && split -b 57M -d all.tar part_ && for f in part_*; do d=p${f#part_}; mkdir -p "$d"; mv "$f" "$d/part"; done)
+size=$(stat -c %s "$out/all.tar"); sum=$(sha256sum "$out/all.tar" | cut -d' ' -f1)
+last=$(ls "$out" | grep '^p[0-9]' | tail -1)
+cat > "$out/$last/install.sh" <<INNER
+set -e
+test \$(stat -c %s /tmp/t.tar) -eq $size || { echo "t.tar is incomplete: send every part of .device-trl in order"; exit 1; }
+echo "$sum  /tmp/t.tar" | sha256sum -c - >/dev/null
+rm -rf /tmp/tw && mkdir -p /tmp/tw && tar -xf /tmp/t.tar -C /tmp/tw
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/tw/*.whl 2>&1 | grep -v -i warning || true
+test -d /tmp/site/trl && test -d /tmp/site/datasets && test -d /tmp/site/pyarrow || { echo "trl, datasets or pyarrow missing from /tmp/site"; exit 1; }
+echo "trl and datasets installed in /tmp/site"
+INNER
+rm -rf "$out/wheels" "$out/all.tar"
+du -sh "$out"/p*
