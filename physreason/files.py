@@ -7,9 +7,17 @@ from pathlib import Path
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, flush it to disk and rename it over `path`."""
+    """Write `text` to a temporary file beside `path`, flush it to disk and rename it over `path`.
+
+    A link at `path` or at the temporary's name is replaced, never written through into its target."""
     temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("w", encoding="utf-8") as handle:
+    try:
+        temporary.unlink()  # a stale temporary, or a link someone put there: never written through
+    except FileNotFoundError:
+        pass
+    # O_EXCL: the file is created here, never one that appeared at that name since (a link is not followed)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
