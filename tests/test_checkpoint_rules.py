@@ -271,3 +271,27 @@ def test_an_export_the_run_began_but_never_recorded_or_one_from_before_the_recor
     assert read_record(run, "safetensors")["step_4"] == {"pending": True}
     checkpointer.export(4)
     assert "files" in read_record(run, "safetensors")["step_4"]
+
+
+def test_a_save_never_replaces_a_checkpoint_folder_the_run_did_not_write(tmp_path):
+    own = saved_checkpoint(tmp_path, 2)
+    assert saved_checkpoint(tmp_path, 2) == own  # the run's own step (a resume replays it) is replaced
+    copied = tmp_path / "checkpoints" / "step_4"
+    shutil.copytree(own, copied)  # put there by hand: not in the run's record
+    (copied / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in copied.iterdir())
+    with pytest.raises(ConfigError, match=f"{copied} was not written by this run .* move that folder out of the run"):
+        saved_checkpoint(tmp_path, 4)
+    assert sorted(p.name for p in copied.iterdir()) == before and (copied / "notes.txt").read_text() == "mine"
+    assert not (tmp_path / "checkpoints" / "step_4.tmp").exists() and sorted(read_record(tmp_path)) == ["step_2"]
+    victim = tmp_path / "elsewhere"
+    shutil.copytree(own, victim)
+    shutil.rmtree(copied)
+    copied.symlink_to(victim)  # a link in the step's place: replaced, its target left alone
+    assert saved_checkpoint(tmp_path, 4) == copied and not copied.is_symlink()
+    assert sorted(p.name for p in victim.iterdir()) == sorted(p.name for p in own.iterdir())
+
+
+def test_a_run_from_before_the_record_of_checkpoints_replaces_its_step_folders_as_before(tmp_path):
+    old = fake_checkpoint(tmp_path, 2)  # no checkpoints/written.json: written before physreason kept one
+    assert saved_checkpoint(tmp_path, 2) == old and (old / "trainer_rank0.pt").is_file()

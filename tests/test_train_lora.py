@@ -237,7 +237,9 @@ def test_a_lora_resume_finishes_the_final_export_a_kill_cut_short(tiny_vl, tmp_p
     with killed_during_export(monkeypatch, 1):
         run_sft(config)
     exports = tmp_path / "out" / "safetensors"
-    assert [p.name for p in exports.iterdir()] == ["step_1.tmp"]
+    # the export was noted as begun (pending in the record) before the kill cut it short
+    assert sorted(p.name for p in exports.iterdir()) == ["step_1.tmp", "written.json"]
+    assert json.loads((exports / "written.json").read_text()) == {"step_1": {"pending": True}}
     capsys.readouterr()
     resumed = run_sft(config.model_copy(update={"train": config.train.model_copy(update={"resume": True})}))
     assert resumed.losses == []

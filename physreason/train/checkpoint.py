@@ -265,6 +265,21 @@ def _step_paths(output_dir: str | Path, step: int) -> tuple[Path, Path]:
     return root / f"{_PREFIX}{step}", root / f"{_PREFIX}{step}.tmp"
 
 
+def _refuse_foreign_step(output_dir: str | Path, final: Path, step: int) -> None:
+    """ConfigError, before anything is written, when the save of `step` would replace a checkpoints/step_<n> folder
+    the run did not write (copied in, or changed since): only a link there (its target left alone), the run's own
+    folder, or any folder of a run from before checkpoints/written.json existed is replaced. Every rank checks."""
+    if not final.exists() or final.is_symlink() or written_by_run(final, output_dir):
+        return
+    record = Path(output_dir) / "checkpoints" / _RECORD
+    if record.is_file():
+        raise ConfigError(
+            f"{final} was not written by this run (copied in, or changed since; the run's checkpoints are listed in "
+            f"{record}), so its checkpoint of step {step} does not replace it: move that folder out of the run and "
+            "resume with --set train.resume=true"
+        )
+
+
 def _fresh_staging(staging: Path) -> None:
     """Rank 0 empties the staging folder; every rank returns once it exists."""
     if _rank() == 0:
@@ -310,6 +325,7 @@ def save_checkpoint(
     export: the caller exports this step next; recorded so a resume finishes an export a kill cut short.
     """
     final, staging = _step_paths(output_dir, step)
+    _refuse_foreign_step(output_dir, final, step)
     _fresh_staging(staging)
     state = _checkpoint_state(model, optimizer, scheduler, trainable_only)
     with _single_process_quiet():
@@ -442,6 +458,7 @@ def start_checkpoint(
     host buffers reused from save to save), or None for DCP's default copy.
     """
     final, staging = _step_paths(output_dir, step)
+    _refuse_foreign_step(output_dir, final, step)
     _fresh_staging(staging)
     state = _checkpoint_state(model, optimizer, scheduler, trainable_only)
     # Before the write starts: once rank 0's write is done, every rank's trainer file is on disk (see PendingCheckpoint).
