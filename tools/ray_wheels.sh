@@ -18,17 +18,5 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux2014_x86_64 --platform any \
   -d "$out/wheels" \
   ray==2.60.0 msgpack==1.1.2 protobuf==6.33.1 requests==2.32.5 urllib3==2.5.0 charset-normalizer==3.4.4 certifi idna
-(cd "$out/wheels" && tar -cf ../all.tar ./*.whl)
-(cd "$out" && split -b 57M -d all.tar part_ && for f in part_*; do d=p${f#part_}; mkdir -p "$d"; mv "$f" "$d/part"; done)
-size=$(stat -c %s "$out/all.tar"); sum=$(sha256sum "$out/all.tar" | cut -d' ' -f1)
-last=$(ls "$out" | grep '^p[0-9]' | tail -1)
-cat > "$out/$last/install.sh" <<INNER
-set -e
-test \$(stat -c %s /tmp/r.tar) -eq $size || { echo "r.tar is incomplete: send every part of .device-ray in order"; exit 1; }
-echo "$sum  /tmp/r.tar" | sha256sum -c - >/dev/null
-rm -rf /tmp/rw && mkdir -p /tmp/rw && tar -xf /tmp/r.tar -C /tmp/rw
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/rw/*.whl 2>&1 | grep -v -i warning || true
-echo "ray installed in /tmp/site"
-INNER
-rm -rf "$out/wheels" "$out/all.tar"
-du -sh "$out"/p*
+source "$(dirname "$0")/wheel_parts.sh"
+pack_parts "$out" /tmp/r.tar "ray"

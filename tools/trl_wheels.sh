@@ -28,18 +28,5 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   python-dateutil==4.0.0 tzdata==2026.6 \
   2>&1 | grep -v 'is ignored: it is neither a file nor a directory' || true
 test "$(ls "$out/wheels"/*.whl | wc -l)" -eq 9 || { echo "expected 9 wheels in $out/wheels: the download failed"; exit 1; }
-(cd "$out/wheels" && tar -cf ../all.tar ./*.whl)
-(cd "$out" && split -b 57M -d all.tar part_ && for f in part_*; do d=p${f#part_}; mkdir -p "$d"; mv "$f" "$d/part"; done)
-size=$(stat -c %s "$out/all.tar"); sum=$(sha256sum "$out/all.tar" | cut -d' ' -f1)
-last=$(ls "$out" | grep '^p[0-9]' | tail -1)
-cat > "$out/$last/install.sh" <<INNER
-set -e
-test \$(stat -c %s /tmp/t.tar) -eq $size || { echo "t.tar is incomplete: send every part of .device-trl in order"; exit 1; }
-echo "$sum  /tmp/t.tar" | sha256sum -c - >/dev/null
-rm -rf /tmp/tw && mkdir -p /tmp/tw && tar -xf /tmp/t.tar -C /tmp/tw
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/tw/*.whl 2>&1 | grep -v -i warning || true
-test -d /tmp/site/trl && test -d /tmp/site/datasets && test -d /tmp/site/pyarrow || { echo "trl, datasets or pyarrow missing from /tmp/site"; exit 1; }
-echo "trl and datasets installed in /tmp/site"
-INNER
-rm -rf "$out/wheels" "$out/all.tar"
-du -sh "$out"/p*
+source "$(dirname "$0")/wheel_parts.sh"
+pack_parts "$out" /tmp/t.tar "trl and datasets" 'test -d /tmp/site/trl && test -d /tmp/site/datasets && test -d /tmp/site/pyarrow || { echo "trl, datasets or pyarrow missing from /tmp/site"; exit 1; }'
