@@ -147,15 +147,16 @@ def begin_export(output_dir: str | Path, name: str) -> None:
         _write_record(Path(output_dir), record, "safetensors")
 
 
-def export_replaceable(path: Path, output_dir: str | Path) -> bool:
-    """Whether the run's export of a step may replace what is at safetensors/step_<n> (`path`): nothing or a link
-    there (the link goes, its target stays), a folder the run recorded (written_by_run) or began writing
-    (begin_export), or any folder of a run that keeps no export record yet (written before physreason kept one)."""
-    if not path.exists() or path.is_symlink() or written_by_run(path, output_dir, "safetensors"):
+def step_replaceable(path: Path, output_dir: str | Path, under: str = "checkpoints") -> bool:
+    """Whether the run's save (under="checkpoints") or export (under="safetensors") of a step may replace what is at
+    its step_<n> folder `path`: nothing or a link there (the link goes, its target stays), a folder the run recorded
+    (written_by_run) or began writing (an export's begin_export), or any folder of a run that keeps no record there
+    yet (written before physreason kept one)."""
+    if not path.exists() or path.is_symlink() or written_by_run(path, output_dir, under):
         return True
-    if not (Path(output_dir) / "safetensors" / _RECORD).is_file():
+    if not (Path(output_dir) / under / _RECORD).is_file():
         return True
-    entry = read_record(output_dir, "safetensors").get(path.name)
+    entry = read_record(output_dir, under).get(path.name)
     return isinstance(entry, dict) and entry.get("pending") is True
 
 
@@ -267,12 +268,9 @@ def _step_paths(output_dir: str | Path, step: int) -> tuple[Path, Path]:
 
 def _refuse_foreign_step(output_dir: str | Path, final: Path, step: int) -> None:
     """ConfigError, before anything is written, when the save of `step` would replace a checkpoints/step_<n> folder
-    the run did not write (copied in, or changed since): only a link there (its target left alone), the run's own
-    folder, or any folder of a run from before checkpoints/written.json existed is replaced. Every rank checks."""
-    if not final.exists() or final.is_symlink() or written_by_run(final, output_dir):
-        return
-    record = Path(output_dir) / "checkpoints" / _RECORD
-    if record.is_file():
+    the run did not write (copied in, or changed since; see step_replaceable). Every rank checks."""
+    if not step_replaceable(final, output_dir):
+        record = Path(output_dir) / "checkpoints" / _RECORD
         raise ConfigError(
             f"{final} was not written by this run (copied in, or changed since; the run's checkpoints are listed in "
             f"{record}), so its checkpoint of step {step} does not replace it: move that folder out of the run and "

@@ -50,7 +50,6 @@ from physreason.train.checkpoint import (
     ReusingStager,
     begin_export,
     checkpoint_dirs,
-    export_replaceable,
     load_checkpoint,
     read_record,
     reapply_retention,
@@ -59,6 +58,7 @@ from physreason.train.checkpoint import (
     resolve_resume,
     save_checkpoint,
     start_checkpoint,
+    step_replaceable,
     written_by_run,
 )
 from physreason.train.metrics import MetricLogger
@@ -477,14 +477,14 @@ class Checkpointer:
         (recorded in safetensors/written.json), never a step_<n> folder copied or linked in. Nor is one replaced: a
         step_<n> folder already there that the run did not write stops the run with ConfigError (a link in its place
         is replaced, its target left alone, as a checkpoint's is; a folder the run began and was killed before
-        recording, and any folder of a run from before the record existed, are the run's: see export_replaceable).
+        recording, and any folder of a run from before the record existed, are the run's: see step_replaceable).
         """
         from physreason.models.export import export_trained
 
         model_cfg, trained = self.config.model, self.trained
         trained.wait_for_step()
         out_dir = self.output / "safetensors" / f"step_{step}"
-        if not export_replaceable(out_dir, self.output):
+        if not step_replaceable(out_dir, self.output, "safetensors"):
             self.wait()  # an async checkpoint of this step completes first: the resume that writes the export needs it
             raise ConfigError(
                 f"{out_dir} was not written by this run (copied in, or changed since; the run's exports are listed in "
