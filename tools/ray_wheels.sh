@@ -10,13 +10,7 @@
 # install.sh checks the tar's size and sha256 and installs into /tmp/site (beside vLLM and .device-wheels).
 set -euo pipefail
 out=.device-ray
-rm -rf "$out" && mkdir -p "$out/wheels"
-exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
-grep -qxF "/$out/" "$exclude" 2>/dev/null || echo "/$out/" >> "$exclude"
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --platform any \
-  -d "$out/wheels" \
-  ray==2.60.0 msgpack==1.1.2 protobuf==6.33.1 requests==2.32.5 urllib3==2.5.0 charset-normalizer==3.4.4 certifi idna
 source "$(dirname "$0")/wheel_parts.sh"
+download_wheels "$out" ray==2.60.0 msgpack==1.1.2 protobuf==6.33.1 requests==2.32.5 \
+  urllib3==2.5.0 charset-normalizer==3.4.4 certifi idna
 pack_parts "$out" /tmp/r.tar "ray"

@@ -17,16 +17,7 @@
 # after the vLLM set's install.sh, which empties /tmp/site.
 set -euo pipefail
 out=.device-trl
-rm -rf "$out" && mkdir -p "$out/wheels"
-exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
-grep -qxF "/$out/" "$exclude" 2>/dev/null || echo "/$out/" >> "$exclude"
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --platform any \
-  -d "$out/wheels" \
-  trl==1.16.0 datasets==5.2.0 pyarrow==26.0.1 pandas==3.1.1 multiprocess==0.70.19 xxhash==4.1.0 fsspec==2026.9.0 \
-  python-dateutil==4.0.0 tzdata==2026.6 \
-  2>&1 | grep -v 'is ignored: it is neither a file nor a directory' || true
-test "$(ls "$out/wheels"/*.whl | wc -l)" -eq 9 || { echo "expected 9 wheels in $out/wheels: the download failed"; exit 1; }
 source "$(dirname "$0")/wheel_parts.sh"
+download_wheels "$out" trl==1.16.0 datasets==5.2.0 pyarrow==26.0.1 pandas==3.1.1 multiprocess==0.70.19 \
+  xxhash==4.1.0 fsspec==2026.9.0 python-dateutil==4.0.0 tzdata==2026.6
 pack_parts "$out" /tmp/t.tar "trl and datasets" 'test -d /tmp/site/trl && test -d /tmp/site/datasets && test -d /tmp/site/pyarrow || { echo "trl, datasets or pyarrow missing from /tmp/site"; exit 1; }'
