@@ -174,7 +174,7 @@ def variant_suffix(args: argparse.Namespace, seed: int = 0) -> str:
     reuses another's finished stage."""
     tag = architecture_tag(args)
     model = "" if tag == "scale2" else f"-{tag}"
-    tower = f"{tower_tag(args)}" if args.tower_steps else ""
+    tower = tower_tag(args) if args.tower_steps else ""
     frozen = "-frozen" if args.sft_freeze_tower else ""
     train = "" if args.train_per_task == DEFAULT_TRAIN_PER_TASK else f"-train{args.train_per_task}"
     rl = "" if args.rl_per_task == DEFAULT_RL_PER_TASK else f"-rl{args.rl_per_task}"

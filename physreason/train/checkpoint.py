@@ -266,15 +266,16 @@ def _step_paths(output_dir: str | Path, step: int) -> tuple[Path, Path]:
     return root / f"{_PREFIX}{step}", root / f"{_PREFIX}{step}.tmp"
 
 
-def _refuse_foreign_step(output_dir: str | Path, final: Path, step: int) -> None:
-    """ConfigError, before anything is written, when the save of `step` would replace a checkpoints/step_<n> folder
-    the run did not write (copied in, or changed since; see step_replaceable). Every rank checks."""
-    if not step_replaceable(final, output_dir):
-        record = Path(output_dir) / "checkpoints" / _RECORD
+def refuse_foreign_step(output_dir: str | Path, path: Path, step: int, under: str = "checkpoints") -> None:
+    """ConfigError, before anything is written, when the run's save (under="checkpoints") or export
+    (under="safetensors") of `step` would replace a step_<n> folder `path` the run did not write (copied in, or
+    changed since; see step_replaceable). Every rank checks."""
+    if not step_replaceable(path, output_dir, under):
+        kind, listed = ("export", "exports") if under == "safetensors" else ("checkpoint", "checkpoints")
         raise ConfigError(
-            f"{final} was not written by this run (copied in, or changed since; the run's checkpoints are listed in "
-            f"{record}), so its checkpoint of step {step} does not replace it: move that folder out of the run and "
-            "resume with --set train.resume=true"
+            f"{path} was not written by this run (copied in, or changed since; the run's {listed} are listed in "
+            f"{Path(output_dir) / under / _RECORD}), so its {kind} of step {step} does not replace it: move that folder "
+            "out of the run and resume with --set train.resume=true" + (", which writes the export" if kind == "export" else "")
         )
 
 
@@ -323,7 +324,7 @@ def save_checkpoint(
     export: the caller exports this step next; recorded so a resume finishes an export a kill cut short.
     """
     final, staging = _step_paths(output_dir, step)
-    _refuse_foreign_step(output_dir, final, step)
+    refuse_foreign_step(output_dir, final, step)
     _fresh_staging(staging)
     state = _checkpoint_state(model, optimizer, scheduler, trainable_only)
     with _single_process_quiet():
@@ -456,7 +457,7 @@ def start_checkpoint(
     host buffers reused from save to save), or None for DCP's default copy.
     """
     final, staging = _step_paths(output_dir, step)
-    _refuse_foreign_step(output_dir, final, step)
+    refuse_foreign_step(output_dir, final, step)
     _fresh_staging(staging)
     state = _checkpoint_state(model, optimizer, scheduler, trainable_only)
     # Before the write starts: once rank 0's write is done, every rank's trainer file is on disk (see PendingCheckpoint).

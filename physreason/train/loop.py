@@ -54,11 +54,11 @@ from physreason.train.checkpoint import (
     read_record,
     reapply_retention,
     record_export,
+    refuse_foreign_step,
     refuse_stale_checkpoints,
     resolve_resume,
     save_checkpoint,
     start_checkpoint,
-    step_replaceable,
     written_by_run,
 )
 from physreason.train.metrics import MetricLogger
@@ -477,20 +477,18 @@ class Checkpointer:
         (recorded in safetensors/written.json), never a step_<n> folder copied or linked in. Nor is one replaced: a
         step_<n> folder already there that the run did not write stops the run with ConfigError (a link in its place
         is replaced, its target left alone, as a checkpoint's is; a folder the run began and was killed before
-        recording, and any folder of a run from before the record existed, are the run's: see step_replaceable).
+        recording, and any folder of a run from before the record existed, are the run's: see checkpoint.step_replaceable).
         """
         from physreason.models.export import export_trained
 
         model_cfg, trained = self.config.model, self.trained
         trained.wait_for_step()
         out_dir = self.output / "safetensors" / f"step_{step}"
-        if not step_replaceable(out_dir, self.output, "safetensors"):
+        try:
+            refuse_foreign_step(self.output, out_dir, step, "safetensors")
+        except ConfigError:
             self.wait()  # an async checkpoint of this step completes first: the resume that writes the export needs it
-            raise ConfigError(
-                f"{out_dir} was not written by this run (copied in, or changed since; the run's exports are listed in "
-                f"{self.output / 'safetensors' / 'written.json'}), so its export of step {step} does not replace it: "
-                "move that folder out of the run and resume with --set train.resume=true, which writes the export"
-            )
+            raise
         if not dist.is_initialized() or dist.get_rank() == 0:
             begin_export(self.output, out_dir.name)  # a kill before record_export leaves it the run's own
         folder = export_trained(trained.model, trained.peft, model_cfg.model_name_or_path, out_dir, model_cfg.dtype)
