@@ -108,25 +108,50 @@ def run_ray(cfg: Config, requests: Path, out: Path, n: int, gpus: int) -> dict:
 
 
 def run_single(cfg: Config, requests: Path, out: Path, n: int) -> dict:
-    """The single-process path end to end: the engine built here, run_batch, the engine released."""
-    import gc
+    """The single-process path end to end, in a process of its own: `physreason infer --jsonl` as a user runs it.
 
+    The child builds the engine, runs run_batch and exits; "end_to_end_s" is from its spawn to its exit (the process's
+    start-up, imports and engine included), so the engine's GPU memory leaves with the process. (vLLM's engine, closed
+    in this process, kept ~120 GiB of the H200 it ran on and the next path's engine could not start: 2026-11-27.)
+    """
+    import subprocess
+    import sys
+    import tempfile
+
+    out.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ray-infer-single-") as tmp:
+        spec, result = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "requests": str(requests), "out": str(out),
+                                    "n": n, "result": str(result)}))  # fmt: skip
+        with ResultClock(out, n) as clock:
+            started = time.perf_counter()
+            done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child-single", str(spec)])
+            end_to_end = time.perf_counter() - started
+        if done.returncode != 0 or not result.is_file():
+            raise SystemExit(f"the single-process path exited with code {done.returncode}: its output is above")
+        child = json.loads(result.read_text())
+    first, steady = clock.first, clock.steady()
+    return {**child, "first_result_s": None if first is None else round(first - started, 2),
+            "steady_clips_per_s": None if steady is None else round(steady, 3),
+            "end_to_end_s": round(end_to_end, 2), "clips_per_s": round(n / end_to_end, 3)}  # fmt: skip
+
+
+def single_child(spec_path: Path) -> None:
+    """--child-single: build the engine, run the batch, write the timings the parent cannot see to spec's "result"."""
+    spec = json.loads(spec_path.read_text())
+    cfg = Config.model_validate(spec["config"])
+    if cfg.infer.device == "cpu":
+        import torch
+
+        torch.set_num_threads(1)  # as the --tiny parent does: a CPU replica's one thread
     started = time.perf_counter()
     engine = create_engine(cfg.model, cfg.engine)
     load_s = time.perf_counter() - started
-    run = measure(
-        lambda: run_batch(engine, requests, out, sampling=cfg.generation, vision=cfg.vision,
-                          batch_size=cfg.engine.batch_size, show_progress=False),
-        out, n,
-    )  # fmt: skip
-    end_to_end = time.perf_counter() - started
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
-    engine = None  # the engine's memory (a GPU's worth) goes before the next run
-    gc.collect()
-    return {**run, "end_to_end_s": round(end_to_end, 2), "clips_per_s": round(n / end_to_end, 3),
-            "engine_load_s": round(load_s, 2)}  # fmt: skip
+    summary = run_batch(engine, Path(spec["requests"]), Path(spec["out"]), sampling=cfg.generation, vision=cfg.vision,
+                        batch_size=cfg.engine.batch_size, show_progress=False)  # fmt: skip
+    run_s = time.perf_counter() - started - load_s
+    Path(spec["result"]).write_text(json.dumps({"engine_load_s": round(load_s, 2), "run_s": round(run_s, 2),
+                                                "failed": summary.failed}))  # fmt: skip
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -147,6 +172,20 @@ def summarize(rows: list[dict]) -> dict:
         if one and path != "ray-1":
             summary[f"{path}_over_ray-1"] = round(rate / one, 3)
     return summary
+
+
+def earlier_rows(path: Path | None, setup: dict) -> list[dict]:
+    """--append: the rows of the JSON at `path` (none when there is no file), refused when it was measured elsewhere."""
+    if path is None:
+        raise SystemExit("--append needs the JSON's place: give --json PATH or set OUT")
+    if not path.is_file():
+        return []
+    earlier = json.loads(path.read_text())
+    for key in ("device", "gpus", "engine", "model", "clips", "clip", "max_tokens", "batch_size"):
+        if earlier.get(key) != setup.get(key):
+            raise SystemExit(f"--append: {path} was measured with {key} {earlier.get(key)!r}, this run has "
+                             f"{setup.get(key)!r}: compare only runs of one setup on one machine (other --json)")
+    return list(earlier.get("rows", []))
 
 
 def gpu_counts(text: str) -> list[int]:
@@ -178,8 +217,16 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="CPU dry run: tiny random model, few small clips.")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/ray-infer-bench"), help="clips, model, results")
     parser.add_argument("--skip-decode", action="store_true", help="skip the serial decode measurement")
+    parser.add_argument("--no-single", action="store_true", help="run only the Ray paths (e.g. the single path's "
+                        "rows are already in the JSON: --append)")
+    parser.add_argument("--append", action="store_true", help="keep the rows already in the JSON (the same device "
+                        "only) and add this run's; the summary covers them all")
+    parser.add_argument("--child-single", type=Path, default=None, help=argparse.SUPPRESS)
     harness.add_json(parser)
     args = parser.parse_args()
+    if args.child_single is not None:
+        single_child(args.child_single)
+        return
     if args.tiny:
         args.engine, args.clips, args.size = "hf", args.clips or 24, "96x128"
         args.max_tokens, args.batch_size = min(args.max_tokens, 8), min(args.batch_size, 4)
@@ -219,7 +266,9 @@ def main() -> None:
                                 clip=f"{args.seconds:g} s {height}x{width} H.264 {args.clip_fps} fps",
                                 max_tokens=args.max_tokens, batch_size=args.batch_size)  # fmt: skip
     report = harness.Report("ray_infer.json", args.json, **setup)
-    paths = ["single", *(f"ray-{n}" for n in args.gpus)]
+    if args.append:
+        report.rows.extend(earlier_rows(harness.out_file("ray_infer.json", args.json), setup))
+    paths = [*([] if args.no_single else ["single"]), *(f"ray-{n}" for n in args.gpus)]
     for round_index in range(args.rounds):
         for path in paths if round_index % 2 == 0 else paths[::-1]:
             out = work / f"{path}.jsonl"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 from setups import load_bench
@@ -41,3 +42,18 @@ def test_gpus_takes_comma_separated_counts_and_refuses_others(bench):
     for bad in ("0", "", "1,x", "-1"):
         with pytest.raises(argparse.ArgumentTypeError, match="--gpus"):
             bench.gpu_counts(bad)
+
+
+def test_append_keeps_rows_of_the_same_setup_and_refuses_another_machines(bench, tmp_path):
+    setup = {"device": "NVIDIA H200", "gpus": 4, "engine": "vllm", "model": "/m", "clips": 1000, "clip": "2 s",
+             "max_tokens": 64, "batch_size": 64}  # fmt: skip
+    path = tmp_path / "ray_infer.json"
+    assert bench.earlier_rows(path, setup) == []  # nothing measured yet
+    path.write_text(json.dumps({**setup, "commit": "abc", "rows": [{"path": "single", "round": 0}]}))
+    assert bench.earlier_rows(path, {**setup, "commit": "def"}) == [{"path": "single", "round": 0}]
+    with pytest.raises(SystemExit, match="device 'NVIDIA H200'.*'NVIDIA H100'"):
+        bench.earlier_rows(path, {**setup, "device": "NVIDIA H100"})
+    with pytest.raises(SystemExit, match="clips 1000"):
+        bench.earlier_rows(path, {**setup, "clips": 96})
+    with pytest.raises(SystemExit, match="--json PATH or set OUT"):
+        bench.earlier_rows(None, setup)
