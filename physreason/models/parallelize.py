@@ -432,7 +432,7 @@ class ReducedGradNorm:
         units.reverse()  # innermost first: a parameter belongs to the unit nearest it
         for unit in units:  # every unit checked before any is hooked
             try:  # FSDP2's unit state is private and changes between torch releases: without it, the host norm
-                groups = _unit_param_groups(unit)
+                groups = unit_param_groups(unit)
                 one_rank = len(groups) <= 1 and all(group.mesh_info.mesh.size() == 1 for group in groups)
             except AttributeError:
                 return None
@@ -476,7 +476,7 @@ class ReducedGradNorm:
         return torch.stack([squares[unit] for unit in sorted(expected)]).sum().sqrt().cpu()
 
 
-def _unit_param_groups(unit: nn.Module) -> list[Any]:
+def unit_param_groups(unit: nn.Module) -> list[Any]:
     """The FSDP2 parameter groups of one fully_shard unit: a list in torch >= 2.12 (`_fsdp_param_groups`), at most
     one before (`_fsdp_param_group`, None for a unit without parameters of its own); AttributeError when neither."""
     state = unit._get_fsdp_state()
