@@ -10,7 +10,8 @@ Cases: "bf16" (param_dtype bf16, push dtype bf16) walks before the first forward
 reachable yet), after a forward/backward, closed early and interrupted by an exception, and with the root left
 gathered by a no-grad forward; the loss and gradients of a forward/backward after the walks must equal the ones
 before. "fp32_push" (param_dtype bf16, dtype None: a gathered unit would be rounded) and "fp32_compute"
-(param_dtype fp32, push bf16: gathered in fp32, then cast) walk once each.
+(param_dtype fp32, push bf16: gathered in fp32, then cast) walk once each, and so does "tp2" (tensor parallel over
+both ranks, FSDP2 over a mesh of one: a unit's parameters stay DTensors on the tp mesh after its unshard).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 from physreason.data.collate import collate_padded
-from physreason.models.parallelize import apply_fsdp2, build_mesh, unit_param_groups
+from physreason.models.parallelize import apply_fsdp2, apply_tensor_parallel, build_mesh, unit_param_groups
 from physreason.models.tiny import build_tiny_model, build_tiny_tokenizer
 from physreason.train.model import CausalLMLoss
 from physreason.train.weight_sync import full_named_parameters
@@ -89,13 +90,17 @@ def loss_and_grads(wrapper: torch.nn.Module, model: torch.nn.Module, batch) -> t
     return result
 
 
-def build(kind: str, param_dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
-    """(whole model, sharded model, its CausalLMLoss wrapper = the FSDP2 root), the same weights."""
+def build(kind: str, param_dtype: torch.dtype, tp: int = 1) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    """(whole model, sharded model, its CausalLMLoss wrapper = the FSDP2 root), the same weights; `tp` > 1: tensor
+    parallel over that many ranks first, FSDP2 over the rest, as a run lays it out."""
     tokenizer = build_tiny_tokenizer()
     whole = build_tiny_model(kind, tokenizer, seed=0)
     model = build_tiny_model(kind, tokenizer, seed=0).train()
+    mesh = build_mesh("cpu", dist.get_world_size(), tp)
+    if tp > 1:
+        apply_tensor_parallel(model, mesh["tp"])
     wrapper = CausalLMLoss(model)
-    apply_fsdp2(wrapper, model, build_mesh("cpu", dist.get_world_size(), 1)["dp"], param_dtype=param_dtype)
+    apply_fsdp2(wrapper, model, mesh["dp"], param_dtype=param_dtype)
     return whole, model, wrapper
 
 
@@ -169,8 +174,8 @@ def bf16_case(kind: str) -> dict:
     return result
 
 
-def one_walk_case(kind: str, param_dtype: torch.dtype, dtype: torch.dtype | None) -> dict:
-    whole, model, wrapper = build(kind, param_dtype)
+def one_walk_case(kind: str, param_dtype: torch.dtype, dtype: torch.dtype | None, tp: int = 1) -> dict:
+    whole, model, wrapper = build(kind, param_dtype, tp)
     truth = [(n, p.detach() if dtype is None else p.detach().to(dtype)) for n, p in whole.named_parameters()]
     walked, gathers = counted(lambda: list(full_named_parameters(model, dtype)))
     same_values = same(walked, truth) and same(walked, per_parameter(model, dtype))
@@ -185,6 +190,7 @@ def main() -> None:
             "bf16": bf16_case(kind),
             "fp32_push": one_walk_case(kind, torch.bfloat16, None),
             "fp32_compute": one_walk_case(kind, torch.float32, torch.bfloat16),
+            "tp2": one_walk_case(kind, torch.bfloat16, torch.bfloat16, tp=2),
         }
         for kind in kinds
     }

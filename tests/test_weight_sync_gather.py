@@ -87,6 +87,14 @@ def test_fsdp2_walk_gathers_units_only_where_their_param_dtype_keeps_the_values(
     assert fp32_compute["gathers"] == bf16["blocks"] + bf16["root_params"]
 
 
+@pytest.mark.cpu_only
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_tensor_parallel_parameters_are_gathered_over_tp_after_their_unit_unshards(walks, kind):
+    tp2 = walks[kind]["tp2"]
+    assert tp2["same"] and tp2["sharded_after_walk"]
+
+
 @pytest.fixture
 def world_of_one(tmp_path):
     if dist.is_initialized():
