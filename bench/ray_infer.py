@@ -22,7 +22,7 @@ from physreason.chat.style import Prompting
 from physreason.config import Config
 from physreason.engines import create_engine
 from physreason.infer import run_batch, run_ray_batch
-from physreason.infer.batch import plan_batch, request_from_record
+from physreason.infer.batch import plan_batch, request_from_record, resolve_decode_workers
 from physreason.infer.results import result_status
 from physreason.models.inputs import patch_factor
 
@@ -148,7 +148,8 @@ def single_child(spec_path: Path) -> None:
     engine = create_engine(cfg.model, cfg.engine)
     load_s = time.perf_counter() - started
     summary = run_batch(engine, Path(spec["requests"]), Path(spec["out"]), sampling=cfg.generation, vision=cfg.vision,
-                        batch_size=cfg.engine.batch_size, show_progress=False)  # fmt: skip
+                        batch_size=cfg.engine.batch_size, show_progress=False,
+                        decode_workers=cfg.infer.decode_workers)  # fmt: skip
     run_s = time.perf_counter() - started - load_s
     Path(spec["result"]).write_text(json.dumps({"engine_load_s": round(load_s, 2), "run_s": round(run_s, 2),
                                                 "failed": summary.failed}))  # fmt: skip
@@ -221,6 +222,8 @@ def main() -> None:
                         "rows are already in the JSON: --append)")
     parser.add_argument("--append", action="store_true", help="keep the rows already in the JSON (the same device "
                         "only) and add this run's; the summary covers them all")
+    parser.add_argument("--decode-workers", type=int, default=None, help="the single path's infer.decode_workers "
+                        "(processes decoding the next batch while the engine answers; default: the config's)")
     parser.add_argument("--child-single", type=Path, default=None, help=argparse.SUPPRESS)
     harness.add_json(parser)
     args = parser.parse_args()
@@ -255,6 +258,8 @@ def main() -> None:
         "generation": {"max_tokens": args.max_tokens, "temperature": 0.0, "repetition_penalty": 1.0},
         "infer": {"num_gpus": 1, "device": "cpu" if args.tiny else "gpu", "ray_address": args.ray_address},
     }
+    if args.decode_workers is not None:
+        overrides["infer"]["decode_workers"] = args.decode_workers
     if args.tiny:
         overrides["vision"] = {"min_pixels": 3136, "max_pixels": 56 * 84, "total_pixels": 56 * 84 * 8}
         # A CPU replica computes with its Ray CPUs' worth of threads (OMP_NUM_THREADS); match it here.
@@ -273,7 +278,8 @@ def main() -> None:
         for path in paths if round_index % 2 == 0 else paths[::-1]:
             out = work / f"{path}.jsonl"
             if path == "single":
-                result = run_single(cfg, requests, out, args.clips)
+                workers = resolve_decode_workers(cfg.infer.decode_workers)
+                result = {**run_single(cfg, requests, out, args.clips), "decode_workers": workers}
             else:
                 result = run_ray(cfg, requests, out, args.clips, int(path.removeprefix("ray-")))
             report.row({"path": path, "round": round_index, **result})

@@ -125,6 +125,19 @@ def test_cli_json_and_batch(tiny_model_dir, batch_dir):
     assert len(read_out(batch_dir / "o.jsonl")) == 6
 
 
+@pytest.mark.slow
+def test_cli_batch_with_decode_workers_writes_what_decoding_here_writes(tiny_model_dir, batch_dir):
+    records = {}
+    for workers in (0, 2):
+        out = batch_dir / f"o{workers}.jsonl"
+        result = cli("infer", "--model", str(tiny_model_dir), "--dtype", "float32", "--jsonl", str(batch_dir / "requests.jsonl"),
+                     "--out", str(out), "--max-tokens", "3", "--temperature", "0", *SMALL_FLAGS,
+                     "--set", f"infer.decode_workers={workers}", "--set", "engine.batch_size=2")  # fmt: skip
+        assert "3 answered, 3 failed, 0 already in" in result.stdout, result.stderr
+        records[workers] = read_out(out)
+    assert records[2] == records[0]
+
+
 def test_cli_missing_video_is_one_clear_error(tiny_model_dir, tmp_path):
     result = cli("infer", "--model", str(tiny_model_dir), "--video", str(tmp_path / "nope.mp4"), "--question", "x")
     assert result.returncode == 2
@@ -384,3 +397,67 @@ def test_a_settings_file_cut_short_is_a_clear_error_and_deleting_it_keeps_the_re
     stored.unlink()
     check_and_store_settings(out, settings, has_results=True)
     assert json.loads(stored.read_text()) == json.loads(text)
+
+
+def test_decode_workers_write_the_same_records_in_the_same_order_as_decoding_here(engine, batch_dir, monkeypatch):
+    """Media decoded ahead in worker processes (6 requests, batches of 2) give the records decoding inline gives."""
+    import concurrent.futures
+
+    pools = []
+
+    class Pool(concurrent.futures.ProcessPoolExecutor):
+        def __init__(self, workers, **kwargs):
+            pools.append(workers)
+            super().__init__(workers, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Pool)
+    runs = {}
+    for workers in (0, 2):
+        out = batch_dir / f"out-{workers}.jsonl"
+        counting = CountingEngine(engine)
+        summary = run_batch(counting, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL,
+                            show_progress=False, batch_size=2, decode_workers=workers)  # fmt: skip
+        assert (summary.done, summary.failed) == (6, 3)
+        runs[workers] = (read_out(out), counting.seen)
+    assert pools == [2]  # the second run decoded in two worker processes, the first in this one
+    assert runs[2] == runs[0]  # records, their order and what the engine was asked, bit for bit
+    assert [r["id"] for r in runs[2][0]] == ["a", "img", "broken", "escape", "missing", "b"]
+
+
+class FailingEngine(CountingEngine):
+    """Answers its first generate call, then raises (a GPU fault mid-run)."""
+
+    def generate(self, requests, sampling, *, logprobs=True):
+        if self.seen:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().generate(requests, sampling, logprobs=logprobs)
+
+
+def test_an_engine_error_stops_the_decoding_workers_and_keeps_the_answers_written(engine, batch_dir):
+    import multiprocessing
+
+    out = batch_dir / "out.jsonl"
+    failing = FailingEngine(engine)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        run_batch(failing, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False,
+                  batch_size=2, decode_workers=2)  # fmt: skip
+    assert not multiprocessing.active_children()  # the pool went with the error
+    written = {r["id"] for r in read_out(out)}
+    assert set(failing.seen) <= written and len(failing.seen) == 2  # the first batch's answers stayed
+    summary = run_batch(engine, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False,
+                        batch_size=2, decode_workers=2)  # fmt: skip
+    assert summary.skipped == len(written) and summary.done == 6 - len(written)
+
+
+def test_decode_workers_default_to_two_beside_a_gpu_and_none_on_cpu(monkeypatch):
+    import torch
+
+    from physreason.config import Config
+    from physreason.infer.batch import resolve_decode_workers
+
+    assert Config.model_validate({}).infer.decode_workers is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_decode_workers(None) == 0  # on CPU the engine needs the cores
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_decode_workers(None) == 2
+    assert resolve_decode_workers(0) == 0 and resolve_decode_workers(5) == 5  # a set value is kept

@@ -169,6 +169,7 @@ def infer(
                 retry_failed=cfg.infer.retry_failed,
                 settings=settings,
                 overwrite=overwrite,
+                decode_workers=cfg.infer.decode_workers,
             )
         console.print(summary.describe(out), soft_wrap=True, highlight=False)
         if summary.failed or summary.failed_before:
