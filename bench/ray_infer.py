@@ -222,6 +222,8 @@ def main() -> None:
                         "rows are already in the JSON: --append)")
     parser.add_argument("--append", action="store_true", help="keep the rows already in the JSON (the same device "
                         "only) and add this run's; the summary covers them all")
+    parser.add_argument("--no-ray", action="store_true", help="run only the single path (e.g. again with another "
+                        "--decode-workers, --append)")
     parser.add_argument("--decode-workers", type=int, default=None, help="the single path's infer.decode_workers "
                         "(processes decoding the next batch while the engine answers; default: the config's)")
     parser.add_argument("--child-single", type=Path, default=None, help=argparse.SUPPRESS)
@@ -273,7 +275,9 @@ def main() -> None:
     report = harness.Report("ray_infer.json", args.json, **setup)
     if args.append:
         report.rows.extend(earlier_rows(harness.out_file("ray_infer.json", args.json), setup))
-    paths = [*([] if args.no_single else ["single"]), *(f"ray-{n}" for n in args.gpus)]
+    paths = [*([] if args.no_single else ["single"]), *([] if args.no_ray else (f"ray-{n}" for n in args.gpus))]
+    if not paths:
+        raise SystemExit("--no-single with --no-ray leaves nothing to run")
     for round_index in range(args.rounds):
         for path in paths if round_index % 2 == 0 else paths[::-1]:
             out = work / f"{path}.jsonl"
