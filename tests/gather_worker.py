@@ -129,6 +129,11 @@ def bf16_case(kind: str) -> dict:
     walked, result["gathers_before_forward"] = counted(lambda: list(full_named_parameters(model, torch.bfloat16)))
     result["same_before_forward"] = same(walked, truth) and same(walked, per_parameter(model, torch.bfloat16))
     result["sharded_after_walk_before_forward"] = all_sharded(wrapper)
+    walked, result["gathers_before_forward_root_given"] = counted(
+        lambda: list(full_named_parameters(model, torch.bfloat16, fsdp_root=wrapper))
+    )
+    result["same_before_forward_root_given"] = same(walked, truth)
+    result["sharded_after_walk_root_given"] = all_sharded(wrapper)
 
     samples = [video_sample(whole, 4, 3, 7, seed=1), text_sample(whole, 14, 6, seed=2)]
     batch = collate_padded(samples, build_tiny_tokenizer().pad_token_id, mrope=True)

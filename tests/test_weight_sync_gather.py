@@ -49,6 +49,9 @@ def test_fsdp2_walk_is_one_gather_per_unit_with_the_per_parameter_values(walks, 
     assert result["gathers"] == result["units"] < result["params"]
     # Before it the root is not reachable from the model: its parameters are gathered one by one, the blocks whole.
     assert result["gathers_before_forward"] == result["blocks"] + result["root_params"]
+    # the loss wrapper given as fsdp_root (the policy worker's publish): the root is one gather from the first push
+    assert result["gathers_before_forward_root_given"] == result["units"]
+    assert result["same_before_forward_root_given"] and result["sharded_after_walk_root_given"]
     # The root stays gathered through the walk; at most one block beside it.
     assert result["most_gathered_at_once"] == 2 and result["gathered_mid_walk"] == 2
 

@@ -151,7 +151,7 @@ class PolicyWorker:
         started = time.perf_counter()
         targets = {r: self.channels[r] for r in replicas if r in self.channels} if self.rank == 0 else {}
         failed: dict[int, str] = {r: "no channel" for r in replicas if self.rank == 0 and r not in self.channels}
-        tensors = full_named_parameters(self.model, self.engine_dtype)
+        tensors = full_named_parameters(self.model, self.engine_dtype, fsdp_root=self.scorer)
         if self.rank == 0:
             lost = send_transfer(targets, self.step, self.buckets, tensors, self.runtime.device)
             for replica in lost:

@@ -27,7 +27,9 @@ from physreason.engines import Engine
 from physreason.errors import ConfigError
 
 
-def full_named_parameters(model: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def full_named_parameters(
+    model: nn.Module, dtype: torch.dtype | None = None, fsdp_root: nn.Module | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (Hugging Face name, full tensor) for each parameter of a plain, FSDP2 or TP model, cast to `dtype`.
 
     The order, names, dtypes and values are model.named_parameters()'s, each parameter gathered whole. Gathers are
@@ -43,9 +45,10 @@ def full_named_parameters(model: nn.Module, dtype: torch.dtype | None = None) ->
     reshards what it gathered. Yielded tensors are the caller's own copies (a unit's gathered buffers are freed when
     it reshards); with train.cpu_offload they lie on the device FSDP2 gathers on.
 
-    Still gathered one parameter at a time (the shard cast to `dtype`, then DTensor.full_tensor): the
-    parameters of a unit this walk cannot reach (the root around `model`, e.g. the loss wrapper, before the first
-    forward lazily initialises FSDP2), of a unit whose param_dtype is neither the parameter's dtype nor `dtype`
+    `fsdp_root`: the module FSDP2's root unit wraps when it is not `model` (the policy's loss wrapper), so the root's
+    parameters are gathered whole from the first push on. Still gathered one parameter at a time (the shard cast to
+    `dtype`, then DTensor.full_tensor): the parameters of a unit this walk cannot reach (a root around `model` not
+    given as `fsdp_root`, before the first forward lazily initialises FSDP2), of a unit whose param_dtype is neither the parameter's dtype nor `dtype`
     (gathering in it would round what the push keeps: bf16 param_dtype with `dtype` None or float32), of a unit
     already unsharded when the walk starts (left as it is), and every parameter on a torch release without the
     FSDP2 state read here. A parameter still a DTensor after its unit's unshard (tensor parallel) is then gathered
@@ -58,7 +61,7 @@ def full_named_parameters(model: nn.Module, dtype: torch.dtype | None = None) ->
         return
     named = list(model.named_parameters())  # read before any unshard swaps a unit's parameters
     try:  # FSDP2's unit state is private and changes between torch releases: without it, per-parameter gathers
-        owners = _gatherable_units(model, dtype)
+        owners = _gatherable_units(fsdp_root if fsdp_root is not None else model, dtype)
     except AttributeError:
         owners = {}
     last: dict[nn.Module, int] = {}  # unit -> index of its last parameter in the walk
