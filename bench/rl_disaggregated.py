@@ -97,19 +97,23 @@ def mode_layout(mode: str) -> tuple[int, int] | None:
     return int(policy), int(rollout)
 
 
-def batch_shape(tiny: bool) -> tuple[int, int]:
-    """(prompts, completions each) of one step: 8 x 8 = 64 completions on GPUs, 4 x 4 with --tiny."""
-    return (4, 4) if tiny else (8, 8)
+def batch_shape(tiny: bool, prompts: int | None = None) -> tuple[int, int]:
+    """(prompts, completions each) of one step: 8 x 8 = 64 completions on GPUs, 4 x 4 with --tiny; `prompts`
+    (--prompts) replaces the first, e.g. 12 so that 3 policy GPUs split them (layout 3+1)."""
+    default, n = (4, 4) if tiny else (8, 8)
+    return prompts or default, n
 
 
-def check_divisible(layouts: list[tuple[int, int]], gpus: int, tiny: bool, modes: list[str]) -> None:
+def check_divisible(
+    layouts: list[tuple[int, int]], gpus: int, tiny: bool, modes: list[str], prompts: int | None = None
+) -> None:
     """Every data-parallel world (colocated: --gpus ranks; a layout: P policy ranks) must split the step's prompts."""
-    prompts, _ = batch_shape(tiny)
+    prompts, _ = batch_shape(tiny, prompts)
     worlds = ([("colocated", gpus)] if "colocated" in modes else []) + [(layout_mode(p, r), p) for p, r in layouts]
     for mode, world in worlds:
         if prompts % world:
             usage_error(f"{mode}: {world} policy ranks do not split the step's {prompts} prompt groups evenly: "
-                        f"use a number of policy GPUs that divides {prompts}")  # fmt: skip
+                        f"use a number of policy GPUs that divides {prompts}, or --prompts")  # fmt: skip
 
 
 def recipe(model: Path, data: Path, out: Path, mode: str, args: argparse.Namespace) -> dict:
@@ -119,7 +123,7 @@ def recipe(model: Path, data: Path, out: Path, mode: str, args: argparse.Namespa
     tp 1 each, so the controller asks for P + R GPUs.
     """
     gpu = not args.tiny
-    prompts, n = batch_shape(args.tiny)
+    prompts, n = batch_shape(args.tiny, getattr(args, "prompts", None))
     layout = mode_layout(mode)
     policy_gpus, rollout_replicas = layout if layout else (-1, 1)
     # Colocated, vLLM sits beside an FSDP shard of the policy (fp32 masters and AdamW: about 30 GB per GPU).
@@ -498,6 +502,8 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=96, help="arrow-of-time clips (prompts; drawn again after an epoch)")
     parser.add_argument("--response-len", type=int, default=256, help="most new tokens per completion")
     parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=None, help="prompts a step (8, 4 with --tiny; 8 completions "
+                        "each, 4 with --tiny): every mode's policy ranks must divide it, e.g. 12 for 3+1 beside colocated")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
                         help="disaggregated: one run per --layouts entry")
     parser.add_argument("--layouts", default=None, metavar="P+R[,P+R...]",
@@ -526,7 +532,9 @@ def main() -> None:
         build_model_child(args.build_model, args.tiny)
         return
     layouts = parse_layouts(args.layouts, args.gpus)
-    check_divisible(layouts, args.gpus, args.tiny, args.modes)
+    if args.prompts is not None and args.prompts < 1:
+        usage_error(f"--prompts {args.prompts}: give at least 1")
+    check_divisible(layouts, args.gpus, args.tiny, args.modes, args.prompts)
     modes = [m for mode in args.modes for m in ([mode] if mode == "colocated" else [layout_mode(*x) for x in layouts])]
     deadline = time.time() + args.time_limit
     args.engine = args.engine or ("hf" if args.tiny else "vllm")
@@ -536,17 +544,22 @@ def main() -> None:
         raise SystemExit("ray is not importable: put it on PYTHONPATH (e.g. /tmp/site)")
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ["PYTHONPATH"] = harness.child_env()["PYTHONPATH"]
-    info = harness.device_line(engine=args.engine)
+    prompts, n = batch_shape(args.tiny, args.prompts)
+    info = harness.device_line(engine=args.engine, prompts=prompts, completions_each=n)
     started = time.time()
     model = build_model(args.out / ("model-tiny" if args.tiny else "model-3b"), args.tiny)
     data = build_data(args.out / "data", args.clips, args.synth_workers)
     print(f"model and data ready in {time.time() - started:.0f} s", flush=True)
     earlier = args.out / "results.json"
     kept = json.loads(earlier.read_text()) if args.append and earlier.is_file() else []
+    default_prompts = batch_shape(args.tiny)[0]  # results from before --prompts have no "prompts" key
+    if other := sorted({r.get("prompts", default_prompts) for r in kept} - {prompts}):
+        usage_error(f"--append: {earlier} holds runs of {other} prompts a step, this run {prompts}: use another --out")
     results = [r for r in kept if r["mode"] not in modes]
     for i, mode in enumerate(modes):
         timeout_s = (deadline - time.time()) / (len(modes) - i)
-        results.append(measure(mode, recipe(model, data, args.out, mode, args), args.out, args, timeout_s))
+        result = measure(mode, recipe(model, data, args.out, mode, args), args.out, args, timeout_s)
+        results.append({**result, "prompts": prompts, "completions_each": n})
         (args.out / "results.json").write_text(json.dumps(results, indent=2))
         harness.write_json("rl_disaggregated.json", {**info, "results": results})
     print(markdown(results))

@@ -75,3 +75,21 @@ def test_a_mode_killed_after_logging_every_step_is_not_reported_as_timed_out(ben
     assert bench.run_status(None, 2, 6) == "timed out"
     assert bench.run_status(0, 6, 6) == "ok"
     assert bench.run_status(3, 1, 6) == "exit code 3"
+
+
+def test_prompts_option_lets_three_policy_ranks_split_the_step(bench, capsys):
+    bench.check_divisible([(3, 1), (2, 2), (1, 3)], 4, False, ["colocated", "disaggregated"], prompts=12)
+    assert bench.batch_shape(False, 12) == (12, 8) and bench.batch_shape(True) == (4, 4)
+    with pytest.raises(SystemExit) as exit_:
+        bench.check_divisible([(3, 1)], 4, False, ["disaggregated"], prompts=8)
+    assert exit_.value.code == 2 and "divides 8, or --prompts" in capsys.readouterr().err
+
+
+def test_each_mode_trains_the_prompts_asked_for(bench):
+    args = argparse.Namespace(tiny=False, engine="vllm", steps=3, response_len=16, gpus=4, prompts=12)
+    cfg = bench.recipe(Path("/m"), Path("/d"), Path("/o"), "disaggregated-3+1", args)
+    assert cfg["rollout"]["batch_size"] == 12 and cfg["train"]["train_batch_per_replica"] == 96
+    assert cfg["engine"]["batch_size"] == 96 and cfg["policy"]["parallelism"]["dp_shard_size"] == 3
+    for mode, ranks in (("disaggregated-3+1", 3), ("disaggregated-2+2", 2), ("colocated", 4)):
+        config = Config.model_validate(bench.recipe(Path("/m"), Path("/d"), Path("/o"), mode, args))
+        assert groups_per_rank(config, ranks) == 12 // ranks  # the recipe validates and splits: raises otherwise
