@@ -121,6 +121,17 @@ def apply_cpu_share(share: CpuShare | None = None) -> CpuShare:
     return share
 
 
+# Threads that decode clips ahead of an engine at most (evaluation, rollouts, batch inference).
+MAX_DECODE_AHEAD_THREADS = 8
+
+
+def decode_ahead_threads() -> int:
+    """Threads that decode and patchify the next batch's clips while the engine answers this one: this process's CPU
+    share less the one thread the engine's own loop needs, at most MAX_DECODE_AHEAD_THREADS (FFmpeg and the resize
+    release the GIL); 1 or 0 means decoding in this thread between batches (a 2-core machine)."""
+    return min(MAX_DECODE_AHEAD_THREADS, cpu_share().threads - 1)
+
+
 def decode_threads() -> int:
     """FFmpeg decoder threads of one video, 0 for FFmpeg's own choice (a thread per core, at most 16): that when this
     process has the host to itself; when it shares the host, 1 in a data-loader worker (the workers are the

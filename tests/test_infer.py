@@ -400,28 +400,28 @@ def test_a_settings_file_cut_short_is_a_clear_error_and_deleting_it_keeps_the_re
 
 
 def test_decode_workers_write_the_same_records_in_the_same_order_as_decoding_here(engine, batch_dir, monkeypatch):
-    """Media decoded ahead in worker processes (6 requests, batches of 2) give the records decoding inline gives."""
-    import concurrent.futures
+    """Media decoded ahead in threads (6 requests, batches of 2) give the records decoding between batches gives."""
+    import physreason.infer.batch as batch_module
 
-    pools = []
+    calls = []
+    real = batch_module.ordered_map
 
-    class Pool(concurrent.futures.ProcessPoolExecutor):
-        def __init__(self, workers, **kwargs):
-            pools.append(workers)
-            super().__init__(workers, **kwargs)
+    def recording(fn, items, workers, lookahead=0):
+        calls.append((workers, lookahead))
+        return real(fn, items, workers, lookahead)
 
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(batch_module, "ordered_map", recording)
     runs = {}
-    for workers in (0, 2):
+    for workers in (0, 3):
         out = batch_dir / f"out-{workers}.jsonl"
         counting = CountingEngine(engine)
         summary = run_batch(counting, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL,
                             show_progress=False, batch_size=2, decode_workers=workers)  # fmt: skip
         assert (summary.done, summary.failed) == (6, 3)
         runs[workers] = (read_out(out), counting.seen)
-    assert pools == [2]  # the second run decoded in two worker processes, the first in this one
-    assert runs[2] == runs[0]  # records, their order and what the engine was asked, bit for bit
-    assert [r["id"] for r in runs[2][0]] == ["a", "img", "broken", "escape", "missing", "b"]
+    assert calls == [(0, 4), (3, 4)]  # the second run decoded in 3 threads, two batches ahead
+    assert runs[3] == runs[0]  # records, their order and what the engine was asked, bit for bit
+    assert [r["id"] for r in runs[3][0]] == ["a", "img", "broken", "escape", "missing", "b"]
 
 
 class FailingEngine(CountingEngine):
@@ -434,14 +434,14 @@ class FailingEngine(CountingEngine):
 
 
 def test_an_engine_error_stops_the_decoding_workers_and_keeps_the_answers_written(engine, batch_dir):
-    import multiprocessing
+    import threading
 
     out = batch_dir / "out.jsonl"
     failing = FailingEngine(engine)
     with pytest.raises(RuntimeError, match="illegal memory access"):
         run_batch(failing, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False,
                   batch_size=2, decode_workers=2)  # fmt: skip
-    assert not multiprocessing.active_children()  # the pool went with the error
+    assert not [t for t in threading.enumerate() if t.name.startswith("physreason-decode")]  # gone with the error
     written = {r["id"] for r in read_out(out)}
     assert set(failing.seen) <= written and len(failing.seen) == 2  # the first batch's answers stayed
     summary = run_batch(engine, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False,
@@ -449,15 +449,12 @@ def test_an_engine_error_stops_the_decoding_workers_and_keeps_the_answers_writte
     assert summary.skipped == len(written) and summary.done == 6 - len(written)
 
 
-def test_decode_workers_default_to_two_beside_a_gpu_and_none_on_cpu(monkeypatch):
-    import torch
-
+def test_decode_workers_default_to_this_process_cpu_share_less_the_engines_thread(monkeypatch):
     from physreason.config import Config
     from physreason.infer.batch import resolve_decode_workers
 
     assert Config.model_validate({}).infer.decode_workers is None
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert resolve_decode_workers(None) == 0  # on CPU the engine needs the cores
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert resolve_decode_workers(None) == 2
-    assert resolve_decode_workers(0) == 0 and resolve_decode_workers(5) == 5  # a set value is kept
+    for threads, workers in (("1", 0), ("2", 1), ("5", 4), ("64", 8)):
+        monkeypatch.setenv("PHYSREASON_CPU_THREADS", threads)
+        assert resolve_decode_workers(None) == workers
+    assert resolve_decode_workers(0) == 0 and resolve_decode_workers(12) == 12  # a set value is kept

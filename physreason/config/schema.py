@@ -723,10 +723,9 @@ class InferConfig(Section):
     decode_workers: int | None = Field(
         None,
         ge=0,
-        description="One-engine runs (num_gpus None): processes that decode the next batch's media while the engine "
-        "answers this one; 0 decodes in this process between batches; None: 2 when this machine has a GPU (decoding "
-        "is CPU work beside the GPU's), else 0 (on CPU the engine needs the cores). Unused when everything pending "
-        "fits one batch.",
+        description="One-engine runs (num_gpus None): threads that decode the next batch's media while the engine "
+        "answers this one, as evaluation and rollouts do; 0 or 1 decodes between batches; None: this process's CPU "
+        "share less one, at most 8. Unused when everything pending fits one batch.",
     )
     cpus_per_replica: float = Field(1.0, ge=0.0, description="CPUs each engine replica reserves in Ray.")
     decode_cpus: float = Field(1.0, gt=0.0, description="CPUs each media-decoding task reserves in Ray.")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from physreason.config import Config, EngineConfig, SamplingConfig, dump_config
-from physreason.cpu import cpu_share
+from physreason.cpu import cpu_share, decode_ahead_threads
 from physreason.errors import ConfigError, PhysReasonError
 from physreason.eval.benchmark import Benchmark, load_benchmark
 from physreason.eval.results import (
@@ -264,8 +264,6 @@ def _remove_if_empty(*folders: Path) -> None:
             folder.rmdir()
 
 
-MAX_DECODE_THREADS = 8
-
 
 def run_shard(plan: EvalPlan, shard: int, num_shards: int, *, show_progress: bool = False) -> list[ShardCounts]:
     """Load the engine once and answer this shard's samples of every repeat and data set."""
@@ -276,7 +274,7 @@ def run_shard(plan: EvalPlan, shard: int, num_shards: int, *, show_progress: boo
     # Clips decode in threads of this process's CPU share while the engine answers the batch before (one thread is
     # the engine's). One after another, decoding and patchifying cost ~13 ms of CPU a grounding-experiment clip: ~4 s
     # of 300, as much as a small model's whole generation on a GPU.
-    decode_workers = min(MAX_DECODE_THREADS, cpu_share().threads - 1)
+    decode_workers = decode_ahead_threads()
     runs = plan.runs()
     todo = 0
     for benchmark, _, run in runs:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import logging
-import pickle
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -32,6 +30,7 @@ from rich.text import Text
 
 from physreason.chat.style import Prompting
 from physreason.config import DatasetConfig, SamplingConfig, VisionConfig
+from physreason.cpu import decode_ahead_threads
 from physreason.data.loaders import jsonl_lines, load_records, media_path_in_root
 from physreason.data.video_range import record_video_range
 from physreason.engines import Engine, GenerationRequest, GenerationResult
@@ -47,6 +46,7 @@ from physreason.infer.results import (
 )
 from physreason.infer.settings import check_and_store_settings, delete_results, settings_path
 from physreason.overwrite import check_replace
+from physreason.parallel import ordered_map
 from physreason.progress import LoggedProgress
 
 log = logging.getLogger(__name__)
@@ -315,67 +315,30 @@ def request_from_record(
 
 
 def resolve_decode_workers(workers: int | None) -> int:
-    """infer.decode_workers as run: None is 2 where a GPU answers (decoding is then CPU work beside it), else 0."""
-    if workers is not None:
-        return workers
-    import torch
-
-    return 2 if torch.cuda.is_available() else 0
-
-
-def _decode(
-    item: tuple[str, dict[str, Any]], root: Path, vision: VisionConfig, prompting: Prompting, factor: int
-) -> GenerationRequest | GenerationResult:
-    """One pending record's request, or an error result when its media cannot be used (a setting's error raises)."""
-    rid, record = item
-    try:
-        return request_from_record(record, rid, root, vision, prompting, factor)
-    except ConfigError:
-        raise  # a setting, not this record: every request would fail the same way
-    except PhysReasonError as exc:
-        return GenerationResult(request_id=rid, error=str(exc))
-
-
-def _decode_pickled(item: tuple[str, dict[str, Any]], *args: Any) -> bytes:
-    """_decode in a worker process, its result pickled here (tensors travel as bytes, not as shared-memory handles)."""
-    return pickle.dumps(_decode(item, *args), protocol=pickle.HIGHEST_PROTOCOL)
+    """infer.decode_workers as run: None is this process's CPU share less the engine's thread, at most 8
+    (cpu.decode_ahead_threads, as evaluation and rollouts decode)."""
+    return decode_ahead_threads() if workers is None else workers
 
 
 def _requests(
-    plan: BatchPlan,
-    vision: VisionConfig,
-    prompting: Prompting,
-    factor: int,
-    workers: int = 0,
-    lookahead: int = 8,
+    plan: BatchPlan, vision: VisionConfig, prompting: Prompting, factor: int, workers: int = 1, lookahead: int = 1
 ) -> Iterator[GenerationRequest | GenerationResult]:
     """Yield a request per pending record, in order, or an error result for a record whose media cannot be used.
 
-    workers > 0: that many processes decode up to `lookahead` records ahead while the caller generates, so the engine
-    does not wait for the next batch's media (processes, not threads: the engine's own Python loop in this process
-    needs the interpreter lock). The pool goes when the iteration ends, however it ends.
+    With `workers` > 1 the media are decoded in that many threads up to `lookahead` records ahead (parallel.
+    ordered_map): the next batch decodes while the engine answers this one. Closing the iterator stops them.
     """
-    args = (plan.root, vision, prompting, factor)
-    if workers <= 0:
-        for item in plan.pending:
-            yield _decode(item, *args)
-        return
-    import multiprocessing
-    from collections import deque
-    from concurrent.futures import ProcessPoolExecutor
 
-    # spawn: the engine may already hold a CUDA context, which a forked child cannot use
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-    try:
-        pending = iter(plan.pending)
-        window = deque(pool.submit(_decode_pickled, item, *args) for item in itertools.islice(pending, lookahead))
-        while window:
-            blob = window.popleft().result()
-            for item in itertools.islice(pending, 1):
-                window.append(pool.submit(_decode_pickled, item, *args))
-            yield pickle.loads(blob)  # written by _decode_pickled in a worker of this call
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    def build(item: tuple[str, dict[str, Any]]) -> GenerationRequest | GenerationResult:
+        rid, record = item
+        try:
+            return request_from_record(record, rid, plan.root, vision, prompting, factor)
+        except ConfigError:
+            raise  # a setting, not this record: every request would fail the same way
+        except PhysReasonError as exc:
+            return GenerationResult(request_id=rid, error=str(exc))
+
+    yield from ordered_map(build, plan.pending, workers, lookahead)
 
 
 def _rate(task: Task) -> float | None:
@@ -435,7 +398,7 @@ def run_batch(
     show_progress: bool = True,
     settings: Mapping[str, Any] | None = None,
     overwrite: bool = False,
-    decode_workers: int | None = 0,
+    decode_workers: int | None = 1,
 ) -> BatchSummary:
     """Answer every request not yet in `out_path` with one engine here, writing one result each as it finishes.
 
@@ -445,8 +408,8 @@ def run_batch(
     not leave it. Failures are recorded as {"id", "error"} and the batch goes on; rerunning skips ids already
     written, and with `retry_failed` runs the failed ones again. `engine` may be a function that builds the
     engine: it is called after the requests are read, so a bad input fails before a model loads. `settings` and
-    `overwrite`: see plan_batch. `decode_workers` processes decode the next batch's media while the engine answers
-    this one (infer.decode_workers; None: 2 with a GPU here, else 0); none when everything pending fits one batch,
+    `overwrite`: see plan_batch. `decode_workers` threads decode the next batch's media while the engine answers
+    this one (infer.decode_workers; None: resolve_decode_workers); none when everything pending fits one batch,
     where there is nothing to overlap.
     """
     out = Path(out_path)
@@ -468,9 +431,9 @@ def run_batch(
                 record_to(sink, summary, result_record(result, prompting.style, prompting.reasoning))
                 progress.advance(task)
 
-            workers = resolve_decode_workers(decode_workers) if len(plan.pending) > batch_size else 0
+            workers = resolve_decode_workers(decode_workers) if len(plan.pending) > batch_size else 1
             decoded = _requests(plan, vision, prompting, engine.vision_factor, workers, lookahead=2 * batch_size)
-            with contextlib.closing(decoded):  # an error below stops the decoding workers at once
+            with contextlib.closing(decoded):  # an error below stops the decoding threads at once
                 batch: list[GenerationRequest] = []
                 for item in decoded:
                     if isinstance(item, GenerationResult):

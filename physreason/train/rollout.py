@@ -20,7 +20,7 @@ import torch
 from physreason.chat.mcq import AnswerType
 from physreason.chat.style import StyleName, coord_space
 from physreason.config import Config, EngineConfig, SamplingConfig, VisionConfig
-from physreason.cpu import cpu_share
+from physreason.cpu import decode_ahead_threads
 from physreason.data.mcq import MCQPrompt, PromptStream
 from physreason.engines import Completion, Engine, GenerationRequest
 from physreason.errors import ConfigError, InputError
@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 DIAGNOSTIC_REWARDS = ("accuracy", "format")
 # The soft overlong punishment's entry in a completion's rewards (already part of its "total").
 OVERLONG_REWARD = "overlong"
-# Threads that decode a round's clips at most (one of this process's CPU threads is left to the engine).
-MAX_DECODE_THREADS = 8
 
 
 @dataclass
@@ -197,7 +195,7 @@ def rollout_settings(
         prompt_style=prompting_for(config)[0].style,
         overlong_buffer_length=grpo.overlong_buffer_length,
         overlong_penalty_factor=grpo.overlong_penalty_factor,
-        decode_workers=min(MAX_DECODE_THREADS, cpu_share().threads - 1),
+        decode_workers=decode_ahead_threads(),
     )
 
 
