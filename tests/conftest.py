@@ -101,3 +101,16 @@ def fsynced(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(os, "fsync", fsync)
     return synced
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    """A gloo process group of one rank in this process, and its CPU device mesh (FSDP2 and DTensor on one rank)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    yield init_device_mesh("cpu", (1,))
+    dist.destroy_process_group()

@@ -4,21 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from physreason.models import parallelize
 from physreason.models.loading import decoder_layers
-
-
-@pytest.fixture
-def world_of_one(tmp_path):
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    yield init_device_mesh("cpu", (1,))
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("reshard, kept", [("all", []), ("all-but-last", [1]), ("none", [0, 1])])

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 from setups import write_chat_records
 
@@ -32,13 +31,9 @@ def _overrides(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture
-def world_of_one(tmp_path, monkeypatch):
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    monkeypatch.setenv("WORLD_SIZE", "1")  # run_sft's runtime: under torchrun, in the group made here
-    yield
-    dist.destroy_process_group()
+def torchrun_of_one(world_of_one, monkeypatch):
+    """conftest's group of one, seen as torchrun's: run_sft's runtime then trains in the group made there."""
+    monkeypatch.setenv("WORLD_SIZE", "1")
 
 
 @pytest.fixture
@@ -87,7 +82,7 @@ def _steps(trained, config, clip: float, steps: list[int]) -> tuple[list[float],
 
 
 @pytest.mark.parametrize("clip", [1e-3, 1e3])
-def test_overlapped_steps_equal_the_serial_offload_steps_bit_for_bit(world_of_one, tiny, tmp_path, clip):
+def test_overlapped_steps_equal_the_serial_offload_steps_bit_for_bit(torchrun_of_one, tiny, tmp_path, clip):
     """Four steps (one and two micro-batches; the text rows leave the vision tower's units without gradients) with
     clipping active (1e-3: the coefficient rides in the fused kernel as grad_scale) and not: the losses, norms,
     weights and AdamW moments of the overlapped run are the serial run's, bitwise. The step is still in flight when
@@ -130,7 +125,7 @@ def test_overlapped_steps_equal_the_serial_offload_steps_bit_for_bit(world_of_on
     assert all(torch.equal(a, b) for a, b in zip(overlapped_state, serial_state, strict=True))
 
 
-def test_an_error_in_the_background_step_is_raised_in_the_main_thread(world_of_one, tiny, tmp_path):
+def test_an_error_in_the_background_step_is_raised_in_the_main_thread(torchrun_of_one, tiny, tmp_path):
     from physreason.train.build import build_training_model
     from physreason.train.model import CausalLMLoss
     from physreason.train.runtime import Runtime
@@ -170,7 +165,7 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
 
 
-def test_runs_and_resumes_across_the_option_equal_the_serial_run(world_of_one, tiny, tmp_path, monkeypatch):
+def test_runs_and_resumes_across_the_option_equal_the_serial_run(torchrun_of_one, tiny, tmp_path, monkeypatch):
     """run_sft with the option on equals it off (losses, checkpoints' exports at steps 2 and 4); a checkpoint written
     with it off resumes with it on and the reverse, equal to the run straight through. The background step is slowed
     down so that a save which did not wait for it would write the weights before the step."""
@@ -207,7 +202,7 @@ def test_overlap_without_offload_or_with_what_it_cannot_step_is_refused_naming_t
     assert names in str(raised.value)
 
 
-def test_grpo_refuses_the_overlap_it_does_not_run(world_of_one, tiny, tmp_path):
+def test_grpo_refuses_the_overlap_it_does_not_run(torchrun_of_one, tiny, tmp_path):
     from physreason.train.build import build_training_model
     from physreason.train.runtime import Runtime
 

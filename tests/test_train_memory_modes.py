@@ -149,17 +149,6 @@ def test_the_fused_gpu_update_computes_the_eager_bf16_state_step():
         assert torch.allclose(v.float(), reference.state[eager]["exp_avg_sq"].float(), rtol=2**-7, atol=1e-9)
 
 
-@pytest.fixture
-def world_of_one(tmp_path):
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("clip", [1e-3, 1e3])
 def test_offloaded_shards_step_with_the_fused_host_adamw_and_train_as_without_offload(world_of_one, tmp_path, clip):
     """train.cpu_offload under torchrun (one rank): the AdamW over the host's DTensor shards is torch's fused kernel,

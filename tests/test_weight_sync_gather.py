@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from setups import free_port
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from physreason.train.weight_sync import full_named_parameters
@@ -96,15 +94,6 @@ def test_fsdp2_walk_gathers_units_only_where_their_param_dtype_keeps_the_values(
 def test_tensor_parallel_parameters_are_gathered_over_tp_after_their_unit_unshards(walks, kind):
     tp2 = walks[kind]["tp2"]
     assert tp2["same"] and tp2["sharded_after_walk"]
-
-
-@pytest.fixture
-def world_of_one(tmp_path):
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    yield init_device_mesh("cpu", (1,))
-    dist.destroy_process_group()
 
 
 def _sharded_pair(mesh) -> tuple[nn.Module, dict[str, torch.Tensor]]:
