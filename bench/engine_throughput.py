@@ -37,6 +37,8 @@ from harness import Report, child_env, device_line, free_memory, timed
 from harness import emit as out
 from shapes import DECODER_SHAPES as SHAPES
 
+from physreason.vllm_compat import cudagraph_sizes
+
 PROMPT, NEW = 512, 256
 
 
@@ -138,13 +140,6 @@ def bench_update_weights(engine) -> None:
 # block-FP8 weights and an FP8 KV cache. Ratios are each FP8 side's against bf16.
 SIDES = {"bf16": ("none", "auto"), "fp8": ("fp8", "auto"), "fp8_kv": ("fp8", "fp8")}
 LABELS = {"bf16": "bf16", "fp8": "fp8", "fp8_kv": "fp8+kv8"}
-
-
-def cudagraph_sizes(batches: list[int]) -> list[int]:
-    """CUDA graph batch sizes an engine captures: the measured batches and every power of two below the largest (a
-    batch's tail, as requests finish, runs in the next larger graph)."""
-    powers = [1 << k for k in range(max(batches).bit_length()) if 1 << k <= max(batches)]
-    return sorted(set(powers) | set(batches))
 
 
 def policy_model(folder: Path, device: str, seed: int = 0) -> torch.nn.Module:

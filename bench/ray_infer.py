@@ -182,7 +182,7 @@ def earlier_rows(path: Path | None, setup: dict) -> list[dict]:
     if not path.is_file():
         return []
     earlier = json.loads(path.read_text())
-    for key in ("device", "gpus", "engine", "model", "clips", "clip", "max_tokens", "batch_size"):
+    for key in ("device", "gpus", "engine", "model", "clips", "clip", "max_tokens", "batch_size", "cuda_graph_sizes"):
         if earlier.get(key) != setup.get(key):
             raise SystemExit(f"--append: {path} was measured with {key} {earlier.get(key)!r}, this run has "
                              f"{setup.get(key)!r}: compare only runs of one setup on one machine (other --json)")
@@ -226,6 +226,8 @@ def main() -> None:
                         "--decode-workers, --append)")
     parser.add_argument("--decode-workers", type=int, default=None, help="the single path's infer.decode_workers "
                         "(processes decoding the next batch while the engine answers; default: the config's)")
+    parser.add_argument("--cuda-graph-sizes", choices=["vllm", "batch"], default="vllm",
+                        help="engine.cuda_graph_sizes of every path (batch: --batch-size and the powers of two below)")
     parser.add_argument("--child-single", type=Path, default=None, help=argparse.SUPPRESS)
     harness.add_json(parser)
     args = parser.parse_args()
@@ -256,7 +258,7 @@ def main() -> None:
     engine = harness.engine_backend(args.engine)
     overrides = {
         "model": {"model_name_or_path": model, "dtype": "float32" if args.tiny else "bfloat16"},
-        "engine": {"backend": engine, "batch_size": args.batch_size},
+        "engine": {"backend": engine, "batch_size": args.batch_size, "cuda_graph_sizes": args.cuda_graph_sizes},
         "generation": {"max_tokens": args.max_tokens, "temperature": 0.0, "repetition_penalty": 1.0},
         "infer": {"num_gpus": 1, "device": "cpu" if args.tiny else "gpu", "ray_address": args.ray_address},
     }
@@ -271,7 +273,8 @@ def main() -> None:
     cfg = Config.model_validate(overrides)
     setup = harness.device_line(engine=engine, model=model, clips=args.clips, cpu_cores=os.cpu_count(),
                                 clip=f"{args.seconds:g} s {height}x{width} H.264 {args.clip_fps} fps",
-                                max_tokens=args.max_tokens, batch_size=args.batch_size)  # fmt: skip
+                                max_tokens=args.max_tokens, batch_size=args.batch_size,
+                                cuda_graph_sizes=args.cuda_graph_sizes)  # fmt: skip
     report = harness.Report("ray_infer.json", args.json, **setup)
     if args.append:
         report.rows.extend(earlier_rows(harness.out_file("ray_infer.json", args.json), setup))

@@ -52,6 +52,14 @@ def _engine_arg_names() -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(EngineArgs))
 
 
+def cudagraph_sizes(batches: Sequence[int]) -> list[int]:
+    """CUDA graph batch sizes to capture for generate calls of these batch sizes: the batches and every power of two
+    below the largest (a batch's tail, as its requests finish, runs in the next larger graph)."""
+    largest = max(batches)
+    powers = [1 << k for k in range(largest.bit_length()) if 1 << k <= largest]
+    return sorted(set(powers) | set(batches))
+
+
 def llm_kwargs(**wanted: Any) -> dict[str, Any]:
     """Keep the `vllm.LLM` keyword arguments this release knows; drop optional ones it does not.
 

@@ -359,3 +359,27 @@ def test_a_tiny_engine_with_an_fp8_kv_cache_stores_fp8_and_generates(tiny_model_
     (result,) = engine.generate([build_request("Say hello.", request_id="text")], GREEDY)
     assert result.error is None and len(result.completions[0].token_ids) > 0
     assert all(math.isfinite(value) and value <= 0 for value in result.completions[0].logprobs)
+
+
+def test_batch_cuda_graph_sizes_capture_the_engine_batch_and_the_powers_of_two_below(monkeypatch):
+    from types import SimpleNamespace
+
+    from physreason.engines.vllm import VLLMEngine
+
+    seen = []
+
+    def recording_llm(**kwargs):
+        seen.append(kwargs)
+        raise _Built
+
+    monkeypatch.setattr(vllm, "LLM", recording_llm)
+    tiny = SimpleNamespace(get_text_config=lambda: None)
+    monkeypatch.setattr("physreason.engines.vllm.loading.load_model_config", lambda model: tiny)
+    monkeypatch.setattr("physreason.engines.vllm.model_family", lambda config: SimpleNamespace(is_vision_language=False))
+    monkeypatch.setattr("physreason.engines.vllm.check_model_weights", lambda source: None)
+    for options in ({"cuda_graph_sizes": "batch", "batch_size": 48}, {}, {"cuda_graph_sizes": "batch", "enforce_eager": True}):
+        with pytest.raises(_Built):
+            VLLMEngine(ModelConfig(model_name_or_path="/m"), EngineConfig(**options))
+    batch, default, eager = seen
+    assert batch["compilation_config"] == {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 48]}
+    assert "compilation_config" not in default and "compilation_config" not in eager  # vLLM's own list; none eager

@@ -458,3 +458,12 @@ def test_decode_workers_default_to_this_process_cpu_share_less_the_engines_threa
         monkeypatch.setenv("PHYSREASON_CPU_THREADS", threads)
         assert resolve_decode_workers(None) == workers
     assert resolve_decode_workers(0) == 0 and resolve_decode_workers(12) == 12  # a set value is kept
+
+
+def test_cuda_graph_sizes_change_speed_not_answers_so_a_rerun_may_change_them():
+    from physreason.config import Config
+    from physreason.infer.settings import answer_settings
+
+    plain = answer_settings(Config.model_validate({}))
+    batch = answer_settings(Config.model_validate({"engine": {"cuda_graph_sizes": "batch"}}))
+    assert plain == batch and "engine.cuda_graph_sizes" not in plain

@@ -221,6 +221,13 @@ class EngineConfig(Section):
         default_factory=lambda: {"image": 4, "video": 1}, description="Most images/videos in one prompt (vLLM)."
     )
     enforce_eager: bool = Field(False, description="Disable CUDA graphs in vLLM (slower; less memory, faster start).")
+    cuda_graph_sizes: Literal["vllm", "batch"] = Field(
+        "vllm",
+        description="Batch sizes vLLM captures CUDA graphs for at start: 'vllm' its own list (about 50 sizes up to 512 "
+        "sequences); 'batch' engine.batch_size and the powers of two below it (a batch's tail, as requests finish, "
+        "runs in the next larger graph): fewer graphs, a shorter start, for runs whose generate calls send at most "
+        "engine.batch_size requests (batch inference, evaluation). Unused with enforce_eager.",
+    )
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
         "auto",
         description="vLLM's KV cache storage (vLLM's argument): 'auto' keeps model.dtype; 'fp8' stores keys and values "

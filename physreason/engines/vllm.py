@@ -124,6 +124,9 @@ class VLLMEngine(Engine):
         if self.quantization is not None:
             kwargs.update(self._quantized_kwargs())
         kwargs.update(vllm_compat.kv_cache_kwargs(engine.kv_cache_dtype))
+        if engine.cuda_graph_sizes == "batch" and not engine.enforce_eager:
+            sizes = vllm_compat.cudagraph_sizes([engine.batch_size])
+            kwargs.update(vllm_compat.llm_kwargs(compilation_config={"cudagraph_capture_sizes": sizes}))
         ranks = [lora_rank] if lora_rank is not None else []
         if engine.lora is not None:
             from physreason.models.lora import check_adapter_base, read_adapter_config

@@ -25,6 +25,7 @@ _NOT_ANSWERS = (
     "engine.tensor_parallel_size",
     "engine.gpu_memory_utilization",
     "engine.enforce_eager",
+    "engine.cuda_graph_sizes",
     "engine.batch_size",
     "engine.hf_static_cache",
 )
