@@ -54,3 +54,9 @@ def test_disaggregated_rollout_replica_refuses_a_conflicting_engine_tp_before_lo
                                 "engine.tensor_parallel_size=2", "rollout.parallelism.tp_size=1"])
     with pytest.raises(ConfigError, match="rollout.parallelism.tp_size"):
         rollout_replica.build_engine(config)
+
+
+def test_batch_sized_cuda_graphs_are_refused_for_rollouts_naming_the_key():
+    assert rollout_engine_config(load_config(None, ["engine.cuda_graph_sizes=vllm"])).cuda_graph_sizes == "vllm"
+    with pytest.raises(ConfigError, match="engine.cuda_graph_sizes = 'vllm' for GRPO"):
+        rollout_engine_config(load_config(None, ["engine.cuda_graph_sizes=batch"]))

@@ -202,8 +202,15 @@ def rollout_settings(
 def rollout_engine_config(config: Config) -> EngineConfig:
     """The rollout engine's settings: [engine] with [rollout.parallelism] tp_size GPUs per engine.
 
-    Raises ConfigError when engine.tensor_parallel_size says otherwise (left at 1 it defers to the rollout's).
+    Raises ConfigError when engine.tensor_parallel_size says otherwise (left at 1 it defers to the rollout's), and
+    for engine.cuda_graph_sizes = "batch": a round's generate call sends its completions at once, not
+    engine.batch_size requests, so graphs sized by it would leave the rollouts' decode steps uncaptured.
     """
+    if config.engine.cuda_graph_sizes == "batch":
+        raise ConfigError(
+            "engine.cuda_graph_sizes = 'batch' sizes vLLM's CUDA graphs by engine.batch_size, but GRPO's rollouts send "
+            "a round's completions in one generate call: leave engine.cuda_graph_sizes = 'vllm' for GRPO"
+        )
     tp = config.rollout.parallelism.tp_size
     if config.engine.tensor_parallel_size not in (1, tp):
         raise ConfigError(
