@@ -432,7 +432,8 @@ def run_batch(
                 progress.advance(task)
 
             workers = resolve_decode_workers(decode_workers) if len(plan.pending) > batch_size else 1
-            decoded = _requests(plan, vision, prompting, engine.vision_factor, workers, lookahead=2 * batch_size)
+            # One batch ahead: the next batch decodes while this one generates (two batches of media held at most).
+            decoded = _requests(plan, vision, prompting, engine.vision_factor, workers, lookahead=batch_size)
             with contextlib.closing(decoded):  # an error below stops the decoding threads at once
                 batch: list[GenerationRequest] = []
                 for item in decoded:
