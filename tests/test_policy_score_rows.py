@@ -48,9 +48,12 @@ def test_scoring_rows_together_matches_one_row_at_a_time(tiny_model_dir, monkeyp
     alone, alone_grads = score(model, batch, calls)
     assert calls == [budget_rows] * (7 // budget_rows) + ([7 % budget_rows] if 7 % budget_rows else [])
     mask = batch.mask
+    # A few float32 ulps: the lm_head matmul of 7 rows and of 1 round differently on some CPUs (2.4e-6 on a log-prob
+    # of -6.2, 3 ulps, on an AMD EPYC; bit-equal on the Xeons before); a wrong row or shift differs by whole units.
     for got, want in ((together.logprobs, alone.logprobs), (together.entropy, alone.entropy),
                       (together.raw_logprobs, alone.raw_logprobs)):  # fmt: skip
-        torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-6)
+        torch.testing.assert_close(got[mask], want[mask], rtol=1e-6, atol=1e-6)
     assert set(together_grads) == set(alone_grads)
-    for name, want in alone_grads.items():
-        torch.testing.assert_close(together_grads[name], want, rtol=1e-5, atol=1e-7, msg=name)
+    for name, want in alone_grads.items():  # each element within a millionth of its tensor's largest (as above)
+        atol = 1e-6 * float(want.abs().max())
+        torch.testing.assert_close(together_grads[name], want, rtol=1e-5, atol=atol, msg=name)
