@@ -113,27 +113,28 @@ def run_single(cfg: Config, requests: Path, out: Path, n: int) -> dict:
     The child builds the engine, runs run_batch and exits; "end_to_end_s" is from its spawn to its exit (the process's
     start-up, imports and engine included), so the engine's GPU memory leaves with the process. (vLLM's engine, closed
     in this process, kept ~120 GiB of the H200 it ran on and the next path's engine could not start: 2026-11-27.)
+    "engine_load_s" and "run_s" are the child's own timings of the engine's build and of run_batch.
     """
     import subprocess
     import sys
     import tempfile
+    from types import SimpleNamespace
 
-    out.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="ray-infer-single-") as tmp:
         spec, result = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "requests": str(requests), "out": str(out),
-                                    "n": n, "result": str(result)}))  # fmt: skip
-        with ResultClock(out, n) as clock:
-            started = time.perf_counter()
+                                    "result": str(result)}))  # fmt: skip
+        child: dict = {}
+
+        def run() -> SimpleNamespace:
             done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child-single", str(spec)])
-            end_to_end = time.perf_counter() - started
-        if done.returncode != 0 or not result.is_file():
-            raise SystemExit(f"the single-process path exited with code {done.returncode}: its output is above")
-        child = json.loads(result.read_text())
-    first, steady = clock.first, clock.steady()
-    return {**child, "first_result_s": None if first is None else round(first - started, 2),
-            "steady_clips_per_s": None if steady is None else round(steady, 3),
-            "end_to_end_s": round(end_to_end, 2), "clips_per_s": round(n / end_to_end, 3)}  # fmt: skip
+            if done.returncode != 0 or not result.is_file():
+                raise SystemExit(f"the single-process path exited with code {done.returncode}: its output is above")
+            child.update(json.loads(result.read_text()))
+            return SimpleNamespace(failed=child["failed"])
+
+        timing = measure(run, out, n)
+    return {**timing, **child, "end_to_end_s": timing["run_s"], "clips_per_s": round(n / timing["run_s"], 3)}
 
 
 def single_child(spec_path: Path) -> None:

@@ -123,7 +123,7 @@ def recipe(model: Path, data: Path, out: Path, mode: str, args: argparse.Namespa
     tp 1 each, so the controller asks for P + R GPUs.
     """
     gpu = not args.tiny
-    prompts, n = batch_shape(args.tiny, getattr(args, "prompts", None))
+    prompts, n = batch_shape(args.tiny, args.prompts)
     layout = mode_layout(mode)
     policy_gpus, rollout_replicas = layout if layout else (-1, 1)
     # Colocated, vLLM sits beside an FSDP shard of the policy (fp32 masters and AdamW: about 30 GB per GPU).

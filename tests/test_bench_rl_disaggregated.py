@@ -42,7 +42,7 @@ def test_policy_ranks_that_do_not_split_the_prompts_exit_2(bench, capsys):
 
 @pytest.mark.parametrize("tiny", [False, True])
 def test_each_layout_gives_the_controller_p_policy_ranks_and_r_rollout_replicas(bench, tiny):
-    args = argparse.Namespace(tiny=tiny, engine="vllm", steps=3, response_len=16, gpus=4)
+    args = argparse.Namespace(tiny=tiny, engine="vllm", steps=3, response_len=16, gpus=4, prompts=None)
     completions = set()
     for policy, rollout in [(2, 2), (1, 3)]:
         mode = bench.layout_mode(policy, rollout)
