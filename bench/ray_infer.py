@@ -153,7 +153,8 @@ def single_child(spec_path: Path) -> None:
                         decode_workers=cfg.infer.decode_workers)  # fmt: skip
     run_s = time.perf_counter() - started - load_s
     Path(spec["result"]).write_text(json.dumps({"engine_load_s": round(load_s, 2), "run_s": round(run_s, 2),
-                                                "failed": summary.failed}))  # fmt: skip
+                                                "failed": summary.failed,
+                                                "decode_workers": resolve_decode_workers(cfg.infer.decode_workers)}))  # fmt: skip
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -226,7 +227,7 @@ def main() -> None:
     parser.add_argument("--no-ray", action="store_true", help="run only the single path (e.g. again with another "
                         "--decode-workers, --append)")
     parser.add_argument("--decode-workers", type=int, default=None, help="the single path's infer.decode_workers "
-                        "(processes decoding the next batch while the engine answers; default: the config's)")
+                        "(threads decoding the next batch while the engine answers; default: the config's)")
     parser.add_argument("--cuda-graph-sizes", choices=["vllm", "batch"], default="vllm",
                         help="engine.cuda_graph_sizes of every path (batch: --batch-size and the powers of two below)")
     parser.add_argument("--child-single", type=Path, default=None, help=argparse.SUPPRESS)
@@ -286,8 +287,7 @@ def main() -> None:
         for path in paths if round_index % 2 == 0 else paths[::-1]:
             out = work / f"{path}.jsonl"
             if path == "single":
-                workers = resolve_decode_workers(cfg.infer.decode_workers)
-                result = {**run_single(cfg, requests, out, args.clips), "decode_workers": workers}
+                result = run_single(cfg, requests, out, args.clips)
             else:
                 result = run_ray(cfg, requests, out, args.clips, int(path.removeprefix("ray-")))
             report.row({"path": path, "round": round_index, **result})
