@@ -111,9 +111,9 @@ def run_single(cfg: Config, requests: Path, out: Path, n: int) -> dict:
     """The single-process path end to end, in a process of its own: `physreason infer --jsonl` as a user runs it.
 
     The child builds the engine, runs run_batch and exits; "end_to_end_s" is from its spawn to its exit (the process's
-    start-up, imports and engine included), so the engine's GPU memory leaves with the process. (vLLM's engine, closed
-    in this process, kept ~120 GiB of the H200 it ran on and the next path's engine could not start: 2026-11-27.)
-    "engine_load_s" and "run_s" are the child's own timings of the engine's build and of run_batch.
+    start-up, imports and engine included), so the engine's GPU memory leaves with the process. (vLLM's engine, dropped
+    in this process before engines had close(), kept ~120 GiB of the H200 it ran on and the next path's engine could
+    not start: 2026-11-27. The child closes its engine now too.) "engine_load_s" and "run_s" are the child's own timings of the engine's build and of run_batch.
     """
     import subprocess
     import sys
@@ -146,12 +146,12 @@ def single_child(spec_path: Path) -> None:
 
         torch.set_num_threads(1)  # as the --tiny parent does: a CPU replica's one thread
     started = time.perf_counter()
-    engine = create_engine(cfg.model, cfg.engine)
-    load_s = time.perf_counter() - started
-    summary = run_batch(engine, Path(spec["requests"]), Path(spec["out"]), sampling=cfg.generation, vision=cfg.vision,
-                        batch_size=cfg.engine.batch_size, show_progress=False,
-                        decode_workers=cfg.infer.decode_workers)  # fmt: skip
-    run_s = time.perf_counter() - started - load_s
+    with create_engine(cfg.model, cfg.engine) as engine:
+        load_s = time.perf_counter() - started
+        summary = run_batch(engine, Path(spec["requests"]), Path(spec["out"]), sampling=cfg.generation,
+                            vision=cfg.vision, batch_size=cfg.engine.batch_size, show_progress=False,
+                            decode_workers=cfg.infer.decode_workers)  # fmt: skip
+        run_s = time.perf_counter() - started - load_s
     Path(spec["result"]).write_text(json.dumps({"engine_load_s": round(load_s, 2), "run_s": round(run_s, 2),
                                                 "failed": summary.failed,
                                                 "decode_workers": resolve_decode_workers(cfg.infer.decode_workers)}))  # fmt: skip

@@ -264,18 +264,18 @@ def check_generate(model: Path) -> str:
     from physreason.engines.factory import create_engine
 
     config = load_config(None, [f"model.model_name_or_path='{model}'", "engine.backend='hf'", "model.dtype='bfloat16'"])
-    engine = create_engine(config.model, config.engine)
     requests = [GenerationRequest(messages=[{"role": "user", "content": [{"type": "text", "text": f"Does {i} roll?"}]}])
                 for i in range(4)]  # fmt: skip
     sampling = config.generation.model_copy(update={"max_tokens": 16, "temperature": 1.0})
-    results = engine.generate(requests, sampling)
+    with create_engine(config.model, config.engine) as engine:
+        results = engine.generate(requests, sampling)
+        device = next(engine.model.parameters()).device if hasattr(engine, "model") else "?"
     errors = [r.error for r in results if r.error]
     if errors:
         raise AssertionError(f"generation failed: {errors[0]}")
     tokens = [len(c.token_ids) for r in results for c in r.completions]
     if not tokens or min(tokens) == 0:
         raise AssertionError(f"completions without tokens: {tokens}")
-    device = next(engine.model.parameters()).device if hasattr(engine, "model") else "?"
     return f"{len(tokens)} completions, {sum(tokens)} tokens on {device}"
 
 
@@ -311,38 +311,38 @@ def check_vllm(name: str, model: Path) -> str:
     config = load_config(None, [f"model.model_name_or_path='{model}'", "engine.backend='vllm'", "model.dtype='bfloat16'",
                                 "engine.gpu_memory_utilization=0.3"])  # fmt: skip
     quantization = "fp8" if name == "vllm-fp8-rollout" else "none"
-    engine = create_engine(config.model, config.engine, vllm_executor="uni", quantization=quantization)
     request = [GenerationRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "Does it roll?"}]}])]
-    if quantization == "fp8":  # an FP8 rollout engine starts from random weights: the policy pushes its own first
+    with create_engine(config.model, config.engine, vllm_executor="uni", quantization=quantization) as engine:
+        if quantization == "fp8":  # an FP8 rollout engine starts from random weights: the policy pushes its own first
+            from transformers import AutoModelForImageTextToText
+
+            from physreason.train.weight_sync import push_weights
+
+            push_weights(
+                engine, AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16), quantization="fp8"
+            )
+        greedy = config.generation.model_copy(update={"max_tokens": 12, "temperature": 0.0})
+        first = engine.generate(request, greedy)[0]
+        if first.error or not first.completions[0].token_ids:
+            raise AssertionError(f"vLLM generation failed: {first.error}")
+        if name != "vllm-weight-push":
+            return f"{len(first.completions[0].token_ids)} tokens ({quantization})"
         from transformers import AutoModelForImageTextToText
 
-        from physreason.train.weight_sync import push_weights
-
-        push_weights(
-            engine, AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16), quantization="fp8"
-        )
-    greedy = config.generation.model_copy(update={"max_tokens": 12, "temperature": 0.0})
-    first = engine.generate(request, greedy)[0]
-    if first.error or not first.completions[0].token_ids:
-        raise AssertionError(f"vLLM generation failed: {first.error}")
-    if name != "vllm-weight-push":
-        return f"{len(first.completions[0].token_ids)} tokens ({quantization})"
-    from transformers import AutoModelForImageTextToText
-
-    # The names a policy sends: its in-memory Hugging Face state dict (transformers 5 saves other names to disk)
-    weights = dict(AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16).state_dict())
-    generator = torch.Generator().manual_seed(1)
-    pushed = [(k, torch.randn(v.shape, generator=generator).to(v.dtype) * 0.5 if v.ndim == 2 else v)
-              for k, v in weights.items()]  # fmt: skip
-    engine.update_weights(pushed)
-    second = engine.generate(request, greedy)[0]
-    engine.update_weights(list(weights.items()))
-    third = engine.generate(request, greedy)[0]
-    if second.completions[0].token_ids == first.completions[0].token_ids:
-        raise AssertionError("greedy output did not change after pushing other weights")
-    if third.completions[0].token_ids != first.completions[0].token_ids:
-        raise AssertionError("pushing the original weights back did not restore the greedy output")
-    return "greedy output followed the pushed weights and came back with the originals"
+        # The names a policy sends: its in-memory Hugging Face state dict (transformers 5 saves other names to disk)
+        weights = dict(AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16).state_dict())
+        generator = torch.Generator().manual_seed(1)
+        pushed = [(k, torch.randn(v.shape, generator=generator).to(v.dtype) * 0.5 if v.ndim == 2 else v)
+                  for k, v in weights.items()]  # fmt: skip
+        engine.update_weights(pushed)
+        second = engine.generate(request, greedy)[0]
+        engine.update_weights(list(weights.items()))
+        third = engine.generate(request, greedy)[0]
+        if second.completions[0].token_ids == first.completions[0].token_ids:
+            raise AssertionError("greedy output did not change after pushing other weights")
+        if third.completions[0].token_ids != first.completions[0].token_ids:
+            raise AssertionError("pushing the original weights back did not restore the greedy output")
+        return "greedy output followed the pushed weights and came back with the originals"
 
 
 def check_bf16_grouped(device: str = "cuda", timed: int = 400) -> str:

@@ -287,6 +287,29 @@ def reset_caches(llm: Any) -> None:
     llm.llm_engine.reset_encoder_cache()
 
 
+def shutdown_llm(llm: Any) -> None:
+    """Stop a `vllm.LLM`'s engine core and tear down the distributed state vLLM set up in this process.
+
+    Neither 0.26 nor 0.32 gives `LLM` a shutdown of its own; both stop the engine core through the client's
+    `llm.llm_engine.engine_core.shutdown()`. With VLLM_ENABLE_V1_MULTIPROCESSING=1 that ends the engine-core child
+    process (its GPU memory goes with it). In process (physreason's default) it shuts the `EngineCore` down: its
+    executor's workers stop and free the model and KV cache, the gc.freeze() of its start is undone, and it runs
+    vLLM's `cleanup_dist_env_and_memory` itself (0.32; 0.24's source already did). 0.32's in-process client also
+    shuts down from a weakref finalizer when collected and makes a second shutdown a no-op; a client without that
+    finalizer (older sources) shuts the EngineCore down again on a second call, so Engine.close calls this once.
+    The cleanup runs here again for the engine-core process case, where it had not run in this process: it
+    destroys the model-parallel groups, vLLM's world group and torch's default process group (an engine of the
+    external launcher, colocated GRPO under torchrun, takes torchrun's group with it), and is a no-op where they
+    are already gone. The caller then drops its last reference to `llm`, collects and empties the CUDA cache.
+    """
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    finally:
+        cleanup_dist_env_and_memory()
+
+
 def release_distributed() -> None:
     """Tear down vLLM's process groups (built inside torchrun's by the external launcher) before torchrun's own."""
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory

@@ -18,7 +18,7 @@ from physreason.chat.parse import parse_completion
 from physreason.chat.style import Prompting
 from physreason.config import SamplingConfig, VisionConfig
 from physreason.data.mcq import MCQPrompt
-from physreason.engines.base import Completion, GenerationResult
+from physreason.engines.base import Completion, Engine, GenerationResult
 from physreason.eval.benchmark import Benchmark, EvalSample
 from physreason.eval.results import shard_file
 from physreason.eval.runner import evaluate_shard
@@ -188,9 +188,12 @@ def test_infer_prints_the_answer_the_rewards_read_and_the_problems_of_the_mode_a
     import physreason.engines
     from physreason.cli import app
 
-    class Scripted:
+    class Scripted(Engine):  # infer closes the engine it built: the stand-in is an Engine
         def generate(self, requests, sampling, *, logprobs=True):
             return [GenerationResult(r.request_id, [1], [Completion(text, [1], [], "length")]) for r in requests]
+
+        def update_weights(self, named_tensors):
+            raise AssertionError("infer never pushes weights")
 
     monkeypatch.setattr(physreason.engines, "create_engine", lambda model, engine: Scripted())
     model = str(tiny_model_dirs["qwen3_vl"])

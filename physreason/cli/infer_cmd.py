@@ -193,7 +193,7 @@ def infer(
         if out is not None:  # the one result goes to OUT in the batch format; checked before the model loads
             held.enter_context(output_lock(out))
             prepare_single_out(out, rid, settings, overwrite)
-        generator = create_engine(cfg.model, cfg.engine)
+        generator = held.enter_context(create_engine(cfg.model, cfg.engine))
         (result,) = generator.generate([request], sampling, logprobs=False)
         record = result_record(result, prompting.style, prompting.reasoning)
         if out is not None:

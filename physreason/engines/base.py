@@ -7,7 +7,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Self
 
 import numpy as np
 import torch
@@ -89,9 +89,43 @@ class GenerationResult:
 
 
 class Engine(abc.ABC):
-    """Generates completions for chat requests with images and videos."""
+    """Generates completions for chat requests with images and videos.
+
+    An engine holds its model (and, for vLLM, an engine core and process groups) until `close()`; use it as a
+    context manager (`with create_engine(...) as engine:`) to close it however the block ends.
+    """
 
     processor_params = None  # physreason.models.inputs.ProcessorParams of a vision-language model, else None
+    _closed = False
+
+    def close(self) -> None:
+        """Release what the engine holds (model, caches, vLLM's engine core and process groups, GPU memory).
+
+        Safe to call more than once. Afterwards generate, update_weights and load_adapter raise. A process that
+        builds another engine (a second checkpoint, a test) closes the first one before: a dropped but unclosed
+        vLLM engine keeps its GPU memory, and the next one does not fit.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._release()
+
+    def _release(self) -> None:  # noqa: B027 (a hook: an engine that holds nothing of its own keeps it empty)
+        """Free what this engine holds; close() calls it once. The base engine holds nothing of its own."""
+
+    def _check_open(self) -> None:
+        """Raise when close() was called: the model and engine core it would need are gone."""
+        if self._closed:
+            raise PhysReasonError(
+                f"this {type(self).__name__} was closed (close() or the end of its `with` block) and holds no model: "
+                "build a new engine with create_engine to generate again"
+            )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     @property
     def vision_factor(self) -> int:
@@ -123,6 +157,7 @@ class Engine(abc.ABC):
         Replaces the adapter served before. Engines without runtime adapters raise; push merged weights
         with `update_weights` to them instead.
         """
+        self._check_open()
         raise PhysReasonError(
             f"the {type(self).__name__} cannot load LoRA adapters at run time: push merged weights with update_weights"
         )

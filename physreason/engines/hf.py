@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
 import logging
 from collections.abc import Iterable
@@ -236,6 +237,7 @@ class HFEngine(Engine):
         self, requests: list[GenerationRequest], sampling: SamplingConfig, *, logprobs: bool = True
     ) -> list[GenerationResult]:
         """Return one result per request in order; a request that cannot be encoded gets an error, not an exception."""
+        self._check_open()
         results: list[GenerationResult] = [GenerationResult(request_id=r.request_id) for r in requests]
         encoded: list[tuple[int, list[int], VisualInputs]] = []
         for i, request in enumerate(requests):
@@ -382,6 +384,7 @@ class HFEngine(Engine):
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy new weights into the model in place, by Hugging Face parameter name."""
+        self._check_open()
         params = dict(self.model.named_parameters())
         params.update(dict(self.model.named_buffers()))
         unknown = []
@@ -396,3 +399,14 @@ class HFEngine(Engine):
                 f"update_weights got {len(unknown)} tensor(s) the engine's model does not have, e.g. {unknown[:3]}: "
                 "send the policy's Hugging Face-named state dict"
             )
+
+    def _release(self) -> None:
+        """Drop the model and free its memory.
+
+        What the static-cache path leaves behind lives on the model and goes with it: the compiled forward
+        (transformers' `_compiled_call`) and any cache transformers keeps between generate calls.
+        """
+        del self.model
+        gc.collect()  # the compiled forward and the model refer to each other
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

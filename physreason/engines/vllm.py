@@ -7,6 +7,7 @@ the transformers engine renders them, so both engines see the same tokens.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -254,6 +255,7 @@ class VLLMEngine(Engine):
         self, requests: list[GenerationRequest], sampling: SamplingConfig, *, logprobs: bool = True
     ) -> list[GenerationResult]:
         """Return one result per request in order; a request vLLM cannot take gets an error, not an exception."""
+        self._check_open()
         if not self._weights_loaded:
             raise PhysReasonError(
                 "this FP8 rollout engine starts with random weights: push the policy's weights (update_weights) "
@@ -342,6 +344,7 @@ class VLLMEngine(Engine):
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new weights (Hugging Face names) into the running engine; drop its prefix and encoder caches."""
+        self._check_open()
         weights = list(named_tensors)
         # Checked before loading: vLLM stops half-way on an unknown name and leaves the model unusable.
         unknown = [name for name, _ in weights if name not in self.weight_names()]
@@ -366,6 +369,7 @@ class VLLMEngine(Engine):
 
         Each call is a new adapter version under a new id (vLLM caches adapters by id).
         """
+        self._check_open()
         if not self.serves_adapters:
             raise PhysReasonError(
                 "this vLLM engine was built without a LoRA slot: create it with lora_rank (or engine.lora) to load adapters"
@@ -376,3 +380,18 @@ class VLLMEngine(Engine):
         if self._adapter is not None:
             vllm_compat.remove_lora(self.llm, self._adapter.lora_int_id)
         self._adapter = request
+
+    def _release(self) -> None:
+        """Stop vLLM's engine core, tear down the process groups it made here, and free the model and KV cache.
+
+        vLLM's process-wide distributed state goes too (vllm_compat.shutdown_llm): another vLLM engine alive in this
+        process stops working, and a new one sets that state up again.
+        """
+        try:
+            vllm_compat.shutdown_llm(self.llm)
+        finally:
+            del self.llm  # the engine's only reference: the model and KV cache are freed below
+            self._adapter = None
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()

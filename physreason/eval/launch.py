@@ -270,34 +270,34 @@ def run_shard(plan: EvalPlan, shard: int, num_shards: int, *, show_progress: boo
     from physreason.engines import create_engine
 
     setup, engine_cfg = plan.setup, plan.engine
-    engine = create_engine(plan.config.model, engine_cfg)
-    # Clips decode in threads of this process's CPU share while the engine answers the batch before (one thread is
-    # the engine's). One after another, decoding and patchifying cost ~13 ms of CPU a grounding-experiment clip: ~4 s
-    # of 300, as much as a small model's whole generation on a GPU.
-    decode_workers = decode_ahead_threads()
-    runs = plan.runs()
-    todo = 0
-    for benchmark, _, run in runs:
-        done = finished_in_run(run)
-        todo += sum(1 for s in shard_samples(benchmark.samples, shard, num_shards) if s.id not in done)
-    jobs = [ShardJob(benchmark, run, repeat_sampling(setup.sampling, seed)) for benchmark, seed, run in runs]
-    # each repeat names its own seed, as when the repeats ran one after another
-    names = [f"{benchmark.name} seed {seed}" for benchmark, seed, _ in runs]
-    with _progress(show_progress) as progress:
-        task = progress.add_task(f"eval {', '.join(names)}"[:100], total=todo)
-        # Every data set and repeat in one stream: those of the same sampling share generate calls (evaluate_shards).
-        counts = evaluate_shards(
-            engine,
-            jobs,
-            prompting=setup.prompting,
-            vision=plan.config.vision,
-            shard=shard,
-            num_shards=num_shards,
-            batch_size=engine_cfg.batch_size,
-            on_result=lambda _record: progress.advance(task),
-            decode_workers=decode_workers,
-        )
-    return counts
+    with create_engine(plan.config.model, engine_cfg) as engine:
+        # Clips decode in threads of this process's CPU share while the engine answers the batch before (one thread is
+        # the engine's). One after another, decoding and patchifying cost ~13 ms of CPU a grounding-experiment clip: ~4 s
+        # of 300, as much as a small model's whole generation on a GPU.
+        decode_workers = decode_ahead_threads()
+        runs = plan.runs()
+        todo = 0
+        for benchmark, _, run in runs:
+            done = finished_in_run(run)
+            todo += sum(1 for s in shard_samples(benchmark.samples, shard, num_shards) if s.id not in done)
+        jobs = [ShardJob(benchmark, run, repeat_sampling(setup.sampling, seed)) for benchmark, seed, run in runs]
+        # each repeat names its own seed, as when the repeats ran one after another
+        names = [f"{benchmark.name} seed {seed}" for benchmark, seed, _ in runs]
+        with _progress(show_progress) as progress:
+            task = progress.add_task(f"eval {', '.join(names)}"[:100], total=todo)
+            # Every data set and repeat in one stream: those of the same sampling share generate calls (evaluate_shards).
+            counts = evaluate_shards(
+                engine,
+                jobs,
+                prompting=setup.prompting,
+                vision=plan.config.vision,
+                shard=shard,
+                num_shards=num_shards,
+                batch_size=engine_cfg.batch_size,
+                on_result=lambda _record: progress.advance(task),
+                decode_workers=decode_workers,
+            )
+        return counts
 
 
 def _engine_config(cfg: Config) -> EngineConfig:

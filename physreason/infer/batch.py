@@ -407,7 +407,8 @@ def run_batch(
     (JSONL/JSON lines or Parquet rows); media paths are relative to the input's folder (or media_root) and may
     not leave it. Failures are recorded as {"id", "error"} and the batch goes on; rerunning skips ids already
     written, and with `retry_failed` runs the failed ones again. `engine` may be a function that builds the
-    engine: it is called after the requests are read, so a bad input fails before a model loads. `settings` and
+    engine: it is called after the requests are read, so a bad input fails before a model loads, and the engine it
+    builds is closed when the batch ends (an engine passed in stays open for its owner). `settings` and
     `overwrite`: see plan_batch. `decode_workers` threads decode the next batch's media while the engine answers
     this one (infer.decode_workers; None: resolve_decode_workers); none when everything pending fits one batch,
     where there is nothing to overlap.
@@ -420,7 +421,8 @@ def run_batch(
     summary = plan.summary()
     if not plan.pending:
         return summary
-    if not hasattr(engine, "generate"):
+    built = not hasattr(engine, "generate")
+    if built:
         engine = engine()
     sink = open_sink(out)
     try:
@@ -450,4 +452,6 @@ def run_batch(
                         write(result)
     finally:
         sink.close()
+        if built:  # built here for this batch alone: its memory goes back before run_batch returns
+            engine.close()
     return summary

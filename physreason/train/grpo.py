@@ -404,9 +404,18 @@ def run_grpo(
 ) -> GRPOResult:
     """Train config.model with GRPO on the multiple-choice prompts of config.data; returns the run's record.
 
-    `engine` defaults to the recipe's rollout engine (`rollout_engine_config`); pass one to share it (tests, the demo).
+    `engine` defaults to the recipe's rollout engine (`rollout_engine_config`), which is closed when the run ends;
+    pass one to share it (tests, the demo): it stays open for its owner.
     `on_step(step)` is called after each finished step (benchmarks step a profiler with it).
     """
+    with contextlib.ExitStack() as owned:
+        return _run_grpo(config, engine, on_step, owned)
+
+
+def _run_grpo(
+    config: Config, engine: Engine | None, on_step: Callable[[int], None] | None, owned: contextlib.ExitStack
+) -> GRPOResult:
+    """run_grpo's body; the engine it builds goes on `owned`, which run_grpo closes however the run ends."""
     # before any model is loaded or engine started: a misspelt reward would otherwise stop the run at its first step
     check_reward_options(config.grpo.reward_function, config.grpo.reward_options)
     runtime = init_runtime()
@@ -451,6 +460,7 @@ def run_grpo(
             lora_rank=lora.rank if wants_slot else None,
             quantization=quantization,
         )
+        owned.enter_context(engine)
     if quantization != "none" and getattr(engine, "quantization", None) != quantization:
         raise ConfigError(
             f"rollout.quantization = {quantization!r} but the rollout engine given was built without it: build it "
