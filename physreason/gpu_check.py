@@ -15,7 +15,8 @@ One GPU:   sft-sync-saves, sft-async-saves (three saves each, then a resume from
            process now trains without FSDP2 by default), hf-generate, grpo-step
 Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losses within 1e-3 relative;
            float8-all-gather-dp2 (tensorwise weights all-gathered in float8, scales precomputed after each step)
---vllm:    vllm-generate, vllm-weight-push (the engine's output follows pushed weights), vllm-fp8-rollout
+--vllm:    vllm-generate, vllm-weight-push (the engine's output follows pushed weights), vllm-fp8-rollout,
+           vllm-close (close() gives the GPU memory back; a second engine in the process answers as the first)
 
 Set up on a bare GPU machine (the image has torch and an older transformers; nothing can be downloaded there):
     here, once:  bash tools/gpu_wheels.sh            (makes .device-wheels, about 60 MiB, git-ignored)
@@ -95,6 +96,7 @@ CHECKS = (
     Check("vllm-generate", needs="vllm", cuda_only=True),
     Check("vllm-weight-push", needs="vllm", cuda_only=True),
     Check("vllm-fp8-rollout", needs="vllm", cuda_only=True),
+    Check("vllm-close", needs="vllm", cuda_only=True),
 )
 
 
@@ -449,6 +451,46 @@ def check_bf16_grouped(device: str = "cuda", timed: int = 400) -> str:
             f"per-parameter {seconds[1] * 1e3:.2f} ms")
 
 
+def check_vllm_close(model: Path, utilization: float = 0.3) -> str:
+    """A closed vLLM engine gives its GPU memory back, and a second engine in the same process answers as the first.
+
+    Free device memory (torch.cuda.mem_get_info, which sees vLLM's KV cache and CUDA graphs too) before the first
+    engine, while it lives and after its close(); at least 90% of what it took must come back, then a second engine
+    at the same utilisation must start and give the same greedy tokens.
+    """
+    import torch
+
+    from physreason.config import load_config
+    from physreason.engines.base import GenerationRequest
+    from physreason.engines.factory import create_engine
+
+    config = load_config(None, [f"model.model_name_or_path='{model}'", "engine.backend='vllm'", "model.dtype='bfloat16'",
+                                f"engine.gpu_memory_utilization={utilization}"])  # fmt: skip
+    request = [GenerationRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "Does it roll?"}]}])]
+    greedy = config.generation.model_copy(update={"max_tokens": 12, "temperature": 0.0})
+    gib = 1024**3
+    tokens = []
+    free = [torch.cuda.mem_get_info()[0]]
+    for _ in range(2):
+        with create_engine(config.model, config.engine, vllm_executor="uni") as engine:
+            result = engine.generate(request, greedy)[0]
+            if result.error or not result.completions[0].token_ids:
+                raise AssertionError(f"vLLM generation failed: {result.error}")
+            tokens.append(result.completions[0].token_ids)
+            free.append(torch.cuda.mem_get_info()[0])
+        free.append(torch.cuda.mem_get_info()[0])
+    taken, returned = free[0] - free[1], free[2] - free[1]
+    memory = (f"free {free[0] / gib:.1f} GiB before, {free[1] / gib:.1f} with the engine, {free[2] / gib:.1f} after "
+              f"close, {free[4] / gib:.1f} after the second engine's")  # fmt: skip
+    if taken <= 0 or returned < 0.9 * taken:
+        raise AssertionError(
+            f"close() gave back {returned / gib:.1f} of the {taken / gib:.1f} GiB the engine took ({memory})"
+        )
+    if tokens[1] != tokens[0]:
+        raise AssertionError(f"the second engine's greedy tokens {tokens[1]} differ from the first's {tokens[0]}")
+    return f"{returned / taken:.0%} of {taken / gib:.1f} GiB back after close; second engine same tokens ({memory})"
+
+
 def run_check(check: Check, work: Path, timeout: float) -> str:
     """The body of one check, in this (worker) process; returns the detail of a pass, raises on a failure."""
     import torch
@@ -512,6 +554,8 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
         gap = max(abs(a - b) for a, b in zip(one, two))
         layout = " x ".join(f"{k} {v}" for k, v in mesh.items())
         return f"mesh {layout}: 2 GPUs {two[-1]:.6f} vs 1 GPU {one[-1]:.6f} at step 3 (max gap {gap:.1e})"
+    if name == "vllm-close":
+        return check_vllm_close(model)
     if name.startswith("vllm-"):
         return check_vllm(name, model)
     raise ValueError(f"unknown check {name}")

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -75,3 +77,55 @@ def test_jobs_run_one_gpu_checks_at_once_and_keep_the_json_in_list_order(tmp_pat
     refused = subprocess.run([sys.executable, "-m", "physreason", "gpu-check", "--jobs", "0"],
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert refused.returncode == 2 and "--jobs 0: give 1 or more" in refused.stdout + refused.stderr
+
+
+class _FakeEngine:
+    """Stands in for a vLLM engine in check_vllm_close: answers the same greedy tokens, records its close."""
+
+    closed = 0
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _FakeEngine.closed += 1
+
+    def generate(self, requests, sampling):
+        from physreason.engines.base import Completion, GenerationResult
+
+        completion = Completion(text="x", token_ids=self.tokens, logprobs=[], finish_reason="length")
+        return [GenerationResult(request_id=None, completions=[completion])]
+
+
+def _close_check(monkeypatch, tmp_path, free_gib, tokens):
+    """check_vllm_close with create_engine and torch.cuda.mem_get_info replaced: free_gib in the order read."""
+    import torch
+
+    from physreason import gpu_check
+    from physreason.engines import factory
+
+    reads = iter(free_gib)
+    engines = iter(tokens)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(next(reads) * 1024**3), 80 * 1024**3))
+    monkeypatch.setattr(factory, "create_engine", lambda *a, **k: _FakeEngine(next(engines)))
+    _FakeEngine.closed = 0
+    return gpu_check
+
+
+def test_vllm_close_check_passes_when_memory_comes_back(monkeypatch, tmp_path):
+    gpu_check = _close_check(monkeypatch, tmp_path, [70, 46, 69.5, 46, 69.5], [[1, 2], [1, 2]])
+    detail = gpu_check.check_vllm_close(tmp_path)
+    assert _FakeEngine.closed == 2
+    assert detail.startswith("98% of 24.0 GiB back after close; second engine same tokens")
+
+
+def test_vllm_close_check_fails_when_close_keeps_memory_or_tokens_differ(monkeypatch, tmp_path):
+    gpu_check = _close_check(monkeypatch, tmp_path, [70, 46, 50, 26, 30], [[1, 2], [1, 2]])
+    with pytest.raises(AssertionError, match=r"close\(\) gave back 4.0 of the 24.0 GiB"):
+        gpu_check.check_vllm_close(tmp_path)
+    gpu_check = _close_check(monkeypatch, tmp_path, [70, 46, 69.5, 46, 69.5], [[1, 2], [3]])
+    with pytest.raises(AssertionError, match="second engine's greedy tokens"):
+        gpu_check.check_vllm_close(tmp_path)
