@@ -297,11 +297,20 @@ def check_grpo(model: Path, mcq: Path, work: Path) -> str:
     return f"2 steps, mean rewards {result.rewards}"
 
 
+def vllm_setup(model: Path, utilization: float = 0.3):
+    """The vLLM checks' config (bf16, `utilization` of the GPU), one text request and greedy sampling of 12 tokens."""
+    from physreason.config import load_config
+    from physreason.engines.base import GenerationRequest
+
+    config = load_config(None, [f"model.model_name_or_path='{model}'", "engine.backend='vllm'", "model.dtype='bfloat16'",
+                                f"engine.gpu_memory_utilization={utilization}"])  # fmt: skip
+    request = [GenerationRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "Does it roll?"}]}])]
+    return config, request, config.generation.model_copy(update={"max_tokens": 12, "temperature": 0.0})
+
+
 def check_vllm(name: str, model: Path) -> str:
     import torch
 
-    from physreason.config import load_config
-    from physreason.engines.base import GenerationRequest
     from physreason.engines.factory import create_engine
 
     if name == "vllm-fp8-rollout":  # block FP8 needs k/v rows in multiples of 128: the tiny model at scale 2
@@ -310,10 +319,8 @@ def check_vllm(name: str, model: Path) -> str:
         if not (model.parent / "model-scale2" / "config.json").is_file():
             save_tiny_model("qwen2_5_vl", model.parent / "model-scale2", scale=2)
         model = model.parent / "model-scale2"
-    config = load_config(None, [f"model.model_name_or_path='{model}'", "engine.backend='vllm'", "model.dtype='bfloat16'",
-                                "engine.gpu_memory_utilization=0.3"])  # fmt: skip
+    config, request, greedy = vllm_setup(model)
     quantization = "fp8" if name == "vllm-fp8-rollout" else "none"
-    request = [GenerationRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "Does it roll?"}]}])]
     with create_engine(config.model, config.engine, vllm_executor="uni", quantization=quantization) as engine:
         if quantization == "fp8":  # an FP8 rollout engine starts from random weights: the policy pushes its own first
             from transformers import AutoModelForImageTextToText
@@ -323,7 +330,6 @@ def check_vllm(name: str, model: Path) -> str:
             push_weights(
                 engine, AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16), quantization="fp8"
             )
-        greedy = config.generation.model_copy(update={"max_tokens": 12, "temperature": 0.0})
         first = engine.generate(request, greedy)[0]
         if first.error or not first.completions[0].token_ids:
             raise AssertionError(f"vLLM generation failed: {first.error}")
@@ -460,14 +466,9 @@ def check_vllm_close(model: Path, utilization: float = 0.3) -> str:
     """
     import torch
 
-    from physreason.config import load_config
-    from physreason.engines.base import GenerationRequest
     from physreason.engines.factory import create_engine
 
-    config = load_config(None, [f"model.model_name_or_path='{model}'", "engine.backend='vllm'", "model.dtype='bfloat16'",
-                                f"engine.gpu_memory_utilization={utilization}"])  # fmt: skip
-    request = [GenerationRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "Does it roll?"}]}])]
-    greedy = config.generation.model_copy(update={"max_tokens": 12, "temperature": 0.0})
+    config, request, greedy = vllm_setup(model, utilization)
     gib = 1024**3
     tokens = []
     free = [torch.cuda.mem_get_info()[0]]

@@ -25,6 +25,17 @@ def build(model_dir) -> HFEngine:
     return HFEngine(ModelConfig(model_name_or_path=str(model_dir), dtype="float32"), EngineConfig())
 
 
+def assert_refuses_work(engine) -> None:
+    """generate, update_weights and load_adapter of a closed engine each raise the error that names it."""
+    for work in (
+        lambda: engine.generate([HELLO], GREEDY),
+        lambda: engine.update_weights([("lm_head.weight", torch.zeros(1))]),
+        lambda: engine.load_adapter("adapter"),
+    ):
+        with pytest.raises(PhysReasonError, match=f"this {type(engine).__name__} was closed"):
+            work()
+
+
 def test_a_closed_hf_engine_frees_its_model_and_refuses_work(tiny_model_dir):
     engine = build(tiny_model_dir)
     assert engine.generate([HELLO], GREEDY)[0].completions[0].token_ids
@@ -33,13 +44,7 @@ def test_a_closed_hf_engine_frees_its_model_and_refuses_work(tiny_model_dir):
     engine.close()  # a second close is a no-op
     gc.collect()
     assert model() is None  # nothing else held the weights
-    for work in (
-        lambda: engine.generate([HELLO], GREEDY),
-        lambda: engine.update_weights([("lm_head.weight", torch.zeros(1))]),
-        lambda: engine.load_adapter("adapter"),
-    ):
-        with pytest.raises(PhysReasonError, match="this HFEngine was closed"):
-            work()
+    assert_refuses_work(engine)
 
 
 def test_the_with_block_closes_the_engine_on_exit_and_on_an_error(tiny_model_dir):
@@ -80,13 +85,7 @@ def test_after_a_vllm_engine_closes_a_second_one_in_the_process_answers_the_same
     assert model() is None  # weights and KV cache gone with the engine core
     assert not parallel_state.model_parallel_is_initialized() and not torch.distributed.is_initialized()
     del kept
-    for work in (
-        lambda: first.generate([HELLO], GREEDY),
-        lambda: first.update_weights([("lm_head.weight", torch.zeros(1))]),
-        lambda: first.load_adapter("adapter"),
-    ):
-        with pytest.raises(PhysReasonError, match="this VLLMEngine was closed"):
-            work()
+    assert_refuses_work(first)
 
     with build() as second:
         after = second.generate([HELLO], GREEDY)[0]
