@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import faulthandler
+import gc
 import importlib.util
 import json
 import os
@@ -462,7 +463,9 @@ def check_vllm_close(model: Path, utilization: float = 0.3) -> str:
 
     Free device memory (torch.cuda.mem_get_info, which sees vLLM's KV cache and CUDA graphs too) before the first
     engine, while it lives and after its close(); at least 90% of what it took must come back, then a second engine
-    at the same utilisation must start and give the same greedy tokens.
+    at the same utilisation must start and give the same greedy tokens. A failure also says what torch's allocator
+    still holds and which Python objects hold the largest CUDA tensors left (`cuda_tensor_holders`), so one run on
+    a GPU names the reference to cut.
     """
     import torch
 
@@ -472,6 +475,7 @@ def check_vllm_close(model: Path, utilization: float = 0.3) -> str:
     gib = 1024**3
     tokens = []
     free = [torch.cuda.mem_get_info()[0]]
+    allocated = [allocated_bytes()]
     for _ in range(2):
         with create_engine(config.model, config.engine, vllm_executor="uni") as engine:
             result = engine.generate(request, greedy)[0]
@@ -479,17 +483,81 @@ def check_vllm_close(model: Path, utilization: float = 0.3) -> str:
                 raise AssertionError(f"vLLM generation failed: {result.error}")
             tokens.append(result.completions[0].token_ids)
             free.append(torch.cuda.mem_get_info()[0])
+            allocated.append(allocated_bytes())
         free.append(torch.cuda.mem_get_info()[0])
+        allocated.append(allocated_bytes())
+        if len(free) == 3 and free[2] - free[1] < 0.9 * (free[0] - free[1]):
+            break  # the first close kept its memory: say why now, while the first engine's leftovers are the only ones
     taken, returned = free[0] - free[1], free[2] - free[1]
     memory = (f"free {free[0] / gib:.1f} GiB before, {free[1] / gib:.1f} with the engine, {free[2] / gib:.1f} after "
-              f"close, {free[4] / gib:.1f} after the second engine's")  # fmt: skip
+              f"close")  # fmt: skip
     if taken <= 0 or returned < 0.9 * taken:
+        holders = "; ".join(cuda_tensor_holders()) or "no Python object holds a CUDA tensor of 64 MiB or more"
         raise AssertionError(
-            f"close() gave back {returned / gib:.1f} of the {taken / gib:.1f} GiB the engine took ({memory})"
+            f"close() gave back {returned / gib:.1f} of the {taken / gib:.1f} GiB the engine took ({memory}; torch's "
+            f"allocator {allocated[0] / gib:.1f} / {allocated[1] / gib:.1f} / {allocated[2] / gib:.1f} GiB allocated "
+            f"at the same points); largest CUDA tensors left: {holders}"
         )
+    memory += f", {free[4] / gib:.1f} after the second engine's"
     if tokens[1] != tokens[0]:
         raise AssertionError(f"the second engine's greedy tokens {tokens[1]} differ from the first's {tokens[0]}")
     return f"{returned / taken:.0%} of {taken / gib:.1f} GiB back after close; second engine same tokens ({memory})"
+
+
+def allocated_bytes() -> int:
+    """Bytes torch's CUDA allocator has handed out (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+
+
+def cuda_tensor_holders(min_bytes: int = 64 * 1024**2, limit: int = 3, depth: int = 5) -> list[str]:
+    """The largest CUDA tensors Python still reaches (storage of at least `min_bytes`), each with the chain of
+    objects that holds it (`tensor <- dict['kv_cache'] <- Attention <- ...`, the first referrer at each level,
+    frames and this function's own lists left out). Memory a C++ object holds with no Python tensor (a CUDA
+    graph's pool, NCCL buffers) does not show here; the allocator's figure beside it tells the two apart."""
+    import types
+
+    import torch
+
+    seen = gc.get_objects()
+    big = []
+    for obj in seen:
+        try:
+            if issubclass(type(obj), torch.Tensor) and obj.is_cuda and obj.untyped_storage().nbytes() >= min_bytes:
+                big.append(obj)
+        except Exception:  # noqa: BLE001 (a tensor subclass that refuses storage access is not a lead)
+            continue
+    big.sort(key=lambda t: -t.untyped_storage().nbytes())
+    big = big[:limit]
+    skip = {id(seen), id(big)}
+    lines = []
+    for tensor in big:
+        chain, obj = [], tensor
+        for _ in range(depth):
+            refs = [r for r in gc.get_referrers(obj) if id(r) not in skip and not isinstance(r, types.FrameType)]
+            skip.add(id(refs))
+            if not refs:
+                chain.append("(no Python referrer)")
+                break
+            holder = refs[0]
+            chain.append(_held_as(holder, obj))
+            obj = holder
+        size = tensor.untyped_storage().nbytes() / 1024**3
+        lines.append(f"{size:.2f} GiB {tuple(tensor.shape)} {tensor.dtype} <- " + " <- ".join(chain))
+    del seen
+    return lines
+
+
+def _held_as(holder: object, obj: object) -> str:
+    """How `holder` refers to `obj`: dict['key'], list[3], Type.attribute, or the holder's type."""
+    if isinstance(holder, dict):
+        return f"dict[{next((k for k, v in holder.items() if v is obj), '?')!r}]"
+    if isinstance(holder, (list, tuple)):
+        return f"{type(holder).__name__}[{next((i for i, v in enumerate(holder) if v is obj), '?')}]"
+    attrs = getattr(holder, "__dict__", None)
+    name = next((k for k, v in attrs.items() if v is obj), None) if isinstance(attrs, dict) else None
+    return f"{type(holder).__qualname__}.{name}" if name else type(holder).__qualname__
 
 
 def run_check(check: Check, work: Path, timeout: float) -> str:

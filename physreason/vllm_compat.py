@@ -288,26 +288,66 @@ def reset_caches(llm: Any) -> None:
 
 
 def shutdown_llm(llm: Any) -> None:
-    """Stop a `vllm.LLM`'s engine core and tear down the distributed state vLLM set up in this process.
+    """Stop a `vllm.LLM`'s engine core, let go of its model and KV cache, and tear down vLLM's distributed state.
 
     Neither 0.26 nor 0.32 gives `LLM` a shutdown of its own; both stop the engine core through the client's
     `llm.llm_engine.engine_core.shutdown()`. With VLLM_ENABLE_V1_MULTIPROCESSING=1 that ends the engine-core child
     process (its GPU memory goes with it). In process (physreason's default) it shuts the `EngineCore` down: its
-    executor's workers stop and free the model and KV cache, the gc.freeze() of its start is undone, and it runs
-    vLLM's `cleanup_dist_env_and_memory` itself (0.32; 0.24's source already did). 0.32's in-process client also
-    shuts down from a weakref finalizer when collected and makes a second shutdown a no-op; a client without that
-    finalizer (older sources) shuts the EngineCore down again on a second call, so Engine.close calls this once.
-    The cleanup runs here again for the engine-core process case, where it had not run in this process: it
-    destroys the model-parallel groups, vLLM's world group and torch's default process group (an engine of the
-    external launcher, colocated GRPO under torchrun, takes torchrun's group with it), and is a no-op where they
-    are already gone. The caller then drops its last reference to `llm`, collects and empties the CUDA cache.
+    worker drops the model runner's model and KV cache list, and the gc.freeze() of its start is undone. That alone
+    did not free the memory on CUDA with 0.26 (an H200, 2026-11-27: 0.0 of the 42.0 GiB an engine took came back,
+    and a second engine took 42 GiB more). Two holders outlive the shutdown there, and this lets go of both:
+    - 0.26's `LLMEngine` keeps the compiled model in a `weakref.finalize` (to unhook its compiled bytecode when the
+      engine is collected; 0.32 keeps a weak reference instead), so the model lives until the `LLM` object is
+      collected, which any stray reference to it prevents. The finalizer is run here, once, now.
+    - Every attention layer holds its slice of the KV cache (`layer.kv_cache`, bound at start-up): while the model
+      lives, so does the whole cache. The layers are taken from the forward context before the shutdown clears it,
+      and their caches cut after it.
+    vLLM's process-wide CUDA graph pool is reset too, so a later engine captures into a pool of its own rather than
+    one whose graphs are gone. The cleanup of the distributed state (`cleanup_dist_env_and_memory`) runs here for
+    the engine-core process case, where it had not run in this process: it destroys the model-parallel groups,
+    vLLM's world group and torch's default process group (an engine of the external launcher, colocated GRPO under
+    torchrun, takes torchrun's group with it), and is a no-op where they are already gone. 0.32's in-process client
+    also shuts down from a finalizer when collected and makes a second shutdown a no-op; older clients shut the
+    EngineCore down again on a second call, so Engine.close calls this once. The caller then drops its last
+    reference to `llm`, collects and empties the CUDA cache.
     """
+    import gc
+
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
+    engine = llm.llm_engine
+    config = getattr(engine, "vllm_config", None)
+    context = getattr(getattr(config, "compilation_config", None), "static_forward_context", None) or {}
+    layers = [layer for layer in context.values() if hasattr(layer, "kv_cache")]
     try:
-        llm.llm_engine.engine_core.shutdown()
+        engine.engine_core.shutdown()
     finally:
+        finalizer = getattr(engine, "_finalizer", None)
+        if callable(finalizer):  # weakref.finalize: runs its callback once and drops what it held
+            finalizer()
+        for layer in layers:
+            layer.kv_cache = _emptied(layer.kv_cache)
+        _reset_graph_pool()
+        gc.unfreeze()
         cleanup_dist_env_and_memory()
+
+
+def _emptied(kv_cache: Any) -> Any:
+    """An empty stand-in for a layer's KV cache of the same kind (a tensor, or 0.26's list of one per virtual engine)."""
+    import torch
+
+    if isinstance(kv_cache, torch.Tensor):
+        return torch.empty(0, dtype=kv_cache.dtype)
+    return type(kv_cache)() if isinstance(kv_cache, (list, tuple, dict)) else None
+
+
+def _reset_graph_pool() -> None:
+    """Forget vLLM's process-wide CUDA graph pool handle (0.26 and 0.32 keep it on the platform class) so the next
+    engine in this process captures into a new pool; the old one's memory goes with the graphs that used it."""
+    from vllm.platforms import current_platform
+
+    if getattr(type(current_platform), "_global_graph_pool", None) is not None:
+        type(current_platform)._global_graph_pool = None
 
 
 def release_distributed() -> None:

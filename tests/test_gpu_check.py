@@ -124,8 +124,36 @@ def test_vllm_close_check_passes_when_memory_comes_back(monkeypatch, tmp_path):
 
 def test_vllm_close_check_fails_when_close_keeps_memory_or_tokens_differ(monkeypatch, tmp_path):
     gpu_check = _close_check(monkeypatch, tmp_path, [70, 46, 50, 26, 30], [[1, 2], [1, 2]])
-    with pytest.raises(AssertionError, match=r"close\(\) gave back 4.0 of the 24.0 GiB"):
+    monkeypatch.setattr(gpu_check, "cuda_tensor_holders", lambda: ["42.00 GiB (8, 2) torch.bfloat16 <- dict['kv_cache']"])
+    with pytest.raises(AssertionError, match=r"close\(\) gave back 4.0 of the 24.0 GiB") as failed:
         gpu_check.check_vllm_close(tmp_path)
+    # it stops after the first engine (a second would only add its own leftovers) and names what still holds memory
+    assert _FakeEngine.closed == 1
+    assert "torch's allocator 0.0 / 0.0 / 0.0 GiB allocated" in str(failed.value)
+    assert "largest CUDA tensors left: 42.00 GiB (8, 2) torch.bfloat16 <- dict['kv_cache']" in str(failed.value)
     gpu_check = _close_check(monkeypatch, tmp_path, [70, 46, 69.5, 46, 69.5], [[1, 2], [3]])
     with pytest.raises(AssertionError, match="second engine's greedy tokens"):
         gpu_check.check_vllm_close(tmp_path)
+
+
+def test_cuda_tensor_holders_names_the_chain_that_keeps_a_tensor(monkeypatch):
+    """On CPU the search for CUDA tensors is exercised with CPU tensors standing in (is_cuda patched on a subclass)."""
+    import torch
+
+    from physreason import gpu_check
+
+    class Held(torch.Tensor):
+        is_cuda = True
+
+    class Layer:
+        pass
+
+    layer = Layer()
+    layer.kv_cache = torch.zeros(2, 1024, 1024, 8).as_subclass(Held)  # 64 MiB of float32
+    holders = {"layers": [layer]}
+    small = torch.zeros(4).as_subclass(Held)  # under min_bytes: not listed
+    lines = gpu_check.cuda_tensor_holders(min_bytes=64 * 1024**2)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("0.06 GiB (2, 1024, 1024, 8) torch.float32 <- ")
+    assert lines[0].endswith("Layer.kv_cache <- list[0] <- dict['layers'] <- (no Python referrer)"), lines[0]
+    del small, holders
