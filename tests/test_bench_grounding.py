@@ -414,3 +414,12 @@ def test_fewer_sft_labels_than_rl_prompts_get_their_own_sft_grpo_and_control_fol
         "after SFT+SFT (control)": "grpo-train250-rl500-sft300-seed2-sft-control",
     }
     assert bench.variant_suffix(bench.parse_args(["--sft-steps", "1500"])) == ""  # the recipe's counts and length
+
+
+def test_the_grounding_recipe_keeps_the_mean_head_and_1500_sft_steps_and_its_folder_names(bench):
+    recipe = bench.parse_args([])
+    assert (recipe.tower_head, recipe.sft_steps, recipe.tower_steps) == ("time", 1500, 0)
+    assert bench.variant_suffix(recipe) == ""
+    assert bench.variant_suffix(bench.parse_args(["--tower-steps", "100"]), 1) == "-tower100-seed1"
+    tokens = bench.parse_args(["--tower-steps", "100", "--tower-head", "tokens", "--sft-steps", "3000"])
+    assert bench.variant_suffix(tokens) == "-tower100-tokens-sft3000"  # the letter recipe's settings are a variant here

@@ -30,24 +30,39 @@ def test_defaults_are_the_recipe_and_variants_get_their_own_folders(bench):
     assert (recipe.tower_steps, recipe.sft_freeze_tower, recipe.sft_steps, recipe.sft_lr, recipe.grpo_lr) == (
         4000,
         True,
-        1500,
+        3000,
         3e-4,
         3e-5,
     )
     # the tower keeps its best held-out checkpoint and stops after 1,000 steps without a better one
     assert (recipe.tower_eval_every, recipe.tower_patience, recipe.seeds) == (100, 1000, [0])
     assert bench.variant_suffix(recipe) == "-tower4000-frozen"
-    # no tower pre-training: nothing to keep fixed, and the folders keep the earlier recipe's names
+    # no tower pre-training: nothing to keep fixed, and no head to name
     plain = bench.parse_args(["--tower-steps", "0"])
     assert not plain.sft_freeze_tower and bench.variant_suffix(plain) == ""
     trained = bench.parse_args(["--no-sft-freeze-tower"])
     assert bench.variant_suffix(trained) == "-tower4000"
-    # a head that sees every token trains another tower: its folders never reuse the recipe's
-    assert recipe.tower_head == "time"
-    assert bench.variant_suffix(bench.parse_args(["--tower-head", "tokens"])) == "-tower4000-tokens-frozen"
     qwen3 = bench.parse_args(["--family", "qwen3_vl", "--temporal-patch", "4", "--tower-steps", "0"])
     assert bench.model_folder_name(qwen3) == "model-scale2-qwen3_vl-tp4"
     assert bench.variant_suffix(qwen3) == "-scale2-qwen3_vl-tp4"
+
+
+def test_the_recipe_is_the_head_on_every_token_and_3000_sft_steps_and_the_earlier_one_is_a_named_variant(bench):
+    from physreason.experiments.common import tower_tag
+
+    recipe = bench.parse_args([])
+    assert (recipe.tower_head, recipe.sft_steps) == ("tokens", 3000)
+    assert bench.variant_suffix(bench.parse_args(["--tower-head", "tokens", "--sft-steps", "3000"])) == (
+        "-tower4000-frozen"
+    )
+    earlier = bench.parse_args(["--tower-head", "time", "--sft-steps", "1500", "--seeds", "2"])
+    assert bench.variant_suffix(earlier, 2) == "-tower4000-time-frozen-sft1500-seed2"
+    assert bench.variant_suffix(bench.parse_args(["--tower-head", "time"])) == "-tower4000-time-frozen"
+    assert bench.variant_suffix(bench.parse_args(["--sft-steps", "1500"])) == "-tower4000-frozen-sft1500"
+    assert bench.results_name("table", earlier) == "table-tower4000-time-frozen-sft1500-seeds2"
+    # the tower's folder says which head trained it whatever the recipe: the mean head's towers keep their names
+    assert tower_tag(recipe) == "-tower4000-tokens"
+    assert tower_tag(earlier) == "-tower4000"
 
 
 def test_the_bench_fine_tunes_on_every_tasks_records_with_the_schemas_seed_whatever_the_demo_does(bench, tmp_path):
@@ -71,6 +86,39 @@ def test_seeds_and_an_early_stopped_sft_get_their_own_folders(bench):
     for bad in ("1,1", "x", "-2", ""):
         with pytest.raises(SystemExit):
             bench.parse_args(["--seeds", bad])
+
+
+def test_an_sft_folder_holding_a_run_of_another_tower_or_length_stops_the_run_before_its_export_is_taken(
+    bench, tmp_path
+):
+    from physreason.config import dump_config, with_model
+    from physreason.experiments.common import sft_stage
+
+    # the earlier recipe's run (the mean head's tower, 1,500 steps) in the folder the recipe's run is named now
+    earlier = bench.parse_args(["--tower-head", "time", "--sft-steps", "1500"])
+    cfg = with_model(
+        bench.stage_config(earlier, tmp_path, tmp_path / "model-scale2", 0), tmp_path / "model-scale2-tower4000"
+    )
+    cfg.train.output_dir = str(tmp_path / "sft-tower4000-frozen")
+    export = tmp_path / "sft-tower4000-frozen" / "safetensors" / "step_1500"
+    export.mkdir(parents=True)
+    dump_config(cfg, tmp_path / "sft-tower4000-frozen" / "config.toml")
+    (export / "model.safetensors").write_bytes(b"")
+    assert sft_stage(cfg, 1500) == export  # the same run: its finished export is taken as it is
+
+    recipe = bench.stage_config(bench.parse_args([]), tmp_path, tmp_path / "model-scale2", 0)
+    recipe = with_model(recipe, tmp_path / "model-scale2-tower4000-tokens")
+    recipe.train.output_dir = cfg.train.output_dir
+    with pytest.raises(
+        SystemExit,
+        match=r"sft-tower4000-frozen holds a run of 1500 steps from .*model-scale2-tower4000,"
+        r" not of 3000 from .*model-scale2-tower4000-tokens: .* Move it and results/sft-tower4000-fr",
+    ):
+        sft_stage(recipe, 3000)
+    longer = cfg.model_copy(deep=True)
+    longer.train.max_steps = 3000  # the same tower, another length: resuming would continue the 1,500-step run
+    with pytest.raises(SystemExit, match="holds a run of 1500 steps"):
+        sft_stage(longer, 3000)
 
 
 def test_spread_gives_mean_std_min_max_over_seeds_per_stage_and_task(bench):

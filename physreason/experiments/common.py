@@ -12,6 +12,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +31,38 @@ def seed_list(text: str) -> list[int]:
     return seeds
 
 
-def add_recipe_arguments(parser: argparse.ArgumentParser, results: str, out: Path) -> None:
+@dataclass(frozen=True)
+class Recipe:
+    """An experiment's recipe for the shared knobs that name its folders: their defaults, and what variant_suffix
+    leaves out of folder names (a run of the recipe's settings carries none of their tags)."""
+
+    tower_head: str = "time"
+    """What the tower pre-training's linear head sees (physreason.train.tower.HEAD_INPUTS)."""
+    sft_steps: int = 1500
+    """SFT optimizer steps."""
+    train_per_task: int = 2000
+    """SFT clips per task."""
+    rl_per_task: int = 1000
+    """GRPO prompt clips per task."""
+
+
+def add_recipe_arguments(parser: argparse.ArgumentParser, results: str, out: Path, recipe: Recipe) -> None:
     """The knobs of the stages the intuitive-physics and grounding experiments share: clip counts, the from-scratch
     model, the tower pre-training's schedule, SFT and GRPO settings, seeds, processes, the output folder (default
-    `out`) and --combine of earlier runs' $OUT/<results>.json (the defaults are the recipe's)."""
+    `out`) and --combine of earlier runs' $OUT/<results>.json. The defaults are the recipe's, `recipe` those the
+    experiments set apart; it is kept as args.recipe, which folder names are relative to (variant_suffix)."""
+    parser.set_defaults(recipe=recipe)
     parser.add_argument(
         "--train-per-task",
         type=int,
-        default=DEFAULT_TRAIN_PER_TASK,
+        default=recipe.train_per_task,
         help="SFT clips per task: the labelled answers SFT sees (fewer than --rl-per-task: fewer SFT labels than RL "
         "prompts)",
     )
     parser.add_argument(
         "--rl-per-task",
         type=int,
-        default=DEFAULT_RL_PER_TASK,
+        default=recipe.rl_per_task,
         help="GRPO prompt clips per task (unseen by SFT; the control's labelled answers)",
     )
     parser.add_argument("--scale", type=int, default=2, help="model size multiplier of the tiny architecture")
@@ -65,10 +83,11 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, results: str, out: Pat
     parser.add_argument(
         "--tower-head",
         choices=HEAD_INPUTS,
-        default="time",
-        help="what the tower pre-training's linear head sees: 'time' the merged tokens averaged per temporal patch "
-        "(the recipe), 'tokens' every merged token in place, the frame's layout kept (physreason/train/tower.py); "
-        "folders of a 'tokens' run carry -tokens",
+        default=recipe.tower_head,
+        help="what the tower pre-training's linear head sees: 'time' the merged tokens averaged per temporal patch, "
+        "'tokens' every merged token in place, the frame's layout kept (physreason/train/tower.py); the tower's "
+        "folder carries -tokens, and the SFT, GRPO and control folders of a head other than the recipe's carry its "
+        "name",
     )
     parser.add_argument(
         "--tower-eval-every", type=int, default=100, help="score the tower's held-out tenth every N steps"
@@ -91,8 +110,9 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, results: str, out: Pat
     parser.add_argument(
         "--sft-steps",
         type=int,
-        default=DEFAULT_SFT_STEPS,
-        help="SFT steps (fewer: GRPO from an SFT stopped early, against its control)",
+        default=recipe.sft_steps,
+        help="SFT steps (fewer: GRPO from an SFT stopped early, against its control; folders of a length other than "
+        "the recipe's carry -sft<N>)",
     )
     parser.add_argument("--sft-batch", type=int, default=16)
     parser.add_argument("--sft-lr", type=float, default=3e-4)
@@ -144,11 +164,6 @@ def architecture_tag(args: argparse.Namespace) -> str:
     return f"scale{args.scale}{family}{patch}"
 
 
-DEFAULT_SFT_STEPS = 1500
-DEFAULT_TRAIN_PER_TASK = 2000
-DEFAULT_RL_PER_TASK = 1000
-
-
 def seed_tag(seed: int) -> str:
     """Folder-name tag of an initialisation seed: "" for seed 0 (the folders of runs before --seeds), else -seedN."""
     return f"-seed{seed}" if seed else ""
@@ -160,25 +175,30 @@ def model_folder_name(args: argparse.Namespace, seed: int = 0) -> str:
 
 
 def tower_tag(args: argparse.Namespace) -> str:
-    """The tower pre-training's part of folder names: its steps, and its head input when not the recipe's."""
-    head = getattr(args, "tower_head", "time")
-    return f"-tower{args.tower_steps}" + ("" if head == "time" else f"-{head}")
+    """The tower folder's part of its name: its steps, and -tokens when its head saw every token. Not relative to a
+    recipe, as the SFT folders are: a tower folder's name says which tower it holds in every experiment, so that no
+    run reuses another head's tower, and the mean head's towers keep the names they had before --tower-head."""
+    return f"-tower{args.tower_steps}" + ("" if args.tower_head == "time" else f"-{args.tower_head}")
 
 
 def variant_suffix(args: argparse.Namespace, seed: int = 0) -> str:
     """What tells this run's trained stages apart from other variants' under the same --out ("" for the recipe):
-    the architecture when not the recipe's, the tower pre-training, a frozen tower, SFT / RL clip counts other than
-    the recipe's (`--train-per-task 250`: fewer SFT labels; the clip files hold the first N clips, so a count alone
-    would not tell the runs apart), an SFT length other than the recipe's (`--sft-steps 300`: GRPO from an SFT stopped
-    early) and the seed. The SFT folder, its evaluation and the GRPO / control folders carry it, so a variant never
-    reuses another's finished stage."""
+    the architecture when not the recipe's, the tower pre-training (its steps, its head when not the experiment's
+    recipe's), a frozen tower, SFT / RL clip counts other than the recipe's (`--train-per-task 250`: fewer SFT
+    labels; the clip files hold the first N clips, so a count alone would not tell the runs apart), an SFT length
+    other than the recipe's (`--sft-steps 300`: GRPO from an SFT stopped early) and the seed. The SFT folder, its
+    evaluation and the GRPO / control folders carry it, so a variant never reuses another's finished stage. The
+    settings set apart by experiment are compared with that experiment's recipe (args.recipe, add_recipe_arguments).
+    """
+    recipe: Recipe = args.recipe
     tag = architecture_tag(args)
     model = "" if tag == "scale2" else f"-{tag}"
-    tower = tower_tag(args) if args.tower_steps else ""
+    head = "" if args.tower_head == recipe.tower_head else f"-{args.tower_head}"
+    tower = f"-tower{args.tower_steps}{head}" if args.tower_steps else ""
     frozen = "-frozen" if args.sft_freeze_tower else ""
-    train = "" if args.train_per_task == DEFAULT_TRAIN_PER_TASK else f"-train{args.train_per_task}"
-    rl = "" if args.rl_per_task == DEFAULT_RL_PER_TASK else f"-rl{args.rl_per_task}"
-    sft = "" if args.sft_steps == DEFAULT_SFT_STEPS else f"-sft{args.sft_steps}"
+    train = "" if args.train_per_task == recipe.train_per_task else f"-train{args.train_per_task}"
+    rl = "" if args.rl_per_task == recipe.rl_per_task else f"-rl{args.rl_per_task}"
+    sft = "" if args.sft_steps == recipe.sft_steps else f"-sft{args.sft_steps}"
     return f"{model}{tower}{frozen}{train}{rl}{sft}{seed_tag(seed)}"
 
 
@@ -222,6 +242,40 @@ def finished_export(output_dir: Path, steps: int) -> Path | None:
     """The run's export at its last step, when a previous invocation got that far."""
     folder = output_dir / "safetensors" / f"step_{steps}"
     return folder if (folder / "model.safetensors").is_file() else None
+
+
+def sft_stage(cfg: Any, steps: int) -> Path:
+    """cfg's SFT export at `steps`: a previous invocation's when it finished, else trained (an interrupted run
+    resumed from its last checkpoint). A run folder that holds a run of another start or length stops the run first
+    (refuse_other_run)."""
+    from physreason.train.sft import run_sft
+
+    refuse_other_run(cfg)
+    return finished_export(Path(cfg.train.output_dir), steps) or run_sft(cfg).export_dir
+
+
+def refuse_other_run(cfg: Any) -> None:
+    """Stop the run when cfg's run folder holds a run that started from a model folder of another name (another
+    tower, seed or architecture) or ran another number of steps: resuming it would continue the other run, and its
+    finished export would pass for this variant's.
+
+    A folder's name is relative to the recipe of the day it was written: the intuitive-physics recipe's tower head
+    and SFT length changed on 2026-11-27, so its earlier mean-head folders bear the names of other settings now.
+    """
+    import tomllib
+
+    recorded = Path(cfg.train.output_dir) / "config.toml"
+    if not recorded.is_file():
+        return
+    earlier = tomllib.loads(recorded.read_text(encoding="utf-8"))
+    model = earlier.get("model", {}).get("model_name_or_path", "")
+    steps = earlier.get("train", {}).get("max_steps")
+    if Path(model).name != Path(cfg.model.model_name_or_path).name or steps != cfg.train.max_steps:
+        raise SystemExit(
+            f"{recorded.parent} holds a run of {steps} steps from {model}, not of {cfg.train.max_steps} from "
+            f"{cfg.model.model_name_or_path}: a run of other settings under this variant's name, such as one written "
+            f"before the recipe changed. Move it and results/{recorded.parent.name} aside, or use another --out"
+        )
 
 
 def stage_config(args: argparse.Namespace, out: Path, model_dir: Path, seed: int) -> Any:
@@ -276,7 +330,7 @@ def tower_stage(args: argparse.Namespace, model_dir: Path, data_root: Path, cfg:
     result = pretrain_tower(
         model_dir, data_root, tower_dir, cfg.vision.model_dump(), args.tower_steps, args.tower_lr,
         workers=cfg.data.num_workers, seed=seed, eval_every=args.tower_eval_every, patience=args.tower_patience,
-        head_input=getattr(args, "tower_head", "time"),
+        head_input=args.tower_head,
     )  # fmt: skip
     return tower_dir, result
 

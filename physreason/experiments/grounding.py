@@ -12,7 +12,9 @@ Per initialisation seed (`--seeds 1,2,3`):
 1. the random model of `--family` (Qwen2.5-VL as Cosmos-Reason1, Qwen3-VL as Cosmos-Reason2), `--scale`;
 2. optionally (`--tower-steps N`) its vision tower pre-trained as in the letter experiment, on `--tower-clips-per-task`
    clips of each letter task (the from-scratch stand-in for a pre-trained encoder; off by default: the letter
-   tower is trained for what happens over time, not where, so whether it helps localization is what a run tells);
+   tower is trained for what happens over time, not where, so whether it helps localization is what a run tells;
+   its head sees the tokens' mean per temporal patch, `--tower-head time`, where the letter recipe's sees every
+   token);
 3. SFT on the JSON answers of the SFT clips (answer only, the prompt evaluation and GRPO send);
 4. from that SFT export, two arms: GRPO on the RL prompts with the IoU reward (`localization`: box IoU, point in
    box or temporal IoU, plus `--json-format-weight` x `json_format`; `--grpo-n` completions per prompt at
@@ -97,6 +99,7 @@ from typing import Any
 
 from physreason.cpu import apply_cpu_share
 from physreason.experiments.common import (  # the stages the letter experiment shares
+    Recipe,
     add_recipe_arguments,
     build_model,
     combined_runs,
@@ -110,6 +113,7 @@ from physreason.experiments.common import (  # the stages the letter experiment 
     seed_stats,
     seed_tag,
     sft_control,
+    sft_stage,
     spread,
     spread_text,
     stage_config,
@@ -148,7 +152,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     from physreason.data.synth.tasks import JSON_TASK_NAMES
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    add_recipe_arguments(parser, "grounding", Path("/tmp/physreason-grounding"))
+    add_recipe_arguments(parser, "grounding", Path("/tmp/physreason-grounding"), Recipe())
     parser.add_argument("--tasks", nargs="+", choices=JSON_TASK_NAMES, default=list(JSON_TASK_NAMES))
     parser.add_argument("--test-per-task", type=int, default=300, help="held-out clips per task")
     parser.add_argument(
@@ -528,7 +532,6 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any]:
     from physreason.config import with_model
     from physreason.eval.launch import accuracy_by_dataset
     from physreason.train.grpo import run_grpo
-    from physreason.train.sft import run_sft
 
     timings: dict[str, float] = {}
     model_dir = build_model(args, out, seed)
@@ -553,7 +556,7 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any]:
         cfg = with_model(cfg, tower_dir)
         timings["tower_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    sft_dir = finished_export(Path(cfg.train.output_dir), args.sft_steps) or run_sft(cfg).export_dir
+    sft_dir = sft_stage(cfg, args.sft_steps)
     timings["sft_s"] = time.perf_counter() - t
     evaluate(SFT_ROW, sft_dir)
     if args.stop_after == "all":
