@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The intuitive-physics letter table over seeds 1-3 side by side on one GPU (issue #45 item 3), as a device job:
 #   source .device-wheels/setup.sh; bash tools/device_job.sh start letters tools/jobs/letter_table.sh [EXTRA ARGS]
-# EXTRA ARGS go to every `physreason experiment intuitive-physics` call (default: the tower's head on every token and
-# 3,000 SFT steps). Writes each seed's log and table, then the combined table, to $RESULTS as they finish.
+# EXTRA ARGS go to every `physreason experiment intuitive-physics` call (none: the recipe, the tower's head on every
+# token and 3,000 SFT steps; e.g. `--tower-head time --sft-steps 1500` for the earlier one). Writes each seed's log
+# and table, then the combined table, to $RESULTS as they finish.
 set -u
-extra=${*:---tower-head tokens --sft-steps 3000}
-IP="--stop-after sft --out /tmp/letters $extra"
+IP="--stop-after sft --out /tmp/letters $*"
 OUT= python3 -m physreason experiment intuitive-physics $IP --workers 15 --stop-after data > "$RESULTS/data.log" 2>&1 || exit 1
 export PHYSREASON_HOST_PROCESSES=3
 for s in 1 2 3; do
