@@ -63,6 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto", help="auto: vLLM when installed")
     parser.add_argument("--gpu-memory", type=float, default=0.3, help="vLLM gpu_memory_utilization, both sides")
     parser.add_argument("--run-timeout", type=int, default=900, help="seconds one run may take")
+    parser.add_argument("--append", action="store_true",
+                        help="add this call's rounds to the runs already in $OUT/grpo_vs_trl.json (one setup on one "
+                             "machine: refused otherwise) and print the table of them all; the first side keeps "
+                             "alternating across calls")
     parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-grpo-bench"), help="models, data, logs")
     parser.add_argument("--tiny", action="store_true", help="tiny models on CPU, few small steps (checks the script)")
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
@@ -572,8 +576,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         flush=True,
     )
     have_trl = importlib.util.find_spec("trl") is not None
-    runs: list[dict[str, Any]] = []
-    for round_index in range(args.rounds):
+    setup = {"device": device, "engine": engine, "data": data, "args": setup_args(args)}
+    runs: list[dict[str, Any]] = earlier_runs(harness.out_file(JSON_NAME), setup) if args.append else []
+    first_round = max((r["round"] for r in runs), default=-1) + 1
+    for round_index in range(first_round, first_round + args.rounds):
         order = list(args.sides) if round_index % 2 == 0 else list(reversed(args.sides))
         for workload in args.workloads:
             for side in order:
@@ -586,14 +592,68 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                     record.update(run_child(side, workload, spec_path, work, args.run_timeout))
                 runs.append(record)
 
+    workloads = [w for w in WORKLOADS if w in args.workloads or any(r["workload"] == w for r in runs)]
+    sides = [*args.sides, *(s for s in SIDES if s not in args.sides and any(r["side"] == s for r in runs))]
+    rows = table_rows(runs, workloads, sides, args.warmup)
+    ratios = samples_per_s_ratios(rows)
+
+    rounds = len({r["round"] for r in runs})
+    print(f"\nGRPO step, physreason vs TRL on {device} (medians of {args.steps} steps x {rounds} rounds)\n")
+    print(format_table(rows))
+    for row in rows:
+        if row.get("vision_attention"):
+            print(f"vision attention, {row['side']} on {row['workload']}: {row['vision_attention']}")
+    for name, value in ratios.items():
+        print(f"samples/s ratio, {name}: {value:.2f}x")
+    if "video" in workloads and "trl" in sides:
+        print(f"TRL on video: {TRL_VIDEO}")
+    packages = ("torch", "transformers", "vllm", "trl", "accelerate", "datasets")
+    payload = {**info, "engine": engine, "versions": harness.versions(*packages),
+               "args": {k: str(v) for k, v in vars(args).items() if k not in ("child", "workload", "spec", "result")},
+               "setup": setup["args"], "data": data, "rows": rows, "ratios_samples_per_s": ratios, "runs": runs,
+               "trl_video": TRL_VIDEO}  # fmt: skip
+    write_json(JSON_NAME, payload)
+    return payload
+
+
+JSON_NAME = "grpo_vs_trl.json"
+# What two calls' runs must share to pool into one table (--append): the step's sizes and both sides' settings.
+SETUP_ARGS = ("prompts", "n", "response_len", "mini_batch", "mini_batch_tokens", "steps", "warmup",
+              "trl_vision_attention", "text_words", "gpu_memory", "tiny")  # fmt: skip
+
+
+def setup_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments that make a run comparable with another's (SETUP_ARGS)."""
+    return {name: getattr(args, name) for name in SETUP_ARGS}
+
+
+def earlier_runs(path: Path | None, setup: dict[str, Any]) -> list[dict[str, Any]]:
+    """--append: the runs in the JSON at `path` (none when there is no file yet), refused when that JSON was measured
+    on another device or engine, on other data or with other sizes: its rounds would not pool with this call's."""
+    if path is None:
+        raise SystemExit("--append needs the JSON's place: set OUT (the runs are read from $OUT/grpo_vs_trl.json)")
+    if not path.is_file():
+        return []
+    earlier = json.loads(path.read_text())
+    theirs = {"device": earlier.get("device"), "engine": earlier.get("engine"), "data": earlier.get("data"),
+              "args": earlier.get("setup")}  # fmt: skip
+    for key, value in setup.items():
+        if theirs[key] != json.loads(json.dumps(value, default=str)):
+            raise SystemExit(f"--append: {path} was measured with another {key} ({theirs[key]!r}, this call "
+                             f"{value!r}): pool only one setup's runs on one machine; move that file aside")  # fmt: skip
+    return list(earlier.get("runs", []))
+
+
+def table_rows(runs: list[dict[str, Any]], workloads: list[str], sides: list[str], warmup: int) -> list[dict[str, Any]]:
+    """One row per workload and side: the medians over every timed step (after `warmup`) of all its finished runs."""
     rows = []
-    for workload in args.workloads:
-        for side in args.sides:
+    for workload in workloads:
+        for side in sides:
             mine = [r for r in runs if r["workload"] == workload and r["side"] == side]
             done = [r for r in mine if r.get("ok")]
             row: dict[str, Any] = {"workload": workload, "side": side}
             if done:
-                steps = [s for r in done for s in r["steps"][args.warmup :]]
+                steps = [s for r in done for s in r["steps"][warmup:]]
                 row["summary"] = summarise(steps, 0)
                 row["peak_gib"] = max((r["peak_gib"] for r in done if r["peak_gib"] is not None), default=None)
                 row["setup_s"] = statistics.median(r["setup_s"] for r in done)
@@ -601,24 +661,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             else:
                 row["error"] = mine[0].get("error", "not run") if mine else "not run"
             rows.append(row)
-    ratios = samples_per_s_ratios(rows)
-
-    print(f"\nGRPO step, physreason vs TRL on {device} (medians of {args.steps} steps x {args.rounds} rounds)\n")
-    print(format_table(rows))
-    for row in rows:
-        if row.get("vision_attention"):
-            print(f"vision attention, {row['side']} on {row['workload']}: {row['vision_attention']}")
-    for name, value in ratios.items():
-        print(f"samples/s ratio, {name}: {value:.2f}x")
-    if "video" in args.workloads and "trl" in args.sides:
-        print(f"TRL on video: {TRL_VIDEO}")
-    packages = ("torch", "transformers", "vllm", "trl", "accelerate", "datasets")
-    payload = {**info, "engine": engine, "versions": harness.versions(*packages),
-               "args": {k: str(v) for k, v in vars(args).items() if k not in ("child", "workload", "spec", "result")},
-               "data": data, "rows": rows, "ratios_samples_per_s": ratios, "runs": runs,
-               "trl_video": TRL_VIDEO}  # fmt: skip
-    write_json("grpo_vs_trl.json", payload)
-    return payload
+    return rows
 
 
 if __name__ == "__main__":

@@ -240,3 +240,33 @@ def test_trl_policy_gets_physreasons_grouped_vision_attention_with_the_same_outp
     ours = loading.load_model(ModelConfig(model_name_or_path=str(tiny_model_dir)), torch.float32)
     assert bench.vision_attention_of(ours) == "grouped sdpa (varlen)"
     assert bench.vision_attention_of(torch.nn.Linear(2, 2)) == "no vision tower"
+
+
+def _run(workload, side, round_index, seconds, ok=True):
+    steps = [{"step_s": s, "samples": 64, "prompt_tokens": 500, "completion_tokens": 500, "generate_s": s / 2,
+              "score_s": 0.0, "train_s": s / 2, "sync_s": 0.0} for s in seconds]  # fmt: skip
+    return {"workload": workload, "side": side, "round": round_index, "ok": ok, "steps": steps, "peak_gib": 10.0,
+            "setup_s": 5.0, "vision_attention": "grouped sdpa (varlen)"}  # fmt: skip
+
+
+def test_append_pools_the_rounds_of_earlier_calls_and_refuses_another_setup(bench, tmp_path, monkeypatch):
+    args = bench.parse_args(["--workloads", "text", "--append"])
+    setup = {"device": "NVIDIA H200", "engine": "vllm", "data": {"clips": 32}, "args": bench.setup_args(args)}
+    path = tmp_path / "grpo_vs_trl.json"
+    assert bench.earlier_runs(path, setup) == []  # no file yet: the first call starts the pool
+    earlier = [_run("text", "trl", 0, [9.0, 5.0, 5.5, 5.0]), _run("text", "physreason", 0, [9.0, 3.0, 3.5, 3.0])]
+    path.write_text(json.dumps({"device": "NVIDIA H200", "engine": "vllm", "data": {"clips": 32},
+                                "setup": bench.setup_args(args), "runs": earlier}))  # fmt: skip
+    assert bench.earlier_runs(path, setup) == earlier
+
+    # a second call's round, pooled with the first: medians over every timed step (the warm-up step left out)
+    runs = [*earlier, _run("text", "physreason", 1, [9.0, 2.5, 2.5, 2.5]), _run("text", "trl", 1, [9.0, 6.0, 6.0, 6.0])]
+    rows = bench.table_rows(runs, ["text"], ["trl", "physreason"], warmup=1)
+    assert [r["summary"]["step_s"] for r in rows] == [pytest.approx(5.75), pytest.approx(2.75)]
+
+    for other in ({**setup, "device": "NVIDIA H100 80GB HBM3"},
+                  {**setup, "args": {**setup["args"], "trl_vision_attention": "native"}}):  # fmt: skip
+        with pytest.raises(SystemExit, match="--append: .* was measured with another"):
+            bench.earlier_runs(path, other)
+    with pytest.raises(SystemExit, match="--append needs the JSON's place"):
+        bench.earlier_runs(None, setup)
