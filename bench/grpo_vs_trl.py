@@ -638,9 +638,14 @@ def earlier_runs(path: Path | None, setup: dict[str, Any]) -> list[dict[str, Any
     theirs = {"device": earlier.get("device"), "engine": earlier.get("engine"), "data": earlier.get("data"),
               "args": earlier.get("setup")}  # fmt: skip
     for key, value in setup.items():
-        if theirs[key] != json.loads(json.dumps(value, default=str)):
+        ours = json.loads(json.dumps(value, default=str))
+        if theirs[key] != ours:
+            if isinstance(ours, dict) and isinstance(theirs[key], dict):  # name the settings that differ
+                differ = sorted(k for k in {*ours, *theirs[key]} if ours.get(k) != theirs[key].get(k))
+                ours = {k: ours.get(k) for k in differ}
+                theirs[key] = {k: theirs[key].get(k) for k in differ}
             raise SystemExit(f"--append: {path} was measured with another {key} ({theirs[key]!r}, this call "
-                             f"{value!r}): pool only one setup's runs on one machine; move that file aside")  # fmt: skip
+                             f"{ours!r}): pool only one setup's runs on one machine; move that file aside")  # fmt: skip
     return list(earlier.get("runs", []))
 
 

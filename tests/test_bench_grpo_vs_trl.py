@@ -268,5 +268,7 @@ def test_append_pools_the_rounds_of_earlier_calls_and_refuses_another_setup(benc
                   {**setup, "args": {**setup["args"], "trl_vision_attention": "native"}}):  # fmt: skip
         with pytest.raises(SystemExit, match="--append: .* was measured with another"):
             bench.earlier_runs(path, other)
+    with pytest.raises(SystemExit, match=r"another args \(\{'trl_vision_attention': 'varlen'\}, this call \{'trl_vision_attention': 'native'\}\)"):
+        bench.earlier_runs(path, {**setup, "args": {**setup["args"], "trl_vision_attention": "native"}})
     with pytest.raises(SystemExit, match="--append needs the JSON's place"):
         bench.earlier_runs(None, setup)
