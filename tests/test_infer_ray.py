@@ -24,6 +24,7 @@ ray = pytest.importorskip("ray")
 
 from physreason.config import Config, EngineConfig, ModelConfig
 from physreason.engines.hf import HFEngine
+from physreason.errors import PhysReasonError
 from physreason.infer import run_batch, run_ray_batch
 from physreason.infer.ray_pipeline import LOST_ERROR, TASKS_IN_FLIGHT
 from physreason.infer.results import result_status
@@ -155,7 +156,14 @@ def test_killed_replicas_cost_only_their_in_flight_items(ray_address, media, tin
     cfg = make_config(tiny_model_dir, max_tokens=48, max_task_retries=retries)
     outcome = {}
     before = set(replica_pids())  # replicas of earlier runs that have not exited yet
-    run = threading.Thread(target=lambda: outcome.update(summary=run_ray_batch(cfg, requests, out, show_progress=False)))
+
+    def batch() -> None:
+        try:
+            outcome["summary"] = run_ray_batch(cfg, requests, out, show_progress=False)
+        except PhysReasonError as exc:
+            outcome["error"] = str(exc)
+
+    run = threading.Thread(target=batch)
     run.start()
     wait_for(lambda: out.is_file() and len(out.read_text().splitlines()) >= 4)
     victims = [pid for pid in replica_pids() if pid not in before]
@@ -165,6 +173,18 @@ def test_killed_replicas_cost_only_their_in_flight_items(ray_address, media, tin
     run.join(timeout=300)
     assert not run.is_alive()
     records = read_jsonl(out)
+    if "error" in outcome:
+        # On loaded cores one replica can still be in its constructor when the first answers are out: Ray Data ends
+        # the whole pipeline when an actor dies there (seen once in a full suite on 2 cores). The run then stops
+        # with the error that says the written results are kept, and the same command resumes with the rest.
+        assert outcome["error"].startswith("the Ray Data pipeline stopped") and "rerun the same command" in outcome[
+            "error"
+        ], outcome["error"]
+        assert len({r["id"] for r in records}) == len(records) and not any("error" in r for r in records)
+        resumed = run_ray_batch(cfg, requests, out, show_progress=False)
+        assert (resumed.done, resumed.failed) == (40 - len(records), 0)
+        assert all(result_status(out).values()) and len(read_jsonl(out)) == 40
+        return
     ids = Counter(r["id"] for r in records)
     assert set(ids) == {f"q{i:03d}" for i in range(40)} and set(ids.values()) == {1}
     failed = [r for r in records if "error" in r]
