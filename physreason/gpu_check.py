@@ -473,34 +473,34 @@ def check_vllm_close(model: Path, utilization: float = 0.3) -> str:
 
     config, request, greedy = vllm_setup(model, utilization)
     gib = 1024**3
-    tokens = []
-    free = [torch.cuda.mem_get_info()[0]]
-    allocated = [allocated_bytes()]
-    for _ in range(2):
+
+    def one_engine() -> tuple[list[int], list[int], list[int]]:
+        """Greedy tokens of one engine, and free / allocated bytes while it lives and after its close."""
         with create_engine(config.model, config.engine, vllm_executor="uni") as engine:
             result = engine.generate(request, greedy)[0]
             if result.error or not result.completions[0].token_ids:
                 raise AssertionError(f"vLLM generation failed: {result.error}")
-            tokens.append(result.completions[0].token_ids)
-            free.append(torch.cuda.mem_get_info()[0])
-            allocated.append(allocated_bytes())
-        free.append(torch.cuda.mem_get_info()[0])
-        allocated.append(allocated_bytes())
-        if len(free) == 3 and free[2] - free[1] < 0.9 * (free[0] - free[1]):
-            break  # the first close kept its memory: say why now, while the first engine's leftovers are the only ones
+            free, allocated = [torch.cuda.mem_get_info()[0]], [allocated_bytes()]
+        return result.completions[0].token_ids, [*free, torch.cuda.mem_get_info()[0]], [*allocated, allocated_bytes()]
+
+    free, allocated = [torch.cuda.mem_get_info()[0]], [allocated_bytes()]
+    first, free_first, allocated_first = one_engine()
+    free += free_first
+    allocated += allocated_first
     taken, returned = free[0] - free[1], free[2] - free[1]
     memory = (f"free {free[0] / gib:.1f} GiB before, {free[1] / gib:.1f} with the engine, {free[2] / gib:.1f} after "
               f"close")  # fmt: skip
-    if taken <= 0 or returned < 0.9 * taken:
+    if taken <= 0 or returned < 0.9 * taken:  # said now, while the first engine's leftovers are the only ones
         holders = "; ".join(cuda_tensor_holders()) or "no Python object holds a CUDA tensor of 64 MiB or more"
         raise AssertionError(
             f"close() gave back {returned / gib:.1f} of the {taken / gib:.1f} GiB the engine took ({memory}; torch's "
             f"allocator {allocated[0] / gib:.1f} / {allocated[1] / gib:.1f} / {allocated[2] / gib:.1f} GiB allocated "
             f"at the same points); largest CUDA tensors left: {holders}"
         )
-    memory += f", {free[4] / gib:.1f} after the second engine's"
-    if tokens[1] != tokens[0]:
-        raise AssertionError(f"the second engine's greedy tokens {tokens[1]} differ from the first's {tokens[0]}")
+    second, free_second, _ = one_engine()
+    memory += f", {free_second[1] / gib:.1f} after the second engine's"
+    if second != first:
+        raise AssertionError(f"the second engine's greedy tokens {second} differ from the first's {first}")
     return f"{returned / taken:.0%} of {taken / gib:.1f} GiB back after close; second engine same tokens ({memory})"
 
 
