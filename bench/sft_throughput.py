@@ -44,9 +44,9 @@ SWEEP = (
 PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--shape", "--video-seconds",
                    "--video-size", "--video-fps", "--video-total-pixels", "--profile", "--profile-steps", "--json")
 SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
-ROW_OPTIONS = ("chunked_ce", "ce_chunk", "ce_recompute", "compile", "packing", "ac_every", "grad_accum", "batch",
-               "seq_len", "sdpa_backend", "wrap", "float8", "float8_all_linears", "reshard", "compile_loss",
-               "compile_vision")
+ROW_OPTIONS = ("chunked_ce", "ce_chunk", "ce_recompute", "ce_eager", "clip_separate", "compile", "packing", "ac_every",
+               "grad_accum", "batch", "seq_len", "sdpa_backend", "wrap", "float8", "float8_all_linears", "reshard",
+               "compile_loss", "compile_vision")
 # Cosmos-Reason2's inference video budget (configs/infer-cosmos-reason2-8b.toml)
 REASON2_FPS = 4.0
 REASON2_TOTAL_PIXELS = 11324620
@@ -291,6 +291,7 @@ def run_ours(config, args, device, mesh) -> dict:
         apply_compute_cast,
         apply_fsdp2,
         apply_tensor_parallel,
+        clip_and_step,
         clip_grad_norm,
         enable_activation_checkpointing,
     )
@@ -301,8 +302,8 @@ def run_ours(config, args, device, mesh) -> dict:
     tp, world = mesh["tp"].size(), mesh.size()
     if args.wrap == "autocast" and world > 1:
         raise ValueError("--wrap autocast is the single-process trainer path; it cannot run under torchrun with more ranks")
-    if args.wrap == "cast" and (world > 1 or args.float8 != "none"):
-        raise ValueError("--wrap cast is the one-rank trainer path: one process, no float8 (which keeps FSDP2)")
+    if args.wrap == "cast" and world > 1:
+        raise ValueError("--wrap cast is the one-rank trainer path: one process")
     model = build_model(config, device, torch.float32)
     use_grouped_vision_attention(model)  # as physreason's loader does (a no-op for text rows' compute)
     if args.ac_every > 0:
@@ -332,8 +333,10 @@ def run_ours(config, args, device, mesh) -> dict:
         for block in model.model.visual.blocks:
             block.compile()
     # A/B of a candidate: the lm_head + cross-entropy chunk compiled (restored after the row)
-    chunk_loss, fused = loss_module._chunk_loss, loss_module.FUSED
+    chunk_loss, fused, logit_grad = loss_module._chunk_loss, loss_module.FUSED, loss_module.LOGIT_GRAD
     loss_module.FUSED = not args.ce_recompute
+    if args.ce_eager:
+        loss_module.LOGIT_GRAD = "never"
     if args.compile_loss:
         loss_module._chunk_loss = torch.compile(chunk_loss)
     module.train()
@@ -356,9 +359,12 @@ def run_ours(config, args, device, mesh) -> dict:
                 (loss * scale).backward()
             laps.lap("backward")
         with phases.phase(phases.OPTIMIZER):
-            clip_grad_norm(parameters, 1.0)
-            laps.lap("clip")
-            optimizer.step()
+            if args.clip_separate:  # the path before: a multiply over the gradients, then the step
+                clip_grad_norm(parameters, 1.0)
+                laps.lap("clip")
+                optimizer.step()
+            else:  # as the trainer does: the clip coefficient folded into fused AdamW (its grad_scale)
+                clip_and_step(parameters, 1.0, optimizer, on_norm=lambda: laps.lap("clip"))
             laps.lap("optimizer.step")
             optimizer.zero_grad(set_to_none=True)
             laps.lap("zero_grad")
@@ -368,7 +374,7 @@ def run_ours(config, args, device, mesh) -> dict:
         seconds = harness.timed_steps(step, args.warmup, args.steps, device)
         split = profile(step, args, f"{dist.get_rank()}-{describe_row(args)}", device, seconds)
     finally:
-        loss_module._chunk_loss, loss_module.FUSED = chunk_loss, fused
+        loss_module._chunk_loss, loss_module.FUSED, loss_module.LOGIT_GRAD = chunk_loss, fused, logit_grad
     replicas = args.grad_accum * (world // tp)
     tokens = batch.input_ids.numel() * replicas
     if args.grid is None:
@@ -391,6 +397,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ce-recompute", action="store_true",
                         help="chunked CE under activation checkpointing (the path before the fused one: the logits "
                              "computed again in the backward)")
+    parser.add_argument("--ce-eager", action="store_true",
+                        help="the fused chunks' softmax and logit gradient as eager ops (the path before "
+                             "train/loss.py's compiled one, LOGIT_GRAD = 'never')")
+    parser.add_argument("--clip-separate", action="store_true",
+                        help="clip by a multiply over the gradients, then optimizer.step() (the path before the clip "
+                             "coefficient rode in fused AdamW's grad_scale on the GPU)")
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder block")
     parser.add_argument("--float8", choices=("none", "rowwise", "tensorwise"), default="none",
                         help="float8 matmuls in the language model's linear layers (torchao; [train.fp8] quant_recipe)")

@@ -102,3 +102,33 @@ def test_fused_chunks_under_autocast_with_float32_weights(monkeypatch):
     assert torch.allclose(loss.detach(), reference[0], rtol=1e-6)
     assert torch.equal(hidden.grad, reference[1].float())
     assert torch.equal(weight.grad, reference[2].float())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_compiled_logit_gradient_equals_the_eager_ops(monkeypatch, dtype):
+    """LOGIT_GRAD = "cuda" compiles each chunk's softmax and gradient on GPUs; "always" runs that same compiled
+    function here (inductor's CPU code), so its math is pinned against the eager ops: the same loss and gradients,
+    over chunks of two lengths (the last chunk is shorter, so the length goes dynamic)."""
+    monkeypatch.setattr(loss_module, "_compiled_logit_grad", None)
+    monkeypatch.setattr(loss_module, "LOGIT_GRAD", "never")
+    eager = _loss_and_grads(CHUNK, True, dtype, monkeypatch)
+    monkeypatch.setattr(loss_module, "LOGIT_GRAD", "always")
+    compiled = _loss_and_grads(CHUNK, True, dtype, monkeypatch)
+    assert loss_module._compiled_logit_grad is not None  # the compiled function ran
+    assert torch.allclose(compiled[0], eager[0], rtol=1e-6)
+    for ours, reference in zip(compiled[1:], eager[1:], strict=True):
+        assert ours.dtype == dtype
+        if dtype == torch.float32:
+            assert torch.allclose(ours, reference, rtol=1e-5, atol=1e-6)
+        else:  # one bf16 rounding of the gradient apart at most, where exp's last bit differs
+            assert torch.allclose(ours.float(), reference.float(), rtol=1e-2, atol=1e-3)
+    assert not compiled[1][0, :5].any()  # no gradient reaches positions without a target
+
+
+def test_the_eager_logit_gradient_runs_on_the_cpu_by_default(monkeypatch):
+    """The default ("cuda") compiles nothing for CPU logits: tests and CPU runs keep the eager ops."""
+    monkeypatch.setattr(loss_module, "_compiled_logit_grad", None)
+    monkeypatch.setattr(loss_module, "LOGIT_GRAD", "cuda")
+    _loss_and_grads(CHUNK, True, torch.float32, monkeypatch)
+    assert loss_module._compiled_logit_grad is None

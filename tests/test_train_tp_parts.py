@@ -118,9 +118,32 @@ def test_clip_and_step_folds_the_host_clip_into_the_fused_adamw_once(monkeypatch
         assert scales == [None, None, None]
 
 
+def test_on_the_gpu_the_fold_always_runs_with_a_divisor_of_at_least_one(monkeypatch):
+    """GPU gradients: the clip coefficient stays a device tensor (no sync to learn whether it clips), so the fused
+    kernel always gets it, as max(norm / max_norm, 1): under the limit the divisor is exactly 1 and the step equals
+    an unclipped one. Simulated on the host by the GPU's coefficient (a tensor even at 1) and a GPU group key."""
+    import physreason.models.parallelize as parallelize
+
+    assert parallelize._folds_grad_scale(torch.optim.AdamW([torch.nn.Parameter(torch.ones(1))], fused=True),
+                                         {(torch.device("cuda", 0), torch.float32): []})  # fmt: skip
+    assert not parallelize._folds_grad_scale(torch.optim.AdamW([torch.nn.Parameter(torch.ones(1))], fused=True),
+                                             {(torch.device("cuda", 0), torch.bfloat16): []})  # fmt: skip
+    monkeypatch.setattr(parallelize, "_clip_coefficient", lambda total, max_norm: (max_norm / (total + 1e-6)).clamp(max=1.0))
+    ours, theirs, mine, reference = _host_pair(fused=True)
+    scales = []
+    mine.register_step_pre_hook(lambda optimizer, *_: scales.append(getattr(optimizer, "grad_scale", None)))
+    for a, b in zip(ours, theirs, strict=True):
+        a.grad = torch.randn(64, 33) * 10  # norm about 460, under 1e3
+        b.grad = a.grad.clone()
+    clip_and_step(ours, 1e3, mine)
+    reference.step()
+    assert [float(scale) for scale in scales] == [1.0]
+    assert all(torch.equal(a, b) and torch.equal(a.grad, b.grad) for a, b in zip(ours, theirs, strict=True))
+
+
 def test_clip_and_step_scales_in_place_for_optimizers_without_the_fused_kernel(monkeypatch):
-    """Unfused AdamW (and GPU gradients, bf16-state AdamW): the gradients are multiplied as clip_grad_norm does, and the
-    step is exactly clip_grad_norm then step()."""
+    """Unfused AdamW (and bf16-state AdamW): the gradients are multiplied as clip_grad_norm does, and the step is
+    exactly clip_grad_norm then step()."""
     ours, theirs, mine, reference = _host_pair(fused=False)
     for a, b in zip(ours, theirs, strict=True):
         a.grad = torch.randn(64, 33) * 10

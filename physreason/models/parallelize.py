@@ -330,12 +330,14 @@ def clip_and_step(
 ) -> torch.Tensor:
     """clip_grad_norm(parameters, max_norm), then optimizer.step(); returns the norm before clipping (0-dim, fp32).
 
-    Host gradients (train.cpu_offload) stepped by torch's fused AdamW are not multiplied by the clip coefficient in a
-    pass of their own: the fused kernel takes it as its grad_scale (it divides each gradient by grad_scale as it reads
-    it, the same read the update makes anyway) and writes the clipped gradient back, so the host reads every gradient
-    once for the norm and once in AdamW, instead of three times and one more write. The coefficient applies once,
-    in this step: grad_scale is set for it alone. Elsewhere (GPU gradients, other optimizers) the gradients are
-    scaled in place as clip_grad_norm does. The result equals clip_grad_norm then step() to float32 rounding
+    float32 gradients stepped by torch's fused AdamW (on the GPU, or on the host under train.cpu_offload) are not
+    multiplied by the clip coefficient in a pass of their own: the fused kernel takes it as its grad_scale (it divides
+    each gradient by grad_scale as it reads it, the same read the update makes anyway) and writes the clipped gradient
+    back, so every gradient is read once for the norm and once in AdamW, instead of three times and one more write
+    (a 9 ms multiply a step at the 3B shape on an H100). On the GPU the divisor is max(norm / max_norm, 1), a device
+    tensor (no sync); the host folds only when it clips. The coefficient applies once, in this step: grad_scale is
+    set for it alone. Elsewhere (bf16 AdamW state, other optimizers) the gradients are scaled in place as
+    clip_grad_norm does. The result equals clip_grad_norm then step() to float32 rounding
     (g / (1 / c) against g x c). on_norm: called once the norm (and any scaling) is done, before the step; the
     bench times the two parts with it. reduced: the norm FSDP2's reduce-scatter outputs gave on the GPU, used when it
     covers this step's gradients (ReducedGradNorm.take), instead of a pass over them on the host. step: called in
@@ -349,14 +351,15 @@ def clip_and_step(
         _scale_grads(groups, scale)
     if on_norm is not None:
         on_norm()
+    # the same coefficient as the multiply's, as the divisor the kernel wants (1 where the norm is within max_norm)
+    divisor = ((total + 1e-6) / max_norm).clamp(min=1.0) if fold else None
     if step is not None:
-        step((total + 1e-6) / max_norm if fold else None)
+        step(divisor)
         return total
     if not fold:
         optimizer.step()
         return total
-    # the same coefficient as the multiply's, as the divisor the kernel wants
-    optimizer.grad_scale = (total + 1e-6) / max_norm  # type: ignore[attr-defined]
+    optimizer.grad_scale = divisor  # type: ignore[attr-defined]
     try:
         optimizer.step()
     finally:
@@ -510,12 +513,13 @@ def _clip_coefficient(total: torch.Tensor, max_norm: float) -> torch.Tensor | No
 
 def _folds_grad_scale(optimizer: torch.optim.Optimizer, groups: _Groups) -> bool:
     """Whether clip_and_step hands the clip coefficient to the optimizer's fused kernel: torch's Adam or AdamW with
-    fused=True in every group, float32 gradients all on the host, and no grad_scale of someone else's (GradScaler)."""
+    fused=True in every group, float32 gradients all on one device (the host, or one GPU), and no grad_scale of
+    someone else's (GradScaler)."""
     return (
         isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
         and all(group.get("fused") for group in optimizer.param_groups)
-        and bool(groups)
-        and all(device.type == "cpu" and dtype == torch.float32 for device, dtype in groups)
+        and len(groups) == 1
+        and all(device.type in ("cpu", "cuda") and dtype == torch.float32 for device, dtype in groups)
         and getattr(optimizer, "grad_scale", None) is None
         and getattr(optimizer, "found_inf", None) is None
     )

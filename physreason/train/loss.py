@@ -6,6 +6,11 @@ incoming gradient. Against checkpointing each chunk (the recompute path, `FUSED 
 [tokens, vocab] matmuls (the forward again in the backward) and the recompute's passes over the logits, and no
 [tokens, vocab] tensor outlives its chunk. The logits come from the matmul in the compute dtype; the softmax, the
 log-sum-exp and the loss are float32; the gradient of the logits goes back to the compute dtype for its two matmuls.
+
+On CUDA that softmax and gradient of a chunk run as one torch.compile'd function (`LOGIT_GRAD = "cuda"`): its
+reductions and its gradient read the compute-dtype logits and write the gradient once, where the eager ops made a
+float32 copy of the [chunk, vocab] logits and about ten passes over it (the 3B shape's loss spent about as long on
+those passes as on its three matmuls, H100, 2026-11-28).
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from physreason.data.sft import IGNORE_INDEX
 
 # False: each chunk runs under activation checkpointing instead (the path before the fused one; benches A/B it).
 FUSED = True
+# Where a fused chunk's softmax and logit gradient run compiled (module docstring): "cuda" (logits on a GPU),
+# "always" (CPU too: tests), "never" (the eager ops everywhere: the path before, benches A/B it).
+LOGIT_GRAD = "cuda"
+_compiled_logit_grad: Any = None
 
 
 def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -38,6 +47,30 @@ def _chunk_loss_and_logit_grad(logits: torch.Tensor, targets: torch.Tensor) -> t
     return loss, grad.to(logits.dtype)
 
 
+def _logit_grad_math(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """_chunk_loss_and_logit_grad without in-place ops, for torch.compile: the same float32 math, the one-hot
+    subtracted as a comparison with the column index (no scatter), so the gradient is one pointwise pass."""
+    wide = logits.float()  # [c, V]; fused into the reductions and the pointwise pass, never stored
+    top = wide.logsumexp(dim=-1, keepdim=True)  # [c, 1]
+    picked = wide.gather(1, targets[:, None])  # [c, 1]
+    loss = (top - picked).sum()
+    hit = torch.arange(wide.shape[-1], device=wide.device)[None, :] == targets[:, None]  # [c, V] one-hot
+    grad = (wide - top).exp() - hit.to(wide.dtype)
+    return loss, grad.to(logits.dtype)
+
+
+def _logit_grad(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed cross-entropy, d loss / d logits) of one chunk, compiled where LOGIT_GRAD says, eager elsewhere."""
+    global _compiled_logit_grad
+    if LOGIT_GRAD == "always" or (LOGIT_GRAD == "cuda" and logits.is_cuda):
+        if _compiled_logit_grad is None:
+            # dynamic=None: the first chunk length is compiled as it is, a second one (the last chunk of a row set)
+            # marks the length dynamic, so later lengths reuse that graph
+            _compiled_logit_grad = torch.compile(_logit_grad_math, dynamic=None)
+        return _compiled_logit_grad(logits, targets)
+    return _chunk_loss_and_logit_grad(logits, targets)
+
+
 class _FusedChunkedCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of hidden @ weight.T over chunks of rows; gradients made in the forward (module docstring)."""
 
@@ -53,7 +86,7 @@ class _FusedChunkedCrossEntropy(torch.autograd.Function):
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, hidden.shape[0], chunk_size):
             rows = hidden[start : start + chunk_size]  # [c, H]
-            loss, grad = _chunk_loss_and_logit_grad(rows @ weight.t(), targets[start : start + chunk_size])
+            loss, grad = _logit_grad(rows @ weight.t(), targets[start : start + chunk_size])
             total += loss
             if grad_hidden is not None:
                 torch.mm(grad, weight, out=grad_hidden[start : start + chunk_size])
