@@ -44,9 +44,9 @@ SWEEP = (
 PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--shape", "--video-seconds",
                    "--video-size", "--video-fps", "--video-total-pixels", "--profile", "--profile-steps", "--json")
 SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
-ROW_OPTIONS = ("chunked_ce", "ce_chunk", "ce_recompute", "ce_eager", "clip_separate", "compile", "packing", "ac_every",
-               "grad_accum", "batch", "seq_len", "sdpa_backend", "wrap", "float8", "float8_all_linears", "reshard",
-               "compile_loss", "compile_vision")
+ROW_OPTIONS = ("chunked_ce", "ce_chunk", "ce_recompute", "ce_eager", "clip_separate", "cast_eager", "compile",
+               "packing", "ac_every", "grad_accum", "batch", "seq_len", "sdpa_backend", "wrap", "float8",
+               "float8_all_linears", "reshard", "compile_loss", "compile_vision")
 # Cosmos-Reason2's inference video budget (configs/infer-cosmos-reason2-8b.toml)
 REASON2_FPS = 4.0
 REASON2_TOTAL_PIXELS = 11324620
@@ -333,10 +333,15 @@ def run_ours(config, args, device, mesh) -> dict:
         for block in model.model.visual.blocks:
             block.compile()
     # A/B of a candidate: the lm_head + cross-entropy chunk compiled (restored after the row)
+    import physreason.models.parallelize as parallelize_module
+
     chunk_loss, fused, logit_grad = loss_module._chunk_loss, loss_module.FUSED, loss_module.LOGIT_GRAD
+    widen = parallelize_module.WIDEN
     loss_module.FUSED = not args.ce_recompute
     if args.ce_eager:
         loss_module.LOGIT_GRAD = "never"
+    if args.cast_eager:
+        parallelize_module.WIDEN = "never"
     if args.compile_loss:
         loss_module._chunk_loss = torch.compile(chunk_loss)
     module.train()
@@ -375,6 +380,7 @@ def run_ours(config, args, device, mesh) -> dict:
         split = profile(step, args, f"{dist.get_rank()}-{describe_row(args)}", device, seconds)
     finally:
         loss_module._chunk_loss, loss_module.FUSED, loss_module.LOGIT_GRAD = chunk_loss, fused, logit_grad
+        parallelize_module.WIDEN = widen
     replicas = args.grad_accum * (world // tp)
     tokens = batch.input_ids.numel() * replicas
     if args.grid is None:
@@ -403,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--clip-separate", action="store_true",
                         help="clip by a multiply over the gradients, then optimizer.step() (the path before the clip "
                              "coefficient rode in fused AdamW's grad_scale on the GPU)")
+    parser.add_argument("--cast-eager", action="store_true",
+                        help="--wrap cast: widen the bf16 gradients with torch's copy (the path before the compiled "
+                             "widening, parallelize.WIDEN = 'never')")
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder block")
     parser.add_argument("--float8", choices=("none", "rowwise", "tensorwise"), default="none",
                         help="float8 matmuls in the language model's linear layers (torchao; [train.fp8] quant_recipe)")

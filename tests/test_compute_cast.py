@@ -92,6 +92,28 @@ def test_one_backward_gives_each_master_exactly_the_bf16_gradient(tied_config):
             assert torch.equal(parameter.grad, named[name].grad.float()), name
 
 
+@pytest.mark.timeout(300)
+def test_the_compiled_widening_of_the_gradients_is_exact(tied_config, monkeypatch):
+    """parallelize.WIDEN = "cuda" widens each bf16 gradient with a compiled kernel on GPUs; "always" runs that same
+    compiled function here: every master's gradient equals torch's own cast bit for bit, with recomputed blocks."""
+    import physreason.models.parallelize as parallelize
+
+    grads = {}
+    for mode in ("never", "always"):
+        monkeypatch.setattr(parallelize, "WIDEN", mode)
+        monkeypatch.setattr(parallelize, "_compiled_widen", None)
+        ours, _ = _pair(tied_config, 2)
+        batch = shapes.make_batch(tied_config, 32, 2, False, torch.device("cpu"))
+        for _ in range(2):  # the second backward adds into the fp32 gradients
+            ours(batch).backward()
+        grads[mode] = {name: p.grad for name, p in ours.named_parameters() if p.grad is not None}
+        assert (parallelize._compiled_widen is not None) == (mode == "always")
+    assert grads["never"].keys() == grads["always"].keys() and grads["never"]
+    for name, grad in grads["never"].items():
+        assert grads["always"][name].dtype == torch.float32
+        assert torch.equal(grads["always"][name], grad), name
+
+
 def test_a_forward_that_raises_puts_the_fp32_parameters_back(tied_config):
     ours, _ = _pair(tied_config, 1)
     block = ours.model.model.language_model.layers[1]

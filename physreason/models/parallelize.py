@@ -165,11 +165,46 @@ def apply_fsdp2(
     fully_shard(wrapper, **options)
 
 
+# Where the cast path widens each parameter's param_dtype gradient to its float32 master: "cuda" (one compiled
+# pointwise kernel on GPUs: torch's own bf16 -> fp32 copy takes a scalar kernel there, about 1.2 TB/s on an H100,
+# 2026-11-28), "always" (CPU too: tests), "never" (torch's copy everywhere: benches A/B it). Exact either way.
+WIDEN = "cuda"
+_compiled_widen: Any = None
+
+
+def _to_float32(flat: torch.Tensor) -> torch.Tensor:
+    return flat.to(torch.float32)
+
+
+def _widen(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`grad` (param_dtype) as `dtype`, the master's: compiled where WIDEN says, for float32 masters."""
+    global _compiled_widen
+    if dtype == torch.float32 and (WIDEN == "always" or (WIDEN == "cuda" and grad.is_cuda)):
+        if _compiled_widen is None:
+            # one graph for every parameter: flattened, its length dynamic
+            _compiled_widen = torch.compile(_to_float32, dynamic=True)
+        return _compiled_widen(grad.reshape(-1)).view(grad.shape)
+    return grad.to(dtype)
+
+
+class _CastForCompute(torch.autograd.Function):
+    """`parameter.to(dtype)` whose backward widens the gradient back to the parameter's dtype through _widen."""
+
+    @staticmethod
+    def forward(ctx: Any, parameter: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ctx.master_dtype = parameter.dtype
+        return parameter.to(dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _widen(grad, ctx.master_dtype), None
+
+
 class _ComputeCast:
     """The hooks of one unit: its own parameters are replaced by param_dtype copies for its forward.
 
-    The copies come from `Tensor.to`, so autograd carries each copy's gradient back through the cast: the
-    gradient is computed in param_dtype and accumulated into the float32 master's `.grad` in float32, as FSDP2
+    The copies come from `Tensor.to` (_CastForCompute), so autograd carries each copy's gradient back through the
+    cast: the gradient is computed in param_dtype and accumulated into the float32 master's `.grad` in float32, as FSDP2
     with MixedPrecisionPolicy(param_dtype, reduce_dtype=float32) does on one rank. A parameter held under
     several names (tied embedding and lm_head) gets one copy, so its gradients add up in param_dtype first, as
     in FSDP2's unsharded parameter. Outside its forward the unit holds its float32 Parameters again.
@@ -188,7 +223,7 @@ class _ComputeCast:
         for owner, name, parameter in self.slots:
             copy = copies.get(id(parameter))
             if copy is None:
-                copy = copies[id(parameter)] = parameter.to(self.dtype)
+                copy = copies[id(parameter)] = _CastForCompute.apply(parameter, self.dtype)
             owner._parameters[name] = copy  # as torch.nn.utils.stateless swaps tensors in for a call
 
     def restore(self) -> None:
