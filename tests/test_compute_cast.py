@@ -133,12 +133,13 @@ def test_a_forward_that_raises_puts_the_fp32_parameters_back(tied_config):
         (1, [], True),
         (1, ["train.one_rank_precision='legacy'"], False),
         (1, ["train.param_dtype='float32'"], True),  # a plain module: nothing to cast, nothing to gather
-        (1, ["train.fp8.enable_fp8=true"], False),
+        (1, ["train.fp8.enable_fp8=true"], True),  # float8 layers cast the bf16 copies
+        (1, ["train.fp8.enable_fp8=true", "train.one_rank_precision='legacy'"], False),
         (1, ["train.cpu_offload=true"], False),
         (2, [], False),
     ],
 )
-def test_one_process_takes_the_cast_path_unless_float8_offload_or_legacy_need_fsdp2(world, settings, expected):
+def test_one_process_takes_the_cast_path_unless_offload_or_legacy_need_fsdp2(world, settings, expected):
     from physreason.config import load_config
 
     config: Config = load_config(None, settings)

@@ -246,11 +246,13 @@ def test_compile_blocks_leaves_room_for_every_compiled_variant_of_the_block(toke
     from physreason.models import loading
     from physreason.train.build import BLOCK_RECOMPILE_LIMIT, compile_blocks
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    model = build_tiny_model("qwen2", tokenizer)
-    compile_blocks(model)  # compiles lazily, at the first call
-    assert torch._dynamo.config.recompile_limit == BLOCK_RECOMPILE_LIMIT >= 32
-    assert all(block._compiled_call_impl is not None for block in loading.decoder_layers(model))
+    # config.patch, not monkeypatch: monkeypatch's undo left recompile_limit deleted from dynamo's config (an alias
+    # there), so a later test's torch.compile in the same process failed
+    with torch._dynamo.config.patch(recompile_limit=8):
+        model = build_tiny_model("qwen2", tokenizer)
+        compile_blocks(model)  # compiles lazily, at the first call
+        assert torch._dynamo.config.recompile_limit == BLOCK_RECOMPILE_LIMIT >= 32
+        assert all(block._compiled_call_impl is not None for block in loading.decoder_layers(model))
 
 
 def test_torchaos_precompute_sets_the_scale_of_every_float8_all_gather_weight_after_a_step(tokenizer, tmp_path):
@@ -285,3 +287,46 @@ def test_torchaos_precompute_sets_the_scale_of_every_float8_all_gather_weight_af
             assert torch.allclose(shard._precomputed_scale, wanted)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
+def test_float8_layers_train_on_the_one_rank_cast_path(tokenizer, recipe):
+    """One process runs float8 on the cast path (build.compute_cast): each float8 layer gets the bf16 copy of its
+    float32 master for the forward, and the master gets a float32 gradient back; outside the step the slots hold the
+    float32 Parameters again. Emulated float8 on CPU."""
+    pytest.importorskip("torchao")
+    from torch import nn
+
+    from physreason.models.parallelize import apply_compute_cast
+
+    config = Config.model_validate({"train": {"fp8": {"enable_fp8": True, "quant_recipe": recipe,
+                                                      "skip_small_linears": False}}})  # fmt: skip
+    runtime = Runtime(rank=0, world_size=1, device=torch.device("cpu"))
+    torch.manual_seed(0)
+    model = build_tiny_model("qwen2", tokenizer)
+    with emulated_float8_on_cpu():
+        check_float8_support(torch.device("cpu"))
+        apply_float8(model, config, runtime)
+    converted = [m for m in model.modules() if type(m).__name__ == "Float8Linear"]
+    assert converted
+    seen = []
+    converted[0].register_forward_pre_hook(lambda module, args: seen.append(module.weight.dtype))
+
+    class Loss(nn.Module):  # the wrapper the trainer casts around the model (embedding, norm, lm_head)
+        def __init__(self, inner):
+            super().__init__()
+            self.model = inner
+
+        def forward(self, ids):
+            return self.model(input_ids=ids, labels=ids).loss
+
+    wrapper = Loss(model)
+    apply_compute_cast(wrapper, model, torch.bfloat16)
+    ids = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(1))
+    loss = wrapper(ids)
+    loss.backward()
+    assert torch.isfinite(loss) and seen == [torch.bfloat16]
+    for module in converted:
+        assert type(module.weight) is nn.Parameter and module.weight.dtype == torch.float32
+        assert module.weight.grad is not None and module.weight.grad.dtype == torch.float32
+        assert module.weight.grad.abs().sum() > 0
