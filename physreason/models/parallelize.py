@@ -172,8 +172,8 @@ WIDEN = "cuda"
 _compiled_widen: Any = None
 
 
-def _to_float32(flat: torch.Tensor) -> torch.Tensor:
-    return flat.to(torch.float32)
+def _to_float32(grad: torch.Tensor) -> torch.Tensor:
+    return grad.to(torch.float32)
 
 
 def _widen(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -181,9 +181,10 @@ def _widen(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     global _compiled_widen
     if dtype == torch.float32 and (WIDEN == "always" or (WIDEN == "cuda" and grad.is_cuda)):
         if _compiled_widen is None:
-            # one graph for every parameter: flattened, its length dynamic
+            # sizes dynamic: one graph per number of dimensions (a flattened view would be guarded on its base's
+            # sizes, a recompile per parameter shape)
             _compiled_widen = torch.compile(_to_float32, dynamic=True)
-        return _compiled_widen(grad.reshape(-1)).view(grad.shape)
+        return _compiled_widen(grad)
     return grad.to(dtype)
 
 
