@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import physreason.train.loss as loss_module
 from physreason.data.sft import IGNORE_INDEX
+from physreason.models.lazy_compile import LazyCompiled
 from physreason.train.loss import cross_entropy_sum
 
 TOKENS, HIDDEN, VOCAB, CHUNK = 2 * 23, 16, 64, 8  # 23 tokens a row, chunks that do not divide the targets
@@ -110,12 +111,14 @@ def test_the_compiled_logit_gradient_equals_the_eager_ops(monkeypatch, dtype):
     """LOGIT_GRAD = "cuda" compiles each chunk's softmax and gradient on GPUs; "always" runs that same compiled
     function here (inductor's CPU code), so its math is pinned against the eager ops: the same loss and gradients,
     over chunks of two lengths (the last chunk is shorter, so the length goes dynamic)."""
-    monkeypatch.setattr(loss_module, "_compiled_logit_grad", None)
+    fresh = LazyCompiled(loss_module._logit_grad_math, dynamic=None)
+    monkeypatch.setattr(loss_module, "_compiled_logit_grad", fresh)
     monkeypatch.setattr(loss_module, "LOGIT_GRAD", "never")
     eager = _loss_and_grads(CHUNK, True, dtype, monkeypatch)
+    assert fresh.compiled is None
     monkeypatch.setattr(loss_module, "LOGIT_GRAD", "always")
     compiled = _loss_and_grads(CHUNK, True, dtype, monkeypatch)
-    assert loss_module._compiled_logit_grad is not None  # the compiled function ran
+    assert fresh.compiled is not None and fresh.failed is None  # the compiled function ran
     assert torch.allclose(compiled[0], eager[0], rtol=1e-6)
     for ours, reference in zip(compiled[1:], eager[1:], strict=True):
         assert ours.dtype == dtype
@@ -128,7 +131,8 @@ def test_the_compiled_logit_gradient_equals_the_eager_ops(monkeypatch, dtype):
 
 def test_the_eager_logit_gradient_runs_on_the_cpu_by_default(monkeypatch):
     """The default ("cuda") compiles nothing for CPU logits: tests and CPU runs keep the eager ops."""
-    monkeypatch.setattr(loss_module, "_compiled_logit_grad", None)
+    fresh = LazyCompiled(loss_module._logit_grad_math, dynamic=None)
+    monkeypatch.setattr(loss_module, "_compiled_logit_grad", fresh)
     monkeypatch.setattr(loss_module, "LOGIT_GRAD", "cuda")
     _loss_and_grads(CHUNK, True, torch.float32, monkeypatch)
-    assert loss_module._compiled_logit_grad is None
+    assert fresh.compiled is None

@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from physreason.errors import ConfigError
+from physreason.models.lazy_compile import LazyCompiled
 from physreason.models.loading import decoder_layers, vision_tower
 
 
@@ -169,21 +170,20 @@ def apply_fsdp2(
 # pointwise kernel on GPUs: torch's own bf16 -> fp32 copy takes a scalar kernel there, about 1.2 TB/s on an H100,
 # 2026-11-28), "always" (CPU too: tests), "never" (torch's copy everywhere: benches A/B it). Exact either way.
 WIDEN = "cuda"
-_compiled_widen: Any = None
 
 
 def _to_float32(grad: torch.Tensor) -> torch.Tensor:
     return grad.to(torch.float32)
 
 
+# sizes dynamic: one graph per number of dimensions (a flattened view would be guarded on its base's sizes, a
+# recompile per parameter shape)
+_compiled_widen = LazyCompiled(_to_float32, dynamic=True)
+
+
 def _widen(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`grad` (param_dtype) as `dtype`, the master's: compiled where WIDEN says, for float32 masters."""
-    global _compiled_widen
     if dtype == torch.float32 and (WIDEN == "always" or (WIDEN == "cuda" and grad.is_cuda)):
-        if _compiled_widen is None:
-            # sizes dynamic: one graph per number of dimensions (a flattened view would be guarded on its base's
-            # sizes, a recompile per parameter shape)
-            _compiled_widen = torch.compile(_to_float32, dynamic=True)
         return _compiled_widen(grad)
     return grad.to(dtype)
 

@@ -22,13 +22,13 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from physreason.data.sft import IGNORE_INDEX
+from physreason.models.lazy_compile import LazyCompiled
 
 # False: each chunk runs under activation checkpointing instead (the path before the fused one; benches A/B it).
 FUSED = True
 # Where a fused chunk's softmax and logit gradient run compiled (module docstring): "cuda" (logits on a GPU),
 # "always" (CPU too: tests), "never" (the eager ops everywhere: the path before, benches A/B it).
 LOGIT_GRAD = "cuda"
-_compiled_logit_grad: Any = None
 
 
 def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -59,14 +59,14 @@ def _logit_grad_math(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch
     return loss, grad.to(logits.dtype)
 
 
+# dynamic=None: the first chunk length is compiled as it is, a second one (the last chunk of a row set) marks the
+# length dynamic, so later lengths reuse that graph
+_compiled_logit_grad = LazyCompiled(_logit_grad_math, dynamic=None)
+
+
 def _logit_grad(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed cross-entropy, d loss / d logits) of one chunk, compiled where LOGIT_GRAD says, eager elsewhere."""
-    global _compiled_logit_grad
     if LOGIT_GRAD == "always" or (LOGIT_GRAD == "cuda" and logits.is_cuda):
-        if _compiled_logit_grad is None:
-            # dynamic=None: the first chunk length is compiled as it is, a second one (the last chunk of a row set)
-            # marks the length dynamic, so later lengths reuse that graph
-            _compiled_logit_grad = torch.compile(_logit_grad_math, dynamic=None)
         return _compiled_logit_grad(logits, targets)
     return _chunk_loss_and_logit_grad(logits, targets)
 
