@@ -742,6 +742,14 @@ class InferConfig(Section):
         description="Times a batch is retried on its restarted replica after the replica died (killed, out of "
         "memory); its items are then recorded as failed, to retry with --retry-failed.",
     )
+    max_pipeline_restarts: int = Field(
+        2,
+        ge=0,
+        le=100,
+        description="Times a Ray Data run starts its pipeline again on the requests not yet written after Ray Data "
+        "ended it because a Ray process died (a replica killed while loading its model); the results written are "
+        "kept. 0 stops at the first such end, to be resumed by rerunning the command.",
+    )
     retry_failed: bool = Field(
         False, description="Run the requests whose earlier result is an error again (the error records are removed)."
     )

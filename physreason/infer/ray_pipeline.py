@@ -15,8 +15,10 @@ The driver iterates the results as they finish (in no fixed order) and appends e
 writes, and it skips an id it has written already, so a rerun after kill -9 at any point (driver or
 workers) gives every id exactly once. A replica that dies is restarted by Ray and its in-flight batches
 are retried on it up to `infer.max_task_retries` times; a batch that fails more often is recorded as
-failed per item and retried by a rerun with --retry-failed. Errors of one item (missing file, corrupt
-video, an exception while decoding or generating) become that item's error record.
+failed per item and retried by a rerun with --retry-failed. A replica that dies while it builds its engine
+makes Ray Data end the whole pipeline: the driver keeps what it wrote and starts a new pipeline on the rest,
+up to `infer.max_pipeline_restarts` times, as a rerun of the command would. Errors of one item (missing
+file, corrupt video, an exception while decoding or generating) become that item's error record.
 
 Runs unchanged on a multi-node cluster: with `infer.ray_address` (--ray-address) or RAY_ADDRESS set it
 joins that cluster, else it starts Ray on this machine (docs/ray-inference.md).
@@ -194,23 +196,67 @@ def _connect(ray, address: str | None) -> bool:
     return address is None
 
 
+class PipelineStopped(PhysReasonError):
+    """Ray Data ended the whole pipeline (its iterator raised); the results written are kept in the output.
+
+    `restartable`: a Ray process died (`_process_died`), which a new pipeline on the requests left can get
+    past; `reason`: the exception in one line, for the warning that announces a restart.
+    """
+
+    def __init__(self, message: str, *, reason: str, restartable: bool) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.restartable = restartable
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and every exception it carries: `__cause__`, `__context__` and Ray's `.cause` (the remote original)."""
+    found: list[BaseException] = []
+    stack: list[object] = [exc]
+    while stack:
+        current = stack.pop()
+        if not isinstance(current, BaseException) or any(current is seen for seen in found):
+            continue
+        found.append(current)
+        stack += [getattr(current, "cause", None), current.__cause__, current.__context__]
+    return found
+
+
 def _user_error(exc: BaseException) -> PhysReasonError | None:
     """The PhysReasonError a remote failure carries (an engine that cannot load its model), if any.
 
     Ray re-raises a remote exception as a RayTaskError subclass of the original's type that also holds
     the original as `.cause`; the original is returned, not the wrapper (whose text is the remote traceback).
     """
-    seen: set[int] = set()
-    stack: list[BaseException | None] = [exc]
-    while stack:
-        current = stack.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
+    for current in _chain(exc):
         if isinstance(current, PhysReasonError) and getattr(current, "cause", None) is None:
             return current
-        stack += [getattr(current, "cause", None), current.__cause__, current.__context__]
     return None
+
+
+def _process_died(exc: BaseException) -> bool:
+    """Whether Ray Data ended the pipeline because a Ray process or node died, which a new pipeline can get past.
+
+    A replica killed (or out of memory) while it builds its engine reaches Ray Data as the ActorDiedError of its
+    first call (ActorPoolMapOperator._on_actor_init_death), and Ray Data fails the whole execution with it;
+    WorkerCrashedError and NodeDiedError are the same death for a decoding task or a whole node. A constructor
+    that raised also ends as an ActorDiedError, but with `actor_init_failed` set: that error (a model that does
+    not load, a bad setting) comes back in every new replica, so it is no reason to restart. Neither is any other
+    exception: a bug or a bad input would fail again, and Ctrl-C (KeyboardInterrupt) is no Exception at all.
+    """
+    from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
+
+    return any(
+        isinstance(current, WorkerCrashedError | NodeDiedError)
+        or (isinstance(current, RayActorError) and not current.actor_init_failed)
+        for current in _chain(exc)
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    """'Type: first line of the text': Ray's errors run over many lines (the remote traceback, the actor's ids)."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _block_count(rows: int, batch_size: int) -> int:
@@ -234,6 +280,8 @@ def run_ray_batch(
     Same inputs, outputs and resume rules as `run_batch` (which uses one engine in this process), with
     `[infer]` choosing the cluster, the devices, retries and Parquet part sizes, and `[prompt]` the prompt
     style, reasoning mode and (with `[generation]`) the sampling, resolved for the checkpoint's family.
+    When Ray Data ends the pipeline because a replica died while building its engine, the results written are
+    kept and a new pipeline answers the rest, at most `infer.max_pipeline_restarts` times (PipelineStopped after).
     """
     infer = cfg.infer
     if infer.num_gpus is None:
@@ -264,15 +312,35 @@ def run_ray_batch(
         check_cpus(replicas, infer.cpus_per_replica, infer.decode_cpus, resources.get("CPU", 0))
         if gpus_each == 0:
             log.warning("running %d engine replicas without GPUs (infer.device = %r)", replicas, infer.device)
-        # No local name holds the dataset, so it can be collected below with the run's actor handles.
-        _drain(
-            _build_dataset(ray, cfg, plan, replicas, gpus_each, (prompting, sampling), factor),
-            plan,
-            summary,
-            out,
-            infer,
-            show_progress,
-        )
+        restarts = 0
+        while plan.pending:
+            try:
+                # No local name holds the dataset, so it can be collected below with the run's actor handles.
+                _drain(
+                    _build_dataset(ray, cfg, plan, replicas, gpus_each, (prompting, sampling), factor),
+                    plan,
+                    summary,
+                    out,
+                    infer,
+                    show_progress,
+                )
+                break
+            except PipelineStopped as stop:
+                if not stop.restartable or restarts >= infer.max_pipeline_restarts:
+                    raise
+                restarts += 1
+                reason = stop.reason
+            # Out of the except block the stopped pipeline's traceback is gone: a collection frees its replicas
+            # (see below) before the next pipeline asks for their CPUs and GPUs.
+            gc.collect()
+            # What a rerun of the command reads: the ids written so far are skipped. Failures this run wrote stay
+            # (no retry_failed, no overwrite), so no request is answered twice.
+            plan = plan_batch(requests_path, out, media_root=media_root, settings=settings)
+            log.warning(
+                "the Ray Data pipeline stopped (%s); the %d results written are kept; restart %d of %d "
+                "(infer.max_pipeline_restarts) on the %d requests left",
+                reason, summary.done, restarts, infer.max_pipeline_restarts, len(plan.pending),
+            )  # fmt: skip
     finally:
         # Ray Data drops its handles to replicas whose tasks failed when they died, but Ray restarts those
         # actors; the remaining handles sit in reference cycles (exception tracebacks), and the actors keep
@@ -361,9 +429,11 @@ def _drain(dataset, plan, summary: BatchSummary, out: Path, infer, show_progress
                 cause = _user_error(exc)
                 if cause is not None:
                     raise type(cause)(str(cause)) from exc
-                raise PhysReasonError(
-                    f"the Ray Data pipeline stopped ({type(exc).__name__}: {exc}); the {len(written)} results "
-                    f"written are kept in {out}: fix the cause and rerun the same command to resume"
+                raise PipelineStopped(
+                    f"the Ray Data pipeline stopped ({type(exc).__name__}: {exc}); the {summary.done} results "
+                    f"written are kept in {out}: fix the cause and rerun the same command to resume",
+                    reason=_one_line(exc),
+                    restartable=_process_died(exc),
                 ) from exc
             for rid, _ in plan.pending:
                 if rid not in written:
