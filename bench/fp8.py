@@ -299,4 +299,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from physreason.errors import Interrupted
+
+    try:
+        main()
+    except Interrupted as stopped:  # Ctrl-C or SIGTERM: the SFT run finished its step and stopped; exit as the CLI does
+        print(stopped, file=sys.stderr)
+        sys.exit(stopped.exit_code)

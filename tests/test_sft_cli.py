@@ -214,6 +214,51 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_a_resume_command_that_works_and_si
     assert _resume_command(stderr) == resume  # the same command continues again (no second resume key added)
 
 
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_with_loader_workers_finishes_the_step_and_exits_130(tiny_vl, tmp_path):
+    # As GNU timeout stops a command: SIGTERM to the trainer, then to its whole process group (loader workers too).
+    import os
+    import signal
+    import time
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(8)))
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "physreason", "sft", "--config", str(RECIPE), "-m", str(tiny_vl),
+               "--output-dir", str(out), "--set", f"data.dataset.name={data}", "--set", "data.val_fraction=0",
+               "--set", "train.max_steps=5000", "--set", "train.log_freq=1", "--set", "data.num_workers=2",
+               "--set", "train.ckpt.enable_checkpoint=false"]  # fmt: skip
+    # three threads: two of them loader workers (physreason.cpu keeps one for the trainer)
+    env = {**os.environ, "PYTHONPATH": str(RECIPE.parent.parent), "PHYSREASON_CPU_THREADS": "3"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)  # fmt: skip
+    try:
+        _wait_for_metrics(out, 2, process)
+        assert process.poll() is None, process.communicate()[1]
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        os.killpg(process.pid, signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, stderr
+    assert took < 30, f"{took:.0f} s from SIGTERM to exit"
+    assert stderr.count("SIGTERM: stopping after this step (checkpoints are off) (SIGTERM again stops at once") == 1
+    assert "SIGTERM: stopped after step" in stderr and "Traceback" not in stderr and "killed by signal" not in stderr
+    deadline = time.monotonic() + 10  # no worker outlives the trainer (the resource tracker leaves when it sees it go)
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("a process of the run's group is still there 10 s after the trainer exited")
+
+
 def test_resuming_a_finished_run_says_nothing_to_do(tiny_vl, tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(8)))

@@ -11,7 +11,7 @@ from physreason.data.collate import collate_padded
 from physreason.data.sampler import StepSampler
 from physreason.data.sft import SFTDataset
 from physreason.models.tiny import build_tiny_tokenizer
-from physreason.train.sft import MicroBatches, _exit_without_finalising
+from physreason.train.sft import MicroBatches, _loader_worker_init
 
 pytestmark = pytest.mark.slow  # spawning worker processes imports torch in each (several seconds on 2 cores)
 
@@ -62,15 +62,15 @@ def test_close_stops_the_worker_processes_and_a_later_take_starts_new_ones():
 
 def test_loader_workers_leave_at_exit_before_the_interpreter_finalises():
     # The worker-side hook that keeps a feeder thread's send from being force-unwound at shutdown (see
-    # _exit_without_finalising): at exit the process ends at once, status 0, its output flushed.
+    # _loader_worker_init): at exit the process ends at once, status 0, its output flushed.
     import subprocess
     import sys
 
     code = (
         "import atexit, sys\n"
         "atexit.register(lambda: print('finaliser ran'))\n"  # registered earlier, so it would run later: it must not
-        "from physreason.train.sft import _exit_without_finalising\n"
-        "_exit_without_finalising(0)\n"
+        "from physreason.train.sft import _loader_worker_init\n"
+        "_loader_worker_init(0)\n"
         "print('flushed', end='')\n"
         "sys.exit(3)\n"
     )
@@ -79,5 +79,31 @@ def test_loader_workers_leave_at_exit_before_the_interpreter_finalises():
     assert done.stdout == "flushed"
     stream = _stream(2)
     assert len(_ids(stream, 1)) == 1  # spawned workers accept the hook (a module-level, picklable function)
-    assert stream._loader.worker_init_fn is _exit_without_finalising
+    assert stream._loader.worker_init_fn is _loader_worker_init
     stream.close()
+
+
+def test_loader_workers_ignore_stop_signals_from_their_first_moment_and_keep_serving():
+    # Ctrl-C, GNU timeout and schedulers signal the whole process group. A worker ended by it would make torch raise
+    # in the trainer mid-step ("DataLoader worker is killed by signal"); the trainer must finish its step instead.
+    import multiprocessing
+    import os
+    import signal
+
+    others = {p.pid for p in multiprocessing.active_children()}
+    stream = _stream(2)
+    stream._iterator = stream._open()  # the workers are starting: still importing torch, long before worker_init_fn
+    try:
+        workers = [p for p in multiprocessing.active_children() if p.pid not in others]
+        assert len(workers) == 2
+        for worker in workers:
+            os.kill(worker.pid, signal.SIGTERM)
+            os.kill(worker.pid, signal.SIGINT)
+        batches = stream.take(3)
+        for worker in workers:
+            os.kill(worker.pid, signal.SIGTERM)  # and once they serve
+        batches += stream.take(3)
+        assert len(batches) == 6 and all(worker.is_alive() for worker in workers)
+    finally:
+        stream.close()
+    assert not any(worker.is_alive() for worker in workers)  # closing the loader still ends them

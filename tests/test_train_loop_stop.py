@@ -85,3 +85,55 @@ def test_a_checkpoint_is_good_only_when_the_loss_computed_from_it_is_in_range(tm
         fresh.check(7, float("inf"), 1.0)
     assert "No checkpoint is known good (step_6's weights gave step 7 a loss of inf; step_3, step_4, step_5 predate " \
            "this process, which did not see a loss from them)" in str(diverged.value)
+
+
+def _deliver(signum: int) -> None:
+    """Send `signum` to this process and let its Python handler run (handlers run between bytecodes of the main
+    thread)."""
+    import os
+    import time
+
+    os.kill(os.getpid(), signum)
+    time.sleep(0.01)
+
+
+def test_a_second_sigterm_stops_at_once_and_one_repeated_by_timeout_or_torchrun_is_the_same_request(
+    monkeypatch, capsys
+):
+    import signal
+
+    import pytest
+
+    from physreason.train import loop
+
+    previous = signal.getsignal(signal.SIGTERM)
+    with loop.StopOnSignal(saves=False) as stop:
+        _deliver(signal.SIGTERM)
+        _deliver(signal.SIGTERM)  # GNU timeout: the child, then its process group, microseconds apart
+        assert stop.signal_name == "SIGTERM"
+        monkeypatch.setattr(loop, "SAME_REQUEST_S", 0.0)  # a later one: the scheduler's grace is running out
+        with pytest.raises(loop.StoppedAtOnce, match="SIGTERM again: stopped at once, mid-step, without a checkpoint"):
+            _deliver(signal.SIGTERM)
+    said = capsys.readouterr().err
+    assert said.count("SIGTERM:") == 1
+    assert "SIGTERM: stopping after this step (checkpoints are off) (SIGTERM again stops at once" in said
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_a_second_ctrl_c_stops_at_once_and_the_message_names_ctrl_c(monkeypatch, capsys):
+    import signal
+
+    import pytest
+
+    from physreason.train import loop
+
+    previous = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(loop, "SAME_REQUEST_S", 0.0)
+    with pytest.raises(KeyboardInterrupt), loop.StopOnSignal() as stop:  # the CLI exits 130 on it
+        _deliver(signal.SIGINT)
+        assert stop.signal_name == "SIGINT"
+        _deliver(signal.SIGINT)
+    assert "SIGINT: saving a checkpoint after this step (Ctrl-C again stops at once, without a checkpoint)" in (
+        capsys.readouterr().err
+    )
+    assert signal.getsignal(signal.SIGINT) is previous  # the handlers were put back

@@ -25,8 +25,8 @@ Result = TypeVar("Result", bound="TrainingResult")
 # The --help paragraphs after each command's own first line; {resumes} says which runs print their resume command.
 RUN_HELP = """A rerun into a train.output_dir that has checkpoints is refused: continue it with --set train.resume=true,
 or choose a new or empty folder. Ctrl-C (or SIGTERM) saves a checkpoint after the current step and prints the command
-that resumes{resumes}; a resumed run keeps logs/metrics.jsonl up to its checkpoint's step. Resuming reads a checkpoint's
-pickles admitting only checkpoint types (a forged one is refused, never run); a checkpoint folder this run did not
+that resumes{resumes} (a second one stops at once, without a checkpoint); a resumed run keeps logs/metrics.jsonl
+up to its checkpoint's step. Resuming reads a checkpoint's pickles admitting only checkpoint types (a forged one is refused, never run); a checkpoint folder this run did not
 write (outside output_dir, or linked or copied into it) needs --trust-checkpoint. --set train.ckpt.save_mode=async writes checkpoints in the background while
 training goes on; `physreason export RUN_DIR --out DIR` turns any checkpoint into a Hugging Face folder
 (docs/checkpoints.md).

@@ -539,7 +539,7 @@ def _run_grpo(
     with (
         StepLog(config, total_steps, step, "grpo", enabled=runtime.is_main) as step_log,
         contextlib.closing(checkpointer),
-        StopOnSignal(runtime) as stop,
+        StopOnSignal(runtime, saves=config.train.ckpt.enable_checkpoint) as stop,
     ):
         while step < total_steps:
             started = time.perf_counter()

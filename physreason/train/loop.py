@@ -32,6 +32,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -583,26 +584,46 @@ class TrainingInterrupted(Interrupted):
         super().__init__(text)
 
 
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second stop signal: the run ends now, mid-step, without a checkpoint (exit 130, as Ctrl-C does).
+
+    A KeyboardInterrupt so that no `except Exception` in library code catches it on its way out."""
+
+
+SAME_REQUEST_S = 1.0
+"""Stop signals within this many seconds of the first are one request reaching the process by several routes: GNU
+timeout signals its child and then the child's process group, and torchrun forwards a signal its group also got."""
+
+
 class StopOnSignal:
     """SIGINT (Ctrl-C) or SIGTERM (schedulers) asks the training loop to finish its step, save a checkpoint and stop.
 
     The handler only sets a flag: a step half done (a collective in flight, an optimizer step) is never cut. Every
     rank learns of a request through one all-reduce per step, so all ranks save the same step together (DCP is
-    collective). A second Ctrl-C stops at once, without a checkpoint. A context manager that restores the handlers.
+    collective). A second signal, SIGINT or SIGTERM, more than SAME_REQUEST_S after the first stops at once without a
+    checkpoint (StoppedAtOnce): a person pressing Ctrl-C again, or a scheduler whose grace period is running out. A
+    context manager that restores the handlers. `saves`: whether the stop saves a checkpoint (train.ckpt), for the
+    message.
     """
 
-    def __init__(self, runtime: Runtime | None = None) -> None:
-        self.runtime = runtime
+    def __init__(self, runtime: Runtime | None = None, saves: bool = True) -> None:
+        self.runtime, self.saves = runtime, saves
         self.signal_name: str | None = None
+        self._first_at = 0.0
         self._previous: dict[int, object] = {}
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        if self.signal_name is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        if self.signal_name is not None:
+            if time.monotonic() - self._first_at <= SAME_REQUEST_S:
+                return
+            raise StoppedAtOnce(f"{name} again: stopped at once, mid-step, without a checkpoint")
+        self.signal_name, self._first_at = name, time.monotonic()
         # The message goes out now: a step can take minutes, and the person pressing Ctrl-C wants to know it was heard.
         if self.runtime is None or self.runtime.is_main:
-            print(f"\n{self.signal_name}: saving a checkpoint after this step (Ctrl-C again stops at once)", file=sys.stderr)
+            then = "saving a checkpoint after this step" if self.saves else "stopping after this step (checkpoints are off)"
+            again = "Ctrl-C" if signum == signal.SIGINT else name
+            print(f"\n{name}: {then} ({again} again stops at once, without a checkpoint)", file=sys.stderr)
 
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -186,8 +187,19 @@ def _collate_fn(config: Config, pad_id: int, mrope: bool):
     return functools.partial(collate_padded, pad_token_id=pad_id, mrope=mrope, pad_multiple=multiple)
 
 
-def _exit_without_finalising(_worker_id: int) -> None:
-    """In each loader worker: leave Ctrl-C to the trainer, and end the process at exit before the interpreter finalises.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _loader_worker_init(_worker_id: int) -> None:
+    """In each loader worker: leave stop signals to the trainer, and end the process at exit before the interpreter
+    finalises.
+
+    Ctrl-C, GNU timeout and a scheduler stopping a job signal the whole process group. A worker ended by the signal
+    makes torch's SIGCHLD handler raise "DataLoader worker is killed by signal" in the trainer wherever it is, mid-step:
+    the step is not finished, nothing is saved and the run fails instead of stopping. So workers ignore SIGINT and
+    SIGTERM (they were started with both blocked, see MicroBatches._open, so one sent while this process still imported
+    torch waits and is discarded here) and the trainer decides: it finishes its step and closes the loader, which ends
+    them. Were the trainer killed outright, torch's watchdog in each worker ends it within seconds.
 
     A worker stopped while its result queue's feeder thread is still sending a prefetched batch (torch shares the
     tensor's storage with the GIL released) is torn down mid-send: PyTorch's worker loop does not wait for that
@@ -197,11 +209,11 @@ def _exit_without_finalising(_worker_id: int) -> None:
     """
     import atexit
     import os
-    import signal
     import sys
 
-    # Ctrl-C reaches the whole process group: the trainer finishes its step and saves, so its loader must keep serving.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     def leave() -> None:
         sys.stdout.flush()
@@ -209,6 +221,23 @@ def _exit_without_finalising(_worker_id: int) -> None:
         os._exit(0)
 
     atexit.register(leave)
+
+
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back from this thread for the block: processes started in it begin with both blocked
+    (a signal mask survives fork and exec) until they choose what to do with them; signals that come meanwhile are
+    delivered here when the block ends."""
+    from multiprocessing import resource_tracker
+
+    # The first spawned process starts multiprocessing's resource tracker, and that start unblocks both signals
+    # (rather than restoring the mask it found): start it before holding them.
+    resource_tracker.ensure_running()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class MicroBatches:
@@ -237,7 +266,7 @@ class MicroBatches:
                 workers = {
                     "multiprocessing_context": "spawn",
                     "persistent_workers": True,
-                    "worker_init_fn": _exit_without_finalising,
+                    "worker_init_fn": _loader_worker_init,
                 }
             # Each new iterator draws its workers' base seed from `generator`; from the global generator that draw
             # would shift the training RNG (LoRA dropout) whenever a resumed run opens its first pass mid-epoch.
@@ -250,7 +279,8 @@ class MicroBatches:
                 generator=torch.Generator().manual_seed(self.sampler.seed),
                 **workers,
             )
-        return iter(self._loader)
+        with _stop_signals_held():  # the first pass starts the worker processes
+            return iter(self._loader)
 
     def close(self) -> None:
         """Stop the worker processes now: persistent workers otherwise live, prefetching, until the garbage collector
@@ -444,7 +474,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
         StepLog(config, total_steps, step, "sft", enabled=runtime.is_main) as step_log,
         contextlib.closing(stream),
         contextlib.closing(checkpointer),
-        StopOnSignal(runtime) as stop,
+        StopOnSignal(runtime, saves=config.train.ckpt.enable_checkpoint) as stop,
         settled(trained.overlap),  # leaving (done or failed): the step in flight has finished first
     ):
         while step < total_steps:
