@@ -185,17 +185,26 @@ def _resume_command(stderr: str) -> list[str]:
     return [sys.executable, "-m", "physreason", *words[1:]]
 
 
+def _long_run(tiny_vl, tmp_path, *settings: str) -> tuple[list[str], Path]:
+    """(`physreason sft` command, its output folder): 5,000 steps on 8 records, a metric line a step, for a signal to
+    stop; `settings` are more --set key=value."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(8)))
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "physreason", "sft", "--config", str(RECIPE), "-m", str(tiny_vl),
+               "--output-dir", str(out), "--set", f"data.dataset.name={data}", "--set", "data.val_fraction=0",
+               "--set", "train.max_steps=5000", "--set", "train.log_freq=1"]  # fmt: skip
+    for setting in settings:
+        command += ["--set", setting]
+    return command, out
+
+
 @pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_prints_a_resume_command_that_works_and_sigterm_does_too(tiny_vl, tmp_path):
     import signal
 
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(8)))
-    out = tmp_path / "run"
     # save_freq far beyond the stop: without the save on a signal, no checkpoint would exist.
-    command = [sys.executable, "-m", "physreason", "sft", "--config", str(RECIPE), "-m", str(tiny_vl),
-               "--output-dir", str(out), "--set", f"data.dataset.name={data}", "--set", "data.val_fraction=0",
-               "--set", "train.max_steps=5000", "--set", "train.log_freq=1", "--set", "train.ckpt.save_freq=4000"]
+    command, out = _long_run(tiny_vl, tmp_path, "train.ckpt.save_freq=4000")
     code, _, stderr = _stop(command, out, 2, signal.SIGINT)
     assert code == 130, stderr
     (checkpoint,) = (p for p in (out / "checkpoints").iterdir() if p.is_dir())  # beside the written.json record
@@ -221,13 +230,7 @@ def test_sigterm_to_the_process_group_with_loader_workers_finishes_the_step_and_
     import signal
     import time
 
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(8)))
-    out = tmp_path / "run"
-    command = [sys.executable, "-m", "physreason", "sft", "--config", str(RECIPE), "-m", str(tiny_vl),
-               "--output-dir", str(out), "--set", f"data.dataset.name={data}", "--set", "data.val_fraction=0",
-               "--set", "train.max_steps=5000", "--set", "train.log_freq=1", "--set", "data.num_workers=2",
-               "--set", "train.ckpt.enable_checkpoint=false"]  # fmt: skip
+    command, out = _long_run(tiny_vl, tmp_path, "data.num_workers=2", "train.ckpt.enable_checkpoint=false")
     # three threads: two of them loader workers (physreason.cpu keeps one for the trainer)
     env = {**os.environ, "PYTHONPATH": str(RECIPE.parent.parent), "PHYSREASON_CPU_THREADS": "3"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
