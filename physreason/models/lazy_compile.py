@@ -31,6 +31,12 @@ def _compile_failure(exc: BaseException) -> bool:
     return isinstance(exc, kinds)
 
 
+def compiles_here(mode: str, tensor: torch.Tensor) -> bool:
+    """Whether a function switched by `mode` runs compiled for `tensor`: "cuda" (on a GPU: the default of each
+    switch), "always" (CPU too: tests pin the compiled math), "never" (eager everywhere: benches A/B the path before)."""
+    return mode == "always" or (mode == "cuda" and tensor.is_cuda)
+
+
 class LazyCompiled:
     """`fn` through torch.compile(fn, dynamic=dynamic), compiled at the first call; eager after a compile failure."""
 

@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from physreason.errors import ConfigError
-from physreason.models.lazy_compile import LazyCompiled
+from physreason.models.lazy_compile import LazyCompiled, compiles_here
 from physreason.models.loading import decoder_layers, vision_tower
 
 
@@ -166,9 +166,9 @@ def apply_fsdp2(
     fully_shard(wrapper, **options)
 
 
-# Where the cast path widens each parameter's param_dtype gradient to its float32 master: "cuda" (one compiled
-# pointwise kernel on GPUs: torch's own bf16 -> fp32 copy takes a scalar kernel there, about 1.2 TB/s on an H100,
-# 2026-11-28), "always" (CPU too: tests), "never" (torch's copy everywhere: benches A/B it). Exact either way.
+# Where the cast path widens each parameter's param_dtype gradient to its float32 master with one compiled pointwise
+# kernel (lazy_compile.compiles_here; on GPUs by default: torch's own bf16 -> fp32 copy takes a scalar kernel there,
+# about 1.2 TB/s on an H100, 2026-11-28). Exact either way.
 WIDEN = "cuda"
 
 
@@ -183,7 +183,7 @@ _compiled_widen = LazyCompiled(_to_float32, dynamic=True)
 
 def _widen(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`grad` (param_dtype) as `dtype`, the master's: compiled where WIDEN says, for float32 masters."""
-    if dtype == torch.float32 and (WIDEN == "always" or (WIDEN == "cuda" and grad.is_cuda)):
+    if dtype == torch.float32 and compiles_here(WIDEN, grad):
         return _compiled_widen(grad)
     return grad.to(dtype)
 

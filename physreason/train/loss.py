@@ -22,12 +22,11 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from physreason.data.sft import IGNORE_INDEX
-from physreason.models.lazy_compile import LazyCompiled
+from physreason.models.lazy_compile import LazyCompiled, compiles_here
 
 # False: each chunk runs under activation checkpointing instead (the path before the fused one; benches A/B it).
 FUSED = True
-# Where a fused chunk's softmax and logit gradient run compiled (module docstring): "cuda" (logits on a GPU),
-# "always" (CPU too: tests), "never" (the eager ops everywhere: the path before, benches A/B it).
+# Where a fused chunk's softmax and logit gradient run compiled (module docstring; lazy_compile.compiles_here).
 LOGIT_GRAD = "cuda"
 
 
@@ -66,7 +65,7 @@ _compiled_logit_grad = LazyCompiled(_logit_grad_math, dynamic=None)
 
 def _logit_grad(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed cross-entropy, d loss / d logits) of one chunk, compiled where LOGIT_GRAD says, eager elsewhere."""
-    if LOGIT_GRAD == "always" or (LOGIT_GRAD == "cuda" and logits.is_cuda):
+    if compiles_here(LOGIT_GRAD, logits):
         return _compiled_logit_grad(logits, targets)
     return _chunk_loss_and_logit_grad(logits, targets)
 
