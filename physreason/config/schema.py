@@ -460,7 +460,8 @@ class TrainConfig(Section):
         "'cast': no FSDP2 and no collectives; each block's float32 parameters are cast to param_dtype for its forward "
         "(FSDP2's numerics and checkpoints: a checkpoint resumes on any number of processes). 'legacy': FSDP2 on a "
         "one-rank mesh under torchrun (its all-gathers and reduce-scatters are copies), float32 weights under "
-        "autocast in a plain process. float8 (train.fp8) and train.cpu_offload always take the legacy path.",
+        "autocast in a plain process. train.cpu_offload always takes the legacy path; float8 (train.fp8) takes 'cast' "
+        "too, its layers casting the bf16 copies.",
     )
     cpu_offload: bool = Field(
         False,
