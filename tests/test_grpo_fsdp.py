@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from setups import free_port
 from transformers import AutoModelForImageTextToText
 
 from physreason.config import Config, EngineConfig, SamplingConfig, load_config
@@ -131,7 +132,7 @@ def _overrides(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
-def _torchrun(processes: int, overrides: list[str], out: Path, port: int) -> dict:
+def _torchrun(processes: int, overrides: list[str], out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     script = out / "worker.py"
     script.write_text(WORKER)
@@ -142,7 +143,7 @@ def _torchrun(processes: int, overrides: list[str], out: Path, port: int) -> dic
         "--nproc-per-node",
         str(processes),
         "--master-port",
-        str(port),
+        str(free_port()),  # a fixed port collides with any other torchrun on the machine
         str(script),
         str(TESTS),
         json.dumps(overrides),
@@ -168,7 +169,7 @@ def test_two_gloo_processes_with_fsdp2_match_one_process_in_rewards_losses_and_e
     train_and_record(load_config(None, overrides), tmp_path / "one", rank=0)
     one = json.loads((tmp_path / "one" / "record.json").read_text())
     two = _torchrun(
-        2, _overrides(tiny_vl, text_mcq, tmp_path / "two", "train.param_dtype='float32'"), tmp_path / "two", port=29541
+        2, _overrides(tiny_vl, text_mcq, tmp_path / "two", "train.param_dtype='float32'"), tmp_path / "two"
     )
     assert two["rewards"] == pytest.approx(one["rewards"], rel=1e-9)
     assert len(set(one["rewards"])) == 2  # the second step sampled with the updated weights
@@ -197,7 +198,7 @@ def test_one_process_under_torchrun_trains_a_bf16_vision_language_policy_on_text
         "train.fsdp_reduce_dtype='float32'",
         "grpo.kl_beta=0.05",
     )
-    record = _torchrun(1, overrides, tmp_path, port=29543)
+    record = _torchrun(1, overrides, tmp_path)
     assert len(record["losses"]) == 2 and all(math.isfinite(loss) and loss != 0.0 for loss in record["losses"])
     pushed = _engine_weights(tmp_path, 0)
     initial = load_file(tiny_vl / "model.safetensors")

@@ -25,7 +25,7 @@ ray = pytest.importorskip("ray")
 from physreason.config import Config, EngineConfig, ModelConfig
 from physreason.engines.hf import HFEngine
 from physreason.errors import PhysReasonError
-from physreason.infer import run_batch, run_ray_batch
+from physreason.infer import ray_pipeline, run_batch, run_ray_batch
 from physreason.infer.ray_pipeline import LOST_ERROR, TASKS_IN_FLIGHT
 from physreason.infer.results import result_status
 
@@ -195,6 +195,43 @@ def test_killed_replicas_cost_only_their_in_flight_items(ray_address, media, tin
         assert all(result_status(out).values()) and len(read_jsonl(out)) == 40
     else:  # Ray restarts the replicas and runs their batches again
         assert failed == []
+
+
+class DiesInEveryStart(ray_pipeline.EngineReplica):
+    """A replica whose process dies in its constructor every time, after counting its start (a segfault or the OOM
+    killer while its engine loads): Ray restarts such an actor in place, forever, unless the run's ledger stops it."""
+
+    def __init__(self, *args, starts=None, **kwargs) -> None:
+        starts.begin()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_replicas_that_die_in_every_start_end_the_run_with_an_error_not_a_hang(
+    ray_address, media, tiny_model_dir, tmp_path, monkeypatch
+):
+    from ray import cloudpickle
+
+    # The workers cannot import this test module: the stand-in class travels by value.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    monkeypatch.setattr(ray_pipeline, "EngineReplica", DiesInEveryStart)
+    cfg = make_config(tiny_model_dir, max_replica_start_deaths=2, max_pipeline_restarts=0)
+    outcome = {}
+
+    def batch() -> None:
+        try:
+            outcome["summary"] = run_ray_batch(cfg, write_requests(media, 4), tmp_path / "out.jsonl", show_progress=False)
+        except PhysReasonError as exc:
+            outcome["error"] = str(exc)
+
+    try:
+        run = threading.Thread(target=batch, daemon=True)
+        run.start()
+        run.join(timeout=180)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert not run.is_alive(), "the run did not end: Ray restarts replicas that die while starting forever"
+    assert "died 2 times in a row" in outcome.get("error", ""), outcome
+    assert "infer.max_replica_start_deaths = 2" in outcome["error"] and "rerun the same command" in outcome["error"]
 
 
 def cli(*args: str) -> subprocess.Popen:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 ray_exceptions = pytest.importorskip("ray.exceptions")
 
 from physreason.config import Config
-from physreason.errors import ConfigError
+from physreason.errors import ConfigError, PhysReasonError
 from physreason.infer import ray_pipeline, run_ray_batch
 from physreason.infer.ray_pipeline import PipelineStopped
 from physreason.infer.results import result_status
@@ -44,7 +45,7 @@ class StoppingPipelines:
         self.inputs: list[list[str]] = []  # the request ids each pipeline was given
         self.answered: Counter[str] = Counter()
 
-    def __call__(self, ray, cfg, plan, replicas, gpus_each, prompt, factor) -> SimpleNamespace:
+    def __call__(self, ray, cfg, plan, replicas, gpus_each, prompt, factor, starts) -> SimpleNamespace:
         ids = [rid for rid, _ in plan.pending]
         self.inputs.append(ids)
         stop = self.stops.pop(0) if self.stops else None
@@ -75,8 +76,9 @@ def pipelines(monkeypatch):
     def install(*stops: BaseException) -> StoppingPipelines:
         fake = StoppingPipelines(*stops)
         monkeypatch.setattr(ray_pipeline, "_build_dataset", fake)
+        ledger = SimpleNamespace(remote=lambda: None)  # the run's StartLedger actor, unused by the stand-in
         monkeypatch.setattr(ray_pipeline, "_import_ray", lambda starts_local: SimpleNamespace(
-            cluster_resources=lambda: {"CPU": 8.0}))  # fmt: skip
+            cluster_resources=lambda: {"CPU": 8.0}, remote=lambda **options: lambda cls: ledger))  # fmt: skip
         monkeypatch.setattr(ray_pipeline, "_connect", lambda ray, address: False)
         return fake
 
@@ -171,3 +173,27 @@ def test_pipeline_restarts_are_bounded_in_the_config():
     for value in (-1, 101):
         with pytest.raises(ValueError, match="max_pipeline_restarts"):
             Config.model_validate({"infer": {"max_pipeline_restarts": value}})
+
+
+def test_start_ledger_counts_deaths_in_a_row_over_all_replicas_and_a_finished_start_resets_them():
+    ledger = ray_pipeline.StartLedger()
+    assert ledger.begin("a") == 0 and ledger.begin("b") == 0  # first starts: nobody died yet
+    assert ledger.begin("a") == 1  # a started again before finishing: its process died in the constructor
+    assert ledger.begin("b") == 2  # deaths in a row are counted over the replicas, not per replica
+    ledger.done("b")  # one replica built its engine: the engines can start here
+    assert ledger.deaths == 0
+    assert ledger.begin("a") == 1  # a's start before b's success had not finished either
+    ledger.done("a")
+    assert ledger.begin("a") == 0  # a replica that ran, died and restarts is no death in the constructor
+
+
+def test_a_replica_start_past_the_limit_raises_naming_the_setting_and_the_logs(monkeypatch):
+    deaths = iter([0, 1, 2])
+    fake_ray = SimpleNamespace(get=lambda ref: ref, get_runtime_context=lambda: SimpleNamespace(get_actor_id=lambda: "a1"))
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    ledger = SimpleNamespace(begin=SimpleNamespace(remote=lambda replica: next(deaths)))
+    starts = ray_pipeline.ReplicaStarts(ledger, limit=2)
+    starts.begin()
+    starts.begin()
+    with pytest.raises(PhysReasonError, match=r"died 2 times in a row .*infer.max_replica_start_deaths = 2.*worker-\*.err"):
+        starts.begin()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from setups import free_port
 from transformers import AutoConfig
 
 from physreason.models.sizes import shape_from_hf_config
@@ -164,7 +165,7 @@ def test_plan_shard_bytes_equal_each_gloo_ranks_fsdp2_shards(tmp_path, offload):
                  f"train.cpu_offload={str(offload).lower()}"]
     out = tmp_path / "held"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-               str(29631 + offload), str(ROOT / "tests" / "memory_worker.py"), json.dumps(overrides), str(out)]
+               str(free_port()), str(ROOT / "tests" / "memory_worker.py"), json.dumps(overrides), str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from setups import free_port
+from setups import free_port, run_torchrun
 
 from physreason.config import load_config
 from physreason.errors import ConfigError
@@ -109,7 +108,7 @@ def test_cpu_offload_on_two_gloo_processes_trains_and_resumes_exactly(tmp_path):
         overrides = _overrides(model, data, tmp_path / out, "train.cpu_offload=true", *extra)
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
                    str(script), json.dumps(overrides), str(losses)]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        done = run_torchrun(command, env, clean=[tmp_path / out])
         assert done.returncode == 0, done.stderr[-4000:]
         return json.loads(losses.read_text())
 

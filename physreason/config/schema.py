@@ -743,6 +743,14 @@ class InferConfig(Section):
         description="Times a batch is retried on its restarted replica after the replica died (killed, out of "
         "memory); its items are then recorded as failed, to retry with --retry-failed.",
     )
+    max_replica_start_deaths: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="Deaths in a row of engine replicas' processes while building their engines (a segfault, the "
+        "OOM killer while the weights load) after which the next start ends the run with an error; Ray restarts "
+        "them until then. A replica that finishes its start resets the count.",
+    )
     max_pipeline_restarts: int = Field(
         2,
         ge=0,

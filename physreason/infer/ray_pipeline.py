@@ -17,8 +17,11 @@ workers) gives every id exactly once. A replica that dies is restarted by Ray an
 are retried on it up to `infer.max_task_retries` times; a batch that fails more often is recorded as
 failed per item and retried by a rerun with --retry-failed. A replica that dies while it builds its engine
 makes Ray Data end the whole pipeline: the driver keeps what it wrote and starts a new pipeline on the rest,
-up to `infer.max_pipeline_restarts` times, as a rerun of the command would. Errors of one item (missing
-file, corrupt video, an exception while decoding or generating) become that item's error record.
+up to `infer.max_pipeline_restarts` times, as a rerun of the command would. A replica whose process dies
+while building its engine without Ray Data seeing it (Ray restarts the actor in place) is counted by a
+`ReplicaStarts` ledger: after `infer.max_replica_start_deaths` such deaths in a row the next start raises an
+error that ends the run, where Ray alone would restart it forever. Errors of one item (missing file, corrupt
+video, an exception while decoding or generating) become that item's error record.
 
 Runs unchanged on a multi-node cluster: with `infer.ray_address` (--ray-address) or RAY_ADDRESS set it
 joins that cluster, else it starts Ray on this machine (docs/ray-inference.md).
@@ -124,6 +127,62 @@ def decode_row(
     return {"id": rid, "request": pickle.dumps(request, protocol=5), "error": ""}
 
 
+class StartLedger:
+    """Deaths of engine replicas while building their engines, counted across the run's replicas (a Ray actor).
+
+    Ray restarts a replica actor whose process died (max_restarts=-1) under the same actor id, so a start
+    that `begin`s under an id whose previous start never reached `done` follows a death in the constructor.
+    The count is of such deaths in a row over all replicas: any replica that finishes its start resets it, so
+    a long run that loses a replica now and then never reaches the limit, and an engine that cannot start on
+    this cluster (a segfault or the OOM killer while loading) does.
+    """
+
+    def __init__(self) -> None:
+        self.unfinished: set[str] = set()
+        self.deaths = 0
+
+    def begin(self, replica: str) -> int:
+        """Record a start of `replica`; return the deaths in a row so far, this start's predecessor included."""
+        if replica in self.unfinished:
+            self.deaths += 1
+        self.unfinished.add(replica)
+        return self.deaths
+
+    def done(self, replica: str) -> None:
+        self.unfinished.discard(replica)
+        self.deaths = 0
+
+
+class ReplicaStarts:
+    """What a replica's constructor holds of the run's StartLedger actor: `begin()` first, `done()` last."""
+
+    def __init__(self, ledger, limit: int) -> None:
+        self.ledger = ledger
+        self.limit = limit
+        self.replica = ""
+
+    def begin(self) -> None:
+        """Count this start; raise (ending the run, which Ray does not retry) past the limit of deaths in a row."""
+        import ray
+
+        self.replica = ray.get_runtime_context().get_actor_id() or ""
+        deaths = ray.get(self.ledger.begin.remote(self.replica))
+        if deaths >= self.limit:
+            raise PhysReasonError(
+                f"engine replicas died {deaths} times in a row while building their engines "
+                f"(infer.max_replica_start_deaths = {self.limit}), so Ray would restart them forever: the cause is "
+                "in the Ray worker logs of the dead processes (`ray logs`, or the session's logs folder, "
+                "worker-*.err); common ones are host memory running out while the weights load (the OOM killer; "
+                "fewer replicas per node) and a GPU or driver that fails to start. The results written so far are "
+                "kept: fix the cause and rerun the same command to resume"
+            )
+
+    def done(self) -> None:
+        import ray
+
+        ray.get(self.ledger.done.remote(self.replica))
+
+
 class EngineReplica:
     """GPU stage: one engine (tp GPUs) answering batches of decoded requests; rows {"id", "record": JSON text}."""
 
@@ -134,11 +193,16 @@ class EngineReplica:
         sampling: SamplingConfig,
         style: StyleName = "reason1",
         reasoning: bool = True,
+        starts: ReplicaStarts | None = None,
     ) -> None:
+        if starts is not None:
+            starts.begin()
         self.engine = replica_engine(model, engine)
         self.sampling = sampling
         self.style = style
         self.reasoning = reasoning
+        if starts is not None:
+            starts.done()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
         """Answer the decodable requests of a batch; carry decoding errors through as error records."""
@@ -313,11 +377,13 @@ def run_ray_batch(
         if gpus_each == 0:
             log.warning("running %d engine replicas without GPUs (infer.device = %r)", replicas, infer.device)
         restarts = 0
+        # One ledger for the run: its count of deaths in a row carries over a restarted pipeline's replicas.
+        starts = ReplicaStarts(ray.remote(num_cpus=0)(StartLedger).remote(), infer.max_replica_start_deaths)
         while plan.pending:
             try:
                 # No local name holds the dataset, so it can be collected below with the run's actor handles.
                 _drain(
-                    _build_dataset(ray, cfg, plan, replicas, gpus_each, (prompting, sampling), factor),
+                    _build_dataset(ray, cfg, plan, replicas, gpus_each, (prompting, sampling), factor, starts),
                     plan,
                     summary,
                     out,
@@ -352,7 +418,14 @@ def run_ray_batch(
 
 
 def _build_dataset(
-    ray, cfg: Config, plan, replicas: int, gpus_each: int, prompt: tuple[Prompting, SamplingConfig], factor: int
+    ray,
+    cfg: Config,
+    plan,
+    replicas: int,
+    gpus_each: int,
+    prompt: tuple[Prompting, SamplingConfig],
+    factor: int,
+    starts: ReplicaStarts | None = None,
 ):
     from ray.data import DataContext
 
@@ -377,10 +450,17 @@ def _build_dataset(
         # max_restarts / max_task_retries still pass through map_batches' **ray_remote_args, which Ray
         # deprecates for 2.64 (ray-project/ray#65227); pyproject keeps ray below 2.64 until they move.
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        return _engine_stage(dataset, cfg, replicas, gpus_each, prompt)
+        return _engine_stage(dataset, cfg, replicas, gpus_each, prompt, starts)
 
 
-def _engine_stage(dataset, cfg: Config, replicas: int, gpus_each: int, prompt: tuple[Prompting, SamplingConfig]):
+def _engine_stage(
+    dataset,
+    cfg: Config,
+    replicas: int,
+    gpus_each: int,
+    prompt: tuple[Prompting, SamplingConfig],
+    starts: ReplicaStarts | None = None,
+):
     from ray.data import ActorPoolStrategy
 
     return dataset.map_batches(
@@ -391,6 +471,7 @@ def _engine_stage(dataset, cfg: Config, replicas: int, gpus_each: int, prompt: t
             "sampling": prompt[1],
             "style": prompt[0].style,
             "reasoning": prompt[0].reasoning,
+            "starts": starts,
         },
         # One batch generating and one waiting per replica: the engine never idles between batches, and a
         # replica that dies has at most TASKS_IN_FLIGHT batches (of engine.batch_size items) in flight.
@@ -399,8 +480,9 @@ def _engine_stage(dataset, cfg: Config, replicas: int, gpus_each: int, prompt: t
         batch_format="numpy",
         num_cpus=cfg.infer.cpus_per_replica,
         num_gpus=gpus_each,
-        # Restart a dead replica for as long as the job runs; retry its in-flight batches a bounded
-        # number of times, so an item that kills every replica it reaches cannot loop forever.
+        # Restart a dead replica for as long as the job runs (`starts` ends a run whose replicas die in every
+        # start); retry its in-flight batches a bounded number of times, so an item that kills every replica it
+        # reaches cannot loop forever.
         max_restarts=-1,
         max_task_retries=cfg.infer.max_task_retries,
     )
