@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from setups import load_bench
+from setups import load_bench, run_torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +26,7 @@ def test_modes_run_in_one_torchrun_and_print_tokens_per_second_against_none(tmp_
                str(ROOT / "bench" / "memory_plan.py"), "--tiny", "--seq-len", "64", "--modes",
                "none,offload,bf16-state,offload-overlap",
                "--steps", "1", "--warmup", "1"]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = run_torchrun(command, env)
     assert done.returncode == 0, done.stderr[-3000:]
     modes = ["none", "offload", "bf16-state", "offload-overlap"]
     table = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in ([mode] for mode in modes)]

@@ -49,17 +49,17 @@ def test_grpo_refuses_a_bad_reward_before_loading_the_model(tmp_path):
 @pytest.mark.slow
 @pytest.mark.cpu_only
 def test_sft_under_torchrun_with_context_parallel_prints_its_summary_once(tmp_path, tiny_model_dir):
-    from setups import free_port, write_chat_records
+    from setups import free_port, run_torchrun, write_chat_records
 
     data = write_chat_records(tmp_path, 4)
     recipe = tmp_path / "recipe.toml"
     recipe.write_text("[train]\ntrain_batch_per_replica = 2\nmini_batch = 1\nmax_steps = 1\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
+    done = run_torchrun(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
          "-m", "physreason", "sft", "-c", str(recipe), "-m", str(tiny_model_dir), "--output-dir", str(tmp_path / "run"),
          "--set", f"data.dataset.name='{data}'", "--set", "data.num_workers=0", "--set", "policy.parallelism.cp_size=2"],
-        capture_output=True, text=True, timeout=300, env=env,
+        env, clean=[tmp_path / "run"],
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("finished 1 steps") == 1 and done.stdout.count("checkpoint: ") == 1, done.stdout

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from setups import free_port
+from setups import free_port, run_torchrun
 
 from physreason.errors import ConfigError
 from physreason.models.context_parallel import SequenceShard, check_heads, full_attention_mask, split_patch_units
@@ -30,7 +29,7 @@ def run_worker(tmp_path: Path, nproc: int, cases: list[str], port: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
                str(WORKER), ",".join(cases), str(out)]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = run_torchrun(command, env)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out.read_text())
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from setups import free_port
+from setups import free_port, run_torchrun
 
 pytestmark = pytest.mark.cpu_only  # gloo children compared with an in-process model
 
@@ -26,7 +25,7 @@ def run_worker(tmp_path: Path, nproc: int, layouts: list[str]) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
                str(free_port()), str(WORKER), ",".join(layouts), str(out)]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = run_torchrun(command, env)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out.read_text())
 

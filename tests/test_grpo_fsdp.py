@@ -11,7 +11,6 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterable
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from setups import free_port
+from setups import free_port, run_torchrun
 from transformers import AutoModelForImageTextToText
 
 from physreason.config import Config, EngineConfig, SamplingConfig, load_config
@@ -149,9 +148,7 @@ def _torchrun(processes: int, overrides: list[str], out: Path) -> dict:
         json.dumps(overrides),
         str(out),
     ]
-    done = subprocess.run(
-        command, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240
-    )
+    done = run_torchrun(command, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads((out / "record.json").read_text())
 

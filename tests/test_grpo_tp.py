@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from media import write_image
+from setups import run_torchrun
 from test_grpo_fsdp import TESTS, WORKER, _overrides, train_and_record
 
 from physreason.config import load_config
@@ -71,7 +71,7 @@ def _torchrun(processes: int, overrides: list[str], out: Path) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
     command += [str(script), str(TESTS), json.dumps(overrides), str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    done = run_torchrun(command, env, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads((out / "record.json").read_text())
 

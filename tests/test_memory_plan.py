@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from setups import free_port
+from setups import free_port, run_torchrun
 from transformers import AutoConfig
 
 from physreason.models.sizes import shape_from_hf_config
@@ -167,7 +167,7 @@ def test_plan_shard_bytes_equal_each_gloo_ranks_fsdp2_shards(tmp_path, offload):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                str(free_port()), str(ROOT / "tests" / "memory_worker.py"), json.dumps(overrides), str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = run_torchrun(command, env)
     assert done.returncode == 0, done.stderr[-4000:]
     shape = shape_from_hf_config(AutoConfig.from_pretrained(model))
     workload = Workload(seq_len=6, train_vision=False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 import torch
 from media import write_image
 from safetensors.torch import load_file
+from setups import run_torchrun
 
 from physreason.config import load_config
 from physreason.models.tiny import save_tiny_model
@@ -77,7 +77,7 @@ def _torchrun(tmp: Path, nproc: int, overrides: list[str]) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                str(script), json.dumps(overrides)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    done = run_torchrun(command, env, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
 
 

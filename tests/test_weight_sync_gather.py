@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from setups import free_port
+from setups import free_port, run_torchrun
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -30,7 +29,7 @@ def walks(tmp_path_factory) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                str(free_port()), str(WORKER), ",".join(KINDS), str(out)]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    done = run_torchrun(command, env, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out.read_text())
 
