@@ -214,7 +214,7 @@ def test_replicas_that_die_in_every_start_end_the_run_with_an_error_not_a_hang(
     # The workers cannot import this test module: the stand-in class travels by value.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     monkeypatch.setattr(ray_pipeline, "EngineReplica", DiesInEveryStart)
-    cfg = make_config(tiny_model_dir, max_replica_start_deaths=2, max_pipeline_restarts=0)
+    cfg = make_config(tiny_model_dir, max_replica_start_deaths=1, max_pipeline_restarts=0)  # 2 replicas: 2 deaths
     outcome = {}
 
     def batch() -> None:
@@ -231,7 +231,7 @@ def test_replicas_that_die_in_every_start_end_the_run_with_an_error_not_a_hang(
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     assert not run.is_alive(), "the run did not end: Ray restarts replicas that die while starting forever"
     assert "died 2 times in a row" in outcome.get("error", ""), outcome
-    assert "infer.max_replica_start_deaths = 2" in outcome["error"] and "rerun the same command" in outcome["error"]
+    assert "2 replicas, infer.max_replica_start_deaths = 1 each" in outcome["error"] and "rerun the same command" in outcome["error"]
 
 
 def cli(*args: str) -> subprocess.Popen:

@@ -188,12 +188,12 @@ def test_start_ledger_counts_deaths_in_a_row_over_all_replicas_and_a_finished_st
 
 
 def test_a_replica_start_past_the_limit_raises_naming_the_setting_and_the_logs(monkeypatch):
-    deaths = iter([0, 1, 2])
+    deaths = iter([0, 1, 2, 3, 4])
     fake_ray = SimpleNamespace(get=lambda ref: ref, get_runtime_context=lambda: SimpleNamespace(get_actor_id=lambda: "a1"))
     monkeypatch.setitem(sys.modules, "ray", fake_ray)
     ledger = SimpleNamespace(begin=SimpleNamespace(remote=lambda replica: next(deaths)))
-    starts = ray_pipeline.ReplicaStarts(ledger, limit=2)
-    starts.begin()
-    starts.begin()
-    with pytest.raises(PhysReasonError, match=r"died 2 times in a row .*infer.max_replica_start_deaths = 2.*worker-\*.err"):
+    starts = ray_pipeline.ReplicaStarts(ledger, limit=2, replicas=2)  # the run ends at 4 deaths in a row
+    for _ in range(4):
+        starts.begin()
+    with pytest.raises(PhysReasonError, match=r"died 4 times in a row .*2 replicas, infer.max_replica_start_deaths = 2 each.*worker-\*.err"):
         starts.begin()

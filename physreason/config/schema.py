@@ -748,8 +748,9 @@ class InferConfig(Section):
         ge=1,
         le=100,
         description="Deaths in a row of engine replicas' processes while building their engines (a segfault, the "
-        "OOM killer while the weights load) after which the next start ends the run with an error; Ray restarts "
-        "them until then. A replica that finishes its start resets the count.",
+        "OOM killer while the weights load), per replica, after which the next start ends the run with an error: "
+        "the pool stops at this times the replicas deaths with no finished start between them; Ray restarts them "
+        "until then. A replica that finishes its start resets the count.",
     )
     max_pipeline_restarts: int = Field(
         2,

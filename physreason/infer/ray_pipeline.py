@@ -19,7 +19,7 @@ failed per item and retried by a rerun with --retry-failed. A replica that dies 
 makes Ray Data end the whole pipeline: the driver keeps what it wrote and starts a new pipeline on the rest,
 up to `infer.max_pipeline_restarts` times, as a rerun of the command would. A replica whose process dies
 while building its engine without Ray Data seeing it (Ray restarts the actor in place) is counted by a
-`ReplicaStarts` ledger: after `infer.max_replica_start_deaths` such deaths in a row the next start raises an
+`ReplicaStarts` ledger: after `infer.max_replica_start_deaths` such deaths in a row per replica the next start raises an
 error that ends the run, where Ray alone would restart it forever. Errors of one item (missing file, corrupt
 video, an exception while decoding or generating) become that item's error record.
 
@@ -154,24 +154,29 @@ class StartLedger:
 
 
 class ReplicaStarts:
-    """What a replica's constructor holds of the run's StartLedger actor: `begin()` first, `done()` last."""
+    """What a replica's constructor holds of the run's StartLedger actor: `begin()` first, `done()` last.
 
-    def __init__(self, ledger, limit: int) -> None:
+    The run ends at `limit` deaths in a row per replica (limit x replicas over the pool): a node lost while many
+    replicas start kills each of them once, an engine that cannot start here kills each again and again.
+    """
+
+    def __init__(self, ledger, limit: int, replicas: int = 1) -> None:
         self.ledger = ledger
         self.limit = limit
+        self.replicas = replicas
         self.replica = ""
 
     def begin(self) -> None:
-        """Count this start; raise (ending the run, which Ray does not retry) past the limit of deaths in a row."""
+        """Count this start; raise (ending the run, which Ray does not retry) at limit x replicas deaths in a row."""
         import ray
 
         self.replica = ray.get_runtime_context().get_actor_id() or ""
         deaths = ray.get(self.ledger.begin.remote(self.replica))
-        if deaths >= self.limit:
+        if deaths >= self.limit * self.replicas:
             raise PhysReasonError(
-                f"engine replicas died {deaths} times in a row while building their engines "
-                f"(infer.max_replica_start_deaths = {self.limit}), so Ray would restart them forever: the cause is "
-                "in the Ray worker logs of the dead processes (`ray logs`, or the session's logs folder, "
+                f"engine replicas died {deaths} times in a row while building their engines ({self.replicas} "
+                f"replicas, infer.max_replica_start_deaths = {self.limit} each), so Ray would restart them forever: "
+                "the cause is in the Ray worker logs of the dead processes (`ray logs`, or the session's logs folder, "
                 "worker-*.err); common ones are host memory running out while the weights load (the OOM killer; "
                 "fewer replicas per node) and a GPU or driver that fails to start. The results written so far are "
                 "kept: fix the cause and rerun the same command to resume"
@@ -378,7 +383,7 @@ def run_ray_batch(
             log.warning("running %d engine replicas without GPUs (infer.device = %r)", replicas, infer.device)
         restarts = 0
         # One ledger for the run: its count of deaths in a row carries over a restarted pipeline's replicas.
-        starts = ReplicaStarts(ray.remote(num_cpus=0)(StartLedger).remote(), infer.max_replica_start_deaths)
+        starts = ReplicaStarts(ray.remote(num_cpus=0)(StartLedger).remote(), infer.max_replica_start_deaths, replicas)
         while plan.pending:
             try:
                 # No local name holds the dataset, so it can be collected below with the run's actor handles.
