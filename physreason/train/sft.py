@@ -279,7 +279,9 @@ class MicroBatches:
                 generator=torch.Generator().manual_seed(self.sampler.seed),
                 **workers,
             )
-        with _stop_signals_held():  # the first pass starts the worker processes
+        # The first pass starts the worker processes; without workers there is nothing to hold the signals back from
+        # (nor a resource tracker process to start for it).
+        with _stop_signals_held() if self.workers > 0 else contextlib.nullcontext():
             return iter(self._loader)
 
     def close(self) -> None:
