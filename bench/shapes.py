@@ -130,11 +130,12 @@ def make_batch(config, seq_len: int, rows: int, packing: bool, device):
     return batch.to(device)
 
 
-def build_model_folder(folder: Path, shape: str, tiny: bool) -> Path:
+def build_model_folder(folder: Path, shape: str, tiny: bool, weights: bool = True) -> Path:
     """A Qwen2.5-VL folder, written once: the tiny model's tokenizer/processor files and `shape`'s random weights in bf16.
 
     The vocabulary (and so the lm_head) is the tiny tokenizer's: the real model's 151,936-row lm_head is left out.
     tiny: the tiny model itself. The weights are initialised on the GPU when there is one.
+    weights False: `shape`'s config without weight files (for vLLM's load_format="dummy").
     """
     from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -151,9 +152,15 @@ def build_model_folder(folder: Path, shape: str, tiny: bool) -> Path:
             setattr(config, key, small[key])
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             setattr(config.text_config, key, small["text_config"][key])
-        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-            model = Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16)
-        model.save_pretrained(folder, safe_serialization=True)
-        del model
+        if not weights:
+            for stale in folder.glob("*.safetensors*"):  # the tiny model's, of another shape
+                stale.unlink()
+            config.dtype = "bfloat16"
+            config.save_pretrained(folder)
+        else:
+            with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+                model = Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16)
+            model.save_pretrained(folder, safe_serialization=True)
+            del model
     (folder / "DONE").write_text("ok")
     return folder
