@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     report = Report("generate_profile.json", args.json, **device_line(), mp=args.mp, prompts=args.prompts, n=args.n,
                     new=args.new, text_words=args.text_words)  # fmt: skip
     started = time.perf_counter()
-    engine = VLLMEngine(ModelConfig(model_name_or_path=str(folder), model_max_length=4096),
+    engine = VLLMEngine(ModelConfig(model_name_or_path=str(folder), model_max_length=8192),
                         EngineConfig(gpu_memory_utilization=args.gpu_memory), load_format="dummy")  # fmt: skip
     report.update(engine_start_s=round(time.perf_counter() - started, 1))
     progress(f"engine started in {time.perf_counter() - started:.1f} s")
