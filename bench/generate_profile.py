@@ -31,6 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from harness import Report, device_line, progress  # noqa: E402
 
+# Text prompts only: vLLM then profiles no image or video inputs at start (on the GPU image without torchvision,
+# transformers' Qwen2.5-VL processor has no video processor and vLLM's dummy video prompt fails). Decode is the same.
+MEDIA = {"image": 0, "video": 0}
 VARIANTS = ("grpo", "no-seed", "no-suppress", "no-logprobs", "raw", "raw-nodetok", "raw-min")
 
 
@@ -44,6 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated: {', '.join(VARIANTS)}")
     parser.add_argument("--gpu-memory", type=float, default=0.3, help="vLLM gpu_memory_utilization [0.3]")
     parser.add_argument("--mp", action="store_true", help="vLLM's engine core in its own process")
+    parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="ask vLLM for async scheduling (LLM(async_scheduling=True)); default: vLLM decides",
+    )
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled calls")
     parser.add_argument("--tiny", action="store_true", help="the tiny model (a CPU check of the script)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-generate-profile"))
@@ -110,8 +118,17 @@ def main(argv: list[str] | None = None) -> None:
                     new=args.new, text_words=args.text_words)  # fmt: skip
     started = time.perf_counter()
     engine = VLLMEngine(ModelConfig(model_name_or_path=str(folder), model_max_length=8192),
-                        EngineConfig(gpu_memory_utilization=args.gpu_memory), load_format="dummy")  # fmt: skip
-    report.update(engine_start_s=round(time.perf_counter() - started, 1))
+                        EngineConfig(gpu_memory_utilization=args.gpu_memory, limit_mm_per_prompt=MEDIA),
+                        load_format="dummy", **({"async_scheduling": True} if args.async_scheduling else {}))  # fmt: skip
+    vllm_config = engine.llm.llm_engine.vllm_config
+    report.update(engine_start_s=round(time.perf_counter() - started, 1),
+                  async_scheduling=vllm_config.scheduler_config.async_scheduling,
+                  v2_model_runner=getattr(vllm_config, "use_v2_model_runner", None),
+                  cudagraph_mode=str(vllm_config.compilation_config.cudagraph_mode))  # fmt: skip
+    progress(
+        f"vLLM: async scheduling {report.data['async_scheduling']}, V2 model runner "
+        f"{report.data['v2_model_runner']}, CUDA graphs {report.data['cudagraph_mode']}"
+    )
     progress(f"engine started in {time.perf_counter() - started:.1f} s")
     requests = make_requests(args.prompts, args.text_words)
     base = SamplingConfig(temperature=1.0, top_p=1.0, repetition_penalty=1.0, max_tokens=args.new, n=args.n,
