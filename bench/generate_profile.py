@@ -134,7 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     base = SamplingConfig(temperature=1.0, top_p=1.0, repetition_penalty=1.0, max_tokens=args.new, n=args.n,
                           ignore_eos=True, suppress_vision_tokens=True)  # fmt: skip
     # the token ids physreason sends, for the raw variants (one untimed call that also warms the engine)
-    prompt_ids = [r.prompt_token_ids for r in engine.generate(requests, base.model_copy(update={"seed": 1}))]
+    first = engine.generate(requests, base.model_copy(update={"seed": 1}))
+    if any(r.error for r in first):
+        raise SystemExit(f"generate failed: {next(r.error for r in first if r.error)}")
+    prompt_ids = [r.prompt_token_ids for r in first]
     raw_prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
     seed_counter = iter(range(100, 10_000))
 
@@ -142,6 +145,9 @@ def main(argv: list[str] | None = None) -> None:
         seed = None if variant == "no-seed" else next(seed_counter)
         sampling = base.model_copy(update={"seed": seed, "suppress_vision_tokens": variant != "no-suppress"})
         results = engine.generate(requests, sampling, logprobs=variant != "no-logprobs")
+        errors = [r.error for r in results if r.error]
+        if errors:
+            raise SystemExit(f"generate failed for {len(errors)} of {len(results)} requests: {errors[0]}")
         return sum(len(c.token_ids) for r in results for c in r.completions)
 
     def raw_call(variant: str) -> int:

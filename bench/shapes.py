@@ -156,6 +156,8 @@ def build_model_folder(folder: Path, shape: str, tiny: bool, weights: bool = Tru
             for stale in folder.glob("*.safetensors*"):  # the tiny model's, of another shape
                 stale.unlink()
             config.dtype = "bfloat16"
+            # what model.save_pretrained writes: without it vLLM does not resolve the model as a generative one
+            config.architectures = [Qwen2_5_VLForConditionalGeneration.__name__]
             config.save_pretrained(folder)
         else:
             with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
