@@ -333,7 +333,7 @@ def test_an_fp8_kv_cache_reaches_vllm_with_or_without_fp8_weights_and_auto_passe
         monkeypatch.setenv(name, value)  # what an FP8 engine sets, restored after this test
     # the FP8 weights' arguments come from a checked block-FP8 config; only the KV cache's are under test here
     monkeypatch.setattr(VLLMEngine, "_quantized_kwargs", lambda self: {"quantization": "fp8"})
-    tiny = SimpleNamespace(get_text_config=lambda: None)
+    tiny = SimpleNamespace(get_text_config=lambda: None, architectures=["Qwen2ForCausalLM"])
     monkeypatch.setattr("physreason.engines.vllm.loading.load_model_config", lambda model: tiny)
     monkeypatch.setattr("physreason.engines.vllm.model_family", lambda config: SimpleNamespace(is_vision_language=False))
     monkeypatch.setattr("physreason.engines.vllm.check_model_weights", lambda source: None)
@@ -373,7 +373,7 @@ def test_batch_cuda_graph_sizes_capture_the_engine_batch_and_the_powers_of_two_b
         raise _Built
 
     monkeypatch.setattr(vllm, "LLM", recording_llm)
-    tiny = SimpleNamespace(get_text_config=lambda: None)
+    tiny = SimpleNamespace(get_text_config=lambda: None, architectures=["Qwen2ForCausalLM"])
     monkeypatch.setattr("physreason.engines.vllm.loading.load_model_config", lambda model: tiny)
     monkeypatch.setattr("physreason.engines.vllm.model_family", lambda config: SimpleNamespace(is_vision_language=False))
     monkeypatch.setattr("physreason.engines.vllm.check_model_weights", lambda source: None)
@@ -383,3 +383,23 @@ def test_batch_cuda_graph_sizes_capture_the_engine_batch_and_the_powers_of_two_b
     batch, default, eager = seen
     assert batch["compilation_config"] == {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 48]}
     assert "compilation_config" not in default and "compilation_config" not in eager  # vLLM's own list; none eager
+
+
+def test_a_config_without_architectures_is_refused_before_vllm_starts(tmp_path, vl_model_dir):
+    """vLLM would start such a checkpoint as a pooling model and refuse every generate request one by one."""
+    import json
+    import shutil
+
+    from physreason.engines.vllm import VLLMEngine
+
+    folder = tmp_path / "no-architectures"
+    shutil.copytree(vl_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["architectures"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PhysReasonError, match=r"names no 'architectures'.*\[\"Qwen[0-9_]*VLForConditionalGeneration\"\]"):
+        VLLMEngine(ModelConfig(model_name_or_path=str(folder), model_max_length=2048), EngineConfig(enforce_eager=True))
+
+
+def test_the_engine_runs_as_a_generative_model(engine):
+    assert engine.llm.llm_engine.model_config.runner_type == "generate"

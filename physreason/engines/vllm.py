@@ -101,6 +101,13 @@ class VLLMEngine(Engine):
         # fp8 rollouts start from dummy weights and wait for the first push; so does load_format="dummy" (benchmarks)
         if quantization in (None, "none") and llm_overrides.get("load_format") != "dummy":
             check_model_weights(source)
+        if not getattr(hf_config, "architectures", None):
+            # vLLM resolves the model class from this list; without it vLLM 0.26 starts the checkpoint as a pooling
+            # model, whose every generate request is refused (seen on an H200 on 2026-11-28)
+            raise PhysReasonError(
+                f"{source}: config.json names no 'architectures', so vLLM cannot tell which model class to run. Add "
+                f"the class transformers saves, e.g. \"architectures\": [\"{model_family(hf_config).architectures[0]}\"]"
+            )
         self.hf_config = hf_config
         self.is_vl = model_family(hf_config).is_vision_language
         self._weight_names: frozenset[str] | None = None
@@ -119,6 +126,7 @@ class VLLMEngine(Engine):
             trust_remote_code=model.trust_remote_code,
             logprobs_mode="raw_logprobs",
             seed=0,
+            runner="generate",  # never a pooling model: physreason generates
         )
         if self.is_vl:
             kwargs["limit_mm_per_prompt"] = dict(engine.limit_mm_per_prompt)
@@ -147,6 +155,12 @@ class VLLMEngine(Engine):
             kwargs["distributed_executor_backend"] = "external_launcher"
         kwargs.update(llm_overrides)
         self.llm = LLM(**kwargs)
+        runner = getattr(getattr(self.llm.llm_engine, "model_config", None), "runner_type", "generate")
+        if runner != "generate":
+            raise PhysReasonError(
+                f"vLLM started {source} as a {runner!r} model, not a generative one: check config.json's "
+                f"'architectures' ({hf_config.architectures})"
+            )
         if self.quantization is not None:
             self._check_fp8_layers()
         self.tokenizer = self.llm.get_tokenizer()
