@@ -275,3 +275,36 @@ def test_a_prompt_longer_than_the_context_is_skipped_and_counted_not_fatal(tiny_
     assert result.metrics[0]["rollout/reward_errors"] == 0.0  # logged every step beside the other counts
     assert result.metrics[0]["rollout/groups_kept"] == 3.0
     assert any("q1" in r.getMessage() and "256" in r.getMessage() for r in caplog.records)
+
+
+def test_grpo_stops_when_every_rollout_request_fails_three_steps_in_a_row(tiny_text, tmp_path):
+    from physreason.errors import PhysReasonError
+
+    records = [{"question": f"Which way does ball {i} go?" + " far" * 400, "options": ["up", "down", "left", "right"],
+                "answer": "B", "id": f"q{i}"} for i in range(4)]  # fmt: skip
+    data = tmp_path / "mcq.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in records))
+    out = tmp_path / "out"
+    config = grpo_config(tiny_text, data, out, "train.max_steps=6", "rollout.batch_size=4",
+                         "train.train_batch_per_replica=32", "model.model_max_length=256",
+                         "train.ckpt.enable_checkpoint=false")  # fmt: skip
+    with pytest.raises(PhysReasonError, match=r"step 3: every rollout request failed in steps 1-3 \(4 of 4 this step\)"
+                                              r".*First error on this rank: request q\d#\d+: .* the context is 256"):
+        run_grpo(config)
+    logged = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in logged] == [1, 2]
+    assert all(row["rollout/empty_step"] == 1.0 for row in logged)
+
+
+def test_one_step_with_every_request_failed_does_not_stop_grpo():
+    from physreason.train.grpo import _check_failing_rollouts
+    from physreason.train.rollout import RolloutBatch
+
+    failed = {"rollout/prompts_drawn": 4.0, "rollout/requests_failed": 4.0}
+    some = {"rollout/prompts_drawn": 4.0, "rollout/requests_failed": 3.0}
+    batch = RolloutBatch()
+    count = 0
+    for step, metrics in enumerate([failed, failed, some, failed, failed, some]):
+        count = _check_failing_rollouts(metrics, batch, step, count)
+    assert count == 0
+    assert _check_failing_rollouts({"rollout/prompts_drawn": 0.0, "rollout/requests_failed": 0.0}, batch, 9, 2) == 0

@@ -122,3 +122,33 @@ def test_a_replica_that_dies_in_a_generate_call_hands_its_prompts_back(tmp_path)
     assert controller.replicas == {} and list(controller.retry) == [4, 5]
     assert any("rollout replica 3 lost (generate: RuntimeError)" in event for event in controller.result.events)
     assert [draw for draw, _ in controller._draws(3)] == [4, 5, 6]
+
+
+def _generated(drawn: int, failed: int, error: str | None = None) -> _Op:
+    from collections import Counter
+
+    from physreason.distributed.rollout_replica import RolloutOutput
+
+    op = _Op("generate", [object()], timeline=0, payload=[])
+    counts = Counter(prompts_drawn=drawn, requests_failed=failed)
+    op.results[0] = RolloutOutput(replica=1, version=0, counts=counts, first_error=error)
+    return op
+
+
+def test_every_request_failing_in_generate_call_after_call_stops_the_run(tmp_path):
+    from physreason.distributed.controller import _Replica
+    from physreason.errors import PhysReasonError
+
+    controller, _, _ = _controller(tmp_path)
+    controller.target_rollouts, controller.allowed = 2, 1
+    controller._failed_starts = controller._failed_generates = 0
+    controller.queue = deque()
+    replica = _Replica(1, _Handle())
+    for _ in range(4):  # one call with a success between resets the count; 5 in a row of 6 allowed (3 x 2 replicas)
+        controller._on_generate(_generated(4, 4, "request q1: vLLM refused the request"), replica)
+    controller._on_generate(_generated(4, 3), replica)
+    for _ in range(5):
+        controller._on_generate(_generated(4, 4, "request q1: vLLM refused the request"), replica)
+    with pytest.raises(PhysReasonError, match=r"every rollout request failed in the last 6 generate calls .*4 of 4.*"
+                                              r"First error of that call: request q1: vLLM refused the request"):
+        controller._on_generate(_generated(4, 4, "request q1: vLLM refused the request"), replica)

@@ -41,7 +41,14 @@ from physreason.models.family import read_vision_tokens
 from physreason.models.parallelize import check_layout
 from physreason.ray_setup import import_ray
 from physreason.rewards import check_reward_options
-from physreason.train.grpo import GRPOResult, _Stats, groups_per_rank, print_grpo_startup, rollout_metrics
+from physreason.train.grpo import (
+    FAILING_STEPS_LIMIT,
+    GRPOResult,
+    _Stats,
+    groups_per_rank,
+    print_grpo_startup,
+    rollout_metrics,
+)
 from physreason.train.loop import DivergenceWatch, StepLog, checkpoint_due, prepare_output
 from physreason.train.rollout import RolloutBatch, RolloutSample, logged_reward_names
 from physreason.train.runlock import releases_output_lock
@@ -173,6 +180,7 @@ class Controller:
         self._next_replica = 0
         self._dispatches = 0
         self._failed_starts = 0
+        self._failed_generates = 0  # generate calls in a row in which every request failed
         self._train_op: _Op | None = None
         self._window = _StepWindow()
         self._last_progress = time.monotonic()  # when an operation last finished
@@ -578,6 +586,7 @@ class Controller:
         output: RolloutOutput = op.results[0]
         replica.produced = True
         self._failed_starts = 0
+        self._check_failed_requests(output)
         for group in output.groups:
             if is_fresh(group.version, self.step, self.allowed):
                 self.queue.put(group)
@@ -586,6 +595,20 @@ class Controller:
         self._window.scored += output.scored
         self._window.counts.update(output.counts)
         self._window.rollout_busy_s += output.busy_s
+
+    def _check_failed_requests(self, output: RolloutOutput) -> None:
+        """Stop once every request failed in FAILING_STEPS_LIMIT generate calls a replica in a row (run_grpo's rule):
+        no group would ever reach the policy, and the run would draw prompts for ever."""
+        drawn, failed = output.counts["prompts_drawn"], output.counts["requests_failed"]
+        self._failed_generates = self._failed_generates + 1 if drawn > 0 and failed >= drawn else 0
+        limit = FAILING_STEPS_LIMIT * max(1, self.target_rollouts)
+        if self._failed_generates >= limit:
+            raise PhysReasonError(
+                f"GRPO stopped at step {self.step + 1}: every rollout request failed in the last {limit} generate calls "
+                f"(rollout replica {output.replica}'s last: {failed} of {drawn}). First error of that call: "
+                f"{output.first_error or 'not given'}. The checkpoints and metrics written so far are kept; fix the "
+                "cause and resume with train.resume=true"
+            )
 
     def _on_save(self, op: _Op, replica: _Replica | None) -> None:
         if self._policy_failed(op):

@@ -50,6 +50,7 @@ class RolloutOutput:
     scored: list[dict[str, float]] = field(default_factory=list)  # rewards of every completion, dropped groups too
     counts: Counter = field(default_factory=Counter)  # prompts_drawn, groups_dropped, requests_failed, rounds
     busy_s: float = 0.0  # loading weights, generating and scoring
+    first_error: str | None = None  # the first failed request's error
 
 
 class _AssignedPrompts:
@@ -171,7 +172,8 @@ class RolloutReplica:
         )
         # Dispatch ids are unique over the run, so they alone make every call's sampling seed distinct.
         batch = collect_rollouts(self.engine, _AssignedPrompts(prompts), settings, step=dispatch)
-        out = RolloutOutput(self.replica_id, self.version, scored=batch.scored, counts=batch.counts)
+        out = RolloutOutput(self.replica_id, self.version, scored=batch.scored, counts=batch.counts,
+                            first_error=batch.first_error)  # fmt: skip
         by_group: dict[int, list] = {}
         for sample in batch.samples:
             by_group.setdefault(sample.group, []).append(sample)

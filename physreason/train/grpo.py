@@ -36,7 +36,7 @@ from torch.distributed.fsdp import FSDPModule
 from physreason.config import Config
 from physreason.data.mcq import PromptStream, load_mcq_prompts
 from physreason.engines import Engine, create_engine
-from physreason.errors import ConfigError
+from physreason.errors import ConfigError, PhysReasonError
 from physreason.models import loading, parallelize
 from physreason.models.family import VisionTokens, read_vision_tokens
 from physreason.rewards import check_reward_options
@@ -346,6 +346,29 @@ def rollout_metrics(
     return out
 
 
+# Steps in a row in which every rollout request failed before GRPO stops: an engine that refuses every request (a
+# model vLLM does not run as a generative one, a broken media path, a context too small for every prompt) would
+# otherwise run the whole schedule without an update. One such step alone (an engine's transient out-of-memory)
+# passes, as a step whose groups were all dropped does.
+FAILING_STEPS_LIMIT = 3
+
+
+def _check_failing_rollouts(metrics: dict[str, float], rollouts: RolloutBatch, step: int, failing: int) -> int:
+    """The number of steps in a row, this one included, in which every request failed (counts summed over ranks, so
+    every rank agrees); raise once it reaches FAILING_STEPS_LIMIT."""
+    drawn, failed = metrics["rollout/prompts_drawn"], metrics["rollout/requests_failed"]
+    failing = failing + 1 if drawn > 0 and failed >= drawn else 0
+    if failing >= FAILING_STEPS_LIMIT:
+        first = step + 2 - failing
+        raise PhysReasonError(
+            f"GRPO stopped at step {step + 1}: every rollout request failed in steps {first}-{step + 1} "
+            f"({int(failed)} of {int(drawn)} this step), so no step could train. First error on this rank: "
+            f"{rollouts.first_error or 'not on this rank'}. The checkpoints and metrics written so far are kept; fix "
+            "the cause and resume with train.resume=true"
+        )
+    return failing
+
+
 def build_policy(config: Config, runtime: Runtime, total_steps: int) -> TrainingModel:
     """The policy (a PolicyScorer) and, when kl_beta > 0, its frozen reference, built for `total_steps` GRPO steps.
 
@@ -541,6 +564,7 @@ def _run_grpo(
         contextlib.closing(checkpointer),
         StopOnSignal(runtime, saves=config.train.ckpt.enable_checkpoint) as stop,
     ):
+        failing_steps = 0
         while step < total_steps:
             started = time.perf_counter()
             _wake(engine)
@@ -551,6 +575,7 @@ def _run_grpo(
             train_started = time.perf_counter()
             samples = rollouts.samples
             metrics = rollout_metrics(rollouts, stats, reward_names, vision_tokens)
+            failing_steps = _check_failing_rollouts(metrics, rollouts, step, failing_steps)
             if all_reduce_sum(float(len(samples)), runtime) > 0:
                 batches = update.micro_batches(samples, pad_id, vision_tokens, runtime.device)
                 metrics.update(

@@ -63,6 +63,7 @@ class RolloutBatch:
     counts: Counter = field(default_factory=Counter)  # prompts_drawn, groups_dropped, requests_failed, rounds
     generate_s: float = 0.0
     score_s: float = 0.0
+    first_error: str | None = None  # the first failed request's error, for a step in which every request failed
 
     @property
     def num_groups(self) -> int:
@@ -290,7 +291,10 @@ def _rollout_round(
         if result.error is not None or len(result.completions) != settings.sampling.n:
             # A prompt longer than the context, unreadable media, out of memory: this group is lost, not the run.
             batch.counts["requests_failed"] += 1
-            log.warning("rollout: prompt %s skipped: %s", prompt.id, result.error or "incomplete group of completions")
+            reason = result.error or "incomplete group of completions"
+            if batch.first_error is None:
+                batch.first_error = reason if str(prompt.id) in reason else f"prompt {prompt.id}: {reason}"
+            log.warning("rollout: prompt %s skipped: %s", prompt.id, reason)
             continue
         failed: list[str] = []
         rewards = [
