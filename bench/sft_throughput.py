@@ -534,6 +534,11 @@ def main() -> None:
     runs: dict[str, dict] = {}
 
     def emit(label: str, row: dict) -> None:
+        # a row repeated in --rows (alternating orders) keeps every run: "label #2", "label #3", ...
+        repeat = 1
+        while (label if repeat == 1 else f"{label} #{repeat}") in runs:
+            repeat += 1
+        label = label if repeat == 1 else f"{label} #{repeat}"
         runs[label] = row
         if not main_rank:
             return

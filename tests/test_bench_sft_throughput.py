@@ -181,3 +181,24 @@ def test_split_line_says_when_the_window_held_another_number_of_optimizer_steps(
     assert "the window held" not in sft_bench.split_line(_split())
     line = sft_bench.split_line(_split(optimizer_steps_in_window=5))
     assert "the window held 5 optimizer steps: per-step figures divide by that" in line
+
+
+def test_a_row_repeated_in_rows_keeps_each_run_in_the_json(tmp_path):
+    """Alternating orders repeat a row: the JSON keeps both runs (it kept the last one only, 2026-11-28)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from setups import BENCH, free_port
+
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent), "OUT": str(tmp_path), "OMP_NUM_THREADS": "1",
+           "MASTER_PORT": str(free_port())}  # fmt: skip
+    command = [sys.executable, str(BENCH / "sft_throughput.py"), "--tiny", "--seq-len", "32", "--steps", "1",
+               "--warmup", "0", "--skip-baseline", "--rows=--ce-chunk 16; --ce-chunk 16"]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads((tmp_path / "sft_throughput.json").read_text())["runs"]
+    label = "physreason --ce-chunk 16 --seq-len 32"
+    assert list(runs) == [label, f"{label} #2"]
+    assert all(run["tokens_per_s"] > 0 for run in runs.values())
