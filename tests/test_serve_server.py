@@ -37,6 +37,7 @@ def test_server_binds_loopback_with_cosmos_sampling_defaults_and_the_physreason_
     assert arg(argv, "--reasoning-parser") == "physreason"
     assert Path(arg(argv, "--reasoning-parser-plugin")).name == "vllm_plugin.py"
     assert arg(argv, "--generation-config") == "vllm"  # the model's own defaults do not mix in
+    assert arg(argv, "--runner") == "generate"
     assert json.loads(arg(argv, "--override-generation-config")) == {
         "temperature": 0.6, "top_p": 0.95, "repetition_penalty": 1.05, "max_new_tokens": 4096,
     }  # fmt: skip

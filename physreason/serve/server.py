@@ -202,6 +202,7 @@ def build_server_command(
         "--host", options.host,
         "--port", str(options.port),
         "--dtype", model.dtype,
+        "--runner", "generate",  # a checkpoint vLLM would take for a pooling model fails at start, not per request
         "--max-model-len", str(engine.max_model_len or model.model_max_length),
         "--tensor-parallel-size", str(engine.tensor_parallel_size),
         "--gpu-memory-utilization", str(engine.gpu_memory_utilization),
