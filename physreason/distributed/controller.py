@@ -50,7 +50,7 @@ from physreason.train.grpo import (
     rollout_metrics,
 )
 from physreason.train.loop import DivergenceWatch, StepLog, checkpoint_due, prepare_output
-from physreason.train.rollout import RolloutBatch, RolloutSample, logged_reward_names
+from physreason.train.rollout import RolloutBatch, RolloutSample, every_request_failed, logged_reward_names
 from physreason.train.runlock import releases_output_lock
 from physreason.train.runtime import Runtime
 
@@ -600,7 +600,7 @@ class Controller:
         """Stop once every request failed in FAILING_STEPS_LIMIT generate calls a replica in a row (run_grpo's rule):
         no group would ever reach the policy, and the run would draw prompts for ever."""
         drawn, failed = output.counts["prompts_drawn"], output.counts["requests_failed"]
-        self._failed_generates = self._failed_generates + 1 if drawn > 0 and failed >= drawn else 0
+        self._failed_generates = self._failed_generates + 1 if every_request_failed(drawn, failed) else 0
         limit = FAILING_STEPS_LIMIT * max(1, self.target_rollouts)
         if self._failed_generates >= limit:
             raise PhysReasonError(

@@ -61,6 +61,7 @@ from physreason.train.rollout import (
     RolloutBatch,
     RolloutSample,
     collect_rollouts,
+    every_request_failed,
     logged_reward_names,
     rollout_engine_config,
     rollout_settings,
@@ -357,7 +358,7 @@ def _check_failing_rollouts(metrics: dict[str, float], rollouts: RolloutBatch, s
     """The number of steps in a row, this one included, in which every request failed (counts summed over ranks, so
     every rank agrees); raise once it reaches FAILING_STEPS_LIMIT."""
     drawn, failed = metrics["rollout/prompts_drawn"], metrics["rollout/requests_failed"]
-    failing = failing + 1 if drawn > 0 and failed >= drawn else 0
+    failing = failing + 1 if every_request_failed(drawn, failed) else 0
     if failing >= FAILING_STEPS_LIMIT:
         first = step + 2 - failing
         raise PhysReasonError(

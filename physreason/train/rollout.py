@@ -70,6 +70,11 @@ class RolloutBatch:
         return len({s.group for s in self.samples})
 
 
+def every_request_failed(drawn: float, failed: float) -> bool:
+    """Whether a step's (or a generate call's) prompts all failed: what stops GRPO when it repeats (grpo.py)."""
+    return drawn > 0 and failed >= drawn
+
+
 def mcq_request(
     prompt: MCQPrompt,
     vision: VisionConfig,
