@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from harness import Report, device_line, progress  # noqa: E402
 
-# Text prompts only: vLLM then profiles no image or video inputs at start (on the GPU image without torchvision,
-# transformers' Qwen2.5-VL processor has no video processor and vLLM's dummy video prompt fails). Decode is the same.
+# Text prompts only: vLLM then profiles no image or video inputs at start (a shorter start than GRPO's engine, which
+# allows media); the text call's decode is the same.
 MEDIA = {"image": 0, "video": 0}
 VARIANTS = ("grpo", "no-seed", "no-suppress", "no-logprobs", "raw", "raw-nodetok", "raw-min")
 
