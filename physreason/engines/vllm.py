@@ -166,6 +166,7 @@ class VLLMEngine(Engine):
         self.tokenizer = self.llm.get_tokenizer()
         self.processor_params = load_processor_params(source, model.revision) if self.is_vl else None
         self.stop_token_ids = sorted(self._stop_token_ids(source, model.revision))
+        self._stop_ids = frozenset(self.stop_token_ids)
         if engine.lora is not None:
             self.load_adapter(engine.lora)
 
@@ -329,12 +330,26 @@ class VLLMEngine(Engine):
 
     def _completion(self, output: Any) -> Completion:
         token_ids = list(output.token_ids)
+        stopped = output.finish_reason == "stop"
         return Completion(
-            text=output.text,
+            text=self._decode(token_ids, stopped),
             token_ids=token_ids,
             logprobs=vllm_compat.sampled_logprobs(token_ids, output.logprobs),
-            finish_reason="stop" if output.finish_reason == "stop" else "length",
+            finish_reason="stop" if stopped else "length",
         )
+
+    def _decode(self, token_ids: list[int], stopped: bool) -> str:
+        """A completion's text, decoded once (vLLM runs with detokenize=False), as vLLM's detokenizer writes it.
+
+        vLLM leaves out the stop token that ended a completion and skips special tokens; a fast tokenizer's
+        decode there does not clean up spaces, so neither does this. Its incremental decode holds back text that
+        ends in U+FFFD (bytes of a character not yet complete) and never writes what is still held at the end:
+        a completion cut inside a character ends before it here too.
+        """
+        if stopped and token_ids and token_ids[-1] in self._stop_ids:
+            token_ids = token_ids[:-1]
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return text.rstrip("\ufffd")
 
     def weight_names(self) -> frozenset[str]:
         """Hugging Face parameter and buffer names of this model (from its class on the meta device; no memory).
