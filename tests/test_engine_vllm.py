@@ -133,7 +133,6 @@ def test_stop_token_ends_with_stop_and_max_tokens_ends_with_length(engine, media
 
 def test_texts_decoded_once_equal_vllms_own_detokenizer(engine, media):
     from physreason import vllm_compat
-
     from physreason.engines.base import sampling_seed
 
     requests = [*image_requests(media), video_request(media)]
