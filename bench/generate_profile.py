@@ -4,8 +4,9 @@ The call: the Qwen2.5-VL-3B shape with the tiny tokenizer's vocabulary (as grpo_
 dummy weights), vLLM at --gpu-memory of the GPU, P prompts of the text workload's length x n completions of exactly
 --new tokens (ignore_eos), temperature 1, top_p 1, the sampled tokens' log-probs, vision tokens suppressed, one
 sampling seed per call: what `train/rollout.py` asks of the engine each GRPO step. Variants drop one thing each;
-`raw*` call `vllm.LLM.generate` on the same token ids (`raw`: the SamplingParams physreason builds; `raw-nodetok`: the
-same with detokenize=False; `raw-min`: n, temperature, max_tokens, ignore_eos only). Rounds run the variants in
+`raw*` call `vllm.LLM.generate` on the same token ids (`raw`: the SamplingParams physreason builds with vLLM's
+detokenizer on, vLLM's default; `raw-nodetok`: the same with detokenize=False, as physreason asks since 2026-11-28 and
+then decodes each completion once; `raw-min`: n, temperature, max_tokens, ignore_eos only). Rounds run the variants in
 turn, so drift hits each alike; one JSON line per call with its seconds and ms per decode step (seconds / --new).
 Then one call of the `grpo` variant under torch.profiler (the device's busy time, the union of its kernels, against
 the call's wall) and one under cProfile (host functions by own time): a host-bound call shows device busy << wall.
@@ -159,8 +160,7 @@ def main(argv: list[str] | None = None) -> None:
             suppressed = vision_special_token_ids(engine.hf_config)
             params = vllm_compat.sampling_params(base.model_copy(update={"seed": next(seed_counter)}), args.new,
                                                  engine.stop_token_ids, True, suppressed)  # fmt: skip
-            if variant == "raw-nodetok":
-                params.detokenize = False
+            params.detokenize = variant != "raw-nodetok"
         outputs = engine.llm.generate(raw_prompts, params, use_tqdm=False)
         return sum(len(c.token_ids) for o in outputs for c in o.outputs)
 
