@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto", help="auto: vLLM when installed")
     parser.add_argument("--gpu-memory", type=float, default=0.3, help="vLLM gpu_memory_utilization, both sides")
     parser.add_argument("--run-timeout", type=int, default=900, help="seconds one run may take")
+    parser.add_argument("--no-recompute", action="store_true",
+                        help="both sides keep their activations (gradient checkpointing off on both; on by default "
+                             "on a GPU): where both fit, the table without recomputation")
     parser.add_argument("--append", action="store_true",
                         help="add this call's rounds to the runs already in $OUT/grpo_vs_trl.json (one setup on one "
                              "machine: refused otherwise) and print the table of them all; the first side keeps "
@@ -195,7 +198,7 @@ def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed:
     overrides = harness.grpo_settings(spec["model"], spec["data"]["files"][workload], output, SimpleNamespace(**spec),
                               spec["engine"], bf16, spec["warmup"] + spec["steps"], 8192)  # fmt: skip
     overrides += [
-        f"train.gradient_checkpointing={'true' if bf16 else 'false'}", "train.optm_lr=1e-5",
+        f"train.gradient_checkpointing={'true' if spec.get('recompute', bf16) else 'false'}", "train.optm_lr=1e-5",
         "train.optm_weight_decay=0.01", "train.optm_grad_norm_clip=1.0", "rollout.sampling_config.temperature=1.0",
         "rollout.sampling_config.top_p=1.0", "rollout.sampling_config.repetition_penalty=1.0",
         "rollout.sampling_config.ignore_eos=true", "rollout.sampling_config.suppress_vision_tokens=true",
@@ -389,7 +392,7 @@ def trl_config(spec: dict[str, Any], output: Path):
         loss_type="dapo", epsilon=0.2, epsilon_high=0.2, beta=0.0, num_iterations=1, scale_rewards="group",
         mask_truncated_completions=False, learning_rate=1e-5, weight_decay=0.01, max_grad_norm=1.0,
         optim="adamw_torch_fused" if spec["bf16"] else "adamw_torch", model_init_kwargs={"dtype": "float32"},
-        bf16=spec["bf16"], use_cpu=not spec["bf16"], gradient_checkpointing=spec["bf16"], use_vllm=vllm,
+        bf16=spec["bf16"], use_cpu=not spec["bf16"], gradient_checkpointing=spec.get("recompute", spec["bf16"]), use_vllm=vllm,
         vllm_mode="colocate", vllm_gpu_memory_utilization=spec["gpu_memory"], vllm_max_model_length=8192,
         vllm_enable_sleep_mode=False, vllm_importance_sampling_correction=False, save_strategy="no", report_to="none",
         logging_steps=1, disable_tqdm=True, seed=42, dataloader_num_workers=0,
@@ -561,6 +564,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
     spec = {"model": str(model), "vision_token_ids": vision_special_token_ids(AutoConfig.from_pretrained(model)),
             "work": str(work), "engine": engine, "bf16": not args.tiny and torch.cuda.is_available(),
+            "recompute": not args.tiny and torch.cuda.is_available() and not args.no_recompute,
             "gpu_memory": args.gpu_memory, "trl_vision_attention": args.trl_vision_attention, "data": data,
             **{name: getattr(args, name) for name in ("prompts", "n", "response_len", "mini_batch", "mini_batch_tokens",
                                                       "steps", "warmup")}}  # fmt: skip
@@ -619,7 +623,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 JSON_NAME = "grpo_vs_trl.json"
 # What two calls' runs must share to pool into one table (--append): the step's sizes and both sides' settings.
 SETUP_ARGS = ("prompts", "n", "response_len", "mini_batch", "mini_batch_tokens", "steps", "warmup",
-              "trl_vision_attention", "text_words", "gpu_memory", "tiny")  # fmt: skip
+              "trl_vision_attention", "text_words", "gpu_memory", "tiny", "no_recompute")  # fmt: skip
 
 
 def setup_args(args: argparse.Namespace) -> dict[str, Any]:

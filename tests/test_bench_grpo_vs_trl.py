@@ -154,6 +154,11 @@ def test_physreason_config_sets_the_shared_recipe(bench, prepared, tmp_path):
     assert (config.grpo.pack_completions, config.grpo.mini_batch, config.grpo.mini_batch_tokens) == (True, 8, 300)
     padded = bench.physreason_config(spec, "video", tmp_path, packed=False)
     assert (padded.grpo.pack_completions, padded.grpo.mini_batch, padded.grpo.mini_batch_tokens) == (False, 4, 0)
+    # --no-recompute reaches both sides through the spec; without the key (older specs) recompute follows bf16
+    assert not config.train.gradient_checkpointing
+    for recompute in (True, False):
+        spec_r = {**spec, "recompute": recompute}
+        assert bench.physreason_config(spec_r, "video", tmp_path).train.gradient_checkpointing is recompute
 
 
 def test_ratios_compare_each_physreason_side_with_trl_and_video_with_trl_images(bench):
@@ -211,6 +216,8 @@ def test_trl_never_samples_the_vision_tokens_physreason_suppresses(bench, prepar
         "vision_token_ids": [3, 5],
     }  # fmt: skip
     kwargs = bench.trl_config(spec, tmp_path).generation_kwargs
+    assert not bench.trl_config(spec, tmp_path).gradient_checkpointing
+    assert bench.trl_config({**spec, "recompute": True}, tmp_path).gradient_checkpointing
     if engine == "vllm":
         assert kwargs == {"ignore_eos": True, "logit_bias": {3: -100.0, 5: -100.0}}
     else:
