@@ -166,7 +166,6 @@ class VLLMEngine(Engine):
         self.tokenizer = self.llm.get_tokenizer()
         self.processor_params = load_processor_params(source, model.revision) if self.is_vl else None
         self.stop_token_ids = sorted(self._stop_token_ids(source, model.revision))
-        self._stop_ids = frozenset(self.stop_token_ids)
         if engine.lora is not None:
             self.load_adapter(engine.lora)
 
@@ -346,7 +345,7 @@ class VLLMEngine(Engine):
         ends in U+FFFD (bytes of a character not yet complete) and never writes what is still held at the end:
         a completion cut inside a character ends before it here too.
         """
-        if stopped and token_ids and token_ids[-1] in self._stop_ids:
+        if stopped and token_ids and token_ids[-1] in self.stop_token_ids:
             token_ids = token_ids[:-1]
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         return text.rstrip("\ufffd")
