@@ -423,3 +423,75 @@ def test_the_grounding_recipe_keeps_the_mean_head_and_1500_sft_steps_and_its_fol
     assert bench.variant_suffix(bench.parse_args(["--tower-steps", "100"]), 1) == "-tower100-seed1"
     tokens = bench.parse_args(["--tower-steps", "100", "--tower-head", "tokens", "--sft-steps", "3000"])
     assert bench.variant_suffix(tokens) == "-tower100-tokens-sft3000"  # the letter recipe's settings are a variant here
+
+
+def test_fp8_rollouts_run_on_vllm_beside_bf16_vllm_rollouts_in_folders_of_their_own(bench, tmp_path):
+    argv = ["--sft-steps", "300", "--seeds", "1", "--rollout-engine", "vllm", "--variants", "grpo",
+            "grpo-fp8:rollout-quantization=fp8"]  # fmt: skip
+    args = bench.parse_args(argv)
+    assert args.variants == {"grpo": {}, "grpo-fp8": {"rollout_quantization": "fp8"}}
+    labels = bench.run_labels(args, 1)
+    assert labels["after SFT+GRPO"] == "grpo-vllm-sft300-seed1"  # not the hf engine's run folder
+    assert labels["after SFT+GRPO (grpo-fp8)"] == "grpo-fp8-vllm-fp8-sft300-seed1"
+    assert labels["after SFT+SFT (control)"] == "grpo-sft300-seed1-sft-control"  # the control rolls nothing out
+    assert bench.variant_text(bench.variant_args(args, args.variants["grpo-fp8"])).endswith(
+        "; rollouts on vLLM, FP8 weights with truncated importance sampling"
+    )
+    assert bench.variant_text(args).endswith("; no KL; rollouts on vLLM, bf16")
+    cfg = bench.stage_config(args, tmp_path, tmp_path / "model", 1)
+    bf16 = bench.variant_grpo_config(args, cfg, tmp_path, tmp_path / "sft", tmp_path / "g")
+    fp8 = bench.variant_grpo_config(bench.variant_args(args, args.variants["grpo-fp8"]), cfg, tmp_path,
+                                    tmp_path / "sft", tmp_path / "h")  # fmt: skip
+    for run in (bf16, fp8):
+        assert (run.engine.backend, run.engine.gpu_memory_utilization, run.model.dtype) == ("vllm", 0.2, "bfloat16")
+        assert run.train.param_dtype == "float32"  # the policy trains as before; only the engine's copy is bf16
+    assert (bf16.rollout.quantization, fp8.rollout.quantization) == ("none", "fp8")
+    assert fp8.tis_enabled and not bf16.tis_enabled  # FP8's correction; the bf16 arm as the recipe
+    # the stages' engine (evaluations) and the recipe's rollouts stay on the hf engine in float32
+    assert (cfg.engine.backend, cfg.model.dtype) == ("hf", "float32")
+    hf = bench.variant_grpo_config(bench.parse_args([]), cfg, tmp_path, tmp_path / "sft", tmp_path / "k")
+    assert (hf.engine.backend, hf.model.dtype, hf.rollout.quantization) == ("hf", "float32", "none")
+    # a folder of one engine is not resumed by the other
+    from physreason.config.loader import dump_config
+
+    (tmp_path / "g").mkdir()
+    dump_config(hf.model_copy(update={"train": bf16.train}), tmp_path / "g" / "config.toml")
+    with pytest.raises(SystemExit, match=r"engine.backend: hf there, vllm now"):
+        bench.refuse_other_settings(bf16)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--variants", "grpo-fp8:rollout-quantization=fp8"], "FP8 rollouts (grpo-fp8) run on vLLM: add --rollout-engine"),
+        (["--rollout-quantization", "fp8"], "FP8 rollouts (grpo) run on vLLM"),
+        (["--rollout-engine", "vllm", "--variants", "grpo-a:rollout-quantization=int4"],
+         "rollout-quantization='int4' is not one of none, fp8"),
+        (["--rollout-engine", "vllm", "--scale", "1", "--rollout-quantization", "fp8"],
+         "at --scale 1 k_proj / v_proj has 64 output rows, not a multiple of 128: use a --scale that fits (2, 4, 6, 8"),
+        (["--rollout-gpu-memory", "1.5"], "--rollout-gpu-memory 1.5: give a share of the GPU in (0, 1)"),
+        (["--rollout-engine", "vllm", "--variants", "grpo", "grpo-f:rollout-quantization=fp8,grpo-temperature=1.2"],
+         "grpo-f: FP8 rollouts weight the loss by truncated importance ratios, which need the rollouts sampled at "
+         "temperature 1 (grpo-temperature is 1.2)"),
+    ],
+)  # fmt: skip
+def test_fp8_rollouts_are_refused_before_any_stage_where_they_cannot_run(bench, argv, message, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_the_tiny_models_text_widths_are_what_the_fp8_check_reads(family, tmp_path):
+    from transformers import AutoConfig
+
+    from physreason.models.tiny import save_tiny_model, text_widths
+
+    save_tiny_model(family, tmp_path / "m", scale=2)
+    text = AutoConfig.from_pretrained(tmp_path / "m").get_text_config()
+    widths = text_widths(2)
+    assert {key: getattr(text, key) for key in widths if key != "head_dim"} == {
+        key: value for key, value in widths.items() if key != "head_dim"
+    }
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    assert head_dim == widths["head_dim"]

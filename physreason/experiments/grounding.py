@@ -39,6 +39,11 @@ The levers the issue names, each selectable (bench/RESULTS.md says what they gav
   variants' default);
 - a KL term: `--kl-beta 0.04` or the variant key `kl-beta` (grpo.kl_beta: beta x the k3 KL to the reference, the SFT
   export the variant starts from, grpo.reference_model_path; 0, the recipe, loads no reference).
+- FP8 rollouts (issue 47, item 3): `--rollout-engine vllm --variants grpo grpo-fp8:rollout-quantization=fp8`: every
+  variant rolls out on vLLM in bf16 beside the policy (`--rollout-gpu-memory`, default 0.2 of the GPU; evaluations
+  stay on the hf engine), the fp8 one on block-FP8 weights with the truncated importance-sampling correction; the
+  reward curves ("GRPO mean reward") and the held-out IoUs over seeds say whether FP8 rollouts learn as bf16 ones do.
+  Needs vLLM, a CUDA GPU for the fp8 arm, and an even --scale (128-row blocks; checked before any stage runs).
 `--variants` runs several GRPO settings from each seed's one SFT export, each against the one control, in one table
 (a row and a paired test per variant; p-values also Holm-adjusted over the table's tests):
 `--variants grpo grpo-mix:iou-hit-weight=0.5 grpo-n16:grpo-n=16 grpo-lr1e-5:grpo-lr=1e-5 grpo-kl:kl-beta=0.04`.
@@ -137,14 +142,49 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     args.option_order = "fixed"  # the letter clips of the tower pre-training (a JSON answer has no options)
     if not math.isfinite(args.kl_beta) or args.kl_beta < 0:
         parser.error(f"--kl-beta {args.kl_beta:g}: give a weight >= 0 (0: no KL term, the recipe)")
+    if not 0 < args.rollout_gpu_memory < 1:
+        parser.error(f"--rollout-gpu-memory {args.rollout_gpu_memory:g}: give a share of the GPU in (0, 1), e.g. 0.2")
     args.variants = parse_variants(args.variants or [DEFAULT_VARIANT], args, parser)
+    if args.rollout_engine != "vllm":
+        fp8 = [name for name, over in args.variants.items() if variant_args(args, over).rollout_quantization != "none"]
+        if fp8:
+            parser.error(
+                f"FP8 rollouts ({', '.join(fp8)}) run on vLLM: add --rollout-engine vllm (every variant then rolls out "
+                "on vLLM, so the bf16 runs compare with the FP8 ones on the same engine)"
+            )
+    elif any(variant_args(args, over).rollout_quantization == "fp8" for over in args.variants.values()):
+        check_fp8_widths(args.scale, parser)
+        for name, over in args.variants.items():
+            run = variant_args(args, over)
+            if run.rollout_quantization == "fp8" and run.grpo_temperature != 1.0:
+                parser.error(
+                    f"{name}: FP8 rollouts weight the loss by truncated importance ratios, which need the rollouts "
+                    f"sampled at temperature 1 (grpo-temperature is {run.grpo_temperature:g})"
+                )
     return args
+
+
+def check_fp8_widths(scale: int, parser: argparse.ArgumentParser) -> None:
+    """parser.error unless the model of `scale` holds vLLM's 128 x 128 FP8 blocks (checked before any stage runs:
+    the engine would refuse it only when GRPO starts, after SFT)."""
+    from types import SimpleNamespace
+
+    from physreason.models.fp8 import fp8_block_misfits
+    from physreason.models.tiny import text_widths
+
+    misfits = fp8_block_misfits(SimpleNamespace(**text_widths(scale)))
+    if misfits:
+        fits = [s for s in range(1, 9) if not fp8_block_misfits(SimpleNamespace(**text_widths(s)))]
+        parser.error(
+            f"FP8 rollouts need the model's fused layers in 128-row blocks, but at --scale {scale} "
+            f"{'; '.join(misfits)}: use a --scale that fits ({', '.join(map(str, fits))}, ...)"
+        )
 
 
 def recipe_defaults() -> dict[str, Any]:
     """The recipe's value of each GRPO setting a variant may change (its argument's default), by argument name."""
     parser = build_parser()
-    return {dest: parser.get_default(dest) for dest, _ in VARIANT_KEYS.values()}
+    return {dest: parser.get_default(dest) for dest in (*(dest for dest, _ in VARIANT_KEYS.values()), *SETTING_TAGS)}
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -194,6 +234,26 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "term and no reference model loaded)",
     )
     parser.add_argument(
+        "--rollout-engine",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="GRPO's rollout engine for every variant (engine.backend; evaluations stay on the hf engine): vllm "
+        "runs the rollouts in bf16 beside the policy on its GPU (--rollout-gpu-memory), as FP8 rollouts need",
+    )
+    parser.add_argument(
+        "--rollout-gpu-memory",
+        type=float,
+        default=0.2,
+        help="with --rollout-engine vllm: the share of the GPU vLLM may take (engine.gpu_memory_utilization)",
+    )
+    parser.add_argument(
+        "--rollout-quantization",
+        choices=ROLLOUT_QUANTIZATIONS,
+        default="none",
+        help="rollout.quantization: fp8 rolls out on block-FP8 weights with the truncated importance-sampling "
+        "correction (needs --rollout-engine vllm and a CUDA GPU); the variant key rollout-quantization sets it per run",
+    )
+    parser.add_argument(
         "--variants",
         nargs="+",
         metavar="NAME[:KEY=VALUE,...]",
@@ -231,6 +291,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+ROLLOUT_QUANTIZATIONS = ("none", "fp8")
+
+
+def rollout_quantization(text: str) -> str:
+    """none or fp8 (rollout.quantization); ValueError otherwise."""
+    if text not in ROLLOUT_QUANTIZATIONS:
+        raise ValueError(text)
+    return text
+
+
 def non_negative_float(text: str) -> float:
     """A finite float >= 0; ValueError otherwise."""
     if not (math.isfinite(value := float(text)) and value >= 0):
@@ -245,6 +315,7 @@ KIND_TEXT = {  # what a --variants value must be, for its error line
     positive_int: "a valid int > 0",
     positive_float: "a valid float > 0",
     non_negative_float: "a valid float >= 0 (0: off)",
+    rollout_quantization: f"one of {', '.join(ROLLOUT_QUANTIZATIONS)}",
 }
 VARIANT_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {  # --variants key -> the argument it sets, its type
     "iou-hit-weight": ("iou_hit_weight", float),
@@ -255,6 +326,7 @@ VARIANT_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {  # --variants key 
     "json-format-weight": ("json_format_weight", float),
     "grpo-lr": ("grpo_lr", positive_float),
     "kl-beta": ("kl_beta", non_negative_float),
+    "rollout-quantization": ("rollout_quantization", rollout_quantization),
 }
 # GRPO settings a variant may not change: the control continues SFT with GRPO's steps and prompts per step, so a
 # variant that changed them would no longer be paired with the control it is tested against. (The control's lr is the
@@ -319,16 +391,20 @@ def variant_text(args: argparse.Namespace) -> str:
     w, t = args.iou_hit_weight, args.iou_hit_threshold
     reward = "IoU" if w == 0 else f"hit@{t:g}" if w == 1 else f"{1 - w:g} x IoU + {w:g} x hit@{t:g}"
     kl = f"KL {args.kl_beta:g} x k3 to the SFT export" if args.kl_beta else "no KL"
+    rollouts = "" if args.rollout_engine == "hf" else (
+        "; rollouts on vLLM, FP8 weights with truncated importance sampling" if args.rollout_quantization == "fp8"
+        else "; rollouts on vLLM, bf16"
+    )  # fmt: skip
     return (
         f"reward {reward} + {args.json_format_weight:g} x json_format; {args.grpo_n} completions per prompt at "
         f"temperature {args.grpo_temperature:g}; dynamic sampling {'on' if args.grpo_dynamic_sampling else 'off'}; "
-        f"lr {args.grpo_lr:g}; {kl}"
+        f"lr {args.grpo_lr:g}; {kl}{rollouts}"
     )
 
 
 def variant_settings(args: argparse.Namespace) -> dict[str, Any]:
     """A variant's GRPO settings (the arguments VARIANT_KEYS sets), by argument name: the results JSON's record."""
-    return {dest: getattr(args, dest) for dest, _ in VARIANT_KEYS.values()}
+    return {dest: getattr(args, dest) for dest in (*(dest for dest, _ in VARIANT_KEYS.values()), "rollout_engine")}
 
 
 SETTING_TAGS: dict[str, Callable[[Any], str]] = {  # argument -> its folder-name tag when not the recipe's
@@ -340,6 +416,8 @@ SETTING_TAGS: dict[str, Callable[[Any], str]] = {  # argument -> its folder-name
     "json_format_weight": lambda v: f"-fmt{v:g}",
     "grpo_lr": lambda v: f"-lr{v:g}",
     "kl_beta": lambda v: f"-kl{v:g}",
+    "rollout_engine": lambda v: f"-{v}",
+    "rollout_quantization": lambda v: f"-{v}",
 }
 
 
@@ -480,6 +558,8 @@ VARIANT_CONFIG_KEYS = (
     "train.optm_lr",
     "grpo.kl_beta",
     "grpo.reference_model_path",
+    "engine.backend",
+    "rollout.quantization",
 )
 
 
@@ -524,6 +604,14 @@ def variant_grpo_config(args: argparse.Namespace, cfg: Any, out: Path, sft_dir: 
     rl_cfg.grpo.shuffle_options = False  # no options: the question is asked as written
     rl_cfg.rollout.max_response_length = args.max_tokens
     rl_cfg.rollout.sampling_config.temperature = args.grpo_temperature
+    rl_cfg.rollout.quantization = args.rollout_quantization
+    if args.rollout_engine == "vllm":
+        # vLLM rolls out in bf16 (the FP8 arm quantizes the same bf16 weights); the policy still loads and trains
+        # in float32 (train.param_dtype), so only the engine's copy changes
+        rl_cfg.engine = rl_cfg.engine.model_copy(
+            update={"backend": "vllm", "gpu_memory_utilization": args.rollout_gpu_memory, "hf_static_cache": False}
+        )
+        rl_cfg.model = rl_cfg.model.model_copy(update={"dtype": "bfloat16"})
     return rl_cfg
 
 

@@ -95,15 +95,24 @@ def _token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
     return dict(zip(QWEN_SPECIAL_TOKENS, ids, strict=True))
 
 
-def _text_dims(vocab_size: int, ids: dict[str, int], scale: int) -> dict:
-    # head_dim stays 32 (mrope sections 4/6/6) at every scale; width, depth and heads grow with it
+def text_widths(scale: int) -> dict[str, int]:
+    """The language model's widths at `scale` (both families): head_dim stays 32 (mrope sections 4/6/6) at every
+    scale; width, depth and heads grow with it."""
     return {
-        "vocab_size": vocab_size,
         "hidden_size": 128 * scale,
         "intermediate_size": 256 * scale,
         "num_hidden_layers": 2 * scale,
         "num_attention_heads": 4 * scale,
         "num_key_value_heads": 2 * scale,
+        "head_dim": 32,
+    }
+
+
+def _text_dims(vocab_size: int, ids: dict[str, int], scale: int) -> dict:
+    widths = {key: value for key, value in text_widths(scale).items() if key != "head_dim"}  # Qwen2.5-VL derives it
+    return {
+        "vocab_size": vocab_size,
+        **widths,
         "max_position_embeddings": 32768,
         "rms_norm_eps": 1e-6,
         "bos_token_id": ids["<|endoftext|>"],
