@@ -124,6 +124,34 @@ def test_markdown_reports_mean_and_spread_over_seeds_and_the_paired_table(bench)
     # one seed: the cells carry the standard error over clips instead
     single = bench.markdown(runs[:1], pooled, [])
     assert "| after SFT | 40.0 ± 1.0 | 20.0 ± 2.0 |" in single
+    assert "training reward" not in text  # no run logged rewards: no reward table
+
+
+def test_the_reward_table_gives_each_variants_first_and_last_steps_over_seeds(bench):
+    grpo, fp8 = "after SFT+GRPO", "after SFT+GRPO (grpo-fp8)"
+    runs = [
+        {
+            "seed": seed,
+            "tables": {row: {"box_2d": None, "point_2d": None, "time_span": None} for row in
+                       bench.stage_labels(["grpo", "grpo-fp8"], "", seed)},  # fmt: skip
+            "paired_grpo_minus_control": {},
+            # 25 steps: the first ten at `start`, the last ten at `end`, five between
+            "grpo_rewards": {row: [start] * 10 + [0.0] * 5 + [end] * 10 for row, (start, end) in rows.items()},
+        }
+        for seed, rows in ((1, {grpo: (0.2, 0.5), fp8: (0.2, 0.45)}), (2, {grpo: (0.3, 0.6), fp8: (0.3, 0.62)}))
+    ]
+    summary = bench.reward_summary(runs)
+    assert list(summary) == [grpo, fp8]
+    assert summary[grpo]["last"]["mean"] == pytest.approx(0.55) and summary[fp8]["last"]["min"] == pytest.approx(0.45)
+    assert summary[fp8]["first"]["mean"] == pytest.approx(0.25) and summary[grpo]["last_per_seed"] == pytest.approx({1: 0.5, 2: 0.6})
+    lines = bench.markdown(runs, {}, []).splitlines()
+    assert next(line for line in lines if line.startswith("| grpo-fp8 |")) == (
+        "| grpo-fp8 | 0.250 ± 0.071 [0.200-0.300] | 0.535 ± 0.120 [0.450-0.620] | seed 1: 0.450, seed 2: 0.620 |"
+    )
+    short = [{**runs[0], "grpo_rewards": {grpo: [0.1, 0.3]}}]  # fewer steps than the window: all of them, one seed
+    assert next(line for line in bench.markdown(short, {}, []).splitlines() if line.startswith("| grpo |")) == (
+        "| grpo | 0.200 | 0.200 | seed 1: 0.200 |"
+    )
 
 
 def test_combine_pools_the_paired_test_over_runs_of_separate_leases(bench, tmp_path):
@@ -228,9 +256,14 @@ def test_whole_pipeline_writes_a_table_of_every_stage_variant_and_question_kind(
     for line in table[1:6]:
         cells = [cell.split(" ± ") for cell in line.strip("| ").split(" | ")[1:]]
         assert all(0.0 <= float(mean) <= 100.0 and 0.0 <= float(se) <= 100.0 for mean, se in cells)
+    # GRPO's training reward of each variant (one seed: its first and last steps' means)
+    assert labels[6:9] == ["variant", "grpo", "grpo-hit"]
+    for line in table[7:9]:
+        first, last = (float(cell) for cell in line.strip("| ").split(" | ")[1:3])
+        assert 0.0 <= first <= 1.1 and 0.0 <= last <= 1.1  # IoU (or hit) + 0.1 x json_format
     kinds = ["grounding, box", "grounding, point", "temporal localization"]
-    assert labels[6:] == ["question", *kinds, *(f"grpo-hit: {kind}" for kind in kinds)]
-    for line in table[7:]:
+    assert labels[9:] == ["question", *kinds, *(f"grpo-hit: {kind}" for kind in kinds)]
+    for line in table[10:]:
         cells = line.strip("| ").split(" | ")
         assert -100.0 <= float(cells[1]) <= 100.0 and all(0.0 < float(p) <= 1.0 for p in cells[3:5])
         assert float(cells[4]) >= float(cells[3])  # Holm never lowers a p-value

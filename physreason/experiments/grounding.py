@@ -731,6 +731,37 @@ def pooled_paired(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, f
     return pooled
 
 
+REWARD_WINDOW = 10  # steps whose mean reward stands for the start and the end of a GRPO run
+
+
+def reward_summary(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per GRPO variant, the mean training reward of each seed's first and last REWARD_WINDOW steps (fewer when the
+    run is shorter) and their spread over seeds (seed_stats): FP8 rollouts against bf16 ones, a variant against the
+    recipe, on what GRPO optimises. Variants no seed logged a reward for are left out."""
+    summary: dict[str, dict[str, Any]] = {}
+    for row in grpo_rows(dict.fromkeys(row for run in runs for row in run.get("grpo_rewards", {}))):
+        first, last = {}, {}
+        for run in runs:
+            values = run.get("grpo_rewards", {}).get(row) or []
+            if values:
+                first[run["seed"]] = sum(values[:REWARD_WINDOW]) / len(values[:REWARD_WINDOW])
+                last[run["seed"]] = sum(values[-REWARD_WINDOW:]) / len(values[-REWARD_WINDOW:])
+        if last:
+            summary[row] = {
+                "first": seed_stats(list(first.values())),
+                "last": seed_stats(list(last.values())),
+                "last_per_seed": last,
+            }
+    return summary
+
+
+def reward_text(stats: dict[str, float]) -> str:
+    """`mean ± std [min-max]` of rewards (three decimals), or the value alone for one seed."""
+    if stats["n"] == 1:
+        return f"{stats['mean']:.3f}"
+    return f"{stats['mean']:.3f} ± {stats['std']:.3f} [{stats['min']:.3f}-{stats['max']:.3f}]"
+
+
 def holm(pvalues: list[float]) -> list[float]:
     """Holm's step-down adjustment of p-values (the family-wise error over all of them), in the given order.
 
@@ -773,6 +804,22 @@ def markdown(runs: list[dict[str, Any]], pooled: dict[str, Any], header: list[st
                     cells.append(spread_text(seed_stats(values)))
         if any(cell != "-" for cell in cells):
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    rewards = reward_summary(runs)
+    if rewards:
+        lines += [
+            "",
+            f"GRPO's training reward (each step's mean over its completions; the mean of the first and of the last "
+            f"{REWARD_WINDOW} steps a seed, then mean ± std [min-max] over seeds)",
+            "",
+            f"| variant | first {REWARD_WINDOW} steps | last {REWARD_WINDOW} steps | per seed, last {REWARD_WINDOW} |",
+            "|---|---|---|---|",
+        ]
+        for row, summary in rewards.items():
+            per_seed = ", ".join(f"seed {seed}: {value:.3f}" for seed, value in summary["last_per_seed"].items())
+            lines.append(
+                f"| {row.removeprefix('after SFT+GRPO').strip(' ()') or 'grpo'} | "
+                f"{reward_text(summary['first'])} | {reward_text(summary['last'])} | {per_seed} |"
+            )
     tests = [(row, kind, test) for row, by_kind in pooled.items() for kind in kinds if (test := by_kind.get(kind))]
     if tests:
         adjusted = holm([test["p"] for _, _, test in tests])
@@ -821,7 +868,8 @@ def combine(files: list[Path]) -> dict[str, Any]:
     pooled = pooled_paired(runs)
     text = markdown(runs, pooled, header)
     print(text)
-    payload = {"device": devices, "header": header, "summary": seed_summary(runs), "paired_grpo_minus_control": pooled}
+    payload = {"device": devices, "header": header, "summary": seed_summary(runs), "paired_grpo_minus_control": pooled,
+               "reward_summary": reward_summary(runs)}  # fmt: skip
     write_results(files[0].with_name("grounding-combined"), {**payload, "per_seed": runs}, text)
     return payload
 
@@ -854,6 +902,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict[str, An
         "data_timings": data_timings,
         "summary": seed_summary(runs),
         "paired_grpo_minus_control": pooled,
+        "reward_summary": reward_summary(runs),
         "per_seed": runs,
         "total_s": time.perf_counter() - started,
     }
