@@ -477,7 +477,11 @@ def test_fp8_rollouts_run_on_vllm_beside_bf16_vllm_rollouts_in_folders_of_their_
                                     tmp_path / "sft", tmp_path / "h")  # fmt: skip
     for run in (bf16, fp8):
         assert (run.engine.backend, run.engine.gpu_memory_utilization, run.model.dtype) == ("vllm", 0.2, "bfloat16")
+        assert run.engine.kv_cache_memory_gib is None  # vLLM sizes its cache unless told
         assert run.train.param_dtype == "float32"  # the policy trains as before; only the engine's copy is bf16
+    sized = bench.variant_grpo_config(bench.parse_args([*argv, "--rollout-kv-cache-gib", "2"]), cfg, tmp_path,
+                                      tmp_path / "sft", tmp_path / "s")  # fmt: skip
+    assert sized.engine.kv_cache_memory_gib == 2.0
     assert (bf16.rollout.quantization, fp8.rollout.quantization) == ("none", "fp8")
     assert fp8.tis_enabled and not bf16.tis_enabled  # FP8's correction; the bf16 arm as the recipe
     # the stages' engine (evaluations) and the recipe's rollouts stay on the hf engine in float32
@@ -503,6 +507,7 @@ def test_fp8_rollouts_run_on_vllm_beside_bf16_vllm_rollouts_in_folders_of_their_
         (["--rollout-engine", "vllm", "--scale", "1", "--rollout-quantization", "fp8"],
          "at --scale 1 k_proj / v_proj has 64 output rows, not a multiple of 128: use a --scale that fits (2, 4, 6, 8"),
         (["--rollout-gpu-memory", "1.5"], "--rollout-gpu-memory 1.5: give a share of the GPU in (0, 1)"),
+        (["--rollout-kv-cache-gib", "0"], "--rollout-kv-cache-gib 0: give a size in GiB > 0"),
         (["--rollout-engine", "vllm", "--variants", "grpo", "grpo-f:rollout-quantization=fp8,grpo-temperature=1.2"],
          "grpo-f: FP8 rollouts weight the loss by truncated importance ratios, which need the rollouts sampled at "
          "temperature 1 (grpo-temperature is 1.2)"),

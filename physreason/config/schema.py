@@ -235,6 +235,14 @@ class EngineConfig(Section):
         "FlashAttention 3 (Hopper) queries are quantized to FP8 too. With or without rollout.quantization = 'fp8'. "
         "Needs vLLM. Accuracy: values beyond +-448 saturate and tiny ones lose precision (docs/fp8.md).",
     )
+    kv_cache_memory_gib: float | None = Field(
+        None,
+        gt=0,
+        description="GiB of KV cache vLLM reserves, skipping its memory profiling (vLLM's kv_cache_memory_bytes); None "
+        "sizes the cache from gpu_memory_utilization. For several engines sharing one GPU (experiment seeds side by "
+        "side): vLLM's profiling stops when another process frees GPU memory meanwhile. gpu_memory_utilization "
+        "still has to be free at start.",
+    )
     batch_size: int = Field(8, ge=1, description="Requests per generate call of the hf engine.")
     hf_static_cache: bool = Field(
         False, description="hf engine: static KV cache + torch.compile on GPU (compiles once per batch shape)."

@@ -144,6 +144,8 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         parser.error(f"--kl-beta {args.kl_beta:g}: give a weight >= 0 (0: no KL term, the recipe)")
     if not 0 < args.rollout_gpu_memory < 1:
         parser.error(f"--rollout-gpu-memory {args.rollout_gpu_memory:g}: give a share of the GPU in (0, 1), e.g. 0.2")
+    if args.rollout_kv_cache_gib is not None and not (math.isfinite(args.rollout_kv_cache_gib) and args.rollout_kv_cache_gib > 0):
+        parser.error(f"--rollout-kv-cache-gib {args.rollout_kv_cache_gib:g}: give a size in GiB > 0, e.g. 2")
     args.variants = parse_variants(args.variants or [DEFAULT_VARIANT], args, parser)
     if args.rollout_engine != "vllm":
         fp8 = [name for name, over in args.variants.items() if variant_args(args, over).rollout_quantization != "none"]
@@ -245,6 +247,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         type=float,
         default=0.2,
         help="with --rollout-engine vllm: the share of the GPU vLLM may take (engine.gpu_memory_utilization)",
+    )
+    parser.add_argument(
+        "--rollout-kv-cache-gib",
+        type=float,
+        default=None,
+        help="with --rollout-engine vllm: a fixed KV cache of this many GiB (engine.kv_cache_memory_gib), so seeds "
+        "side by side on one GPU do not upset each other's vLLM memory profiling; default: vLLM sizes it",
     )
     parser.add_argument(
         "--rollout-quantization",
@@ -609,7 +618,8 @@ def variant_grpo_config(args: argparse.Namespace, cfg: Any, out: Path, sft_dir: 
         # vLLM rolls out in bf16 (the FP8 arm quantizes the same bf16 weights); the policy still loads and trains
         # in float32 (train.param_dtype), so only the engine's copy changes
         rl_cfg.engine = rl_cfg.engine.model_copy(
-            update={"backend": "vllm", "gpu_memory_utilization": args.rollout_gpu_memory, "hf_static_cache": False}
+            update={"backend": "vllm", "gpu_memory_utilization": args.rollout_gpu_memory, "hf_static_cache": False,
+                    "kv_cache_memory_gib": args.rollout_kv_cache_gib}  # fmt: skip
         )
         rl_cfg.model = rl_cfg.model.model_copy(update={"dtype": "bfloat16"})
     return rl_cfg

@@ -28,6 +28,7 @@ _NOT_ANSWERS = (
     "engine.cuda_graph_sizes",
     "engine.batch_size",
     "engine.hf_static_cache",
+    "engine.kv_cache_memory_gib",
 )
 # Keys added after outputs already stored settings, with the default that reproduces those outputs: left out at that
 # default, so a rerun of an older output is not refused for a key its settings file could not have had.

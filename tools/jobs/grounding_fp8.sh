@@ -8,7 +8,7 @@
 # Each seed's log and table, then the combined table, go to $RESULTS as they finish.
 set -u
 A="--train-per-task 1000 --rl-per-task 500 --test-per-task 150 --sft-steps 300 --grpo-steps 40 --ckpt-every 1000
-   --out /tmp/gfp8 --rollout-engine vllm --rollout-gpu-memory 0.15
+   --out /tmp/gfp8 --rollout-engine vllm --rollout-gpu-memory 0.15 --rollout-kv-cache-gib 2
    --variants grpo grpo-fp8:rollout-quantization=fp8 $*"
 gpus=${GPUS:-2}
 seeds=(${SEEDS:-1 2 3 4})
