@@ -238,6 +238,26 @@ class _Built(Exception):
     """Raised by the stand-in LLM once it has the keyword arguments: the test needs nothing more."""
 
 
+@pytest.fixture
+def llm_kwargs_seen(monkeypatch) -> list[dict]:
+    """The keyword arguments each VLLMEngine built in the test passed to `vllm.LLM` (a stand-in that raises _Built),
+    for a text-only model at "/m" that is never read."""
+    from types import SimpleNamespace
+
+    seen: list[dict] = []
+
+    def recording_llm(**kwargs):
+        seen.append(kwargs)
+        raise _Built
+
+    monkeypatch.setattr(vllm, "LLM", recording_llm)
+    tiny = SimpleNamespace(get_text_config=lambda: None, architectures=["Qwen2ForCausalLM"])
+    monkeypatch.setattr("physreason.engines.vllm.loading.load_model_config", lambda model: tiny)
+    monkeypatch.setattr("physreason.engines.vllm.model_family", lambda config: SimpleNamespace(is_vision_language=False))
+    monkeypatch.setattr("physreason.engines.vllm.check_model_weights", lambda source: None)
+    return seen
+
+
 @pytest.mark.parametrize(("world_size", "executor"), [(None, None), ("1", None), ("2", "external_launcher")])
 def test_under_torchrun_each_rank_engine_gets_the_external_launcher(monkeypatch, tiny_model_dir, world_size, executor):
     from physreason.engines.vllm import VLLMEngine
@@ -344,29 +364,17 @@ def test_presence_and_frequency_penalties_follow_the_hf_engines_semantics(engine
 
 
 @pytest.mark.parametrize("quantization", [None, "fp8"])
-def test_an_fp8_kv_cache_reaches_vllm_with_or_without_fp8_weights_and_auto_passes_nothing(monkeypatch, quantization):
-    from types import SimpleNamespace
-
+def test_an_fp8_kv_cache_reaches_vllm_with_or_without_fp8_weights_and_auto_passes_nothing(monkeypatch, quantization, llm_kwargs_seen):
     from vllm.config import CacheConfig
 
     from physreason import vllm_compat
     from physreason.engines.vllm import VLLMEngine
 
-    seen = []
-
-    def recording_llm(**kwargs):
-        seen.append(kwargs)
-        raise _Built
-
-    monkeypatch.setattr(vllm, "LLM", recording_llm)
+    seen = llm_kwargs_seen
     for name, value in (("VLLM_DEEP_GEMM_WARMUP", "skip"), ("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "0")):
         monkeypatch.setenv(name, value)  # what an FP8 engine sets, restored after this test
     # the FP8 weights' arguments come from a checked block-FP8 config; only the KV cache's are under test here
     monkeypatch.setattr(VLLMEngine, "_quantized_kwargs", lambda self: {"quantization": "fp8"})
-    tiny = SimpleNamespace(get_text_config=lambda: None, architectures=["Qwen2ForCausalLM"])
-    monkeypatch.setattr("physreason.engines.vllm.loading.load_model_config", lambda model: tiny)
-    monkeypatch.setattr("physreason.engines.vllm.model_family", lambda config: SimpleNamespace(is_vision_language=False))
-    monkeypatch.setattr("physreason.engines.vllm.check_model_weights", lambda source: None)
     for kv_cache_dtype in ("auto", "fp8"):
         with pytest.raises(_Built):
             VLLMEngine(ModelConfig(model_name_or_path="/m"), EngineConfig(kv_cache_dtype=kv_cache_dtype), quantization=quantization)
@@ -378,24 +386,12 @@ def test_an_fp8_kv_cache_reaches_vllm_with_or_without_fp8_weights_and_auto_passe
     assert CacheConfig(cache_dtype=fp8["kv_cache_dtype"]).cache_dtype == "fp8"
 
 
-def test_a_fixed_kv_cache_size_reaches_vllm_in_bytes_and_none_leaves_its_profiling(monkeypatch):
-    from types import SimpleNamespace
-
+def test_a_fixed_kv_cache_size_reaches_vllm_in_bytes_and_none_leaves_its_profiling(monkeypatch, llm_kwargs_seen):
     from vllm.config import CacheConfig
 
     from physreason.engines.vllm import VLLMEngine
 
-    seen = []
-
-    def recording_llm(**kwargs):
-        seen.append(kwargs)
-        raise _Built
-
-    monkeypatch.setattr(vllm, "LLM", recording_llm)
-    tiny = SimpleNamespace(get_text_config=lambda: None, architectures=["Qwen2ForCausalLM"])
-    monkeypatch.setattr("physreason.engines.vllm.loading.load_model_config", lambda model: tiny)
-    monkeypatch.setattr("physreason.engines.vllm.model_family", lambda config: SimpleNamespace(is_vision_language=False))
-    monkeypatch.setattr("physreason.engines.vllm.check_model_weights", lambda source: None)
+    seen = llm_kwargs_seen
     for gib in (None, 0.25):
         with pytest.raises(_Built):
             VLLMEngine(ModelConfig(model_name_or_path="/m"), EngineConfig(kv_cache_memory_gib=gib))
@@ -426,22 +422,10 @@ def test_a_tiny_engine_with_an_fp8_kv_cache_stores_fp8_and_generates(tiny_model_
     assert all(math.isfinite(value) and value <= 0 for value in result.completions[0].logprobs)
 
 
-def test_batch_cuda_graph_sizes_capture_the_engine_batch_and_the_powers_of_two_below(monkeypatch):
-    from types import SimpleNamespace
-
+def test_batch_cuda_graph_sizes_capture_the_engine_batch_and_the_powers_of_two_below(llm_kwargs_seen):
     from physreason.engines.vllm import VLLMEngine
 
-    seen = []
-
-    def recording_llm(**kwargs):
-        seen.append(kwargs)
-        raise _Built
-
-    monkeypatch.setattr(vllm, "LLM", recording_llm)
-    tiny = SimpleNamespace(get_text_config=lambda: None, architectures=["Qwen2ForCausalLM"])
-    monkeypatch.setattr("physreason.engines.vllm.loading.load_model_config", lambda model: tiny)
-    monkeypatch.setattr("physreason.engines.vllm.model_family", lambda config: SimpleNamespace(is_vision_language=False))
-    monkeypatch.setattr("physreason.engines.vllm.check_model_weights", lambda source: None)
+    seen = llm_kwargs_seen
     for options in ({"cuda_graph_sizes": "batch", "batch_size": 48}, {}, {"cuda_graph_sizes": "batch", "enforce_eager": True}):
         with pytest.raises(_Built):
             VLLMEngine(ModelConfig(model_name_or_path="/m"), EngineConfig(**options))
