@@ -261,16 +261,17 @@ def fp8_rollout_kwargs(quantization_config: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def kv_cache_memory_kwargs(gib: float | None) -> dict[str, Any]:
-    """`vllm.LLM` arguments for `engine.kv_cache_memory_gib`: none for None (vLLM profiles and sizes the cache)."""
-    if gib is None:
+def kv_cache_memory_kwargs(size: int | None) -> dict[str, Any]:
+    """`vllm.LLM` arguments for `engine.kv_cache_memory_gib` (EngineConfig.kv_cache_memory_bytes): none for None
+    (vLLM profiles and sizes the cache)."""
+    if size is None:
         return {}
     if "kv_cache_memory_bytes" not in _engine_arg_names():
         raise ConfigError(
             "engine.kv_cache_memory_gib needs vLLM's kv_cache_memory_bytes, which this vLLM release lacks: unset it "
             "(the cache is then sized from engine.gpu_memory_utilization)"
         )
-    return {"kv_cache_memory_bytes": int(gib * 2**30)}
+    return {"kv_cache_memory_bytes": size}
 
 
 def kv_cache_kwargs(kv_cache_dtype: str) -> dict[str, Any]:

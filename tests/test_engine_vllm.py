@@ -405,7 +405,7 @@ def test_a_fixed_kv_cache_size_reaches_vllm_in_bytes_and_none_leaves_its_profili
 
     monkeypatch.setattr(vllm_compat, "_engine_arg_names", lambda: frozenset({"model"}))
     with pytest.raises(ConfigError, match="engine.kv_cache_memory_gib needs vLLM's kv_cache_memory_bytes"):
-        vllm_compat.kv_cache_memory_kwargs(0.25)
+        vllm_compat.kv_cache_memory_kwargs(2**28)
     assert vllm_compat.kv_cache_memory_kwargs(None) == {}
 
 

@@ -253,6 +253,11 @@ class EngineConfig(Section):
         "the model: vLLM loads it as a runtime adapter, the hf engine merges it in when loading. None: the model alone.",
     )
 
+    @property
+    def kv_cache_memory_bytes(self) -> int | None:
+        """kv_cache_memory_gib in bytes, as vLLM takes it (None: vLLM sizes the cache)."""
+        return None if self.kv_cache_memory_gib is None else int(self.kv_cache_memory_gib * 2**30)
+
 
 class DatasetConfig(Section):
     """Where a data set lives: a JSON/JSONL/parquet file, a load_from_disk folder, or a hub name."""

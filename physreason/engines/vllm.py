@@ -133,7 +133,7 @@ class VLLMEngine(Engine):
         if self.quantization is not None:
             kwargs.update(self._quantized_kwargs())
         kwargs.update(vllm_compat.kv_cache_kwargs(engine.kv_cache_dtype))
-        kwargs.update(vllm_compat.kv_cache_memory_kwargs(engine.kv_cache_memory_gib))
+        kwargs.update(vllm_compat.kv_cache_memory_kwargs(engine.kv_cache_memory_bytes))
         if engine.cuda_graph_sizes == "batch" and not engine.enforce_eager:
             sizes = vllm_compat.cudagraph_sizes([engine.batch_size])
             kwargs.update(vllm_compat.llm_kwargs(compilation_config={"cudagraph_capture_sizes": sizes}))

@@ -147,22 +147,20 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     if args.rollout_kv_cache_gib is not None and not (math.isfinite(args.rollout_kv_cache_gib) and args.rollout_kv_cache_gib > 0):
         parser.error(f"--rollout-kv-cache-gib {args.rollout_kv_cache_gib:g}: give a size in GiB > 0, e.g. 2")
     args.variants = parse_variants(args.variants or [DEFAULT_VARIANT], args, parser)
-    if args.rollout_engine != "vllm":
-        fp8 = [name for name, over in args.variants.items() if variant_args(args, over).rollout_quantization != "none"]
-        if fp8:
-            parser.error(
-                f"FP8 rollouts ({', '.join(fp8)}) run on vLLM: add --rollout-engine vllm (every variant then rolls out "
-                "on vLLM, so the bf16 runs compare with the FP8 ones on the same engine)"
-            )
-    elif any(variant_args(args, over).rollout_quantization == "fp8" for over in args.variants.values()):
+    fp8 = {name: run for name, over in args.variants.items() if (run := variant_args(args, over)).rollout_quantization == "fp8"}
+    if fp8 and args.rollout_engine != "vllm":
+        parser.error(
+            f"FP8 rollouts ({', '.join(fp8)}) run on vLLM: add --rollout-engine vllm (every variant then rolls out "
+            "on vLLM, so the bf16 runs compare with the FP8 ones on the same engine)"
+        )
+    if fp8:
         check_fp8_widths(args.scale, parser)
-        for name, over in args.variants.items():
-            run = variant_args(args, over)
-            if run.rollout_quantization == "fp8" and run.grpo_temperature != 1.0:
-                parser.error(
-                    f"{name}: FP8 rollouts weight the loss by truncated importance ratios, which need the rollouts "
-                    f"sampled at temperature 1 (grpo-temperature is {run.grpo_temperature:g})"
-                )
+    for name, run in fp8.items():
+        if run.grpo_temperature != 1.0:
+            parser.error(
+                f"{name}: FP8 rollouts weight the loss by truncated importance ratios, which need the rollouts "
+                f"sampled at temperature 1 (grpo-temperature is {run.grpo_temperature:g})"
+            )
     return args
 
 

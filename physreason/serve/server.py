@@ -222,8 +222,8 @@ def build_server_command(
         argv.append("--enforce-eager")
     if engine.kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", engine.kv_cache_dtype]
-    if engine.kv_cache_memory_gib is not None:
-        argv += ["--kv-cache-memory-bytes", str(int(engine.kv_cache_memory_gib * 2**30))]
+    if engine.kv_cache_memory_bytes is not None:
+        argv += ["--kv-cache-memory-bytes", str(engine.kv_cache_memory_bytes)]
     if model.trust_remote_code:
         argv.append("--trust-remote-code")
     if options.media_root is not None:
