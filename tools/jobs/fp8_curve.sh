@@ -8,11 +8,12 @@
 set -u
 recipe=${1:-tensorwise}
 shift || true
+out=${FP8_CURVE_OUT:-/tmp/fp8-curve}
 for s in 0 1 2; do
-    timeout -k 10 400 python3 bench/fp8.py curve --recipe "$recipe" --seed $s --steps 200 --out "${FP8_CURVE_OUT:-/tmp/fp8-curve}" "$@" \
+    timeout -k 10 400 python3 bench/fp8.py curve --recipe "$recipe" --seed $s --steps 200 --out "$out" "$@" \
         > "$RESULTS/seed$s.log" 2>&1
     echo "seed $s rc=$?" >> "$RESULTS/status.txt"
-    cp "${FP8_CURVE_OUT:-/tmp/fp8-curve}/fp8_curve.json" "$RESULTS/fp8_curve_seed$s.json" 2>/dev/null
-    rm -f "${FP8_CURVE_OUT:-/tmp/fp8-curve}/fp8_curve.json"
+    cp "$out/fp8_curve.json" "$RESULTS/fp8_curve_seed$s.json" 2>/dev/null
+    rm -f "$out/fp8_curve.json"
 done
 cat "$RESULTS/status.txt"
