@@ -54,6 +54,18 @@ def test_work_is_attributed_to_the_phase_whose_forward_made_it_backward_included
     assert sum(categories.values()) == pytest.approx(sum(result.by_phase.values()))
     text = profiling.format_breakdown(result, steps=2)
     assert "vision tower" in text and "ms/step" in text
+    # Each phase category split once more by kind: the parts add up to the category, the tower's linears are GEMMs.
+    for sort in ("vision tower", "loss/logits", "optimizer"):
+        assert sum(result.inside[sort].values()) == pytest.approx(categories[sort]), sort
+        assert sum(result.inside_top[sort].values()) == pytest.approx(categories[sort]), sort
+    assert result.inside["vision tower"]["GEMMs"] > 0 and result.inside["vision tower"]["other"] > 0
+    assert "GEMMs" not in result.inside  # the name-sorted categories are not split again
+    shown = profiling.format_breakdown(result, steps=2, inside_share=0.0)
+    assert "inside vision tower, by kind" in shown and "heaviest ops inside vision tower" in shown
+    hidden = profiling.format_breakdown(result, steps=2, inside_share=1.01)
+    assert "inside vision tower" not in hidden
+    summary = profiling.summary_json(result, steps=2)["inside_ms_per_step"]["vision tower"]
+    assert summary["by_kind"]["GEMMs"] == pytest.approx(result.inside["vision tower"]["GEMMs"] / 2e3)
 
 
 @pytest.mark.parametrize(
@@ -73,6 +85,19 @@ def test_work_is_attributed_to_the_phase_whose_forward_made_it_backward_included
 )  # fmt: skip
 def test_kernels_fall_into_their_categories(name, phase, callers, expected):
     assert profiling.category(name, phase, callers) == expected
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64", "attention"),
+        ("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN", "GEMMs"),
+        ("aten::addmm", "GEMMs"),
+        ("void at::native::elementwise_kernel<128, 2>", "other"),
+    ],
+)
+def test_kind_sorts_by_name_alone(name, expected):
+    assert profiling.kind(name) == expected
 
 
 def test_a_few_sft_steps_profiled_through_on_step_split_by_phase(tmp_path, tiny_model_dir):

@@ -10,6 +10,8 @@ of work into one category, the first rule that matches:
   attention       attention kernels by name (flash, cuDNN, memory-efficient, sdpa, fmha);
   GEMMs           matrix multiplications by name (cuBLAS/CUTLASS/nvjet kernels, aten::mm/addmm/bmm on CPU);
   other           the rest (norms, rotary, activations, copies, casts, ...).
+The three phase categories (optimizer, loss/logits, vision tower) are split once more by kernel name into attention,
+GEMMs and other, with their own heaviest kernels, so a slow vision tower shows what inside it is slow.
 Work is "inside" a phase (physreason/train/phases.py) when it was launched within that range, or, for backward work,
 when its autograd node was created within that range in the forward (matched by autograd sequence number); the
 phase table lists the same work by phase and direction. Work items: on a GPU, each kernel (and memcpy/memset) with
@@ -38,6 +40,16 @@ _COMMUNICATION = ("nccl", "c10d::", "fsdp::", "all_gather", "reduce_scatter", "a
 _BACKWARD_NODE = "autograd::engine::evaluate_function: "
 
 
+def kind(name: str) -> str:
+    """attention, GEMMs or other, by the kernel's (or op's) name alone."""
+    lowered = name.lower()
+    if any(key in lowered for key in _ATTENTION):
+        return "attention"
+    if any(key in lowered for key in _GEMM):
+        return "GEMMs"
+    return "other"
+
+
 def category(name: str, phase: str | None, callers: tuple[str, ...] = ()) -> str:
     """The category of one piece of work: its kernel or op `name`, the phase it belongs to (None: none) and the
     names of the ops and ranges it ran under (innermost first)."""
@@ -46,11 +58,7 @@ def category(name: str, phase: str | None, callers: tuple[str, ...] = ()) -> str
         return "communication"
     if phase in _PHASE_CATEGORY:
         return _PHASE_CATEGORY[phase]
-    if any(key in lowered for key in _ATTENTION):
-        return "attention"
-    if any(key in lowered for key in _GEMM):
-        return "GEMMs"
-    return "other"
+    return kind(lowered)
 
 
 @dataclass
@@ -61,6 +69,9 @@ class Breakdown:
     by_category: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     by_phase: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     top: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # by kernel / op name
+    # Inside each phase category (optimizer, loss/logits, vision tower): by kind(), and by kernel / op name.
+    inside: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+    inside_top: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
     unattributed_us: float = 0.0  # device time of kernels no CPU op claimed (shown, never guessed)
 
     @property
@@ -118,7 +129,11 @@ def breakdown(events: list[Any], device: str) -> Breakdown:
     def add(name: str, microseconds: float, event: Any) -> None:
         phase, direction = place(event)
         callers = tuple(node.name for node in _ancestors(event))
-        result.by_category[category(name, phase, callers)] += microseconds
+        sort = category(name, phase, callers)
+        result.by_category[sort] += microseconds
+        if sort in _PHASE_CATEGORY.values():
+            result.inside[sort][kind(name)] += microseconds
+            result.inside_top[sort][name] += microseconds
         result.by_phase[f"{phase or 'outside the phases'} ({direction})"] += microseconds
         result.top[name] += microseconds
 
@@ -188,8 +203,10 @@ def device_busy_us(events: list[Any]) -> tuple[float, float, float]:
     return total, busy, max((end - start for start, end in intervals), default=0.0)
 
 
-def format_breakdown(result: Breakdown, steps: int, top: int = 12) -> str:
-    """Tables of ms per step by category, by phase and the heaviest kernels (or ops)."""
+def format_breakdown(result: Breakdown, steps: int, top: int = 12, inside_share: float = 0.1) -> str:
+    """Tables of ms per step by category, by phase and the heaviest kernels (or ops); then, for each phase category
+    (optimizer, loss/logits, vision tower) with at least `inside_share` of the total, its split by kind and its own
+    heaviest kernels."""
     unit = "GPU kernel time" if result.device == "cuda" else "CPU self time"
     total = max(result.total_us, 1e-9)
     lines = [f"{unit} per step: {result.total_us / steps / 1e3:.1f} ms over {steps} profiled steps"]
@@ -203,6 +220,18 @@ def format_breakdown(result: Breakdown, steps: int, top: int = 12) -> str:
     lines.append(f"{'heaviest ' + ('kernels' if result.device == 'cuda' else 'ops'):<40}{'ms/step':>10}{'share':>8}")
     for name, value in sorted(result.top.items(), key=lambda item: item[1], reverse=True)[:top]:
         lines.append(f"  {name[:70]:<38}{value / steps / 1e3:>10.2f}{value / total:>8.1%}")
+    for sort in CATEGORIES:
+        part = result.by_category.get(sort, 0.0)
+        if sort not in result.inside or part < inside_share * total:
+            continue
+        lines.append(f"{'inside ' + sort + ', by kind':<40}{'ms/step':>10}{'of it':>8}")
+        for key in ("attention", "GEMMs", "other"):
+            value = result.inside[sort].get(key, 0.0)
+            lines.append(f"  {key:<38}{value / steps / 1e3:>10.2f}{value / part:>8.1%}")
+        heading = f"heaviest {'kernels' if result.device == 'cuda' else 'ops'} inside {sort}"
+        lines.append(f"{heading:<40}{'ms/step':>10}{'of it':>8}")
+        for name, value in sorted(result.inside_top[sort].items(), key=lambda item: item[1], reverse=True)[:top]:
+            lines.append(f"  {name[:70]:<38}{value / steps / 1e3:>10.2f}{value / part:>8.1%}")
     return "\n".join(lines)
 
 
@@ -216,6 +245,14 @@ def summary_json(result: Breakdown, steps: int) -> dict[str, Any]:
         "by_category_ms_per_step": {k: result.by_category.get(k, 0.0) / per_step for k in CATEGORIES},
         "by_phase_ms_per_step": {k: v / per_step for k, v in sorted(result.by_phase.items())},
         "top_ms_per_step": {k: v / per_step for k, v in sorted(result.top.items(), key=lambda i: -i[1])[:30]},
+        "inside_ms_per_step": {
+            sort: {
+                "by_kind": {k: result.inside[sort].get(k, 0.0) / per_step for k in ("attention", "GEMMs", "other")},
+                "top": {k: v / per_step for k, v in sorted(result.inside_top[sort].items(), key=lambda i: -i[1])[:30]},
+            }
+            for sort in CATEGORIES
+            if sort in result.inside
+        },
     }
 
 
