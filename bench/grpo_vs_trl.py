@@ -57,8 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=1,
                         help="rounds of TRL and physreason runs per workload, the first side alternating")
     parser.add_argument("--trl-vision-attention", choices=TRL_VISION_ATTENTION, default="varlen",
-                        help="TRL policy's vision attention: varlen (physreason's grouped kernel, as with flash-attn) "
-                             "or native (transformers' per-window loop)")
+                        help="TRL policy's vision tower: varlen (physreason's grouped attention kernel, as with "
+                             "flash-attn, and its patch embedding as one linear layer, as transformers' fusion_config "
+                             "patch_embeddings does) or native (transformers' per-window loop and Conv3d)")
     parser.add_argument("--text-words", type=int, help="scene words before each text question [200; tiny 20]")
     parser.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto", help="auto: vLLM when installed")
     parser.add_argument("--gpu-memory", type=float, default=0.3, help="vLLM gpu_memory_utilization, both sides")
@@ -172,15 +173,18 @@ def vision_attention_of(model: Any) -> str:
 
 
 def set_vision_attention(model: Any, mode: str) -> str:
-    """Give a loaded model's vision tower physreason's grouped attention ("varlen") or leave transformers' own
-    ("native"); returns what it now runs. The modules read `_attn_implementation` at every forward, so this holds for
-    all later forwards of the trainer's model."""
+    """Give a loaded model's vision tower physreason's grouped attention and linear patch embedding ("varlen": what
+    physreason's loader gives its own policy) or leave transformers' own ("native"); returns what its attention now
+    runs. The modules read `_attn_implementation` at every forward, and the patch embedding's class is switched in
+    place, so this holds for all later forwards of the trainer's model."""
+    from physreason.models.patch_embed import use_linear_patch_embed
     from physreason.models.vision_attention import use_grouped_vision_attention
 
     if mode not in TRL_VISION_ATTENTION:
         raise ValueError(f"vision attention mode {mode!r} not among {TRL_VISION_ATTENTION}")
     if mode == "varlen":
         use_grouped_vision_attention(model)
+        use_linear_patch_embed(model)
     return vision_attention_of(model)
 
 

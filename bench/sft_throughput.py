@@ -46,7 +46,7 @@ PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--
 SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
 ROW_OPTIONS = ("chunked_ce", "ce_chunk", "ce_recompute", "ce_eager", "clip_separate", "cast_eager", "compile",
                "packing", "ac_every", "grad_accum", "batch", "seq_len", "sdpa_backend", "wrap", "float8",
-               "float8_all_linears", "reshard", "compile_loss", "compile_vision")
+               "float8_all_linears", "reshard", "compile_loss", "compile_vision", "conv_patch_embed")
 # Cosmos-Reason2's inference video budget (configs/infer-cosmos-reason2-8b.toml)
 REASON2_FPS = 4.0
 REASON2_TOTAL_PIXELS = 11324620
@@ -295,6 +295,7 @@ def run_ours(config, args, device, mesh) -> dict:
         clip_grad_norm,
         enable_activation_checkpointing,
     )
+    from physreason.models.patch_embed import use_linear_patch_embed
     from physreason.models.vision_attention import use_grouped_vision_attention
     from physreason.train import phases
     from physreason.train.model import CausalLMLoss
@@ -306,6 +307,8 @@ def run_ours(config, args, device, mesh) -> dict:
         raise ValueError("--wrap cast is the one-rank trainer path: one process")
     model = build_model(config, device, torch.float32)
     use_grouped_vision_attention(model)  # as physreason's loader does (a no-op for text rows' compute)
+    if not args.conv_patch_embed:
+        use_linear_patch_embed(model)  # as physreason's loader does
     if args.ac_every > 0:
         enable_activation_checkpointing(model, args.ac_every)
     all_gather = False
@@ -441,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="FSDP2 blocks that free their gathered parameters after forward (lever; default all)")
     parser.add_argument("--compile-loss", action="store_true", help="torch.compile the lm_head + CE chunk (lever)")
     parser.add_argument("--compile-vision", action="store_true", help="torch.compile each vision block (lever)")
+    parser.add_argument("--conv-patch-embed", action="store_true",
+                        help="video rows: the patch embedding as transformers' Conv3d (the path before: physreason's "
+                             "loader computes it as one linear layer)")
     parser.add_argument("--video-seconds", type=float, default=0.0,
                         help="video rows: one clip of this many seconds per row (Qwen3-VL shapes; 0: text rows)")
     parser.add_argument("--video-size", default="720x1280", help="HEIGHTxWIDTH of the video rows' source clip")

@@ -229,6 +229,7 @@ def test_trl_policy_gets_physreasons_grouped_vision_attention_with_the_same_outp
     from transformers import AutoModelForImageTextToText
 
     from physreason.models import loading
+    from physreason.models.patch_embed import LinearPatchEmbed
 
     assert bench.parse_args([]).trl_vision_attention == "varlen"
     # The model as TRL builds it (its own from_pretrained), then switched as run_trl switches it.
@@ -239,13 +240,16 @@ def test_trl_policy_gets_physreasons_grouped_vision_attention_with_the_same_outp
     with torch.no_grad():
         native_out = tower(patches, grid_thw=grid).pooler_output
     assert bench.set_vision_attention(model, "native") == "sdpa per-window loop"
+    assert not isinstance(tower.patch_embed, LinearPatchEmbed)  # native: transformers' Conv3d
     assert bench.set_vision_attention(model, "varlen") == "grouped sdpa (varlen)"
+    assert isinstance(tower.patch_embed, LinearPatchEmbed)  # varlen: the patch embedding as physreason runs it
     with torch.no_grad():
         grouped_out = tower(patches, grid_thw=grid).pooler_output
     torch.testing.assert_close(grouped_out, native_out, rtol=1e-5, atol=1e-5)
     # physreason's own loader gives its policy the same attention.
     ours = loading.load_model(ModelConfig(model_name_or_path=str(tiny_model_dir)), torch.float32)
     assert bench.vision_attention_of(ours) == "grouped sdpa (varlen)"
+    assert isinstance(ours.model.visual.patch_embed, LinearPatchEmbed)
     assert bench.vision_attention_of(torch.nn.Linear(2, 2)) == "no vision tower"
 
 

@@ -11,6 +11,7 @@ from torch import nn
 from physreason.config import ModelConfig
 from physreason.errors import ConfigError
 from physreason.models.family import model_family
+from physreason.models.patch_embed import use_linear_patch_embed
 from physreason.models.source import check_model_source, check_model_weights
 from physreason.models.vision_attention import use_grouped_vision_attention
 
@@ -52,7 +53,8 @@ def load_model(config: ModelConfig, dtype: torch.dtype | None = None, device: st
 
     dtype None uses model.dtype ('auto' keeps the checkpoint's); trainers pass float32 for master weights.
     With sdpa or eager and model.grouped_vision_attention (the default), a Qwen2.5-VL vision tower runs them
-    grouped by window length (vision_attention.py).
+    grouped by window length (vision_attention.py); a Qwen-VL patch embedding runs as one linear layer
+    (patch_embed.py: the same weights and names, one GEMM instead of a 3-D convolution).
     """
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -72,6 +74,7 @@ def load_model(config: ModelConfig, dtype: torch.dtype | None = None, device: st
     # transformers calls sdpa/eager once per vision window (about 1,000 launches per clip); flash is left as it is
     if config.grouped_vision_attention:
         use_grouped_vision_attention(model)
+    use_linear_patch_embed(model)
     return model
 
 

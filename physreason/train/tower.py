@@ -138,6 +138,7 @@ def pretrain_tower(
         raise ValueError(f"pretrain_tower: head_input {head_input!r} is not one of {', '.join(HEAD_INPUTS)}")
 
     from physreason.data.synth.tasks import TASKS
+    from physreason.models.patch_embed import use_linear_patch_embed
     from physreason.models.vision_attention import use_grouped_vision_attention
 
     started = time.perf_counter()
@@ -147,6 +148,7 @@ def pretrain_tower(
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
     use_grouped_vision_attention(model)  # one attention call per layer instead of one per temporal patch
+    use_linear_patch_embed(model)  # one GEMM instead of a 3-D convolution
     tower = model.model.visual.to(device).train()
     grid_t, grid_h, grid_w = clips["grid"]
     merge = tower.spatial_merge_size if hasattr(tower, "spatial_merge_size") else 2
