@@ -324,34 +324,42 @@ def check_vllm(name: str, model: Path) -> str:
     config, request, greedy = vllm_setup(model)
     quantization = "fp8" if name == "vllm-fp8-rollout" else "none"
     with create_engine(config.model, config.engine, vllm_executor="uni", quantization=quantization) as engine:
+        from transformers import AutoModelForImageTextToText
+
+        from physreason.train.weight_sync import push_weights
+
+        # The names a policy sends: its in-memory Hugging Face state dict (transformers 5 saves other names to disk)
+        policy = AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16)
+
+        def push(state: dict[str, torch.Tensor]) -> None:
+            """The policy's weights to the engine as training pushes them (FP8: quantized by the sender)."""
+            policy.load_state_dict(state)
+            if quantization == "fp8":
+                push_weights(engine, policy, quantization="fp8")
+            else:
+                engine.update_weights(list(policy.state_dict().items()))
+
+        weights = {k: v.clone() for k, v in policy.state_dict().items()}
         if quantization == "fp8":  # an FP8 rollout engine starts from random weights: the policy pushes its own first
-            from transformers import AutoModelForImageTextToText
-
-            from physreason.train.weight_sync import push_weights
-
-            push_weights(
-                engine, AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16), quantization="fp8"
-            )
+            push(weights)
         first = engine.generate(request, greedy)[0]
         if first.error or not first.completions[0].token_ids:
             raise AssertionError(f"vLLM generation failed: {first.error}")
-        if name != "vllm-weight-push":
+        if name == "vllm-generate":
             return f"{len(first.completions[0].token_ids)} tokens ({quantization})"
-        from transformers import AutoModelForImageTextToText
-
-        # The names a policy sends: its in-memory Hugging Face state dict (transformers 5 saves other names to disk)
-        weights = dict(AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16).state_dict())
         generator = torch.Generator().manual_seed(1)
-        pushed = [(k, torch.randn(v.shape, generator=generator).to(v.dtype) * 0.5 if v.ndim == 2 else v)
-                  for k, v in weights.items()]  # fmt: skip
-        engine.update_weights(pushed)
+        push({k: torch.randn(v.shape, generator=generator).to(v.dtype) * 0.5 if v.ndim == 2 else v
+              for k, v in weights.items()})  # fmt: skip
         second = engine.generate(request, greedy)[0]
-        engine.update_weights(list(weights.items()))
+        push(weights)
         third = engine.generate(request, greedy)[0]
         if second.completions[0].token_ids == first.completions[0].token_ids:
             raise AssertionError("greedy output did not change after pushing other weights")
         if third.completions[0].token_ids != first.completions[0].token_ids:
             raise AssertionError("pushing the original weights back did not restore the greedy output")
+        if quantization == "fp8":
+            how = "copied into the live model" if engine.pushes_in_place else "through vLLM's reload_weights"
+            return f"{len(first.completions[0].token_ids)} tokens (fp8); greedy output followed two more pushes ({how})"
         return "greedy output followed the pushed weights and came back with the originals"
 
 

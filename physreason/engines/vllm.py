@@ -114,6 +114,8 @@ class VLLMEngine(Engine):
         self._linear_names: frozenset[str] = frozenset()
         self.quantization = None if quantization in (None, "none") else quantization
         self._weights_loaded = self.quantization is None
+        # FP8: None until the first push found out whether pushes may copy into the live parameters (loads_in_place)
+        self._loads_in_place: bool | None = None
         self.max_model_len = engine.max_model_len or model.model_max_length
         kwargs = vllm_compat.llm_kwargs(
             model=source,
@@ -384,9 +386,19 @@ class VLLMEngine(Engine):
             )
         if self.quantization is not None:
             _check_fp8_push(weights)
-        vllm_compat.reload_weights(self.llm, weights)
+        vllm_compat.reload_weights(self.llm, weights, in_place=bool(self._loads_in_place))
+        if self.quantization is not None and self._loads_in_place is None:  # the first push: may the next ones copy?
+            self._loads_in_place = vllm_compat.loads_in_place(self.llm, weights)
+            log.info("FP8 rollout weights: later pushes %s", "copy into the live model" if self._loads_in_place
+                     else "go through vLLM's reload_weights (its post-load processing changes them)")  # fmt: skip
         vllm_compat.reset_caches(self.llm)
         self._weights_loaded = True
+
+    @property
+    def pushes_in_place(self) -> bool:
+        """Whether `update_weights` copies into the live parameters (bf16 engines on CUDA; FP8 ones once their first
+        push showed vLLM's post-load processing leaves the loaded tensors as they are)."""
+        return bool(self._loads_in_place) or (self.quantization is None and vllm_compat.copies_in_place(self.llm))
 
     @property
     def serves_adapters(self) -> bool:
