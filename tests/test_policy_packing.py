@@ -7,13 +7,15 @@ and weights as one over count-sized padded micro-batches.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from test_policy_shared_vision import group, image, load, video
 
 from physreason.config import ModelConfig
 from physreason.errors import ConfigError
-from physreason.models import loading, parallelize
+from physreason.models import loading, packed_attention, parallelize
 from physreason.models.family import VisionTokens, read_vision_tokens
 from physreason.models.inputs import encode_visuals
 from physreason.train.grpo import UpdateSettings, update_policy
@@ -33,13 +35,21 @@ def scores_and_grads(model, batch: CompletionBatch, weights: torch.Tensor):
     return logprobs.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-def assert_packed_equals_padded(model, samples, vision) -> CompletionBatch:
+def assert_packed_equals_padded(model, samples, vision, spans: bool = True) -> CompletionBatch:
+    """`spans`: the packed rows' attention must take packed_attention's way (their spans, not the [L, L] mask), in
+    every decoder layer's forward (and again in a recomputed one); False: the model's own kernel with the mask."""
     packed = build_completion_batch(samples, 0, vision, pack=True)
     padded = build_completion_batch(samples, 0, vision)
     assert torch.equal(packed.tokens, padded.tokens) and torch.equal(packed.mask, padded.mask)
     weights = torch.randn(padded.mask.shape, generator=torch.Generator().manual_seed(1))  # [B, T]
-    got, got_grads = scores_and_grads(model, packed, weights)
-    want, want_grads = scores_and_grads(model, padded, weights)
+    with mock.patch.object(packed_attention, "_gather", wraps=packed_attention._gather) as gathers:
+        got, got_grads = scores_and_grads(model, packed, weights)
+    layers = model.config.get_text_config().num_hidden_layers
+    # three gathers (queries, keys, values) per row with completions, per layer's forward
+    assert (gathers.call_count >= 3 * layers * packed.model_batch.input_ids.shape[0]) if spans else gathers.call_count == 0
+    with mock.patch.object(packed_attention, "_gather", wraps=packed_attention._gather) as gathers:
+        want, want_grads = scores_and_grads(model, padded, weights)
+    assert gathers.call_count == 0  # padded rows carry no spans: transformers' sdpa as before
     mask = padded.mask
     assert torch.allclose(got[mask], want[mask], rtol=0, atol=2e-5)
     assert set(got_grads) == set(want_grads) == {name for name, p in model.named_parameters() if p.requires_grad}
@@ -80,7 +90,7 @@ def test_packed_rows_under_eager_attention_match_padded_rows(tiny_model_dir, vis
         dtype=torch.float32,
     ).train()
     samples = group("v", encode_visuals(videos=[video(56, 84, 4, seed=0)]), 3, vision, seed=0)
-    assert_packed_equals_padded(model, samples, vision)
+    assert_packed_equals_padded(model, samples, vision, spans=False)
 
 
 def test_packed_text_model_rows_match_padded_rows(tiny_model_dirs):

@@ -44,10 +44,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from physreason.errors import ConfigError
+from physreason.models.packed_attention import NAME as PACKED_SDPA
 
 ULYSSES = "physreason_ulysses_sdpa"
 # Language-model attention implementations whose math the Ulysses kernel reproduces.
-SUPPORTED_KERNELS = ("sdpa", "eager", ULYSSES)
+SUPPORTED_KERNELS = ("sdpa", "eager", ULYSSES, PACKED_SDPA)  # packed_attention's: sdpa with a fast path
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ from physreason.errors import ConfigError, PhysReasonError
 from physreason.models.context_parallel import ULYSSES, ContextParallel, context_of, sum_over_context
 from physreason.models.family import VisionTokens
 from physreason.models.inputs import VisualInputs, concat_visuals
+from physreason.models.packed_attention import NAME as PACKED_SDPA
+from physreason.models.packed_attention import PackedRows, attach, use_packed_attention
 from physreason.models.parallelize import dummy_vision_features
 from physreason.train import phases
 from physreason.train.grpo_loss import entropy_from_logits, token_logprobs
@@ -115,6 +117,7 @@ class CompletionBatch:
     visuals: SharedVisuals | None = None  # the rows' pixels, each distinct prompt visual once
     attention: torch.Tensor | None = None  # [R, 1, L, L] bool, True where a query may see a key (packed rows only)
     truncated: torch.Tensor | None = None  # [B] bool, True for a completion cut at max_response_length
+    packing: PackedRows | None = None  # packed rows: where each prompt and completion lies (the mask, as spans)
 
     def to(self, device: torch.device) -> CompletionBatch:
         """Move every tensor to `device`."""
@@ -128,6 +131,7 @@ class CompletionBatch:
             self.visuals.to(device) if self.visuals is not None else None,
             self.attention.to(device) if self.attention is not None else None,
             self.truncated.to(device) if self.truncated is not None else None,
+            self.packing,
         )
 
     @property
@@ -203,6 +207,7 @@ def _completion_batch(
     targets: list[torch.Tensor],
     visuals: SharedVisuals | None,
     attention: torch.Tensor | None = None,
+    packing: PackedRows | None = None,
 ) -> CompletionBatch:
     """Lay out each sample's predicting indexes `where` and target tokens as [B, T] tensors around the rows."""
     longest = max([1, *(len(w) for w in where)])
@@ -220,7 +225,7 @@ def _completion_batch(
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # [B]
     truncated = torch.tensor([s.completion.finish_reason == "length" for s in samples], dtype=torch.bool)  # [B]
     return CompletionBatch(
-        model_batch, positions, tokens, mask, engine_logprobs, advantages, visuals, attention, truncated
+        model_batch, positions, tokens, mask, engine_logprobs, advantages, visuals, attention, truncated, packing
     )
 
 
@@ -285,7 +290,11 @@ def _packed_batch(
         len(samples),
     )
     visuals = share_visuals([samples[members[0]].visuals for members in rows]) if vision is not None else None
-    return _completion_batch(model_batch, samples, where, targets, visuals, attention)
+    packing = PackedRows(
+        tuple((prompt, tuple((start, len(labels)) for _, start, labels in spans)) for _, _, prompt, spans in pieces),
+        width,
+    )
+    return _completion_batch(model_batch, samples, where, targets, visuals, attention, packing)
 
 
 def build_micro_batches(
@@ -411,13 +420,15 @@ class PolicyScorer(nn.Module):
         self.model = model
         self.balance_vision = balance_vision
         phases.mark_vision_tower(model)
+        # sdpa becomes packed_attention's: the same on every call but packed rows', which skip their [L, L] mask
+        use_packed_attention(model)
 
     def forward(self, batch: CompletionBatch, temperature: float, diagnostics: bool = False) -> TokenScores:
         model_batch, shared = batch.model_batch, batch.visuals
         device = batch.tokens.device
         pixels = shared.kwargs if shared is not None else model_batch.visual_kwargs
         dummies = dummy_vision_features(self.model, pixels, device) if self.balance_vision else []
-        attention = model_batch.attention_mask if batch.attention is None else self._packed_mask(batch.attention)
+        attention = model_batch.attention_mask if batch.attention is None else self._packed_mask(batch)
         with phases.phase(phases.LANGUAGE_MODEL):
             hidden = self._hidden(model_batch, shared, attention)  # [R, L, H]
         with phases.phase(phases.LOSS):
@@ -507,14 +518,18 @@ class PolicyScorer(nn.Module):
             return summed[0], None, None
         return summed[0], summed[1].detach(), summed[2].detach()
 
-    def _packed_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+    def _packed_mask(self, batch: CompletionBatch) -> torch.Tensor:
         """The [R, 1, L, L] mask of packed rows in the form the language model's attention takes it.
 
         transformers passes a 4D mask through unchanged: sdpa reads booleans (True = attend), eager adds it
-        to the scores. Flash-attention kernels take no such mask.
+        to the scores; packed_attention's sdpa reads the rows' spans the mask carries instead. Flash-attention
+        kernels take no such mask.
         """
+        allowed = batch.attention
         kind = self.model.config.get_text_config()._attn_implementation
-        if kind in ("sdpa", ULYSSES):  # context parallel's attention pads and shards a boolean mask itself
+        if kind == PACKED_SDPA and batch.packing is not None:
+            return attach(allowed, batch.packing)
+        if kind in ("sdpa", PACKED_SDPA, ULYSSES):  # context parallel's attention pads and shards a boolean mask itself
             return allowed
         if kind == "eager":
             blocked = torch.finfo(torch.float32).min

@@ -1,0 +1,80 @@
+"""physreason/models/packed_attention.py: packed rows' attention from their spans equals sdpa under their [L, L] mask."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from physreason.models import packed_attention
+from physreason.models.packed_attention import PackedRows, attach, layout_of, packed_sdpa_attention
+
+
+def _dense_mask(layout: PackedRows) -> torch.Tensor:
+    """The mask train/policy.py builds for the same rows (padding sees itself)."""
+    width = layout.width
+    mask = torch.eye(width, dtype=torch.bool).repeat(len(layout.rows), 1, 1, 1)
+    for row, (prompt, completions) in enumerate(layout.rows):
+        mask[row, 0, :prompt, :prompt] = torch.ones(prompt, prompt, dtype=torch.bool).tril()
+        for start, length in completions:
+            mask[row, 0, start : start + length, :prompt] = True
+            mask[row, 0, start : start + length, start : start + length] = torch.ones(length, length).tril().bool()
+    return mask
+
+
+def test_spans_give_the_masked_attention_forward_and_backward_with_grouped_heads():
+    # row 0: a prompt of 5 and completions of 3 and 4 (unequal); row 1: a prompt of 3 and one of 2, then padding
+    layout = PackedRows(((5, ((5, 3), (8, 4))), (3, ((3, 2),))), width=12)
+    real = torch.zeros(2, 12, dtype=torch.bool)
+    real[0, :12] = True
+    real[1, :5] = True
+    generator = torch.Generator().manual_seed(0)
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
+    leaves = [torch.randn(2, heads, 12, 8, generator=generator, requires_grad=True) for heads in (4, 2, 2)]
+    weights = torch.randn(2, 12, 4, 8, generator=generator)
+    results = []
+    for mask in (_dense_mask(layout), attach(_dense_mask(layout), layout)):
+        out, _ = (sdpa_attention_forward if layout_of(mask) is None else packed_sdpa_attention)(
+            module, *leaves, mask, scaling=0.3
+        )  # [R, L, H, D]
+        (out * weights * real[:, :, None, None]).sum().backward()
+        results.append((out.detach(), [leaf.grad.clone() for leaf in leaves]))
+        for leaf in leaves:
+            leaf.grad = None
+    (want, want_grads), (got, got_grads) = results
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[~real], torch.zeros_like(got[~real]))  # padding: zeros, read by nothing
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_calls_without_spans_are_transformers_sdpa_and_the_switch_is_once(tiny_model_dirs):
+    from physreason.config import ModelConfig
+    from physreason.models.loading import load_model
+
+    generator = torch.Generator().manual_seed(1)
+    module = SimpleNamespace(num_key_value_groups=1, is_causal=True)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=generator) for _ in range(3))
+    want, _ = sdpa_attention_forward(module, q, k, v, None, scaling=0.5)
+    got, _ = packed_sdpa_attention(module, q, k, v, None, scaling=0.5)
+    assert torch.equal(got, want)
+
+    model = load_model(ModelConfig(model_name_or_path=str(tiny_model_dirs["qwen2"])), dtype=torch.float32).eval()
+    # a left-padded batch (as generation pads): the same hidden states before and after the switch, padding honoured
+    ids = torch.randint(3, 100, (2, 7), generator=generator)
+    padding = torch.ones(2, 7, dtype=torch.long)
+    padding[1, :3] = 0
+    with torch.no_grad():
+        before = model.model(input_ids=ids, attention_mask=padding).last_hidden_state
+        assert packed_attention.use_packed_attention(model) and packed_attention.use_packed_attention(model)
+        after = model.model(input_ids=ids, attention_mask=padding).last_hidden_state
+        unpadded = model.model(input_ids=ids[1:, 3:]).last_hidden_state
+    assert model.config.get_text_config()._attn_implementation == packed_attention.NAME
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    torch.testing.assert_close(after[1, 3:], unpadded[0], rtol=1e-5, atol=1e-5)
+    eager = load_model(
+        ModelConfig(model_name_or_path=str(tiny_model_dirs["qwen2"]), attn_implementation="eager"), dtype=torch.float32
+    )
+    assert not packed_attention.use_packed_attention(eager)  # other kernels are left alone
+    assert eager.config.get_text_config()._attn_implementation == "eager"
