@@ -174,6 +174,32 @@ def test_grpo_micro_batch_rows_follow_the_policy_update():
     assert micro_batch(one, Workload(seq_len=4096)).rows == 64
 
 
+def test_packed_rows_attending_from_their_spans_plan_the_prompt_copies_not_the_mask_copies(stage):
+    """sdpa on one context rank runs packed rows from their spans (models/packed_attention.py): each attention keeps
+    the prompt's keys and values once per completion, the gathered completion tensors and the outputs, not a
+    param-dtype mask copy."""
+    from physreason.train.memory import Layout, micro_batch
+
+    config, _ = stage
+    shape = read_model_shape(config.model)
+    workload = replace(recipe_workload(config, shape, "grpo", H100), prompt_tokens=224, response_tokens=128)
+    assert workload.packed and workload.packed_spans  # the recipe's sdpa, one process
+    for checkpointing in (True, False):
+        layout = Layout(gpus=1, distributed=False, mini_batch=16, gradient_checkpointing=checkpointing)
+        batch = micro_batch(layout, workload)
+        assert (batch.per_row, batch.prompt) == (8, 224)
+        spans = plan_memory(shape, layout, workload).parts["activations"]
+        masked = plan_memory(shape, layout, replace(workload, packed_spans=False)).parts["activations"]
+        kept = 1 if checkpointing else shape.layers
+        mask = batch.rows * batch.row_tokens**2
+        entries = batch.rows * ((2 * 8 + 1) * 224 + 4 * 8 * 128) * shape.heads * shape.head_dim
+        bytes_ = 4 if workload.param_dtype == "float32" else 2
+        assert spans - masked == kept * (entries - mask) * bytes_
+    eager = config.model_copy(deep=True)
+    eager.model.attn_implementation = "eager"
+    assert not recipe_workload(eager, shape, "grpo", H100).packed_spans
+
+
 def test_physreason_plan_reads_a_local_grpo_recipes_prompts(tmp_path, tiny_model_dir):
     """`physreason plan` of a GRPO recipe plans the media its local prompts hold, and says what it read."""
     import json

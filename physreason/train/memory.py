@@ -84,6 +84,8 @@ class Workload:
     prompt_tokens: int = 0  # longest prompt, visual tokens included
     response_tokens: int = 0  # rollout.max_response_length
     packed: bool = False  # grpo.pack_completions (sdpa / eager): a [rows, 1, L, L] mask beside every attention
+    # packed rows' attention from their spans (sdpa on one context rank: models/packed_attention.py), not the mask
+    packed_spans: bool = False
     completions_per_step: int = 0  # train.train_batch_per_replica: a micro-batch holds at most a rank's share of them
 
 
@@ -97,6 +99,8 @@ class MicroBatch:
     visuals: int
     loss_rows: int
     packed: bool = False
+    per_row: int = 0  # packed: completions a row holds
+    prompt: int = 0  # packed: the prompt's tokens in each row
 
 
 def micro_batch(layout: Layout, workload: Workload) -> MicroBatch:
@@ -121,7 +125,7 @@ def micro_batch(layout: Layout, workload: Workload) -> MicroBatch:
     if workload.packed:
         per_row = min(n, m)
         rows = -(-m // per_row)
-        return MicroBatch(rows, prompt + per_row * response, rows, response, packed=True)
+        return MicroBatch(rows, prompt + per_row * response, rows, response, packed=True, per_row=per_row, prompt=prompt)
     visuals = min(m, -(-m // n) + (1 if m % n else 0))
     return MicroBatch(m, min(prompt + response, workload.seq_len), visuals, response)
 
@@ -249,7 +253,10 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
       One plain process instead keeps param-dtype copies of the trained weights (autocast).
     activations: stack_activation_bytes of the decoder for the micro-batch's rows x row_tokens / cp tokens
       (micro_batch: mini_batch x seq_len for SFT; GRPO's completions as its policy update lays them out), plus, for
-      packed GRPO rows, the [rows, 1, L, L] attention mask (bool) and its param-dtype copy that each attention keeps;
+      packed GRPO rows, the [rows, 1, L, L] attention mask (bool) and its param-dtype copy that each attention keeps,
+      or, where the attention runs from the rows' spans, the mask and what each attention keeps beyond a plain row's:
+      the prompt's keys and values once per completion and the prompt's output, the completions' keys, values and
+      queries gathered and their output (query heads each);
       logits / loss: loss_bytes; vision activations: the same for visuals x vision_tokens x merge^2 / cp patches when
       the tower trains, one block's worth when frozen. Under context parallelism every rank also keeps the
       embeddings of the whole rows (rows x row_tokens x hidden in param dtype), from which it takes its slice.
@@ -308,7 +315,12 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
     if batch.packed:
         mask = batch.rows * batch.row_tokens * -(-batch.row_tokens // layout.cp)  # [rows, 1, L, L / cp] entries
         kept = 1 if layout.gradient_checkpointing else shape.layers
-        plan.parts["activations"] += mask + kept * mask * param_bytes
+        if workload.packed_spans:
+            completions = batch.row_tokens - batch.prompt  # the completion tokens of a row
+            entries = batch.rows * ((2 * batch.per_row + 1) * batch.prompt + 4 * completions) * shape.heads * shape.head_dim
+            plan.parts["activations"] += mask + kept * entries // tp * param_bytes
+        else:
+            plan.parts["activations"] += mask + kept * mask * param_bytes
     plan.parts["logits / loss"] = loss_bytes(min(tokens, batch.loss_rows), shape.vocab, workload.loss_chunk_size)
     vision = 0
     if shape.vision_depth and workload.vision_tokens:
