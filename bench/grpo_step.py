@@ -3,6 +3,7 @@
 Model, prompts and --profile: bench/RESULTS.md ("How the scripts measure"). JSON to $OUT/grpo_step.json.
 Run: python bench/grpo_step.py [--engine vllm|hf] [--prompts 8] [--n 8] [--response-len 256] [--steps 3]
      python bench/grpo_step.py --quantization fp8   (FP8 rollouts with truncated importance sampling; vLLM)
+     python bench/grpo_step.py --packed-attention mask   (packed rows under their [L, L] mask: the path before)
      python bench/grpo_step.py --tiny   (a tiny model on CPU, to check the script)
 """
 
@@ -31,6 +32,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-grpo-bench"))
     parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (checks the script)")
     parser.add_argument("--quantization", choices=["none", "fp8"], default="none", help="[rollout] quantization")
+    parser.add_argument("--packed-attention", choices=["spans", "mask"], default="spans",
+                        help="packed rows' attention: from their spans (physreason's default) or sdpa under the "
+                             "[L, L] mask (the path before)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR", help="profile steps after the timed ones")
     parser.add_argument("--profile-steps", type=int, default=2, help="steps under the profiler")
     harness.add_json(parser)
@@ -38,7 +42,11 @@ def main() -> None:
     profiled_steps = args.profile_steps if args.profile is not None else 0
 
     from physreason.config import load_config
+    from physreason.train import policy
     from physreason.train.grpo import run_grpo
+
+    if args.packed_attention == "mask":  # the policy keeps transformers' sdpa, which takes the mask
+        policy.use_packed_attention = lambda model: False
 
     backend = harness.engine_backend(args.engine)
     info = harness.device_line(engine=backend, quantization=args.quantization)
@@ -72,7 +80,8 @@ def main() -> None:
     row["rollout/response_length_mean"] = statistics.mean(m["rollout/response_length_mean"] for m in timed)
     # mean |policy - engine| log-prob of the sampled tokens: what FP8 rollouts add to the engine/policy gap
     row["rollout/logprob_mismatch"] = statistics.mean(m["rollout/logprob_mismatch"] for m in timed)
-    print(f"GRPO step on {info['device']}, engine {backend} (rollout quantization {args.quantization}), {args.prompts} "
+    print(f"GRPO step on {info['device']}, engine {backend} (rollout quantization {args.quantization}, packed "
+          f"attention from the {args.packed_attention}), {args.prompts} "
           f"prompts x {args.n} completions, {args.response_len} new tokens max (median of {len(timed)} steps)")
     print(f"{'part':<12}{'seconds':>10}{'share':>8}")
     for key in TIMES[:-1]:
