@@ -49,6 +49,25 @@ def test_linear_form_matches_the_convolution_forward_and_backward(make):
     assert patch_embed.use_linear_patch_embed(linear) == 1 and type(linear).__mro__.count(patch_embed.LinearPatchEmbed) == 1
 
 
+def test_a_projection_replaced_after_the_switch_runs_its_own_forward():
+    """An adapter library that wraps `proj` later (its weight then is not the whole computation) is called, not read."""
+    embed = _qwen3_embed()
+    patch_embed.use_linear_patch_embed(embed)
+
+    class Wrapped(nn.Module):
+        def __init__(self, base: nn.Conv3d) -> None:
+            super().__init__()
+            self.base, self.weight, self.bias = base, base.weight, base.bias
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.base(x) + 1.0  # what a LoRA delta would add
+
+    patches = torch.randn(3, embed.proj.weight[0].numel())
+    plain = embed(patches)
+    embed.proj = Wrapped(embed.proj)
+    torch.testing.assert_close(embed(patches), plain + 1.0, rtol=1e-5, atol=1e-5)
+
+
 def test_a_convolution_that_overlaps_patches_or_an_unknown_class_is_left_alone():
     overlapping = _qwen3_embed()
     overlapping.proj = nn.Conv3d(3, 48, kernel_size=(2, 16, 16), stride=(1, 8, 8))

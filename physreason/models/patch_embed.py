@@ -43,6 +43,8 @@ class LinearPatchEmbed(nn.Module):
     """Mixed into a patch-embedding class (in front of it): forward as one linear layer over each flattened patch."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if type(self.proj) is not nn.Conv3d:  # replaced since (an adapter's wrapper): its own forward, as transformers
+            return super().forward(hidden_states)
         weight = self.proj.weight  # [embed_dim, C, T, P, P]: flattened in the order the processor flattens a patch
         patch = weight[0].numel()
         hidden_states = hidden_states.reshape(-1, patch).to(dtype=weight.dtype)
