@@ -18,6 +18,7 @@ positions of a row come out as zeros (the dense path gave each the value at its 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -72,10 +73,7 @@ def packed_sdpa_attention(
                        is_causal=True, scale=scaling)[0]]  # fmt: skip
         if completions:
             longest = max(length for _, length in completions)
-            # each completion's positions, its last one repeated to the longest: the repeats come after every real
-            # token, so under the bottom-right causal mask no real query reaches them
-            steps = torch.arange(longest, device=query.device)
-            index = torch.stack([start + steps.clamp(max=length - 1) for start, length in completions]).reshape(-1)
+            index = _indexes(layout, query.device)[row]  # [n * longest]
             count = len(completions)
             keys = torch.cat([key[row : row + 1, :, :prompt].expand(count, -1, -1, -1), _gather(key[row], index, count)],
                              dim=2)  # fmt: skip
@@ -89,6 +87,23 @@ def packed_sdpa_attention(
             pieces.append(query.new_zeros(query.shape[1], layout.width - used, query.shape[3]))
         outputs.append(torch.cat(pieces, dim=1))  # [H, L, D]
     return torch.stack(outputs).transpose(1, 2).contiguous(), None
+
+
+@functools.lru_cache(maxsize=8)
+def _indexes(layout: PackedRows, device: torch.device) -> tuple[torch.Tensor | None, ...]:
+    """Per row, each completion's positions, its last one repeated to the row's longest (the repeats come after every
+    real token, so under the bottom-right causal mask no real query reaches them); made once per batch and device,
+    not in each layer (and its recomputation) again."""
+    indexes = []
+    for _, completions in layout.rows:
+        if not completions:
+            indexes.append(None)
+            continue
+        longest = max(length for _, length in completions)
+        steps = torch.arange(longest)
+        index = torch.stack([start + steps.clamp(max=length - 1) for start, length in completions]).reshape(-1)
+        indexes.append(index.to(device))
+    return tuple(indexes)
 
 
 def _gather(tensor: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
