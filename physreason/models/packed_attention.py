@@ -12,8 +12,8 @@ computed are the needed ones plus the padding of the row's shorter completions t
 The layout travels on the mask tensor itself (`attach`), which transformers hands to every attention call of the
 language model unchanged (a 4D mask is taken as prepared), recomputed blocks included; calls without it (the vision
 tower's own config, a plain causal batch, a padded batch's mask, which transformers builds as for sdpa) run
-transformers' sdpa exactly as before. Padding
-positions of a row come out as zeros (the dense path gave each the value at its own position): nothing reads them.
+transformers' sdpa exactly as before. Padding positions of a row come out as zeros (the dense path gave each the
+value at its own position): nothing reads them.
 """
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ def packed_sdpa_attention(
         pieces = [sdpa(query[row : row + 1, :, :prompt], key[row : row + 1, :, :prompt], value[row : row + 1, :, :prompt],
                        is_causal=True, scale=scaling)[0]]  # fmt: skip
         if completions:
-            longest = max(length for _, length in completions)
             index = _indexes(layout, query.device)[row]  # [n * longest]
             count = len(completions)
+            longest = index.numel() // count
             keys = torch.cat([key[row : row + 1, :, :prompt].expand(count, -1, -1, -1), _gather(key[row], index, count)],
                              dim=2)  # fmt: skip
             values = torch.cat([value[row : row + 1, :, :prompt].expand(count, -1, -1, -1),

@@ -30,7 +30,6 @@ def _as_linear(module: nn.Module) -> bool:
     return (
         type(module).__name__ in PATCH_EMBED_CLASSES
         and isinstance(proj, nn.Conv3d)
-        and not isinstance(module, LinearPatchEmbed)
         and tuple(proj.stride) == tuple(proj.kernel_size)
         and tuple(proj.padding) == (0, 0, 0)
         and tuple(proj.dilation) == (1, 1, 1)
