@@ -32,9 +32,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/physreason-grpo-bench"))
     parser.add_argument("--tiny", action="store_true", help="tiny model on CPU (checks the script)")
     parser.add_argument("--quantization", choices=["none", "fp8"], default="none", help="[rollout] quantization")
-    parser.add_argument("--packed-attention", choices=["spans", "mask"], default="spans",
-                        help="packed rows' attention: from their spans (physreason's default) or sdpa under the "
-                             "[L, L] mask (the path before)")
+    parser.add_argument("--packed-attention", choices=["spans", "mask"], default="mask",
+                        help="grpo.packed_attention: sdpa under the rows' [L, L] mask (physreason's default) or the "
+                             "rows as variable-length sequences in one flash-attention call a layer")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR", help="profile steps after the timed ones")
     parser.add_argument("--profile-steps", type=int, default=2, help="steps under the profiler")
     harness.add_json(parser)
@@ -42,11 +42,7 @@ def main() -> None:
     profiled_steps = args.profile_steps if args.profile is not None else 0
 
     from physreason.config import load_config
-    from physreason.train import policy
     from physreason.train.grpo import run_grpo
-
-    if args.packed_attention == "mask":  # the policy keeps transformers' sdpa, which takes the mask
-        policy.use_packed_attention = lambda model: False
 
     backend = harness.engine_backend(args.engine)
     info = harness.device_line(engine=backend, quantization=args.quantization)
@@ -58,7 +54,7 @@ def main() -> None:
     bf16 = not args.tiny and torch.cuda.is_available()
     settings = harness.grpo_settings(model, data, out, args, backend, bf16, total_steps, 8192)
     settings += [f"train.gradient_checkpointing={'true' if bf16 else 'false'}",
-                 f"rollout.quantization='{args.quantization}'"]  # fmt: skip
+                 f"rollout.quantization='{args.quantization}'", f"grpo.packed_attention='{args.packed_attention}'"]  # fmt: skip
     config = load_config(None, settings)
     device_kind = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     profiler = Profiled(args.profile, "grpo-step", device_kind) if args.profile is not None else None

@@ -10,7 +10,8 @@ GPUs than the machine has, or vLLM when it is not installed, prints `skip` with 
 One GPU:   sft-sync-saves, sft-async-saves (three saves each, then a resume from the second whose losses must equal
            the uninterrupted run's), float8-rowwise, float8-tensorwise, float8-fsdp-compiled (torchrun 1),
            cpu-offload, bf16-optimizer-state, bf16-state-grouped (one Triton kernel a group against one compiled
-           kernel a parameter), compiled-blocks, chunked-loss (against the full loss of the same step),
+           kernel a parameter), packed-attention-spans (flash's variable-length kernel against sdpa under the
+           mask), compiled-blocks, chunked-loss (against the full loss of the same step),
            fsdp2-torchrun (FSDP2 on a one-rank mesh under torchrun 1: train.one_rank_precision = 'legacy', since one
            process now trains without FSDP2 by default), hf-generate, grpo-step
 Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losses within 1e-3 relative;
@@ -86,6 +87,7 @@ CHECKS = (
     Check("cpu-offload", cuda_only=True, settings=("train.cpu_offload=true",)),
     Check("bf16-optimizer-state", settings=("train.optimizer_state_dtype='bfloat16'",)),
     Check("bf16-state-grouped", cuda_only=True),
+    Check("packed-attention-spans", cuda_only=True),
     Check("compiled-blocks", cuda_only=True, settings=("train.compile=true",)),
     Check("chunked-loss", settings=("train.loss_chunk_size=16",)),
     # One process trains without FSDP2 by default (train.one_rank_precision = "cast"): "legacy" keeps FSDP2 here
@@ -363,6 +365,80 @@ def check_vllm(name: str, model: Path) -> str:
         return "greedy output followed the pushed weights and came back with the originals"
 
 
+def check_packed_attention(device: str = "cuda", dtype_name: str = "bfloat16", timed: int = 20) -> str:
+    """grpo.packed_attention = "spans" (flash attention's variable-length kernel on CUDA) against sdpa under the rows'
+    [L, L] mask, at a GRPO row of the 3B shape (16 query / 2 key-value heads of 128; a 580-token prompt with three
+    unequal completions, and a shorter row with padding): outputs and the gradients of queries, keys and values, each
+    path in `dtype_name` measured against the masked path in float32; the spans path may not be more than twice as far
+    from it as the masked path (plus 1e-3). Also times a forward and backward of each (not a pass condition)."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from physreason.models import packed_attention
+    from physreason.models.packed_attention import PackedRows, attach, dense_mask, packed_sdpa_attention
+
+    small = device == "cpu"  # a dry run of the logic (the reference loop, not the kernel)
+    prompt, lengths = (40, (16, 11, 16)) if small else (580, (256, 200, 256))
+    width = prompt + sum(lengths)  # row 0 fills its width; row 1 is padded
+    starts = [prompt + sum(lengths[:i]) for i in range(len(lengths))]
+    layout = PackedRows(((prompt, tuple(zip(starts, lengths))), (prompt // 2, ((prompt // 2, lengths[1]),))), width)
+    dtype = getattr(torch, dtype_name)
+    generator = torch.Generator(device).manual_seed(0)
+    module = SimpleNamespace(num_key_value_groups=8, is_causal=True)
+    leaves = [torch.randn(2, heads, width, 128, device=device, generator=generator) for heads in (16, 2, 2)]
+    weights = torch.randn(2, width, 16, 128, device=device, generator=generator)
+    real = torch.zeros(2, width, dtype=torch.bool, device=device)
+    real[0] = True
+    real[1, : prompt // 2 + lengths[1]] = True
+    weights = weights * real[:, :, None, None]
+
+    def run(spans: bool, precision: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        inputs = [leaf.detach().to(precision).clone().requires_grad_() for leaf in leaves]
+        mask = dense_mask(layout, device)
+        if spans:
+            out, _ = packed_sdpa_attention(module, *inputs, attach(mask, layout), scaling=128**-0.5)
+        else:
+            out, _ = sdpa_attention_forward(module, *inputs, mask, scaling=128**-0.5)
+        (out.float() * weights).sum().backward()
+        return out.detach().float().clone(), [x.grad.float().clone() for x in inputs]
+
+    calls = []
+    original = packed_attention._varlen
+    packed_attention._varlen = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        want, want_grads = run(False, torch.float32)
+        results = {spans: run(spans, dtype) for spans in (False, True)}
+    finally:
+        packed_attention._varlen = original
+    if not calls:
+        raise AssertionError("the spans path did not run (transformers' sdpa answered the call)")
+    parts = []
+    for index, what in enumerate(("output", "query grad", "key grad", "value grad")):
+        reference = want[real] if index == 0 else want_grads[index - 1]
+        gaps = {}
+        for spans, (out, grads) in results.items():
+            got = out[real] if index == 0 else grads[index - 1]
+            gaps[spans] = float((got - reference).abs().max()) / (float(reference.abs().max()) + 1e-12)
+        if gaps[True] > 2 * gaps[False] + 1e-3:
+            raise AssertionError(f"{what}: spans {gaps[True]:.2e} from float32, the masked path {gaps[False]:.2e}")
+        parts.append(f"{what} {gaps[True]:.1e} (mask {gaps[False]:.1e})")
+    times = {}
+    if not small:
+        for spans in (False, True):
+            for _ in range(3):
+                run(spans, dtype)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(timed):
+                run(spans, dtype)
+            torch.cuda.synchronize()
+            times[spans] = (time.perf_counter() - start) / timed * 1e3
+    speed = f"; forward+backward {times[True]:.2f} ms spans, {times[False]:.2f} ms mask" if times else ""
+    return f"{dtype_name} relative gaps to float32: " + ", ".join(parts) + speed
+
+
 def check_bf16_grouped(device: str = "cuda", timed: int = 400) -> str:
     """bf16-state AdamW's grouped update (one Triton kernel a parameter group) against one compiled kernel a
     parameter: 3 steps over tensors of every kind it meets (sizes off the chunk, bfloat16 weights, an empty shard, a
@@ -607,6 +683,8 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
         return check_chunked(model, chat, work, check.settings)
     if name == "bf16-state-grouped":
         return check_bf16_grouped()
+    if name == "packed-attention-spans":
+        return check_packed_attention()
     if name == "fsdp2-torchrun":
         trained: dict[str, int] = {}
         losses = torchrun(work, 1, base_settings(model, chat, work / name, steps=3)

@@ -174,15 +174,19 @@ def test_grpo_micro_batch_rows_follow_the_policy_update():
     assert micro_batch(one, Workload(seq_len=4096)).rows == 64
 
 
-def test_packed_rows_attending_from_their_spans_plan_the_prompt_copies_not_the_mask_copies(stage):
-    """sdpa on one context rank runs packed rows from their spans (models/packed_attention.py): each attention keeps
-    the prompt's keys and values once per completion, the gathered completion tensors and the outputs, not a
-    param-dtype mask copy."""
+def test_packed_rows_attending_from_their_spans_plan_the_packed_sequences_not_the_mask_copies(stage):
+    """grpo.packed_attention = "spans" (sdpa, one context rank) runs packed rows as variable-length sequences
+    (models/packed_attention.py): each attention keeps the packed queries and output, the keys and values with the
+    prompt once per sequence (key/value heads only) and a float32 log-sum-exp, not a param-dtype mask copy; the
+    default "mask" plans the mask copies."""
     from physreason.train.memory import Layout, micro_batch
 
     config, _ = stage
     shape = read_model_shape(config.model)
-    workload = replace(recipe_workload(config, shape, "grpo", H100), prompt_tokens=224, response_tokens=128)
+    assert not recipe_workload(config, shape, "grpo", H100).packed_spans  # the default: sdpa under the mask
+    spans_config = config.model_copy(deep=True)
+    spans_config.grpo.packed_attention = "spans"
+    workload = replace(recipe_workload(spans_config, shape, "grpo", H100), prompt_tokens=224, response_tokens=128)
     assert workload.packed and workload.packed_spans  # the recipe's sdpa, one process
     for checkpointing in (True, False):
         layout = Layout(gpus=1, distributed=False, mini_batch=16, gradient_checkpointing=checkpointing)
@@ -192,11 +196,15 @@ def test_packed_rows_attending_from_their_spans_plan_the_prompt_copies_not_the_m
         masked = plan_memory(shape, layout, replace(workload, packed_spans=False)).parts["activations"]
         kept = 1 if checkpointing else shape.layers
         mask = batch.rows * batch.row_tokens**2
-        entries = batch.rows * ((2 * 8 + 1) * 224 + 4 * 8 * 128) * shape.heads * shape.head_dim
+        row = 224 + 8 * 128
+        keys = 9 * 224 + 8 * 128
+        entries = batch.rows * (2 * row * shape.heads + 2 * keys * shape.kv_heads) * shape.head_dim
         bytes_ = 4 if workload.param_dtype == "float32" else 2
-        assert spans - masked == kept * (entries - mask) * bytes_
-    eager = config.model_copy(deep=True)
+        lse = batch.rows * row * shape.heads * 4
+        assert spans - masked == kept * (entries * bytes_ + lse) - kept * mask * bytes_
+    eager = spans_config.model_copy(deep=True)
     eager.model.attn_implementation = "eager"
+    eager.grpo.packed_attention = "mask"
     assert not recipe_workload(eager, shape, "grpo", H100).packed_spans
 
 

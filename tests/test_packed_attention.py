@@ -8,19 +8,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from physreason.models import packed_attention
-from physreason.models.packed_attention import PackedRows, attach, layout_of, packed_sdpa_attention
-
-
-def _dense_mask(layout: PackedRows) -> torch.Tensor:
-    """The mask train/policy.py builds for the same rows (padding sees itself)."""
-    width = layout.width
-    mask = torch.eye(width, dtype=torch.bool).repeat(len(layout.rows), 1, 1, 1)
-    for row, (prompt, completions) in enumerate(layout.rows):
-        mask[row, 0, :prompt, :prompt] = torch.ones(prompt, prompt, dtype=torch.bool).tril()
-        for start, length in completions:
-            mask[row, 0, start : start + length, :prompt] = True
-            mask[row, 0, start : start + length, start : start + length] = torch.ones(length, length).tril().bool()
-    return mask
+from physreason.models.packed_attention import PackedRows, attach, dense_mask, layout_of, packed_sdpa_attention
 
 
 def test_spans_give_the_masked_attention_forward_and_backward_with_grouped_heads():
@@ -34,7 +22,7 @@ def test_spans_give_the_masked_attention_forward_and_backward_with_grouped_heads
     leaves = [torch.randn(2, heads, 12, 8, generator=generator, requires_grad=True) for heads in (4, 2, 2)]
     weights = torch.randn(2, 12, 4, 8, generator=generator)
     results = []
-    for mask in (_dense_mask(layout), attach(_dense_mask(layout), layout)):
+    for mask in (dense_mask(layout), attach(dense_mask(layout), layout)):
         out, _ = (sdpa_attention_forward if layout_of(mask) is None else packed_sdpa_attention)(
             module, *leaves, mask, scaling=0.3
         )  # [R, L, H, D]
@@ -78,3 +66,36 @@ def test_calls_without_spans_are_transformers_sdpa_and_the_switch_is_once(tiny_m
     )
     assert not packed_attention.use_packed_attention(eager)  # other kernels are left alone
     assert eager.config.get_text_config()._attn_implementation == "eager"
+
+
+def test_the_variable_length_sequences_of_packed_rows():
+    """Per row the prompt (queries = keys), then each completion (its queries; the prompt's keys, then its own), as
+    flat positions row * L + column; the cumulative lengths and maxima the flash kernel takes."""
+    layout = PackedRows(((2, ((2, 2), (4, 1))), (1, ((1, 2),))), width=5)
+    plan = packed_attention._plan(layout, torch.device("cpu"))
+    assert plan.queries.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert plan.keys.tolist() == [0, 1, 0, 1, 2, 3, 0, 1, 4, 5, 5, 6, 7]
+    assert plan.cu_q.tolist() == [0, 2, 4, 5, 6, 8] and plan.cu_q.dtype == torch.int32
+    assert plan.cu_k.tolist() == [0, 2, 6, 9, 10, 13] and plan.cu_k.dtype == torch.int32
+    assert (plan.max_q, plan.max_k) == (2, 4)
+    assert packed_attention._plan(layout, torch.device("cpu")) is plan  # made once per batch and device
+
+
+def test_the_gpu_check_of_the_spans_path_runs_on_cpu_and_fails_a_wrong_kernel(monkeypatch):
+    """gpu-check packed-attention-spans (flash's kernel against the mask on CUDA) as a dry run: the reference loop in
+    float32 passes; a kernel that ignores the prompt fails it."""
+    import pytest
+
+    from physreason.gpu_check import check_packed_attention
+
+    assert check_packed_attention("cpu", "float32").startswith("float32 relative gaps to float32: output")
+    reference = packed_attention._reference
+
+    def without_prompt(query, key, value, cu_q, cu_k, scale):  # each sequence's last len(q) keys only
+        starts = [int(e) - (int(q1) - int(q0)) for e, q0, q1 in zip(cu_k[1:], cu_q[:-1], cu_q[1:], strict=True)]
+        index = torch.cat([torch.arange(s, int(e)) for s, e in zip(starts, cu_k[1:], strict=True)])
+        return reference(query, key[index], value[index], cu_q, cu_q, scale)
+
+    monkeypatch.setattr(packed_attention, "_reference", without_prompt)
+    with pytest.raises(AssertionError, match="spans"):
+        check_packed_attention("cpu", "float32")

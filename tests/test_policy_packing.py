@@ -28,9 +28,9 @@ def vision(tiny_model_dir) -> VisionTokens:
     return read_vision_tokens(loading.load_model_config(ModelConfig(model_name_or_path=str(tiny_model_dir))))
 
 
-def scores_and_grads(model, batch: CompletionBatch, weights: torch.Tensor):
+def scores_and_grads(model, batch: CompletionBatch, weights: torch.Tensor, packed_attention: str = "mask"):
     model.zero_grad(set_to_none=True)
-    logprobs = PolicyScorer(model)(batch, 0.7).logprobs  # [B, T]
+    logprobs = PolicyScorer(model, packed_attention=packed_attention)(batch, 0.7).logprobs  # [B, T]
     (logprobs * weights * batch.mask).sum().backward()
     return logprobs.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
@@ -42,14 +42,14 @@ def assert_packed_equals_padded(model, samples, vision, spans: bool = True) -> C
     padded = build_completion_batch(samples, 0, vision)
     assert torch.equal(packed.tokens, padded.tokens) and torch.equal(packed.mask, padded.mask)
     weights = torch.randn(padded.mask.shape, generator=torch.Generator().manual_seed(1))  # [B, T]
-    with mock.patch.object(packed_attention, "_gather", wraps=packed_attention._gather) as gathers:
-        got, got_grads = scores_and_grads(model, packed, weights)
+    with mock.patch.object(packed_attention, "_varlen", wraps=packed_attention._varlen) as calls:
+        got, got_grads = scores_and_grads(model, packed, weights, "spans" if spans else "mask")
     layers = model.config.get_text_config().num_hidden_layers
-    # three gathers (queries, keys, values) per row with completions, per layer's forward
-    assert (gathers.call_count >= 3 * layers * packed.model_batch.input_ids.shape[0]) if spans else gathers.call_count == 0
-    with mock.patch.object(packed_attention, "_gather", wraps=packed_attention._gather) as gathers:
-        want, want_grads = scores_and_grads(model, padded, weights)
-    assert gathers.call_count == 0  # padded rows carry no spans: transformers' sdpa as before
+    # one variable-length call for the whole batch in every layer's forward (and its recomputation)
+    assert (calls.call_count >= layers) if spans else calls.call_count == 0
+    with mock.patch.object(packed_attention, "_varlen", wraps=packed_attention._varlen) as calls:
+        want, want_grads = scores_and_grads(model, padded, weights, "spans" if spans else "mask")
+    assert calls.call_count == 0  # padded rows carry no spans: transformers' sdpa as before
     mask = padded.mask
     assert torch.allclose(got[mask], want[mask], rtol=0, atol=2e-5)
     assert set(got_grads) == set(want_grads) == {name for name, p in model.named_parameters() if p.requires_grad}
@@ -74,13 +74,15 @@ def test_packed_video_groups_match_padded_rows_in_scores_and_every_gradient(tiny
     assert int(packed.mask[2].sum()) == 2
 
 
-def test_packed_image_text_and_mixed_prompts_match_padded_rows(tiny_model_dir, vision):
+@pytest.mark.parametrize("spans", [True, False], ids=["spans", "mask"])
+def test_packed_image_text_and_mixed_prompts_match_padded_rows(tiny_model_dir, vision, spans):
+    """Both grpo.packed_attention ways on sdpa: the rows' spans, and sdpa under their mask (the default)."""
     model = load(tiny_model_dir).train()
     first = encode_visuals(images=[image(84, 112, seed=0)])
     both = encode_visuals(images=[image(56, 56, seed=1)], videos=[video(56, 84, 4, seed=2)])
     text = encode_visuals()
     samples = group("i0", first, 3, vision, 0) + group("t", text, 2, vision, 1) + group("iv", both, 3, vision, 2)
-    packed = assert_packed_equals_padded(model, samples, vision)
+    packed = assert_packed_equals_padded(model, samples, vision, spans=spans)
     assert packed.visuals.rows.tolist() == [0, -1, 1]
 
 

@@ -609,6 +609,15 @@ class GRPOConfig(Section):
             "(flash kernels take no 4D mask); false: one padded row per completion."
         ),
     )
+    packed_attention: Literal["mask", "spans"] = Field(
+        "mask",
+        description=(
+            "How packed rows attend (grpo.pack_completions with model.attn_implementation = 'sdpa', one context "
+            "rank): 'mask' runs sdpa under each row's [L, L] boolean mask; 'spans' runs the rows as variable-length "
+            "sequences in one flash-attention call a layer (the prompt, then each completion against the prompt "
+            "and itself: only the needed scores; models/packed_attention.py). Same log-probs and gradients."
+        ),
+    )
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and draw more prompts.")
     mask_truncated_completions: bool = Field(
         False,
@@ -860,6 +869,15 @@ class Config(Section):
                 "and the policy divides its logits by this same temperature"
             )
         return rollout
+
+    @model_validator(mode="after")
+    def _packed_attention_needs_sdpa(self) -> Config:
+        if self.grpo.packed_attention == "spans" and self.model.attn_implementation != "sdpa":
+            raise ValueError(
+                f"grpo.packed_attention = 'spans' replaces sdpa's attention over packed rows, but "
+                f"model.attn_implementation = '{self.model.attn_implementation}': use 'sdpa' or grpo.packed_attention = 'mask'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _packing_needs_a_mask_kernel(self) -> Config:

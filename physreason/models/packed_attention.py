@@ -1,24 +1,32 @@
-"""The language model's attention over packed GRPO rows, computed without their [L, L] mask.
+"""The language model's attention over packed GRPO rows, computed from their spans instead of their [L, L] mask.
 
 A packed row (train/policy.py) holds a prompt once and then each of its completions; the prompt attends causally to
 itself, each completion to the whole prompt and causally to itself. As a [R, 1, L, L] boolean mask, sdpa cannot use
 its flash kernel and computes every one of the L x L scores, most of them masked (a 580-token prompt with 8
-completions of 256: 6.9 M scores a head and layer, 1.6 M of them needed). Here each row is two sdpa calls on the
-flash-eligible path: the prompt, causal; and the row's completions as a batch, each completion's queries against the
-prompt's keys and values followed by its own, under a causal mask aligned to the bottom right (query t of a
-completion sees the whole prompt and its own tokens 0..t: `torch.nn.attention.bias.causal_lower_right`). The scores
-computed are the needed ones plus the padding of the row's shorter completions to its longest.
+completions of 256: 6.9 M scores a head and layer, 1.6 M of them needed). Here the batch becomes variable-length
+sequences and one attention call a layer: per row the prompt (queries and keys: the prompt, causal), then each
+completion (queries: its tokens; keys: the prompt's, then its own), causal aligned to the bottom right (query t of a
+completion sees the whole prompt and its tokens 0..t). On CUDA in bf16/fp16 that is flash attention's variable-length
+kernel (`torch.ops.aten._flash_attention_forward` with cumulative lengths, the kernel under
+`torch.nn.attention.varlen`; grouped key/value heads as they are, no repeat), else a reference loop of sdpa calls that
+reads the same cumulative lengths. The keys hold the prompt once per completion and once for itself (key/value heads
+only); the scores computed are the needed ones.
 
-The layout travels on the mask tensor itself (`attach`), which transformers hands to every attention call of the
-language model unchanged (a 4D mask is taken as prepared), recomputed blocks included; calls without it (the vision
-tower's own config, a plain causal batch, a padded batch's mask, which transformers builds as for sdpa) run
-transformers' sdpa exactly as before. Padding positions of a row come out as zeros (the dense path gave each the
-value at its own position): nothing reads them.
+grpo.packed_attention chooses it ("spans"; "mask", the default, is sdpa under the mask). The layout travels on the
+mask tensor itself (`attach`), which transformers hands to every attention call of the language model unchanged (a 4D
+mask is taken as prepared), recomputed blocks included; calls without it (the vision tower's own config, a plain
+causal batch, a padded batch's mask, which transformers builds as for sdpa) run transformers' sdpa exactly as before.
+Padding positions of a row come out as zeros (the dense path gave each the value at its own position): nothing reads
+them.
+
+A row-by-row version (two sdpa calls a row, the prompt's keys copied with every query head) was 0.8x the mask path's
+training time on an H200 (bench/RESULTS.md, 2026-11-28): host-bound, a loop of small kernels in every layer.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +54,19 @@ def layout_of(mask: object) -> PackedRows | None:
     return getattr(mask, _ATTRIBUTE, None)
 
 
+def dense_mask(layout: PackedRows, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The [R, 1, L, L] boolean mask of the same rows as train/policy.py builds it (padding attends to itself)."""
+    mask = torch.eye(layout.width, dtype=torch.bool, device=device).repeat(len(layout.rows), 1, 1, 1)
+    for row, (prompt, completions) in enumerate(layout.rows):
+        mask[row, 0, :prompt, :prompt] = torch.ones(prompt, prompt, dtype=torch.bool, device=device).tril()
+        for start, length in completions:
+            mask[row, 0, start : start + length, :prompt] = True
+            mask[row, 0, start : start + length, start : start + length] = torch.ones(
+                length, length, dtype=torch.bool, device=device
+            ).tril()
+    return mask
+
+
 def packed_sdpa_attention(
     module: torch.nn.Module,
     query: torch.Tensor,  # [R, H, L, D]
@@ -57,59 +78,92 @@ def packed_sdpa_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature; returns ([R, L, H, D] output, None)."""
-    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     layout = layout_of(attention_mask)
     if layout is None or dropout or query.shape[2] != layout.width or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    from torch.nn.attention.bias import causal_lower_right
+    rows, heads, width, dim = query.shape
+    plan = _plan(layout, query.device)
+    flat_q = query.transpose(1, 2).reshape(rows * width, heads, dim)  # [R * L, H, D]
+    flat_k = key.transpose(1, 2).reshape(rows * width, key.shape[1], dim)  # [R * L, H_kv, D]
+    flat_v = value.transpose(1, 2).reshape(rows * width, value.shape[1], dim)
+    out = _varlen(
+        flat_q.index_select(0, plan.queries), flat_k.index_select(0, plan.keys), flat_v.index_select(0, plan.keys),
+        plan, scaling,
+    )  # [T_q, H, D]
+    full = out.new_zeros(rows * width, heads, dim).index_copy(0, plan.queries, out)
+    return full.view(rows, width, heads, dim), None
 
-    groups = getattr(module, "num_key_value_groups", 1)
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    outputs = []
-    for row, (prompt, completions) in enumerate(layout.rows):
-        pieces = [sdpa(query[row : row + 1, :, :prompt], key[row : row + 1, :, :prompt], value[row : row + 1, :, :prompt],
-                       is_causal=True, scale=scaling)[0]]  # fmt: skip
-        if completions:
-            index = _indexes(layout, query.device)[row]  # [n * longest]
-            count = len(completions)
-            longest = index.numel() // count
-            keys = torch.cat([key[row : row + 1, :, :prompt].expand(count, -1, -1, -1), _gather(key[row], index, count)],
-                             dim=2)  # fmt: skip
-            values = torch.cat([value[row : row + 1, :, :prompt].expand(count, -1, -1, -1),
-                                _gather(value[row], index, count)], dim=2)  # fmt: skip
-            mask = causal_lower_right(longest, prompt + longest)
-            answered = sdpa(_gather(query[row], index, count), keys, values, attn_mask=mask, scale=scaling)
-            pieces += [answered[i, :, :length] for i, (_, length) in enumerate(completions)]
-        used = prompt + sum(length for _, length in completions)
-        if used < layout.width:
-            pieces.append(query.new_zeros(query.shape[1], layout.width - used, query.shape[3]))
-        outputs.append(torch.cat(pieces, dim=1))  # [H, L, D]
-    return torch.stack(outputs).transpose(1, 2).contiguous(), None
+
+@dataclass(frozen=True)
+class _Plan:
+    """The variable-length sequences of a batch of packed rows, as flat positions (row * L + column)."""
+
+    queries: torch.Tensor  # [T_q] every real token, sequence by sequence (each row's own order)
+    keys: torch.Tensor  # [T_k] each sequence's keys: the prompt's; a completion's: the prompt's, then its own
+    cu_q: torch.Tensor  # [N + 1] int32 cumulative query lengths
+    cu_k: torch.Tensor  # [N + 1] int32 cumulative key lengths
+    max_q: int
+    max_k: int
 
 
 @functools.lru_cache(maxsize=8)
-def _indexes(layout: PackedRows, device: torch.device) -> tuple[torch.Tensor | None, ...]:
-    """Per row, each completion's positions, its last one repeated to the row's longest (the repeats come after every
-    real token, so under the bottom-right causal mask no real query reaches them); made once per batch and device,
-    not in each layer (and its recomputation) again."""
-    indexes = []
-    for _, completions in layout.rows:
-        if not completions:
-            indexes.append(None)
-            continue
-        longest = max(length for _, length in completions)
-        steps = torch.arange(longest)
-        index = torch.stack([start + steps.clamp(max=length - 1) for start, length in completions]).reshape(-1)
-        indexes.append(index.to(device))
-    return tuple(indexes)
+def _plan(layout: PackedRows, device: torch.device) -> _Plan:
+    """Made once per batch and device (a layout is hashable), not in each layer and its recomputation again."""
+    queries, keys, q_lengths, k_lengths = [], [], [], []
+    for row, (prompt, completions) in enumerate(layout.rows):
+        base = row * layout.width
+        prompt_positions = list(range(base, base + prompt))
+        if prompt:
+            queries += prompt_positions
+            keys += prompt_positions
+            q_lengths.append(prompt)
+            k_lengths.append(prompt)
+        for start, length in completions:
+            own = list(range(base + start, base + start + length))
+            queries += own
+            keys += prompt_positions + own
+            q_lengths.append(length)
+            k_lengths.append(prompt + length)
+
+    def cumulative(lengths: list[int]) -> torch.Tensor:
+        return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+    return _Plan(
+        torch.tensor(queries, dtype=torch.long, device=device), torch.tensor(keys, dtype=torch.long, device=device),
+        cumulative(q_lengths), cumulative(k_lengths), max(q_lengths, default=0), max(k_lengths, default=0),
+    )
 
 
-def _gather(tensor: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
-    """[H, L, D] of one row -> [count, H, longest, D]: the positions `index` lists, completion by completion."""
-    heads, _, dim = tensor.shape
-    return tensor.index_select(1, index).reshape(heads, count, -1, dim).transpose(0, 1)
+def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: _Plan, scale: float | None) -> torch.Tensor:
+    """Causal (bottom-right) attention of each sequence `plan` delimits: [T_q, H, D] queries, [T_k, H_kv, D] keys and
+    values -> [T_q, H, D]."""
+    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
+        # flash attention's causal mask is aligned to the bottom right of each sequence's (q, k) block
+        out = torch.ops.aten._flash_attention_forward(
+            query, key, value, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, 0.0, True, False, scale=scale
+        )
+        return out[0]
+    return _reference(query, key, value, plan.cu_q, plan.cu_k, scale)
+
+
+def _reference(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """What the flash call computes, one sdpa call a sequence (CPU, float32; the tests' path): the same arguments."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    groups = query.shape[1] // key.shape[1]
+    q_bounds, k_bounds = cu_q.tolist(), cu_k.tolist()
+    pieces = []
+    for (q0, q1), (k0, k1) in zip(itertools.pairwise(q_bounds), itertools.pairwise(k_bounds), strict=True):
+        q = query[q0:q1].transpose(0, 1)[None]  # [1, H, n, D]
+        k = key[k0:k1].transpose(0, 1).repeat_interleave(groups, 0)[None]  # [1, H, m, D]
+        v = value[k0:k1].transpose(0, 1).repeat_interleave(groups, 0)[None]
+        mask = causal_lower_right(q1 - q0, k1 - k0)
+        pieces.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)[0].transpose(0, 1))
+    return torch.cat(pieces) if pieces else query.new_zeros(query.shape)
 
 
 def use_packed_attention(model: torch.nn.Module) -> bool:

@@ -391,7 +391,9 @@ def build_policy(config: Config, runtime: Runtime, total_steps: int) -> Training
     return build_training_model(
         config,
         runtime,
-        lambda model: PolicyScorer(model, balance_vision=runtime.balances_vision),
+        lambda model: PolicyScorer(
+            model, balance_vision=runtime.balances_vision, packed_attention=grpo_cfg.packed_attention
+        ),
         total_steps * grpo_cfg.mu_iterations,
         reference,
     )

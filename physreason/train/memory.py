@@ -316,9 +316,14 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
         mask = batch.rows * batch.row_tokens * -(-batch.row_tokens // layout.cp)  # [rows, 1, L, L / cp] entries
         kept = 1 if layout.gradient_checkpointing else shape.layers
         if workload.packed_spans:
+            # flash's variable-length call keeps its packed queries and output (H heads, the row's tokens), keys and
+            # values (H_kv heads: the prompt once for itself and once per completion, then the completions) and the
+            # float32 log-sum-exp of every query head
             completions = batch.row_tokens - batch.prompt  # the completion tokens of a row
-            entries = batch.rows * ((2 * batch.per_row + 1) * batch.prompt + 4 * completions) * shape.heads * shape.head_dim
-            plan.parts["activations"] += mask + kept * entries // tp * param_bytes
+            keys = (batch.per_row + 1) * batch.prompt + completions
+            entries = batch.rows * (2 * batch.row_tokens * shape.heads + 2 * keys * shape.kv_heads) * shape.head_dim
+            lse = batch.rows * batch.row_tokens * shape.heads * 4
+            plan.parts["activations"] += mask + kept * (entries * param_bytes + lse) // tp
         else:
             plan.parts["activations"] += mask + kept * mask * param_bytes
     plan.parts["logits / loss"] = loss_bytes(min(tokens, batch.loss_rows), shape.vocab, workload.loss_chunk_size)

@@ -139,8 +139,8 @@ def recipe_workload(
             prompt_tokens=min(prompt, seq_len),
             response_tokens=response,
             packed=config.packs_completions,
-            packed_spans=config.packs_completions and config.model.attn_implementation == "sdpa"
-            and config.policy.parallelism.cp_size == 1,
+            packed_spans=config.packs_completions and config.grpo.packed_attention == "spans"
+            and config.model.attn_implementation == "sdpa" and config.policy.parallelism.cp_size == 1,
             completions_per_step=config.train.train_batch_per_replica,
         )
     return Workload(

@@ -409,19 +409,23 @@ class PolicyScorer(nn.Module):
     Needed under torchrun, where one rank's prompts may be text-only while another's carry images; off in
     one process, where it would only cost time. The log-probs are unchanged (0 x the dummy outputs).
 
+    packed_attention: "spans" switches the language model's sdpa to models/packed_attention.py's, which runs
+    packed rows as variable-length sequences (grpo.packed_attention); "mask" keeps sdpa under the rows' mask.
+
     A batch with SharedVisuals runs the vision tower once per distinct visual (one call for the images, one
     for the videos, as transformers does), repeats the features into the rows' placeholders and calls the
     model on inputs_embeds. Autograd sums the rows' feature gradients before the tower's backward, which is
     the per-row path's gradient at a fraction of the tower's cost.
     """
 
-    def __init__(self, model: nn.Module, balance_vision: bool = False) -> None:
+    def __init__(self, model: nn.Module, balance_vision: bool = False, packed_attention: str = "mask") -> None:
         super().__init__()
         self.model = model
         self.balance_vision = balance_vision
         phases.mark_vision_tower(model)
-        # sdpa becomes packed_attention's: the same on every call but packed rows', which skip their [L, L] mask
-        use_packed_attention(model)
+        if packed_attention == "spans":
+            # sdpa becomes packed_attention's: the same on every call but packed rows', which skip their [L, L] mask
+            use_packed_attention(model)
 
     def forward(self, batch: CompletionBatch, temperature: float, diagnostics: bool = False) -> TokenScores:
         model_batch, shared = batch.model_batch, batch.visuals
