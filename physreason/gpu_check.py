@@ -424,6 +424,18 @@ def check_packed_attention(device: str = "cuda", dtype_name: str = "bfloat16", t
         if gaps[True] > 2 * gaps[False] + 1e-3:
             raise AssertionError(f"{what}: spans {gaps[True]:.2e} from float32, the masked path {gaps[False]:.2e}")
         parts.append(f"{what} {gaps[True]:.1e} (mask {gaps[False]:.1e})")
+    # the same call traced whole by torch.compile (train.compile): on CUDA flash's op inside one graph
+    plan = packed_attention._plan(layout, torch.device(device))
+    compiled = torch.compile(
+        lambda q, k, v: packed_sdpa_attention(module, q, k, v, None, scaling=128**-0.5, physreason_packed_plan=plan)[0],
+        fullgraph=True,
+    )
+    inputs = [leaf.to(dtype) for leaf in leaves]
+    eager_out = packed_sdpa_attention(module, *inputs, None, scaling=128**-0.5, physreason_packed_plan=plan)[0]
+    gap = float((compiled(*inputs).float() - eager_out.float()).abs().max())
+    if gap > 1e-2 * float(eager_out.float().abs().max()):
+        raise AssertionError(f"compiled spans path differs from eager by {gap:.3g}")
+    parts.append(f"compiled (fullgraph) within {gap:.1e}")
     times = {}
     if not small:
         for spans in (False, True):

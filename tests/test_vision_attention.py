@@ -95,6 +95,37 @@ def test_segments_grouped_once_per_cu_seqlens_per_forward(tiny_vl, vl_kind, monk
     assert seen[-1] == [0, 140, 280, 328]
 
 
+def test_compiled_checkpointed_vision_blocks_are_traced_and_match_eager(tiny_vl):
+    """Vision blocks compiled under activation checkpointing (as the trainer's recompute wraps them): the segment
+    groups come from each block's pre-hook, so dynamo traces the checkpointed forward (a host read or a cache write
+    inside torch.utils.checkpoint made it run every block eagerly); the same features and gradients as eager."""
+    from torch._dynamo.utils import counters
+
+    from physreason.models.parallelize import enable_activation_checkpointing
+
+    tiny = copy.deepcopy(tiny_vl)
+    tiny.model.visual.config._attn_implementation = "sdpa"
+    assert use_grouped_vision_attention(tiny)
+    enable_activation_checkpointing(tiny)
+    tower = tiny.model.visual.train()
+    expected, expected_grads = features_and_grads(tower)
+    torch._dynamo.reset()
+    counters.clear()
+    for block in tower.blocks:
+        block.compile()
+    try:
+        got, got_grads = features_and_grads(tower)
+    finally:
+        for block in tower.blocks:
+            block._compiled_call_impl = None
+    reasons = " ".join(counters["graph_break"])
+    assert "HOP" not in reasons and "checkpoint" not in reasons, reasons
+    assert counters["stats"]["unique_graphs"] >= 1  # the checkpointed block was compiled, not run eagerly
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_group_segments_orders_tokens_by_length_and_restores():
     cu_seqlens = torch.tensor([0, 3, 7, 10, 10, 14], dtype=torch.int32)
     groups = group_segments(cu_seqlens)

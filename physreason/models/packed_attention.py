@@ -80,11 +80,13 @@ def packed_sdpa_attention(
     """transformers' attention-function signature; returns ([R, L, H, D] output, None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    layout = layout_of(attention_mask)
-    if layout is None or dropout or query.shape[2] != layout.width or kwargs.get("position_bias") is not None:
+    plan = kwargs.pop(PLAN_KEYWORD, None)  # from the decoder layer's pre-hook (_plan_before_the_layer)
+    if plan is None:
+        layout = layout_of(attention_mask)
+        plan = _plan(layout, query.device) if layout is not None else None
+    if plan is None or dropout or query.shape[2] != plan.width or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     rows, heads, width, dim = query.shape
-    plan = _plan(layout, query.device)
     flat_q = query.transpose(1, 2).reshape(rows * width, heads, dim)  # [R * L, H, D]
     flat_k = key.transpose(1, 2).reshape(rows * width, key.shape[1], dim)  # [R * L, H_kv, D]
     flat_v = value.transpose(1, 2).reshape(rows * width, value.shape[1], dim)
@@ -106,6 +108,8 @@ class _Plan:
     cu_k: torch.Tensor  # [N + 1] int32 cumulative key lengths
     max_q: int
     max_k: int
+    width: int  # L
+    bounds: tuple[tuple[int, int, int, int], ...]  # per sequence (q start, q end, k start, k end): the reference's
 
 
 @functools.lru_cache(maxsize=8)
@@ -127,12 +131,16 @@ def _plan(layout: PackedRows, device: torch.device) -> _Plan:
             q_lengths.append(length)
             k_lengths.append(prompt + length)
 
-    def cumulative(lengths: list[int]) -> torch.Tensor:
-        return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
-
+    q_bounds, k_bounds = [0, *itertools.accumulate(q_lengths)], [0, *itertools.accumulate(k_lengths)]
     return _Plan(
-        torch.tensor(queries, dtype=torch.long, device=device), torch.tensor(keys, dtype=torch.long, device=device),
-        cumulative(q_lengths), cumulative(k_lengths), max(q_lengths, default=0), max(k_lengths, default=0),
+        torch.tensor(queries, dtype=torch.long, device=device),
+        torch.tensor(keys, dtype=torch.long, device=device),
+        torch.tensor(q_bounds, dtype=torch.int32, device=device),
+        torch.tensor(k_bounds, dtype=torch.int32, device=device),
+        max(q_lengths, default=0),
+        max(k_lengths, default=0),
+        layout.width,
+        tuple(zip(q_bounds, q_bounds[1:], k_bounds, k_bounds[1:], strict=False)),
     )
 
 
@@ -145,25 +153,46 @@ def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: _
             query, key, value, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, 0.0, True, False, scale=scale
         )
         return out[0]
-    return _reference(query, key, value, plan.cu_q, plan.cu_k, scale)
+    return _reference(query, key, value, plan.bounds, scale)
 
 
 def _reference(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, scale: float | None
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: tuple[tuple[int, int, int, int], ...],
+    scale: float | None,
 ) -> torch.Tensor:
-    """What the flash call computes, one sdpa call a sequence (CPU, float32; the tests' path): the same arguments."""
-    from torch.nn.attention.bias import causal_lower_right
-
+    """What the flash call computes, one sdpa call a sequence (CPU, float32; the tests' path)."""
     groups = query.shape[1] // key.shape[1]
-    q_bounds, k_bounds = cu_q.tolist(), cu_k.tolist()
     pieces = []
-    for (q0, q1), (k0, k1) in zip(itertools.pairwise(q_bounds), itertools.pairwise(k_bounds), strict=True):
+    for q0, q1, k0, k1 in bounds:
         q = query[q0:q1].transpose(0, 1)[None]  # [1, H, n, D]
         k = key[k0:k1].transpose(0, 1).repeat_interleave(groups, 0)[None]  # [1, H, m, D]
         v = value[k0:k1].transpose(0, 1).repeat_interleave(groups, 0)[None]
-        mask = causal_lower_right(q1 - q0, k1 - k0)
+        # bottom-right causal: query i of n sees keys 0 .. m - n + i of m
+        mask = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=query.device).tril(k1 - k0 - (q1 - q0))
         pieces.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)[0].transpose(0, 1))
     return torch.cat(pieces) if pieces else query.new_zeros(query.shape)
+
+
+PLAN_KEYWORD = "physreason_packed_plan"  # the keyword the pre-hook adds; decoder layers pass it to attention
+
+
+def _plan_before_the_layer(layer: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Forward pre-hook of a decoder layer: the packed rows' plan (cached per batch), made before the layer's forward.
+
+    Made inside the forward, which activation checkpointing wraps, reading the layout off the mask and the cache would
+    stop torch.compile from tracing the checkpointed layer (dynamo runs a checkpointed region eagerly when it cannot
+    trace all of it); in the hook it runs before the checkpoint and the forward receives the plan as an argument.
+    """
+    plan = _plan_of(kwargs.get("attention_mask"))
+    if plan is None or PLAN_KEYWORD in kwargs:
+        return None
+    return args, {**kwargs, PLAN_KEYWORD: plan}
+
+
+@torch.compiler.disable  # an attribute of the mask and a cache: run as Python, before the traced forward
+def _plan_of(mask: object) -> _Plan | None:
+    layout = layout_of(mask)
+    return _plan(layout, mask.device) if layout is not None else None
 
 
 def use_packed_attention(model: torch.nn.Module) -> bool:
@@ -183,4 +212,8 @@ def use_packed_attention(model: torch.nn.Module) -> bool:
     # would lose its padding): the masks are sdpa's
     AttentionMaskInterface.register(NAME, sdpa_mask)
     text._attn_implementation = NAME
+    from physreason.models.loading import decoder_layers
+
+    for layer in decoder_layers(model):
+        layer.register_forward_pre_hook(_plan_before_the_layer, with_kwargs=True)
     return True

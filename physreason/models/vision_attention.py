@@ -99,6 +99,28 @@ class _GroupsCache:
 
 
 _CACHE = _GroupsCache()
+# The keyword a vision block's pre-hook adds to its call: the SegmentGroups of its cu_seqlens, which transformers'
+# block and attention pass on to the attention function with their other keywords.
+GROUPS_KEYWORD = "physreason_segment_groups"
+
+
+def _groups_before_the_block(block: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Forward pre-hook of a vision block: the segment groups of its cu_seqlens, found before the block's forward.
+
+    Finding them reads cu_seqlens on the host (one sync; cached by tensor for the blocks after). Inside the forward,
+    which activation checkpointing wraps, that read would stop torch.compile from tracing the checkpointed block (a
+    graph break, and a cache write, inside torch.utils.checkpoint make dynamo run the whole block eagerly); in the
+    hook it runs before the checkpoint, and the forward receives the groups as a plain argument.
+    """
+    cu_seqlens = kwargs.get("cu_seqlens", args[1] if len(args) > 1 else None)
+    if not isinstance(cu_seqlens, torch.Tensor) or GROUPS_KEYWORD in kwargs:
+        return None
+    return args, {**kwargs, GROUPS_KEYWORD: _groups_of(cu_seqlens)}
+
+
+@torch.compiler.disable  # a host read and weak references: run as Python, before the traced forward
+def _groups_of(cu_seqlens: torch.Tensor) -> SegmentGroups:
+    return _CACHE.get(cu_seqlens)
 
 
 def grouped_attention(
@@ -149,7 +171,10 @@ def _wrapper(kernel: Callable[..., tuple[torch.Tensor, Any]]) -> Callable[..., t
             )
         for name in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
             kwargs.pop(name, None)
-        return grouped_attention(kernel, module, query, key, value, _CACHE.get(cu_seqlens), **kwargs), None
+        groups = kwargs.pop(GROUPS_KEYWORD, None)  # from the block's pre-hook (_groups_before_the_block)
+        if groups is None:
+            groups = _CACHE.get(cu_seqlens)
+        return grouped_attention(kernel, module, query, key, value, groups, **kwargs), None
 
     return attention
 
@@ -212,4 +237,9 @@ def use_grouped_vision_attention(model: nn.Module) -> bool:
         return False
     for config in configs:
         config._attn_implementation = grouped
+    attention_ids = {id(m) for m in attentions}
+    for block in model.modules():
+        if any(id(child) in attention_ids for child in block.children()) and not getattr(block, "_physreason_groups_hook", False):
+            block.register_forward_pre_hook(_groups_before_the_block, with_kwargs=True)
+            block._physreason_groups_hook = True
     return True
