@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--packed-attention", choices=["spans", "mask"], default="mask",
                         help="grpo.packed_attention: sdpa under the rows' [L, L] mask (physreason's default) or the "
                              "rows as variable-length sequences in one flash-attention call a layer")
+    parser.add_argument("--compile", action="store_true", help="train.compile: the policy's decoder blocks compiled")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR", help="profile steps after the timed ones")
     parser.add_argument("--profile-steps", type=int, default=2, help="steps under the profiler")
     harness.add_json(parser)
@@ -54,7 +55,8 @@ def main() -> None:
     bf16 = not args.tiny and torch.cuda.is_available()
     settings = harness.grpo_settings(model, data, out, args, backend, bf16, total_steps, 8192)
     settings += [f"train.gradient_checkpointing={'true' if bf16 else 'false'}",
-                 f"rollout.quantization='{args.quantization}'", f"grpo.packed_attention='{args.packed_attention}'"]  # fmt: skip
+                 f"rollout.quantization='{args.quantization}'", f"grpo.packed_attention='{args.packed_attention}'",
+                 f"train.compile={'true' if args.compile else 'false'}"]  # fmt: skip
     config = load_config(None, settings)
     device_kind = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     profiler = Profiled(args.profile, "grpo-step", device_kind) if args.profile is not None else None
@@ -77,7 +79,7 @@ def main() -> None:
     # mean |policy - engine| log-prob of the sampled tokens: what FP8 rollouts add to the engine/policy gap
     row["rollout/logprob_mismatch"] = statistics.mean(m["rollout/logprob_mismatch"] for m in timed)
     print(f"GRPO step on {info['device']}, engine {backend} (rollout quantization {args.quantization}, packed "
-          f"attention from the {args.packed_attention}), {args.prompts} "
+          f"attention from the {args.packed_attention}{', compiled blocks' if args.compile else ''}), {args.prompts} "
           f"prompts x {args.n} completions, {args.response_len} new tokens max (median of {len(timed)} steps)")
     print(f"{'part':<12}{'seconds':>10}{'share':>8}")
     for key in TIMES[:-1]:
