@@ -82,6 +82,10 @@ def test_the_variable_length_sequences_of_packed_rows():
     assert (plan.max_q, plan.max_k, plan.width) == (2, 4, 5)
     assert plan.bounds == ((0, 2, 0, 2), (2, 4, 2, 6), (4, 5, 6, 9), (5, 6, 9, 10), (6, 8, 10, 13))
     assert packed_attention._plan(layout, torch.device("cpu")) is plan  # made once per batch and device
+    assert packed_attention._plan_of(attach(torch.ones(2, 1, 5, 5, dtype=torch.bool), layout)) is plan
+    # a mask of another width (a context-parallel shard's) or without a layout: no plan, transformers' sdpa
+    assert packed_attention._plan_of(attach(torch.ones(2, 1, 5, 3, dtype=torch.bool), layout)) is None
+    assert packed_attention._plan_of(torch.ones(2, 1, 5, 5, dtype=torch.bool)) is None
 
 
 def test_the_gpu_check_of_the_spans_path_runs_on_cpu_and_fails_a_wrong_kernel(monkeypatch):

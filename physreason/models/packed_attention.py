@@ -82,9 +82,8 @@ def packed_sdpa_attention(
 
     plan = kwargs.pop(PLAN_KEYWORD, None)  # from the decoder layer's pre-hook (_plan_before_the_layer)
     if plan is None:
-        layout = layout_of(attention_mask)
-        plan = _plan(layout, query.device) if layout is not None else None
-    if plan is None or dropout or query.shape[2] != plan.width or kwargs.get("position_bias") is not None:
+        plan = _plan_of(attention_mask)
+    if plan is None or dropout or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     rows, heads, width, dim = query.shape
     flat_q = query.transpose(1, 2).reshape(rows * width, heads, dim)  # [R * L, H, D]
@@ -92,7 +91,7 @@ def packed_sdpa_attention(
     flat_v = value.transpose(1, 2).reshape(rows * width, value.shape[1], dim)
     out = _varlen(
         flat_q.index_select(0, plan.queries), flat_k.index_select(0, plan.keys), flat_v.index_select(0, plan.keys),
-        plan, scaling,
+        plan, scaling, width,
     )  # [T_q, H, D]
     full = out.new_zeros(rows * width, heads, dim).index_copy(0, plan.queries, out)
     return full.view(rows, width, heads, dim), None
@@ -106,7 +105,7 @@ class _Plan:
     keys: torch.Tensor  # [T_k] each sequence's keys: the prompt's; a completion's: the prompt's, then its own
     cu_q: torch.Tensor  # [N + 1] int32 cumulative query lengths
     cu_k: torch.Tensor  # [N + 1] int32 cumulative key lengths
-    max_q: int
+    max_q: int  # the longest sequence's queries and keys (the kernel is launched for the row width instead: below)
     max_k: int
     width: int  # L
     bounds: tuple[tuple[int, int, int, int], ...]  # per sequence (q start, q end, k start, k end): the reference's
@@ -144,13 +143,18 @@ def _plan(layout: PackedRows, device: torch.device) -> _Plan:
     )
 
 
-def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: _Plan, scale: float | None) -> torch.Tensor:
+def _varlen(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: _Plan, scale: float | None, width: int
+) -> torch.Tensor:
     """Causal (bottom-right) attention of each sequence `plan` delimits: [T_q, H, D] queries, [T_k, H_kv, D] keys and
-    values -> [T_q, H, D]."""
+    values -> [T_q, H, D]. `width` (the rows' L, at least any sequence's query or key count) bounds the sequences for
+    the kernel's launch: a bound from the tensors' shape, not the batch's own maxima, keeps one compiled graph for
+    every batch (torch.compile would specialise on plain integers and recompile for each new maximum); each
+    sequence's blocks past its own length exit at once."""
     if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
         # flash attention's causal mask is aligned to the bottom right of each sequence's (q, k) block
         out = torch.ops.aten._flash_attention_forward(
-            query, key, value, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, 0.0, True, False, scale=scale
+            query, key, value, plan.cu_q, plan.cu_k, width, width, 0.0, True, False, scale=scale
         )
         return out[0]
     return _reference(query, key, value, plan.bounds, scale)
@@ -191,8 +195,12 @@ def _plan_before_the_layer(layer: torch.nn.Module, args: tuple, kwargs: dict) ->
 
 @torch.compiler.disable  # an attribute of the mask and a cache: run as Python, before the traced forward
 def _plan_of(mask: object) -> _Plan | None:
+    """The plan of the rows `mask` carries; None without a layout or for a mask of another width (a context-parallel
+    shard's)."""
     layout = layout_of(mask)
-    return _plan(layout, mask.device) if layout is not None else None
+    if layout is None or mask.shape[-1] != layout.width:
+        return None
+    return _plan(layout, mask.device)
 
 
 def use_packed_attention(model: torch.nn.Module) -> bool:
