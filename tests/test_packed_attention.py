@@ -72,14 +72,13 @@ def test_calls_without_spans_are_transformers_sdpa_and_the_switch_is_once(tiny_m
 
 def test_the_variable_length_sequences_of_packed_rows():
     """Per row the prompt (queries = keys), then each completion (its queries; the prompt's keys, then its own), as
-    flat positions row * L + column; the cumulative lengths and maxima the flash kernel takes."""
+    flat positions row * L + column; the cumulative lengths the flash kernel takes."""
     layout = PackedRows(((2, ((2, 2), (4, 1))), (1, ((1, 2),))), width=5)
     plan = packed_attention._plan(layout, torch.device("cpu"))
     assert plan.queries.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
     assert plan.keys.tolist() == [0, 1, 0, 1, 2, 3, 0, 1, 4, 5, 5, 6, 7]
     assert plan.cu_q.tolist() == [0, 2, 4, 5, 6, 8] and plan.cu_q.dtype == torch.int32
     assert plan.cu_k.tolist() == [0, 2, 6, 9, 10, 13] and plan.cu_k.dtype == torch.int32
-    assert (plan.max_q, plan.max_k, plan.width) == (2, 4, 5)
     assert plan.bounds == ((0, 2, 0, 2), (2, 4, 2, 6), (4, 5, 6, 9), (5, 6, 9, 10), (6, 8, 10, 13))
     assert packed_attention._plan(layout, torch.device("cpu")) is plan  # made once per batch and device
     assert packed_attention._plan_of(attach(torch.ones(2, 1, 5, 5, dtype=torch.bool), layout)) is plan

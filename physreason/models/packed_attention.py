@@ -55,7 +55,7 @@ def layout_of(mask: object) -> PackedRows | None:
 
 
 def dense_mask(layout: PackedRows, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The [R, 1, L, L] boolean mask of the same rows as train/policy.py builds it (padding attends to itself)."""
+    """The [R, 1, L, L] boolean mask of packed rows (train/policy.py's; padding attends to itself)."""
     mask = torch.eye(layout.width, dtype=torch.bool, device=device).repeat(len(layout.rows), 1, 1, 1)
     for row, (prompt, completions) in enumerate(layout.rows):
         mask[row, 0, :prompt, :prompt] = torch.ones(prompt, prompt, dtype=torch.bool, device=device).tril()
@@ -105,9 +105,6 @@ class _Plan:
     keys: torch.Tensor  # [T_k] each sequence's keys: the prompt's; a completion's: the prompt's, then its own
     cu_q: torch.Tensor  # [N + 1] int32 cumulative query lengths
     cu_k: torch.Tensor  # [N + 1] int32 cumulative key lengths
-    max_q: int  # the longest sequence's queries and keys (the kernel is launched for the row width instead: below)
-    max_k: int
-    width: int  # L
     bounds: tuple[tuple[int, int, int, int], ...]  # per sequence (q start, q end, k start, k end): the reference's
 
 
@@ -136,9 +133,6 @@ def _plan(layout: PackedRows, device: torch.device) -> _Plan:
         torch.tensor(keys, dtype=torch.long, device=device),
         torch.tensor(q_bounds, dtype=torch.int32, device=device),
         torch.tensor(k_bounds, dtype=torch.int32, device=device),
-        max(q_lengths, default=0),
-        max(k_lengths, default=0),
-        layout.width,
         tuple(zip(q_bounds, q_bounds[1:], k_bounds, k_bounds[1:], strict=False)),
     )
 

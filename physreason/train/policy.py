@@ -33,7 +33,7 @@ from physreason.models.context_parallel import ULYSSES, ContextParallel, context
 from physreason.models.family import VisionTokens
 from physreason.models.inputs import VisualInputs, concat_visuals
 from physreason.models.packed_attention import NAME as PACKED_SDPA
-from physreason.models.packed_attention import PackedRows, attach, use_packed_attention
+from physreason.models.packed_attention import PackedRows, attach, dense_mask, use_packed_attention
 from physreason.models.parallelize import dummy_vision_features
 from physreason.train import phases
 from physreason.train.grpo_loss import entropy_from_logits, token_logprobs
@@ -265,18 +265,13 @@ def _packed_batch(
     count = len(rows)
     input_ids = torch.full((count, width), pad_token_id, dtype=torch.long)  # [R, L]
     position_ids = torch.zeros(3, count, width, dtype=torch.long)  # [3, R, L]
-    # Every query sees at least itself (padding included), so no softmax row is empty.
-    attention = torch.eye(width, dtype=torch.bool).repeat(count, 1, 1, 1)  # [R, 1, L, L]
     where: list[torch.Tensor] = [torch.zeros(0, dtype=torch.long)] * len(samples)
     targets: list[torch.Tensor] = [torch.zeros(0, dtype=torch.long)] * len(samples)
     for row, (ids, places, prompt, spans) in enumerate(pieces):
         input_ids[row, : len(ids)] = ids
         position_ids[:, row, : len(ids)] = places
-        attention[row, 0, :prompt, :prompt] = torch.ones(prompt, prompt, dtype=torch.bool).tril()
         for index, start, labels in spans:
             end = start + len(labels)
-            attention[row, 0, start:end, :prompt] = True
-            attention[row, 0, start:end, start:end] = torch.ones(len(labels), len(labels), dtype=torch.bool).tril()
             # Token k of the completion is predicted by the prompt's last position (k = 0) or by token k - 1.
             predicting = torch.cat([torch.tensor([prompt - 1]), torch.arange(start, end - 1)])  # [n]
             where[index] = predicting + row * width
@@ -294,6 +289,8 @@ def _packed_batch(
         tuple((prompt, tuple((start, len(labels)) for _, start, labels in spans)) for _, _, prompt, spans in pieces),
         width,
     )
+    # [R, 1, L, L]: every query sees at least itself (padding included), so no softmax row is empty
+    attention = dense_mask(packing)
     return _completion_batch(model_batch, samples, where, targets, visuals, attention, packing)
 
 
