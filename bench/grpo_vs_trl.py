@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto", help="auto: vLLM when installed")
     parser.add_argument("--gpu-memory", type=float, default=0.3, help="vLLM gpu_memory_utilization, both sides")
     parser.add_argument("--run-timeout", type=int, default=900, help="seconds one run may take")
+    parser.add_argument("--packed-attention", choices=["mask", "spans"], default="mask",
+                        help="physreason's grpo.packed_attention (its packed rows: sdpa under the mask, or one "
+                             "variable-length flash call a layer)")
     parser.add_argument("--no-recompute", action="store_true",
                         help="both sides keep their activations (gradient checkpointing off on both; on by default "
                              "on a GPU): where both fit, the table without recomputation")
@@ -209,6 +212,7 @@ def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed:
         f"grpo.mini_batch={completions if packed else spec['mini_batch']}",
         f"grpo.mini_batch_tokens={spec['mini_batch_tokens'] if packed else 0}",
         f"grpo.pack_completions={'true' if packed else 'false'}", "grpo.loss_agg_mode='token-mean'",
+        f"grpo.packed_attention='{spec.get('packed_attention', 'mask') if packed else 'mask'}'",
         "grpo.epsilon_low=0.2", "grpo.epsilon_high=0.2", "grpo.kl_beta=0.0", "grpo.mu_iterations=1",
         "grpo.shuffle_options=false",
         f"grpo.reward_function={{accuracy = {REWARD_WEIGHTS['accuracy']}, format = {REWARD_WEIGHTS['format']}}}",
@@ -570,6 +574,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             "work": str(work), "engine": engine, "bf16": not args.tiny and torch.cuda.is_available(),
             "recompute": not args.tiny and torch.cuda.is_available() and not args.no_recompute,
             "gpu_memory": args.gpu_memory, "trl_vision_attention": args.trl_vision_attention, "data": data,
+            "packed_attention": args.packed_attention,
             **{name: getattr(args, name) for name in ("prompts", "n", "response_len", "mini_batch", "mini_batch_tokens",
                                                       "steps", "warmup")}}  # fmt: skip
     spec_path = work / "spec.json"
@@ -578,7 +583,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     device = info["device"]
     print(
         f"{device}, engine {engine}: {args.prompts} prompts x {args.n} completions of {args.response_len} tokens per "
-        f"step, micro-batch {args.mini_batch}; clip {data['video_frames_thw']} frames -> {data['video_tokens']} video "
+        f"step, micro-batch {args.mini_batch} (physreason: packed rows, attention from the {args.packed_attention}); "
+        f"clip {data['video_frames_thw']} frames -> {data['video_tokens']} video "
         f"tokens, contact sheet {data['image_hw']} -> {data['image_tokens']} image tokens; setup "
         f"{time.perf_counter() - started:.0f} s",
         flush=True,
@@ -627,7 +633,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 JSON_NAME = "grpo_vs_trl.json"
 # What two calls' runs must share to pool into one table (--append): the step's sizes and both sides' settings.
 SETUP_ARGS = ("prompts", "n", "response_len", "mini_batch", "mini_batch_tokens", "steps", "warmup",
-              "trl_vision_attention", "text_words", "gpu_memory", "tiny", "no_recompute")  # fmt: skip
+              "trl_vision_attention", "text_words", "gpu_memory", "tiny", "no_recompute", "packed_attention")  # fmt: skip
 
 
 def setup_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -159,6 +159,11 @@ def test_physreason_config_sets_the_shared_recipe(bench, prepared, tmp_path):
     for recompute in (True, False):
         spec_r = {**spec, "recompute": recompute}
         assert bench.physreason_config(spec_r, "video", tmp_path).train.gradient_checkpointing is recompute
+    # --packed-attention reaches the packed side only (the padded side has no packed rows); the default is the mask
+    assert config.grpo.packed_attention == "mask"
+    spans = {**spec, "packed_attention": "spans"}
+    assert bench.physreason_config(spans, "video", tmp_path).grpo.packed_attention == "spans"
+    assert bench.physreason_config(spans, "video", tmp_path, packed=False).grpo.packed_attention == "mask"
 
 
 def test_ratios_compare_each_physreason_side_with_trl_and_video_with_trl_images(bench):
