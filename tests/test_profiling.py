@@ -171,3 +171,41 @@ def test_optimizer_steps_counts_torch_optims_step_ranges_in_the_window(tmp_path)
             optimizer.zero_grad()
             profiler.step()
     assert profiling.optimizer_steps(list(profiler.profiler.events())) == 3
+
+
+def test_gpu_kernels_of_the_other_kind_are_also_listed_by_the_op_that_launched_them():
+    """On a GPU the generic kernels (elementwise, copies, cats: names that say little) are summed by their CPU op, in
+    the whole step and inside a phase category; GEMM and attention kernels are not."""
+    from types import SimpleNamespace
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def span(start: float, end: float) -> SimpleNamespace:
+        return SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+
+    def op(name: str, parent, start: float, kernels: list[tuple[str, float]]) -> SimpleNamespace:
+        return SimpleNamespace(
+            name=name, device_type=cpu, sequence_nr=-1, thread=1, cpu_parent=parent, time_range=span(start, start + 5),
+            kernels=[SimpleNamespace(name=k, duration=d) for k, d in kernels], is_user_annotation=False,
+        )  # fmt: skip
+
+    tower = op(phases.PREFIX + phases.VISION_TOWER, None, 0, [])
+    tower.time_range = span(0, 100)
+    ops = [
+        tower,
+        op("aten::copy_", tower, 10, [("void at::native::elementwise_kernel<128, 2>", 30.0)]),
+        op("aten::mm", tower, 20, [("nvjet_sm90_tst_192x192", 50.0)]),
+        op("aten::cat", None, 200, [("CatArrayBatchedCopy", 20.0)]),
+        op("aten::copy_", None, 300, [("void at::native::elementwise_kernel<128, 2>", 5.0)]),
+    ]
+    kernels = [SimpleNamespace(name="k", device_type=cuda, time_range=span(0, d), is_user_annotation=False)
+               for d in (30.0, 50.0, 20.0, 5.0)]  # fmt: skip
+    result = profiling.breakdown(ops + kernels, "cuda")
+    assert dict(result.other_ops) == {"aten::copy_": 35.0, "aten::cat": 20.0}
+    assert dict(result.inside_other_ops["vision tower"]) == {"aten::copy_": 30.0}
+    assert result.by_category["vision tower"] == 80.0 and result.unattributed_us == 0.0
+    text = profiling.format_breakdown(result, steps=1, inside_share=0.0)
+    assert "ops behind the 'other' kernels" in text and "ops behind 'other' inside vision tower" in text
+    summary = profiling.summary_json(result, steps=1)
+    assert summary["other_by_op_ms_per_step"] == {"aten::copy_": 0.035, "aten::cat": 0.02}
+    assert summary["inside_ms_per_step"]["vision tower"]["other_by_op"] == {"aten::copy_": 0.03}

@@ -11,7 +11,10 @@ of work into one category, the first rule that matches:
   GEMMs           matrix multiplications by name (cuBLAS/CUTLASS/nvjet kernels, aten::mm/addmm/bmm on CPU);
   other           the rest (norms, rotary, activations, copies, casts, ...).
 The three phase categories (optimizer, loss/logits, vision tower) are split once more by kernel name into attention,
-GEMMs and other, with their own heaviest kernels, so a slow vision tower shows what inside it is slow.
+GEMMs and other, with their own heaviest kernels, so a slow vision tower shows what inside it is slow. On a GPU, the
+"other" kernels (generic elementwise, copy and reduction kernels, whose names say little) are also listed by the CPU
+op that launched them (aten::copy_, aten::cat, aten::mul, a Triton kernel of a compiled graph, ...), in the whole step
+and inside each phase category.
 Work is "inside" a phase (physreason/train/phases.py) when it was launched within that range, or, for backward work,
 when its autograd node was created within that range in the forward (matched by autograd sequence number); the
 phase table lists the same work by phase and direction. Work items: on a GPU, each kernel (and memcpy/memset) with
@@ -73,6 +76,10 @@ class Breakdown:
     inside: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
     inside_top: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
     unattributed_us: float = 0.0  # device time of kernels no CPU op claimed (shown, never guessed)
+    # On a GPU: the "other" kernels' time by the CPU op that launched them, in the whole step and inside each phase
+    # category (CPU profiles list ops already).
+    other_ops: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    inside_other_ops: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
 
     @property
     def total_us(self) -> float:
@@ -131,9 +138,14 @@ def breakdown(events: list[Any], device: str) -> Breakdown:
         callers = tuple(node.name for node in _ancestors(event))
         sort = category(name, phase, callers)
         result.by_category[sort] += microseconds
+        generic = device == "cuda" and kind(name) == "other"
+        if generic:
+            result.other_ops[event.name] += microseconds
         if sort in _PHASE_CATEGORY.values():
             result.inside[sort][kind(name)] += microseconds
             result.inside_top[sort][name] += microseconds
+            if generic:
+                result.inside_other_ops[sort][event.name] += microseconds
         result.by_phase[f"{phase or 'outside the phases'} ({direction})"] += microseconds
         result.top[name] += microseconds
 
@@ -220,6 +232,7 @@ def format_breakdown(result: Breakdown, steps: int, top: int = 12, inside_share:
     lines.append(f"{'heaviest ' + ('kernels' if result.device == 'cuda' else 'ops'):<40}{'ms/step':>10}{'share':>8}")
     for name, value in sorted(result.top.items(), key=lambda item: item[1], reverse=True)[:top]:
         lines.append(f"  {name[:70]:<38}{value / steps / 1e3:>10.2f}{value / total:>8.1%}")
+    lines += _other_ops_table(result.other_ops, "ops behind the 'other' kernels", steps, total, "share")
     for sort in CATEGORIES:
         part = result.by_category.get(sort, 0.0)
         if sort not in result.inside or part < inside_share * total:
@@ -232,7 +245,19 @@ def format_breakdown(result: Breakdown, steps: int, top: int = 12, inside_share:
         lines.append(f"{heading:<40}{'ms/step':>10}{'of it':>8}")
         for name, value in sorted(result.inside_top[sort].items(), key=lambda item: item[1], reverse=True)[:top]:
             lines.append(f"  {name[:70]:<38}{value / steps / 1e3:>10.2f}{value / part:>8.1%}")
+        lines += _other_ops_table(result.inside_other_ops.get(sort, {}), f"ops behind 'other' inside {sort}", steps, part)
     return "\n".join(lines)
+
+
+def _other_ops_table(ops: dict[str, float], heading: str, steps: int, whole: float, share: str = "of it",
+                     top: int = 8) -> list[str]:  # fmt: skip
+    """The heaviest launching ops of generic kernels, as table lines (none when there are none: CPU profiles)."""
+    if not ops:
+        return []
+    lines = [f"{heading:<40}{'ms/step':>10}{share:>8}"]
+    for name, value in sorted(ops.items(), key=lambda item: item[1], reverse=True)[:top]:
+        lines.append(f"  {name[:70]:<38}{value / steps / 1e3:>10.2f}{value / whole:>8.1%}")
+    return lines
 
 
 def summary_json(result: Breakdown, steps: int) -> dict[str, Any]:
@@ -245,10 +270,13 @@ def summary_json(result: Breakdown, steps: int) -> dict[str, Any]:
         "by_category_ms_per_step": {k: result.by_category.get(k, 0.0) / per_step for k in CATEGORIES},
         "by_phase_ms_per_step": {k: v / per_step for k, v in sorted(result.by_phase.items())},
         "top_ms_per_step": {k: v / per_step for k, v in sorted(result.top.items(), key=lambda i: -i[1])[:30]},
+        "other_by_op_ms_per_step": {k: v / per_step for k, v in sorted(result.other_ops.items(), key=lambda i: -i[1])[:30]},
         "inside_ms_per_step": {
             sort: {
                 "by_kind": {k: result.inside[sort].get(k, 0.0) / per_step for k in ("attention", "GEMMs", "other")},
                 "top": {k: v / per_step for k, v in sorted(result.inside_top[sort].items(), key=lambda i: -i[1])[:30]},
+                "other_by_op": {k: v / per_step for k, v in sorted(result.inside_other_ops.get(sort, {}).items(),
+                                                                   key=lambda i: -i[1])[:30]},  # fmt: skip
             }
             for sort in CATEGORIES
             if sort in result.inside
