@@ -181,10 +181,10 @@ def _plan_before_the_layer(layer: torch.nn.Module, args: tuple, kwargs: dict) ->
     stop torch.compile from tracing the checkpointed layer (dynamo runs a checkpointed region eagerly when it cannot
     trace all of it); in the hook it runs before the checkpoint and the forward receives the plan as an argument.
     """
-    plan = _plan_of(kwargs.get("attention_mask"))
-    if plan is None or PLAN_KEYWORD in kwargs:
+    if PLAN_KEYWORD in kwargs:
         return None
-    return args, {**kwargs, PLAN_KEYWORD: plan}
+    plan = _plan_of(kwargs.get("attention_mask"))
+    return None if plan is None else (args, {**kwargs, PLAN_KEYWORD: plan})
 
 
 @torch.compiler.disable  # an attribute of the mask and a cache: run as Python, before the traced forward

@@ -229,10 +229,10 @@ def format_breakdown(result: Breakdown, steps: int, top: int = 12, inside_share:
         keys = CATEGORIES if title == "category" else sorted(table, key=table.get, reverse=True)
         for key in keys:
             lines.append(f"  {key:<38}{table.get(key, 0.0) / steps / 1e3:>10.2f}{table.get(key, 0.0) / total:>8.1%}")
-    lines.append(f"{'heaviest ' + ('kernels' if result.device == 'cuda' else 'ops'):<40}{'ms/step':>10}{'share':>8}")
-    for name, value in sorted(result.top.items(), key=lambda item: item[1], reverse=True)[:top]:
-        lines.append(f"  {name[:70]:<38}{value / steps / 1e3:>10.2f}{value / total:>8.1%}")
-    lines += _other_ops_table(result.other_ops, "ops behind the 'other' kernels", steps, total, "share")
+    heaviest = "heaviest " + ("kernels" if result.device == "cuda" else "ops")
+    lines += _heaviest(result.top, heaviest, steps, total, "share", top)
+    if result.other_ops:
+        lines += _heaviest(result.other_ops, "ops behind the 'other' kernels", steps, total, "share", 8)
     for sort in CATEGORIES:
         part = result.by_category.get(sort, 0.0)
         if sort not in result.inside or part < inside_share * total:
@@ -241,21 +241,16 @@ def format_breakdown(result: Breakdown, steps: int, top: int = 12, inside_share:
         for key in ("attention", "GEMMs", "other"):
             value = result.inside[sort].get(key, 0.0)
             lines.append(f"  {key:<38}{value / steps / 1e3:>10.2f}{value / part:>8.1%}")
-        heading = f"heaviest {'kernels' if result.device == 'cuda' else 'ops'} inside {sort}"
-        lines.append(f"{heading:<40}{'ms/step':>10}{'of it':>8}")
-        for name, value in sorted(result.inside_top[sort].items(), key=lambda item: item[1], reverse=True)[:top]:
-            lines.append(f"  {name[:70]:<38}{value / steps / 1e3:>10.2f}{value / part:>8.1%}")
-        lines += _other_ops_table(result.inside_other_ops.get(sort, {}), f"ops behind 'other' inside {sort}", steps, part)
+        lines += _heaviest(result.inside_top[sort], f"{heaviest} inside {sort}", steps, part, "of it", top)
+        if result.inside_other_ops.get(sort):  # GPU profiles only: CPU ones list ops already
+            lines += _heaviest(result.inside_other_ops[sort], f"ops behind 'other' inside {sort}", steps, part, "of it", 8)
     return "\n".join(lines)
 
 
-def _other_ops_table(ops: dict[str, float], heading: str, steps: int, whole: float, share: str = "of it",
-                     top: int = 8) -> list[str]:  # fmt: skip
-    """The heaviest launching ops of generic kernels, as table lines (none when there are none: CPU profiles)."""
-    if not ops:
-        return []
+def _heaviest(times: dict[str, float], heading: str, steps: int, whole: float, share: str, top: int) -> list[str]:
+    """A table of the `top` heaviest names in `times` (microseconds over `steps`), each with its share of `whole`."""
     lines = [f"{heading:<40}{'ms/step':>10}{share:>8}"]
-    for name, value in sorted(ops.items(), key=lambda item: item[1], reverse=True)[:top]:
+    for name, value in sorted(times.items(), key=lambda item: item[1], reverse=True)[:top]:
         lines.append(f"  {name[:70]:<38}{value / steps / 1e3:>10.2f}{value / whole:>8.1%}")
     return lines
 
