@@ -315,7 +315,11 @@ class Uploads:
                     self._upload_s3(folder)
                 else:
                     self._upload_hf(folder)
-                self._drop_pending(kind, folder)
+                with self._lock:
+                    # One step under the lock: a submit() of the same folder between the two would find it neither
+                    # pending nor free to queue (still active) and stay listed as pending with no job behind it.
+                    self._drop_pending(kind, folder)
+                    self._active.discard(job)
                 log.info("uploaded %s to %s", folder, self.s3.url(folder) if kind == "s3" else self.hf_repo)
             except UploadFailed as exc:
                 with self._lock:
