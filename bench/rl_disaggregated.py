@@ -85,6 +85,18 @@ def usage_error(message: str) -> None:
     raise SystemExit(2)
 
 
+def check_time_share(modes: list[str], time_limit: float, min_mode_s: float) -> None:
+    """Refuse a --time-limit that gives each mode less than --min-mode-s: modes run one after another and each gets an
+    even share of what is left, so a share too short for a mode's start and steps loses every mode's table row."""
+    share = time_limit / max(len(modes), 1)
+    if share < min_mode_s:
+        usage_error(
+            f"--time-limit {time_limit:g} s over {len(modes)} modes ({', '.join(modes)}) gives each about {share:.0f} s, "
+            f"below --min-mode-s {min_mode_s:g}: run one mode a call (--modes colocated, or --modes disaggregated "
+            "--layouts P+R; --append keeps earlier rows), raise --time-limit or lower --min-mode-s"
+        )
+
+
 def layout_mode(policy: int, rollout: int) -> str:
     return f"{DISAGGREGATED}-{policy}+{rollout}"
 
@@ -512,6 +524,9 @@ def main() -> None:
     parser.add_argument("--engine", choices=["vllm", "hf"], default=None, help="default: vllm, hf with --tiny")
     parser.add_argument("--tiny", action="store_true", help="tiny model and shapes on CPU: checks every code path")
     parser.add_argument("--time-limit", type=float, default=480.0, help="seconds for everything; modes share what is left")
+    parser.add_argument("--min-mode-s", type=float, default=None,
+                        help="refuse a --time-limit whose share per mode is below this (default 240 s; 0 with --tiny): "
+                        "a 3B mode's start and steps did not fit 183 s a mode")  # fmt: skip
     parser.add_argument("--synth-workers", type=int, default=8)
     parser.add_argument("--kill-rollout-at", type=int, default=0, metavar="STEP",
                         help="disaggregated: after this step, kill a rollout replica (its Ray actor) once it is "
@@ -536,6 +551,7 @@ def main() -> None:
         usage_error(f"--prompts {args.prompts}: give at least 1")
     check_divisible(layouts, args.gpus, args.tiny, args.modes, args.prompts)
     modes = [m for mode in args.modes for m in ([mode] if mode == "colocated" else [layout_mode(*x) for x in layouts])]
+    check_time_share(modes, args.time_limit, args.min_mode_s if args.min_mode_s is not None else 0 if args.tiny else 240)
     deadline = time.time() + args.time_limit
     args.engine = args.engine or ("hf" if args.tiny else "vllm")
     if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:

@@ -93,3 +93,15 @@ def test_each_mode_trains_the_prompts_asked_for(bench):
     for mode, ranks in (("disaggregated-3+1", 3), ("disaggregated-2+2", 2), ("colocated", 4)):
         config = Config.model_validate(bench.recipe(Path("/m"), Path("/d"), Path("/o"), mode, args))
         assert groups_per_rank(config, ranks) == 12 // ranks  # the recipe validates and splits: raises otherwise
+
+
+def test_a_time_limit_too_short_for_every_mode_exits_2_before_anything_runs(bench, capsys):
+    modes = ["colocated", "disaggregated-2+2", "disaggregated-3+1"]
+    bench.check_time_share(modes, 750, 240)  # 250 s each
+    bench.check_time_share(modes[:1], 550, 240)  # one mode a call has the whole limit
+    with pytest.raises(SystemExit) as exit_:
+        bench.check_time_share(modes, 550, 240)  # the call of 2026-11-28: 183 s each, no mode finished
+    error = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert "--time-limit 550 s over 3 modes (colocated, disaggregated-2+2, disaggregated-3+1) gives each about 183 s" in error
+    assert "run one mode a call" in error
