@@ -11,7 +11,8 @@ One GPU:   sft-sync-saves, sft-async-saves (three saves each, then a resume from
            the uninterrupted run's), float8-rowwise, float8-tensorwise, float8-fsdp-compiled (torchrun 1),
            cpu-offload, bf16-optimizer-state, bf16-state-grouped (one Triton kernel a group against one compiled
            kernel a parameter), packed-attention-spans (flash's variable-length kernel against sdpa under the
-           mask), compiled-blocks, chunked-loss (against the full loss of the same step),
+           mask), compiled-blocks, compiled-vision (image records: the vision blocks traced under recompute,
+           losses as the eager tower's), chunked-loss (against the full loss of the same step),
            fsdp2-torchrun (FSDP2 on a one-rank mesh under torchrun 1: train.one_rank_precision = 'legacy', since one
            process now trains without FSDP2 by default), hf-generate, grpo-step
 Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losses within 1e-3 relative;
@@ -89,6 +90,7 @@ CHECKS = (
     Check("bf16-state-grouped", cuda_only=True),
     Check("packed-attention-spans", cuda_only=True),
     Check("compiled-blocks", cuda_only=True, settings=("train.compile=true",)),
+    Check("compiled-vision", cuda_only=True, settings=("train.compile_vision=true",)),
     Check("chunked-loss", settings=("train.loss_chunk_size=16",)),
     # One process trains without FSDP2 by default (train.one_rank_precision = "cast"): "legacy" keeps FSDP2 here
     Check("fsdp2-torchrun", settings=("train.one_rank_precision='legacy'",)),
@@ -232,6 +234,46 @@ def finite(losses: list[float], expected: int) -> str:
     if len(losses) != expected or not all(math.isfinite(x) for x in losses):
         raise AssertionError(f"expected {expected} finite losses, got {losses}")
     return f"losses {losses[0]:.4f} -> {losses[-1]:.4f}"
+
+
+def image_records(work: Path, count: int = 8) -> Path:
+    """`count` chat records each with a small random image (the vision tower's input), made once under work."""
+    import numpy as np
+    from PIL import Image
+
+    records = work / "images.jsonl"
+    if not records.is_file():
+        rng = np.random.default_rng(0)
+        rows = []
+        for i in range(count):
+            Image.fromarray(rng.integers(0, 256, size=(56 + 28 * (i % 2), 84, 3), dtype=np.uint8)).save(work / f"img{i}.png")
+            rows.append({"image": f"img{i}.png", "conversations": [
+                {"role": "user", "content": f"Does object {i} roll off the table?"},
+                {"role": "assistant", "content": "<think>tilted</think><answer>yes</answer>"}]})  # fmt: skip
+        records.write_text("\n".join(json.dumps(r) for r in rows))
+    return records
+
+
+def check_compiled_vision(model: Path, work: Path, settings: tuple[str, ...]) -> str:
+    """SFT on image records with the vision blocks compiled against the same run eager: the blocks traced (a graph,
+    no break at the recompute's checkpoint) and the losses within bf16's reach of the eager tower's."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    data = image_records(work)
+    common = base_settings(model, data, work / "compiled-vision-eager", steps=3) + [
+        "train.ckpt.enable_checkpoint=false", "train.param_dtype='bfloat16'"]  # fmt: skip
+    eager = sft(common).losses
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = sft([*common, f"train.output_dir='{work / 'compiled-vision'}'", *settings]).losses
+    graphs = counters["stats"]["unique_graphs"]
+    reasons = " ".join(counters["graph_break"])
+    if not graphs or "HOP" in reasons or "checkpoint" in reasons:
+        raise AssertionError(f"the vision blocks ran eagerly: {graphs} graphs, graph breaks: {reasons or 'none'}")
+    if not close(compiled, eager, 2e-2):
+        raise AssertionError(f"compiled tower {compiled} vs eager {eager}")
+    return f"{finite(compiled, 3)}, {graphs} graphs; eager {eager[-1]:.4f} at step 3"
 
 
 def check_saves(check: Check, model: Path, chat: Path, work: Path) -> str:
@@ -693,6 +735,8 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
         return finite(result.losses, 3)
     if name == "chunked-loss":
         return check_chunked(model, chat, work, check.settings)
+    if name == "compiled-vision":
+        return check_compiled_vision(model, work, check.settings)
     if name == "bf16-state-grouped":
         return check_bf16_grouped()
     if name == "packed-attention-spans":

@@ -230,7 +230,7 @@ def test_the_build_converts_before_fsdp2_and_compile_and_precomputes_scales_only
 
     monkeypatch.setattr(build, "apply_float8", convert)
     monkeypatch.setattr(build, "shard", record("shard", build.shard))
-    monkeypatch.setattr(build, "compile_blocks", record("compile", lambda model: None))
+    monkeypatch.setattr(build, "compile_blocks", record("compile", lambda model, **parts: None))
     monkeypatch.setattr(build, "build_optimizer", record("optimizer", build.build_optimizer))
     monkeypatch.setattr(float8, "precompute_scales_after_steps", record("precompute after steps", lambda o, m: None))
     config = Config.model_validate({"train": {"fp8": {"enable_fp8": True}, "compile": True}})

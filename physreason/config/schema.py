@@ -503,6 +503,12 @@ class TrainConfig(Section):
     )
     freeze_vision_tower: bool = Field(False, description="Keep the vision encoder's weights fixed.")
     compile: bool = Field(False, description="torch.compile each decoder block.")
+    compile_vision: bool = Field(
+        False,
+        description="torch.compile each vision-encoder block (one graph serves them all; it fuses the tower's "
+        "elementwise kernels). A clip of another patch grid compiles the blocks again: fine for data of one resolution "
+        "and length, costly for many shapes (past 64 variants a block runs eagerly and torch warns once).",
+    )
     loss_chunk_size: int = Field(
         0, ge=0, description="Tokens per lm_head + cross-entropy chunk (full logits never materialise); 0 = one piece."
     )

@@ -180,16 +180,25 @@ def shard(
 BLOCK_RECOMPILE_LIMIT = 64
 
 
-def compile_blocks(model: nn.Module) -> None:
-    """torch.compile each decoder block in place (the blocks repeat, so one graph serves them all).
+def compile_blocks(model: nn.Module, decoder: bool = True, vision: bool = False) -> None:
+    """torch.compile each decoder block (`decoder`) and each vision-encoder block (`vision`) in place; the blocks
+    repeat, so one graph serves them all.
 
     Rows of varying length (SFT pads to multiples of 16 under float8) cost one recompile at the second length, which
-    marks the length dynamic; later lengths reuse that graph.
+    marks the length dynamic; later lengths reuse that graph. The vision attention groups a clip's segments by length
+    in plain integers (models/vision_attention.py), so each new patch grid compiles the vision blocks again.
     """
+    tower = loading.vision_tower(model)
+    if vision and tower is None:
+        raise ConfigError(
+            f"train.compile_vision = true, but {type(model).__name__} has no vision encoder: set "
+            "train.compile_vision = false"
+        )
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), BLOCK_RECOMPILE_LIMIT))
-    for block in loading.decoder_layers(model):
+    blocks = [*(loading.decoder_layers(model) if decoder else ()), *(tower.blocks if vision else ())]
+    for block in blocks:
         block.compile()
 
 
@@ -237,8 +246,8 @@ def build_training_model(
     for wrapper in (module, frozen):
         if wrapper is not None:
             shard(wrapper, wrapper.model, runtime, mesh, train, cast)
-    if train.compile:
-        compile_blocks(model)
+    if train.compile or train.compile_vision:
+        compile_blocks(model, decoder=train.compile, vision=train.compile_vision)
     module.train()
     fused = fused_adamw(runtime.device, train.cpu_offload)  # offloaded shards step on the host, fused there too
     optimizer, scheduler = build_optimizer(module, train, optimizer_steps, fused=fused)
