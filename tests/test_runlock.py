@@ -119,3 +119,20 @@ def test_a_second_infer_into_the_same_out_is_refused_before_it_reads_or_writes(t
         holder.kill()
         holder.wait()
     assert not runlock._HELD  # nothing left held by the refused run
+
+
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_left_as_it_was(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / runlock.LOCK_NAME).symlink_to(victim)
+    with pytest.raises(ConfigError, match=r"\.physreason\.lock is a symbolic link, and a run lock is written: delete"):
+        runlock.lock_output(run)
+    assert victim.read_text() == "precious\n"
+    (run / runlock.LOCK_NAME).unlink()
+    assert runlock.lock_output(run)  # a plain file in its place: held
+    try:
+        assert (run / runlock.LOCK_NAME).read_text().startswith(f"pid {os.getpid()} on ")
+    finally:
+        runlock.release_output(run)

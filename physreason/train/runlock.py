@@ -50,14 +50,22 @@ def lock_file(path: Path, what: str, why: str) -> bool:
     """Hold the lock on the file `path` (created if missing; its folder must exist) for this process; True when held
     (also when already held here), False when the filesystem has no locks. ConfigError `<what> is in use by another
     run (<holder>): <why>` when another process holds it."""
-    key = Path(path).resolve()
+    key = _key(path)
     if key in _HELD:
         return True
     try:
         import fcntl
     except ImportError:  # not a POSIX system
         return False
-    handle = open(key, "a+", encoding="utf-8")  # noqa: SIM115 (held open until release)
+    try:  # never through a link: the pid line below would replace whatever file the link names
+        descriptor = os.open(key, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise ConfigError(
+            f"{key} is a symbolic link, and a run lock is written: delete the link (a plain file is made in its place)"
+        ) from None
+    handle = os.fdopen(descriptor, "r+", encoding="utf-8")  # held open until release
     try:
         fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -77,10 +85,16 @@ def lock_file(path: Path, what: str, why: str) -> bool:
     return True
 
 
+def _key(path: Path) -> Path:
+    """The lock file's path with its folder resolved and its own name kept (a link there is not followed)."""
+    path = Path(path)
+    return path.parent.resolve() / path.name
+
+
 @contextlib.contextmanager
 def holding(path: Path, what: str, why: str) -> Iterator[None]:
     """lock_file(path, what, why) for the `with` block; released when it ends, however it ends."""
-    taken = Path(path).resolve() not in _HELD and lock_file(path, what, why)
+    taken = _key(path) not in _HELD and lock_file(path, what, why)
     try:
         yield
     finally:
@@ -90,7 +104,7 @@ def holding(path: Path, what: str, why: str) -> Iterator[None]:
 
 def release_file(path: Path) -> None:
     """Let go of the lock on `path` if this process holds it."""
-    handle = _HELD.pop(Path(path).resolve(), None)
+    handle = _HELD.pop(_key(path), None)
     if handle is not None:
         handle.close()  # closing the file releases the lock
 
