@@ -4,6 +4,7 @@ has the shape a run writes."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -41,12 +42,30 @@ def test_a_record_missing_a_part_reads_as_empty_there(tmp_path):
     assert read_record(tmp_path) == {"pending": [], "s3": {"s3://b/k": {"etag": "e"}}, "hf": {}}
 
 
-def test_a_queued_folder_outside_the_run_is_refused_before_anything_is_deleted(tmp_path):
+@pytest.mark.parametrize("folder", ["../../precious", ".", "", "checkpoints", "checkpoints/step_2/..", "foo/bar",
+                                    "/tmp/precious", "safetensors/step_x"])  # fmt: skip
+def test_a_queued_folder_not_a_runs_checkpoint_or_export_is_refused_before_anything_is_deleted(tmp_path, folder):
     outside = tmp_path / "precious"
     outside.mkdir()
     run = tmp_path / "run"
-    (run / ".uploads").mkdir(parents=True)
-    (run / RECORD).write_text(json.dumps({"pending": [["s3", "../../precious"]]}))
-    with pytest.raises(ConfigError, match=r"'pending' names the folder '../../precious', outside the run folder"):
+    (run / ".uploads" / "checkpoints" / "step_3").mkdir(parents=True)  # another job's pin: '.' would delete it
+    (run / RECORD).write_text(json.dumps({"pending": [["s3", folder]]}))
+    with pytest.raises(ConfigError, match=rf"'pending' names the folder '{re.escape(folder)}', not a run's "
+                       r"checkpoints/step_N or safetensors/step_N"):  # fmt: skip
         Uploads(run)
-    assert outside.is_dir()
+    assert outside.is_dir() and (run / ".uploads" / "checkpoints" / "step_3").is_dir()
+
+
+def test_a_link_in_the_pin_folder_is_refused_and_what_it_names_is_kept(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "step_2").mkdir(parents=True)
+    (elsewhere / "step_2" / "shard").write_bytes(b"someone else's")
+    run = tmp_path / "run"
+    (run / ".uploads").mkdir(parents=True)
+    (run / ".uploads" / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
+    (run / RECORD).write_text(json.dumps({"pending": [["s3", "checkpoints/step_2"]]}))
+    uploads = Uploads(run)
+    with pytest.raises(ConfigError, match=r"\.uploads/checkpoints is a link, where physreason keeps the pinned copies"):
+        uploads.start()
+    uploads.close()
+    assert (elsewhere / "step_2" / "shard").read_bytes() == b"someone else's"

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import queue
+import re
 import shutil
 import threading
 import time
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 
 RECORD = "uploads.json"
 PIN_DIR = ".uploads"
+# The folders a run queues (train/loop.py): a checkpoint and its export. A record naming anything else ('.', a
+# folder through a link) would have its pin deleted once "uploaded": every other pin, or a folder outside the run.
+QUEUED_FOLDER = re.compile(r"(checkpoints|safetensors)/step_\d+")
 PART_SIZE = 64 * 1024**2  # S3 needs parts of at least 5 MiB (all but the last) and at most 10,000 of them
 _MIN_PART = 5 * 1024**2
 _MAX_PARTS = 10_000
@@ -187,8 +191,8 @@ def _record_problem(record: Any) -> str | None:
     for job in pending:
         if not (isinstance(job, list) and len(job) == 2 and job[0] in ("s3", "hf") and isinstance(job[1], str)):
             return f"'pending' holds {json.dumps(job)[:80]}, not a [kind, folder] pair of kind 's3' or 'hf'"
-        if Path(job[1]).is_absolute() or ".." in Path(job[1]).parts:  # its pin is deleted once uploaded
-            return f"'pending' names the folder {job[1]!r}, outside the run folder"
+        if not QUEUED_FOLDER.fullmatch(job[1]):  # its pin is deleted once uploaded
+            return f"'pending' names the folder {job[1]!r}, not a run's checkpoints/step_N or safetensors/step_N"
     for name in ("s3", "hf"):
         done = record.get(name, {})
         if not isinstance(done, dict) or not all(isinstance(entry, dict) for entry in done.values()):
@@ -245,6 +249,19 @@ class Uploads:
         with self._lock:
             write_atomic(self.output / RECORD, json.dumps(self._record, indent=1))
 
+    def _pin_path(self, folder: str) -> Path:
+        """Where the pinned copy of the run's `folder` lies: <output>/.uploads/<folder>, refused (UploadFailed) when a
+        link on the way would put it elsewhere (it is deleted once uploaded)."""
+        path = self.output / PIN_DIR
+        for name in ("", *Path(folder).parts):
+            path = path / name
+            if path.is_symlink():
+                raise ConfigError(
+                    f"{path} is a link, where physreason keeps the pinned copies of queued uploads (deleted once "
+                    "uploaded): delete the link, then run again"
+                )
+        return path
+
     def pending(self) -> list[tuple[str, str]]:
         """(kind, folder) of every job queued and not finished, this run's and an earlier process's: 's3' or 'hf'."""
         with self._lock:
@@ -265,7 +282,7 @@ class Uploads:
         self._thread = threading.Thread(target=self._work, name="physreason-uploads", daemon=True)
         self._thread.start()
         for kind, folder in self.pending():
-            if (self.output / PIN_DIR / folder).is_dir():
+            if self._pin_path(folder).is_dir():
                 self._enqueue(kind, folder)
             else:
                 log.warning("upload of %s was queued by an earlier process but its pinned copy is gone: skipped", folder)
@@ -282,7 +299,7 @@ class Uploads:
                 return
             # A pin another queued job reads from (an export bound for S3 and the Hub) is shared, not rebuilt.
             if not any(job[1] == relative for job in pending):
-                _pin(folder, self.output / PIN_DIR / relative)
+                _pin(folder, self._pin_path(relative))
             pending.append([kind, relative])
             self._save_record()
         self._enqueue(kind, relative)
@@ -292,7 +309,7 @@ class Uploads:
             if (kind, folder) in self._active:
                 return
             self._active.add((kind, folder))
-            self.bytes_total += _folder_bytes(self.output / PIN_DIR / folder)
+            self.bytes_total += _folder_bytes(self._pin_path(folder))
         self._queue.put((kind, folder))
 
     def _drop_pending(self, kind: str, folder: str) -> None:
@@ -300,7 +317,7 @@ class Uploads:
             self._record["pending"] = [job for job in self._record["pending"] if job != [kind, folder]]
             self._save_record()
             if not any(job[1] == folder for job in self._record["pending"]):
-                shutil.rmtree(self.output / PIN_DIR / folder, ignore_errors=True)
+                shutil.rmtree(self._pin_path(folder), ignore_errors=True)
 
     def _add_done(self, count: int) -> None:
         with self._lock:
@@ -321,7 +338,7 @@ class Uploads:
                     self._drop_pending(kind, folder)
                     self._active.discard(job)
                 log.info("uploaded %s to %s", folder, self.s3.url(folder) if kind == "s3" else self.hf_repo)
-            except UploadFailed as exc:
+            except (UploadFailed, ConfigError) as exc:
                 with self._lock:
                     self.failed.append(str(exc))
                 log.error("%s", exc)
@@ -375,7 +392,7 @@ class Uploads:
     def _upload_s3(self, folder: str) -> None:
         assert self.s3 is not None
         client = self._client()
-        pinned = self.output / PIN_DIR / folder
+        pinned = self._pin_path(folder)
         for path in sorted(p for p in pinned.rglob("*") if p.is_file()):
             relative = f"{folder}/{path.relative_to(pinned).as_posix()}"
             info = path.stat()
@@ -480,7 +497,7 @@ class Uploads:
         from huggingface_hub import HfApi
 
         assert self.hf_repo is not None
-        pinned = self.output / PIN_DIR / folder
+        pinned = self._pin_path(folder)
         # Read at upload time, not at import: HF_ENDPOINT points at another Hub (a mirror, a test server).
         api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
         repo_id = self.hf_repo if "/" in self.hf_repo else None
