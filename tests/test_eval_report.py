@@ -291,7 +291,7 @@ def test_report_overwrite_replaces_a_link_in_place_of_a_report_file_and_leaves_i
         assert not (out / name).is_symlink()
     assert "| m | reasoning | av |" in (out / "report.md").read_text()
     assert (out / "accuracy.png").read_bytes().startswith(b"\x89PNG")
-    assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", "report.csv", "report.md"]  # no temporary left
+    assert sorted(p.name for p in out.iterdir()) == [".physreason-report.json", "accuracy.png", "report.csv", "report.md"]  # no temporary left
 
 
 def test_report_overwrite_removes_an_earlier_reports_files_it_does_not_write_and_nothing_else(tmp_path):
@@ -303,5 +303,30 @@ def test_report_overwrite_removes_an_earlier_reports_files_it_does_not_write_and
     (out / "old").mkdir()
     result = CliRunner().invoke(app, ["report", str(tmp_path / "results"), "--out", str(out), "--overwrite"])
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", "notes.txt", "old", "report.csv", "report.md"]
+    assert sorted(p.name for p in out.iterdir()) == [".physreason-report.json", "accuracy.png", "notes.txt", "old", "report.csv", "report.md"]
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_report_into_the_results_folder_replaces_only_what_an_earlier_report_wrote(tmp_path):
+    results = tmp_path / "proj"
+    write_run(results / "results" / "m" / "reasoning", "av", 1, correct=1, wrong=1, total=2)
+    (results / "report.md").write_text("my own notes")
+    (results / "accuracy.png").write_bytes(b"my own chart")
+
+    def report(*extra: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "physreason", "eval", "report", str(results), *extra]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    refused = report()
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.strip() == (
+        f"error: {results} holds report.md, accuracy.png, which no earlier `physreason eval report` recorded writing "
+        "there (in .physreason-report.json): pass --overwrite to replace them, or --out a folder for the report"
+    )
+    assert (results / "report.md").read_text() == "my own notes" and (results / "accuracy.png").read_bytes() == b"my own chart"
+    assert report("--overwrite").returncode == 0
+    assert "| m | reasoning | av |" in (results / "report.md").read_text()
+    again = report()  # its own earlier report is replaced without --overwrite
+    assert again.returncode == 0, again.stderr
+    assert json.loads((results / ".physreason-report.json").read_text())["files"] == [
+        "report.md", "report.csv", "accuracy.png"]  # fmt: skip

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from physreason.errors import ConfigError, InputError
-from physreason.infer.batch import BatchSummary, plan_batch, read_requests
+from physreason.infer.batch import BatchSummary, plan_batch, prepare_single_out, read_requests
 from physreason.infer.ray_pipeline import check_cpus, replica_layout
 from physreason.infer.results import ParquetSink, drop_broken_lines, drop_results, open_sink, result_status
 
@@ -152,3 +152,33 @@ def test_a_torn_line_in_the_middle_of_a_jsonl_output_is_dropped_on_resume_and_sa
     assert f"{out}: dropped 2 broken line(s)" in err and "line 2, 3" in err and len(err.strip().splitlines()) == 1
     plan_batch(requests, out)
     assert capsys.readouterr().err == ""  # nothing left to repair: nothing said
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['[model]\nmodel_name_or_path = "/models/tiny"\n',  # a recipe: no line is JSON
+     '{"id": "x", "question": "q", "video": "a.mp4"}\n',  # another requests file: JSON, but no result record
+     "notes without a newline at the end"],  # one torn-looking line and no record before it
+)  # fmt: skip
+def test_an_out_that_is_not_results_is_refused_and_left_as_it_was(tmp_path, content):
+    requests = tmp_path / "r.jsonl"
+    requests.write_text(json.dumps({"id": "a", "question": "q"}) + "\n")
+    out = tmp_path / "precious.jsonl"
+    out.write_text(content)
+    with pytest.raises(ConfigError, match=r"--out .*precious.jsonl is not an earlier output of this command "
+                       r"\(no precious.jsonl.settings.json beside it"):  # fmt: skip
+        plan_batch(requests, out)
+    with pytest.raises(ConfigError, match="is not an earlier output"):
+        prepare_single_out(out, "a", {"style": "reason1"})
+    assert out.read_text() == content  # neither repaired, truncated nor appended to
+
+
+def test_an_empty_out_or_one_of_results_without_settings_is_added_to(tmp_path):
+    requests = tmp_path / "r.jsonl"
+    requests.write_text("".join(json.dumps({"id": i, "question": "q"}) + "\n" for i in "ab"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert [rid for rid, _ in plan_batch(requests, empty).pending] == ["a", "b"]
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps(answered("a")) + "\n" + json.dumps({"id": "b", "error": "decode failed"}) + "\n")
+    assert plan_batch(requests, results, retry_failed=True).pending[0][0] == "b"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -149,6 +150,18 @@ def _startup(plan: EvalPlan) -> None:
 # earlier report left that this one does not write (board.csv of a results folder without Physical AI Bench now,
 # accuracy.png before any sample is scored) are removed, so the folder holds one report; no other file is touched.
 REPORT_FILES = ("report.md", "report.csv", "board.csv", "accuracy.png")
+# Beside them: the names the last report wrote. In RESULTS_DIR (no --out) only those are replaced or removed without
+# --overwrite: a report.md or accuracy.png of the user's own there is refused, not replaced.
+REPORT_RECORD = ".physreason-report.json"
+
+
+def _recorded_report_files(folder: Path) -> set[str]:
+    """The report files an earlier `eval report` recorded writing into `folder` (none when unrecorded or unreadable)."""
+    try:
+        names = json.loads((folder / REPORT_RECORD).read_text(encoding="utf-8")).get("files", [])
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {name for name in names if name in REPORT_FILES} if isinstance(names, list) else set()
 
 
 @app.command("report")
@@ -189,6 +202,15 @@ def report(
             raise InputError(
                 f"{out} already holds {', '.join(existing)}: give a new folder, or pass --overwrite to replace them"
             )
+    if out is None and not (overwrite or force):
+        recorded = _recorded_report_files(results_dir)
+        foreign = [name for name in REPORT_FILES if name not in recorded
+                   and ((results_dir / name).exists() or (results_dir / name).is_symlink())]  # fmt: skip
+        if foreign:
+            raise InputError(
+                f"{results_dir} holds {', '.join(foreign)}, which no earlier `physreason eval report` recorded writing "
+                f"there (in {REPORT_RECORD}): pass --overwrite to replace them, or --out a folder for the report"
+            )
     reports = collect_reports(results_dir)
     boards = collect_boards(results_dir)
     rows = report_rows(reports)
@@ -215,4 +237,5 @@ def report(
         stale = folder / name
         if stale not in written and (stale.is_file() or stale.is_symlink()):
             stale.unlink()  # a link goes, its target stays
+    write_atomic(folder / REPORT_RECORD, json.dumps({"files": [path.name for path in written]}) + "\n")
     console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)  # paths unbroken, to copy

@@ -40,6 +40,7 @@ from physreason.infer.results import (
     ResultSink,
     drop_broken_lines,
     drop_results,
+    holds_only_results,
     is_parquet,
     open_sink,
     result_status,
@@ -214,12 +215,13 @@ def locks_out(function: F) -> F:
 
 
 def _check_out(out: Path, requests: Path | None, overwrite: bool) -> None:
-    """Refuse an --out that is, or holds, the requests; with overwrite also one whose results physreason infer did
-    not write (no settings file beside them): --overwrite deletes only an earlier output of this command."""
+    """Refuse an --out that is, or holds, the requests; one whose results physreason infer did not write (no settings
+    file beside them): --overwrite deletes only an earlier output of this command, and results are added only to a
+    file that holds nothing but results (a recipe or a data set given as --out would be repaired and appended to)."""
     marker = settings_path(out)
     protected = [] if requests is None else [(requests, "the requests file it reads")]
     check_replace(out, option="--out", protected=protected,
-                  marked=not overwrite or marker.is_file(),
+                  marked=marker.is_file() or (not overwrite and holds_only_results(out)),
                   mark=f"{marker.name} beside it, the settings physreason infer stores with its results",
                   remedy="give another --out, or delete it yourself")  # fmt: skip
 

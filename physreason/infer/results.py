@@ -141,6 +141,38 @@ def truncate_torn_tail(out: Path) -> None:
         out.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
+RESULT_KEYS = {"outputs", "error", "prompt_tokens"}  # one of them beside "id" in every result record (result_record)
+
+
+def holds_only_results(out: Path) -> bool:
+    """Whether `out` holds nothing but what physreason infer writes (its settings file aside): a Parquet folder of
+    part files, or a JSONL file of result records ({"id", "prompt_tokens", "outputs"} or {"id", "error"}) in which the only other
+    lines are ones a kill or a full disk broke (not JSON; a torn last line), at least one record among them. The test
+    before results are added to an output with no settings file beside it: any other file (a recipe, a data set, a
+    requests file, notes) named as --out is refused, never repaired into a results file."""
+    if not out.exists():
+        return True
+    if is_parquet(out):
+        return out.is_dir() and all(
+            path.match(_PART_GLOB) or (path.name.startswith(".part-") and path.name.endswith(".tmp"))
+            for path in out.iterdir() if path.name != "_settings.json"
+        )  # fmt: skip
+    if not out.is_file():
+        return False
+    if out.stat().st_size == 0:
+        return True
+    records = 0
+    with out.open("rb") as handle:
+        for line in handle:
+            if not line.endswith(b"\n") or _broken_line(line):
+                continue  # torn: the repair drops it
+            record = json.loads(line.decode("utf-8"))
+            if not (isinstance(record, dict) and "id" in record and RESULT_KEYS & record.keys()):
+                return False
+            records += 1
+    return records > 0
+
+
 def _broken_line(line: bytes) -> bool:
     """A complete line that is not a JSON value (torn by a kill, or garbled): readers of the file fail on it."""
     try:
