@@ -1,8 +1,10 @@
-"""Writing files a later run reads back, so that a kill at any moment leaves the old file or the new, never half."""
+"""Writing files and folders a later run reads back, so that a kill at any moment leaves the old or the new, never
+half."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 
@@ -22,3 +24,18 @@ def write_atomic(path: Path, text: str) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
+
+
+def replace_folder(staging: Path, final: Path) -> None:
+    """Put the complete folder `staging` in place of `final`: an existing `final` is renamed aside (`.<name>.old`)
+    first and deleted only after the rename, so a kill while a large old folder is being deleted never leaves `final`
+    half deleted beside a finished staging folder nothing loads. A link at `final` is removed, its target left alone.
+    """
+    aside = final.with_name(f".{final.name}.old")
+    shutil.rmtree(aside, ignore_errors=True)  # left by a kill in an earlier call
+    if final.is_symlink():
+        final.unlink()
+    elif final.exists():
+        final.rename(aside)
+    staging.rename(final)
+    shutil.rmtree(aside, ignore_errors=True)

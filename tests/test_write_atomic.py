@@ -1,8 +1,11 @@
-"""physreason.files.write_atomic: the new text or the old, flushed to disk, and never written through a link."""
+"""physreason.files: write_atomic (the new text or the old, flushed to disk, never written through a link) and
+replace_folder (a folder put in place of another without a moment where it is half deleted)."""
 
 from __future__ import annotations
 
 import os
+
+import pytest
 
 from physreason.files import write_atomic
 
@@ -36,3 +39,41 @@ def test_a_stale_temporary_from_a_killed_write_is_replaced(tmp_path):
     (tmp_path / "metrics.jsonl.tmp").write_text("half a line", encoding="utf-8")
     write_atomic(path, "whole\n")
     assert path.read_text(encoding="utf-8") == "whole\n" and not (tmp_path / "metrics.jsonl.tmp").exists()
+
+
+def _folder(path, text):
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_text(text)
+    return path
+
+
+def test_replace_folder_renames_the_old_aside_before_deleting_it(tmp_path, monkeypatch):
+    from physreason import files
+
+    final, staging = _folder(tmp_path / "step_4", "old"), _folder(tmp_path / "step_4.tmp", "new")
+    _folder(tmp_path / ".step_4.old", "left by an earlier kill")
+
+    def killed(path, ignore_errors=False):  # the kill arrives while the old folder is being deleted
+        if path.name == ".step_4.old" and not (tmp_path / "step_4.tmp").exists():  # after the rename
+            raise KeyboardInterrupt
+        real(path, ignore_errors=ignore_errors)
+
+    real = files.shutil.rmtree
+    monkeypatch.setattr(files.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        files.replace_folder(staging, final)
+    assert (final / "model.safetensors").read_text() == "new" and not staging.exists()  # complete, never half
+    monkeypatch.setattr(files.shutil, "rmtree", real)
+    files.replace_folder(_folder(tmp_path / "step_4.tmp", "newer"), final)  # the next call clears what was aside
+    assert (final / "model.safetensors").read_text() == "newer"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_4"]
+
+
+def test_replace_folder_replaces_a_link_and_keeps_its_target(tmp_path):
+    from physreason.files import replace_folder
+
+    theirs = _folder(tmp_path / "theirs", "theirs")
+    (tmp_path / "out").symlink_to(theirs, target_is_directory=True)
+    replace_folder(_folder(tmp_path / "out.tmp", "ours"), tmp_path / "out")
+    assert not (tmp_path / "out").is_symlink() and (tmp_path / "out" / "model.safetensors").read_text() == "ours"
+    assert (theirs / "model.safetensors").read_text() == "theirs"

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from physreason.files import replace_folder
 from physreason.models.loading import DTYPES
 
 # Everything besides weights and config.json that a model folder carries and serving needs.
@@ -88,10 +89,7 @@ def export_safetensors(
                 shutil.copy2(path, staging / name)
         if extra is not None:
             extra(staging)
-        if out_dir.is_symlink():
-            out_dir.unlink()  # a link someone put in place of this folder: replaced, its target left alone
-        shutil.rmtree(out_dir, ignore_errors=True)
-        staging.rename(out_dir)
+        replace_folder(staging, out_dir)  # a link someone put in place of this folder: replaced, its target kept
     if dist.is_initialized():
         dist.barrier()
     return out_dir

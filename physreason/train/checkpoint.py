@@ -48,7 +48,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from physreason.errors import ConfigError
-from physreason.files import write_atomic
+from physreason.files import replace_folder, write_atomic
 from physreason.train.checkpoint_read import SafeLoadPlanner, SafeReader, damaged, read_metadata
 
 _PREFIX = "step_"
@@ -293,10 +293,7 @@ def _commit(output_dir: Path, staging: Path, final: Path, max_keep: int, export:
     record = read_record(output_dir)
     record[final.name] = {"files": _fingerprint(staging), "export": export}
     _write_record(output_dir, record)
-    if final.is_symlink():
-        final.unlink()  # a link someone put in place of this step: replaced, its target left alone
-    shutil.rmtree(final, ignore_errors=True)
-    staging.rename(final)
+    replace_folder(staging, final)  # a link someone put in place of this step: replaced, its target left alone
     reapply_retention(output_dir, max_keep, keep=final)  # this run's own checkpoints only
 
 

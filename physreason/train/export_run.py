@@ -17,6 +17,7 @@ from torch import nn
 
 from physreason.config import Config, load_config
 from physreason.errors import ConfigError
+from physreason.files import replace_folder
 from physreason.models.loading import DTYPES
 from physreason.overwrite import check_replace
 from physreason.train.checkpoint import checkpoint_dirs, load_model_weights, resolve_resume
@@ -156,8 +157,7 @@ def export_run(
         shutil.rmtree(staging, ignore_errors=True)
         write_manifest(staging, run_dir, checkpoint, adapter_only, saved_dtype)
         save_adapter(peft_model, staging)
-        shutil.rmtree(out, ignore_errors=True)
-        staging.rename(out)
+        replace_folder(staging, out)
         return out
     from physreason.models.export import export_trained
 

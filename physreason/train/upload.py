@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from physreason.errors import ConfigError
-from physreason.files import write_atomic
+from physreason.files import replace_folder, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -615,8 +615,7 @@ def _pin(folder: Path, pinned: Path) -> None:
         except OSError:
             shutil.copy2(path, target)
     staging.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(pinned, ignore_errors=True)
-    staging.rename(pinned)
+    replace_folder(staging, pinned)
 
 
 def _folder_bytes(folder: Path) -> int:
