@@ -67,6 +67,8 @@ def test_export_mistakes_are_one_clear_error_before_anything_is_written(full_run
         export_run(full_run, tmp_path / "c", dtype="fp8")
     with pytest.raises(ConfigError, match="holds no config.toml"):
         export_run(tmp_path, tmp_path / "d")
+    with pytest.raises(ConfigError, match=r"^--out /: give a folder of its own to write the model into \(e.g. /exported\)$"):
+        export_run(full_run, "/", force=True)
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "notes.txt").write_text("mine")
@@ -83,6 +85,18 @@ def test_export_mistakes_are_one_clear_error_before_anything_is_written(full_run
     export_run(full_run, earlier, force=True, dtype="bfloat16")  # an earlier export is replaced
     assert {t.dtype for t in load_file(earlier / "model.safetensors").values()} == {torch.bfloat16}
     assert json.loads((earlier / EXPORT_MANIFEST).read_text())["checkpoint"] == "step_4"
+
+
+def test_an_out_given_as_dot_is_the_current_folder_with_its_staging_folder_beside_it(full_run, tmp_path, monkeypatch):
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert export_run(full_run, ".") == here and is_export(here)  # an empty current folder: exported into it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]  # no staging folder left beside it
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path / "other")
+    with pytest.raises(ConfigError, match=f"--out {tmp_path} is not empty and is not an earlier output"):
+        export_run(full_run, "..", force=True)
 
 
 def test_force_never_replaces_the_run_a_folder_holding_it_or_one_of_its_folders(full_run, tmp_path):

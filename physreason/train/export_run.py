@@ -10,6 +10,7 @@ which transformers' from_pretrained, vLLM and `model.model_name_or_path` of a ne
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -88,6 +89,8 @@ def write_manifest(folder: Path, run_dir: Path, checkpoint: Path, adapter_only: 
 def _check_out(out: Path, force: bool, run_dir: Path, config: Config) -> None:
     """Refuse an --out that is a link or a file, holds the run or the model it trained from, or is a non-empty folder other
     than an earlier export (replaced only with --overwrite); the same for the staging folder beside it."""
+    if not out.name:  # '/': a folder with no name has no staging folder beside it
+        raise ConfigError(f"--out {out}: give a folder of its own to write the model into (e.g. {out / 'exported'})")
     for path in (out, out.with_name(out.name + ".tmp")):  # --out and its staging folder
         if path.is_symlink():
             # replaced, the link's target would be written through or left behind: only a real folder is an output
@@ -134,7 +137,7 @@ def export_run(
     checkpoints/written.json does not match) is loaded only with trust: loading unpickles its .metadata.
     Raises ConfigError, before anything is written, for every mistake a user can fix.
     """
-    run_dir, out = Path(run_dir), Path(out)
+    run_dir, out = Path(run_dir), Path(os.path.abspath(out))  # '.' and '..' named: a staging folder goes beside
     config = _run_config(run_dir)
     checkpoint = pick_checkpoint(run_dir, step)
     resolve_resume(str(checkpoint), run_dir, trust)  # the run's own trust rule: refuses a folder it did not write
