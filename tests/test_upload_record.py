@@ -69,3 +69,17 @@ def test_a_link_in_the_pin_folder_is_refused_and_what_it_names_is_kept(tmp_path)
         uploads.start()
     uploads.close()
     assert (elsewhere / "step_2" / "shard").read_bytes() == b"someone else's"
+
+
+def test_a_checkpoint_folder_linked_to_another_disk_is_queued_by_its_name_in_the_run(tmp_path):
+    disk = tmp_path / "big-disk"
+    (disk / "step_2").mkdir(parents=True)
+    (disk / "step_2" / "__0_0.distcp").write_bytes(b"shard")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoints").symlink_to(disk, target_is_directory=True)  # raised ValueError after the save before
+    Uploads(run).submit(run / "checkpoints" / "step_2", "s3")
+    assert json.loads((run / RECORD).read_text())["pending"] == [["s3", "checkpoints/step_2"]]
+    assert (run / ".uploads" / "checkpoints" / "step_2" / "__0_0.distcp").read_bytes() == b"shard"
+    with pytest.raises(ValueError, match="is not a checkpoints/step_N or safetensors/step_N folder of"):
+        Uploads(run).submit(tmp_path / "big-disk" / "step_2", "s3")

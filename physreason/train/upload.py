@@ -290,7 +290,10 @@ class Uploads:
 
     def submit(self, folder: Path, kind: str) -> None:
         """Pin `folder` (under the run folder) and queue its upload to `kind` ('s3' or 'hf'); done ones are skipped."""
-        relative = folder.resolve().relative_to(self.output.resolve()).as_posix()
+        # by name, not resolved: checkpoints/ may be a link to a larger disk
+        relative = Path(os.path.relpath(os.path.abspath(folder), os.path.abspath(self.output))).as_posix()
+        if not QUEUED_FOLDER.fullmatch(relative):
+            raise ValueError(f"{folder} is not a checkpoints/step_N or safetensors/step_N folder of {self.output}")
         with self._lock:
             pending = self._record["pending"]
             if [kind, relative] in pending:
