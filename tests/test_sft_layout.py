@@ -82,6 +82,21 @@ def test_data_convert_never_replaces_an_existing_file_unasked(tmp_path):
     assert json.loads(target.read_text())["conversations"][1]["value"].endswith("</think>\n\nB")
 
 
+def test_data_convert_overwrite_replaces_a_link_or_hard_link_and_leaves_what_it_shares_alone(tmp_path):
+    source = tmp_path / "r1.jsonl"
+    source.write_text(json.dumps(llava()) + "\n")
+    theirs = tmp_path / "theirs.jsonl"
+    theirs.write_text('{"id": "their record"}\n')
+    linked, hard = tmp_path / "linked.jsonl", tmp_path / "hard.jsonl"
+    linked.symlink_to(theirs)
+    hard.hardlink_to(source)  # the same file as the input under another name
+    for target in (linked, hard):
+        convert_records(source, target, overwrite=True)
+        assert not target.is_symlink() and json.loads(target.read_text())["conversations"][1]["value"].endswith("B")
+    assert theirs.read_text() == '{"id": "their record"}\n'
+    assert json.loads(source.read_text()) == llava()  # the input, shared with the hard link, is unchanged
+
+
 def test_reason1_records_for_a_reason2_model_are_named_in_one_warning(tiny_model_dirs, caplog):
     from transformers import AutoConfig
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from physreason.data.loaders import jsonl_lines
 from physreason.errors import InputError
+from physreason.files import write_atomic
 
 # One <answer> block, after the reasoning (or alone), and nothing else after it.
 _REASON1 = re.compile(r"^(?P<head>.*?)\s*<answer>\s*(?P<answer>.*?)\s*</answer>\s*$", re.DOTALL)
@@ -112,5 +113,6 @@ def convert_records(source: Path, target: Path, overwrite: bool = False) -> tupl
         converted += changes > 0
         lines.append(json.dumps(record, ensure_ascii=False))
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    # a new file renamed into place: a link or a hard link at target (even to source) is replaced, not written through
+    write_atomic(target, "".join(line + "\n" for line in lines))
     return converted, total
