@@ -187,3 +187,24 @@ def test_a_nul_byte_in_a_media_path_is_an_input_error(tmp_path):
 
     with pytest.raises(InputError, match="NUL byte"):
         local_media_file(str(tmp_path / "a\x00.mp4"), "video")
+
+
+@pytest.mark.parametrize("kind", ["hls", "concat"])
+def test_a_playlist_in_the_data_root_never_reads_the_video_it_names_outside(tmp_path, kind):
+    from physreason.data.loaders import media_path_in_root
+
+    secret = write_clip(tmp_path / "secret" / "private.ts", n_frames=8)
+    root = tmp_path / "root"
+    root.mkdir()
+    if kind == "hls":
+        text = (f"#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:0\n#EXTINF:1.0,\n"
+                f"file://{secret}\n#EXT-X-ENDLIST\n")  # fmt: skip
+        name = "clip.m3u8"
+    else:
+        text, name = f"ffconcat version 1.0\nfile '{secret}'\n", "clip.ffconcat"
+    (root / name).write_text(text)
+    path = media_path_in_root(root, name, "video")
+    # hls opens its segments wherever they are; concat's own safe mode already refuses a path leaving its folder
+    refusal = "is a hls file, which names other files or streams to read" if kind == "hls" else "cannot be opened"
+    with pytest.raises(InputError, match=rf"video {path}: {refusal}"):
+        load_video(path)

@@ -79,15 +79,29 @@ def _fix_hint(path: Path) -> str:
     return f"re-encode it, e.g. `ffmpeg -i {path} -c:v libx264 -pix_fmt yuv420p fixed.mp4`, or drop this sample"
 
 
+# FFmpeg demuxers whose file names other files or streams (a playlist's segments, a concat list, a session
+# description): checking the named file's path against the data root would say nothing about what is then read.
+REFERRING_FORMATS = frozenset({"hls", "applehttp", "concat", "dash", "sdp", "rtsp", "rtp", "tee", "ffmetadata"})
+
+
 def _open(path: Path) -> av.container.InputContainer:
     try:
-        return av.open(str(path), mode="r")
+        container = av.open(str(path), mode="r")
     except av.FFmpegError as error:
         raise InputError(
             f"video {path}: cannot be opened as a video ({error}); if it is a truncated or damaged video, "
             + _fix_hint(path)
             + "; otherwise pass a video file (mp4, mkv, webm, mov)"
         ) from error
+    names = set(container.format.name.split(","))
+    if names & REFERRING_FORMATS:
+        container.close()
+        raise InputError(
+            f"video {path}: is a {container.format.name} file, which names other files or streams to read (a playlist "
+            "or list), not a video: media must be video files inside the data root (mp4, mkv, webm, mov); "
+            "join the pieces into one file, e.g. with ffmpeg"
+        )
+    return container
 
 
 def _probe(path: Path) -> _StreamInfo:
