@@ -193,7 +193,8 @@ def test_a_nul_byte_in_a_media_path_is_an_input_error(tmp_path):
 def test_a_playlist_in_the_data_root_never_reads_the_video_it_names_outside(tmp_path, kind):
     from physreason.data.loaders import media_path_in_root
 
-    secret = write_clip(tmp_path / "secret" / "private.ts", n_frames=8)
+    (tmp_path / "secret").mkdir()
+    secret = write_clip(tmp_path / "secret" / "private.ts", num_frames=8, fps=8)
     root = tmp_path / "root"
     root.mkdir()
     if kind == "hls":
