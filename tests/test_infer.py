@@ -271,6 +271,20 @@ def test_a_nul_byte_in_a_media_path_fails_that_request_only_on_every_run(engine,
     assert (again.done, again.failed) == (2, 2)
 
 
+def test_a_system_prompt_that_is_not_text_fails_that_request_only(engine, tmp_path):
+    write_clip(tmp_path / "a.mp4")
+    lines = [{"id": "num", "question": "Is it falling?", "video": "a.mp4", "system_prompt": 5},
+             {"id": "list", "question": "Is it falling?", "video": "a.mp4", "system_prompt": ["a", 1]},
+             {"id": "a", "question": "Is it falling?", "video": "a.mp4", "system_prompt": "Answer briefly."}]  # fmt: skip
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out.jsonl"
+    summary = run_batch(engine, tmp_path / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    records = {r["id"]: r for r in read_out(out)}
+    assert (summary.done, summary.failed) == (3, 2)
+    assert records["num"]["error"] == "request num: 'system_prompt' is a int; write it as text or leave it out"
+    assert "'system_prompt' is a list" in records["list"]["error"] and "outputs" in records["a"]
+
+
 def test_a_whole_last_record_without_its_newline_is_redone_not_lost(engine, batch_dir):
     out = batch_dir / "out.jsonl"
     run_batch(engine, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)

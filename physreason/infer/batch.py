@@ -307,12 +307,15 @@ def request_from_record(
     question = record.get("question")
     if not isinstance(question, str):
         raise InputError(f"{where}: no 'question' text; each request needs \"question\" and \"video\" or \"image\"")
+    system_prompt = record.get("system_prompt")
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise InputError(f"{where}: 'system_prompt' is a {type(system_prompt).__name__}; write it as text or leave it out")
     videos = [media_path_in_root(root, v, where) for v in _as_list(record.get("video"))]
     images = [media_path_in_root(root, i, where) for i in _as_list(record.get("image"))]
     vision = vision.model_copy(update=record_video_range(record, where))
     return build_request(
         question, videos=videos, images=images, vision=vision, prompting=prompting,
-        system_prompt=record.get("system_prompt"), request_id=rid, factor=factor,
+        system_prompt=system_prompt, request_id=rid, factor=factor,
     )
 
 
