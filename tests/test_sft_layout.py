@@ -123,3 +123,13 @@ def test_an_extra_video_placeholder_is_a_record_error_not_training_text():
         normalize_conversation(record, "conversations", "data.jsonl:3")
     parts = normalize_conversation(llava(), "conversations", "data.jsonl:1")[0]["content"]
     assert parts == [{"type": "video", "video": "clip.mp4"}, {"type": "text", "text": "Does it fall?"}]
+
+
+@pytest.mark.parametrize("text", ["[" + "9" * 5000 + "]", "[" * 5000 + "]" * 5000])
+def test_a_conversation_text_the_json_parser_refuses_is_unreadable_not_a_traceback(text):
+    from physreason.data.convert import count_reason1_records
+    from physreason.data.sft import record_layout
+
+    records = [{"conversations": text}, llava()]
+    assert count_reason1_records(records, "conversations") == 1
+    assert record_layout(records[0], "conversations") == "unreadable"

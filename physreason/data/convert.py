@@ -57,7 +57,7 @@ def count_reason1_records(records: list[dict[str, Any]], column: str) -> int:
         if isinstance(turns, str):
             try:
                 turns = json.loads(turns)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON, a 5,000-digit number, nesting the parser refuses
                 continue
         count += any(reason1_reply(text) for text in _assistant_texts(turns))
     return count

@@ -351,7 +351,7 @@ def record_layout(record: dict[str, Any], column: str) -> str:
         prefix = "JSON text of "
         try:
             turns = json.loads(turns)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, a 5,000-digit number, nesting the parser refuses
             return "unreadable"
     if not isinstance(turns, list) or not turns or not isinstance(turns[0], dict):
         return "unreadable"

@@ -151,15 +151,15 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
     train = make(records, root, source=config.data.dataset.name, locations=where)
     val_name = (config.data.val_dataset or DatasetConfig(name=f"{config.data.dataset.name} (held out)")).name
     val = make(val_records, val_root, source=val_name, locations=val_where) if val_records else None
-    warn_reason1_layout(config, hf_config, train)
     problems = unreadable + [p for dataset in (train, val) if dataset is not None for p in dataset.record_problems()]
-    if problems:
+    if problems:  # before the layout warning, which reads every record's conversation
         shown, total = 5, len(records) + len(val_records) + len(unreadable)
         more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
         raise InputError(
             f"{len(problems)} of {total} SFT records cannot be used: " + "; ".join(problems[:shown]) + more
             + ". Fix or remove them"
         )
+    warn_reason1_layout(config, hf_config, train)
     return train, val
 
 
