@@ -186,6 +186,6 @@ def read_run_info(run: Path) -> dict[str, Any]:
         return {}
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, too deep
         raise InputError(f"{path} is not valid JSON ({exc}); delete it and rerun the evaluation to rewrite it") from exc
     return info if isinstance(info, dict) else {}

@@ -118,7 +118,7 @@ def read_record(output_dir: str | Path, under: str = "checkpoints") -> dict[str,
         return {}
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, too deep
         raise ConfigError(f"{path} is not valid JSON ({exc}): it lists the {_WRITTEN[under]} this run wrote") from exc
     return record if isinstance(record, dict) else {}
 

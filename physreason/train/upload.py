@@ -166,7 +166,7 @@ def read_record(output_dir: Path) -> dict[str, Any]:
         return {"pending": [], "s3": {}, "hf": {}}
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, too deep
         raise ConfigError(
             f"{path} is not valid JSON ({exc}): it lists this run's uploads; delete it to upload everything again"
         ) from exc
