@@ -151,6 +151,22 @@ def test_middleware_leaves_callers_without_the_api_key_to_vllms_401(tmp_path, mo
     assert asyncio.run(call_middleware(request, env, monkeypatch, keyed))[0] == 400
 
 
+def test_middleware_reads_no_body_of_a_caller_without_the_api_key(monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "k")
+    read, seen = [], {}
+
+    async def receive():
+        read.append(1)
+        return {"type": "http.request", "body": b"x" * 1024, "more_body": True}  # a body that never ends
+
+    async def app(scope, receive_, send):
+        seen["read before the app"] = len(read)  # vLLM's own key check answers 401 from here
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    asyncio.run(MediaPathCheck(app)(scope, receive, None))
+    assert seen == {"read before the app": 0}
+
+
 def test_serve_help_names_the_options():
     result = run_cli("serve", "--help")
     assert result.returncode == 0

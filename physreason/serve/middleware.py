@@ -35,12 +35,13 @@ class MediaPathCheck:
         self.api_key = os.environ.get(API_KEY_ENV) or None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") != "POST" or not scope["path"].endswith("/chat/completions"):
-            await self.app(scope, receive, send)
+        if (scope["type"] != "http" or scope.get("method") != "POST" or not scope["path"].endswith("/chat/completions")
+                or not self._authorized(scope)):  # checked before the body is read: a caller without the key gets
+            await self.app(scope, receive, send)  # vLLM's 401, and no body of theirs is held here
             return
         body, messages = await _read_body(receive)
         problem = None
-        if b"file:" in body and self._authorized(scope):
+        if b"file:" in body:
             try:
                 request = json.loads(body)
             except ValueError:
