@@ -182,3 +182,11 @@ def test_an_empty_out_or_one_of_results_without_settings_is_added_to(tmp_path):
     results = tmp_path / "results.jsonl"
     results.write_text(json.dumps(answered("a")) + "\n" + json.dumps({"id": "b", "error": "decode failed"}) + "\n")
     assert plan_batch(requests, results, retry_failed=True).pending[0][0] == "b"
+
+
+def test_a_line_holding_a_number_past_the_digit_limit_is_dropped_as_broken(tmp_path):
+    out = tmp_path / "out.jsonl"
+    good = json.dumps(answered("a"))
+    out.write_text(f"{good}\n[{'9' * 5000}]\n")  # valid JSON text Python refuses to parse (a ValueError, not a decode error)
+    assert drop_broken_lines(out) == [2]
+    assert out.read_text() == f"{good}\n"

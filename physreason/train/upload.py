@@ -250,7 +250,7 @@ class Uploads:
             write_atomic(self.output / RECORD, json.dumps(self._record, indent=1))
 
     def _pin_path(self, folder: str) -> Path:
-        """Where the pinned copy of the run's `folder` lies: <output>/.uploads/<folder>, refused (UploadFailed) when a
+        """Where the pinned copy of the run's `folder` lies: <output>/.uploads/<folder>, refused (ConfigError) when a
         link on the way would put it elsewhere (it is deleted once uploaded)."""
         path = self.output / PIN_DIR
         for name in ("", *Path(folder).parts):
