@@ -82,3 +82,53 @@ def test_bad_records_name_the_record_and_the_problem(tmp_path, record, message):
     with pytest.raises(InputError, match=message) as error:
         load_mcq_prompts(DatasetConfig(name=str(tmp_path / "bad.jsonl")))
     assert "record 0" in str(error.value)
+
+
+BOX_ANSWER = '[{"box_2d": [100, 200, 300, 400], "label": "ball"}]'
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"question": "Q?", "answer": '[{"box_2d": [300, 200, 100, 400]}]'}, "reversed or empty"),
+        ({"question": "Q?", "answer": '[{"point_2d": [5, 10]}]', "box_2d": [1, 2, 3]}, "not four numbers"),
+        ({"question": "Q?", "answer": '[{"point_2d": [-5, 10]}]'}, "not a finite number >= 0"),
+        ({"question": "Q?", "answer": '[{"point_2d": [5, 10]}]', "box_2d": [1, 2, "x", 4]}, "its 'box_2d'"),
+        ({"question": "Q?", "answer": BOX_ANSWER, "hit_threshold": 0.01}, r"\['hit_threshold'\].*grpo.reward_options"),
+        ({"question": "Q?", "answer": BOX_ANSWER, "hit_weight": 9}, "name options of the reward"),
+    ],
+)
+def test_structured_references_are_checked_when_the_records_load(tmp_path, record, message):
+    """A reference a reward could not score, or a record field that would set a reward option for its own sample,
+    stops the load naming the record (before: at the first rollout that drew it, or silently rescored)."""
+    lines = [json.dumps({"question": "Fine?", "answer": BOX_ANSWER}), json.dumps(record)]
+    (tmp_path / "rl.jsonl").write_text("\n".join(lines))
+    with pytest.raises(InputError, match=message) as error:
+        load_mcq_prompts(DatasetConfig(name=str(tmp_path / "rl.jsonl")))
+    assert "record 1" in str(error.value)
+
+
+def test_fields_physreason_sets_never_reach_the_rewards_from_a_record(tmp_path):
+    """A record's `completion`, `coords`, `prompt_style` or `reasoning` is not a reward input: physreason gives
+    those itself (a `completion` key made every reward raise and score 0; a `coords` key set the grid a
+    reason2 box was read on)."""
+    from physreason.train.rollout import completion_rewards
+
+    record = {
+        "question": "Where is the ball?",
+        "answer": BOX_ANSWER,
+        "completion": "a reference text",
+        "coords": {"kind": "pixels", "width": 10, "height": 10},
+        "reasoning": "some annotator's notes",
+        "prompt_style": "reason1",
+        "note": "kept",
+    }
+    (tmp_path / "rl.jsonl").write_text(json.dumps(record))
+    (prompt,) = load_mcq_prompts(DatasetConfig(name=str(tmp_path / "rl.jsonl")))
+    fields = prompt.reward_fields()
+    assert fields["answer"] == BOX_ANSWER and fields["note"] == "kept"
+    assert not {"completion", "coords", "reasoning", "prompt_style"} & set(fields)
+    weights = {"box_iou": 1.0, "format": 0.5}
+    scores = completion_rewards(BOX_ANSWER, prompt, weights, "reason2")
+    assert scores["box_iou"] == pytest.approx(1.0) and scores["format"] == 1.0
+    assert scores["total"] == pytest.approx(1.5)

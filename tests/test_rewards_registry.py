@@ -124,3 +124,17 @@ def test_register_reward_refuses_options_its_function_does_not_take_with_the_sam
     # a sample field must not pass for an option
     with pytest.raises(InputError, match=r"'with_bonus': sample field\(s\) \['bonus'\]"):
         compute_rewards(GOOD, {"with_bonus": 1.0}, {"with_bonus": {"bonus": 0.25}}, bonus=0.5)
+
+
+def test_a_sample_field_named_as_a_reward_option_or_completion_is_refused_not_applied() -> None:
+    """Options are the run's: a sample's `hit_threshold` must not rescore that one sample, whether or not the
+    recipe sets the option; a `completion` field would make every reward raise (multiple values) and score 0."""
+    box = '[{"box_2d": [0, 0, 100, 100]}]'
+    half = '[{"box_2d": [0, 0, 100, 50]}]'
+    assert compute_rewards(half, {"box_iou": 1.0}, answer=box)["box_iou"] == pytest.approx(0.5)
+    with pytest.raises(InputError, match=r"'box_iou'.*\['hit_threshold'\].*grpo.reward_options"):
+        compute_rewards(half, {"box_iou": 1.0}, answer=box, hit_threshold=0.1)
+    with pytest.raises(InputError, match="named 'completion'"):
+        compute_rewards(GOOD, {"accuracy": 1.0}, answer="B", completion="B")
+    # a reward without options still gets any other field
+    assert compute_rewards(GOOD, {"accuracy": 1.0}, answer="B", hit_threshold=0.1)["accuracy"] == 1.0

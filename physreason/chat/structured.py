@@ -278,3 +278,68 @@ def regrid_answer(text: str, space: CoordSpace) -> str | None:
             return None
         return text[: offset + start] + json.dumps(value) + text[offset + end :]
     return None
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, list) and len(repr(value)) < 200 else repr(value)
+    return text if len(text) <= 80 else f"{text[:80]}..."
+
+
+def _box_problem(name: str, box: Any) -> str | None:
+    """What makes `box` unusable as a reference [x1, y1, x2, y2] (top-left corner first), or None."""
+    if not isinstance(box, list) or len(box) != 4:
+        return f"{name} {_shown(box)} is not four numbers [x1, y1, x2, y2]"
+    for value in box:
+        if _finite(value) is None:
+            return f"{name} {_shown(box)} holds {_shown(value)}, not a finite number"
+    if min(box) < 0:
+        return f"{name} {_shown(box)} has a negative coordinate"
+    x1, y1, x2, y2 = box
+    if x2 <= x1 or y2 <= y1:
+        return f"{name} {_shown(box)} is reversed or empty: a box is [x1, y1, x2, y2] with x1 < x2 and y1 < y2"
+    return None
+
+
+def _point_problem(name: str, point: Any) -> str | None:
+    """What makes `point` unusable as a reference [x, y], or None."""
+    if not isinstance(point, list) or len(point) != 2:
+        return f"{name} {_shown(point)} is not two numbers [x, y]"
+    for value in point:
+        if _finite(value) is None or value < 0:
+            return f"{name} {_shown(point)} holds {_shown(value)}, not a finite number >= 0"
+    return None
+
+
+def reference_problem(qa: dict[str, Any]) -> str | None:
+    """What is wrong with a structured question's reference, or None (usable, or no structured answer at all).
+
+    Checks the answer's first JSON item (a box_2d / bbox_2d, a point_2d, a start/end span) and a `box_2d` given beside
+    the answer (the body a point answer must fall in). Scoring an unusable reference would count every answer wrong
+    without saying why, so load_benchmark and GRPO's prompt loading (data.mcq) refuse the record instead.
+    """
+    answer = qa.get("answer")
+    try:
+        value = json.loads(answer) if isinstance(answer, str) else None
+    except (ValueError, RecursionError):
+        return None
+    item = value[0] if isinstance(value, list) and value else value
+    if not isinstance(item, dict):
+        return None
+    problem = None
+    box_key = next((key for key in BOX_KEYS if key in item), None)
+    if box_key is not None:
+        problem = _box_problem(f"the answer's {box_key}", item[box_key])
+    elif POINT_KEY in item:
+        problem = _point_problem(f"the answer's {POINT_KEY}", item[POINT_KEY])
+    elif "start" in item or "end" in item:
+        start, end = parse_time(item.get("start")), parse_time(item.get("end"))
+        if start is None or end is None:
+            bad = "start" if start is None else "end"
+            problem = f"the answer's {bad} {_shown(item.get(bad))} is not a time mm:ss.ff"
+        elif end <= start:
+            problem = f"the answer's span ends ({item['end']}) no later than it starts ({item['start']})"
+    else:
+        return None
+    if problem is None and "box_2d" in qa:
+        problem = _box_problem("its 'box_2d'", qa["box_2d"])
+    return problem

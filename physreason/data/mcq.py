@@ -7,7 +7,9 @@ Two record layouts are read from a JSON/JSONL file or dataset folder (`[data.dat
   where options are a `{"A": ...}` dict or a list lettered A, B, ...; media are optional.
 A question without options is a structured one (`data synth` tasks grounding and temporal_localization):
 its answer is Cosmos-Reason2's JSON (`box_2d`, `point_2d` or `start`/`end`, 2D coordinates on the 0-1000 grid of
-the frame), its other fields (a point question's `box_2d`) go to the rewards, and it is asked as Cosmos-Reason2
+the frame), checked when the records load (an unusable box, point or span names its record), its other fields (a
+point question's `box_2d`) go to the rewards (not those physreason sets itself: `completion`, `prompt_style`,
+`reasoning`, `coords`; a field named as a reward option, `hit_threshold`, is refused), and it is asked as Cosmos-Reason2
 asks it: the question alone, after the media, under the system prompt "You are a helpful assistant."; a 2D
 question to a reason1 model also asks for absolute pixels of the frame it sees (chat.style.grounding_question).
 Media paths are relative to the data root and may not leave it.
@@ -24,12 +26,13 @@ import torch
 
 from physreason.chat.mcq import AnswerType, lettered_options, shuffle_options
 from physreason.chat.messages import Message, build_mcq_messages, build_messages
-from physreason.chat.structured import answer_kind, grounds_2d
+from physreason.chat.structured import answer_kind, grounds_2d, reference_problem
 from physreason.chat.style import StyleName, coord_space, grounding_question
 from physreason.config import DatasetConfig
 from physreason.data.loaders import load_records, media_path_in_root
 from physreason.data.video_range import record_video_range
 from physreason.errors import InputError
+from physreason.rewards.registry import PHYSREASON_FIELDS, reward_option_names
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,20 @@ def _structured_prompt(
             f"{where}: no options ('index2ans' or 'options', {{\"A\": ...}} or a list), and the answer {answer!r} is "
             "not a structured JSON answer (box_2d, point_2d or start/end): give one or the other"
         ) from None
-    reference = {key: value for key, value in qa.items() if key not in ("question", "answer")}
+    problem = reference_problem(qa)
+    if problem is not None:
+        raise InputError(f"{where}: {problem}; fix this reference in the data (or remove the question)")
+    # The fields physreason gives the rewards itself (the completion, the asked layout, the grid) are its own;
+    # an option's name is the recipe's (grpo.reward_options) and would rescore this one sample.
+    reference = {key: value for key, value in qa.items() if key not in ("question", "answer", *PHYSREASON_FIELDS)}
+    options = reward_option_names()
+    named = sorted(set(reference) & set(options))
+    if named:
+        rewards = sorted({reward for key in named for reward in options[key]})
+        raise InputError(
+            f"{where}: field(s) {named} name options of the reward(s) {rewards}, which are set for a whole run in "
+            "grpo.reward_options, not by a record: remove or rename them"
+        )
     return MCQPrompt(
         id=sample_id,
         question=question,

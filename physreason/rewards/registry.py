@@ -25,6 +25,10 @@ _OPTIONS: dict[str, Callable[..., Any]] = {}  # reward name -> the validator of 
 _WARNED: set[tuple[str, str]] = set()  # (reward, exception type) already logged in this process
 # The key compute_rewards adds for the weighted sum, so no reward may take its name.
 TOTAL_KEY = "total"
+# Names physreason gives the rewards itself: the completion scored, the layout its prompt asked for, the coordinate
+# grid of its frame (train.rollout.completion_rewards). A data record's own field of one of these names is not a
+# reward's input (data.mcq leaves it out).
+PHYSREASON_FIELDS = ("completion", "prompt_style", "reasoning", "coords")
 
 
 def register_reward(
@@ -103,6 +107,15 @@ def check_reward_options(weights: Mapping[str, float], reward_options: Mapping[s
             raise ConfigError(f"grpo.reward_options.{name}: {exc}") from None
 
 
+def reward_option_names() -> dict[str, list[str]]:
+    """Each option name any registered reward takes (grpo.reward_options), with the rewards that take it."""
+    names: dict[str, list[str]] = {}
+    for reward, validator in sorted(_OPTIONS.items()):
+        for option in _option_defaults(validator):
+            names.setdefault(option, []).append(reward)
+    return names
+
+
 def registered_rewards() -> list[str]:
     """Return the names of all registered rewards, aliases included, sorted."""
     return sorted(_REWARDS)
@@ -137,6 +150,11 @@ def compute_rewards(
     # The first three parameters are positional-only so that a sample field of any name (multiple-choice
     # samples carry `options`) lands in `sample`.
     reward_options = reward_options or {}
+    if "completion" in sample:
+        raise InputError(
+            "a sample field is named 'completion', the name of the text each reward scores; rename it in the data "
+            "records"
+        )
     values: dict[str, float] = {}
     for name in weights:
         fn = get_reward(name)
@@ -147,11 +165,14 @@ def compute_rewards(
                 "Add them to the data records or drop the reward from the weights."
             )
         options = reward_options.get(name, {})
-        shadowed = sorted(set(options) & set(sample))
+        validator = _OPTIONS.get(name)
+        # An option is the run's (grpo.reward_options), never a sample's: a sample field of an option's name would
+        # change how this one sample is scored, set or not in the recipe.
+        shadowed = sorted(set(_option_defaults(validator) if validator else options) & set(sample))
         if shadowed:
             raise InputError(
-                f"Reward {name!r}: sample field(s) {shadowed} have the names of its options in grpo.reward_options; "
-                "rename those fields in the data records"
+                f"Reward {name!r}: sample field(s) {shadowed} have the names of its options, which only "
+                "grpo.reward_options sets; rename or remove those fields in the data records"
             )
         try:
             value = float(fn(completion, **sample, **options))

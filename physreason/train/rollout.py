@@ -113,7 +113,7 @@ def completion_rewards(
     """
     every = {name: 0.0 for name in DIAGNOSTIC_REWARDS} | dict(weights)
     asked_style, reasoning = prompt.layout(answer_type, style)
-    # The layout wins over a record field of the same name (a structured record's qa may carry "reasoning").
+    # The layout is physreason's to give (data.mcq leaves a record's own "reasoning" or "prompt_style" out).
     fields = prompt.reward_fields() | {"prompt_style": asked_style, "reasoning": reasoning}
     try:
         if prompt.grounding_2d:
