@@ -3,9 +3,13 @@ half."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
+
+from physreason.errors import ConfigError
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -39,3 +43,22 @@ def replace_folder(staging: Path, final: Path) -> None:
         final.rename(aside)
     staging.rename(final)
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def read_json_object(path: Path, fix: str) -> dict[str, Any]:
+    """The JSON object in `path`; ConfigError naming the file, what is wrong and `fix` (what the user should do) when
+    it is not UTF-8, not JSON, nests past the parser's depth, holds a number past Python's digit limit, or is not an
+    object. An unreadable file (OSError) is raised as it is."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); {fix}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}); {fix}") from None
+    except RecursionError:
+        raise ConfigError(f"{path} nests deeper than the JSON parser reads; {fix}") from None
+    except ValueError as exc:  # an integer past the 4,300-digit conversion limit
+        raise ConfigError(f"{path} cannot be read as JSON ({exc}); {fix}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path} holds a JSON {type(value).__name__}, not an object; {fix}")
+    return value

@@ -10,10 +10,11 @@ patch's time as text before its own span (physreason/models/qwen3_vl.py).
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ import torch
 from physreason.chat.style import Prompting, resolve_prompting, resolve_sampling
 from physreason.config.schema import Config, SamplingConfig
 from physreason.errors import ConfigError, InputError
+from physreason.files import read_json_object
 from physreason.models.family import QWEN2_5_VL_PARAMS, QWEN3_VL_PARAMS, ModelFamily, ProcessorParams, model_family
 from physreason.models.qwen3_vl import frame_group_seconds, video_placeholder
 from physreason.models.source import check_model_source, looks_like_path
@@ -49,10 +51,15 @@ def checkpoint_family(model_name_or_path: str, revision: str | None = None) -> M
     path = _resolve_file(model_name_or_path, "config.json", revision)
     if path is None:
         return None
-    raw = json.loads(path.read_text())
-    config = SimpleNamespace(
-        model_type=raw.get("model_type"), architectures=raw.get("architectures"), _name_or_path=model_name_or_path
-    )
+    raw = read_json_object(path, _CHECKPOINT_FIX)
+    model_type, architectures = raw.get("model_type"), raw.get("architectures")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ConfigError(f"{path}: model_type {model_type!r} is not a name; {_CHECKPOINT_FIX}")
+    if architectures is not None and not (
+        isinstance(architectures, list) and all(isinstance(name, str) for name in architectures)
+    ):
+        raise ConfigError(f"{path}: architectures {architectures!r} is not a list of class names; {_CHECKPOINT_FIX}")
+    config = SimpleNamespace(model_type=model_type, architectures=architectures, _name_or_path=model_name_or_path)
     return model_family(config)
 
 
@@ -97,15 +104,48 @@ def load_processor_params(model_name_or_path: str, revision: str | None = None) 
     path = _resolve_file(model_name_or_path, "preprocessor_config.json", revision)
     if path is None:
         return family
-    raw = json.loads(path.read_text())
+    raw = read_json_object(path, _CHECKPOINT_FIX)
     return ProcessorParams(
-        patch_size=int(raw.get("patch_size", family.patch_size)),
-        temporal_patch_size=int(raw.get("temporal_patch_size", family.temporal_patch_size)),
-        merge_size=int(raw.get("merge_size", family.merge_size)),
-        image_mean=tuple(raw.get("image_mean", family.image_mean)),
-        image_std=tuple(raw.get("image_std", family.image_std)),
+        patch_size=_size(raw, "patch_size", family.patch_size, path),
+        temporal_patch_size=_size(raw, "temporal_patch_size", family.temporal_patch_size, path),
+        merge_size=_size(raw, "merge_size", family.merge_size, path),
+        image_mean=_channels(raw, "image_mean", family.image_mean, path),
+        image_std=_channels(raw, "image_std", family.image_std, path),
         video_timestamps_as_text=family.video_timestamps_as_text,
     )
+
+
+_CHECKPOINT_FIX = "restore the checkpoint's file from its source, or point at a complete model folder"
+
+
+def _size(raw: dict[str, Any], key: str, default: int, path: Path) -> int:
+    """A positive whole number of preprocessor_config.json (a patch or merge size); ConfigError naming the key."""
+    value = raw.get(key, default)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
+        raise ConfigError(f"{path}: {key} = {value!r} is not a positive whole number of pixels; {_CHECKPOINT_FIX}")
+    return value
+
+
+def _channels(raw: dict[str, Any], key: str, default: tuple[float, ...], path: Path) -> tuple[float, float, float]:
+    """Three finite numbers of preprocessor_config.json (a normalisation mean or std, the std above 0)."""
+    value = raw.get(key, default)
+    numbers = list(value) if isinstance(value, list | tuple) else []
+    usable = len(numbers) == 3 and all(
+        not isinstance(x, bool) and isinstance(x, int | float) and _finite(x) for x in numbers
+    )
+    if not usable or (key == "image_std" and min(numbers) <= 0):
+        wanted = "three finite numbers above 0" if key == "image_std" else "three finite numbers"
+        raise ConfigError(f"{path}: {key} = {value!r} is not {wanted} (one per RGB channel); {_CHECKPOINT_FIX}")
+    return float(numbers[0]), float(numbers[1]), float(numbers[2])
+
+
+def _finite(number: int | float) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
 
 
 def patch_factor(model_name_or_path: str, revision: str | None = None) -> int:

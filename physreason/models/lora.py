@@ -79,7 +79,7 @@ def target_pattern(model: nn.Module, lora: LoraConfig) -> str:
 
 def read_adapter_config(path: str | Path) -> dict[str, Any]:
     """The adapter_config.json of a PEFT adapter folder; ConfigError naming the folder when it is not one."""
-    import json
+    from physreason.files import read_json_object
 
     file = Path(path) / "adapter_config.json"
     if not file.is_file():
@@ -87,9 +87,13 @@ def read_adapter_config(path: str | Path) -> dict[str, Any]:
             f"LoRA adapter {path} has no adapter_config.json: pass a PEFT adapter folder, such as "
             "<output_dir>/safetensors/step_<n>/adapter of a [train.lora] run"
         )
-    config = json.loads(file.read_text(encoding="utf-8"))
+    fix = "save the adapter again (physreason export, or PEFT's save_pretrained) or point at a complete adapter folder"
+    config = read_json_object(file, fix)
     if config.get("peft_type") != "LORA":
         raise ConfigError(f"{file} describes a {config.get('peft_type')!r} adapter; only LoRA adapters are served")
+    rank = config.get("r")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= 65536:
+        raise ConfigError(f"{file}: the LoRA rank r = {rank!r} is not a positive whole number; {fix}")
     return config
 
 
@@ -109,7 +113,7 @@ def _base_model_type(adapter: Path, config: dict[str, Any]) -> tuple[str | None,
         if candidate.is_file():
             try:
                 model_type = json.loads(candidate.read_text(encoding="utf-8")).get("model_type")
-            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            except (ValueError, RecursionError, AttributeError):  # not JSON, not UTF-8, too deep, not an object
                 continue
             if model_type:
                 return str(model_type), str(candidate.parent)
