@@ -15,9 +15,9 @@ from physreason.chat.prompts import REASONING_SYSTEM_PROMPT
 from physreason.chat.style import Prompting
 from physreason.config import load_config
 from physreason.models.tiny import build_tiny_tokenizer
-from physreason.serve.media import local_media_problem, request_media_problem
-from physreason.serve.middleware import MEDIA_ROOT_ENV, MediaPathCheck
-from physreason.serve.server import ServeOptions, build_server_command, with_prompt_style
+from physreason.serve.media import local_media_problem, media_domains, remote_media_problem, request_media_problem
+from physreason.serve.middleware import MEDIA_DOMAINS_ENV, MEDIA_ROOT_ENV, MediaPathCheck
+from physreason.serve.server import NO_MEDIA_DOMAIN, ServeOptions, build_server_command, with_prompt_style
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -44,6 +44,9 @@ def test_server_binds_loopback_with_cosmos_sampling_defaults_and_the_physreason_
     assert json.loads(arg(argv, "--media-io-kwargs")) == {"video": {"fps": 4.0, "num_frames": 768}}
     assert arg(argv, "--chat-template") == str(tmp_path / "t.jinja")
     assert "--allowed-local-media-path" not in argv and "--api-key" not in argv and "--trust-remote-code" not in argv
+    # vLLM fetches any host without a list: by default it gets one no host is on, so no endpoint fetches remote media
+    assert arg(argv, "--allowed-media-domains") == NO_MEDIA_DOMAIN and NO_MEDIA_DOMAIN.endswith(".invalid")
+    assert MEDIA_DOMAINS_ENV not in command.env
 
 
 def test_recipe_and_options_reach_the_command_and_the_key_stays_off_the_command_line(tmp_path):
@@ -57,6 +60,43 @@ def test_recipe_and_options_reach_the_command_and_the_key_stays_off_the_command_
     assert command.argv[-2:] == ["--max-num-seqs", "8"]
     assert "s3cret" not in command.shown()
     assert command.env == {"VLLM_API_KEY": "s3cret", MEDIA_ROOT_ENV: str(tmp_path)}
+
+
+def test_media_domains_reach_vllm_and_the_middleware_and_any_host_lifts_the_list(tmp_path):
+    cfg = load_config(None, [])
+    command = build_server_command(cfg, ServeOptions(media_domains=("cdn.example.com", "10.0.0.5")), None)
+    argv = command.argv
+    at = argv.index("--allowed-media-domains")
+    assert argv[at + 1 : at + 3] == ["cdn.example.com", "10.0.0.5"]
+    assert command.env[MEDIA_DOMAINS_ENV] == "cdn.example.com,10.0.0.5"
+    anywhere = build_server_command(cfg, ServeOptions(media_domains=("*",)), None)
+    assert "--allowed-media-domains" not in anywhere.argv and anywhere.env[MEDIA_DOMAINS_ENV] == "*"
+    assert media_domains(["CDN.example.com.", "cdn.example.com", "*"]) == ("cdn.example.com", "*")
+    for bad in ("https://cdn.example.com", "cdn.example.com/clips", "", "*.example.com", "user@host"):
+        with pytest.raises(ValueError, match="host name alone"):
+            media_domains([bad])
+
+
+def test_remote_media_only_from_the_servers_hosts_and_never_through_ambiguous_urls():
+    hosts = ("cdn.example.com",)
+    assert remote_media_problem("data:video/mp4;base64,AAAA", ()) is None
+    assert remote_media_problem("file:///data/clip.mp4", ()) is None  # the file rule's business
+    assert "fetches no remote media" in remote_media_problem("http://169.254.169.254/latest/meta-data", ())
+    assert "--media-domain" in remote_media_problem("HTTPS://cdn.example.com/a.mp4", ())
+    assert remote_media_problem("https://CDN.example.com:443/a.mp4", hosts) is None
+    assert "not one the server fetches media from" in remote_media_problem("https://localhost:8080/x.mp4", hosts)
+    assert "not one the server fetches media from" in remote_media_problem("https://cdn.example.com.evil.io/x", hosts)
+    for tricky in (
+        "https://cdn.example.com@169.254.169.254/x.mp4",
+        "https://169.254.169.254\\@cdn.example.com/x.mp4",
+        "https://cdn.example.com /x.mp4",
+        "http://[::1/x",
+    ):
+        assert remote_media_problem(tricky, hosts) is not None, tricky
+    assert remote_media_problem("https://169.254.169.254/x", ("*",)) is None  # the operator asked for any host
+    request = video_request("https://internal.corp/clip.mp4")
+    assert "fetches no remote media" in request_media_problem(request, None)
+    assert request_media_problem(video_request("https://cdn.example.com/clip.mp4"), None, hosts) is None
 
 
 def test_an_fp8_kv_cache_reaches_the_server_command_and_auto_leaves_vllms_default():
@@ -143,6 +183,16 @@ def test_middleware_answers_a_missing_file_with_a_400_and_passes_good_requests_o
     assert asyncio.run(call_middleware(video_request(f"file://{tmp_path}/clip.mp4"), env, monkeypatch))[::2] == (200, True)
 
 
+def test_middleware_answers_remote_media_from_another_host_with_a_400(monkeypatch):
+    monkeypatch.delenv(MEDIA_DOMAINS_ENV, raising=False)
+    status, error, reached = asyncio.run(call_middleware(video_request("http://10.0.0.1/admin"), {}, monkeypatch))
+    assert (status, reached) == (400, False) and "fetches no remote media" in error["error"]["message"]
+    env = {MEDIA_DOMAINS_ENV: "cdn.example.com"}
+    good = video_request("https://cdn.example.com/clip.mp4")
+    assert asyncio.run(call_middleware(good, env, monkeypatch))[::2] == (200, True)
+    assert asyncio.run(call_middleware(video_request("http://10.0.0.1/admin"), env, monkeypatch))[0] == 400
+
+
 def test_middleware_leaves_callers_without_the_api_key_to_vllms_401(tmp_path, monkeypatch):
     env = {MEDIA_ROOT_ENV: str(tmp_path), "VLLM_API_KEY": "k"}
     request = video_request(f"file://{tmp_path}/gone.mp4")
@@ -184,6 +234,15 @@ def test_print_command_shows_the_vllm_command_for_a_local_model(tiny_model_dir, 
     assert "--allowed-local-media-path " + str(tmp_path) in result.stdout and "--max-num-seqs 4" in result.stdout
     (template,) = (tmp_path / "cache" / "physreason" / "serve").glob("chat-template-*.jinja")
     assert REASONING_SYSTEM_PROMPT.splitlines()[0] in template.read_text()
+
+
+def test_a_media_domain_with_a_scheme_is_a_usage_error_and_a_host_reaches_the_command(tiny_model_dir, tmp_path):
+    env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    result = run_cli("serve", "-m", str(tiny_model_dir), "--media-domain", "https://x.org", "--print-command", env=env)
+    assert result.returncode == 2 and "host name alone" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli("serve", "-m", str(tiny_model_dir), "--media-domain", "x.org", "--print-command", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "--allowed-media-domains x.org" in result.stdout and f"{MEDIA_DOMAINS_ENV}=x.org" in result.stdout
 
 
 def test_a_missing_media_root_is_a_usage_error(tiny_model_dir, tmp_path):

@@ -200,6 +200,10 @@ def test_a_bad_media_path_gets_a_400_that_says_what_is_wrong(server, client):
     with pytest.raises(openai.BadRequestError) as outside:
         client.chat.completions.create(model=model, messages=video_messages(f"file://{media}/../cache"))
     assert "outside the server's media root" in str(outside.value)
+    # no --media-domain: the server fetches from no host, its own network included
+    with pytest.raises(openai.BadRequestError) as remote:
+        client.chat.completions.create(model=model, messages=video_messages("http://127.0.0.1:9/clip.mp4"))
+    assert remote.value.status_code == 400 and "fetches no remote media" in str(remote.value)
 
 
 def test_requests_without_the_api_key_are_refused(server):

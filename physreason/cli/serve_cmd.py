@@ -28,7 +28,14 @@ def serve(
         help="Require this bearer key on every request (or set PHYSREASON_API_KEY); passed to vLLM in its environment.",
     ),
     media_root: Path | None = typer.Option(
-        None, help="Folder whose files (file:// URLs) requests may use; without it only http(s) and data URLs work."
+        None, help="Folder whose files (file:// URLs) requests may use; without it no local file can be named."
+    ),
+    media_domain: list[str] = typer.Option(
+        [],
+        "--media-domain",
+        metavar="HOST",
+        help="Host whose http(s) media URLs the server may fetch (repeat for several; '*' for any). Without it the "
+        "server fetches no remote media: requests send data: URLs or files under --media-root.",
     ),
     served_model_name: str | None = typer.Option(
         None, help="Model name clients send in requests [default: the --model value]."
@@ -90,6 +97,7 @@ def serve(
         served_model_name=served_model_name,
         api_key=api_key or None,
         media_root=resolve_media_root(media_root),
+        media_domains=_media_domains(media_domain),
         prompting=prompting,
         extra_args=tuple(vllm_args or ()),
     )
@@ -116,3 +124,13 @@ def serve(
         err_console.print(f"[yellow]warning: serving on {host} without --api-key: anyone who can reach it may use it[/]")
     err_console.print(f"starting: {command.shown()}", highlight=False, soft_wrap=True)
     exec_server(command)
+
+
+def _media_domains(values: list[str]) -> tuple[str, ...]:
+    from physreason.errors import InputError
+    from physreason.serve.media import media_domains
+
+    try:
+        return media_domains(values)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None

@@ -1,7 +1,10 @@
-"""Which local media a chat request may name: `file://` URLs only under the server's media root.
+"""Which media a chat request may name: `file://` URLs only under the server's media root, http(s) URLs only from
+the hosts the server was started with (`--media-domain`; none by default, so a caller cannot make the server fetch
+from its own network: cloud metadata, internal services), data: URLs always.
 
-vLLM checks the same rule, but answers a missing file with a 500 and masks the paths in its messages;
-this check runs first (see `physreason.serve.middleware`) so the caller gets a 400 that says what to fix.
+vLLM checks the file rule too, but answers a missing file with a 500 and masks the paths in its messages, and
+fetches any http(s) URL when it has no domain list; this check runs first (see `physreason.serve.middleware`) so
+the caller gets a 400 that says what to fix.
 """
 
 from __future__ import annotations
@@ -31,14 +34,47 @@ def media_urls(request: dict[str, Any]) -> Iterator[str]:
                     yield url
 
 
+ANY_DOMAIN = "*"  # --media-domain '*': http(s) media from any host
+
+
+def remote_media_problem(url: str, domains: tuple[str, ...]) -> str | None:
+    """Why the server will not fetch `url`, or None when it is no http(s) URL or its host is one of `domains`."""
+    scheme = url.split(":", 1)[0].strip().lower() if ":" in url else ""
+    if scheme not in ("http", "https"):
+        return None
+    if not domains:
+        return (
+            f"{_shown(url)}: this server fetches no remote media; send it as a data: URL, as a file:// URL under "
+            "the server's --media-root, or start the server with --media-domain HOST for the hosts it may fetch from"
+        )
+    if ANY_DOMAIN in domains:
+        return None
+    try:
+        parsed = urlparse(url)
+        host = parsed.hostname
+    except ValueError:
+        parsed, host = None, None
+    if parsed is None or "@" in parsed.netloc or "\\" in url or any(c <= " " or c == "\x7f" for c in url):
+        # user info, backslashes and spaces are read differently by different URL parsers: the host checked here
+        # must be the host the server's HTTP client connects to
+        return f"{_shown(url)}: a media URL with user info (@), backslashes or spaces is not fetched; send a plain URL"
+    if host is None or host.lower().rstrip(".") not in domains:
+        return f"{_shown(url)}: its host is not one the server fetches media from ({', '.join(domains)})"
+    return None
+
+
+def _shown(url: str) -> str:
+    return url if len(url) <= 200 else url[:200] + "..."
+
+
 def local_media_problem(url: str, media_root: Path | None) -> str | None:
     """Why the server cannot read `url`, or None when it is not a file URL or names a file under `media_root`."""
     if not url.startswith("file:"):
         return None
     if media_root is None:
         return (
-            f"{url}: this server reads no local files; send the media as an http(s) or data: URL, "
-            "or start the server with --media-root FOLDER"
+            f"{url}: this server reads no local files; send the media as a data: URL (or an http(s) URL from a host "
+            "given with --media-domain), or start the server with --media-root FOLDER"
         )
     parsed = urlparse(url)
     if parsed.netloc:
@@ -55,10 +91,26 @@ def local_media_problem(url: str, media_root: Path | None) -> str | None:
     return None
 
 
-def request_media_problem(request: dict[str, Any], media_root: Path | None) -> str | None:
-    """The first media URL in a request the server cannot read, explained; None when all can be read."""
+def request_media_problem(
+    request: dict[str, Any], media_root: Path | None, domains: tuple[str, ...] = ()
+) -> str | None:
+    """The first media URL in a request the server cannot or may not read, explained; None when all can be read."""
     for url in media_urls(request):
-        problem = local_media_problem(url, media_root)
+        problem = local_media_problem(url, media_root) or remote_media_problem(url, domains)
         if problem is not None:
             return problem
     return None
+
+
+def media_domains(values: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """`--media-domain` values as host names (lower case), or ValueError saying what a value should be."""
+    hosts = []
+    for value in values:
+        host = value.strip().lower().rstrip(".")
+        if host != ANY_DOMAIN and (not host or any(c in host for c in "/:@ ?#") or host.startswith("*")):
+            raise ValueError(
+                f"--media-domain {value!r}: give a host name alone, as in --media-domain example.com "
+                "(repeat it for several), or '*' for any host"
+            )
+        hosts.append(host)
+    return tuple(dict.fromkeys(hosts))

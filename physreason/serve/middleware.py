@@ -1,9 +1,11 @@
-"""ASGI middleware for vLLM's server (`--middleware`): answer unreadable local media with a clear 400.
+"""ASGI middleware for vLLM's server (`--middleware`): answer unreadable local media, and remote media from a host the
+server may not fetch from, with a clear 400.
 
 vLLM adds middleware given by import path around its app, outside its own API-key check, so this one
 looks at a request only when it carries the server's key (or the server has none): callers without
 the key learn nothing about the files, and get vLLM's 401 as before. Only Chat Completions bodies that
-mention `file:` are parsed; every other request passes through untouched.
+mention `file:` or `://` are parsed; every other request passes through untouched (vLLM's own domain list,
+`--allowed-media-domains`, refuses remote media on the other endpoints).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from physreason.serve.media import request_media_problem
 
 MEDIA_ROOT_ENV = "PHYSREASON_SERVE_MEDIA_ROOT"  # set by `physreason serve` for the server process
+MEDIA_DOMAINS_ENV = "PHYSREASON_SERVE_MEDIA_DOMAINS"  # comma-separated hosts ("*": any) of remote media; unset: none
 API_KEY_ENV = "VLLM_API_KEY"
 
 Scope = dict[str, Any]
@@ -26,12 +29,13 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class MediaPathCheck:
-    """Rejects Chat Completions requests whose `file://` media the server may not or cannot read (400)."""
+    """Rejects Chat Completions requests whose `file://` or http(s) media the server may not or cannot read (400)."""
 
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
         self.app = app
         root = os.environ.get(MEDIA_ROOT_ENV)
         self.media_root = Path(root) if root else None
+        self.media_domains = tuple(host for host in os.environ.get(MEDIA_DOMAINS_ENV, "").split(",") if host)
         self.api_key = os.environ.get(API_KEY_ENV) or None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -41,13 +45,13 @@ class MediaPathCheck:
             return
         body, messages = await _read_body(receive)
         problem = None
-        if b"file:" in body:
+        if b"file:" in body or b"://" in body:
             try:
                 request = json.loads(body)
             except ValueError:
                 request = None  # vLLM reports malformed JSON itself
             if isinstance(request, dict):
-                problem = request_media_problem(request, self.media_root)
+                problem = request_media_problem(request, self.media_root, self.media_domains)
         if problem is not None:
             await _send_error(send, problem)
             return

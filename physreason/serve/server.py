@@ -33,12 +33,14 @@ from physreason.chat.prompts import (
 from physreason.chat.style import Prompting
 from physreason.config import Config, SamplingConfig
 from physreason.errors import InputError, PhysReasonError
-from physreason.serve.middleware import MEDIA_ROOT_ENV
+from physreason.serve.media import ANY_DOMAIN
+from physreason.serve.middleware import MEDIA_DOMAINS_ENV, MEDIA_ROOT_ENV
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 # The file vLLM imports for --reasoning-parser-plugin; it registers physreason's reasoning parser.
 PLUGIN_FILE = Path(__file__).with_name("vllm_plugin.py")
+NO_MEDIA_DOMAIN = "no-remote-media.invalid"  # a host name that cannot exist (RFC 2606), for vLLM's domain list
 API_KEY_ENV = "VLLM_API_KEY"  # read by vLLM's server (0.26 and 0.32) when --api-key is not given; by our middleware too
 
 
@@ -51,6 +53,7 @@ class ServeOptions:
     served_model_name: str | None = None
     api_key: str | None = None
     media_root: Path | None = None
+    media_domains: tuple[str, ...] = ()  # hosts whose http(s) media requests may name; ("*",) any; () none
     prompting: Prompting = field(default_factory=Prompting)  # style, default mode, system prompt override
     chat_template: Path | None = None
     extra_args: Sequence[str] = field(default_factory=tuple)
@@ -228,10 +231,16 @@ def build_server_command(
         argv.append("--trust-remote-code")
     if options.media_root is not None:
         argv += ["--allowed-local-media-path", str(options.media_root)]
+    if ANY_DOMAIN not in options.media_domains:
+        # vLLM fetches from any host when it has no list; with none given, a reserved name no host has (RFC 2606)
+        # makes every endpoint refuse remote media, those the middleware does not look at included
+        argv += ["--allowed-media-domains", *(options.media_domains or (NO_MEDIA_DOMAIN,))]
     argv += list(options.extra_args)
     env = {API_KEY_ENV: options.api_key} if options.api_key else {}
     if options.media_root is not None:
         env[MEDIA_ROOT_ENV] = str(options.media_root)
+    if options.media_domains:
+        env[MEDIA_DOMAINS_ENV] = ",".join(options.media_domains)
     return ServerCommand(argv=argv, env=env)
 
 
