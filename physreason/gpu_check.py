@@ -26,7 +26,7 @@ Set up on a bare GPU machine (the image has torch and an older transformers; not
                  source .device-wheels/setup.sh && python -m physreason gpu-check --commit C 2>&1 | tee $OUT/gpu_check.log
     with vLLM:   the parts of ../shared/gpu/vllm-wheels.sh first (see its header), then add --vllm
 Each check runs in a worker process of its own (a CUDA fault cannot take the next check with it) with a time limit
-(--timeout, 120 s). With OUT set, $OUT/gpu_check.json is rewritten after every check and a failed check's log is
+(--timeout, 120 s; the vLLM checks get at least 300 s, vllm-fp8-rollout 420 s, for an engine's cold first start). With OUT set, $OUT/gpu_check.json is rewritten after every check and a failed check's log is
 kept as $OUT/NAME.log. --only NAME[,NAME] runs some. --jobs N runs the one-GPU checks N at a time on the same GPU
 (lines in the order they finish, the JSON in list order); the two-GPU and vLLM checks still run alone, afterwards.
 """
@@ -65,6 +65,9 @@ class Check:
     needs: str = ""  # "vllm" or "torchao": skipped when the package is missing
     cuda_only: bool = False  # not run by --cpu (CUDA kernels, pinned memory)
     settings: tuple[str, ...] = field(default_factory=tuple)
+    # The least time the check gets whatever --timeout says: a vLLM engine's first start on a fresh machine compiles
+    # and captures its CUDA graphs cold (vllm-fp8-rollout needed more than 170 s on an H200, 81 s warm)
+    min_timeout: float = 0.0
 
 
 FLOAT8 = ("train.fp8.enable_fp8=true", "train.fp8.skip_small_linears=false")
@@ -99,10 +102,10 @@ CHECKS = (
     Check("dp2", gpus=2, settings=("policy.parallelism.dp_shard_size=2",)),
     Check("tp2", gpus=2, settings=("policy.parallelism.tp_size=2", "policy.parallelism.dp_shard_size=1")),
     Check("cp2", gpus=2, settings=("policy.parallelism.cp_size=2", "policy.parallelism.dp_shard_size=1")),
-    Check("vllm-generate", needs="vllm", cuda_only=True),
-    Check("vllm-weight-push", needs="vllm", cuda_only=True),
-    Check("vllm-fp8-rollout", needs="vllm", cuda_only=True),
-    Check("vllm-close", needs="vllm", cuda_only=True),
+    Check("vllm-generate", needs="vllm", cuda_only=True, min_timeout=300),
+    Check("vllm-weight-push", needs="vllm", cuda_only=True, min_timeout=300),
+    Check("vllm-fp8-rollout", needs="vllm", cuda_only=True, min_timeout=420),
+    Check("vllm-close", needs="vllm", cuda_only=True, min_timeout=300),
 )
 
 
@@ -804,6 +807,7 @@ def worker(name: str, work: Path, timeout: float, result_file: Path) -> int:
 def run_worker(check: Check, work: Path, timeout: float) -> dict:
     """Run one check in a worker process of its own (a CUDA fault cannot take the next check with it); its row."""
     started = time.perf_counter()
+    timeout = max(timeout, check.min_timeout)
     result_file = work / f"{check.name}.result.json"
     result_file.unlink(missing_ok=True)
     log = work / f"{check.name}.log"
@@ -826,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--vllm", action="store_true", help="also run the vLLM checks (vLLM must be installed)")
     parser.add_argument("--only", default="", help="comma-separated check names (default: all)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds each check may take")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds each check may take (the vLLM checks get at least 300, vllm-fp8-rollout 420)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="one-GPU checks run this many at a time on the same GPU (checks of several GPUs and "
                              "the vLLM checks still run alone); 1: one after another")

@@ -157,3 +157,21 @@ def test_cuda_tensor_holders_names_the_chain_that_keeps_a_tensor(monkeypatch):
     assert lines[0].startswith("0.06 GiB (2, 1024, 1024, 8) torch.float32 <- ")
     assert lines[0].endswith("Layer.kv_cache <- list[0] <- dict['layers'] <- (no Python referrer)"), lines[0]
     del small, holders
+
+
+def test_a_vllm_check_gets_at_least_its_cold_start_time_whatever_timeout_says(tmp_path, monkeypatch):
+    """A fresh machine compiles and captures vLLM's graphs cold: --timeout 120 must not fail vllm-fp8-rollout early."""
+    from physreason import gpu_check
+
+    given = {}
+
+    def fake_run(command, stdout, stderr, timeout, check):
+        given[command[command.index("--worker") + 1]] = (timeout, float(command[command.index("--timeout") + 1]))
+        raise subprocess.TimeoutExpired(command, timeout)
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    checks = {check.name: check for check in gpu_check.CHECKS}
+    rows = [gpu_check.run_worker(checks[name], tmp_path, 120.0) for name in ("vllm-fp8-rollout", "vllm-close", "hf-generate")]
+    assert given == {"vllm-fp8-rollout": (420, 420.0), "vllm-close": (300, 300.0), "hf-generate": (120.0, 120.0)}
+    assert "did not finish in 420 s" in rows[0]["detail"] and rows[0]["status"] == "FAIL"
+    assert gpu_check.run_worker(checks["hf-generate"], tmp_path, 900.0) and given["hf-generate"] == (900.0, 900.0)
