@@ -46,7 +46,7 @@ PROCESS_OPTIONS = ("--tp", "--sweep", "--rows", "--tiny", "--skip-baseline", "--
 SHAPES = {"qwen2.5-vl-3b": qwen25_vl_3b, "qwen3-vl-8b": qwen3_vl_8b}  # --shape
 ROW_OPTIONS = ("chunked_ce", "ce_chunk", "ce_recompute", "ce_eager", "clip_separate", "cast_eager", "compile",
                "packing", "ac_every", "grad_accum", "batch", "seq_len", "sdpa_backend", "wrap", "float8",
-               "float8_all_linears", "reshard", "compile_loss", "compile_vision", "conv_patch_embed")
+               "float8_all_linears", "reshard", "compile_loss", "compile_vision", "conv_patch_embed", "vision_ac_every")
 # Cosmos-Reason2's inference video budget (configs/infer-cosmos-reason2-8b.toml)
 REASON2_FPS = 4.0
 REASON2_TOTAL_PIXELS = 11324620
@@ -310,7 +310,7 @@ def run_ours(config, args, device, mesh) -> dict:
     if not args.conv_patch_embed:
         use_linear_patch_embed(model)  # as physreason's loader does
     if args.ac_every > 0:
-        enable_activation_checkpointing(model, args.ac_every)
+        enable_activation_checkpointing(model, args.ac_every, args.vision_ac_every)
     all_gather = False
     if args.float8 != "none":  # as train/build.py does: before FSDP2 and compile, float8 all-gather over 2+ ranks
         from physreason.models.float8 import convert_to_float8, float8_all_gather
@@ -423,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "= false; lever)")
     parser.add_argument("--packing", action="store_true", help="4 samples packed into the row")
     parser.add_argument("--ac-every", type=int, default=1, help="checkpoint every n-th decoder block (0: none; 2: selective)")
+    parser.add_argument("--vision-ac-every", type=int, default=1,
+                        help="with --ac-every > 0: checkpoint every n-th vision block (0: none; train.vision_checkpoint_every)")
     parser.add_argument("--sdpa-backend", choices=("auto", "flash", "cudnn", "efficient", "math"), default="auto",
                         help="attention kernel (torch.nn.attention.sdpa_kernel); cudnn is the fast one on Hopper")
     parser.add_argument("--wrap", choices=("fsdp", "cast", "autocast"), default="fsdp",

@@ -467,6 +467,18 @@ class TrainConfig(Section):
     param_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="FSDP2 parameter dtype for compute.")
     fsdp_reduce_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 gradient reduction dtype.")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass.")
+    checkpoint_every: int = Field(
+        1,
+        ge=1,
+        description="With gradient_checkpointing: recompute decoder blocks 0, n, 2n, ... only (1: every block); the "
+        "others keep their activations, memory for speed. The memory plan prices it.",
+    )
+    vision_checkpoint_every: int = Field(
+        1,
+        ge=0,
+        description="With gradient_checkpointing: recompute vision-encoder blocks 0, n, 2n, ... only (1: every block; "
+        "0: none, the tower keeps its activations). A video row's tower holds four patches per visual token.",
+    )
     one_rank_precision: Literal["cast", "legacy"] = Field(
         "cast",
         description="How a run on one process (plain, or torchrun --nproc-per-node 1) gets param_dtype compute. "

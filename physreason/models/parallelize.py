@@ -65,14 +65,16 @@ def freeze_vision_tower(model: nn.Module) -> int:
     return count
 
 
-def enable_activation_checkpointing(model: nn.Module, every: int = 1) -> None:
-    """Recompute decoder (and vision) blocks in backward; non-reentrant so FSDP2 and frozen inputs work.
+def enable_activation_checkpointing(model: nn.Module, every: int = 1, vision_every: int = 1) -> None:
+    """Recompute decoder and vision blocks in backward; non-reentrant so FSDP2 and frozen inputs work.
 
     every = n keeps checkpointing on decoder blocks 0, n, 2n, ... only (selective checkpointing: memory for
-    speed); vision blocks are always checkpointed. every = 1 checkpoints every block.
+    speed), vision_every the same on vision-encoder blocks (0: none of them). 1 checkpoints every block.
     """
     if every < 1:
         raise ConfigError(f"activation checkpointing every {every} blocks: use 1 or more (or turn checkpointing off)")
+    if vision_every < 0:
+        raise ConfigError(f"vision checkpointing every {vision_every} blocks: use 0 (none) or more")
     options = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the older name is deprecated there
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
@@ -81,6 +83,9 @@ def enable_activation_checkpointing(model: nn.Module, every: int = 1) -> None:
     # transformers' GradientCheckpointingLayer recomputes a block only while its own flag is set
     for index, block in enumerate(decoder_layers(model)):
         block.gradient_checkpointing = index % every == 0
+    tower = vision_tower(model)
+    for index, block in enumerate(tower.blocks if tower is not None else ()):
+        block.gradient_checkpointing = vision_every > 0 and index % vision_every == 0
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:

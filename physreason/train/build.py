@@ -93,7 +93,7 @@ def load_trainable(model_config: ModelConfig, train: TrainConfig) -> tuple[nn.Mo
 
         peft_model = apply_lora(model, train.lora)
     if train.gradient_checkpointing:
-        parallelize.enable_activation_checkpointing(model)
+        parallelize.enable_activation_checkpointing(model, train.checkpoint_every, train.vision_checkpoint_every)
     return model, peft_model
 
 

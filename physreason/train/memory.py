@@ -55,6 +55,8 @@ class Layout:
     optimizer_state_dtype: str = "float32"
     gradient_checkpointing: bool = True
     mini_batch: int = 1
+    checkpoint_every: int = 1  # with checkpointing: decoder blocks 0, n, 2n, ... recomputed, the others keep everything
+    vision_checkpoint_every: int = 1  # the same for vision blocks; 0: no vision block recomputed
 
     @property
     def dp(self) -> int:
@@ -221,15 +223,24 @@ def activation_bytes_per_token(hidden: int, query: int, kv: int, mlp: int, dtype
     return fixed + scaled * dtype_bytes // 2
 
 
-def stack_activation_bytes(tokens: int, blocks: int, per_token: int, hidden: int, dtype_bytes: int, checkpointed: bool) -> int:
+def checkpointed_blocks(blocks: int, every: int) -> int:
+    """How many of `blocks` are recomputed when blocks 0, every, 2 x every, ... are (every 0: none)."""
+    return -(-blocks // every) if every > 0 else 0
+
+
+def stack_activation_bytes(
+    tokens: int, blocks: int, per_token: int, hidden: int, dtype_bytes: int, checkpointed: bool, every: int = 1
+) -> int:
     """Peak activation bytes of a stack of blocks in backward.
 
-    Checkpointed: each block's input (tokens x hidden x dtype_bytes) is kept, plus one block recomputed in full.
-    Otherwise every block keeps its full activations: blocks x tokens x per_token.
+    Checkpointed (every n-th block from the first, n = `every`): each recomputed block keeps its input
+    (tokens x hidden x dtype_bytes), the others their full activations (tokens x per_token each), plus one block
+    recomputed in full. Not checkpointed (or every 0): every block keeps its full activations.
     """
-    if checkpointed:
-        return blocks * tokens * hidden * dtype_bytes + tokens * per_token
-    return blocks * tokens * per_token
+    recomputed = checkpointed_blocks(blocks, every) if checkpointed else 0
+    if recomputed == 0:
+        return blocks * tokens * per_token
+    return recomputed * tokens * hidden * dtype_bytes + (blocks - recomputed + 1) * tokens * per_token
 
 
 def loss_bytes(tokens: int, vocab: int, chunk: int) -> int:
@@ -308,13 +319,15 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
         shape.intermediate // tp, param_bytes,
     )
     plan.parts["activations"] = stack_activation_bytes(
-        tokens, shape.layers, per_token, shape.hidden, param_bytes, layout.gradient_checkpointing
-    )
+        tokens, shape.layers, per_token, shape.hidden, param_bytes, layout.gradient_checkpointing,
+        layout.checkpoint_every,
+    )  # fmt: skip
     if layout.cp > 1:
         plan.parts["activations"] += batch.rows * batch.row_tokens * shape.hidden * param_bytes
     if batch.packed:
         mask = batch.rows * batch.row_tokens * -(-batch.row_tokens // layout.cp)  # [rows, 1, L, L / cp] entries
-        kept = 1 if layout.gradient_checkpointing else shape.layers
+        recomputed = checkpointed_blocks(shape.layers, layout.checkpoint_every) if layout.gradient_checkpointing else 0
+        kept = shape.layers - recomputed + 1 if recomputed else shape.layers  # blocks whose attention state is held
         if workload.packed_spans:
             # flash's variable-length call keeps its packed queries and output (H heads, the row's tokens), keys and
             # values (H_kv heads: the prompt once for itself and once per completion, then the completions) and the
@@ -337,8 +350,9 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
         tower_trains = (workload.train_vision and not layout.lora) or (layout.lora and bool(workload.lora_vision_targets))
         if tower_trains:
             vision = stack_activation_bytes(
-                patches, shape.vision_depth, per_patch, shape.vision_hidden, param_bytes, layout.gradient_checkpointing
-            )
+                patches, shape.vision_depth, per_patch, shape.vision_hidden, param_bytes, layout.gradient_checkpointing,
+                layout.vision_checkpoint_every,
+            )  # fmt: skip
         else:
             vision = patches * per_patch  # nothing is saved for backward; one block's working set at a time
     plan.parts["vision activations"] = vision

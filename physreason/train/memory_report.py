@@ -53,6 +53,8 @@ def recipe_layout(config: Config, gpus: int, distributed: bool, job: Job) -> Lay
         cpu_offload=train.cpu_offload,
         optimizer_state_dtype=train.optimizer_state_dtype,
         gradient_checkpointing=train.gradient_checkpointing,
+        checkpoint_every=train.checkpoint_every,
+        vision_checkpoint_every=train.vision_checkpoint_every,
         mini_batch=config.grpo.mini_batch if job == "grpo" else train.mini_batch,
     )
 
@@ -173,7 +175,16 @@ def describe(layout: Layout) -> str:
     if layout.cpu_offload:
         words.append("CPU offload")
     words.append(f"{'bf16' if layout.optimizer_state_dtype == 'bfloat16' else 'fp32'} AdamW state")
-    words.append("checkpointing" if layout.gradient_checkpointing else "no checkpointing")
+    if not layout.gradient_checkpointing:
+        words.append("no checkpointing")
+    elif (layout.checkpoint_every, layout.vision_checkpoint_every) == (1, 1):
+        words.append("checkpointing")
+    else:
+        vision = layout.vision_checkpoint_every
+        words.append(
+            f"checkpointing 1 in {layout.checkpoint_every} decoder blocks, "
+            + (f"1 in {vision} vision blocks" if vision else "no vision block")
+        )
     words.append(f"micro-batch {layout.mini_batch}")
     return ", ".join(words)
 
@@ -285,3 +296,4 @@ def check_memory(
         log.warning("%s (starting anyway: train.skip_memory_check)", message)
         return plan
     raise ConfigError(message)
+
