@@ -56,7 +56,12 @@ def test_disaggregated_rollout_replica_refuses_a_conflicting_engine_tp_before_lo
         rollout_replica.build_engine(config)
 
 
-def test_batch_sized_cuda_graphs_are_refused_for_rollouts_naming_the_key():
-    assert rollout_engine_config(load_config(None, ["engine.cuda_graph_sizes=vllm"])).cuda_graph_sizes == "vllm"
-    with pytest.raises(ConfigError, match="engine.cuda_graph_sizes = 'vllm' for GRPO"):
-        rollout_engine_config(load_config(None, ["engine.cuda_graph_sizes=batch"]))
+def test_batch_sized_cuda_graphs_of_vllm_rollouts_are_sized_by_a_rounds_completions():
+    """A round's generate call sends rollout.batch_size prompts x n_generation completions: graphs sized by
+    engine.batch_size would leave its decode steps uncaptured; an hf engine keeps its batch size (its chunks)."""
+    plain = rollout_engine_config(load_config(None, ["engine.cuda_graph_sizes=vllm", "engine.backend='vllm'"]))
+    assert (plain.cuda_graph_sizes, plain.batch_size) == ("vllm", 8)
+    settings = ["engine.cuda_graph_sizes=batch", "rollout.batch_size=6", "rollout.n_generation=8"]
+    vllm = rollout_engine_config(load_config(None, [*settings, "engine.backend='vllm'"]))
+    assert (vllm.cuda_graph_sizes, vllm.batch_size) == ("batch", 48)
+    assert rollout_engine_config(load_config(None, [*settings, "engine.backend='hf'"])).batch_size == 8

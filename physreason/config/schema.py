@@ -226,7 +226,8 @@ class EngineConfig(Section):
         description="Batch sizes vLLM captures CUDA graphs for at start: 'vllm' its own list (about 50 sizes up to 512 "
         "sequences); 'batch' engine.batch_size and the powers of two below it (a batch's tail, as requests finish, "
         "runs in the next larger graph): fewer graphs, a shorter start, for runs whose generate calls send at most "
-        "engine.batch_size requests (batch inference, evaluation; GRPO refuses it). Unused with enforce_eager.",
+        "engine.batch_size requests (batch inference, evaluation). GRPO's vLLM rollouts size it by a round's "
+        "completions instead (rollout.batch_size x rollout.n_generation). Unused with enforce_eager.",
     )
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
         "auto",
