@@ -36,6 +36,9 @@ def main() -> None:
                         help="grpo.packed_attention: sdpa under the rows' [L, L] mask (physreason's default) or the "
                              "rows as variable-length sequences in one flash-attention call a layer")
     parser.add_argument("--compile", action="store_true", help="train.compile: the policy's decoder blocks compiled")
+    parser.add_argument("--cuda-graph-sizes", choices=["vllm", "batch"], default="vllm",
+                        help="engine.cuda_graph_sizes: vLLM's ~50 sizes, or a round's completions and the powers of "
+                             "two below (a shorter start, notably for an FP8 engine)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR", help="profile steps after the timed ones")
     parser.add_argument("--profile-steps", type=int, default=2, help="steps under the profiler")
     harness.add_json(parser)
@@ -56,7 +59,8 @@ def main() -> None:
     settings = harness.grpo_settings(model, data, out, args, backend, bf16, total_steps, 8192)
     settings += [f"train.gradient_checkpointing={'true' if bf16 else 'false'}",
                  f"rollout.quantization='{args.quantization}'", f"grpo.packed_attention='{args.packed_attention}'",
-                 f"train.compile={'true' if args.compile else 'false'}"]  # fmt: skip
+                 f"train.compile={'true' if args.compile else 'false'}",
+                 f"engine.cuda_graph_sizes='{args.cuda_graph_sizes}'"]  # fmt: skip
     config = load_config(None, settings)
     device_kind = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     profiler = Profiled(args.profile, "grpo-step", device_kind) if args.profile is not None else None
