@@ -519,8 +519,8 @@ class TrainConfig(Section):
     compile_vision: bool = Field(
         False,
         description="torch.compile each vision-encoder block (one graph serves them all; it fuses the tower's "
-        "elementwise kernels). A clip of another patch grid compiles the blocks again: fine for data of one resolution "
-        "and length, costly for many shapes (past 64 variants a block runs eagerly and torch warns once).",
+        "elementwise kernels: 1.20x on Reason2's video row, H200). The first clips of new patch grids recompile, after "
+        "which torch treats the sizes as dynamic and later grids reuse the graphs (a few per layout of segments).",
     )
     loss_chunk_size: int = Field(
         0, ge=0, description="Tokens per lm_head + cross-entropy chunk (full logits never materialise); 0 = one piece."

@@ -185,8 +185,10 @@ def compile_blocks(model: nn.Module, decoder: bool = True, vision: bool = False)
     repeat, so one graph serves them all.
 
     Rows of varying length (SFT pads to multiples of 16 under float8) cost one recompile at the second length, which
-    marks the length dynamic; later lengths reuse that graph. The vision attention groups a clip's segments by length
-    in plain integers (models/vision_attention.py), so each new patch grid compiles the vision blocks again.
+    marks the length dynamic; later lengths reuse that graph. Vision blocks likewise: the grouped vision attention
+    (models/vision_attention.py) takes its segment lengths and counts as integers, which torch makes dynamic after the
+    first recompiles; new patch grids then reuse the graphs (tests/test_compile_vision_shapes.py: six grids, three
+    graphs), and only a new number of distinct segment lengths (a loop of another length) compiles again.
     """
     tower = loading.vision_tower(model)
     if vision and tower is None:
