@@ -187,7 +187,7 @@ def compile_blocks(model: nn.Module, decoder: bool = True, vision: bool = False)
     Rows of varying length (SFT pads to multiples of 16 under float8) cost one recompile at the second length, which
     marks the length dynamic; later lengths reuse that graph. Vision blocks likewise: the grouped vision attention
     (models/vision_attention.py) takes its segment lengths and counts as integers, which torch makes dynamic after the
-    first recompiles; new patch grids then reuse the graphs (tests/test_compile_vision_shapes.py: six grids, three
+    first recompiles; new patch grids then reuse the graphs (tests/test_compile_vision_shapes.py: six grids, five
     graphs), and only a new number of distinct segment lengths (a loop of another length) compiles again.
     """
     tower = loading.vision_tower(model)
