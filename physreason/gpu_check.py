@@ -406,6 +406,8 @@ def check_vllm(name: str, model: Path) -> str:
             raise AssertionError("pushing the original weights back did not restore the greedy output")
         if quantization == "fp8":
             how = "copied into the live model" if engine.pushes_in_place else "through vLLM's reload_weights"
+            if getattr(engine, "in_place_refusal", None):
+                how += f": {engine.in_place_refusal}"
             return f"{len(first.completions[0].token_ids)} tokens (fp8); greedy output followed two more pushes ({how})"
         return "greedy output followed the pushed weights and came back with the originals"
 

@@ -229,29 +229,35 @@ def _load_in_place(model: torch.nn.Module, weights: list[tuple[str, torch.Tensor
 def loads_in_place(llm: Any, weights: list[tuple[str, torch.Tensor]]) -> bool:
     """Whether later pushes may copy into the live model of an engine whose layers post-process their weights (block
     FP8), instead of vLLM's `reload_weights` (0.42-0.65 s a push of the 3B shape on an H200: it restages every layer).
+    See in_place_refusal, which says why not."""
+    return in_place_refusal(llm, weights) is None
+
+
+def in_place_refusal(llm: Any, weights: list[tuple[str, torch.Tensor]]) -> str | None:
+    """None when later pushes may copy into the live model (see loads_in_place); else why they may not, naming the
+    first tensor that differs and how.
 
     Call right after `reload_weights(llm, weights)`. The answer comes from trying it: the same `weights` are copied
     into the live parameters through the model's own `load_weights`, and every parameter and buffer must come out
     bit for bit as vLLM's post-load processing left them, in the same storage (the CUDA graphs captured it). On any
-    difference or error the model gets vLLM's processed weights back (one more `reload_weights`) and the answer is
-    False. Only a CUDA engine with one worker in this process is tried (elsewhere False at once). Costs a copy of the
-    model's weights on the GPU while it checks.
+    difference or error the model gets vLLM's processed weights back (one more `reload_weights`). Only a CUDA engine
+    with one worker in this process is tried. Costs a copy of the model's weights on the GPU while it checks.
     """
     if not _one_cuda_worker_here(llm):
-        return False
+        return "not a CUDA engine with one worker in this process"
     try:
         before = llm.apply_model(_snapshot)[0]
-    except Exception:  # no room for the copy (out of memory): nothing was changed, vLLM's path stays
-        return False
+    except Exception as exc:  # no room for the copy (out of memory): nothing was changed, vLLM's path stays
+        return f"no room to check ({type(exc).__name__})"
     try:
         llm.apply_model(functools.partial(_load_in_place, weights=weights))
-        same = llm.apply_model(functools.partial(_unchanged, before=before))[0]
-    except Exception:  # a layer whose loader cannot take checkpoint tensors once processed: vLLM's path stays
-        same = False
+        change = llm.apply_model(functools.partial(_first_change, before=before))[0]
+    except Exception as exc:  # a layer whose loader cannot take checkpoint tensors once processed: vLLM's path stays
+        change = f"the model's load_weights cannot take them once processed ({type(exc).__name__}: {str(exc)[:200]})"
     del before
-    if not same:
+    if change is not None:
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-    return same
+    return change
 
 
 def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -263,20 +269,35 @@ def _snapshot(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, int]]:
     return {name: (tensor.detach().clone(), tensor.data_ptr()) for name, tensor in _tensors(model).items()}
 
 
-def _unchanged(model: torch.nn.Module, before: dict[str, tuple[torch.Tensor, int]]) -> bool:
-    """The model holds the same tensors at the same addresses with the same bits as in `before`."""
+def _first_change(model: torch.nn.Module, before: dict[str, tuple[torch.Tensor, int]]) -> str | None:
+    """None when the model holds the same tensors at the same addresses with the same bits as in `before`; else the
+    first difference, said in words."""
     import torch
 
     now = _tensors(model)
     if now.keys() != before.keys():
-        return False
+        added, gone = sorted(now.keys() - before.keys()), sorted(before.keys() - now.keys())
+        return f"the copy changed the model's tensors (new {added[:3]}, gone {gone[:3]})"
     for name, tensor in now.items():
         copy, address = before[name]
-        if tensor.data_ptr() != address or tensor.dtype != copy.dtype or tensor.shape != copy.shape:
-            return False
-        if not torch.equal(tensor.detach().reshape(-1).view(torch.uint8), copy.reshape(-1).view(torch.uint8)):
-            return False
-    return True
+        if tensor.data_ptr() != address:
+            return f"{name}: the loader put it in new storage (the captured CUDA graphs read the old one)"
+        if tensor.dtype != copy.dtype or tensor.shape != copy.shape:
+            return (
+                f"{name}: loaded as {tensor.dtype} {list(tensor.shape)}, processed by vLLM as {copy.dtype} "
+                f"{list(copy.shape)}"
+            )
+        # compared as integers of the element's width: float8 has no comparison kernels, and bits are the question
+        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(tensor.element_size(), torch.uint8)
+        live, kept = tensor.detach().view(ints), copy.view(ints)
+        if not torch.equal(live, kept):
+            differ = int((live != kept).sum())
+            transposed = live.dim() == 2 and live.shape[0] == live.shape[1] and torch.equal(live.t(), kept)
+            return (
+                f"{name}: {differ} of {live.numel()} elements differ from vLLM's processed tensor"
+                + (" (it is transposed)" if transposed else "")
+            )
+    return None
 
 
 def _keeps_checkpoint_layout(model: torch.nn.Module) -> bool:

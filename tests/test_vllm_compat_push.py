@@ -73,6 +73,21 @@ def test_processing_that_changes_the_values_keeps_vllms_path_and_its_processed_w
     assert vllm_compat.loads_in_place(llm, weights) is False
     assert llm.reloads == 2  # the copy's result was replaced by vLLM's own again
     assert torch.equal(llm.model.linear.weight, processed)
+    # the refusal says which tensor and how, for the engine's log and gpu-check's line
+    reason = vllm_compat.in_place_refusal(llm, weights)
+    assert reason == "linear.weight: 12 of 16 elements differ from vLLM's processed tensor (it is transposed)"
+    assert llm.reloads == 3
+
+
+def test_a_refusal_names_a_buffer_the_loader_rebuilt(monkeypatch):
+    llm, weights = _setup(monkeypatch, _Model())
+
+    def load(weights):
+        llm.model.scale = torch.ones(2)  # a loader that registers a new tensor in place of the live one
+
+    llm.model.load_weights = load
+    reason = vllm_compat.in_place_refusal(llm, weights)
+    assert reason == "scale: the loader put it in new storage (the captured CUDA graphs read the old one)"
 
 
 def test_a_loader_that_moves_storage_or_fails_keeps_vllms_path(monkeypatch):
@@ -86,6 +101,7 @@ def test_a_loader_that_moves_storage_or_fails_keeps_vllms_path(monkeypatch):
 
     llm.model.load_weights = broken
     assert vllm_compat.loads_in_place(llm, weights) is False
+    assert "cannot take them once processed (KeyError" in vllm_compat.in_place_refusal(llm, weights)
 
 
 def test_no_room_for_the_check_changes_nothing(monkeypatch):
@@ -110,13 +126,19 @@ def test_not_tried_off_cuda_or_with_worker_processes(monkeypatch):
 def test_the_bitwise_check_sees_a_changed_buffer_and_an_fp8_tensor():
     model = _Model()
     before = vllm_compat._snapshot(model)
-    assert vllm_compat._unchanged(model, before)
+    assert vllm_compat._first_change(model, before) is None
     with torch.no_grad():
         model.scale[1] = 2.0
-    assert not vllm_compat._unchanged(model, before)
+    assert vllm_compat._first_change(model, before) == "scale: 1 of 2 elements differ from vLLM's processed tensor"
     fp8 = nn.Module()
     fp8.register_buffer("weight", torch.tensor([0.5, -1.0]).to(torch.float8_e4m3fn))
     snap = vllm_compat._snapshot(fp8)
-    assert vllm_compat._unchanged(fp8, snap)
+    assert vllm_compat._first_change(fp8, snap) is None
     fp8.weight.view(torch.uint8)[0] += 1
-    assert not vllm_compat._unchanged(fp8, snap)
+    assert vllm_compat._first_change(fp8, snap) == "weight: 1 of 2 elements differ from vLLM's processed tensor"
+    reshaped = _Model()
+    snap = vllm_compat._snapshot(reshaped)
+    reshaped.scale.data = reshaped.scale.data.view(1, 2)  # same storage, another layout
+    assert vllm_compat._first_change(reshaped, snap) == (
+        "scale: loaded as torch.float32 [1, 2], processed by vLLM as torch.float32 [2]"
+    )

@@ -116,6 +116,7 @@ class VLLMEngine(Engine):
         self._weights_loaded = self.quantization is None
         # FP8: None until the first push found out whether pushes may copy into the live parameters (loads_in_place)
         self._loads_in_place: bool | None = None
+        self.in_place_refusal: str | None = None  # why FP8 pushes may not copy in place (after the first push)
         self.max_model_len = engine.max_model_len or model.model_max_length
         kwargs = vllm_compat.llm_kwargs(
             model=source,
@@ -388,9 +389,10 @@ class VLLMEngine(Engine):
             _check_fp8_push(weights)
         vllm_compat.reload_weights(self.llm, weights, in_place=bool(self._loads_in_place))
         if self.quantization is not None and self._loads_in_place is None:  # the first push: may the next ones copy?
-            self._loads_in_place = vllm_compat.loads_in_place(self.llm, weights)
+            self.in_place_refusal = vllm_compat.in_place_refusal(self.llm, weights)
+            self._loads_in_place = self.in_place_refusal is None
             log.info("FP8 rollout weights: later pushes %s", "copy into the live model" if self._loads_in_place
-                     else "go through vLLM's reload_weights (its post-load processing changes them)")  # fmt: skip
+                     else f"go through vLLM's reload_weights ({self.in_place_refusal})")  # fmt: skip
         vllm_compat.reset_caches(self.llm)
         self._weights_loaded = True
 
