@@ -102,7 +102,7 @@ def test_the_memory_plan_charges_the_blocks_that_keep_their_activations():
     assert plans[(2, 1)]["activations"] > plans[(1, 1)]["activations"]
     assert plans[(2, 1)]["vision activations"] == plans[(1, 1)]["vision activations"]
     assert plans[(1, 1)]["vision activations"] < plans[(1, 2)]["vision activations"] < plans[(1, 0)]["vision activations"]
-    assert "checkpointing 1 in 2 decoder blocks, no vision block" in describe(
+    assert "recomputing 1 in 2 decoder blocks and no vision block" in describe(
         Layout(gpus=1, checkpoint_every=2, vision_checkpoint_every=0)
     )
     assert describe(Layout(gpus=1)).count("checkpointing") == 1

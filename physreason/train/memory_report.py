@@ -182,7 +182,7 @@ def describe(layout: Layout) -> str:
     else:
         vision = layout.vision_checkpoint_every
         words.append(
-            f"checkpointing 1 in {layout.checkpoint_every} decoder blocks, "
+            f"recomputing 1 in {layout.checkpoint_every} decoder blocks and "
             + (f"1 in {vision} vision blocks" if vision else "no vision block")
         )
     words.append(f"micro-batch {layout.mini_batch}")
