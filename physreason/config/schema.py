@@ -636,7 +636,7 @@ class GRPOConfig(Section):
             "sequences in one flash-attention call a layer (the prompt, then each completion against the prompt "
             "and itself: only the needed scores; models/packed_attention.py). Same log-probs and gradients; no faster "
             "at 8 prompts x 8 completions of 256 tokens on the 3B shape (H200, bench/RESULTS.md), so the mask stays the "
-            "default: spans pays where the mask's L x L memory is the limit (long prompts, many completions a row)."
+            "default: spans may pay where the mask's L x L memory is the limit (long prompts, many completions a row)."
         ),
     )
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and draw more prompts.")
