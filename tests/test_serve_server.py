@@ -46,7 +46,8 @@ def test_server_binds_loopback_with_cosmos_sampling_defaults_and_the_physreason_
     assert "--allowed-local-media-path" not in argv and "--api-key" not in argv and "--trust-remote-code" not in argv
     # vLLM fetches any host without a list: by default it gets one no host is on, so no endpoint fetches remote media
     assert arg(argv, "--allowed-media-domains") == NO_MEDIA_DOMAIN and NO_MEDIA_DOMAIN.endswith(".invalid")
-    assert MEDIA_DOMAINS_ENV not in command.env
+    assert command.env[MEDIA_DOMAINS_ENV] == ""  # set even when empty: a value in the caller's shell must not count
+    assert command.env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
 
 
 def test_recipe_and_options_reach_the_command_and_the_key_stays_off_the_command_line(tmp_path):
@@ -59,7 +60,10 @@ def test_recipe_and_options_reach_the_command_and_the_key_stays_off_the_command_
     assert arg(command.argv, "--allowed-local-media-path") == str(tmp_path)
     assert command.argv[-2:] == ["--max-num-seqs", "8"]
     assert "s3cret" not in command.shown()
-    assert command.env == {"VLLM_API_KEY": "s3cret", MEDIA_ROOT_ENV: str(tmp_path)}
+    assert command.env == {
+        "VLLM_API_KEY": "s3cret", MEDIA_ROOT_ENV: str(tmp_path), MEDIA_DOMAINS_ENV: "",
+        "VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0",
+    }  # fmt: skip
 
 
 def test_media_domains_reach_vllm_and_the_middleware_and_any_host_lifts_the_list(tmp_path):
@@ -69,10 +73,16 @@ def test_media_domains_reach_vllm_and_the_middleware_and_any_host_lifts_the_list
     at = argv.index("--allowed-media-domains")
     assert argv[at + 1 : at + 3] == ["cdn.example.com", "10.0.0.5"]
     assert command.env[MEDIA_DOMAINS_ENV] == "cdn.example.com,10.0.0.5"
+    # vLLM checks the first URL's host only and follows redirects anywhere: off while hosts are listed
+    assert command.env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
     anywhere = build_server_command(cfg, ServeOptions(media_domains=("*",)), None)
     assert "--allowed-media-domains" not in anywhere.argv and anywhere.env[MEDIA_DOMAINS_ENV] == "*"
-    assert media_domains(["CDN.example.com.", "cdn.example.com", "*"]) == ("cdn.example.com", "*")
-    for bad in ("https://cdn.example.com", "cdn.example.com/clips", "", "*.example.com", "user@host"):
+    assert "VLLM_MEDIA_URL_ALLOW_REDIRECTS" not in anywhere.env
+    assert media_domains(["CDN.example.com", "cdn.example.com", "*", "bücher.de"]) == (
+        "cdn.example.com", "*", "xn--bcher-kva.de",
+    )  # fmt: skip
+    bad_names = ("https://cdn.example.com", "cdn.example.com/clips", "", "*.example.com", "user@host", "x.org.", "a..b")
+    for bad in bad_names:
         with pytest.raises(ValueError, match="host name alone"):
             media_domains([bad])
 
@@ -86,13 +96,16 @@ def test_remote_media_only_from_the_servers_hosts_and_never_through_ambiguous_ur
     assert remote_media_problem("https://CDN.example.com:443/a.mp4", hosts) is None
     assert "not one the server fetches media from" in remote_media_problem("https://localhost:8080/x.mp4", hosts)
     assert "not one the server fetches media from" in remote_media_problem("https://cdn.example.com.evil.io/x", hosts)
-    for tricky in (
-        "https://cdn.example.com@169.254.169.254/x.mp4",
-        "https://169.254.169.254\\@cdn.example.com/x.mp4",
-        "https://cdn.example.com /x.mp4",
-        "http://[::1/x",
+    for tricky, says in (
+        ("https://cdn.example.com@169.254.169.254/x.mp4", "user info"),
+        ("https://169.254.169.254\\@cdn.example.com/x.mp4", "backslashes or spaces"),
+        ("https://cdn.example.com /x.mp4", "backslashes or spaces"),
+        ("http://[::1/x", "not a URL the server can read"),
+        ("https://cdn.example.com:99999/x.mp4", "not a URL the server can read"),
+        ("https://cdn.example.com./x.mp4", "not one the server fetches"),  # vLLM compares the name with its dot
     ):
-        assert remote_media_problem(tricky, hosts) is not None, tricky
+        assert says in (remote_media_problem(tricky, hosts) or ""), tricky
+    assert remote_media_problem("https://BÜCHER.de/x.mp4", ("xn--bcher-kva.de",)) is None  # as vLLM's client sends it
     assert remote_media_problem("https://169.254.169.254/x", ("*",)) is None  # the operator asked for any host
     request = video_request("https://internal.corp/clip.mp4")
     assert "fetches no remote media" in request_media_problem(request, None)
@@ -140,6 +153,7 @@ def test_local_media_must_be_an_existing_file_under_the_media_root(tmp_path):
     assert "no such file" in local_media_problem(f"file://{root}/sub/missing.mp4", root)
     assert "absolute path" in local_media_problem("file://sub/clip.mp4", root)
     assert "--media-root" in local_media_problem(f"file://{root}/sub/clip.mp4", None)
+    assert "outside the server's media root" in local_media_problem(f"FILE://{tmp_path}/secret.txt", root)
     assert "no such file" in request_media_problem(video_request(f"file://{root}/nope.mp4"), root)
 
 
@@ -191,6 +205,9 @@ def test_middleware_answers_remote_media_from_another_host_with_a_400(monkeypatc
     good = video_request("https://cdn.example.com/clip.mp4")
     assert asyncio.run(call_middleware(good, env, monkeypatch))[::2] == (200, True)
     assert asyncio.run(call_middleware(video_request("http://10.0.0.1/admin"), env, monkeypatch))[0] == 400
+    # JSON may escape the slashes: the body is still read as a request
+    escaped = json.loads(json.dumps(video_request("http://10.0.0.1/admin")).replace("/", "\\/"))
+    assert asyncio.run(call_middleware(escaped, env, monkeypatch))[0] == 400
 
 
 def test_middleware_leaves_callers_without_the_api_key_to_vllms_401(tmp_path, monkeypatch):

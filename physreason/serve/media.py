@@ -49,18 +49,29 @@ def remote_media_problem(url: str, domains: tuple[str, ...]) -> str | None:
         )
     if ANY_DOMAIN in domains:
         return None
+    if "\\" in url or any(c <= " " or c == "\x7f" for c in url):
+        # backslashes and spaces are read differently by different URL parsers: the host checked here must be the
+        # host the server's HTTP client connects to
+        return f"{_shown(url)}: a media URL with backslashes or spaces is not fetched; send a plain URL"
     try:
         parsed = urlparse(url)
-        host = parsed.hostname
-    except ValueError:
-        parsed, host = None, None
-    if parsed is None or "@" in parsed.netloc or "\\" in url or any(c <= " " or c == "\x7f" for c in url):
-        # user info, backslashes and spaces are read differently by different URL parsers: the host checked here
-        # must be the host the server's HTTP client connects to
-        return f"{_shown(url)}: a media URL with user info (@), backslashes or spaces is not fetched; send a plain URL"
-    if host is None or host.lower().rstrip(".") not in domains:
+        host, _ = parsed.hostname, parsed.port  # .port raises on a port that is not a number in range
+    except ValueError as exc:
+        return f"{_shown(url)}: not a URL the server can read ({exc})"
+    if "@" in parsed.netloc:
+        return f"{_shown(url)}: a media URL with user info (@) is not fetched; send a plain URL"
+    if host is None or ascii_host(host) not in domains:
         return f"{_shown(url)}: its host is not one the server fetches media from ({', '.join(domains)})"
     return None
+
+
+def ascii_host(host: str) -> str | None:
+    """A host name as HTTP clients send it: lower case, a non-ASCII name in its IDNA (xn--) form; None when it has
+    none. A trailing dot stays: the server's HTTP client compares names with it."""
+    try:
+        return host.lower().encode("idna").decode("ascii")
+    except UnicodeError:
+        return None
 
 
 def _shown(url: str) -> str:
@@ -69,7 +80,7 @@ def _shown(url: str) -> str:
 
 def local_media_problem(url: str, media_root: Path | None) -> str | None:
     """Why the server cannot read `url`, or None when it is not a file URL or names a file under `media_root`."""
-    if not url.startswith("file:"):
+    if url[:5].lower() != "file:":
         return None
     if media_root is None:
         return (
@@ -106,8 +117,11 @@ def media_domains(values: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """`--media-domain` values as host names (lower case), or ValueError saying what a value should be."""
     hosts = []
     for value in values:
-        host = value.strip().lower().rstrip(".")
-        if host != ANY_DOMAIN and (not host or any(c in host for c in "/:@ ?#") or host.startswith("*")):
+        name = value.strip()
+        host = name if name == ANY_DOMAIN else ascii_host(name)
+        if host != ANY_DOMAIN and (
+            not host or any(c in host for c in "/:@ ?#\\") or host.startswith(("*", ".")) or host.endswith(".")
+        ):
             raise ValueError(
                 f"--media-domain {value!r}: give a host name alone, as in --media-domain example.com "
                 "(repeat it for several), or '*' for any host"

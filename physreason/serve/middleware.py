@@ -4,8 +4,8 @@ server may not fetch from, with a clear 400.
 vLLM adds middleware given by import path around its app, outside its own API-key check, so this one
 looks at a request only when it carries the server's key (or the server has none): callers without
 the key learn nothing about the files, and get vLLM's 401 as before. Only Chat Completions bodies that
-mention `file:` or `://` are parsed; every other request passes through untouched (vLLM's own domain list,
-`--allowed-media-domains`, refuses remote media on the other endpoints).
+mention `url` (every media part does) are parsed; every other request passes through untouched (vLLM's own domain
+list, `--allowed-media-domains`, refuses remote media on the other endpoints).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class MediaPathCheck:
             return
         body, messages = await _read_body(receive)
         problem = None
-        if b"file:" in body or b"://" in body:
+        if b"url" in body:  # every media part is {"type": "..._url", "..._url": {"url": ...}}
             try:
                 request = json.loads(body)
             except ValueError:

@@ -40,6 +40,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 # The file vLLM imports for --reasoning-parser-plugin; it registers physreason's reasoning parser.
 PLUGIN_FILE = Path(__file__).with_name("vllm_plugin.py")
+MEDIA_REDIRECTS_ENV = "VLLM_MEDIA_URL_ALLOW_REDIRECTS"  # vLLM 0.26 and 0.32: follow media redirects (default 1)
 NO_MEDIA_DOMAIN = "no-remote-media.invalid"  # a host name that cannot exist (RFC 2606), for vLLM's domain list
 API_KEY_ENV = "VLLM_API_KEY"  # read by vLLM's server (0.26 and 0.32) when --api-key is not given; by our middleware too
 
@@ -239,8 +240,12 @@ def build_server_command(
     env = {API_KEY_ENV: options.api_key} if options.api_key else {}
     if options.media_root is not None:
         env[MEDIA_ROOT_ENV] = str(options.media_root)
-    if options.media_domains:
-        env[MEDIA_DOMAINS_ENV] = ",".join(options.media_domains)
+    # always set, empty for none: a value left in the caller's shell must not reach the middleware
+    env[MEDIA_DOMAINS_ENV] = ",".join(options.media_domains)
+    if ANY_DOMAIN not in options.media_domains:
+        # vLLM checks the requested URL's host only, then follows redirects anywhere: an allowed host's redirect
+        # would reach the server's own network
+        env[MEDIA_REDIRECTS_ENV] = "0"
     return ServerCommand(argv=argv, env=env)
 
 
