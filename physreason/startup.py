@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from physreason.errors import ConfigError
 from physreason.progress import make_console
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def describe_family(model: ModelConfig) -> str:
 
     try:
         family = checkpoint_family(model.model_name_or_path, model.revision)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ConfigError):  # unreadable, malformed or of no supported family: said elsewhere
         return "unknown"
     if family is None:
         return "unknown"

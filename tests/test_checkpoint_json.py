@@ -99,3 +99,16 @@ def test_a_malformed_adapter_config_is_one_error_naming_the_file(tmp_path, adapt
     assert "adapter_config.json" in str(error.value)
     (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
     assert read_adapter_config(tmp_path)["r"] == 8
+
+
+def test_the_start_up_summary_says_unknown_and_the_prompt_style_error_suggests_setting_it(tmp_path):
+    from physreason.config import load_config
+    from physreason.models.inputs import prompting_for
+    from physreason.startup import describe_family
+
+    folder = model_folder(tmp_path, config={"model_type": ["qwen3_vl"]})
+    config = load_config(None, [f'model.model_name_or_path="{folder}"'])
+    assert describe_family(config.model) == "unknown"
+    with pytest.raises(ConfigError, match=r"is not a name.*set prompt.style"):
+        prompting_for(config)
+    assert prompting_for(load_config(None, [f'model.model_name_or_path="{folder}"', 'prompt.style="reason2"']))

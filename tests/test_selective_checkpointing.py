@@ -106,3 +106,27 @@ def test_the_memory_plan_charges_the_blocks_that_keep_their_activations():
         Layout(gpus=1, checkpoint_every=2, vision_checkpoint_every=0)
     )
     assert describe(Layout(gpus=1)).count("checkpointing") == 1
+    assert "recomputing every decoder block and 1 in 2 vision blocks" in describe(Layout(gpus=1, vision_checkpoint_every=2))
+
+
+def test_plan_offers_recomputing_every_block_before_offload_or_context_parallel_when_that_fits():
+    """A recipe recomputing 1 block in 2 that does not fit: the nearest layout that fits recomputes every block again
+    (the recipe's speed lever undone), and its --set overrides say so."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from physreason.models.sizes import shape_from_hf_config
+    from physreason.train.memory import GIB, Workload, fitting_layouts, layout_overrides
+
+    shape = shape_from_hf_config(AutoConfig.from_pretrained(Path(__file__).resolve().parent / "fixtures" / "qwen3_vl_32b"))
+    workload = Workload(seq_len=16384)
+    everything = Layout(gpus=8)
+    selective = replace(everything, checkpoint_every=2)
+    every_plan = plan_memory(shape, everything, workload)
+    selective_plan = plan_memory(shape, selective, workload)
+    budget = (every_plan.total + selective_plan.total) // 2  # fits recomputing every block, not 1 in 2
+    assert every_plan.total < budget < selective_plan.total, (every_plan.total / GIB, selective_plan.total / GIB)
+    best = fitting_layouts(shape, selective, workload, budget)[0]
+    assert layout_overrides(selective, best.layout) == ["train.checkpoint_every=1"]

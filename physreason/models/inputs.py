@@ -83,7 +83,7 @@ def prompting_for(config: Config) -> tuple[Prompting, SamplingConfig]:
             check_model_source(config.model.model_name_or_path, config.model.revision)
         try:
             family = checkpoint_family(config.model.model_name_or_path, config.model.revision)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, ConfigError) as exc:
             raise ConfigError(
                 f"model.model_name_or_path = {config.model.model_name_or_path!r}: cannot read its config.json to "
                 f"choose the prompt style ({exc}); pass a model folder with config.json or a reachable hub id, or "

@@ -382,12 +382,15 @@ def candidate_layouts(shape: ModelShape, recipe: Layout) -> list[Layout]:
     """Every layout on the recipe's GPU count: TP and CP degrees, LoRA, offload, optimizer state dtype, checkpointing
     and micro-batch (the recipe's and each smaller power of two), in order of preference (closest to the recipe first)."""
     micro = sorted({recipe.mini_batch, *[2**k for k in range(8) if 2**k < recipe.mini_batch]}, reverse=True)
+    # with checkpointing: the recipe's share of blocks recomputed, and every block (the most memory it can save)
+    asked = (recipe.checkpoint_every, recipe.vision_checkpoint_every)
+    recompute = [(False, asked), *[(True, every) for every in dict.fromkeys([asked, (1, 1)])]]
     layouts = []
     for tp, cp in [(t, c) for t in tp_degrees(shape, recipe.gpus) for c in cp_degrees(shape, recipe.gpus, t)]:
         for lora in sorted({recipe.lora, True}):
             for offload in (False, True):
                 for state in ("float32", "bfloat16"):
-                    for checkpointing in (False, True):
+                    for checkpointing, every in recompute:
                         for mini in micro:
                             distributed = recipe.gpus > 1 or offload or recipe.distributed
                             if tp > 1 and (lora or not distributed):
@@ -397,13 +400,17 @@ def candidate_layouts(shape: ModelShape, recipe: Layout) -> list[Layout]:
                             layouts.append(replace(
                                 recipe, tp=tp, cp=cp, distributed=distributed, lora=lora, cpu_offload=offload,
                                 optimizer_state_dtype=state, gradient_checkpointing=checkpointing, mini_batch=mini,
+                                checkpoint_every=every[0], vision_checkpoint_every=every[1],
                             ))
 
     def preference(layout: Layout) -> tuple:
         return (
             # a CP degree other than the recipe's changes no numbers but costs all-to-alls: before bf16 AdamW state
             layout.lora != recipe.lora, layout.cpu_offload, abs(layout.cp - recipe.cp),
-            layout.optimizer_state_dtype != "float32", layout.tp, layout.gradient_checkpointing, -layout.mini_batch,
+            layout.optimizer_state_dtype != "float32", layout.tp,
+            # recomputing every block again (the recipe's speed lever undone) before anything above changes
+            (layout.checkpoint_every, layout.vision_checkpoint_every) != asked,
+            layout.gradient_checkpointing, -layout.mini_batch,
         )
 
     return sorted(layouts, key=preference)
@@ -445,6 +452,10 @@ def layout_overrides(recipe: Layout, layout: Layout, mini_batch_key: str = "trai
         changes.append(f"train.optimizer_state_dtype='{layout.optimizer_state_dtype}'")
     if layout.gradient_checkpointing != recipe.gradient_checkpointing:
         changes.append(f"train.gradient_checkpointing={str(layout.gradient_checkpointing).lower()}")
+    if layout.checkpoint_every != recipe.checkpoint_every:
+        changes.append(f"train.checkpoint_every={layout.checkpoint_every}")
+    if layout.vision_checkpoint_every != recipe.vision_checkpoint_every:
+        changes.append(f"train.vision_checkpoint_every={layout.vision_checkpoint_every}")
     if layout.mini_batch != recipe.mini_batch:
         changes.append(f"{mini_batch_key}={layout.mini_batch}")
     return changes

@@ -180,10 +180,11 @@ def describe(layout: Layout) -> str:
     elif (layout.checkpoint_every, layout.vision_checkpoint_every) == (1, 1):
         words.append("checkpointing")
     else:
-        vision = layout.vision_checkpoint_every
+        def share(every: int, kind: str) -> str:
+            return f"every {kind} block" if every == 1 else f"1 in {every} {kind} blocks" if every else f"no {kind} block"
+
         words.append(
-            f"recomputing 1 in {layout.checkpoint_every} decoder blocks and "
-            + (f"1 in {vision} vision blocks" if vision else "no vision block")
+            f"recomputing {share(layout.checkpoint_every, 'decoder')} and {share(layout.vision_checkpoint_every, 'vision')}"
         )
     words.append(f"micro-batch {layout.mini_batch}")
     return ", ".join(words)
