@@ -280,3 +280,23 @@ def test_entropy_temperature_flattens_the_distribution():
     expected = -(probs * probs.log()).sum(-1)
     torch.testing.assert_close(entropy_from_logits(logits, temperature=2.0), expected)
     assert (entropy_from_logits(logits, temperature=2.0) > entropy_from_logits(logits)).all()
+
+
+def test_a_huge_gap_to_the_reference_or_the_old_policy_stays_finite_and_bounded():
+    """A token the policy finds far less likely than the reference (a stale or FP8-sampled one): k3 of a gap of 89
+    overflowed to inf and a gap of 20 gave 5e8; the importance ratio overflowed the same way."""
+    from physreason.train.grpo_loss import KL_BOUND
+
+    logprobs = torch.tensor([[-100.0, -1.0]], requires_grad=True)
+    ref = torch.tensor([[-1.0, -1.0]])
+    kl = kl_k3(logprobs, ref)
+    assert torch.isfinite(kl).all() and kl[0, 0].item() == KL_BOUND and kl[0, 1].item() == 0.0
+    kl.sum().backward()
+    assert torch.isfinite(logprobs.grad).all()
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    old = torch.tensor([[-200.0, -1.0]])  # log-ratio +100: exp overflowed to inf
+    for advantage in (1.0, 0.0, -1.0):
+        policy = logprobs.detach().clone().requires_grad_(True)
+        loss, _ = policy_loss(policy, old, torch.tensor([advantage]), mask, dual_clip=3.0)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(policy.grad).all(), advantage

@@ -184,3 +184,20 @@ def test_update_over_packed_token_sized_batches_equals_the_padded_update(tiny_mo
     for name, step in padded_steps.items():
         scale = float(step.abs().max()) + 1e-12
         assert float((packed_steps[name] - step).abs().max()) <= 1e-4 * scale, name
+
+
+def test_an_empty_completion_in_a_packed_row_predicts_nothing_and_the_others_match_padded(tiny_model_dirs):
+    """An engine may return no token: its span in the packed row is empty (arange(start, start - 1) raised before),
+    and the other completions of the row score as in padded rows."""
+    from dataclasses import replace
+
+    torch.manual_seed(0)
+    model = loading.load_model(
+        ModelConfig(model_name_or_path=str(tiny_model_dirs["qwen2"]), dtype="float32"), dtype=torch.float32
+    ).train()
+    samples = group("a", None, 3, None, seed=0)
+    empty = replace(samples[1].completion, token_ids=[], logprobs=[])
+    samples[1] = replace(samples[1], completion=empty)
+    packed = build_completion_batch(samples, 0, None, pack=True)
+    assert packed.mask[1].sum() == 0 and packed.mask[0].sum() == len(samples[0].completion.token_ids)
+    assert_packed_equals_padded(model, samples, None, spans=False)

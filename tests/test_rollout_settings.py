@@ -65,3 +65,13 @@ def test_batch_sized_cuda_graphs_of_vllm_rollouts_are_sized_by_a_rounds_completi
     vllm = rollout_engine_config(load_config(None, [*settings, "engine.backend='vllm'"]))
     assert (vllm.cuda_graph_sizes, vllm.batch_size) == ("batch", 48)
     assert rollout_engine_config(load_config(None, [*settings, "engine.backend='hf'"])).batch_size == 8
+
+
+def test_a_group_of_one_and_an_overlong_buffer_past_the_limit_are_refused_with_the_recipe():
+    """Both used to pass load_config: a group of one trains on zero advantages for the whole run; the buffer was
+    refused only after the engine had started and the policy had loaded."""
+    with pytest.raises(ConfigError, match="rollout.n_generation = 1.*use 2 or more"):
+        load_config(None, ["rollout.n_generation=1"])
+    with pytest.raises(ConfigError, match=r"grpo.overlong_buffer_length \(300\) exceeds rollout.max_response_length"):
+        load_config(None, ["grpo.overlong_buffer_length=300", "rollout.max_response_length=256"])
+    assert load_config(None, ["rollout.n_generation=2"]).rollout.n_generation == 2

@@ -562,7 +562,7 @@ class TrainConfig(Section):
 class RolloutConfig(Section):
     """[rollout]: generation of GRPO samples."""
 
-    n_generation: int = Field(8, ge=1, description="Completions sampled per prompt (the GRPO group size).")
+    n_generation: int = Field(8, ge=1, description="Completions sampled per prompt (the GRPO group size, 2 or more).")
     max_response_length: int = Field(6144, gt=0, description="Most tokens in one completion.")
     batch_size: int = Field(4, ge=1, description="Prompts per rollout batch.")
     sampling_config: RolloutSamplingConfig = Field(
@@ -890,6 +890,21 @@ class Config(Section):
                 "and the policy divides its logits by this same temperature"
             )
         return rollout
+
+    @model_validator(mode="after")
+    def _grpo_groups_can_learn(self) -> Config:
+        # checked with the recipe, before a GRPO run starts its engine and loads its policy
+        if self.rollout.n_generation < 2:
+            raise ValueError(
+                "rollout.n_generation = 1: GRPO scores each completion against the others of its group, so a group "
+                "of one has advantage 0 and nothing is learned; use 2 or more (8 is usual)"
+            )
+        if self.grpo.overlong_buffer_length > self.rollout.max_response_length:
+            raise ValueError(
+                f"grpo.overlong_buffer_length ({self.grpo.overlong_buffer_length}) exceeds rollout.max_response_length "
+                f"({self.rollout.max_response_length}): the punishment starts that many tokens before the limit"
+            )
+        return self
 
     @model_validator(mode="after")
     def _packed_attention_needs_sdpa(self) -> Config:

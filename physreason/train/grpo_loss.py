@@ -127,10 +127,18 @@ def truncated_importance_weights(
     return torch.exp(log_ratio).clamp(max=cap)
 
 
+# Bounds of a token's log-ratio before exp and of its k3 KL (verl's): a token the policy finds far less likely than the
+# reference (a stale or FP8-sampled one) would otherwise give a KL of 5e8 at a gap of 20, a gradient that sets the whole
+# clipped step's direction, and inf (then NaN weights) at a gap of 89.
+LOG_RATIO_BOUND = 20.0
+KL_BOUND = 10.0
+
+
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1, never negative."""
-    delta = ref_logprobs - logprobs  # [B, T]
-    return torch.exp(delta) - delta - 1.0
+    """Per-token k3 estimate of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1, never negative; the gap is
+    clamped to +-LOG_RATIO_BOUND and the estimate to KL_BOUND (no gradient from a token past them)."""
+    delta = (ref_logprobs - logprobs).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # [B, T]
+    return (torch.exp(delta) - delta - 1.0).clamp(max=KL_BOUND)
 
 
 @dataclass(frozen=True)
@@ -187,7 +195,7 @@ def _log_importance_weights(
     """log(pi / pi_old) per token [B, T], or its masked mean per sequence [B, 1] (GSPO)."""
     # Zeroed on padding before any exp: padded positions may hold arbitrary log-probs, and an inf
     # there would turn into NaN gradients even behind a mask.
-    log_ratio = (logprobs - old_logprobs).masked_fill(~mask, 0.0)  # [B, T]
+    log_ratio = (logprobs - old_logprobs).masked_fill(~mask, 0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # [B, T]
     if level == "token":
         return log_ratio
     if level == "sequence":
@@ -278,7 +286,7 @@ def policy_loss(
         # Zeroed on padding, like the ratio, so no exp of garbage log-probs reaches the gradient.
         kl = kl_k3(logprobs.masked_fill(~mask, 0.0), ref_logprobs.detach().masked_fill(~mask, 0.0))  # [B, T]
         if kl_importance_correction:
-            kl = kl * torch.exp((logprobs - old_logprobs).masked_fill(~mask, 0.0))
+            kl = kl * torch.exp((logprobs - old_logprobs).masked_fill(~mask, 0.0).clamp(max=LOG_RATIO_BOUND))
         loss = loss + kl_beta * aggregate_loss(kl, mask, agg_mode, norm_length)
         metrics["kl_ref"] = masked_mean(kl.detach(), mask)
 

@@ -273,7 +273,8 @@ def _packed_batch(
         for index, start, labels in spans:
             end = start + len(labels)
             # Token k of the completion is predicted by the prompt's last position (k = 0) or by token k - 1.
-            predicting = torch.cat([torch.tensor([prompt - 1]), torch.arange(start, end - 1)])  # [n]
+            # an empty completion predicts nothing (an engine may return no token)
+            predicting = torch.cat([torch.tensor([prompt - 1]), torch.arange(start, max(start, end - 1))])[: end - start]
             where[index] = predicting + row * width
             targets[index] = labels
     model_batch = SFTBatch(
