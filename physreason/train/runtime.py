@@ -80,6 +80,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def all_reduce_max(value: float, runtime: Runtime, group: dist.ProcessGroup | None = None) -> float:
+    """The largest `value` over the ranks of `group` (all ranks when None; the value itself in a single process)."""
+    if not runtime.distributed or runtime.world_size == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=runtime.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return float(tensor.item())
+
+
 def all_reduce_sum(value: float, runtime: Runtime, group: dist.ProcessGroup | None = None) -> float:
     """Sum of `value` over the ranks of `group` (all ranks when None; the value itself in a single process).
 

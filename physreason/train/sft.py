@@ -50,7 +50,7 @@ from physreason.train.loop import (
 from physreason.train.memory_report import check_runtime_memory
 from physreason.train.model import CausalLMLoss
 from physreason.train.runlock import releases_output_lock
-from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
+from physreason.train.runtime import Runtime, all_reduce_max, all_reduce_sum, init_runtime, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +187,17 @@ def _collate_fn(config: Config, pad_id: int, mrope: bool):
     return functools.partial(collate_padded, pad_token_id=pad_id, mrope=mrope, pad_multiple=multiple)
 
 
+def _filler_batch(collate: Callable[[list], SFTBatch], pad_id: int, length: int = 16) -> SFTBatch:
+    """A text row of `length` pad tokens without a target (loss 0): the forward a short data-parallel rank runs so
+    that every rank gathers FSDP2's shards as often as the others (train_step, validation_loss)."""
+    from physreason.data.collate import IGNORE_INDEX
+    from physreason.data.sft import SFTSample
+
+    ids = torch.full((length,), pad_id, dtype=torch.long)
+    batch = collate([SFTSample(ids, torch.full_like(ids, IGNORE_INDEX), torch.arange(length).expand(3, -1))])
+    return batch
+
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -316,8 +327,13 @@ def train_step(
     dp_group: dist.ProcessGroup | None = None,
     reduced_norm: parallelize.ReducedGradNorm | None = None,
     overlap: OverlappedHostStep | None = None,
+    filler: SFTBatch | None = None,
 ) -> tuple[float, float]:
     """One optimizer step over the micro-batches; returns (global token-mean loss, grad norm).
+
+    filler: a batch without targets. With several data-parallel ranks every rank must run as many forwards (each
+    gathers FSDP2's shards with the others): a rank whose micro-batches held only skipped samples runs the filler
+    as often as it is short, its loss times 0 (without it those ranks would wait on each other for ever).
 
     grad_ranks: the ranks FSDP2 averages gradients over (data-parallel x context-parallel). dp_group: the
     data-parallel process group (None: all ranks, i.e. no tensor or context parallelism). reduced_norm: the training
@@ -335,14 +351,18 @@ def train_step(
     # took no part in the forward (a VL model's vision blocks on text-only batches) when param and reduce
     # dtypes differ, and it would hold a full unsharded fp32 gradient per rank until the last micro-batch.
     usable = [b for b in micro_batches if b.num_samples]
-    for batch in usable:
+    weights = [scale] * len(usable)
+    if filler is not None:
+        short = int(all_reduce_max(len(usable), runtime, dp_group)) - len(usable)
+        usable, weights = usable + [filler] * short, weights + [0.0] * short
+    for batch, weight in zip(usable, weights, strict=True):
         with autocast:
             loss = module(batch.to(runtime.device))
         if overlap is not None:
             overlap.wait()  # the last step's update of units this forward did not run, before their gradients
         with phases.phase(phases.BACKWARD):
-            (loss * scale).backward()
-        loss_sum += float(loss.detach())
+            (loss * weight).backward()
+        loss_sum += float(loss.detach()) if weight else 0.0
     with phases.phase(phases.OPTIMIZER):
         # on the host (train.cpu_offload) the clip coefficient rides in the fused AdamW: no pass of its own
         parameters = [p for p in module.parameters() if p.requires_grad]
@@ -368,21 +388,29 @@ def validation_loss(
     autocast,
     replica_size: int = 1,
     dp_group: dist.ProcessGroup | None = None,
+    filler: SFTBatch | None = None,
 ) -> float:
     """Token-mean loss over the whole validation set, split over data-parallel ranks.
 
-    replica_size: consecutive ranks that share one batch (tp_size x cp_size).
+    replica_size: consecutive ranks that share one batch (tp_size x cp_size). filler: as train_step's; a rank with
+    fewer usable batches (the set does not split evenly, or its samples were skipped) runs it until all ranks ran as
+    many forwards.
     """
     module.eval()
     dp_rank, dp_size = runtime.rank // replica_size, runtime.world_size // replica_size
     indices = list(range(dp_rank, len(dataset), dp_size))
     loader = DataLoader(dataset, batch_size=mini_batch, sampler=indices, collate_fn=collate)
-    total, count = 0.0, 0
+    total, count, forwards = 0.0, 0, 0
     for batch in loader:
         if batch.num_samples:
             with autocast:
                 total += float(module(batch.to(runtime.device)))
             count += batch.num_targets
+            forwards += 1
+    if filler is not None:
+        for _ in range(int(all_reduce_max(forwards, runtime, dp_group)) - forwards):
+            with autocast:
+                module(filler.to(runtime.device))
     module.train()
     return all_reduce_sum(total, runtime, dp_group) / max(all_reduce_sum(count, runtime, dp_group), 1.0)
 
@@ -418,6 +446,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
     mrope = read_vision_tokens(hf_config) is not None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     collate = _collate_fn(config, pad_id, mrope)
+    filler = _filler_batch(collate, pad_id) if runtime.distributed and runtime.world_size > 1 else None
     workers = apply_cpu_share().loader_workers(config.data.num_workers)  # within this process's share of the host
     if workers < config.data.num_workers:
         log.info("data.num_workers %d: %d loader workers within this process's CPU share", config.data.num_workers, workers)
@@ -488,7 +517,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
             tokens = all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime, dp_group)
             loss, norm = train_step(
                 module, micro, optimizer, scheduler, runtime, dp_size * cp, train_cfg.optm_grad_norm_clip, autocast,
-                dp_group, trained.reduced_norm, trained.overlap,
+                dp_group, trained.reduced_norm, trained.overlap, filler,
             )
             step += 1
             elapsed = time.perf_counter() - started
@@ -504,7 +533,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
             if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):
                 trained.wait_for_step()
                 result.val_losses[step] = validation_loss(
-                    module, val_set, collate, runtime, train_cfg.mini_batch, autocast, tp * cp, dp_group
+                    module, val_set, collate, runtime, train_cfg.mini_batch, autocast, tp * cp, dp_group, filler
                 )
                 step_log.log(step, {"val/loss": result.val_losses[step]})
             saved = None
