@@ -201,3 +201,38 @@ def test_an_empty_completion_in_a_packed_row_predicts_nothing_and_the_others_mat
     packed = build_completion_batch(samples, 0, None, pack=True)
     assert packed.mask[1].sum() == 0 and packed.mask[0].sum() == len(samples[0].completion.token_ids)
     assert_packed_equals_padded(model, samples, None, spans=False)
+
+
+def test_a_rank_short_of_micro_batches_runs_silent_ones_and_learns_the_same(tiny_model_dir, vision, monkeypatch):
+    """Another data-parallel rank has more micro-batches (dynamic sampling, failed requests): this rank runs as many
+    forwards, the extra ones without a token in the loss, so the update, its metrics and the weights are those of its
+    own micro-batches (before: the ranks waited on each other for ever). One with none at all is an error on all."""
+    from physreason.errors import PhysReasonError
+    from physreason.train import grpo
+
+    samples = group("v", encode_visuals(videos=[video(56, 84, 4, seed=0)]), 4, vision, seed=0)
+    results = []
+    for others in (None, 3):
+        if others is not None:
+            monkeypatch.setattr(grpo, "all_reduce_max", lambda value, runtime, group=None, others=others: max(value, others))
+        model = load(tiny_model_dir).train()
+        scorer = PolicyScorer(model)
+        calls = mock.patch.object(scorer, "forward", wraps=scorer.forward)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        optimizer = torch.optim.SGD(scorer.parameters(), lr=1e4)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        batches = build_micro_batches(samples, 0, vision, 4, 0, False)
+        with calls as forward:
+            metrics = update_policy(scorer, batches, optimizer, scheduler, update_settings(), init_runtime(), 1,
+                                    torch.autocast("cpu", enabled=False))  # fmt: skip
+        results.append((forward.call_count, metrics, {n: p.detach() - before[n] for n, p in model.named_parameters()}))
+    (alone, plain, plain_steps), (padded, even, even_steps) = results
+    assert (alone, padded) == (1, 3)
+    for name, value in plain.items():
+        assert even[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
+    for name, step in plain_steps.items():
+        assert torch.allclose(even_steps[name], step, rtol=1e-5, atol=1e-7), name
+    answers = iter([2.0, 0.0])  # another rank has two micro-batches; this one none (the max of -0 and -2 is 0)
+    monkeypatch.setattr(grpo, "all_reduce_max", lambda value, runtime, group=None: next(answers))
+    with pytest.raises(PhysReasonError, match="no completion to train on"):
+        grpo._even_micro_batches([], init_runtime(), None)

@@ -67,7 +67,7 @@ from physreason.train.rollout import (
     rollout_settings,
 )
 from physreason.train.runlock import releases_output_lock
-from physreason.train.runtime import Runtime, all_reduce_sum, init_runtime, seed_everything
+from physreason.train.runtime import Runtime, all_reduce_max, all_reduce_sum, init_runtime, seed_everything
 from physreason.train.weight_sync import PolicySync, adapter_push_supported
 
 log = logging.getLogger(__name__)
@@ -196,6 +196,29 @@ class UpdateSettings:
         return [batch.to(device) for batch in batches]
 
 
+def _even_micro_batches(
+    batches: list[CompletionBatch], runtime: Runtime, dp_group: dist.ProcessGroup | None
+) -> list[CompletionBatch]:
+    """This rank's micro-batches, made as many as the most any data-parallel rank has: every forward gathers FSDP2's
+    shards with the other ranks, so a rank with fewer (dynamic sampling, failed requests and token-sized
+    micro-batches split ranks unevenly) would wait on them for ever. The extra ones repeat this rank's last
+    micro-batch with no token in the loss (mask and advantages zero: counted 0, gradients 0). PhysReasonError on every
+    rank when one has none at all to repeat."""
+    # both on every rank, before any returns: a collective some ranks skip is itself a hang
+    most = int(all_reduce_max(len(batches), runtime, dp_group))
+    least = int(-all_reduce_max(-len(batches), runtime, dp_group))
+    if least == 0 < most:  # every rank raises, the full ones too
+        raise PhysReasonError(
+            "a data-parallel rank has no completion to train on this step (all its rollout requests failed) while "
+            "others have some; see the rollout warnings above"
+        )
+    if most == len(batches):
+        return batches
+    last = batches[-1]
+    silent = replace(last, mask=torch.zeros_like(last.mask), advantages=torch.zeros_like(last.advantages))
+    return batches + [silent] * (most - len(batches))
+
+
 def update_policy(
     scorer: torch.nn.Module,
     batches: list[CompletionBatch],
@@ -218,6 +241,7 @@ def update_policy(
     data-parallel process group (None: all ranks, i.e. no tensor or context parallelism); counts are summed over
     it alone, since the ranks of one tensor- or context-parallel group hold the same micro-batches.
     """
+    batches = _even_micro_batches(batches, runtime, dp_group)
     counts = [aggregation_count(b.mask, settings.agg_mode) for b in batches]
     total = max(all_reduce_sum(sum(counts), runtime, dp_group), 1e-12)
     temperature = settings.temperature
