@@ -234,5 +234,25 @@ def test_a_rank_short_of_micro_batches_runs_silent_ones_and_learns_the_same(tiny
         assert torch.allclose(even_steps[name], step, rtol=1e-5, atol=1e-7), name
     answers = iter([2.0, 0.0])  # another rank has two micro-batches; this one none (the max of -0 and -2 is 0)
     monkeypatch.setattr(grpo, "all_reduce_max", lambda value, runtime, group=None: next(answers))
-    with pytest.raises(PhysReasonError, match="no completion to train on"):
+    with pytest.raises(PhysReasonError, match="no micro-batch to run this step"):
         grpo._even_micro_batches([], init_runtime(), None)
+
+
+def test_a_rank_without_samples_runs_a_silent_batch_that_changes_nothing(tiny_model_dir, vision):
+    """Dynamic sampling dropped every group of this rank while others kept some: it still runs a forward and backward
+    (FSDP2's gathers), of a batch with no token in the loss, so its weights and loss do not move."""
+    settings = update_settings()
+    from physreason.train.grpo import UpdateSettings
+
+    assert isinstance(settings, UpdateSettings)
+    (silent,) = settings.micro_batches([], 0, vision, torch.device("cpu"))
+    assert not silent.mask.any() and not silent.advantages.any()
+    model = load(tiny_model_dir).train()
+    scorer = PolicyScorer(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.SGD(scorer.parameters(), lr=1e4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    metrics = update_policy(scorer, [silent], optimizer, scheduler, settings, init_runtime(), 1,
+                            torch.autocast("cpu", enabled=False))  # fmt: skip
+    assert metrics["loss"] == 0.0
+    assert all(torch.equal(p.detach(), before[n]) for n, p in model.named_parameters())

@@ -189,11 +189,28 @@ class UpdateSettings:
     def micro_batches(
         self, samples: list[RolloutSample], pad_token_id: int, vision: VisionTokens | None, device: torch.device
     ) -> list[CompletionBatch]:
-        """The step's samples as policy batches on `device`, sized by mini_batch and mini_batch_tokens."""
+        """The step's samples as policy batches on `device`, sized by mini_batch and mini_batch_tokens.
+
+        No samples (dynamic sampling dropped every group of this rank while other ranks kept some): one silent batch,
+        so that this rank's forwards gather FSDP2's shards with theirs (update_policy makes the counts even)."""
+        if not samples:
+            return [_silent_batch(pad_token_id, vision).to(device)]
         batches = build_micro_batches(samples, pad_token_id, vision, self.mini_batch, self.mini_batch_tokens, self.pack)
         if self.mask_truncated:
             batches = [replace(b, mask=mask_truncated(b.mask, b.truncated)) for b in batches]
         return [batch.to(device) for batch in batches]
+
+
+def _silent_batch(pad_token_id: int, vision: VisionTokens | None) -> CompletionBatch:
+    """A text row of pad tokens with no token in the loss (mask and advantages zero)."""
+    from physreason.data.mcq import MCQPrompt
+    from physreason.engines.base import Completion
+
+    pads = [pad_token_id] * 2
+    completion = Completion("", pads, [0.0] * len(pads), "length")
+    sample = RolloutSample(0, MCQPrompt("silent", "", {}, ""), [pad_token_id] * 4, completion, {"total": 0.0}, None)
+    batch = build_micro_batches([sample], pad_token_id, vision, 1, 0, False)[0]
+    return replace(batch, mask=torch.zeros_like(batch.mask), advantages=torch.zeros_like(batch.advantages))
 
 
 def _even_micro_batches(
@@ -203,14 +220,14 @@ def _even_micro_batches(
     shards with the other ranks, so a rank with fewer (dynamic sampling, failed requests and token-sized
     micro-batches split ranks unevenly) would wait on them for ever. The extra ones repeat this rank's last
     micro-batch with no token in the loss (mask and advantages zero: counted 0, gradients 0). PhysReasonError on every
-    rank when one has none at all to repeat."""
+    rank when one has none at all to repeat (UpdateSettings.micro_batches gives a rank without samples a silent one)."""
     # both on every rank, before any returns: a collective some ranks skip is itself a hang
     most = int(all_reduce_max(len(batches), runtime, dp_group))
     least = int(-all_reduce_max(-len(batches), runtime, dp_group))
     if least == 0 < most:  # every rank raises, the full ones too
         raise PhysReasonError(
-            "a data-parallel rank has no completion to train on this step (all its rollout requests failed) while "
-            "others have some; see the rollout warnings above"
+            "a data-parallel rank has no micro-batch to run this step while others have some: every rank must run "
+            "as many forwards (give a rank without samples UpdateSettings.micro_batches' silent batch)"
         )
     if most == len(batches):
         return batches
