@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -259,6 +260,11 @@ def test_a_nan_policy_loss_stops_grpo_naming_the_step_and_the_last_good_checkpoi
                                                rf"step_2's weights gave step 3 a loss of nan.*train.resume='{first}'"):
         run_grpo(grpo_config(tiny_text, mcq_file, out, "train.max_steps=4", "train.ckpt.save_freq=1"))
     assert [p.name for p in checkpoint_dirs(out)] == ["step_1", "step_2"]
+    # the diverged step's metrics are in the log (they were dropped before): what went non-finite is readable
+    from physreason.train.metrics import read_records
+
+    logged = {record["step"]: record for record in read_records(out / "logs" / "metrics.jsonl")}
+    assert sorted(logged) == [1, 2, 3] and math.isnan(logged[3]["loss"])
 
 
 def test_a_prompt_longer_than_the_context_is_skipped_and_counted_not_fatal(tiny_text, tmp_path, caplog):

@@ -36,7 +36,7 @@ from torch.distributed.fsdp import FSDPModule
 from physreason.config import Config
 from physreason.data.mcq import PromptStream, load_mcq_prompts
 from physreason.engines import Engine, create_engine
-from physreason.errors import ConfigError, PhysReasonError
+from physreason.errors import ConfigError, PhysReasonError, TrainingDiverged
 from physreason.models import loading, parallelize
 from physreason.models.family import VisionTokens, read_vision_tokens
 from physreason.rewards import check_reward_options
@@ -646,7 +646,11 @@ def _run_grpo(
             train_s = time.perf_counter() - train_started
             step += 1
             if "loss" in metrics:  # reduced over ranks: every rank stops, before the weights reach the engine
-                divergence.check(step, metrics["loss"], metrics["policy/grad_norm"])
+                try:
+                    divergence.check(step, metrics["loss"], metrics["policy/grad_norm"])
+                except TrainingDiverged:
+                    step_log.log(step, metrics)  # the diverged step's own metrics, to see which went non-finite first
+                    raise
             save_now = checkpoint_due(config, step, total_steps)
             sync_s = 0.0
             if step % train_cfg.sync_weight_interval == 0 or save_now:
