@@ -154,11 +154,11 @@ def _first_item(value: Any) -> dict[str, Any] | None:
 def _numbers(value: Any, count: int) -> list[float] | None:
     if not isinstance(value, list) or len(value) != count:
         return None
-    numbers = [_finite(v) for v in value]
+    numbers = [finite_number(v) for v in value]
     return None if any(v is None for v in numbers) else numbers  # type: ignore[return-value]
 
 
-def _finite(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
     """A JSON number as a finite float; None for a non-number, a bool, NaN, infinity, or an int too large for a
     float (a model may write hundreds of digits: untrusted output is unparsed, never an OverflowError)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -290,7 +290,7 @@ def _box_problem(name: str, box: Any) -> str | None:
     if not isinstance(box, list) or len(box) != 4:
         return f"{name} {_shown(box)} is not four numbers [x1, y1, x2, y2]"
     for value in box:
-        if _finite(value) is None:
+        if finite_number(value) is None:
             return f"{name} {_shown(box)} holds {_shown(value)}, not a finite number"
     if min(box) < 0:
         return f"{name} {_shown(box)} has a negative coordinate"
@@ -305,7 +305,7 @@ def _point_problem(name: str, point: Any) -> str | None:
     if not isinstance(point, list) or len(point) != 2:
         return f"{name} {_shown(point)} is not two numbers [x, y]"
     for value in point:
-        if _finite(value) is None or value < 0:
+        if finite_number(value) is None or value < 0:
             return f"{name} {_shown(point)} holds {_shown(value)}, not a finite number >= 0"
     return None
 

@@ -10,7 +10,6 @@ patch's time as text before its own span (physreason/models/qwen3_vl.py).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from physreason.chat.structured import finite_number
 from physreason.chat.style import Prompting, resolve_prompting, resolve_sampling
 from physreason.config.schema import Config, SamplingConfig
 from physreason.errors import ConfigError, InputError
@@ -132,20 +132,12 @@ def _channels(raw: dict[str, Any], key: str, default: tuple[float, ...], path: P
     """Three finite numbers of preprocessor_config.json (a normalisation mean or std, the std above 0)."""
     value = raw.get(key, default)
     numbers = list(value) if isinstance(value, list | tuple) else []
-    usable = len(numbers) == 3 and all(
-        not isinstance(x, bool) and isinstance(x, int | float) and _finite(x) for x in numbers
-    )
+    usable = len(numbers) == 3 and all(finite_number(x) is not None for x in numbers)
     if not usable or (key == "image_std" and min(numbers) <= 0):
         wanted = "three finite numbers above 0" if key == "image_std" else "three finite numbers"
         raise ConfigError(f"{path}: {key} = {value!r} is not {wanted} (one per RGB channel); {_CHECKPOINT_FIX}")
     return float(numbers[0]), float(numbers[1]), float(numbers[2])
 
-
-def _finite(number: int | float) -> bool:
-    try:
-        return math.isfinite(number)
-    except OverflowError:
-        return False
 
 
 def patch_factor(model_name_or_path: str, revision: str | None = None) -> int:

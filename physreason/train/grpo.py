@@ -209,7 +209,11 @@ def _silent_batch(pad_token_id: int, vision: VisionTokens | None) -> CompletionB
     pads = [pad_token_id] * 2
     completion = Completion("", pads, [0.0] * len(pads), "length")
     sample = RolloutSample(0, MCQPrompt("silent", "", {}, ""), [pad_token_id] * 4, completion, {"total": 0.0}, None)
-    batch = build_micro_batches([sample], pad_token_id, vision, 1, 0, False)[0]
+    return _silenced(build_micro_batches([sample], pad_token_id, vision, 1, 0, False)[0])
+
+
+def _silenced(batch: CompletionBatch) -> CompletionBatch:
+    """`batch` with no token in the loss: mask and advantages zero (counted 0, gradients 0)."""
     return replace(batch, mask=torch.zeros_like(batch.mask), advantages=torch.zeros_like(batch.advantages))
 
 
@@ -231,9 +235,7 @@ def _even_micro_batches(
         )
     if most == len(batches):
         return batches
-    last = batches[-1]
-    silent = replace(last, mask=torch.zeros_like(last.mask), advantages=torch.zeros_like(last.advantages))
-    return batches + [silent] * (most - len(batches))
+    return batches + [_silenced(batches[-1])] * (most - len(batches))
 
 
 def update_policy(

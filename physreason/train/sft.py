@@ -194,8 +194,7 @@ def _filler_batch(collate: Callable[[list], SFTBatch], pad_id: int, length: int 
     from physreason.data.sft import SFTSample
 
     ids = torch.full((length,), pad_id, dtype=torch.long)
-    batch = collate([SFTSample(ids, torch.full_like(ids, IGNORE_INDEX), torch.arange(length).expand(3, -1))])
-    return batch
+    return collate([SFTSample(ids, torch.full_like(ids, IGNORE_INDEX), torch.arange(length).expand(3, -1))])
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
