@@ -470,7 +470,19 @@ def row_args(parser: argparse.ArgumentParser, base: argparse.Namespace, options:
     fixed = [t for t in tokens if t.split("=")[0] in PROCESS_OPTIONS]
     if fixed:
         parser.error(f"sweep row {options!r}: {', '.join(fixed)} apply to the whole process, not to one row")
-    return parser.parse_args(tokens, namespace=copy.copy(base))
+    return check_recompute(parser, parser.parse_args(tokens, namespace=copy.copy(base)), f"sweep row {options!r}: ")
+
+
+def check_recompute(parser: argparse.ArgumentParser, args: argparse.Namespace, where: str = "") -> argparse.Namespace:
+    """Refuse --vision-ac-every beside --ac-every 0: that row recomputes nothing (as the product's
+    train.gradient_checkpointing = false turns both stacks off), so the vision option would be ignored and the row
+    mislabelled (one such row ran on 2026-11-29)."""
+    if args.ac_every < 0 or args.vision_ac_every < 0:
+        parser.error(f"{where}--ac-every and --vision-ac-every take 0 or more")
+    if args.ac_every == 0 and args.vision_ac_every != parser.get_default("vision_ac_every"):
+        parser.error(f"{where}--vision-ac-every {args.vision_ac_every} needs --ac-every 1 or more: --ac-every 0 "
+                     "recomputes no block of either stack")
+    return args
 
 
 def describe_row(args: argparse.Namespace) -> str:
@@ -522,7 +534,9 @@ def measure(run, config, row, device, *extra) -> dict:
 
 def main() -> None:
     parser = build_parser()
-    args = parser.parse_args()
+    args = check_recompute(parser, parser.parse_args())
+    for options in (args.rows or "").split(";"):  # a bad row fails here, before any row runs
+        row_args(parser, args, options.strip())
     device = harness.init_world()
     if dist.get_world_size() % args.tp:
         raise SystemExit(f"--tp {args.tp} must divide the number of processes ({dist.get_world_size()}): "

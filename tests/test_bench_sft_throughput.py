@@ -202,3 +202,30 @@ def test_a_row_repeated_in_rows_keeps_each_run_in_the_json(tmp_path):
     label = "physreason --ce-chunk 16 --seq-len 32"
     assert list(runs) == [label, f"{label} #2"]
     assert all(run["tokens_per_s"] > 0 for run in runs.values())
+
+
+@pytest.mark.timeout(120)
+def test_vision_recompute_beside_no_recompute_is_refused_before_any_row_runs(sft_bench, capsys):
+    """`--ac-every 0 --vision-ac-every 2` recomputed nothing and ran as the `--ac-every 0` row under another label
+    (2026-11-29); a later row with that pair fails the command before the first row runs."""
+    parser = sft_bench.build_parser()
+    base = parser.parse_args(["--tiny"])
+    assert sft_bench.row_args(parser, base, "--ac-every 2 --vision-ac-every 0").vision_ac_every == 0
+    assert sft_bench.row_args(parser, base, "--ac-every 0").ac_every == 0
+    with pytest.raises(SystemExit):
+        sft_bench.row_args(parser, base, "--ac-every 0 --vision-ac-every 2")
+    assert "--vision-ac-every 2 needs --ac-every 1 or more" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sft_bench.check_recompute(parser, parser.parse_args(["--ac-every", "-1"]))
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_later_row_fails_the_command_before_the_first_row(monkeypatch, sft_bench, capsys):
+    monkeypatch.setattr("sys.argv", ["sft_throughput.py", "--tiny", "--skip-baseline", "--rows=--ac-every 1; --ac-every 0 --vision-ac-every 0"])
+    ran = []
+    monkeypatch.setattr(sft_bench, "measure", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(sft_bench.harness, "init_world", lambda: (_ for _ in ()).throw(AssertionError("started")))
+    with pytest.raises(SystemExit):
+        sft_bench.main()
+    assert ran == []
+    assert "needs --ac-every 1 or more" in capsys.readouterr().err
