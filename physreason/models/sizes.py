@@ -80,6 +80,9 @@ class ModelShape:
     vision_merge: int = 1  # spatial merge: patches per visual token = merge**2
     vision_factor: int = 1  # pixels per visual token side (patch x merge)
     vision_temporal: int = 2  # frames per temporal patch of a video
+    vision_gated: bool = False  # vision blocks with a gated MLP (Qwen2.5-VL's SwiGLU; Qwen3-VL's is GELU)
+    vision_deepstack: int = 0  # Qwen3-VL's extra mergers (deepstack_visual_indexes), each on its block's output
+    vision_patch_values: int = 0  # pixel values per patch: channels x temporal patch x patch side^2
 
     @property
     def total_params(self) -> int:
@@ -154,6 +157,11 @@ def shape_from_hf_config(hf_config: Any) -> ModelShape:
             vision_merge=merge,
             vision_factor=int(vision.patch_size) * merge,
             vision_temporal=int(getattr(vision, "temporal_patch_size", 2) or 2),
+            vision_gated=any(linear.unit == "vision" and linear.leaf == "gate_proj" for linear in linears),
+            vision_deepstack=len(getattr(vision, "deepstack_visual_indexes", None) or ()),
+            vision_patch_values=int(getattr(vision, "in_channels", 3) or 3)
+            * int(getattr(vision, "temporal_patch_size", 2) or 2)
+            * int(vision.patch_size) ** 2,
         )
     return shape
 

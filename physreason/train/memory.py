@@ -33,6 +33,21 @@ ACT_PER_HIDDEN, ACT_PER_QUERY, ACT_PER_KV, ACT_PER_MLP = 16, 10, 10, 8
 # unit, 4 per query and per key/value unit; the rest are param-dtype tensors and scale with it (measured in fp32:
 # 20 per hidden unit, 16 per query and key/value unit, 16 per MLP unit).
 ACT_FP32_HIDDEN, ACT_FP32_QUERY, ACT_FP32_KV = 12, 4, 4
+# The same block compiled (train.compile): inductor's partitioner recomputes the norms, rotary products and the MLP's
+# activation in backward, so the block keeps 8 bytes per hidden unit, 6 per query, key/value and MLP unit (bf16,
+# measured with saved-tensor hooks on compiled Qwen3-VL blocks on CPU, 2026-11-29: exact over ten widths; Qwen2.5-VL's
+# blocks keep less). These scale with the parameter dtype as a whole.
+ACT_COMPILED_HIDDEN, ACT_COMPILED_QUERY, ACT_COMPILED_KV, ACT_COMPILED_MLP = 8, 6, 6, 6
+# A vision-encoder block, bytes per patch in bf16 per hidden unit and per MLP unit (its queries, keys and values are
+# hidden wide), by kind: gated (Qwen2.5-VL: RMSNorm, SwiGLU) or not (Qwen3-VL: LayerNorm, GELU), eager or compiled
+# (train.compile_vision). Measured as above over eight widths each (eager within 4%, rounded up; compiled exact). The
+# decoder's coefficients had priced Qwen3-VL's blocks at 1.76x what they keep.
+VISION_ACT: dict[tuple[bool, bool], tuple[int, int]] = {
+    (False, False): (24, 4),
+    (False, True): (20, 4),
+    (True, False): (32, 8),
+    (True, True): (20, 6),
+}
 # Bytes per [token, vocab] entry at the loss: fp32 log-softmax kept for backward, its fp32 gradient and the logits'.
 LOSS_BYTES_PER_LOGIT = 12
 
@@ -89,6 +104,8 @@ class Workload:
     # packed rows' attention from their spans (sdpa on one context rank: models/packed_attention.py), not the mask
     packed_spans: bool = False
     completions_per_step: int = 0  # train.train_batch_per_replica: a micro-batch holds at most a rank's share of them
+    compiled: bool = False  # train.compile: compiled decoder blocks keep fewer activations (ACT_COMPILED_*)
+    compiled_vision: bool = False  # train.compile_vision: the same for vision blocks (VISION_ACT)
 
 
 @dataclass(frozen=True)
@@ -140,24 +157,38 @@ class MemoryPlan:
     parts: dict[str, int] = field(default_factory=dict)
     host_bytes: int = 0
     load_host_bytes: int = 0  # each process loads the whole checkpoint in fp32 on the host before sharding it
+    # of "activations", what the backward still holds beside the gradients: with selective recompute
+    # (checkpoint_every > 1) the kept blocks' activations are freed block by block as their gradients arrive
+    backward_activations: int | None = None
+    # gradients that exist while every activation is still held: one plain process's lm_head (the backward's first)
+    forward_gradients: int = 0
 
     @property
     def total(self) -> int:
         """Planned peak bytes on one GPU: the parts that live through the whole step plus the larger of the step's two
         peaks, the end of forward and the end of backward (their parts never coexist in full).
 
-        Whole step: parameters, optimizer state, reference model, rollout engine, runtime overhead. End of forward:
-        activations, logits / loss, vision activations, gathered weights. End of backward: gradients (zeroed,
-        set_to_none, at each step's start and filled by the backward), gathered weights, and the activations when they
-        are checkpointed (then small: the block inputs and one block being recomputed). Measured on one H100 the
-        sum of every part overstated the peak by 20-30% (bench/RESULTS.md, ninth session).
+        Whole step: parameters, optimizer state, reference model, rollout engine, runtime overhead, and under FSDP2
+        the gathered weights. End of forward: activations, logits / loss, vision activations, and in one plain process
+        the gathered weights (there the param-dtype copies the blocks' forwards saved, freed by their backwards, and
+        the lm_head's gradient, the backward's first: forward_gradients). End of backward: gradients (zeroed, set_to_none, at each step's start and filled by the backward) and the
+        activations when they are checkpointed (then small: the block inputs and one block being recomputed; with
+        selective recompute less the kept blocks', backward_activations). Measured on one H100 the sum of every part
+        overstated the peak by 20-30% (bench/RESULTS.md, ninth session); on the video row of 2026-11-29 (one H200,
+        one process, selective recompute) this total was 4-9% above the measured peaks.
         """
         part = self.parts.get
         whole = sum(part(name, 0) for name in ("parameters", "optimizer state", "reference model", "rollout engine",
                                                 "runtime overhead"))  # fmt: skip
         forward = sum(part(name, 0) for name in ("activations", "logits / loss", "vision activations"))
-        backward = part("gradients", 0) + (part("activations", 0) if self.layout.gradient_checkpointing else 0)
-        return whole + part("gathered weights", 0) + max(forward, backward)
+        forward += self.forward_gradients
+        held = part("activations", 0) if self.backward_activations is None else self.backward_activations
+        backward = part("gradients", 0) + (held if self.layout.gradient_checkpointing else 0)
+        if not self.layout.distributed:
+            forward += part("gathered weights", 0)
+        else:
+            whole += part("gathered weights", 0)
+        return whole + max(forward, backward)
 
     def fits(self, gpu_bytes: int) -> bool:
         """True when the planned peak fits `gpu_bytes` less the allocator's headroom (ALLOCATOR_HEADROOM of it)."""
@@ -215,12 +246,38 @@ def trainable(param: ParamShape, layout: Layout, workload: Workload) -> bool:
     return workload.train_vision or not in_vision_tower(param)
 
 
-def activation_bytes_per_token(hidden: int, query: int, kv: int, mlp: int, dtype_bytes: int = 2) -> int:
-    """Bytes one transformer block saves for backward per token: the bf16 coefficients, the param-dtype ones scaled to
-    dtype_bytes (their fp32 part, ACT_FP32_*, does not scale)."""
+def activation_bytes_per_token(
+    hidden: int, query: int, kv: int, mlp: int, dtype_bytes: int = 2, compiled: bool = False
+) -> int:
+    """Bytes one decoder block saves for backward per token: the bf16 coefficients, the param-dtype ones scaled to
+    dtype_bytes (their fp32 part, ACT_FP32_*, does not scale); compiled: the compiled block's (ACT_COMPILED_*)."""
+    if compiled:
+        bf16 = ACT_COMPILED_HIDDEN * hidden + ACT_COMPILED_QUERY * query + ACT_COMPILED_KV * kv + ACT_COMPILED_MLP * mlp
+        return bf16 * dtype_bytes // 2
     fixed = ACT_FP32_HIDDEN * hidden + ACT_FP32_QUERY * query + ACT_FP32_KV * kv
     scaled = ACT_PER_HIDDEN * hidden + ACT_PER_QUERY * query + ACT_PER_KV * kv + ACT_PER_MLP * mlp - fixed
     return fixed + scaled * dtype_bytes // 2
+
+
+# Outside its blocks a trained tower keeps, per merged visual token in bf16: the pixel values (2 bytes each) and, per
+# unit of the merger's input (vision hidden x merge^2), 12 bytes for Qwen2.5-VL's merger (RMSNorm, GELU MLP), 8 for
+# Qwen3-VL's and 6 for each of its deepstack mergers (saved-tensor hooks on the towers, CPU, 2026-11-29).
+MERGER_ACT_GATED, MERGER_ACT, DEEPSTACK_MERGER_ACT = 12, 8, 6
+
+
+def tower_rest_bytes_per_token(shape: ModelShape, dtype_bytes: int = 2) -> int:
+    """Bytes a trained vision tower keeps for backward outside its blocks, per merged visual token (see MERGER_ACT)."""
+    merged = shape.vision_hidden * shape.vision_merge**2
+    per_unit = MERGER_ACT_GATED if shape.vision_gated else MERGER_ACT + DEEPSTACK_MERGER_ACT * shape.vision_deepstack
+    return (shape.vision_patch_values * shape.vision_merge**2 * 2 + per_unit * merged) * dtype_bytes // 2
+
+
+def vision_activation_bytes_per_patch(
+    hidden: int, mlp: int, dtype_bytes: int = 2, gated: bool = False, compiled: bool = False
+) -> int:
+    """Bytes one vision-encoder block saves for backward per patch (VISION_ACT), scaled to dtype_bytes."""
+    per_hidden, per_mlp = VISION_ACT[(gated, compiled)]
+    return (per_hidden * hidden + per_mlp * mlp) * dtype_bytes // 2
 
 
 def checkpointed_blocks(blocks: int, every: int) -> int:
@@ -292,6 +349,10 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
         plan.host_bytes = params + grads + optimizer + reference
         params = grads = optimizer = reference = 0
     plan.parts.update({"parameters": params, "gradients": grads, "optimizer state": optimizer})
+    if not layout.distributed and not layout.cpu_offload:  # FSDP2: in the root's unsharded gradient (gathered weights)
+        heads = [p for p, trains in everything if trains and p.unit == "root" and "lm_head" in p.name]
+        heads = heads or [p for p, trains in everything if trains and p.unit == "root" and "embed_tokens" in p.name]
+        plan.forward_gradients = sum(local(p) for p in heads) * 4
 
     if layout.distributed:
         blocks: dict[tuple[str, int], list[int]] = {}
@@ -316,12 +377,15 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
     tokens = batch.rows * -(-batch.row_tokens // layout.cp)  # this rank's slice of its rows
     per_token = activation_bytes_per_token(
         shape.hidden, shape.heads * shape.head_dim // tp, shape.kv_heads * shape.head_dim // tp,
-        shape.intermediate // tp, param_bytes,
+        shape.intermediate // tp, param_bytes, workload.compiled,
     )
     plan.parts["activations"] = stack_activation_bytes(
         tokens, shape.layers, per_token, shape.hidden, param_bytes, layout.gradient_checkpointing,
         layout.checkpoint_every,
     )  # fmt: skip
+    kept = plan.parts["activations"] - stack_activation_bytes(
+        tokens, shape.layers, per_token, shape.hidden, param_bytes, layout.gradient_checkpointing
+    )  # what the blocks that are not recomputed keep beyond the inputs every recomputed block would keep
     if layout.cp > 1:
         plan.parts["activations"] += batch.rows * batch.row_tokens * shape.hidden * param_bytes
     if batch.packed:
@@ -339,13 +403,15 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
             plan.parts["activations"] += mask + kept * (entries * param_bytes + lse) // tp
         else:
             plan.parts["activations"] += mask + kept * mask * param_bytes
+    if layout.gradient_checkpointing and kept > 0:
+        plan.backward_activations = plan.parts["activations"] - kept
     plan.parts["logits / loss"] = loss_bytes(min(tokens, batch.loss_rows), shape.vocab, workload.loss_chunk_size)
     vision = 0
     if shape.vision_depth and workload.vision_tokens:
         patches = batch.visuals * min(workload.vision_tokens, workload.seq_len) * shape.vision_merge**2
         patches = -(-patches // layout.cp)  # each context-parallel rank encodes its share of the temporal patches
-        per_patch = activation_bytes_per_token(
-            shape.vision_hidden, shape.vision_hidden, shape.vision_hidden, shape.vision_intermediate, param_bytes
+        per_patch = vision_activation_bytes_per_patch(
+            shape.vision_hidden, shape.vision_intermediate, param_bytes, shape.vision_gated, workload.compiled_vision
         )
         tower_trains = (workload.train_vision and not layout.lora) or (layout.lora and bool(workload.lora_vision_targets))
         if tower_trains:
@@ -353,6 +419,7 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
                 patches, shape.vision_depth, per_patch, shape.vision_hidden, param_bytes, layout.gradient_checkpointing,
                 layout.vision_checkpoint_every,
             )  # fmt: skip
+            vision += -(-patches // shape.vision_merge**2) * tower_rest_bytes_per_token(shape, param_bytes)
         else:
             vision = patches * per_patch  # nothing is saved for backward; one block's working set at a time
     plan.parts["vision activations"] = vision

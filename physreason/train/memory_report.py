@@ -157,6 +157,8 @@ def recipe_workload(
         lora_vision_targets=tuple(lora.vision_target_modules) if lora.vision else (),
         reference_model=job == "grpo" and config.grpo.kl_beta > 0,
         engine_bytes=engine,
+        compiled=train.compile,
+        compiled_vision=train.compile_vision,
         **grpo,
     )
 
