@@ -268,3 +268,39 @@ def test_a_learning_rate_that_blows_up_the_weights_names_no_checkpoint_good(tiny
     saved = [p.name for p in checkpoint_dirs(out)]
     assert saved and "last good checkpoint" not in message
     assert message.split(". ")[1].startswith(f"No checkpoint is known good ({saved[0]}'s weights gave step 2 a loss of")
+
+
+@pytest.mark.timeout(300)
+def test_a_step_whose_every_sample_was_skipped_makes_no_update_and_logs_no_loss(tiny_vl, tmp_path, monkeypatch):
+    """A step of only too-long samples logged a loss of 0 and still stepped AdamW (momentum and weight decay moved
+    the weights): now it runs no forward and no optimizer step, logs train/empty_steps instead of a loss, and the
+    schedule keeps its place."""
+    from physreason.cli.sft_cmd import _summary
+    from physreason.train import sft
+
+    short = {"conversations": [{"from": "human", "value": "Does the ball fall?"}, {"from": "gpt", "value": "Yes."}]}
+    long = {"conversations": [{"from": "human", "value": "word " * 400}, {"from": "gpt", "value": "No."}]}
+    data = tmp_path / "sft.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in (short, short, long, long, short, short)))
+    real, calls = sft.train_step, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sft, "train_step", counted)
+    out = tmp_path / "out"
+    config = tiny_config(tiny_vl, data, out, "train.train_batch_per_replica=2", "train.mini_batch=1",
+                         "train.max_steps=3", "model.model_max_length=128", "data.shuffle=false", "data.val_fraction=0",
+                         "train.ckpt.enable_checkpoint=false", "train.optm_warmup_steps=0",
+                         "train.optm_decay_type='linear'", "train.log_freq=1")  # fmt: skip
+    result = run_sft(config)
+    assert result.empty_steps == [2] and len(calls) == 2
+    assert result.losses[1] != result.losses[1] and result.losses[0] > 0 and result.losses[2] > 0
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    by_step = {row["step"]: row for row in rows if "train/lr" in row}
+    assert "train/loss" not in by_step[2] and by_step[2]["train/empty_steps"] == 1.0
+    assert by_step[2]["skipped/no assistant tokens within model_max_length"] == 2.0
+    # the linear decay still moved on at the empty step
+    assert by_step[1]["train/lr"] > by_step[2]["train/lr"] > by_step[3]["train/lr"]
+    assert "1 had every sample skipped and made no update (steps 2)" in _summary(result)

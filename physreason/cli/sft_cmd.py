@@ -20,7 +20,19 @@ def _train(recipe: Config) -> SFTResult:
 def _summary(result: SFTResult) -> str | None:
     if not result.losses:
         return None
-    return f"finished {len(result.losses)} steps, last loss {result.losses[-1]:.4f}"
+    trained = [loss for loss in result.losses if loss == loss]  # steps whose every sample was skipped log nan
+    line = f"finished {len(result.losses)} steps"
+    if trained:
+        line += f", last loss {trained[-1]:.4f}"
+    if result.empty_steps:
+        line += f"; {len(result.empty_steps)} had every sample skipped and made no update (steps {_steps(result.empty_steps)})"
+    return line
+
+
+def _steps(steps: list[int], shown: int = 5) -> str:
+    """The first `shown` step numbers, then how many more."""
+    more = f" and {len(steps) - shown} more" if len(steps) > shown else ""
+    return ", ".join(str(s) for s in steps[:shown]) + more
 
 
 sft = training_command(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import signal
 import time
 from collections import Counter
@@ -62,6 +63,7 @@ class SFTResult(TrainingResult):
     losses: list[float] = field(default_factory=list)
     val_losses: dict[int, float] = field(default_factory=dict)
     skipped: Counter = field(default_factory=Counter)
+    empty_steps: list[int] = field(default_factory=list)  # steps whose every sample was skipped (loss nan, no update)
 
 
 def sft_system_prompt(config: Config, hf_config: Any) -> str | None:
@@ -514,21 +516,39 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
                 result.skipped.update(batch.skipped)
             lr = scheduler.get_last_lr()[0]
             tokens = all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime, dp_group)
-            loss, norm = train_step(
-                module, micro, optimizer, scheduler, runtime, dp_size * cp, train_cfg.optm_grad_norm_clip, autocast,
-                dp_group, trained.reduced_norm, trained.overlap, filler,
-            )
-            step += 1
-            elapsed = time.perf_counter() - started
-            result.losses.append(loss)
-            skipped = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
-            step_log.step(
-                step,
-                {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_s": tokens / elapsed,
-                 **skipped},
-                {"loss": f"{loss:.4f}", "lr": f"{lr:.2e}", "tok_s": f"{tokens / elapsed:,.0f}"},
-            )
-            divergence.check(step, loss, norm)  # every rank: loss and norm are global
+            targets = all_reduce_sum(sum(b.num_targets for b in micro if b.num_samples), runtime, dp_group)
+            if targets == 0:
+                # every sample of the global batch was skipped: no forward, no optimizer step (AdamW would still move
+                # the weights by its momentum and weight decay), the schedule keeps its place; logged as such, not
+                # as a loss of 0
+                scheduler.step()
+                step += 1
+                result.empty_steps.append(step)
+                result.losses.append(math.nan)
+                skipped = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
+                step_log.step(
+                    step, {"train/lr": lr, "train/empty_steps": float(len(result.empty_steps)), **skipped},
+                    {"loss": "-", "lr": f"{lr:.2e}", "tok_s": "0"},
+                )  # fmt: skip
+                if runtime.is_main:
+                    reasons = dict(Counter(reason for b in micro for reason in b.skipped.elements()))
+                    log.warning("step %d: every sample of its batch was skipped (%s); no update", step, reasons)
+            else:
+                loss, norm = train_step(
+                    module, micro, optimizer, scheduler, runtime, dp_size * cp, train_cfg.optm_grad_norm_clip, autocast,
+                    dp_group, trained.reduced_norm, trained.overlap, filler,
+                )
+                step += 1
+                elapsed = time.perf_counter() - started
+                result.losses.append(loss)
+                skipped = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
+                step_log.step(
+                    step,
+                    {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_s": tokens / elapsed,
+                     **skipped},
+                    {"loss": f"{loss:.4f}", "lr": f"{lr:.2e}", "tok_s": f"{tokens / elapsed:,.0f}"},
+                )
+                divergence.check(step, loss, norm)  # every rank: loss and norm are global
             if val_set is not None and (step % train_cfg.validation_freq == 0 or step == total_steps):
                 trained.wait_for_step()
                 result.val_losses[step] = validation_loss(
