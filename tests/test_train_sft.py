@@ -304,3 +304,28 @@ def test_a_step_whose_every_sample_was_skipped_makes_no_update_and_logs_no_loss(
     # the linear decay still moved on at the empty step
     assert by_step[1]["train/lr"] > by_step[2]["train/lr"] > by_step[3]["train/lr"]
     assert "1 had every sample skipped and made no update (steps 2)" in _summary(result)
+
+
+@pytest.mark.timeout(300)
+def test_samples_cut_at_the_context_are_counted_logged_and_named_at_the_end(tiny_vl, tmp_path, caplog):
+    """A sample longer than model_max_length whose answer starts inside it trains on its first tokens only; that was
+    silent. Now the run counts such samples in the metrics (truncated/samples), warns at its end and its summary says
+    so; samples that fit are not counted."""
+    from physreason.cli.sft_cmd import _summary
+
+    short = {"conversations": [{"from": "human", "value": "Does the ball fall?"}, {"from": "gpt", "value": "Yes."}]}
+    cut = {"conversations": [{"from": "human", "value": "Why?"}, {"from": "gpt", "value": "because " * 300}]}
+    data = tmp_path / "sft.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in (short, cut, short, cut, short, short)))
+    out = tmp_path / "out"
+    config = tiny_config(tiny_vl, data, out, "train.train_batch_per_replica=2", "train.mini_batch=1",
+                         "train.max_steps=3", "model.model_max_length=128", "data.shuffle=false", "data.val_fraction=0",
+                         "train.ckpt.enable_checkpoint=false", "train.log_freq=1")  # fmt: skip
+    with caplog.at_level("WARNING", logger="physreason.train.sft"):
+        result = run_sft(config)
+    assert result.truncated == 2 and not result.skipped and result.empty_steps == []
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    by_step = {row["step"]: row for row in rows if "train/lr" in row}
+    assert by_step[1]["truncated/samples"] == 1.0 and by_step[2]["truncated/samples"] == 2.0
+    assert "2 samples were longer than model.model_max_length=128" in caplog.text
+    assert "2 samples were cut at model.model_max_length" in _summary(result)

@@ -24,6 +24,8 @@ def _summary(result: SFTResult) -> str | None:
     line = f"finished {len(result.losses)} steps"
     if trained:
         line += f", last loss {trained[-1]:.4f}"
+    if result.truncated:
+        line += f"; {result.truncated} samples were cut at model.model_max_length (their ends did not train)"
     if result.empty_steps:
         line += f"; {len(result.empty_steps)} had every sample skipped and made no update (steps {_steps(result.empty_steps)})"
     return line

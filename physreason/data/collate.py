@@ -27,6 +27,7 @@ class SFTBatch:
     visual_kwargs: dict[str, torch.Tensor] = field(default_factory=dict)
     num_samples: int = 0
     skipped: Counter = field(default_factory=Counter)
+    truncated: int = 0  # samples cut at model_max_length (SFTSample.truncated)
 
     @property
     def num_targets(self) -> int:
@@ -56,6 +57,7 @@ class SFTBatch:
             {k: move(v) for k, v in self.visual_kwargs.items()},
             self.num_samples,
             self.skipped,
+            self.truncated,
         )
 
 
@@ -116,5 +118,6 @@ def collate_padded(
         attention[row, :n] = 1
         positions[:, row, :n] = sample.position_ids
     return SFTBatch(
-        input_ids, targets, positions if mrope else positions[0], attention, visual_kwargs(samples), batch, skipped
+        input_ids, targets, positions if mrope else positions[0], attention, visual_kwargs(samples), batch, skipped,
+        sum(s.truncated for s in samples),
     )

@@ -52,4 +52,6 @@ def collate_packed(
         positions = torch.cat([text_positions[None], rope])[:, None]  # [4, 1, T]
     else:
         positions = text_positions[None]  # [1, T]
-    return SFTBatch(input_ids, targets, positions, None, visual_kwargs(samples), len(samples), skipped)
+    return SFTBatch(
+        input_ids, targets, positions, None, visual_kwargs(samples), len(samples), skipped, sum(s.truncated for s in samples)
+    )

@@ -113,6 +113,7 @@ class SFTSample:
     labels: torch.Tensor  # [L], IGNORE_INDEX outside assistant replies
     position_ids: torch.Tensor  # [3, L] mrope positions (text models: three equal rows)
     visuals: Any = None  # physreason.models.inputs.VisualInputs or None
+    truncated: bool = False  # cut at model_max_length: the tokens after the cut (part of an answer) do not train
 
 
 @dataclass(frozen=True)
@@ -484,4 +485,5 @@ class SFTDataset(Dataset):
             positions = self.vision_tokens.positions(input_ids, visuals)
         else:
             positions = torch.arange(keep).expand(3, -1)
-        return SFTSample(input_ids, torch.tensor(labels[:keep], dtype=torch.long), positions, visuals)
+        labels_kept = torch.tensor(labels[:keep], dtype=torch.long)
+        return SFTSample(input_ids, labels_kept, positions, visuals, truncated=keep < len(ids))

@@ -64,6 +64,7 @@ class SFTResult(TrainingResult):
     val_losses: dict[int, float] = field(default_factory=dict)
     skipped: Counter = field(default_factory=Counter)
     empty_steps: list[int] = field(default_factory=list)  # steps whose every sample was skipped (loss nan, no update)
+    truncated: int = 0  # samples cut at model_max_length that trained on what was left (this process's share)
 
 
 def sft_system_prompt(config: Config, hf_config: Any) -> str | None:
@@ -472,6 +473,8 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
     if resumed is not None:
         step = resumed.step
         result.skipped.update(resumed.state.get("skipped", {}))
+        truncated = resumed.state.get("truncated", 0)
+        result.truncated = truncated if isinstance(truncated, int) and truncated >= 0 else 0
         log.info("resumed from %s at step %d", resumed.path, step)
     if nothing_to_do(resumed, total_steps):
         stream.close()
@@ -514,6 +517,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
             micro = stream.take(accumulation)
             for batch in micro:
                 result.skipped.update(batch.skipped)
+                result.truncated += batch.truncated
             lr = scheduler.get_last_lr()[0]
             tokens = all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime, dp_group)
             targets = all_reduce_sum(sum(b.num_targets for b in micro if b.num_samples), runtime, dp_group)
@@ -526,6 +530,8 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
                 result.empty_steps.append(step)
                 result.losses.append(math.nan)
                 skipped = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
+                if result.truncated:
+                    skipped["truncated/samples"] = float(result.truncated)
                 step_log.step(
                     step, {"train/lr": lr, "train/empty_steps": float(len(result.empty_steps)), **skipped},
                     {"loss": "-", "lr": f"{lr:.2e}", "tok_s": "0"},
@@ -542,6 +548,8 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
                 elapsed = time.perf_counter() - started
                 result.losses.append(loss)
                 skipped = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
+                if result.truncated:
+                    skipped["truncated/samples"] = float(result.truncated)
                 step_log.step(
                     step,
                     {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_s": tokens / elapsed,
@@ -557,15 +565,22 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
                 step_log.log(step, {"val/loss": result.val_losses[step]})
             saved = None
             if checkpoint_due(config, step, total_steps):
-                saved = checkpointer.save(step, {"skipped": dict(result.skipped)})
+                saved = checkpointer.save(step, {"skipped": dict(result.skipped), "truncated": result.truncated})
                 result.last_checkpoint = saved.checkpoint
                 if saved.export is not None:
                     result.export_dir = saved.export
-            stop.after_step(checkpointer, step, saved, {"skipped": dict(result.skipped)})
+            stop.after_step(checkpointer, step, saved, {"skipped": dict(result.skipped), "truncated": result.truncated})
             if on_step is not None:
                 on_step(step)
         trained.wait_for_step()
         checkpointer.finish()
     if result.skipped and runtime.is_main:
         log.warning("skipped samples: %s", dict(result.skipped))
+    if result.truncated and runtime.is_main:
+        log.warning(
+            "%d samples were longer than model.model_max_length=%d and trained on their first %d tokens only (the "
+            "rest of their answers did not train); raise model.model_max_length (`physreason plan` prices it) to "
+            "train them whole",
+            result.truncated, config.model.model_max_length, config.model.model_max_length,
+        )  # fmt: skip
     return result
