@@ -473,6 +473,13 @@ def row_args(parser: argparse.ArgumentParser, base: argparse.Namespace, options:
     return check_recompute(parser, parser.parse_args(tokens, namespace=copy.copy(base)), f"sweep row {options!r}: ")
 
 
+def row_options(args: argparse.Namespace) -> list[str]:
+    """Each row's options: --rows split at ';', else the sweep's rows (--sweep), else one row of the command line."""
+    if args.rows is not None:
+        return [row.strip() for row in args.rows.split(";")]
+    return list(SWEEP) if args.sweep else [""]
+
+
 def check_recompute(parser: argparse.ArgumentParser, args: argparse.Namespace, where: str = "") -> argparse.Namespace:
     """Refuse --vision-ac-every beside --ac-every 0: that row recomputes nothing (as the product's
     train.gradient_checkpointing = false turns both stacks off), so the vision option would be ignored and the row
@@ -535,8 +542,8 @@ def measure(run, config, row, device, *extra) -> dict:
 def main() -> None:
     parser = build_parser()
     args = check_recompute(parser, parser.parse_args())
-    for options in (args.rows or "").split(";"):  # a bad row fails here, before any row runs
-        row_args(parser, args, options.strip())
+    for options in row_options(args):  # a bad row fails here, before any row runs
+        row_args(parser, args, options)
     device = harness.init_world()
     if dist.get_world_size() % args.tp:
         raise SystemExit(f"--tp {args.tp} must divide the number of processes ({dist.get_world_size()}): "
@@ -549,10 +556,7 @@ def main() -> None:
     config = model_config(parser, args)
     # every row builds new blocks; let dynamo keep their compiled code instead of falling back to eager
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    if args.rows is not None:
-        rows_options = [row.strip() for row in args.rows.split(";")]
-    else:
-        rows_options = list(SWEEP) if args.sweep else [""]
+    rows_options = row_options(args)
     runs: dict[str, dict] = {}
 
     def emit(label: str, row: dict) -> None:

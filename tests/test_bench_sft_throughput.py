@@ -229,3 +229,12 @@ def test_a_bad_later_row_fails_the_command_before_the_first_row(monkeypatch, sft
         sft_bench.main()
     assert ran == []
     assert "needs --ac-every 1 or more" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_the_sweeps_rows_are_checked_before_the_first_runs_too(monkeypatch, sft_bench, capsys):
+    monkeypatch.setattr("sys.argv", ["sft_throughput.py", "--tiny", "--skip-baseline", "--sweep", "--vision-ac-every", "2"])
+    monkeypatch.setattr(sft_bench.harness, "init_world", lambda: (_ for _ in ()).throw(AssertionError("started")))
+    with pytest.raises(SystemExit):
+        sft_bench.main()
+    assert "needs --ac-every 1 or more" in capsys.readouterr().err

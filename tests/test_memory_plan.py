@@ -468,3 +468,37 @@ def test_plan_of_the_video_row_is_within_its_measured_peak_less_two_percent_and_
     plan = plan_memory(shape, layout, workload)
     planned = (plan.total - plan.parts["runtime overhead"]) / 2**30  # max_memory_allocated sees tensors only
     assert 0.98 <= planned / VIDEO_ROW_PEAKS[recompute] <= 1.10, (planned, VIDEO_ROW_PEAKS[recompute])
+
+
+def test_packed_grpo_rows_with_selective_recompute_leave_the_kept_blocks_out_of_the_backward_term(tmp_path):
+    """The packed branch reused the name of the kept blocks' bytes for a block count, so packed GRPO rows got almost
+    no backward credit for selective recompute (found in review, 2026-11-29)."""
+    from physreason.train.memory import stack_activation_bytes
+
+    shape = shape_from_hf_config(AutoConfig.from_pretrained(save_tiny_model("qwen3_vl", tmp_path / "m")))
+    workload = Workload(seq_len=2048, completions_per_prompt=8, prompt_tokens=512, response_tokens=256, packed=True,
+                        completions_per_step=64, train_vision=False)  # fmt: skip
+    layout = Layout(gpus=1, distributed=False, mini_batch=8, checkpoint_every=2)
+    plan = plan_memory(shape, layout, workload)
+    tokens = 512 + 8 * 256  # one packed row: the prompt, then its 8 completions
+    per_token = activation_bytes_per_token(shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim,
+                                           shape.intermediate, 2)  # fmt: skip
+    kept = stack_activation_bytes(tokens, shape.layers, per_token, shape.hidden, 2, True, 2) - stack_activation_bytes(
+        tokens, shape.layers, per_token, shape.hidden, 2, True, 1
+    )
+    assert kept > 0 and plan.parts["activations"] - plan.backward_activations == kept
+
+
+@pytest.mark.parametrize(("precision", "offload", "distributed"), [("cast", False, False), ("legacy", False, True),
+                                                                   ("cast", True, True)])  # fmt: skip
+def test_one_torchrun_process_is_planned_on_the_path_it_takes(tmp_path, precision, offload, distributed):
+    """torchrun --nproc-per-node 1 takes the one-process cast path (train/build.py compute_cast) unless the recipe asks
+    for the legacy FSDP2 one or CPU offload; the plan had used FSDP2's formula for it."""
+    from physreason.config import load_config
+    from physreason.train.memory_report import recipe_layout
+
+    model = save_tiny_model("qwen3_vl", tmp_path / "m")
+    config = load_config(None, [f"model.model_name_or_path='{model}'", f"train.one_rank_precision='{precision}'",
+                                f"train.cpu_offload={str(offload).lower()}"])  # fmt: skip
+    assert recipe_layout(config, 1, True, "sft").distributed is distributed
+    assert recipe_layout(config, 2, True, "sft").distributed is True

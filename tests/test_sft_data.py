@@ -169,3 +169,19 @@ def test_a_media_path_with_a_nul_byte_is_a_named_record_problem_not_a_crash(tmp_
         media_path_in_root(tmp_path.resolve(), "clips/a\x00.mp4", "record 0")
     with pytest.raises(InputError, match="not a string"):
         media_path_in_root(tmp_path.resolve(), 5, "record 0")
+
+
+def test_a_cut_counts_as_truncated_only_when_a_label_token_falls_past_it(tokenizer):
+    """A sample longer than max_length trains on its first tokens; it is counted as truncated (its answer partly lost)
+    only when a token with a label lies past the cut, not when the cut drops an unlabelled tail (found in review)."""
+    whole = SFTDataset([_record()], ".", tokenizer, max_length=4096)[0]
+    labels = whole.labels.tolist()
+    last_label = max(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
+    assert not whole.truncated
+    if last_label + 1 < len(labels):  # an unlabelled tail after the reply's end token: cut it alone
+        tail_cut = SFTDataset([_record()], ".", tokenizer, max_length=last_label + 1)[0]
+        assert len(tail_cut.input_ids) == last_label + 1 and not tail_cut.truncated
+    answer_cut = SFTDataset([_record()], ".", tokenizer, max_length=last_label - 2)[0]
+    assert answer_cut.truncated
+    batch = collate_padded([whole, answer_cut], 0, mrope=True)
+    assert batch.truncated == 1 and batch.to("cpu").truncated == 1

@@ -23,7 +23,8 @@ def plan(
         "[grpo] or [rollout] key, else sft.",
     ),
     torchrun: bool = typer.Option(
-        False, "--torchrun", help="With --gpus 1: plan a torchrun launch (FSDP2 on one rank) instead of one plain process."
+        False, "--torchrun", help="With --gpus 1: plan a torchrun launch instead of one plain process (FSDP2 on one rank only with "
+        "train.one_rank_precision='legacy' or train.cpu_offload; otherwise the same one-process path)."
     ),
     overrides: list[str] = typer.Option(
         [], "--set", metavar="KEY=VALUE", help="Override a key, e.g. --set train.mini_batch=2 (repeatable)."

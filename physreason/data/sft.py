@@ -486,4 +486,6 @@ class SFTDataset(Dataset):
         else:
             positions = torch.arange(keep).expand(3, -1)
         labels_kept = torch.tensor(labels[:keep], dtype=torch.long)
-        return SFTSample(input_ids, labels_kept, positions, visuals, truncated=keep < len(ids))
+        # truncated: a label token fell past the cut (an unlabelled tail, the newline after <|im_end|>, is no loss)
+        cut = any(label != IGNORE_INDEX for label in labels[keep:])
+        return SFTSample(input_ids, labels_kept, positions, visuals, truncated=cut)

@@ -391,7 +391,7 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
     if batch.packed:
         mask = batch.rows * batch.row_tokens * -(-batch.row_tokens // layout.cp)  # [rows, 1, L, L / cp] entries
         recomputed = checkpointed_blocks(shape.layers, layout.checkpoint_every) if layout.gradient_checkpointing else 0
-        kept = shape.layers - recomputed + 1 if recomputed else shape.layers  # blocks whose attention state is held
+        held = shape.layers - recomputed + 1 if recomputed else shape.layers  # blocks whose attention state is held
         if workload.packed_spans:
             # flash's variable-length call keeps its packed queries and output (H heads, the row's tokens), keys and
             # values (H_kv heads: the prompt once for itself and once per completion, then the completions) and the
@@ -400,9 +400,9 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
             keys = (batch.per_row + 1) * batch.prompt + completions
             entries = batch.rows * (2 * batch.row_tokens * shape.heads + 2 * keys * shape.kv_heads) * shape.head_dim
             lse = batch.rows * batch.row_tokens * shape.heads * 4
-            plan.parts["activations"] += mask + kept * (entries * param_bytes + lse) // tp
+            plan.parts["activations"] += mask + held * (entries * param_bytes + lse) // tp
         else:
-            plan.parts["activations"] += mask + kept * mask * param_bytes
+            plan.parts["activations"] += mask + held * mask * param_bytes
     if layout.gradient_checkpointing and kept > 0:
         plan.backward_activations = plan.parts["activations"] - kept
     plan.parts["logits / loss"] = loss_bytes(min(tokens, batch.loss_rows), shape.vocab, workload.loss_chunk_size)

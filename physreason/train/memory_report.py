@@ -42,13 +42,16 @@ def mini_batch_key(job: Job) -> str:
 
 
 def recipe_layout(config: Config, gpus: int, distributed: bool, job: Job) -> Layout:
-    """The layout `config` asks for on `gpus` processes (distributed: launched by torchrun, so FSDP2)."""
+    """The layout `config` asks for on `gpus` processes (distributed: launched by torchrun, so FSDP2; one torchrun
+    process takes the one-process path unless train.one_rank_precision = "legacy" or train.cpu_offload, as
+    train/build.py's compute_cast decides)."""
     train = config.train
+    one_rank_cast = gpus == 1 and train.one_rank_precision == "cast" and not train.cpu_offload
     return Layout(
         gpus=gpus,
         tp=config.policy.parallelism.tp_size,
         cp=config.policy.parallelism.cp_size,
-        distributed=distributed,
+        distributed=distributed and not one_rank_cast,
         lora=train.lora.enable,
         cpu_offload=train.cpu_offload,
         optimizer_state_dtype=train.optimizer_state_dtype,

@@ -89,6 +89,17 @@ def all_reduce_max(value: float, runtime: Runtime, group: dist.ProcessGroup | No
     return float(tensor.item())
 
 
+def all_reduce_sums(
+    values: list[float], runtime: Runtime, group: dist.ProcessGroup | None = None
+) -> list[float]:
+    """all_reduce_sum of several values in one collective (one device sync a step instead of one a value)."""
+    if not runtime.distributed or runtime.world_size == 1:
+        return [float(v) for v in values]
+    tensor = torch.tensor(values, dtype=torch.float64, device=runtime.device)
+    dist.all_reduce(tensor, group=group)
+    return tensor.tolist()
+
+
 def all_reduce_sum(value: float, runtime: Runtime, group: dist.ProcessGroup | None = None) -> float:
     """Sum of `value` over the ranks of `group` (all ranks when None; the value itself in a single process).
 

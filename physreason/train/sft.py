@@ -51,7 +51,14 @@ from physreason.train.loop import (
 from physreason.train.memory_report import check_runtime_memory
 from physreason.train.model import CausalLMLoss
 from physreason.train.runlock import releases_output_lock
-from physreason.train.runtime import Runtime, all_reduce_max, all_reduce_sum, init_runtime, seed_everything
+from physreason.train.runtime import (
+    Runtime,
+    all_reduce_max,
+    all_reduce_sum,
+    all_reduce_sums,
+    init_runtime,
+    seed_everything,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +71,7 @@ class SFTResult(TrainingResult):
     val_losses: dict[int, float] = field(default_factory=dict)
     skipped: Counter = field(default_factory=Counter)
     empty_steps: list[int] = field(default_factory=list)  # steps whose every sample was skipped (loss nan, no update)
-    truncated: int = 0  # samples cut at model_max_length that trained on what was left (this process's share)
+    truncated: int = 0  # samples cut at model_max_length that trained on what was left (all data-parallel ranks)
 
 
 def sft_system_prompt(config: Config, hf_config: Any) -> str | None:
@@ -517,10 +524,16 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
             micro = stream.take(accumulation)
             for batch in micro:
                 result.skipped.update(batch.skipped)
-                result.truncated += batch.truncated
             lr = scheduler.get_last_lr()[0]
-            tokens = all_reduce_sum(sum(b.num_tokens for b in micro if b.num_samples), runtime, dp_group)
-            targets = all_reduce_sum(sum(b.num_targets for b in micro if b.num_samples), runtime, dp_group)
+            # the global batch's tokens, target tokens and cut samples (every data-parallel rank's), in one collective:
+            # the empty-step test below is then the same on every rank, and the log, the summary and the checkpointed
+            # count of cut samples are the run's, not one rank's share
+            tokens, targets, cut = all_reduce_sums(
+                [sum(b.num_tokens for b in micro if b.num_samples), sum(b.num_targets for b in micro if b.num_samples),
+                 sum(b.truncated for b in micro)],
+                runtime, dp_group,
+            )  # fmt: skip
+            result.truncated += int(cut)
             if targets == 0:
                 # every sample of the global batch was skipped: no forward, no optimizer step (AdamW would still move
                 # the weights by its momentum and weight decay), the schedule keeps its place; logged as such, not
