@@ -329,3 +329,20 @@ def test_samples_cut_at_the_context_are_counted_logged_and_named_at_the_end(tiny
     assert by_step[1]["truncated/samples"] == 1.0 and by_step[2]["truncated/samples"] == 2.0
     assert "2 samples were longer than model.model_max_length=128" in caplog.text
     assert "2 samples were cut at model.model_max_length" in _summary(result)
+
+
+@pytest.mark.timeout(300)
+def test_a_resume_carries_on_the_counts_of_cut_samples_and_empty_steps(tiny_vl, tmp_path):
+    short = {"conversations": [{"from": "human", "value": "Does the ball fall?"}, {"from": "gpt", "value": "Yes."}]}
+    cut = {"conversations": [{"from": "human", "value": "Why?"}, {"from": "gpt", "value": "because " * 300}]}
+    long = {"conversations": [{"from": "human", "value": "word " * 400}, {"from": "gpt", "value": "No."}]}
+    data = tmp_path / "sft.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in (short, cut, long, long, short, cut, short, short)))
+    common = ["train.train_batch_per_replica=2", "train.mini_batch=1", "model.model_max_length=128",
+              "data.shuffle=false", "data.val_fraction=0", "train.ckpt.save_freq=2", "train.log_freq=1"]  # fmt: skip
+    first = run_sft(tiny_config(tiny_vl, data, tmp_path / "a", "train.max_steps=4", *common))
+    assert (first.truncated, first.empty_steps) == (2, [2])
+    resumed = run_sft(tiny_config(tiny_vl, data, tmp_path / "b", "train.max_steps=4", *common,
+                                  f"train.resume='{tmp_path / 'a' / 'checkpoints' / 'step_2'}'",
+                                  "train.trust_checkpoint=true"))  # fmt: skip
+    assert (resumed.truncated, resumed.empty_steps) == (2, [2])

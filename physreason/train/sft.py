@@ -74,6 +74,12 @@ class SFTResult(TrainingResult):
     truncated: int = 0  # samples cut at model_max_length that trained on what was left (all data-parallel ranks)
 
 
+def run_state(result: SFTResult) -> dict[str, Any]:
+    """What a checkpoint keeps of the run's bookkeeping, for a resume to carry on with: skip reasons, cut samples,
+    the steps that had every sample skipped."""
+    return {"skipped": dict(result.skipped), "truncated": result.truncated, "empty_steps": list(result.empty_steps)}
+
+
 def sft_system_prompt(config: Config, hf_config: Any) -> str | None:
     """The system turn given to SFT records that bring none: the prompt style's, as inference sends it.
 
@@ -482,6 +488,8 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
         result.skipped.update(resumed.state.get("skipped", {}))
         truncated = resumed.state.get("truncated", 0)
         result.truncated = truncated if isinstance(truncated, int) and truncated >= 0 else 0
+        empty = resumed.state.get("empty_steps", [])
+        result.empty_steps = [s for s in empty if isinstance(s, int) and 0 < s <= step] if isinstance(empty, list) else []
         log.info("resumed from %s at step %d", resumed.path, step)
     if nothing_to_do(resumed, total_steps):
         stream.close()
@@ -578,11 +586,11 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
                 step_log.log(step, {"val/loss": result.val_losses[step]})
             saved = None
             if checkpoint_due(config, step, total_steps):
-                saved = checkpointer.save(step, {"skipped": dict(result.skipped), "truncated": result.truncated})
+                saved = checkpointer.save(step, run_state(result))
                 result.last_checkpoint = saved.checkpoint
                 if saved.export is not None:
                     result.export_dir = saved.export
-            stop.after_step(checkpointer, step, saved, {"skipped": dict(result.skipped), "truncated": result.truncated})
+            stop.after_step(checkpointer, step, saved, run_state(result))
             if on_step is not None:
                 on_step(step)
         trained.wait_for_step()
