@@ -155,19 +155,9 @@ def _saved_bytes_per_token(
     block = model.model.language_model.layers[0]
     x = torch.randn(1, tokens, hidden, dtype=dtype, requires_grad=True)
     cos_sin = model.model.language_model.rotary_emb(x, torch.arange(tokens)[None].expand(3, 1, tokens))
-    skip = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
-    skip |= {t.untyped_storage().data_ptr() for t in cos_sin}  # computed once per model, shared by every block
-    saved: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in skip:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        block(x, position_embeddings=cos_sin, attention_mask=None, position_ids=None)
-    return sum(saved.values()) / tokens
+    skip = {x.untyped_storage().data_ptr()} | {t.untyped_storage().data_ptr() for t in cos_sin}  # cos_sin: shared
+    kwargs = {"position_embeddings": cos_sin, "attention_mask": None, "position_ids": None}
+    return _saved_bytes(block, lambda: ((x,), kwargs), skip, compiled=False) / tokens
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
