@@ -330,9 +330,9 @@ def run_demo(
     if sft_export is None:
         cfg.train.resume = True  # a demo stopped during SFT continues from its last checkpoint
         result = run_sft(cfg)
-        trained = [loss for loss in result.losses if loss == loss]  # a step whose every sample was skipped: nan
-        if trained:
-            first, last = trained[0], trained[-1]
+        sft_losses = [loss for loss in result.losses if loss == loss]  # a step whose every sample was skipped: nan
+        if sft_losses:
+            first, last = sft_losses[0], sft_losses[-1]
             console.print(f"SFT loss {first:.3f} -> {last:.3f} over {len(result.losses)} steps")
         if result.export_dir is None:
             raise PhysReasonError("the SFT run exported no model; check train.ckpt.export_safetensors")
