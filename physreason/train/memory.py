@@ -170,12 +170,13 @@ class MemoryPlan:
 
         Whole step: parameters, optimizer state, reference model, rollout engine, runtime overhead, and under FSDP2
         the gathered weights. End of forward: activations, logits / loss, vision activations, and in one plain process
-        the gathered weights (there the param-dtype copies the blocks' forwards saved, freed by their backwards, and
-        the lm_head's gradient, the backward's first: forward_gradients). End of backward: gradients (zeroed, set_to_none, at each step's start and filled by the backward) and the
-        activations when they are checkpointed (then small: the block inputs and one block being recomputed; with
-        selective recompute less the kept blocks', backward_activations). Measured on one H100 the sum of every part
-        overstated the peak by 20-30% (bench/RESULTS.md, ninth session); on the video row of 2026-11-29 (one H200,
-        one process, selective recompute) this total was 4-9% above the measured peaks.
+        the gathered weights (there the param-dtype copies the blocks' forwards saved, freed by their backwards) and
+        the lm_head's gradient, the backward's first (forward_gradients). End of backward: gradients (zeroed,
+        set_to_none, at each step's start and filled by the backward) and the activations when they are checkpointed
+        (then small: the block inputs and one block being recomputed; with selective recompute less the kept blocks',
+        backward_activations). Measured on one H100 the sum of every part overstated the peak by 20-30%
+        (bench/RESULTS.md, ninth session); on Reason2's video row (one H200, one process, 2026-11-29) this total less
+        the runtime overhead was within -0.2% and +6.1% of six measured peaks (tests/test_memory_plan.py).
         """
         part = self.parts.get
         whole = sum(part(name, 0) for name in ("parameters", "optimizer state", "reference model", "rollout engine",
