@@ -24,3 +24,6 @@ def test_a_rank_whose_only_sample_is_too_long_runs_a_filler_forward_and_the_step
     ]  # fmt: skip
     losses = torchrun_sft(tmp_path, 2, 0, overrides)  # before: rank 0 waited in a gather, rank 1 in the loss all-reduce
     assert len(losses) == 2 and all(loss > 0 for loss in losses)
+    # the skip happened on rank 1; the run's log (written by rank 0) counts it: the counts are the global batch's
+    last = json.loads((tmp_path / "run" / "logs" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 2 and last["skipped/no assistant tokens within model_max_length"] == 1.0

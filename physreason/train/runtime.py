@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +99,16 @@ def all_reduce_sums(
     tensor = torch.tensor(values, dtype=torch.float64, device=runtime.device)
     dist.all_reduce(tensor, group=group)
     return tensor.tolist()
+
+
+def gathered_counts(counts: Counter, runtime: Runtime, group: dist.ProcessGroup | None = None) -> Counter:
+    """The sum of every rank's `counts` over `group` (keys may differ between ranks; the counts themselves in a single
+    process)."""
+    if not runtime.distributed or runtime.world_size == 1:
+        return Counter(counts)
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, dict(counts), group=group)
+    return sum((Counter(c) for c in everyone), Counter())
 
 
 def all_reduce_sum(value: float, runtime: Runtime, group: dist.ProcessGroup | None = None) -> float:

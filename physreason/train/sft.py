@@ -56,6 +56,7 @@ from physreason.train.runtime import (
     all_reduce_max,
     all_reduce_sum,
     all_reduce_sums,
+    gathered_counts,
     init_runtime,
     seed_everything,
 )
@@ -530,18 +531,20 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
         while step < total_steps:
             started = time.perf_counter()
             micro = stream.take(accumulation)
-            for batch in micro:
-                result.skipped.update(batch.skipped)
+            step_skips = sum((b.skipped for b in micro), Counter())
             lr = scheduler.get_last_lr()[0]
-            # the global batch's tokens, target tokens and cut samples (every data-parallel rank's), in one collective:
-            # the empty-step test below is then the same on every rank, and the log, the summary and the checkpointed
-            # count of cut samples are the run's, not one rank's share
-            tokens, targets, cut = all_reduce_sums(
+            # the global batch's tokens, target tokens, cut and skipped samples (every data-parallel rank's), in one
+            # collective: the empty-step test below is then the same on every rank, and the log, the summary and the
+            # checkpointed counts are the run's, not one rank's share
+            tokens, targets, cut, skips = all_reduce_sums(
                 [sum(b.num_tokens for b in micro if b.num_samples), sum(b.num_targets for b in micro if b.num_samples),
-                 sum(b.truncated for b in micro)],
+                 sum(b.truncated for b in micro), sum(step_skips.values())],
                 runtime, dp_group,
             )  # fmt: skip
             result.truncated += int(cut)
+            if skips:  # some rank skipped samples: every rank's reasons (a second collective, only at such steps)
+                step_skips = gathered_counts(step_skips, runtime, dp_group)
+            result.skipped.update(step_skips)
             if targets == 0:
                 # every sample of the global batch was skipped: no forward, no optimizer step (AdamW would still move
                 # the weights by its momentum and weight decay), the schedule keeps its place; logged as such, not
@@ -558,8 +561,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
                     {"loss": "-", "lr": f"{lr:.2e}", "tok_s": "0"},
                 )  # fmt: skip
                 if runtime.is_main:
-                    reasons = dict(Counter(reason for b in micro for reason in b.skipped.elements()))
-                    log.warning("step %d: every sample of its batch was skipped (%s); no update", step, reasons)
+                    log.warning("step %d: every sample of its batch was skipped (%s); no update", step, dict(step_skips))
             else:
                 loss, norm = train_step(
                     module, micro, optimizer, scheduler, runtime, dp_size * cp, train_cfg.optm_grad_norm_clip, autocast,
