@@ -81,6 +81,14 @@ def run_state(result: SFTResult) -> dict[str, Any]:
     return {"skipped": dict(result.skipped), "truncated": result.truncated, "empty_steps": list(result.empty_steps)}
 
 
+def data_counts(result: SFTResult) -> dict[str, float]:
+    """The metrics of the run's data so far: skipped samples by reason, and the samples cut at model_max_length."""
+    counts = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
+    if result.truncated:
+        counts["truncated/samples"] = float(result.truncated)
+    return counts
+
+
 def sft_system_prompt(config: Config, hf_config: Any) -> str | None:
     """The system turn given to SFT records that bring none: the prompt style's, as inference sends it.
 
@@ -344,6 +352,7 @@ def train_step(
     reduced_norm: parallelize.ReducedGradNorm | None = None,
     overlap: OverlappedHostStep | None = None,
     filler: SFTBatch | None = None,
+    targets: float | None = None,
 ) -> tuple[float, float]:
     """One optimizer step over the micro-batches; returns (global token-mean loss, grad norm).
 
@@ -357,7 +366,8 @@ def train_step(
     (train.cpu_offload_overlap): the optimizer step is still running when this returns, and the next step's forward
     waits for each unit's update; whatever else reads the weights calls overlap.wait() first.
     """
-    targets = all_reduce_sum(sum(b.num_targets for b in micro_batches), runtime, dp_group)
+    if targets is None:  # the caller's global count of target tokens, when it has it (the SFT loop does)
+        targets = all_reduce_sum(sum(b.num_targets for b in micro_batches), runtime, dp_group)
     # FSDP averages gradients over its ranks; multiplying by grad_ranks makes the result the gradient of (sum of
     # token losses / all target tokens of the global batch). A context-parallel rank's backward holds only its own
     # tokens' part of its batch's gradient, so the average over dp x cp ranks times grad_ranks is that sum too.
@@ -553,9 +563,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
                 step += 1
                 result.empty_steps.append(step)
                 result.losses.append(math.nan)
-                skipped = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
-                if result.truncated:
-                    skipped["truncated/samples"] = float(result.truncated)
+                skipped = data_counts(result)
                 step_log.step(
                     step, {"train/lr": lr, "train/empty_steps": float(len(result.empty_steps)), **skipped},
                     {"loss": "-", "lr": f"{lr:.2e}", "tok_s": "0"},
@@ -565,14 +573,12 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
             else:
                 loss, norm = train_step(
                     module, micro, optimizer, scheduler, runtime, dp_size * cp, train_cfg.optm_grad_norm_clip, autocast,
-                    dp_group, trained.reduced_norm, trained.overlap, filler,
+                    dp_group, trained.reduced_norm, trained.overlap, filler, targets,
                 )
                 step += 1
                 elapsed = time.perf_counter() - started
                 result.losses.append(loss)
-                skipped = {f"skipped/{k}": float(v) for k, v in result.skipped.items()}
-                if result.truncated:
-                    skipped["truncated/samples"] = float(result.truncated)
+                skipped = data_counts(result)
                 step_log.step(
                     step,
                     {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_s": tokens / elapsed,
