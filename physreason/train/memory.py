@@ -104,6 +104,8 @@ class Workload:
     # packed rows' attention from their spans (sdpa on one context rank: models/packed_attention.py), not the mask
     packed_spans: bool = False
     completions_per_step: int = 0  # train.train_batch_per_replica: a micro-batch holds at most a rank's share of them
+    # grpo.mini_batch_tokens: at most this many tokens a forward pass (rows x longest row), a row alone may pass it
+    mini_batch_tokens: int = 0
     compiled: bool = False  # train.compile: compiled decoder blocks keep fewer activations (ACT_COMPILED_*)
     compiled_vision: bool = False  # train.compile_vision: the same for vision blocks (VISION_ACT)
 
@@ -131,6 +133,8 @@ def micro_batch(layout: Layout, workload: Workload) -> MicroBatch:
     otherwise m rows of prompt + response (at most seq_len), their visuals the distinct prompts among m consecutive
     completions (ceil(m / n), one more when a micro-batch can straddle two groups). The lm_head runs one completion at
     a time (checkpointed), so the loss sees response_tokens rows at once.
+    With a token budget (mini_batch_tokens > 0) a packed row holds only the completions that fit beside its prompt (at
+    least one), and a micro-batch only the rows whose count times the row's length fits (at least one row).
     """
     m = layout.mini_batch
     n = workload.completions_per_prompt
@@ -141,12 +145,21 @@ def micro_batch(layout: Layout, workload: Workload) -> MicroBatch:
         m = max(1, min(m, workload.completions_per_step // data_parallel))
     response = workload.response_tokens or workload.seq_len
     prompt = min(workload.prompt_tokens or workload.seq_len, workload.seq_len)
+    budget = workload.mini_batch_tokens
+
+    def rows_within_budget(rows: int, row_tokens: int) -> int:
+        return min(rows, max(1, budget // row_tokens)) if budget > 0 else rows
+
     if workload.packed:
         per_row = min(n, m)
-        rows = -(-m // per_row)
+        if budget > 0:
+            per_row = min(per_row, max(1, (budget - prompt) // response))
+        rows = rows_within_budget(-(-m // per_row), prompt + per_row * response)
         return MicroBatch(rows, prompt + per_row * response, rows, response, packed=True, per_row=per_row, prompt=prompt)
+    row_tokens = min(prompt + response, workload.seq_len)
+    m = rows_within_budget(m, row_tokens)
     visuals = min(m, -(-m // n) + (1 if m % n else 0))
-    return MicroBatch(m, min(prompt + response, workload.seq_len), visuals, response)
+    return MicroBatch(m, row_tokens, visuals, response)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from physreason.train.memory import (
     usable_bytes,
 )
 from physreason.train.runtime import Runtime
-from physreason.vision.resize import pixel_budgets, video_frame_max_pixels
+from physreason.vision.resize import pixel_budgets, smart_resize, video_frame_max_pixels
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,9 @@ class PromptShape:
     videos: int
     images: int
     text_tokens: int
+    # the most visual tokens one prompt's images bring at the sizes the loader gives them (read from each file's
+    # header); None: not read, each image planned at the image budget
+    image_tokens: int | None = None
 
 
 def video_tokens_bound(config: Config, shape: ModelShape) -> int:
@@ -93,7 +96,11 @@ def visual_tokens_per_row(config: Config, shape: ModelShape, prompts: PromptShap
     budgets = pixel_budgets(config.vision, shape.vision_factor)
     video = video_tokens_bound(config, shape)
     image = budgets.image_max_pixels // shape.vision_factor**2
-    largest = max(video, image) if prompts is None else prompts.videos * video + prompts.images * image
+    if prompts is None:
+        largest = max(video, image)
+    else:
+        images = prompts.images * image if prompts.image_tokens is None else prompts.image_tokens
+        largest = prompts.videos * video + images
     return min(largest, config.model.model_max_length)
 
 
@@ -116,7 +123,37 @@ def prompt_shape(config: Config, prompts: Sequence[Any], tokenizer: Any, longest
         messages = prompt.messages(config.grpo.answer_type, style, frame_size=(9999, 9999))
         rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         text = max(text, len(tokenizer(rendered, add_special_tokens=False).input_ids))
-    return PromptShape(max(len(p.videos) for p in prompts), max(len(p.images) for p in prompts), text)
+    return PromptShape(
+        max(len(p.videos) for p in prompts), max(len(p.images) for p in prompts), text, prompt_image_tokens(config, prompts)
+    )
+
+
+def prompt_image_tokens(config: Config, prompts: Sequence[Any]) -> int | None:
+    """The most visual tokens the images of one of `prompts` bring, each at the size load_image resizes it to (its
+    side lengths read from the file's header, the pixels not decoded). An image whose header cannot be read counts
+    at the image budget (its loader names the file when the run reaches it). None for a model without a tower."""
+    from PIL import Image
+
+    shape = read_model_shape(config.model)
+    if not shape.vision_depth:
+        return None
+    factor = shape.vision_factor
+    budgets = pixel_budgets(config.vision, factor)
+    budget_tokens = budgets.image_max_pixels // factor**2
+    seen: dict[Any, int] = {}
+
+    def tokens(path: Any) -> int:
+        if path not in seen:
+            try:
+                with Image.open(path) as image:
+                    width, height = image.size
+                side, other = smart_resize(height, width, factor, budgets.image_min_pixels, budgets.image_max_pixels)
+                seen[path] = side * other // factor**2
+            except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+                seen[path] = budget_tokens
+        return seen[path]
+
+    return max(sum(tokens(path) for path in prompt.images) for prompt in prompts)
 
 
 def recipe_workload(
@@ -147,6 +184,7 @@ def recipe_workload(
             packed_spans=config.packs_completions and config.grpo.packed_attention == "spans"
             and config.model.attn_implementation == "sdpa" and config.policy.parallelism.cp_size == 1,
             completions_per_step=config.train.train_batch_per_replica,
+            mini_batch_tokens=config.grpo.mini_batch_tokens,
         )
     return Workload(
         seq_len=config.model.model_max_length,
