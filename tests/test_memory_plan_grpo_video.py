@@ -250,3 +250,126 @@ def test_the_prompt_shape_of_reason1_grounding_prompts_needs_no_decoded_frame(tm
     assert box.grounding_2d
     shape = prompt_shape(config, [box], build_tiny_tokenizer())
     assert shape.videos == 1 and shape.images == 0 and shape.text_tokens > 0
+
+
+def _text_samples(groups: int, n: int, prompt: int, response: int) -> list[RolloutSample]:
+    """`groups` prompts of `prompt` token ids, each with n completions of `response` tokens (no visuals)."""
+    samples = []
+    for group in range(groups):
+        ids = [10 + group] * prompt
+        for j in range(n):
+            completion = Completion("-", [20 + j] * response, [-1.0] * response, "length")
+            samples.append(RolloutSample(group, None, ids, completion, {"total": 0.0}, None, float(j)))
+    return samples
+
+
+@pytest.mark.parametrize(
+    ("packed", "mini_batch", "budget", "prompt"),
+    [(True, 64, 8192, 1030), (True, 64, 3000, 1030), (True, 64, 800, 1030), (True, 16, 0, 1030),
+     (False, 64, 8192, 1030), (False, 64, 900, 1030), (False, 12, 0, 300)],
+)  # fmt: skip
+def test_grpo_micro_batch_under_a_token_budget_is_the_policy_updates_largest(packed, mini_batch, budget, prompt):
+    """The plan's micro-batch (rows, row length, completions a row) equals the largest one build_micro_batches makes
+    under grpo.mini_batch and grpo.mini_batch_tokens. The plan had left the token budget out: the image GRPO of
+    bench/grpo_vs_trl.py (64 completions, 8,192 tokens a pass) was planned as 8 packed rows where 2 run."""
+    from physreason.train.memory import Layout, Workload, micro_batch
+
+    n, response = 8, 256
+    samples = _text_samples(8, n, prompt, response)
+    batches = build_micro_batches(samples, 0, None, mini_batch, budget, pack=packed)
+    rows, length = max((b.model_batch.input_ids.shape for b in batches), key=lambda s: s[0] * s[1])
+    workload = Workload(seq_len=8192, completions_per_prompt=n, prompt_tokens=prompt, response_tokens=response,
+                        packed=packed, completions_per_step=64, mini_batch_tokens=budget)  # fmt: skip
+    planned = micro_batch(Layout(gpus=1, distributed=False, mini_batch=mini_batch), workload)
+    assert (planned.rows, planned.row_tokens) == (rows, length)
+    if packed:
+        assert planned.per_row == (length - prompt) // response
+
+
+def test_prompt_images_are_planned_at_the_sizes_the_loader_gives_them(tmp_path):
+    """prompt_shape reads each image's header: the plan's visual tokens of a prompt are those of its images as
+    load_image resizes them (it had planned every image at the image budget, 16,384 tokens' worth, capped by the
+    context: 8,192 visual tokens for the bench's 840-token contact sheets). An unreadable image counts at the budget."""
+    from PIL import Image
+
+    from physreason.config import load_config
+    from physreason.models.tiny import save_tiny_model
+    from physreason.vision.image import load_image
+    from physreason.vision.resize import pixel_budgets
+
+    model = save_tiny_model("qwen2_5_vl", tmp_path / "m")
+    config = load_config(None, [f"model.model_name_or_path='{model}'", "model.model_max_length=8192"])
+    shape = read_model_shape(config.model)
+    factor = shape.vision_factor
+    sizes = {"sheet.png": (560, 1176), "small.png": (100, 130), "tall.png": (900, 300)}
+    for name, (height, width) in sizes.items():
+        Image.new("RGB", (width, height), (90, 30, 200)).save(tmp_path / name)
+    (tmp_path / "broken.png").write_bytes(b"not an image")
+
+    def tokens(name: str) -> int:
+        height, width = load_image(tmp_path / name, config.vision, factor).shape[:2]
+        return height * width // factor**2
+
+    def prompt(*names: str) -> MCQPrompt:
+        return MCQPrompt("p", "Which?", {"A": "a", "B": "b"}, "A", images=tuple(tmp_path / n for n in names))
+
+    tokenizer = loading.load_tokenizer(config.model)
+    seen = prompt_shape(config, [prompt("sheet.png"), prompt("small.png", "tall.png")], tokenizer)
+    assert seen.images == 2
+    assert seen.image_tokens == max(tokens("sheet.png"), tokens("small.png") + tokens("tall.png"))
+    assert visual_tokens_per_row(config, shape, seen) == seen.image_tokens < 8192
+    unreadable = prompt_shape(config, [prompt("sheet.png"), prompt("broken.png")], tokenizer)
+    assert unreadable.image_tokens == pixel_budgets(config.vision, factor).image_max_pixels // factor**2 == 16384
+    assert visual_tokens_per_row(config, shape, unreadable) == 8192  # the budget, capped by the context
+
+
+def test_plan_of_the_image_grpo_bench_is_near_its_measured_peak():
+    """bench/grpo_vs_trl.py's image workload (Qwen2.5-VL-3B shape, the tiny tokenizer's vocabulary, 8 prompts x 8
+    completions of 256 tokens after a 1,030-token prompt with an 840-token contact sheet, packed rows, 8,192 tokens a
+    pass, recompute, vLLM at 0.3 of the H200) peaked at 95.1 GiB on one H200 (2026-11-29, bench/RESULTS.md). The plan
+    had refused it at 154.4 GiB."""
+    from transformers import Qwen2_5_VLConfig
+
+    from physreason.models.sizes import shape_from_hf_config
+    from physreason.train.memory import Layout, Workload
+
+    rope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=526, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                         num_attention_heads=16, num_key_value_heads=2, tie_word_embeddings=True,
+                         rope_parameters=rope),
+        vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
+                           fullatt_block_indexes=[7, 15, 23, 31]),
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    shape = shape_from_hf_config(config)
+    workload = Workload(seq_len=8192, vision_tokens=840, completions_per_prompt=8, prompt_tokens=1030,
+                        response_tokens=256, packed=True, completions_per_step=64, mini_batch_tokens=8192,
+                        engine_bytes=int(0.3 * 139.8 * GIB))  # fmt: skip
+    plan = plan_memory(shape, Layout(gpus=1, distributed=False, mini_batch=64), workload)
+    planned = (plan.total - plan.parts["runtime overhead"]) / GIB
+    assert 0.97 <= planned / 95.1 <= 1.05, planned
+
+
+def test_physreason_plan_says_the_image_tokens_it_read(tmp_path, tiny_model_dir):
+    """`physreason plan` of a GRPO recipe with image prompts names the image tokens their headers gave."""
+    import json
+
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from physreason.cli import app
+
+    Image.new("RGB", (1176, 560), (0, 0, 0)).save(tmp_path / "sheet.png")
+    data = tmp_path / "mcq.jsonl"
+    data.write_text(json.dumps({"question": "Which?", "options": ["a", "b"], "answer": "A", "image": "sheet.png"}))
+    recipe = tmp_path / "grpo.toml"
+    recipe.write_text("[grpo]\nmini_batch = 8\n")
+    sets = [f"model.model_name_or_path='{tiny_model_dir}'", "engine.backend='hf'", f"data.dataset.name='{data}'",
+            "rollout.max_response_length=64"]  # fmt: skip
+    result = CliRunner().invoke(app, ["plan", str(recipe), *[a for s in sets for a in ("--set", s)]])
+    assert result.exit_code == 0, result.output
+    factor = read_model_shape(ModelConfig(model_name_or_path=str(tiny_model_dir))).vision_factor
+    assert factor == 28  # Qwen2.5-VL: 560 x 1176 is already a multiple of it, inside the budget
+    tokens = (560 // factor) * (1176 // factor)
+    assert f"1 image(s) ({tokens} image tokens at their sizes)" in result.output, result.output

@@ -73,7 +73,9 @@ def plan(
     console.print(f"recipe ({job} job): {describe(recipe)}")
     if job == "grpo":
         console.print(
-            f"prompts: at most {prompts.videos} video(s), {prompts.images} image(s) and {prompts.text_tokens} text tokens"
+            f"prompts: at most {prompts.videos} video(s), {prompts.images} image(s)"
+            + (f" ({prompts.image_tokens} image tokens at their sizes)" if prompts.image_tokens else "")
+            + f" and {prompts.text_tokens} text tokens"
             if prompts is not None
             else "prompts: data not read (not a local file, or unreadable); planned as long as the context allows "
             "beside one response"
