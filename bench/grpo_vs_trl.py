@@ -70,6 +70,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-recompute", action="store_true",
                         help="both sides keep their activations (gradient checkpointing off on both; on by default "
                              "on a GPU): where both fit, the table without recomputation")
+    parser.add_argument("--compile", action="store_true",
+                        help="both sides compiled: physreason's train.compile (its decoder blocks) and, on the image "
+                             "and video workloads, train.compile_vision (its vision blocks); TRL's torch_compile (the "
+                             "whole policy through accelerate's dynamo plugin). Off by default: neither side compiles")
+    parser.add_argument("--checkpoint-every", default="1",
+                        help="physreason's train.checkpoint_every with recomputation on: n (decoder blocks 0, n, 2n, "
+                             "... recomputed) or auto (the fewest whose plan leaves a tenth of the GPU free) [1: every "
+                             "block, as TRL's gradient checkpointing, which has no such setting]")
     parser.add_argument("--append", action="store_true",
                         help="add this call's rounds to the runs already in $OUT/grpo_vs_trl.json (one setup on one "
                              "machine: refused otherwise) and print the table of them all; the first side keeps "
@@ -96,6 +104,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--n must be >= 2: GRPO needs at least two completions per prompt (TRL refuses fewer)")
     if (args.prompts * args.n) % args.mini_batch:
         parser.error(f"--mini-batch {args.mini_batch} must divide --prompts x --n = {args.prompts * args.n}")
+    if args.checkpoint_every != "auto":
+        if not args.checkpoint_every.isdigit() or int(args.checkpoint_every) < 1:
+            parser.error(f"--checkpoint-every {args.checkpoint_every!r}: a whole number >= 1, or auto")
+        args.checkpoint_every = str(int(args.checkpoint_every))
     return args
 
 
@@ -213,6 +225,10 @@ def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed:
         f"grpo.mini_batch_tokens={spec['mini_batch_tokens'] if packed else 0}",
         f"grpo.pack_completions={'true' if packed else 'false'}", "grpo.loss_agg_mode='token-mean'",
         f"grpo.packed_attention='{spec.get('packed_attention', 'mask') if packed else 'mask'}'",
+        f"train.compile={'true' if spec.get('compile') else 'false'}",
+        f"train.checkpoint_every={json.dumps(str(spec.get('checkpoint_every', '1')))}"
+        if spec.get("checkpoint_every", "1") == "auto" else f"train.checkpoint_every={spec.get('checkpoint_every', '1')}",
+        f"train.compile_vision={'true' if spec.get('compile') and workload != 'text' else 'false'}",
         "grpo.epsilon_low=0.2", "grpo.epsilon_high=0.2", "grpo.kl_beta=0.0", "grpo.mu_iterations=1",
         "grpo.shuffle_options=false",
         f"grpo.reward_function={{accuracy = {REWARD_WEIGHTS['accuracy']}, format = {REWARD_WEIGHTS['format']}}}",
@@ -403,7 +419,7 @@ def trl_config(spec: dict[str, Any], output: Path):
         bf16=spec["bf16"], use_cpu=not spec["bf16"], gradient_checkpointing=spec.get("recompute", spec["bf16"]), use_vllm=vllm,
         vllm_mode="colocate", vllm_gpu_memory_utilization=spec["gpu_memory"], vllm_max_model_length=8192,
         vllm_enable_sleep_mode=False, vllm_importance_sampling_correction=False, save_strategy="no", report_to="none",
-        logging_steps=1, disable_tqdm=True, seed=42, dataloader_num_workers=0,
+        logging_steps=1, disable_tqdm=True, seed=42, dataloader_num_workers=0, torch_compile=bool(spec.get("compile")),
     )  # fmt: skip
 
 
@@ -574,7 +590,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             "work": str(work), "engine": engine, "bf16": not args.tiny and torch.cuda.is_available(),
             "recompute": not args.tiny and torch.cuda.is_available() and not args.no_recompute,
             "gpu_memory": args.gpu_memory, "trl_vision_attention": args.trl_vision_attention, "data": data,
-            "packed_attention": args.packed_attention,
+            "packed_attention": args.packed_attention, "compile": args.compile,
+            "checkpoint_every": args.checkpoint_every,
             **{name: getattr(args, name) for name in ("prompts", "n", "response_len", "mini_batch", "mini_batch_tokens",
                                                       "steps", "warmup")}}  # fmt: skip
     spec_path = work / "spec.json"
@@ -584,6 +601,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     print(
         f"{device}, engine {engine}: {args.prompts} prompts x {args.n} completions of {args.response_len} tokens per "
         f"step, micro-batch {args.mini_batch} (physreason: packed rows, attention from the {args.packed_attention}); "
+        f"{'both sides compiled' if args.compile else 'neither side compiled'}; physreason's checkpoint_every "
+        f"{args.checkpoint_every}; "
         f"clip {data['video_frames_thw']} frames -> {data['video_tokens']} video "
         f"tokens, contact sheet {data['image_hw']} -> {data['image_tokens']} image tokens; setup "
         f"{time.perf_counter() - started:.0f} s",
@@ -633,7 +652,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 JSON_NAME = "grpo_vs_trl.json"
 # What two calls' runs must share to pool into one table (--append): the step's sizes and both sides' settings.
 SETUP_ARGS = ("prompts", "n", "response_len", "mini_batch", "mini_batch_tokens", "steps", "warmup",
-              "trl_vision_attention", "text_words", "gpu_memory", "tiny", "no_recompute", "packed_attention")  # fmt: skip
+              "trl_vision_attention", "text_words", "gpu_memory", "tiny", "no_recompute", "packed_attention",
+              "compile", "checkpoint_every")  # fmt: skip
 
 
 def setup_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -651,6 +671,9 @@ def earlier_runs(path: Path | None, setup: dict[str, Any]) -> list[dict[str, Any
     earlier = json.loads(path.read_text())
     theirs = {"device": earlier.get("device"), "engine": earlier.get("engine"), "data": earlier.get("data"),
               "args": earlier.get("setup")}  # fmt: skip
+    if isinstance(theirs["args"], dict):
+        # measured before --compile and --checkpoint-every existed: neither side compiled, every block recomputed
+        theirs["args"] = {"compile": False, "checkpoint_every": "1", **theirs["args"]}
     for key, value in setup.items():
         ours = json.loads(json.dumps(value, default=str))
         if theirs[key] != ours:

@@ -40,11 +40,14 @@ def test_sizes_default_to_the_gpu_or_tiny_run_and_flags_win(bench):
     tiny = bench.parse_args(["--tiny", "--response-len", "5", "--workloads", "text"])
     assert (tiny.prompts, tiny.n, tiny.response_len, tiny.warmup) == (2, 2, 5, 0)
     assert tiny.workloads == ["text"]
+    assert gpu.checkpoint_every == "1" and bench.parse_args(["--checkpoint-every", "03"]).checkpoint_every == "3"
+    assert bench.parse_args(["--checkpoint-every", "auto"]).checkpoint_every == "auto"
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["--workloads", "audio"], ["--sides", "verl"], ["--n", "1"], ["--prompts", "3", "--mini-batch", "5"]],
+    [["--workloads", "audio"], ["--sides", "verl"], ["--n", "1"], ["--prompts", "3", "--mini-batch", "5"],
+     ["--checkpoint-every", "0"], ["--checkpoint-every", "often"]],
 )
 def test_bad_arguments_are_usage_errors(bench, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -164,6 +167,15 @@ def test_physreason_config_sets_the_shared_recipe(bench, prepared, tmp_path):
     spans = {**spec, "packed_attention": "spans"}
     assert bench.physreason_config(spans, "video", tmp_path).grpo.packed_attention == "spans"
     assert bench.physreason_config(spans, "video", tmp_path, packed=False).grpo.packed_attention == "mask"
+    # --checkpoint-every reaches physreason's train.checkpoint_every (TRL recomputes every block or none)
+    assert config.train.checkpoint_every == 1
+    for every, expected in (("3", 3), ("auto", "auto")):
+        assert bench.physreason_config({**spec, "checkpoint_every": every}, "text", tmp_path).train.checkpoint_every == expected
+    # --compile: the decoder blocks on every workload, the vision blocks where there are visuals; off without it
+    assert not (config.train.compile or config.train.compile_vision)
+    for workload, vision in (("video", True), ("image", True), ("text", False)):
+        compiled = bench.physreason_config({**spec, "compile": True}, workload, tmp_path).train
+        assert compiled.compile and compiled.compile_vision is vision
 
 
 def test_ratios_compare_each_physreason_side_with_trl_and_video_with_trl_images(bench):
@@ -223,6 +235,8 @@ def test_trl_never_samples_the_vision_tokens_physreason_suppresses(bench, prepar
     kwargs = bench.trl_config(spec, tmp_path).generation_kwargs
     assert not bench.trl_config(spec, tmp_path).gradient_checkpointing
     assert bench.trl_config({**spec, "recompute": True}, tmp_path).gradient_checkpointing
+    assert not bench.trl_config(spec, tmp_path).torch_compile  # --compile: both sides, or neither
+    assert bench.trl_config({**spec, "compile": True}, tmp_path).torch_compile
     if engine == "vllm":
         assert kwargs == {"ignore_eos": True, "logit_bias": {3: -100.0, 5: -100.0}}
     else:
@@ -288,3 +302,11 @@ def test_append_pools_the_rounds_of_earlier_calls_and_refuses_another_setup(benc
         bench.earlier_runs(path, {**setup, "args": {**setup["args"], "trl_vision_attention": "native"}})
     with pytest.raises(SystemExit, match="--append needs the JSON's place"):
         bench.earlier_runs(None, setup)
+    # a JSON written before --compile existed pools with uncompiled calls only
+    old_setup = {k: v for k, v in bench.setup_args(args).items() if k != "compile"}
+    path.write_text(json.dumps({"device": "NVIDIA H200", "engine": "vllm", "data": {"clips": 32}, "setup": old_setup,
+                                "runs": earlier}))  # fmt: skip
+    assert bench.earlier_runs(path, setup) == earlier
+    compiled = bench.setup_args(bench.parse_args(["--workloads", "text", "--append", "--compile"]))
+    with pytest.raises(SystemExit, match=r"another args \(\{'compile': False\}, this call \{'compile': True\}\)"):
+        bench.earlier_runs(path, {**setup, "args": compiled})

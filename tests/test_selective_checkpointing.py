@@ -130,3 +130,89 @@ def test_plan_offers_recomputing_every_block_before_offload_or_context_parallel_
     assert every_plan.total < budget < selective_plan.total, (every_plan.total / GIB, selective_plan.total / GIB)
     best = fitting_layouts(shape, selective, workload, budget)[0]
     assert layout_overrides(selective, best.layout) == ["train.checkpoint_every=1"]
+
+
+FIXTURE_32B = __import__("pathlib").Path(__file__).resolve().parent / "fixtures" / "qwen3_vl_32b"
+
+
+def _auto_config(*extra: str):
+    return load_config(None, [f'model.model_name_or_path="{FIXTURE_32B}"', "model.model_max_length=16384",
+                              'train.checkpoint_every="auto"', *extra])  # fmt: skip
+
+
+def test_auto_recomputes_the_fewest_decoder_blocks_whose_plan_leaves_a_tenth_of_the_gpu_free():
+    """train.checkpoint_every = "auto": the largest n whose plan fits 90% of the GPU, found among every n; a GPU where
+    only some fit gets one strictly between every block and one block, and a larger GPU fewer recomputed blocks."""
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from physreason.models.sizes import read_model_shape
+    from physreason.train.memory_report import (
+        AUTO_RECOMPUTE_FREE,
+        recipe_layout,
+        recipe_workload,
+        resolve_checkpoint_every,
+    )
+
+    config = _auto_config()
+    shape = read_model_shape(config.model)
+    every_block = load_config(None, [f'model.model_name_or_path="{FIXTURE_32B}"', "model.model_max_length=16384"])
+    recipe = recipe_layout(every_block, 8, True, "sft")
+    workload = recipe_workload(every_block, shape, "sft", 0)
+    totals = {n: plan_memory(shape, replace(recipe, checkpoint_every=n), workload).total for n in range(1, shape.layers + 1)}
+    assert totals[1] < totals[4] < totals[shape.layers]  # fewer recomputed blocks, more memory
+    chosen = {}
+    for share in (4, 16):
+        gpu = int(totals[share] / (1 - AUTO_RECOMPUTE_FREE)) + 1
+        expected = max(n for n, total in totals.items() if total <= gpu * (1 - AUTO_RECOMPUTE_FREE))
+        assert 1 < expected < shape.layers
+        console = Console(record=True, width=200)
+        resolved = resolve_checkpoint_every(config, 8, True, "sft", gpu, console=console)
+        assert resolved.train.checkpoint_every == expected and config.train.checkpoint_every == "auto"
+        assert f"train.checkpoint_every = auto -> {expected} (" in console.export_text()
+        chosen[share] = expected
+    assert chosen[16] > chosen[4]
+    # a GPU where even every block recomputed does not fit 90%: every block (the start-up check then decides)
+    assert resolve_checkpoint_every(config, 8, True, "sft", int(totals[1] * 0.95)).train.checkpoint_every == 1
+
+
+def test_auto_without_a_gpu_or_without_checkpointing_is_every_block_and_numbers_stay():
+    from physreason.train.memory_report import resolve_checkpoint_every
+
+    assert resolve_checkpoint_every(_auto_config(), 8, True, "sft", None).train.checkpoint_every == 1
+    off = _auto_config("train.gradient_checkpointing=false")
+    assert resolve_checkpoint_every(off, 8, True, "sft", 10**12).train.checkpoint_every == 1
+    fixed = load_config(None, [f'model.model_name_or_path="{FIXTURE_32B}"', "train.checkpoint_every=3"])
+    assert resolve_checkpoint_every(fixed, 8, True, "sft", 10**12) is fixed
+    with pytest.raises(Exception, match="checkpoint_every"):
+        load_config(None, ['train.checkpoint_every="sometimes"'])
+
+
+def test_an_unresolved_auto_reaching_the_model_recomputes_every_block(tiny_model_dir, caplog):
+    from physreason.train.build import load_trainable
+
+    config = load_config(None, [f'model.model_name_or_path="{tiny_model_dir}"', 'train.checkpoint_every="auto"'])
+    with caplog.at_level("WARNING"):
+        model, _ = load_trainable(config.model, config.train)
+    assert all(b.gradient_checkpointing for b in decoder_layers(model))
+    assert "was not resolved" in caplog.text
+
+
+def test_physreason_plan_resolves_auto_for_the_gpu_it_plans(tmp_path):
+    from typer.testing import CliRunner
+
+    from physreason.cli import app
+
+    recipe = tmp_path / "sft.toml"
+    recipe.write_text('[train]\ncheckpoint_every = "auto"\n')
+    args = ["plan", str(recipe), "--model", str(FIXTURE_32B), "--gpus", "8", "--set", "model.model_max_length=2048",
+            "--set", "train.optimizer_state_dtype='bfloat16'"]  # fmt: skip
+    small = CliRunner().invoke(app, [*args, "--gpu-memory", "80"])
+    large = CliRunner().invoke(app, [*args, "--gpu-memory", "141"])
+    numbers = []
+    for result in (small, large):
+        assert result.exit_code == 0, result.output
+        line = next(line for line in result.output.splitlines() if "checkpoint_every = auto ->" in line)
+        numbers.append(int(line.split("->")[1].split()[0]))
+    assert numbers == [1, 64]  # 80 GiB: every block of the 64; 141 GiB: one block

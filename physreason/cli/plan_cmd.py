@@ -48,6 +48,7 @@ def plan(
         recipe_layout,
         recipe_workload,
         refusal,
+        resolve_checkpoint_every,
         tensor_parallel_note,
     )
 
@@ -60,11 +61,13 @@ def plan(
         job = "grpo" if any(key.startswith(("grpo.", "rollout.")) for key in recipe_config.explicit_keys) else "sft"
     capacity = int(gpu_memory * GIB)
     shape = read_model_shape(recipe_config.model)
-    recipe = recipe_layout(recipe_config, gpus, gpus > 1 or torchrun or recipe_config.train.cpu_offload, job)  # type: ignore[arg-type]
+    distributed = gpus > 1 or torchrun or recipe_config.train.cpu_offload
     prompts = _prompt_shape(recipe_config) if job == "grpo" else None
+    console = Console(width=160)
+    recipe_config = resolve_checkpoint_every(recipe_config, gpus, distributed, job, capacity, prompts, console)  # type: ignore[arg-type]
+    recipe = recipe_layout(recipe_config, gpus, distributed, job)  # type: ignore[arg-type]
     workload = recipe_workload(recipe_config, shape, job, capacity, prompts)  # type: ignore[arg-type]
     plan_ = plan_memory(shape, recipe, workload)
-    console = Console(width=160)
     console.print(
         f"{recipe_config.model.model_name_or_path}: {_parameter_count(shape.total_params)} parameters, "
         f"{shape.layers} blocks of hidden {shape.hidden}; {recipe_config.model.model_max_length} tokens x "

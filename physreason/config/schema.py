@@ -468,11 +468,11 @@ class TrainConfig(Section):
     param_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="FSDP2 parameter dtype for compute.")
     fsdp_reduce_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 gradient reduction dtype.")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass.")
-    checkpoint_every: int = Field(
+    checkpoint_every: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         1,
-        ge=1,
         description="With gradient_checkpointing: recompute decoder blocks 0, n, 2n, ... only (1: every block); the "
-        "others keep their activations, memory for speed. The memory plan prices it.",
+        "others keep their activations, memory for speed. The memory plan prices it. 'auto': at the start, the "
+        "fewest recomputed decoder blocks whose plan leaves a tenth of the GPU free (every block without a GPU).",
     )
     vision_checkpoint_every: int = Field(
         1,

@@ -31,6 +31,7 @@ from physreason.models.family import read_vision_tokens
 from physreason.net import free_port
 from physreason.train.grpo import UpdateSettings, build_policy, update_policy
 from physreason.train.loop import Checkpointer
+from physreason.train.memory_report import resolve_runtime_checkpoint_every
 from physreason.train.rollout import RolloutSample
 from physreason.train.runtime import init_runtime, seed_everything
 from physreason.train.weight_sync import full_named_parameters
@@ -81,6 +82,7 @@ class PolicyWorker:
                 "MASTER_PORT": str(master[1]),
             })
         self.runtime = runtime = init_runtime()
+        self.config = config = resolve_runtime_checkpoint_every(config, runtime, "grpo")  # "auto" made a number
         self.total_steps = total_steps
         seed_everything(train_cfg.seed)
         tp, self.cp = config.policy.parallelism.tp_size, config.policy.parallelism.cp_size

@@ -93,7 +93,11 @@ def load_trainable(model_config: ModelConfig, train: TrainConfig) -> tuple[nn.Mo
 
         peft_model = apply_lora(model, train.lora)
     if train.gradient_checkpointing:
-        parallelize.enable_activation_checkpointing(model, train.checkpoint_every, train.vision_checkpoint_every)
+        every = train.checkpoint_every
+        if every == "auto":  # the trainers resolve it against their GPU first (memory_report.resolve_checkpoint_every)
+            log.warning("train.checkpoint_every = 'auto' was not resolved against a GPU's memory: every block recomputed")
+            every = 1
+        parallelize.enable_activation_checkpointing(model, every, train.vision_checkpoint_every)
     return model, peft_model
 
 

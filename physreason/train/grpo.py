@@ -55,7 +55,7 @@ from physreason.train.loop import (
     prepare_output,
     run_summary,
 )
-from physreason.train.memory_report import check_runtime_memory, prompt_shape
+from physreason.train.memory_report import check_runtime_memory, prompt_shape, resolve_runtime_checkpoint_every
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_micro_batches, first_vision_token
 from physreason.train.rollout import (
     RolloutBatch,
@@ -505,7 +505,10 @@ def _run_grpo(
         processor_params = load_processor_params(config.model.model_name_or_path, config.model.revision)
     prompts = load_mcq_prompts(config.data.dataset, config.data.max_samples)
     # prints the plan of these prompts' media and lengths; refuses a start that cannot fit
-    check_runtime_memory(config, runtime, "grpo", prompt_shape(config, prompts, tokenizer))
+    shape_of_prompts = prompt_shape(config, prompts, tokenizer)
+    config = resolve_runtime_checkpoint_every(config, runtime, "grpo", shape_of_prompts)  # "auto" made a number
+    train_cfg = config.train
+    check_runtime_memory(config, runtime, "grpo", shape_of_prompts)
     stream = PromptStream(prompts, train_cfg.seed, config.data.shuffle, grpo_cfg.shuffle_options)
     prompts_per_step = groups * dp_size
     if train_cfg.max_steps is None and len(prompts) < prompts_per_step:

@@ -48,7 +48,7 @@ from physreason.train.loop import (
     prepare_output,
     run_summary,
 )
-from physreason.train.memory_report import check_runtime_memory
+from physreason.train.memory_report import check_runtime_memory, resolve_runtime_checkpoint_every
 from physreason.train.model import CausalLMLoss
 from physreason.train.runlock import releases_output_lock
 from physreason.train.runtime import (
@@ -454,6 +454,8 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
 
     tokenizer = loading.load_tokenizer(config.model)
     hf_config = loading.load_model_config(config.model)
+    config = resolve_runtime_checkpoint_every(config, runtime, "sft")  # train.checkpoint_every = "auto" made a number
+    train_cfg = config.train
     check_runtime_memory(config, runtime, "sft")  # prints the plan; refuses a start that cannot fit
     train_set, val_set = build_datasets(config, tokenizer, hf_config)
     tp, cp = config.policy.parallelism.tp_size, config.policy.parallelism.cp_size
