@@ -216,3 +216,39 @@ def test_physreason_plan_resolves_auto_for_the_gpu_it_plans(tmp_path):
         line = next(line for line in result.output.splitlines() if "checkpoint_every = auto ->" in line)
         numbers.append(int(line.split("->")[1].split()[0]))
     assert numbers == [1, 64]  # 80 GiB: every block of the 64; 141 GiB: one block
+
+
+@pytest.mark.parametrize("job", ["sft", "grpo"])
+def test_trainers_build_the_model_with_the_number_auto_chose(tiny_model_dir, tmp_path, monkeypatch, job):
+    """sft and grpo resolve "auto" before the model is built, and the model recomputes what was chosen (here a GPU
+    large enough for the fewest: one of the tiny model's two decoder blocks)."""
+    from setups import grpo_recipe, sft_recipe, write_chat_records, write_mcq_file
+
+    import physreason.train.build as build
+    from physreason.train import grpo as grpo_module
+    from physreason.train import memory_report
+    from physreason.train import sft as sft_module
+
+    module = sft_module if job == "sft" else grpo_module
+
+    def on_a_large_gpu(config, runtime, job, prompts=None):
+        return memory_report.resolve_checkpoint_every(config, 1, False, job, 10**12, prompts)
+
+    monkeypatch.setattr(module, "resolve_runtime_checkpoint_every", on_a_large_gpu)
+    seen = []
+    real = build.parallelize.enable_activation_checkpointing
+
+    def recording(model, every=1, vision_every=1):
+        seen.append(every)
+        return real(model, every, vision_every)
+
+    monkeypatch.setattr(build.parallelize, "enable_activation_checkpointing", recording)
+    settings = ['train.checkpoint_every="auto"', "train.max_steps=1", "train.ckpt.enable_checkpoint=false"]
+    if job == "sft":
+        config = sft_recipe(tiny_model_dir, write_chat_records(tmp_path), tmp_path / "out", *settings, lr="1e-4",
+                            logger="['jsonl']")  # fmt: skip
+        sft_module.run_sft(config)
+    else:
+        config = grpo_recipe(tiny_model_dir, write_mcq_file(tmp_path), tmp_path / "out", *settings, lr="1e-4")
+        grpo_module.run_grpo(config)
+    assert seen and seen[0] == 2  # the tiny model's 2 blocks: only block 0 recomputed
