@@ -283,8 +283,14 @@ def test_a_prompt_longer_than_the_context_is_skipped_and_counted_not_fatal(tiny_
     assert any("q1" in r.getMessage() and "256" in r.getMessage() for r in caplog.records)
 
 
-def test_grpo_stops_when_every_rollout_request_fails_three_steps_in_a_row(tiny_text, tmp_path):
+def test_grpo_stops_when_every_rollout_request_fails_three_steps_in_a_row(tiny_text, tmp_path, monkeypatch):
     from physreason.errors import PhysReasonError
+    from physreason.train import grpo
+
+    without_update = []
+    real_no_update = grpo.DivergenceWatch.no_update
+    monkeypatch.setattr(grpo.DivergenceWatch, "no_update",
+                        lambda watch, step: (without_update.append(step), real_no_update(watch, step))[1])  # fmt: skip
 
     records = [{"question": f"Which way does ball {i} go?" + " far" * 400, "options": ["up", "down", "left", "right"],
                 "answer": "B", "id": f"q{i}"} for i in range(4)]  # fmt: skip
@@ -300,6 +306,7 @@ def test_grpo_stops_when_every_rollout_request_fails_three_steps_in_a_row(tiny_t
     logged = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in logged] == [1, 2]
     assert all(row["rollout/empty_step"] == 1.0 for row in logged)
+    assert without_update == [1, 2]  # the steps without an update pass the next loss back to the weights before them
 
 
 def test_one_step_with_every_request_failed_does_not_stop_grpo():

@@ -75,8 +75,8 @@ def test_a_checkpoint_is_good_only_when_the_loss_computed_from_it_is_in_range(tm
     with pytest.raises(TrainingDiverged) as diverged:
         watch.check(8, float("nan"), float("nan"))
     assert (
-        f"The last good checkpoint is {tmp_path / 'checkpoints' / 'step_5'} (the loss of the step after it, 3, was in "
-        f"range; not the later ones (step_6's weights gave step 7 a loss of 2e+29)); "
+        f"The last good checkpoint is {tmp_path / 'checkpoints' / 'step_5'} (the loss of step 6, computed from its "
+        f"weights, 3, was in range; not the later ones (step_6's weights gave step 7 a loss of 2e+29)); "
         f"train.resume='{tmp_path / 'checkpoints' / 'step_5'}' continues from it"
     ) in str(diverged.value)
 
@@ -85,6 +85,34 @@ def test_a_checkpoint_is_good_only_when_the_loss_computed_from_it_is_in_range(tm
         fresh.check(7, float("inf"), 1.0)
     assert "No checkpoint is known good (step_6's weights gave step 7 a loss of inf; step_3, step_4, step_5 predate " \
            "this process, which did not see a loss from them)" in str(diverged.value)
+
+
+def test_a_step_without_an_update_passes_the_next_loss_back_to_the_checkpoint_before_it(tmp_path):
+    """A step whose every sample was skipped (SFT) or dropped (GRPO) changes no weight: the loss after it judges the
+    checkpoint saved before it too (that checkpoint had been left "predating this process")."""
+    import pytest
+
+    from physreason.errors import TrainingDiverged
+    from physreason.train.loop import DivergenceWatch
+
+    (tmp_path / "checkpoints" / "step_4").mkdir(parents=True)
+    watch = DivergenceWatch(tmp_path)
+    watch.check(4, 2.0, 1.0)
+    watch.no_update(5)  # step 5: no update, step_4's weights unchanged
+    watch.no_update(6)
+    watch.check(7, 2e29, 1e30)  # from step_4's weights, through two steps without an update
+    with pytest.raises(TrainingDiverged) as diverged:
+        watch.check(8, float("nan"), float("nan"))
+    assert "No checkpoint is known good (step_4's weights gave step 7 a loss of 2e+29)" in str(diverged.value)
+
+    good = DivergenceWatch(tmp_path)
+    good.check(4, 2.0, 1.0)
+    good.no_update(5)
+    good.check(6, 2.5, 1.0)
+    with pytest.raises(TrainingDiverged) as diverged:
+        good.check(7, float("inf"), 1.0)
+    assert f"The last good checkpoint is {tmp_path / 'checkpoints' / 'step_4'} (the loss of step 6, computed from its " \
+        "weights, 2.5, was in range" in str(diverged.value)
 
 
 def _deliver(signum: int) -> None:

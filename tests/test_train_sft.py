@@ -251,7 +251,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(t
     # step 3's NaN loss was computed from the weights saved as step_2, so step_1 is the last one a loss vouches for
     first = out / "checkpoints" / "step_1"
     assert str(diverged.value).startswith("step 3: the loss is nan and the gradient norm inf")
-    assert f"The last good checkpoint is {first} (the loss of the step after it, " in str(diverged.value)
+    assert f"The last good checkpoint is {first} (the loss of step 2, computed from its weights, " in str(diverged.value)
     assert "not the later ones (step_2's weights gave step 3 a loss of nan)" in str(diverged.value)
     assert f"train.resume='{first}' continues from it" in str(diverged.value)
 
@@ -289,6 +289,10 @@ def test_a_step_whose_every_sample_was_skipped_makes_no_update_and_logs_no_loss(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(sft, "train_step", counted)
+    without_update = []
+    real_no_update = sft.DivergenceWatch.no_update
+    monkeypatch.setattr(sft.DivergenceWatch, "no_update",
+                        lambda watch, step: (without_update.append(step), real_no_update(watch, step))[1])  # fmt: skip
     out = tmp_path / "out"
     config = tiny_config(tiny_vl, data, out, "train.train_batch_per_replica=2", "train.mini_batch=1",
                          "train.max_steps=3", "model.model_max_length=128", "data.shuffle=false", "data.val_fraction=0",
@@ -296,6 +300,7 @@ def test_a_step_whose_every_sample_was_skipped_makes_no_update_and_logs_no_loss(
                          "train.optm_decay_type='linear'", "train.log_freq=1")  # fmt: skip
     result = run_sft(config)
     assert result.empty_steps == [2] and len(calls) == 2
+    assert without_update == [2]  # step 3's loss vouches for step 1's weights too (tests/test_train_loop_stop.py)
     assert result.losses[1] != result.losses[1] and result.losses[0] > 0 and result.losses[2] > 0
     rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     by_step = {row["step"]: row for row in rows if "train/lr" in row}

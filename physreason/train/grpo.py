@@ -650,6 +650,8 @@ def _run_grpo(
                 metrics["rollout/empty_step"] = 1.0
             train_s = time.perf_counter() - train_started
             step += 1
+            if "rollout/empty_step" in metrics:
+                divergence.no_update(step)
             if "loss" in metrics:  # reduced over ranks: every rank stops, before the weights reach the engine
                 try:
                     divergence.check(step, metrics["loss"], metrics["policy/grad_norm"])

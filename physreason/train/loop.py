@@ -205,6 +205,8 @@ class DivergenceWatch:
         self.output_dir = Path(output_dir)
         self.reference: float | None = None  # |loss| of the first step this process made
         self.next_loss: dict[int, tuple[float, bool]] = {}  # step -> (loss of the step after it, in range)
+        self.judged_by: dict[int, int] = {}  # step -> the step whose loss judged its weights (the next one that updated)
+        self.without_update: set[int] = set()  # steps that changed no weight (every sample skipped or dropped)
 
     def in_range(self, loss: float, grad_norm: float) -> bool:
         """Whether a step's loss and gradient norm show sound weights (see the class docstring)."""
@@ -219,7 +221,12 @@ class DivergenceWatch:
         Called before the step's checkpoint and weight sync: a NaN or infinite loss has already written NaN into the
         weights, and saving them would rotate a good checkpoint out for a useless one.
         """
-        self.next_loss[step - 1] = (loss, self.in_range(loss, grad_norm))
+        judged = (loss, self.in_range(loss, grad_norm))
+        previous = step - 1
+        self.next_loss[previous], self.judged_by[previous] = judged, step
+        while previous in self.without_update:  # its weights were the step's before it: the same loss judges them
+            previous -= 1
+            self.next_loss[previous], self.judged_by[previous] = judged, step
         if self.reference is None and math.isfinite(loss):
             self.reference = abs(loss)
         if math.isfinite(loss) and math.isfinite(grad_norm):
@@ -230,6 +237,11 @@ class DivergenceWatch:
             "rate of train.optm_lr and its warm-up, train.optm_grad_norm_clip)"
         )
 
+    def no_update(self, step: int) -> None:
+        """Step `step` changed no weight (every sample skipped or dropped): its weights are the step's before it, so
+        the next loss judges both (a checkpoint saved just before such a step is vouched for by that loss)."""
+        self.without_update.add(step)
+
     def last_good_text(self) -> str:
         """The sentence naming the last checkpoint on disk known good, or saying that none is and why."""
         found = checkpoint_dirs(self.output_dir)
@@ -239,7 +251,8 @@ class DivergenceWatch:
         good = [path for path in found if self.next_loss.get(steps[path], (0.0, False))[1]]
         after = [path for path in found if not good or steps[path] > steps[good[-1]]]
         judged = [
-            f"{path.name}'s weights gave step {steps[path] + 1} a loss of {self.next_loss[steps[path]][0]:.4g}"
+            f"{path.name}'s weights gave step {self.judged_by.get(steps[path], steps[path] + 1)} a loss of "
+            f"{self.next_loss[steps[path]][0]:.4g}"
             for path in after
             if steps[path] in self.next_loss
         ]
@@ -253,8 +266,8 @@ class DivergenceWatch:
         resume = "train.resume=true" if last == found[-1] else f"train.resume='{last}'"
         later = f"; not the later ones ({why})" if why else ""
         return (
-            f"The last good checkpoint is {last} (the loss of the step after it, {self.next_loss[steps[last]][0]:.4g}, "
-            f"was in range{later}); {resume} continues from it"
+            f"The last good checkpoint is {last} (the loss of step {self.judged_by[steps[last]]}, computed from its "
+            f"weights, {self.next_loss[steps[last]][0]:.4g}, was in range{later}); {resume} continues from it"
         )
 
 

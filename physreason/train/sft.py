@@ -565,6 +565,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
                 step += 1
                 result.empty_steps.append(step)
                 result.losses.append(math.nan)
+                divergence.no_update(step)
                 skipped = data_counts(result)
                 step_log.step(
                     step, {"train/lr": lr, "train/empty_steps": float(len(result.empty_steps)), **skipped},
