@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -105,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if (args.prompts * args.n) % args.mini_batch:
         parser.error(f"--mini-batch {args.mini_batch} must divide --prompts x --n = {args.prompts * args.n}")
     if args.checkpoint_every != "auto":
-        if not args.checkpoint_every.isdigit() or int(args.checkpoint_every) < 1:
+        if not re.fullmatch(r"[0-9]+", args.checkpoint_every) or int(args.checkpoint_every) < 1:
             parser.error(f"--checkpoint-every {args.checkpoint_every!r}: a whole number >= 1, or auto")
         args.checkpoint_every = str(int(args.checkpoint_every))
     return args
@@ -241,6 +242,7 @@ def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed:
 def run_physreason(spec: dict[str, Any], workload: str, packed: bool = True) -> dict[str, Any]:
     """One physreason GRPO run of the workload (packed rows, or padded ones); per-step figures from its metrics."""
     import physreason.models.loading as loading
+    import physreason.train.grpo as grpo_module
     from physreason.train.grpo import run_grpo
 
     started = time.perf_counter()
@@ -257,10 +259,21 @@ def run_physreason(spec: dict[str, Any], workload: str, packed: bool = True) -> 
         return applied
 
     loading.use_grouped_vision_attention = recorded_switch
+    # what train.checkpoint_every became at the start (a number, or what "auto" chose on this GPU)
+    chosen: list[int] = []
+    resolve = grpo_module.resolve_runtime_checkpoint_every
+
+    def recorded_resolve(*args: Any, **kwargs: Any):
+        resolved = resolve(*args, **kwargs)
+        chosen.append(resolved.train.checkpoint_every)
+        return resolved
+
+    grpo_module.resolve_runtime_checkpoint_every = recorded_resolve
     try:
         result = run_grpo(config)
     finally:
         loading.use_grouped_vision_attention = switch
+        grpo_module.resolve_runtime_checkpoint_every = resolve
     steps = []
     for metrics in result.metrics:
         samples = round(metrics["perf/samples_per_s"] * metrics["time/step_s"])
@@ -268,7 +281,8 @@ def run_physreason(spec: dict[str, Any], workload: str, packed: bool = True) -> 
         steps.append(step_record(metrics["time/step_s"], parts, own_train_s=metrics["time/train_s"], samples=samples,
                                  prompt_tokens=metrics["rollout/prompt_length_mean"] * samples,
                                  completion_tokens=metrics["rollout/response_length_mean"] * samples))  # fmt: skip
-    return run_record(started, steps, ", ".join(sorted(set(attention))) or "not recorded (the loader was not called)")
+    record = run_record(started, steps, ", ".join(sorted(set(attention))) or "not recorded (the loader was not called)")
+    return {**record, "checkpoint_every": chosen[0] if chosen else None}
 
 
 def step_record(step_s: float, parts: dict[str, float], **counts: Any) -> dict[str, Any]:
@@ -636,6 +650,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     for row in rows:
         if row.get("vision_attention"):
             print(f"vision attention, {row['side']} on {row['workload']}: {row['vision_attention']}")
+    for run in runs:
+        if run.get("checkpoint_every") is not None:
+            print(f"physreason's train.checkpoint_every on {run['workload']}, round {run['round'] + 1}: "
+                  f"{run['checkpoint_every']} (asked {args.checkpoint_every})")  # fmt: skip
     for name, value in ratios.items():
         print(f"samples/s ratio, {name}: {value:.2f}x")
     if "video" in workloads and "trl" in sides:

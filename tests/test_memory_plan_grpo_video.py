@@ -252,38 +252,55 @@ def test_the_prompt_shape_of_reason1_grounding_prompts_needs_no_decoded_frame(tm
     assert shape.videos == 1 and shape.images == 0 and shape.text_tokens > 0
 
 
-def _text_samples(groups: int, n: int, prompt: int, response: int) -> list[RolloutSample]:
-    """`groups` prompts of `prompt` token ids, each with n completions of `response` tokens (no visuals)."""
+def _text_samples(groups: int, n: int, prompt: int, lengths) -> list[RolloutSample]:
+    """`groups` prompts of `prompt` token ids, each with n completions of lengths(group, j) tokens (no visuals)."""
     samples = []
     for group in range(groups):
         ids = [10 + group] * prompt
         for j in range(n):
-            completion = Completion("-", [20 + j] * response, [-1.0] * response, "length")
+            length = lengths(group, j)
+            completion = Completion("-", [20 + j] * length, [-1.0] * length, "length")
             samples.append(RolloutSample(group, None, ids, completion, {"total": 0.0}, None, float(j)))
     return samples
 
 
 @pytest.mark.parametrize(
     ("packed", "mini_batch", "budget", "prompt"),
-    [(True, 64, 8192, 1030), (True, 64, 3000, 1030), (True, 64, 800, 1030), (True, 16, 0, 1030),
-     (False, 64, 8192, 1030), (False, 64, 900, 1030), (False, 12, 0, 300)],
+    [(True, 64, 8192, 1030), (True, 64, 3000, 1030), (True, 64, 800, 1030), (True, 16, 0, 1030), (True, 8, 8192, 600),
+     (False, 64, 8192, 1030), (False, 64, 900, 1030), (False, 12, 0, 300), (False, 8, 8192, 600)],
 )  # fmt: skip
-def test_grpo_micro_batch_under_a_token_budget_is_the_policy_updates_largest(packed, mini_batch, budget, prompt):
-    """The plan's micro-batch (rows, row length, completions a row) equals the largest one build_micro_batches makes
-    under grpo.mini_batch and grpo.mini_batch_tokens. The plan had left the token budget out: the image GRPO of
-    bench/grpo_vs_trl.py (64 completions, 8,192 tokens a pass) was planned as 8 packed rows where 2 run."""
+def test_grpo_micro_batch_bounds_every_pass_the_policy_update_makes(packed, mini_batch, budget, prompt):
+    """The plan's micro-batch bounds every pass build_micro_batches makes under grpo.mini_batch and
+    grpo.mini_batch_tokens, whatever the completions' lengths: its tokens, its longest row, the sum of its rows' L x L
+    (the packed mask) and its distinct visuals. The plan had left the token budget out (the image GRPO of
+    bench/grpo_vs_trl.py, 64 completions in passes of 8,192 tokens, planned as 8 packed rows of 3,078 tokens: refused);
+    a first fix planned full-length completions only, which shorter ones pass (review, 2026-11-29)."""
+    import random
+
     from physreason.train.memory import Layout, Workload, micro_batch
 
     n, response = 8, 256
-    samples = _text_samples(8, n, prompt, response)
-    batches = build_micro_batches(samples, 0, None, mini_batch, budget, pack=packed)
-    rows, length = max((b.model_batch.input_ids.shape for b in batches), key=lambda s: s[0] * s[1])
     workload = Workload(seq_len=8192, completions_per_prompt=n, prompt_tokens=prompt, response_tokens=response,
                         packed=packed, completions_per_step=64, mini_batch_tokens=budget)  # fmt: skip
     planned = micro_batch(Layout(gpus=1, distributed=False, mini_batch=mini_batch), workload)
-    assert (planned.rows, planned.row_tokens) == (rows, length)
-    if packed:
-        assert planned.per_row == (length - prompt) // response
+    draws = [lambda group, j: response, lambda group, j: 1]
+    for seed in range(12):
+        rng = random.Random(seed)
+        lengths = {(g, j): rng.choice([1, rng.randint(1, response), response]) for g in range(8) for j in range(n)}
+        draws.append(lambda group, j, lengths=lengths: lengths[(group, j)])
+    for lengths in draws:
+        samples = _text_samples(8, n, prompt, lengths)
+        for batch in build_micro_batches(samples, 0, None, mini_batch, budget, pack=packed):
+            rows, length = batch.model_batch.input_ids.shape
+            assert rows * length <= planned.tokens
+            assert length <= planned.row_tokens
+            prompts = set(batch.model_batch.input_ids[:, 0].tolist())  # each prompt's ids start with its own token
+            assert len(prompts) <= planned.visuals  # the tower encodes each distinct prompt's visual once
+            if packed:
+                assert rows * length * length <= planned.tokens * planned.row_tokens  # the [rows, 1, L, L] mask
+    # full-length completions in the bench's layout: the bound is the budget itself, not 8 rows of 3,078 tokens
+    if (packed, mini_batch, budget, prompt) == (True, 64, 8192, 1030):
+        assert (planned.tokens, planned.row_tokens) == (8192, 3078)
 
 
 def test_prompt_images_are_planned_at_the_sizes_the_loader_gives_them(tmp_path):
@@ -305,6 +322,12 @@ def test_prompt_images_are_planned_at_the_sizes_the_loader_gives_them(tmp_path):
     for name, (height, width) in sizes.items():
         Image.new("RGB", (width, height), (90, 30, 200)).save(tmp_path / name)
     (tmp_path / "broken.png").write_bytes(b"not an image")
+    # a DDS header whose pixel format PIL does not know: its plugin raises NotImplementedError, not OSError
+    dds = bytearray(b"DDS " + (124).to_bytes(4, "little") + bytes(120))
+    dds[8:12] = (0x1007).to_bytes(4, "little")  # caps, height, width, pixel format
+    dds[12:16], dds[16:20] = (64).to_bytes(4, "little"), (64).to_bytes(4, "little")
+    dds[76:80], dds[80:84] = (32).to_bytes(4, "little"), (24).to_bytes(4, "little")  # pixel format size 32, flags 24
+    (tmp_path / "odd.png").write_bytes(bytes(dds) + bytes(64 * 64 * 4))
 
     def tokens(name: str) -> int:
         height, width = load_image(tmp_path / name, config.vision, factor).shape[:2]
@@ -320,6 +343,7 @@ def test_prompt_images_are_planned_at_the_sizes_the_loader_gives_them(tmp_path):
     assert visual_tokens_per_row(config, shape, seen) == seen.image_tokens < 8192
     unreadable = prompt_shape(config, [prompt("sheet.png"), prompt("broken.png")], tokenizer)
     assert unreadable.image_tokens == pixel_budgets(config.vision, factor).image_max_pixels // factor**2 == 16384
+    assert prompt_shape(config, [prompt("sheet.png"), prompt("odd.png")], tokenizer).image_tokens == 16384
     assert visual_tokens_per_row(config, shape, unreadable) == 8192  # the budget, capped by the context
 
 

@@ -252,3 +252,35 @@ def test_trainers_build_the_model_with_the_number_auto_chose(tiny_model_dir, tmp
         config = grpo_recipe(tiny_model_dir, write_mcq_file(tmp_path), tmp_path / "out", *settings, lr="1e-4")
         grpo_module.run_grpo(config)
     assert seen and seen[0] == 2  # the tiny model's 2 blocks: only block 0 recomputed
+
+
+def test_every_process_takes_the_smallest_auto_choice(monkeypatch, capsys):
+    """Processes that chose different n (another GPU kind, an image header one rank could not read) all take the
+    smallest: under TP or CP a recomputed block repeats its collectives, so ranks recomputing different blocks hang."""
+    import torch
+
+    from physreason.train import memory_report
+    from physreason.train.runtime import Runtime
+
+    def others_chose_three(tensor, op=None, group=None):
+        assert op == torch.distributed.ReduceOp.MIN
+        tensor.fill_(min(int(tensor.item()), 3))
+
+    monkeypatch.setattr(memory_report, "choose_checkpoint_every", lambda *args, **kwargs: (7, "planned"))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "all_reduce", others_chose_three)
+    runtime = Runtime(rank=0, world_size=2, device=torch.device("cpu"), distributed=True)
+    resolved = memory_report.resolve_runtime_checkpoint_every(_auto_config(), runtime, "sft")
+    assert resolved.train.checkpoint_every == 3
+    assert "auto -> 3 (another process's choice, the smallest; this one's: 7, planned)" in capsys.readouterr().err
+    alone = Runtime(rank=0, world_size=1, device=torch.device("cpu"))
+    assert memory_report.resolve_runtime_checkpoint_every(_auto_config(), alone, "sft").train.checkpoint_every == 7
+
+
+def test_plans_of_an_unresolved_auto_recompute_every_block():
+    """recipe_layout (check_memory, bench/memory_plan.py) plans an unresolved "auto" as every block recomputed: the
+    most recompute, the least memory it could choose; it raised a TypeError in the plan's arithmetic."""
+    from physreason.train.memory_report import check_memory, recipe_layout
+
+    assert recipe_layout(_auto_config(), 8, True, "sft").checkpoint_every == 1
+    assert check_memory(_auto_config(), 8, True, "sft", None).layout.checkpoint_every == 1

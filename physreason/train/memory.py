@@ -122,6 +122,16 @@ class MicroBatch:
     packed: bool = False
     per_row: int = 0  # packed: completions a row holds
     prompt: int = 0  # packed: the prompt's tokens in each row
+    # the pass's tokens, padding included (at most rows x row_tokens; less where a token budget bounds the pass and
+    # shorter completions let more, shorter rows into it); 0: rows x row_tokens
+    tokens: int = 0
+    completions: int = 0  # packed: the completions the pass holds at most; 0: rows x per_row
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            object.__setattr__(self, "tokens", self.rows * self.row_tokens)
+        if not self.completions:
+            object.__setattr__(self, "completions", self.rows * self.per_row)
 
 
 def micro_batch(layout: Layout, workload: Workload) -> MicroBatch:
@@ -133,8 +143,11 @@ def micro_batch(layout: Layout, workload: Workload) -> MicroBatch:
     otherwise m rows of prompt + response (at most seq_len), their visuals the distinct prompts among m consecutive
     completions (ceil(m / n), one more when a micro-batch can straddle two groups). The lm_head runs one completion at
     a time (checkpointed), so the loss sees response_tokens rows at once.
-    With a token budget (mini_batch_tokens > 0) a packed row holds only the completions that fit beside its prompt (at
-    least one), and a micro-batch only the rows whose count times the row's length fits (at least one row).
+    With a token budget B (mini_batch_tokens > 0) build_micro_batches closes a pass when rows x its widest row would
+    pass B (a row alone may pass it) and a packed row when its prompt and completions would: a pass then holds at most
+    max(B, its longest row) tokens, rows of at most max(B, prompt + response) tokens, and, when completions end early,
+    more and shorter rows than full-length ones would give (up to B / (prompt + 1), each with its visual, and passes no
+    longer aligned with the groups). The plan takes those bounds, whatever the completions' lengths.
     """
     m = layout.mini_batch
     n = workload.completions_per_prompt
@@ -146,20 +159,25 @@ def micro_batch(layout: Layout, workload: Workload) -> MicroBatch:
     response = workload.response_tokens or workload.seq_len
     prompt = min(workload.prompt_tokens or workload.seq_len, workload.seq_len)
     budget = workload.mini_batch_tokens
-
-    def rows_within_budget(rows: int, row_tokens: int) -> int:
-        return min(rows, max(1, budget // row_tokens)) if budget > 0 else rows
-
     if workload.packed:
         per_row = min(n, m)
-        if budget > 0:
-            per_row = min(per_row, max(1, (budget - prompt) // response))
-        rows = rows_within_budget(-(-m // per_row), prompt + per_row * response)
-        return MicroBatch(rows, prompt + per_row * response, rows, response, packed=True, per_row=per_row, prompt=prompt)
-    row_tokens = min(prompt + response, workload.seq_len)
-    m = rows_within_budget(m, row_tokens)
-    visuals = min(m, -(-m // n) + (1 if m % n else 0))
-    return MicroBatch(m, row_tokens, visuals, response)
+        row = prompt + per_row * response
+        rows = -(-m // per_row)
+        if budget <= 0:
+            return MicroBatch(rows, row, rows, response, packed=True, per_row=per_row, prompt=prompt)
+        row = min(row, max(budget, prompt + response))
+        tokens = min(rows * row, max(budget, row))
+        rows = min(m, max(1, tokens // (prompt + 1)))  # each row holds its prompt and at least one completion token
+        return MicroBatch(rows, row, rows, response, packed=True, per_row=per_row, prompt=prompt, tokens=tokens,
+                          completions=min(m, rows * per_row))  # fmt: skip
+    row = min(prompt + response, workload.seq_len)
+    if budget <= 0:
+        visuals = min(m, -(-m // n) + (1 if m % n else 0))
+        return MicroBatch(m, row, visuals, response)
+    tokens = min(m * row, max(budget, row))
+    rows = min(m, max(1, tokens // (prompt + 1)))
+    visuals = min(rows, (rows - 1) // n + 2)  # passes cut by the budget straddle groups anywhere
+    return MicroBatch(rows, row, visuals, response, tokens=tokens)
 
 
 @dataclass
@@ -388,7 +406,7 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
     plan.parts["gathered weights"] = gathered
 
     batch = micro_batch(layout, workload)
-    tokens = batch.rows * -(-batch.row_tokens // layout.cp)  # this rank's slice of its rows
+    tokens = -(-batch.tokens // layout.cp)  # this rank's slice of its rows
     per_token = activation_bytes_per_token(
         shape.hidden, shape.heads * shape.head_dim // tp, shape.kv_heads * shape.head_dim // tp,
         shape.intermediate // tp, param_bytes, workload.compiled,
@@ -401,19 +419,20 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
         tokens, shape.layers, per_token, shape.hidden, param_bytes, layout.gradient_checkpointing
     )  # what the blocks that are not recomputed keep beyond the inputs every recomputed block would keep
     if layout.cp > 1:
-        plan.parts["activations"] += batch.rows * batch.row_tokens * shape.hidden * param_bytes
+        plan.parts["activations"] += batch.tokens * shape.hidden * param_bytes
     if batch.packed:
-        mask = batch.rows * batch.row_tokens * -(-batch.row_tokens // layout.cp)  # [rows, 1, L, L / cp] entries
+        # [rows, 1, L, L / cp] entries: the sum of each row's L x L / cp is at most the pass's tokens x its longest row
+        mask = batch.tokens * -(-batch.row_tokens // layout.cp)
         recomputed = checkpointed_blocks(shape.layers, layout.checkpoint_every) if layout.gradient_checkpointing else 0
         held = shape.layers - recomputed + 1 if recomputed else shape.layers  # blocks whose attention state is held
         if workload.packed_spans:
             # flash's variable-length call keeps its packed queries and output (H heads, the row's tokens), keys and
             # values (H_kv heads: the prompt once for itself and once per completion, then the completions) and the
             # float32 log-sum-exp of every query head
-            completions = batch.row_tokens - batch.prompt  # the completion tokens of a row
-            keys = (batch.per_row + 1) * batch.prompt + completions
-            entries = batch.rows * (2 * batch.row_tokens * shape.heads + 2 * keys * shape.kv_heads) * shape.head_dim
-            lse = batch.rows * batch.row_tokens * shape.heads * 4
+            # keys and values: every row's tokens, and its prompt once more for each of its completions
+            keys = batch.tokens + batch.completions * batch.prompt
+            entries = (2 * batch.tokens * shape.heads + 2 * keys * shape.kv_heads) * shape.head_dim
+            lse = batch.tokens * shape.heads * 4
             plan.parts["activations"] += mask + held * (entries * param_bytes + lse) // tp
         else:
             plan.parts["activations"] += mask + held * mask * param_bytes

@@ -57,7 +57,8 @@ def recipe_layout(config: Config, gpus: int, distributed: bool, job: Job) -> Lay
         cpu_offload=train.cpu_offload,
         optimizer_state_dtype=train.optimizer_state_dtype,
         gradient_checkpointing=train.gradient_checkpointing,
-        checkpoint_every=train.checkpoint_every,
+        # "auto" not resolved against a GPU yet (resolve_checkpoint_every): planned as every block, the most recompute
+        checkpoint_every=1 if train.checkpoint_every == "auto" else train.checkpoint_every,
         vision_checkpoint_every=train.vision_checkpoint_every,
         mini_batch=config.grpo.mini_batch if job == "grpo" else train.mini_batch,
     )
@@ -129,10 +130,16 @@ def prompt_shape(config: Config, prompts: Sequence[Any], tokenizer: Any, longest
     )
 
 
+# prompt_image_tokens reads at most this many image headers (about 50 us each from the page cache, milliseconds on a
+# cold network file system); the images past it count at the image budget
+MAX_IMAGE_HEADERS = 20_000
+
+
 def prompt_image_tokens(config: Config, prompts: Sequence[Any]) -> int | None:
     """The most visual tokens the images of one of `prompts` bring, each at the size load_image resizes it to (its
-    side lengths read from the file's header, the pixels not decoded). An image whose header cannot be read counts
-    at the image budget (its loader names the file when the run reaches it). None for a model without a tower."""
+    side lengths read from the file's header, the pixels not decoded). An image whose header cannot be read (any
+    error: a damaged or odd file) counts at the image budget, as do the images past the first MAX_IMAGE_HEADERS
+    distinct files; its loader names a bad file when the run reaches it. None for a model without a tower."""
     from PIL import Image
 
     shape = read_model_shape(config.model)
@@ -145,12 +152,14 @@ def prompt_image_tokens(config: Config, prompts: Sequence[Any]) -> int | None:
 
     def tokens(path: Any) -> int:
         if path not in seen:
+            if len(seen) >= MAX_IMAGE_HEADERS:
+                return budget_tokens
             try:
                 with Image.open(path) as image:
                     width, height = image.size
                 side, other = smart_resize(height, width, factor, budgets.image_min_pixels, budgets.image_max_pixels)
                 seen[path] = side * other // factor**2
-            except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+            except Exception:  # noqa: BLE001 - PIL's plugins raise many kinds on odd headers; the budget bounds them
                 seen[path] = budget_tokens
         return seen[path]
 
@@ -308,6 +317,39 @@ def refusal(plan: MemoryPlan, gpu_bytes: int, fitting: list[MemoryPlan], job: Jo
 AUTO_RECOMPUTE_FREE = 0.10
 
 
+def choose_checkpoint_every(
+    config: Config, gpus: int, distributed: bool, job: Job, gpu_bytes: int | None, prompts: PromptShape | None = None
+) -> tuple[int, str]:
+    """What train.checkpoint_every = "auto" becomes for `config` on GPUs of `gpu_bytes`, and why.
+
+    With gradient checkpointing on and a GPU: the largest n (the fewest decoder blocks recomputed, the least compute
+    spent again) whose plan leaves AUTO_RECOMPUTE_FREE of the GPU free; 1 (every block) when none does, so the usual
+    check then refuses or passes as for an explicit 1. Without a GPU (None) or without checkpointing: 1."""
+    if not config.train.gradient_checkpointing:
+        return 1, "train.gradient_checkpointing is off: nothing is recomputed"
+    if gpu_bytes is None:
+        return 1, "no GPU to plan against: every block"
+    shape = read_model_shape(config.model)
+    recipe = recipe_layout(config, gpus, distributed, job)  # "auto" planned as 1 there
+    workload = recipe_workload(config, shape, job, gpu_bytes, prompts)
+    limit = gpu_bytes * (1 - AUTO_RECOMPUTE_FREE)
+    for candidate in range(max(shape.layers, 1), 0, -1):  # fewest recomputed blocks first
+        total = plan_memory(shape, replace(recipe, checkpoint_every=candidate), workload).total
+        if total <= limit:
+            recomputed = checkpointed_blocks(shape.layers, candidate)
+            return candidate, (f"{recomputed} of {shape.layers} decoder blocks recomputed, the fewest whose plan "
+                               f"({gib(total)} GiB) leaves {AUTO_RECOMPUTE_FREE:.0%} of {gib(gpu_bytes)} GiB free")  # fmt: skip
+    return 1, (f"even every block recomputed plans over {gib(int(limit))} GiB ({1 - AUTO_RECOMPUTE_FREE:.0%} of "
+               f"{gib(gpu_bytes)}): every block")  # fmt: skip
+
+
+def with_checkpoint_every(config: Config, every: int) -> Config:
+    """A copy of `config` with train.checkpoint_every = `every`."""
+    resolved = config.model_copy(deep=True)
+    resolved.train.checkpoint_every = every
+    return resolved
+
+
 def resolve_checkpoint_every(
     config: Config,
     gpus: int,
@@ -317,51 +359,37 @@ def resolve_checkpoint_every(
     prompts: PromptShape | None = None,
     console=None,
 ) -> Config:
-    """`config` with train.checkpoint_every = "auto" made a number (any other value: `config` itself).
-
-    With gradient checkpointing on and a GPU of `gpu_bytes`: the largest n (the fewest decoder blocks recomputed, the
-    least compute spent again) whose plan leaves AUTO_RECOMPUTE_FREE of the GPU free; 1 (every block) when none does,
-    so the usual check then refuses or passes as for an explicit 1. Without a GPU (None) or without checkpointing: 1.
-    Every process plans the same numbers, so all choose the same n. Says what it chose on `console`."""
-    train = config.train
-    if train.checkpoint_every != "auto":
+    """`config` with train.checkpoint_every = "auto" made a number (choose_checkpoint_every); any other value:
+    `config` itself. Says what it chose on `console`."""
+    if config.train.checkpoint_every != "auto":
         return config
-    every, why = 1, "no GPU to plan against: every block"
-    if not train.gradient_checkpointing:
-        why = "train.gradient_checkpointing is off: nothing is recomputed"
-    elif gpu_bytes is not None:
-        shape = read_model_shape(config.model)
-        every_block = config.model_copy(deep=True)
-        every_block.train.checkpoint_every = 1
-        recipe = recipe_layout(every_block, gpus, distributed, job)
-        workload = recipe_workload(every_block, shape, job, gpu_bytes, prompts)
-        limit = gpu_bytes * (1 - AUTO_RECOMPUTE_FREE)
-        why = (f"even every block recomputed plans over {gib(int(limit))} GiB ({1 - AUTO_RECOMPUTE_FREE:.0%} of "
-               f"{gib(gpu_bytes)}): every block")  # fmt: skip
-        for candidate in range(max(shape.layers, 1), 0, -1):  # fewest recomputed blocks first
-            total = plan_memory(shape, replace(recipe, checkpoint_every=candidate), workload).total
-            if total <= limit:
-                every = candidate
-                recomputed = checkpointed_blocks(shape.layers, candidate)
-                why = (f"{recomputed} of {shape.layers} decoder blocks recomputed, the fewest whose plan "
-                       f"({gib(total)} GiB) leaves {AUTO_RECOMPUTE_FREE:.0%} of {gib(gpu_bytes)} GiB free")  # fmt: skip
-                break
+    every, why = choose_checkpoint_every(config, gpus, distributed, job, gpu_bytes, prompts)
     if console is not None:
         console.print(f"train.checkpoint_every = auto -> {every} ({why})")
-    resolved = config.model_copy(deep=True)
-    resolved.train.checkpoint_every = every
-    return resolved
+    return with_checkpoint_every(config, every)
 
 
 def resolve_runtime_checkpoint_every(
     config: Config, runtime: Runtime, job: Job, prompts: PromptShape | None = None
 ) -> Config:
-    """resolve_checkpoint_every at a trainer's start, against this process's GPU (None on CPU)."""
+    """resolve_checkpoint_every at a trainer's start, against this process's GPU (None on CPU). Under torchrun or Ray
+    every process then takes the smallest n any of them chose (the most recompute), so that all recompute the same
+    blocks: under tensor or context parallelism a recomputed block repeats its collectives, and ranks that differed
+    would wait on each other for good."""
+    if config.train.checkpoint_every != "auto":
+        return config
     gpu_bytes = None
     if runtime.device.type == "cuda":
         gpu_bytes = torch.cuda.get_device_properties(runtime.device).total_memory
-    console = make_console(stderr=True) if runtime.is_main else None
-    return resolve_checkpoint_every(config, runtime.world_size, runtime.distributed, job, gpu_bytes, prompts, console)
+    every, why = choose_checkpoint_every(config, runtime.world_size, runtime.distributed, job, gpu_bytes, prompts)
+    if runtime.distributed and torch.distributed.is_initialized():
+        smallest = torch.tensor([every], dtype=torch.int64, device=runtime.device)
+        torch.distributed.all_reduce(smallest, op=torch.distributed.ReduceOp.MIN)
+        if int(smallest.item()) != every:
+            every, why = int(smallest.item()), f"another process's choice, the smallest; this one's: {every}, {why}"
+    if runtime.is_main:
+        make_console(stderr=True).print(f"train.checkpoint_every = auto -> {every} ({why})")
+    return with_checkpoint_every(config, every)
 
 
 def check_runtime_memory(config: Config, runtime: Runtime, job: Job, prompts: PromptShape | None = None) -> MemoryPlan:
