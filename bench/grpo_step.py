@@ -36,6 +36,9 @@ def main() -> None:
                         help="grpo.packed_attention: sdpa under the rows' [L, L] mask (physreason's default) or the "
                              "rows as variable-length sequences in one flash-attention call a layer")
     parser.add_argument("--compile", action="store_true", help="train.compile: the policy's decoder blocks compiled")
+    parser.add_argument("--checkpoint-every", default="1", choices=["auto", *map(str, range(1, 65))],
+                        help="train.checkpoint_every with recomputation on (a GPU): n, or auto (the fewest recomputed "
+                             "decoder blocks whose plan leaves a tenth of the GPU free)")
     parser.add_argument("--cuda-graph-sizes", choices=["vllm", "batch"], default="vllm",
                         help="engine.cuda_graph_sizes: vLLM's ~50 sizes, or a round's completions and the powers of "
                              "two below (a shorter start, notably for an FP8 engine)")
@@ -60,6 +63,7 @@ def main() -> None:
     settings += [f"train.gradient_checkpointing={'true' if bf16 else 'false'}",
                  f"rollout.quantization='{args.quantization}'", f"grpo.packed_attention='{args.packed_attention}'",
                  f"train.compile={'true' if args.compile else 'false'}",
+                 "train.checkpoint_every=" + ("'auto'" if args.checkpoint_every == "auto" else args.checkpoint_every),
                  f"engine.cuda_graph_sizes='{args.cuda_graph_sizes}'"]  # fmt: skip
     config = load_config(None, settings)
     device_kind = torch.device("cuda" if torch.cuda.is_available() else "cpu")
