@@ -16,6 +16,7 @@ One GPU:   sft-sync-saves, sft-async-saves (three saves each, then a resume from
            fsdp2-torchrun (FSDP2 on a one-rank mesh under torchrun 1: train.one_rank_precision = 'legacy', since one
            process now trains without FSDP2 by default), hf-generate, grpo-step
 Two GPUs:  dp2, tp2, cp2: torchrun over NCCL against one process, 3 steps, losses within 1e-3 relative;
+           dp2-skips (samples skipped on one rank, on both, and a rank with only skipped ones: counts over NCCL);
            float8-all-gather-dp2 (tensorwise weights all-gathered in float8, scales precomputed after each step)
 --vllm:    vllm-generate, vllm-weight-push (the engine's output follows pushed weights), vllm-fp8-rollout,
            vllm-close (close() gives the GPU memory back; a second engine in the process answers as the first)
@@ -100,6 +101,8 @@ CHECKS = (
     Check("hf-generate"),
     Check("grpo-step"),
     Check("dp2", gpus=2, settings=("policy.parallelism.dp_shard_size=2",)),
+    # samples skipped on one rank only, a step skipped on every rank, a step where one rank has only skipped samples
+    Check("dp2-skips", gpus=2, settings=("policy.parallelism.dp_shard_size=2",)),
     Check("tp2", gpus=2, settings=("policy.parallelism.tp_size=2", "policy.parallelism.dp_shard_size=1")),
     Check("cp2", gpus=2, settings=("policy.parallelism.cp_size=2", "policy.parallelism.dp_shard_size=1")),
     Check("vllm-generate", needs="vllm", cuda_only=True, min_timeout=300),
@@ -255,6 +258,39 @@ def image_records(work: Path, count: int = 8) -> Path:
                 {"role": "assistant", "content": "<think>tilted</think><answer>yes</answer>"}]})  # fmt: skip
         records.write_text("\n".join(json.dumps(r) for r in rows))
     return records
+
+
+# dp2-skips: 12 records in order, 2 a rank a step; these are too long for the context (no answer token fits): step 1 one
+# on rank 1, step 2 all four (a step without an update), step 3 both of rank 0's (it trains on filler while rank 1
+# trains)
+SKIPPED_RECORDS = (3, 4, 5, 6, 7, 8, 9)
+
+
+def check_skips(model: Path, work: Path, timeout: float, settings: tuple[str, ...]) -> str:
+    """SFT over 2 ranks where samples are skipped on one rank, on both, and where one rank has nothing left: the
+    step's counts (one all-reduce) and skip reasons (gathered at steps with skips) travel over NCCL, the step of only
+    skipped samples makes no update, and the run ends with the global counts."""
+    import math
+
+    data = work / "skips.jsonl"
+    rows = [{"conversations": [
+        {"role": "user", "content": ("word " * 400 if i in SKIPPED_RECORDS else "") + f"Does box {i} slide down the ramp?"},
+        {"role": "assistant", "content": "<think>steep</think><answer>yes</answer>"}]} for i in range(12)]  # fmt: skip
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = work / "dp2-skips"
+    losses = torchrun(work, 2, base_settings(model, data, out, steps=3) + [
+        "train.ckpt.enable_checkpoint=false", "model.model_max_length=128", "data.shuffle=false",
+        "data.val_fraction=0", "train.log_freq=1", *settings], timeout)  # fmt: skip
+    if len(losses) != 3 or not (math.isfinite(losses[0]) and math.isnan(losses[1]) and math.isfinite(losses[2])):
+        raise AssertionError(f"wanted a loss, no loss (every sample skipped) and a loss, got {losses}")
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    by_step = {row["step"]: row for row in rows if "train/lr" in row}
+    skipped = sum(value for key, value in by_step[3].items() if key.startswith("skipped/"))
+    empty = by_step[2].get("train/empty_steps")
+    if skipped != len(SKIPPED_RECORDS) or empty != 1.0:
+        raise AssertionError(f"after step 3: {skipped:g} skipped (wanted {len(SKIPPED_RECORDS)} over both ranks); "
+                             f"step 2 logged empty steps {empty} (wanted 1)")  # fmt: skip
+    return f"losses {losses[0]:.4f}, -, {losses[2]:.4f}; {skipped:g} skipped over both ranks, 1 step without an update"
 
 
 def check_compiled_vision(model: Path, work: Path, settings: tuple[str, ...]) -> str:
@@ -757,6 +793,8 @@ def run_check(check: Check, work: Path, timeout: float) -> str:
         return check_generate(model)
     if name == "grpo-step":
         return check_grpo(model, mcq, work)
+    if name == "dp2-skips":
+        return check_skips(model, work, timeout, check.settings)
     if name in ("dp2", "tp2", "cp2"):
         common = base_settings(model, chat, work / name, steps=3) + ["train.ckpt.enable_checkpoint=false",
                                                                      "model.dtype='float32'", "train.param_dtype='float32'"]

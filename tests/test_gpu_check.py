@@ -67,6 +67,14 @@ def test_the_torchrun_worker_trains_fsdp2_on_one_rank(tmp_path):
     assert " pass fsdp2-torchrun " in done.stdout and "FSDP2 on a one-rank mesh" in done.stdout, done.stdout
 
 
+def test_the_skips_check_counts_both_ranks_skips_and_the_step_without_an_update(tmp_path):
+    # dp2-skips runs on 2 gloo processes here (NCCL on a GPU machine): a skip on rank 1 only, a step of only skipped
+    # samples, then rank 0 with nothing left while rank 1 trains; the counts are the global batch's
+    done = run(tmp_path, "--only", "dp2-skips", "--timeout", "240")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " pass dp2-skips " in done.stdout and "7 skipped over both ranks, 1 step without an update" in done.stdout
+
+
 def test_jobs_run_one_gpu_checks_at_once_and_keep_the_json_in_list_order(tmp_path):
     done = run(tmp_path, "--only", "chunked-loss,hf-generate,float8-rowwise", "--jobs", "2")
     assert done.returncode == 0, done.stdout + done.stderr
