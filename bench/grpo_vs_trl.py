@@ -215,6 +215,7 @@ def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed:
     from physreason.config import load_config
 
     bf16, completions = spec["bf16"], spec["prompts"] * spec["n"]
+    every = spec.get("checkpoint_every", "1")  # train.checkpoint_every: a whole number as text, or "auto"
     overrides = harness.grpo_settings(spec["model"], spec["data"]["files"][workload], output, SimpleNamespace(**spec),
                               spec["engine"], bf16, spec["warmup"] + spec["steps"], 8192)  # fmt: skip
     overrides += [
@@ -227,8 +228,7 @@ def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed:
         f"grpo.pack_completions={'true' if packed else 'false'}", "grpo.loss_agg_mode='token-mean'",
         f"grpo.packed_attention='{spec.get('packed_attention', 'mask') if packed else 'mask'}'",
         f"train.compile={'true' if spec.get('compile') else 'false'}",
-        f"train.checkpoint_every={json.dumps(str(spec.get('checkpoint_every', '1')))}"
-        if spec.get("checkpoint_every", "1") == "auto" else f"train.checkpoint_every={spec.get('checkpoint_every', '1')}",
+        f"train.checkpoint_every={every if every != 'auto' else repr(every)}",
         f"train.compile_vision={'true' if spec.get('compile') and workload != 'text' else 'false'}",
         "grpo.epsilon_low=0.2", "grpo.epsilon_high=0.2", "grpo.kl_beta=0.0", "grpo.mu_iterations=1",
         "grpo.shuffle_options=false",
