@@ -80,14 +80,30 @@ def main() -> None:
             if step == total_steps:
                 profiler.__exit__(None, None, None)
 
-    result = run_grpo(config, on_step=on_step)
+    import physreason.train.grpo as grpo_module
+
+    chosen: list[int] = []  # what train.checkpoint_every became at the start ("auto": the plan's choice on this GPU)
+    resolve = grpo_module.resolve_runtime_checkpoint_every
+
+    def recorded_resolve(*args, **kwargs):
+        resolved = resolve(*args, **kwargs)
+        chosen.append(resolved.train.checkpoint_every)
+        return resolved
+
+    grpo_module.resolve_runtime_checkpoint_every = recorded_resolve
+    try:
+        result = run_grpo(config, on_step=on_step)
+    finally:
+        grpo_module.resolve_runtime_checkpoint_every = resolve
     timed = result.metrics[args.warmup : args.warmup + args.steps]
     row = {key: statistics.median(m[key] for m in timed) for key in (*TIMES, "perf/samples_per_s")}
     row["rollout/response_length_mean"] = statistics.mean(m["rollout/response_length_mean"] for m in timed)
     # mean |policy - engine| log-prob of the sampled tokens: what FP8 rollouts add to the engine/policy gap
     row["rollout/logprob_mismatch"] = statistics.mean(m["rollout/logprob_mismatch"] for m in timed)
+    row["train/checkpoint_every"] = chosen[0] if chosen else None
     print(f"GRPO step on {info['device']}, engine {backend} (rollout quantization {args.quantization}, packed "
-          f"attention from the {args.packed_attention}{', compiled blocks' if args.compile else ''}), {args.prompts} "
+          f"attention from the {args.packed_attention}{', compiled blocks' if args.compile else ''}, checkpoint_every "
+          f"{row['train/checkpoint_every']} (asked {args.checkpoint_every})), {args.prompts} "
           f"prompts x {args.n} completions, {args.response_len} new tokens max (median of {len(timed)} steps)")
     print(f"{'part':<12}{'seconds':>10}{'share':>8}")
     for key in TIMES[:-1]:

@@ -652,7 +652,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             print(f"vision attention, {row['side']} on {row['workload']}: {row['vision_attention']}")
     for run in runs:
         if run.get("checkpoint_every") is not None:
-            print(f"physreason's train.checkpoint_every on {run['workload']}, round {run['round'] + 1}: "
+            print(f"train.checkpoint_every, {run['side']} on {run['workload']}, round {run['round'] + 1}: "
                   f"{run['checkpoint_every']} (asked {args.checkpoint_every})")  # fmt: skip
     for name, value in ratios.items():
         print(f"samples/s ratio, {name}: {value:.2f}x")

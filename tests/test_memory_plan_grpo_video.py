@@ -298,6 +298,24 @@ def test_grpo_micro_batch_bounds_every_pass_the_policy_update_makes(packed, mini
             assert len(prompts) <= planned.visuals  # the tower encodes each distinct prompt's visual once
             if packed:
                 assert rows * length * length <= planned.tokens * planned.row_tokens  # the [rows, 1, L, L] mask
+    # prompts shorter than the longest (whose length the plan takes) let more rows into a pass, each with a visual:
+    # the plan bounds those rows by the visual's size (a review found 6 visuals in a pass planned for 5)
+    if budget:
+        visual = 700
+        varied = Workload(seq_len=8192, completions_per_prompt=n, prompt_tokens=visual + 400, response_tokens=response,
+                          packed=packed, completions_per_step=64, mini_batch_tokens=budget, vision_tokens=visual)  # fmt: skip
+        bound = micro_batch(Layout(gpus=1, distributed=False, mini_batch=mini_batch), varied)
+        for seed in range(7):
+            rng = random.Random(seed)
+            # seed 0: every prompt at its shortest, one-token completions (all 8 packed rows fit one pass of 8,192)
+            lengths = {g: visual + 1 if seed == 0 else rng.randint(visual + 1, visual + 400) for g in range(8)}
+            draw = {(g, j): 1 if seed == 0 else rng.choice([1, 16, response]) for g in range(8) for j in range(n)}
+            samples = _text_samples(8, n, visual + 400, lambda group, j, draw=draw: draw[(group, j)])
+            for sample in samples:
+                sample.prompt_ids = sample.prompt_ids[: lengths[sample.group]]
+            for batch in build_micro_batches(samples, 0, None, mini_batch, budget, pack=packed):
+                assert batch.model_batch.input_ids.shape[0] * batch.model_batch.input_ids.shape[1] <= bound.tokens
+                assert len(set(batch.model_batch.input_ids[:, 0].tolist())) <= bound.visuals
     # full-length completions in the bench's layout: the bound is the budget itself, not 8 rows of 3,078 tokens
     if (packed, mini_batch, budget, prompt) == (True, 64, 8192, 1030):
         assert (planned.tokens, planned.row_tokens) == (8192, 3078)
@@ -397,3 +415,39 @@ def test_physreason_plan_says_the_image_tokens_it_read(tmp_path, tiny_model_dir)
     assert factor == 28  # Qwen2.5-VL: 560 x 1176 is already a multiple of it, inside the budget
     tokens = (560 // factor) * (1176 // factor)
     assert f"1 image(s) ({tokens} image tokens at their sizes)" in result.output, result.output
+
+
+def test_two_groups_of_the_same_text_prompt_stay_two_packed_rows():
+    """prompt_rows joined consecutive samples with equal ids and no visuals: the same text prompt drawn twice in a row
+    became one row of 2n completions, longer than the plan's rows of one group (review, 2026-11-29)."""
+    from physreason.train.policy import prompt_rows
+
+    samples = _text_samples(3, 4, 20, lambda group, j: 5)
+    for sample in samples:
+        sample.prompt_ids = samples[0].prompt_ids  # every group the same prompt text
+    assert prompt_rows(samples) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+
+
+def test_packed_mask_under_context_parallelism_is_planned_whole_on_every_rank():
+    """Every context-parallel rank holds the rows' whole [rows, 1, L, L] mask (Ulysses attends over all L for its
+    heads); the plan had divided it by cp."""
+    from transformers import AutoConfig
+
+    from physreason.models.sizes import shape_from_hf_config
+    from physreason.models.tiny import save_tiny_model
+    from physreason.train.memory import Layout, Workload, micro_batch
+
+    shape = shape_from_hf_config(AutoConfig.from_pretrained(save_tiny_model("qwen2_5_vl", "/tmp/physreason-cp-mask-model")))
+    workload = Workload(seq_len=8192, completions_per_prompt=8, prompt_tokens=512, response_tokens=256, packed=True,
+                        completions_per_step=64, param_dtype="float32", train_vision=False)  # fmt: skip
+    plans = {}
+    for cp in (1, 2):
+        layout = Layout(gpus=cp, distributed=cp > 1, cp=cp, mini_batch=8, gradient_checkpointing=False)
+        batch = micro_batch(layout, workload)
+        mask = batch.tokens * batch.row_tokens  # one row of 2,560 tokens (a multiple of 2): [1, 1, L, L]
+        plans[cp] = plan_memory(shape, layout, workload).parts["activations"], mask, batch.tokens
+    (one, mask, tokens), (two, _, _) = plans[1], plans[2]
+    # cp 2 halves each rank's tokens but not the mask, which every held block also keeps in param dtype (float32 here);
+    # each cp rank also keeps the whole rows' embeddings
+    masks = mask + shape.layers * mask * 4
+    assert one - masks == 2 * (two - masks - tokens * shape.hidden * 4)

@@ -146,8 +146,9 @@ def micro_batch(layout: Layout, workload: Workload) -> MicroBatch:
     With a token budget B (mini_batch_tokens > 0) build_micro_batches closes a pass when rows x its widest row would
     pass B (a row alone may pass it) and a packed row when its prompt and completions would: a pass then holds at most
     max(B, its longest row) tokens, rows of at most max(B, prompt + response) tokens, and, when completions end early,
-    more and shorter rows than full-length ones would give (up to B / (prompt + 1), each with its visual, and passes no
-    longer aligned with the groups). The plan takes those bounds, whatever the completions' lengths.
+    more and shorter rows than full-length ones would give (up to B / (prompt + 1), and up to B / (visual + 1) with a
+    visual each where prompts are shorter than the longest; passes no longer aligned with the groups). The plan takes
+    those bounds, whatever the completions' and the prompts' lengths.
     """
     m = layout.mini_batch
     n = workload.completions_per_prompt
@@ -159,6 +160,7 @@ def micro_batch(layout: Layout, workload: Workload) -> MicroBatch:
     response = workload.response_tokens or workload.seq_len
     prompt = min(workload.prompt_tokens or workload.seq_len, workload.seq_len)
     budget = workload.mini_batch_tokens
+    visual = min(workload.vision_tokens, workload.seq_len)  # one prompt's visual tokens, as the vision part plans them
     if workload.packed:
         per_row = min(n, m)
         row = prompt + per_row * response
@@ -168,16 +170,24 @@ def micro_batch(layout: Layout, workload: Workload) -> MicroBatch:
         row = min(row, max(budget, prompt + response))
         tokens = min(rows * row, max(budget, row))
         rows = min(m, max(1, tokens // (prompt + 1)))  # each row holds its prompt and at least one completion token
-        return MicroBatch(rows, row, rows, response, packed=True, per_row=per_row, prompt=prompt, tokens=tokens,
-                          completions=min(m, rows * per_row))  # fmt: skip
+        return MicroBatch(rows, row, rows_with_visuals(m, tokens, visual, rows), response, packed=True,
+                          per_row=per_row, prompt=prompt, tokens=tokens, completions=min(m, rows * per_row))  # fmt: skip
     row = min(prompt + response, workload.seq_len)
     if budget <= 0:
         visuals = min(m, -(-m // n) + (1 if m % n else 0))
         return MicroBatch(m, row, visuals, response)
     tokens = min(m * row, max(budget, row))
     rows = min(m, max(1, tokens // (prompt + 1)))
-    visuals = min(rows, (rows - 1) // n + 2)  # passes cut by the budget straddle groups anywhere
+    with_visuals = rows_with_visuals(m, tokens, visual, rows)
+    visuals = min(with_visuals, (with_visuals - 1) // n + 2)  # passes cut by the budget straddle groups anywhere
     return MicroBatch(rows, row, visuals, response, tokens=tokens)
+
+
+def rows_with_visuals(m: int, tokens: int, visual: int, rows: int) -> int:
+    """Most rows of a budgeted pass of `tokens` that can each bring a visual of `visual` tokens: a row holding one is
+    at least visual + 1 tokens long (prompts shorter than the longest, whose length `rows` was counted from, let
+    more such rows in); `rows` when there are no visuals."""
+    return min(m, max(1, tokens // (visual + 1))) if visual > 0 else rows
 
 
 @dataclass
@@ -421,8 +431,10 @@ def plan_memory(shape: ModelShape, layout: Layout, workload: Workload, rank: int
     if layout.cp > 1:
         plan.parts["activations"] += batch.tokens * shape.hidden * param_bytes
     if batch.packed:
-        # [rows, 1, L, L / cp] entries: the sum of each row's L x L / cp is at most the pass's tokens x its longest row
-        mask = batch.tokens * -(-batch.row_tokens // layout.cp)
+        # [rows, 1, L, L] entries (under context parallelism every rank holds the whole rows' mask: Ulysses attends
+        # over all L for its heads), L padded to a multiple of cp; the sum of the rows' L x L is at most the pass's
+        # tokens x its longest row
+        mask = batch.tokens * -(-batch.row_tokens // layout.cp) * layout.cp
         recomputed = checkpointed_blocks(shape.layers, layout.checkpoint_every) if layout.gradient_checkpointing else 0
         held = shape.layers - recomputed + 1 if recomputed else shape.layers  # blocks whose attention state is held
         if workload.packed_spans:

@@ -230,13 +230,15 @@ def _completion_batch(
 
 
 def prompt_rows(samples: list[RolloutSample]) -> list[list[int]]:
-    """Indexes of the samples each packed row holds: runs of consecutive samples with the same prompt and visuals."""
+    """Indexes of the samples each packed row holds: runs of consecutive samples of one group (the same prompt and
+    visuals). Two groups of the same text prompt drawn one after the other stay two rows: a row holds at most one
+    group's completions, as the memory plan counts them."""
     rows: list[list[int]] = []
     for index, sample in enumerate(samples):
         if rows:
             first = samples[rows[-1][0]]
             same_ids = first.prompt_ids is sample.prompt_ids or first.prompt_ids == sample.prompt_ids
-            if same_ids and first.visuals is sample.visuals:
+            if first.group == sample.group and same_ids and first.visuals is sample.visuals:
                 rows[-1].append(index)
                 continue
         rows.append([index])
