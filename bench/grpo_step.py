@@ -80,21 +80,8 @@ def main() -> None:
             if step == total_steps:
                 profiler.__exit__(None, None, None)
 
-    import physreason.train.grpo as grpo_module
-
-    chosen: list[int] = []  # what train.checkpoint_every became at the start ("auto": the plan's choice on this GPU)
-    resolve = grpo_module.resolve_runtime_checkpoint_every
-
-    def recorded_resolve(*args, **kwargs):
-        resolved = resolve(*args, **kwargs)
-        chosen.append(resolved.train.checkpoint_every)
-        return resolved
-
-    grpo_module.resolve_runtime_checkpoint_every = recorded_resolve
-    try:
+    with harness.recorded_checkpoint_every() as chosen:
         result = run_grpo(config, on_step=on_step)
-    finally:
-        grpo_module.resolve_runtime_checkpoint_every = resolve
     timed = result.metrics[args.warmup : args.warmup + args.steps]
     row = {key: statistics.median(m[key] for m in timed) for key in (*TIMES, "perf/samples_per_s")}
     row["rollout/response_length_mean"] = statistics.mean(m["rollout/response_length_mean"] for m in timed)

@@ -242,7 +242,6 @@ def physreason_config(spec: dict[str, Any], workload: str, output: Path, packed:
 def run_physreason(spec: dict[str, Any], workload: str, packed: bool = True) -> dict[str, Any]:
     """One physreason GRPO run of the workload (packed rows, or padded ones); per-step figures from its metrics."""
     import physreason.models.loading as loading
-    import physreason.train.grpo as grpo_module
     from physreason.train.grpo import run_grpo
 
     started = time.perf_counter()
@@ -259,21 +258,11 @@ def run_physreason(spec: dict[str, Any], workload: str, packed: bool = True) -> 
         return applied
 
     loading.use_grouped_vision_attention = recorded_switch
-    # what train.checkpoint_every became at the start (a number, or what "auto" chose on this GPU)
-    chosen: list[int] = []
-    resolve = grpo_module.resolve_runtime_checkpoint_every
-
-    def recorded_resolve(*args: Any, **kwargs: Any):
-        resolved = resolve(*args, **kwargs)
-        chosen.append(resolved.train.checkpoint_every)
-        return resolved
-
-    grpo_module.resolve_runtime_checkpoint_every = recorded_resolve
     try:
-        result = run_grpo(config)
+        with harness.recorded_checkpoint_every() as chosen:  # what train.checkpoint_every became at the start
+            result = run_grpo(config)
     finally:
         loading.use_grouped_vision_attention = switch
-        grpo_module.resolve_runtime_checkpoint_every = resolve
     steps = []
     for metrics in result.metrics:
         samples = round(metrics["perf/samples_per_s"] * metrics["time/step_s"])

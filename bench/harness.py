@@ -8,6 +8,7 @@ A script imports it by name (bench/ is on sys.path when a script runs from there
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -384,3 +385,24 @@ def engine_backend(choice: str) -> str:
     if choice != "auto":
         return choice
     return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+
+@contextlib.contextmanager
+def recorded_checkpoint_every():
+    """Inside: what train.checkpoint_every each GRPO run's start resolved to ("auto": the plan's choice on this GPU),
+    appended to the yielded list (physreason.train.grpo looks the resolver up at call time)."""
+    import physreason.train.grpo as grpo_module
+
+    chosen: list[int] = []
+    resolve = grpo_module.resolve_runtime_checkpoint_every
+
+    def recorded(*args, **kwargs):
+        resolved = resolve(*args, **kwargs)
+        chosen.append(resolved.train.checkpoint_every)
+        return resolved
+
+    grpo_module.resolve_runtime_checkpoint_every = recorded
+    try:
+        yield chosen
+    finally:
+        grpo_module.resolve_runtime_checkpoint_every = resolve
