@@ -41,6 +41,9 @@ SCENE = "the ball rolls down the slope, bounces off the wall and slides along th
 # Sizes when a flag is not given: (GPU run, --tiny CPU run).
 SIZES = {"prompts": (8, 2), "n": (8, 2), "response_len": (256, 8), "mini_batch": (8, 2),
          "mini_batch_tokens": (8192, 512), "steps": (3, 1), "warmup": (1, 0), "text_words": (200, 20)}  # fmt: skip
+# Untimed first steps of a compiled GPU run: the first compiles, the next may recompile for new shapes (on 2026-11-29 a
+# compiled physreason run's steps took 44.4, 10.0, 2.9 and 2.4 s).
+COMPILE_WARMUP = 3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,7 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mini-batch", type=int, help="completions per forward pass, TRL and padded [8; tiny 2]")
     parser.add_argument("--mini-batch-tokens", type=int, help="physreason's tokens per forward pass [8192; tiny 512]")
     parser.add_argument("--steps", type=int, help="timed optimizer steps per run [3; tiny 1]")
-    parser.add_argument("--warmup", type=int, help="untimed first steps per run [1; tiny 0]")
+    parser.add_argument("--warmup", type=int,
+                        help="untimed first steps per run [1, 3 with --compile (compiling and recompiling steps); tiny 0]")
     parser.add_argument("--rounds", type=int, default=1,
                         help="rounds of TRL and physreason runs per workload, the first side alternating")
     parser.add_argument("--trl-vision-attention", choices=TRL_VISION_ATTENTION, default="varlen",
@@ -71,6 +75,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-recompute", action="store_true",
                         help="both sides keep their activations (gradient checkpointing off on both; on by default "
                              "on a GPU): where both fit, the table without recomputation")
+    parser.add_argument("--trl-no-recompute", action="store_true",
+                        help="TRL's side keeps its activations (its gradient checkpointing off) while physreason "
+                             "recomputes as --checkpoint-every says: each side at its fastest setting that fits, "
+                             "where TRL fits without recomputation (its gradient checkpointing is every block or none)")
     parser.add_argument("--compile", action="store_true",
                         help="both sides compiled: physreason's train.compile (its decoder blocks) and, on the image "
                              "and video workloads, train.compile_vision (its vision blocks); TRL's torch_compile (the "
@@ -90,6 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.warmup is None and args.compile and not args.tiny:
+        args.warmup = COMPILE_WARMUP
     for name, (gpu, tiny) in SIZES.items():
         if getattr(args, name) is None:
             setattr(args, name, tiny if args.tiny else gpu)
@@ -419,11 +429,17 @@ def trl_config(spec: dict[str, Any], output: Path):
         loss_type="dapo", epsilon=0.2, epsilon_high=0.2, beta=0.0, num_iterations=1, scale_rewards="group",
         mask_truncated_completions=False, learning_rate=1e-5, weight_decay=0.01, max_grad_norm=1.0,
         optim="adamw_torch_fused" if spec["bf16"] else "adamw_torch", model_init_kwargs={"dtype": "float32"},
-        bf16=spec["bf16"], use_cpu=not spec["bf16"], gradient_checkpointing=spec.get("recompute", spec["bf16"]), use_vllm=vllm,
+        bf16=spec["bf16"], use_cpu=not spec["bf16"], gradient_checkpointing=trl_recompute(spec), use_vllm=vllm,
         vllm_mode="colocate", vllm_gpu_memory_utilization=spec["gpu_memory"], vllm_max_model_length=8192,
         vllm_enable_sleep_mode=False, vllm_importance_sampling_correction=False, save_strategy="no", report_to="none",
         logging_steps=1, disable_tqdm=True, seed=42, dataloader_num_workers=0, torch_compile=bool(spec.get("compile")),
     )  # fmt: skip
+
+
+def trl_recompute(spec: dict[str, Any]) -> bool:
+    """Whether TRL's policy recomputes activations (gradient checkpointing, every block): as physreason's side
+    (`recompute`, on by default on a GPU) unless --trl-no-recompute turned TRL's off."""
+    return bool(spec.get("recompute", spec["bf16"])) and not spec.get("trl_no_recompute", False)
 
 
 def run_trl(spec: dict[str, Any], workload: str) -> dict[str, Any]:
@@ -592,6 +608,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     spec = {"model": str(model), "vision_token_ids": vision_special_token_ids(AutoConfig.from_pretrained(model)),
             "work": str(work), "engine": engine, "bf16": not args.tiny and torch.cuda.is_available(),
             "recompute": not args.tiny and torch.cuda.is_available() and not args.no_recompute,
+            "trl_no_recompute": args.trl_no_recompute,
             "gpu_memory": args.gpu_memory, "trl_vision_attention": args.trl_vision_attention, "data": data,
             "packed_attention": args.packed_attention, "compile": args.compile,
             "checkpoint_every": args.checkpoint_every,
@@ -604,8 +621,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     print(
         f"{device}, engine {engine}: {args.prompts} prompts x {args.n} completions of {args.response_len} tokens per "
         f"step, micro-batch {args.mini_batch} (physreason: packed rows, attention from the {args.packed_attention}); "
-        f"{'both sides compiled' if args.compile else 'neither side compiled'}; physreason's checkpoint_every "
-        f"{args.checkpoint_every}; "
+        f"{'both sides compiled' if args.compile else 'neither side compiled'}; "
+        f"recompute: {recompute_words(spec)}; "
         f"clip {data['video_frames_thw']} frames -> {data['video_tokens']} video "
         f"tokens, contact sheet {data['image_hw']} -> {data['image_tokens']} image tokens; setup "
         f"{time.perf_counter() - started:.0f} s",
@@ -656,11 +673,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     return payload
 
 
+def recompute_words(spec: dict[str, Any]) -> str:
+    """What each side recomputes, for the run's first line ('physreason every block, TRL every block')."""
+    if not spec.get("recompute", spec["bf16"]):
+        physreason = "nothing"
+    elif spec.get("checkpoint_every", "1") == "auto":
+        physreason = "blocks as its plan chooses (checkpoint_every auto)"
+    elif spec.get("checkpoint_every", "1") == "1":
+        physreason = "every block"
+    else:
+        physreason = f"one block in {spec['checkpoint_every']} (checkpoint_every {spec['checkpoint_every']})"
+    return f"physreason {physreason}, TRL {'every block' if trl_recompute(spec) else 'nothing'}"
+
+
 JSON_NAME = "grpo_vs_trl.json"
 # What two calls' runs must share to pool into one table (--append): the step's sizes and both sides' settings.
 SETUP_ARGS = ("prompts", "n", "response_len", "mini_batch", "mini_batch_tokens", "steps", "warmup",
               "trl_vision_attention", "text_words", "gpu_memory", "tiny", "no_recompute", "packed_attention",
-              "compile", "checkpoint_every")  # fmt: skip
+              "compile", "checkpoint_every", "trl_no_recompute")  # fmt: skip
 
 
 def setup_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -679,8 +709,9 @@ def earlier_runs(path: Path | None, setup: dict[str, Any]) -> list[dict[str, Any
     theirs = {"device": earlier.get("device"), "engine": earlier.get("engine"), "data": earlier.get("data"),
               "args": earlier.get("setup")}  # fmt: skip
     if isinstance(theirs["args"], dict):
-        # measured before --compile and --checkpoint-every existed: neither side compiled, every block recomputed
-        theirs["args"] = {"compile": False, "checkpoint_every": "1", **theirs["args"]}
+        # measured before --compile, --checkpoint-every and --trl-no-recompute existed: neither side compiled, every
+        # block recomputed on both sides
+        theirs["args"] = {"compile": False, "checkpoint_every": "1", "trl_no_recompute": False, **theirs["args"]}
     for key, value in setup.items():
         ours = json.loads(json.dumps(value, default=str))
         if theirs[key] != ours:

@@ -42,6 +42,24 @@ def test_sizes_default_to_the_gpu_or_tiny_run_and_flags_win(bench):
     assert tiny.workloads == ["text"]
     assert gpu.checkpoint_every == "1" and bench.parse_args(["--checkpoint-every", "03"]).checkpoint_every == "3"
     assert bench.parse_args(["--checkpoint-every", "auto"]).checkpoint_every == "auto"
+    # a compiled GPU run leaves its compiling and recompiling steps untimed unless --warmup says otherwise
+    assert gpu.warmup == 1 and bench.parse_args(["--compile"]).warmup == bench.COMPILE_WARMUP == 3
+    assert bench.parse_args(["--compile", "--warmup", "1"]).warmup == 1
+    assert bench.parse_args(["--compile", "--tiny"]).warmup == 0
+    assert not gpu.trl_no_recompute and bench.parse_args(["--trl-no-recompute"]).trl_no_recompute
+
+
+def test_the_first_line_says_what_each_side_recomputes(bench):
+    gpu = {"bf16": True, "recompute": True}
+    assert bench.recompute_words(gpu) == "physreason every block, TRL every block"
+    assert bench.recompute_words({**gpu, "checkpoint_every": "auto", "trl_no_recompute": True}) == (
+        "physreason blocks as its plan chooses (checkpoint_every auto), TRL nothing"
+    )
+    assert bench.recompute_words({**gpu, "checkpoint_every": "4"}) == (
+        "physreason one block in 4 (checkpoint_every 4), TRL every block"
+    )
+    assert bench.recompute_words({**gpu, "recompute": False}) == "physreason nothing, TRL nothing"
+    assert bench.recompute_words({"bf16": False}) == "physreason nothing, TRL nothing"  # CPU: neither side
 
 
 @pytest.mark.parametrize(
@@ -162,6 +180,9 @@ def test_physreason_config_sets_the_shared_recipe(bench, prepared, tmp_path):
     for recompute in (True, False):
         spec_r = {**spec, "recompute": recompute}
         assert bench.physreason_config(spec_r, "video", tmp_path).train.gradient_checkpointing is recompute
+    # --trl-no-recompute turns TRL's recomputation off, not physreason's
+    trl_keeps = {**spec, "recompute": True, "trl_no_recompute": True}
+    assert bench.physreason_config(trl_keeps, "text", tmp_path).train.gradient_checkpointing
     # --packed-attention reaches the packed side only (the padded side has no packed rows); the default is the mask
     assert config.grpo.packed_attention == "mask"
     spans = {**spec, "packed_attention": "spans"}
@@ -235,6 +256,8 @@ def test_trl_never_samples_the_vision_tokens_physreason_suppresses(bench, prepar
     kwargs = bench.trl_config(spec, tmp_path).generation_kwargs
     assert not bench.trl_config(spec, tmp_path).gradient_checkpointing
     assert bench.trl_config({**spec, "recompute": True}, tmp_path).gradient_checkpointing
+    # --trl-no-recompute: TRL keeps its activations while physreason still recomputes
+    assert not bench.trl_config({**spec, "recompute": True, "trl_no_recompute": True}, tmp_path).gradient_checkpointing
     assert not bench.trl_config(spec, tmp_path).torch_compile  # --compile: both sides, or neither
     assert bench.trl_config({**spec, "compile": True}, tmp_path).torch_compile
     if engine == "vllm":
@@ -308,5 +331,9 @@ def test_append_pools_the_rounds_of_earlier_calls_and_refuses_another_setup(benc
                                 "runs": earlier}))  # fmt: skip
     assert bench.earlier_runs(path, setup) == earlier
     compiled = bench.setup_args(bench.parse_args(["--workloads", "text", "--append", "--compile"]))
-    with pytest.raises(SystemExit, match=r"another args \(\{'compile': False\}, this call \{'compile': True\}\)"):
+    with pytest.raises(SystemExit, match=r"another args \(\{'compile': False, 'warmup': 1\}, this call \{'compile': True, 'warmup': 3\}\)"):
         bench.earlier_runs(path, {**setup, "args": compiled})
+    # nor with a call where TRL keeps its activations
+    trl_keeps = bench.setup_args(bench.parse_args(["--workloads", "text", "--append", "--trl-no-recompute"]))
+    with pytest.raises(SystemExit, match=r"another args \(\{'trl_no_recompute': False\}, this call \{'trl_no_recompute': True\}\)"):
+        bench.earlier_runs(path, {**setup, "args": trl_keeps})
