@@ -45,6 +45,11 @@ def test_format_mcq_keeps_dict_order_and_letters() -> None:
         ({"1": "x"}, "single capital letters"),
         ({"a": "x"}, "single capital letters"),
         ([str(i) for i in range(27)], "at most 26"),
+        ("AB", "object of {letter: text} or a list of texts; got str 'AB'"),
+        (3, "got int 3"),
+        ({"A": None}, "must be a text"),
+        (["x", ["y"]], "must be a text"),
+        ({"A": True}, "must be a text"),
     ],
 )
 def test_lettered_options_rejects_unusable_options(options: object, message: str) -> None:

@@ -75,6 +75,11 @@ def test_benchmark_layout_and_flat_records_load_with_media_inside_the_root(tmp_p
         ({"question": "", "options": ["a"], "answer": "A"}, "no 'question'"),
         ({"question": "Q?", "answer": "A"}, "no options"),
         ({"question": "Q?", "options": ["a"], "answer": "A", "video": "../outside.mp4"}, "outside the data folder"),
+        # options of the wrong type: refused, never split into letters ("no" had become A: "n", B: "o")
+        ({"question": "Q?", "options": "no", "answer": "A"}, "options must be an object .* got str 'no'"),
+        ({"question": "Q?", "options": 5, "answer": "A"}, "options must be an object .* got int 5"),
+        ({"question": "Q?", "options": {"a": "x", "b": "y"}, "answer": "a"}, "single capital letters"),
+        ({"question": "Q?", "options": {"A": {"text": "x"}, "B": "y"}, "answer": "A"}, "must be a text"),
     ],
 )
 def test_bad_records_name_the_record_and_the_problem(tmp_path, record, message):

@@ -28,11 +28,17 @@ _INSTRUCTIONS: dict[str, tuple[str, ...]] = {
 def lettered_options(options: dict[str, str] | list[str]) -> dict[str, str]:
     """Return options as an ordered {letter: text} dict; a list is lettered A, B, C, ...
 
-    Raises InputError for no options, more than 26, or dict keys that are not single capital letters.
+    Raises InputError for options that are neither a dict nor a list (a string is not split into letters), no
+    options, more than 26, dict keys that are not single capital letters, or option texts that are not text or numbers.
     """
     if isinstance(options, dict):
         lettered = dict(options)
     else:
+        if not isinstance(options, (list, tuple)):
+            raise InputError(
+                f"options must be an object of {{letter: text}} or a list of texts; got {type(options).__name__} "
+                f"{_short(options)}."
+            )
         if len(options) > len(OPTION_LETTERS):
             raise InputError(f"{len(options)} options given; at most {len(OPTION_LETTERS)} can be lettered A-Z.")
         lettered = dict(zip(OPTION_LETTERS, options))
@@ -44,7 +50,16 @@ def lettered_options(options: dict[str, str] | list[str]) -> dict[str, str]:
             f"Option keys must be single capital letters A-Z; got {bad!r}. "
             "Rename them (A, B, C, ...) or pass the options as a list."
         )
+    texts = [text for text in lettered.values() if isinstance(text, bool) or not isinstance(text, (str, int, float))]
+    if texts:
+        raise InputError(f"Each option must be a text (or a number); got {_short(texts[0])}.")
     return lettered
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters (error messages quote what the data holds)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def format_mcq(question: str, options: dict[str, str] | list[str], answer_type: AnswerType = "reasoning") -> str:

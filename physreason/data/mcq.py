@@ -110,7 +110,10 @@ def _prompt(sample_id: str, qa: Any, record: dict[str, Any], root: Path, where: 
     raw_options = qa.get("index2ans", qa.get("options"))
     if not raw_options:
         return _structured_prompt(sample_id, question, qa, record, root, where)
-    options = lettered_options(raw_options)
+    try:
+        options = lettered_options(raw_options)
+    except InputError as error:
+        raise InputError(f"{where}: {error}") from None
     answer = qa.get("answer", qa.get("correct_answer"))
     if not isinstance(answer, str) or answer.strip() not in options:
         raise InputError(f"{where}: the answer {answer!r} is not one of the option letters {list(options)}")
