@@ -351,3 +351,33 @@ def test_a_resume_carries_on_the_counts_of_cut_samples_and_empty_steps(tiny_vl, 
                                   f"train.resume='{tmp_path / 'a' / 'checkpoints' / 'step_2'}'",
                                   "train.trust_checkpoint=true"))  # fmt: skip
     assert (resumed.truncated, resumed.empty_steps) == (2, [2])
+
+
+@pytest.mark.timeout(300)
+def test_resuming_from_an_earlier_step_sets_the_later_steps_aside(tiny_vl, tmp_path, caplog):
+    from physreason.train.checkpoint import read_record
+    from physreason.train.metrics import read_records
+
+    data = write_chat_records(tmp_path, 4)
+    out = tmp_path / "out"
+    common = ["train.ckpt.save_freq=1", "train.ckpt.max_keep=3", "train.ckpt.export_safetensors=true", "train.log_freq=1"]
+    run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=4", *common))
+    assert [p.name for p in checkpoint_dirs(out)] == ["step_2", "step_3", "step_4"]
+    old_step_4 = (out / "checkpoints" / "step_4" / ".metadata").read_bytes()
+    # back to step_2 (as a divergence tells), stopped before reaching step 4: step_4 of the abandoned steps must not
+    # stay the run's latest checkpoint or export
+    with caplog.at_level("WARNING", logger="physreason.train.loop"):
+        run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=3", *common, f"train.resume='{out / 'checkpoints' / 'step_2'}'"))
+    assert [p.name for p in checkpoint_dirs(out)] == ["step_2", "step_3"]
+    assert [p.name for p in checkpoint_dirs(out, "safetensors")] == ["step_2", "step_3"]
+    assert sorted(read_record(out)) == ["step_2", "step_3"]
+    assert sorted(read_record(out, "safetensors")) == ["step_2", "step_3"]
+    aside = out / "superseded" / "after-step_2"
+    assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == ["step_3", "step_4"]  # nothing deleted
+    assert sorted(p.name for p in (aside / "safetensors").iterdir()) == ["step_3", "step_4"]
+    assert (aside / "checkpoints" / "step_4" / ".metadata").read_bytes() == old_step_4
+    assert "the steps after it (step_3, step_4)" in caplog.text and str(aside) in caplog.text
+    assert sorted({r["step"] for r in read_records(out / "logs" / "metrics.jsonl")}) == [1, 2, 3]
+    # resuming the latest now continues from the new step_3
+    run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=4", *common, "train.resume=true"))
+    assert [p.name for p in checkpoint_dirs(out)] == ["step_2", "step_3", "step_4"]

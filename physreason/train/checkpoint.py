@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import pickle
 import random
 import shutil
@@ -229,6 +230,53 @@ def refuse_stale_checkpoints(output_dir: str | Path, resume: bool | str) -> None
             "to resume from: a new run there would replace and delete them. Start it in a new or empty folder with "
             "--set train.output_dir=..."
         )
+
+
+def _step_of(name: str) -> int | None:
+    """n of a step_<n> folder name, else None."""
+    digits = name[len(_PREFIX) :]
+    return int(digits) if name.startswith(_PREFIX) and digits.isdigit() and digits.isascii() else None
+
+
+def set_aside_later_steps(output_dir: str | Path, resumed: Path) -> tuple[Path, list[Path]] | None:
+    """Move the checkpoints and safetensors exports of steps after `resumed` (a step_<n> folder) out of the run's
+    rotation, into <output_dir>/superseded/after-step_<n>[-k]/{checkpoints,safetensors}/, and drop them from the
+    run's records.
+
+    Resuming from an earlier step abandons the steps after it (the metrics log drops their records too): left in
+    place, the latest of them stayed the run's "latest" checkpoint for `train.resume = true` and for `physreason
+    export` after the resumed run stopped early, bringing back the very weights the resume turned away from. Nothing
+    is deleted. Returns the folder they went to and what moved, or None when there was nothing after `resumed`.
+    """
+    step = _step_of(resumed.name)
+    if step is None:
+        return None
+    output = Path(output_dir)
+    later = {under: [p for p in checkpoint_dirs(output, under) if (_step_of(p.name) or 0) > step]
+             for under in _WRITTEN}  # fmt: skip
+    if not any(later.values()):
+        return None
+    aside = output / "superseded" / f"after-{resumed.name}"
+    for k in range(2, 10_000):
+        if not aside.exists() and not aside.is_symlink():
+            break
+        aside = output / "superseded" / f"after-{resumed.name}-{k}"
+    else:
+        raise ConfigError(f"{output / 'superseded'} holds too many earlier set-asides: move or delete them")
+    moved = []
+    for under, paths in later.items():
+        if not paths:
+            continue
+        (aside / under).mkdir(parents=True, exist_ok=False)
+        for path in paths:
+            target = aside / under / path.name
+            os.replace(path, target)
+            moved.append(target)
+        record = read_record(output, under)
+        kept = {name: entry for name, entry in record.items() if (_step_of(name) or 0) <= step}
+        if kept != record:
+            _write_record(output, kept, under)
+    return aside, moved
 
 
 def reapply_retention(output_dir: str | Path, max_keep: int, keep: Path, under: str = "checkpoints") -> list[Path]:

@@ -59,6 +59,7 @@ from physreason.train.checkpoint import (
     refuse_stale_checkpoints,
     resolve_resume,
     save_checkpoint,
+    set_aside_later_steps,
     start_checkpoint,
     written_by_run,
 )
@@ -337,8 +338,16 @@ class Checkpointer:
         return Resumed(path, state)
 
     def _reapply_retention(self, resumed: Path) -> None:
-        """[train.ckpt] max_keep over this run's own checkpoints (a kill right after a save skipped its rotation)."""
+        """[train.ckpt] max_keep over this run's own checkpoints (a kill right after a save skipped its rotation),
+        after the checkpoints and exports of steps later than the one resumed from are set aside (see
+        set_aside_later_steps)."""
         if not dist.is_initialized() or dist.get_rank() == 0:
+            set_aside = set_aside_later_steps(self.output, resumed)
+            if set_aside is not None:
+                folder, moved = set_aside
+                log.warning("resuming from %s: the checkpoints and exports of the steps after it (%s) are no longer "
+                            "this run's; moved to %s (delete it when you no longer need them)", resumed.name,
+                            ", ".join(sorted({p.name for p in moved}, key=lambda n: int(n[5:]))), folder)  # fmt: skip
             for folder in reapply_retention(self.output, self.config.train.ckpt.max_keep, keep=resumed):
                 log.info("deleted %s: beyond train.ckpt.max_keep = %d", folder, self.config.train.ckpt.max_keep)
         if dist.is_initialized():
