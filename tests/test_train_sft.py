@@ -381,3 +381,27 @@ def test_resuming_from_an_earlier_step_sets_the_later_steps_aside(tiny_vl, tmp_p
     # resuming the latest now continues from the new step_3
     run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=4", *common, "train.resume=true"))
     assert [p.name for p in checkpoint_dirs(out)] == ["step_2", "step_3", "step_4"]
+
+
+@pytest.mark.timeout(300)
+def test_a_fresh_run_keeps_an_earlier_runs_log_and_recipe_beside_its_own(tiny_vl, tmp_path, caplog):
+    from physreason.train.metrics import read_records
+
+    data = write_chat_records(tmp_path, 4)
+    out = tmp_path / "out"
+    common = ["train.ckpt.enable_checkpoint=false", "train.log_freq=1"]
+    run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=3", *common))
+    first_log = (out / "logs" / "metrics.jsonl").read_text()
+    first_recipe = (out / "config.toml").read_text()
+    # a run without checkpoints has nothing else: the next fresh run in the folder must not write over its history
+    with caplog.at_level("WARNING", logger="physreason.train.loop"):
+        run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=2", *common, "train.optm_lr=1e-3"))
+    assert (out / "logs" / "metrics.earlier-1.jsonl").read_text() == first_log
+    assert (out / "config.earlier-1.toml").read_text() == first_recipe
+    assert sorted({r["step"] for r in read_records(out / "logs" / "metrics.jsonl")}) == [1, 2]
+    assert "optm_lr = 0.001" in (out / "config.toml").read_text()
+    assert "config.earlier-1.toml" in caplog.text and "metrics.earlier-1.jsonl" in caplog.text
+    # a third run takes the next free number for both
+    run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=1", *common))
+    assert (out / "config.earlier-2.toml").is_file() and (out / "logs" / "metrics.earlier-2.jsonl").is_file()
+    assert (out / "logs" / "metrics.earlier-1.jsonl").read_text() == first_log

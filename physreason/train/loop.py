@@ -110,6 +110,12 @@ def prepare_output(config: Config, runtime: Runtime | None = None) -> Path:
         if changed:
             kept = _keep_earlier_config(output / "config.toml")
             log.warning("resuming with changed %s; the earlier settings are kept in %s", ", ".join(changed), kept)
+        if resumed is None:
+            kept_files = _keep_earlier_run_files(output)
+            if kept_files:
+                log.warning("%s held an earlier run's %s (no checkpoint to resume from): kept as %s",
+                            output, " and ".join(name for name, _ in kept_files),
+                            ", ".join(str(path) for _, path in kept_files))  # fmt: skip
         dump_config(config, output / "config.toml")
     return output
 
@@ -179,6 +185,29 @@ def _keep_earlier_config(path: Path) -> Path:
         number += 1
     path.rename(kept)
     return kept
+
+
+def _keep_earlier_run_files(output: Path) -> list[tuple[str, Path]]:
+    """A fresh run in a folder with an earlier run's config.toml or logs/metrics.jsonl (a run without checkpoints,
+    or one whose checkpoints were deleted) renames them to the first free config.earlier-N.toml and
+    logs/metrics.earlier-N.jsonl (one N for both) instead of writing over them. Returns (name, kept path) of each."""
+    found = [("config.toml", output / "config.toml"), ("logs/metrics.jsonl", output / "logs" / "metrics.jsonl")]
+    found = [(name, path) for name, path in found if path.is_file() and not path.is_symlink() and path.stat().st_size]
+    if not found:
+        return []
+    number = 1
+    while any(_earlier_name(path, number).exists() for _, path in found):
+        number += 1
+    kept = []
+    for name, path in found:
+        path.rename(_earlier_name(path, number))
+        kept.append((name, _earlier_name(path, number)))
+    return kept
+
+
+def _earlier_name(path: Path, number: int) -> Path:
+    """config.toml -> config.earlier-<number>.toml (the same for metrics.jsonl)."""
+    return path.with_name(f"{path.stem}.earlier-{number}{path.suffix}")
 
 
 def checkpoint_due(config: Config, step: int, total_steps: int) -> bool:
