@@ -246,6 +246,28 @@ def _finished_export(output_dir: Path, steps: int) -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
+DEMO_MARKER = "physreason-demo.json"
+
+
+def claim_demo_folder(out: Path) -> None:
+    """Refuse (ConfigError) an `out` that holds anything but an earlier demo's output, then mark it as the demo's.
+
+    The demo writes a model into out/model and replaces out/data/train/sft.jsonl and rl.jsonl: in a folder of the
+    user's own (`--out .`, a project folder with its model and data) that would overwrite them. A folder is the
+    demo's when it carries DEMO_MARKER, or (written before the marker) holds the demo's pre-trained tower folder and
+    its tiny model.
+    """
+    from physreason.overwrite import check_replace
+
+    earlier = (out / DEMO_MARKER).is_file() and not (out / DEMO_MARKER).is_symlink()
+    legacy = out.is_dir() and (out / "model" / "model.safetensors").is_file() and any(out.glob("model-tower*"))
+    check_replace(out, option="--out", marked=earlier or legacy,
+                  mark=f"{DEMO_MARKER}, which physreason demo writes", remedy="give a new or empty folder")  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    if not earlier:
+        (out / DEMO_MARKER).write_text(json.dumps({"written_by": "physreason demo"}) + "\n", encoding="utf-8")
+
+
 def run_demo(
     out: str | Path = "demo-out", sizes: DemoSizes | None = None, seed: int = 0
 ) -> dict[str, dict[str, float | None]]:
@@ -264,6 +286,7 @@ def run_demo(
 
     sizes = sizes or DemoSizes()
     out = Path(out).resolve()
+    claim_demo_folder(out)
     begun = time.perf_counter(), _cpu_seconds()
     start = _stage("1/8 tiny Qwen2.5-VL model (random weights)")
     model_dir = out / "model"

@@ -11,7 +11,9 @@ import pytest
 
 from physreason.data.synth.tasks import LETTER_TASK_NAMES as TASKS
 from physreason.demo import (
+    DEMO_MARKER,
     DemoSizes,
+    claim_demo_folder,
     demo_checks,
     demo_config,
     grpo_changes,
@@ -257,3 +259,51 @@ def test_sft_on_some_tasks_has_its_own_records_and_run_folder(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "--sft-task gravity: choose among arrow_of_time" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_demo_writes_only_into_a_new_or_empty_folder_or_its_own(tmp_path):
+    from physreason.errors import ConfigError
+
+    new = tmp_path / "new"
+    claim_demo_folder(new)
+    assert json.loads((new / DEMO_MARKER).read_text()) == {"written_by": "physreason demo"}
+    claim_demo_folder(new)  # a rerun reuses its own folder
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    claim_demo_folder(empty)
+    assert (empty / DEMO_MARKER).is_file()
+    # a project folder of the user's: its model's shards and its data would be written over
+    project = tmp_path / "project"
+    (project / "model").mkdir(parents=True)
+    (project / "model" / "model-00001-of-00002.safetensors").write_bytes(b"weights")
+    (project / "data" / "train").mkdir(parents=True)
+    (project / "data" / "train" / "sft.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match=rf"--out {project} is not empty .* no {DEMO_MARKER}.*new or empty folder"):
+        claim_demo_folder(project)
+    assert sorted(p.name for p in project.iterdir()) == ["data", "model"]  # nothing written
+    # an output of the demo from before the marker: its tiny model and pre-trained tower
+    legacy = tmp_path / "legacy"
+    (legacy / "model").mkdir(parents=True)
+    (legacy / "model" / "model.safetensors").write_bytes(b"tiny")
+    (legacy / "model-tower150").mkdir()
+    claim_demo_folder(legacy)
+    assert (legacy / DEMO_MARKER).is_file()
+    file = tmp_path / "file"
+    file.write_text("x")
+    with pytest.raises(ConfigError, match="is not an earlier output"):
+        claim_demo_folder(file)
+
+
+def test_the_demo_command_refuses_a_folder_of_the_users_before_writing(tmp_path):
+    import subprocess
+    import sys
+
+    project = tmp_path / "project"
+    (project / "model").mkdir(parents=True)
+    (project / "model" / "config.json").write_text("{}")
+    result = subprocess.run([sys.executable, "-m", "physreason", "demo", "--out", str(project)], capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "not empty" in result.stderr and "Traceback" not in result.stderr
+    assert (project / "model" / "config.json").read_text() == "{}"
+    assert not (project / DEMO_MARKER).exists()
