@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,18 +32,23 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def replace_folder(staging: Path, final: Path) -> None:
-    """Put the complete folder `staging` in place of `final`: an existing `final` is renamed aside (`.<name>.old`)
-    first and deleted only after the rename, so a kill while a large old folder is being deleted never leaves `final`
-    half deleted beside a finished staging folder nothing loads. A link at `final` is removed, its target left alone.
+    """Put the complete folder `staging` in place of `final`: an existing `final` is renamed aside first and deleted
+    only after the rename, so a kill while a large old folder is being deleted never leaves `final` half deleted beside
+    a finished staging folder nothing loads. A link at `final` is removed, its target left alone.
+
+    The folder aside is one this call creates (`.<name>.old-<random>`, beside `final`), and it is the only one deleted:
+    a folder already there under any name, even `.<name>.old`, may be the user's. A kill while the old folder is
+    being deleted leaves that `.<name>.old-<random>` folder behind, to be deleted by hand.
     """
-    aside = final.with_name(f".{final.name}.old")
-    shutil.rmtree(aside, ignore_errors=True)  # left by a kill in an earlier call
+    aside = None
     if final.is_symlink():
         final.unlink()
     elif final.exists():
-        final.rename(aside)
+        aside = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old-"))
+        final.rename(aside / final.name)
     staging.rename(final)
-    shutil.rmtree(aside, ignore_errors=True)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def read_json_object(path: Path, fix: str) -> dict[str, Any]:
