@@ -3,32 +3,44 @@ half."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from physreason.errors import ConfigError
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, flush it to disk and rename it over `path`.
+@contextlib.contextmanager
+def atomic_writer(path: Path, temporary: Path | None = None, encoding: str | None = None) -> Iterator[IO[Any]]:
+    """A file to write what replaces `path`: it is `temporary` (default `<path>.tmp`), flushed to disk and renamed over
+    `path` when the block ends; binary, or text in `encoding`. Nothing is renamed when the block raises.
 
     A link at `path` or at the temporary's name is replaced, never written through into its target."""
-    temporary = path.with_name(path.name + ".tmp")
+    temporary = temporary or path.with_name(path.name + ".tmp")
     try:
         temporary.unlink()  # a stale temporary, or a link someone put there: never written through
     except FileNotFoundError:
         pass
     # O_EXCL: the file is created here, never one that appeared at that name since (a link is not followed)
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    with os.fdopen(descriptor, "w" if encoding else "wb", encoding=encoding) as handle:
+        yield handle
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, flush it to disk and rename it over `path` (atomic_writer).
+
+    A link at `path` or at the temporary's name is replaced, never written through into its target."""
+    with atomic_writer(path, encoding="utf-8") as handle:
+        handle.write(text)
 
 
 def replace_folder(staging: Path, final: Path) -> None:
