@@ -3,46 +3,64 @@ half."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from physreason.errors import ConfigError
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, flush it to disk and rename it over `path`.
+@contextlib.contextmanager
+def atomic_writer(path: Path, temporary: Path | None = None, encoding: str | None = None) -> Iterator[IO[Any]]:
+    """A file to write what replaces `path`: it is `temporary` (default `<path>.tmp`), flushed to disk and renamed over
+    `path` when the block ends; binary, or text in `encoding`. Nothing is renamed when the block raises.
 
     A link at `path` or at the temporary's name is replaced, never written through into its target."""
-    temporary = path.with_name(path.name + ".tmp")
+    temporary = temporary or path.with_name(path.name + ".tmp")
     try:
         temporary.unlink()  # a stale temporary, or a link someone put there: never written through
     except FileNotFoundError:
         pass
     # O_EXCL: the file is created here, never one that appeared at that name since (a link is not followed)
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    with os.fdopen(descriptor, "w" if encoding else "wb", encoding=encoding) as handle:
+        yield handle
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, flush it to disk and rename it over `path` (atomic_writer).
+
+    A link at `path` or at the temporary's name is replaced, never written through into its target."""
+    with atomic_writer(path, encoding="utf-8") as handle:
+        handle.write(text)
+
+
 def replace_folder(staging: Path, final: Path) -> None:
-    """Put the complete folder `staging` in place of `final`: an existing `final` is renamed aside (`.<name>.old`)
-    first and deleted only after the rename, so a kill while a large old folder is being deleted never leaves `final`
-    half deleted beside a finished staging folder nothing loads. A link at `final` is removed, its target left alone.
+    """Put the complete folder `staging` in place of `final`: an existing `final` is renamed aside first and deleted
+    only after the rename, so a kill while a large old folder is being deleted never leaves `final` half deleted beside
+    a finished staging folder nothing loads. A link at `final` is removed, its target left alone.
+
+    The folder aside is one this call creates (`.<name>.old-<random>`, beside `final`), and it is the only one deleted:
+    a folder already there under any name, even `.<name>.old`, may be the user's. A kill while the old folder is
+    being deleted leaves that `.<name>.old-<random>` folder behind, to be deleted by hand.
     """
-    aside = final.with_name(f".{final.name}.old")
-    shutil.rmtree(aside, ignore_errors=True)  # left by a kill in an earlier call
+    aside = None
     if final.is_symlink():
         final.unlink()
     elif final.exists():
-        final.rename(aside)
+        aside = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old-"))
+        final.rename(aside / final.name)
     staging.rename(final)
-    shutil.rmtree(aside, ignore_errors=True)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def read_json_object(path: Path, fix: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from physreason.errors import InputError
 from physreason.eval.report import AVERAGE, ReportRow
+from physreason.files import atomic_writer
 
 # Panels of `physreason plot`, each with the test a metric name must pass to be drawn in it. A `_std` metric is
 # the spread of a `_mean` one: drawn as a band around it, never as a curve of its own (GRPO logs
@@ -36,8 +37,15 @@ _FEW_POINTS = 5
 def accuracy_chart(rows: list[ReportRow], path: str | Path) -> Path:
     """Write `accuracy_figure(rows)` as a PNG at `path` and return the path."""
     out = Path(path)
-    accuracy_figure(rows).savefig(out, dpi=120)
+    save_figure(accuracy_figure(rows), out)
     return out
+
+
+def save_figure(figure: Any, out: Path) -> None:
+    """Write a matplotlib Figure to `out` (format from its suffix, PNG without one) through a temporary beside it,
+    renamed over `out`: a link at `out` is replaced, never written through into its target."""
+    with atomic_writer(out, out.with_name(f".{out.name}.tmp")) as handle:
+        figure.savefig(handle, format=out.suffix.removeprefix(".").lower() or "png", dpi=120)
 
 
 def accuracy_figure(rows: list[ReportRow]) -> Any:
@@ -141,7 +149,7 @@ def training_curves(run: str | Path, path: str | Path) -> tuple[Path, list[str]]
     source = metrics_file(run)
     figure, panels = curves_figure(read_metrics(source), str(source))
     out = Path(path)
-    figure.savefig(out, dpi=120)
+    save_figure(figure, out)
     return out, panels
 
 

@@ -119,6 +119,35 @@ def test_force_never_replaces_the_run_a_folder_holding_it_or_one_of_its_folders(
     assert (tmp_path / "new.tmp" / "notes.txt").read_text() == "mine"
 
 
+def test_a_folder_named_like_the_old_export_set_aside_is_never_deleted_even_the_run_being_exported(full_run, tmp_path):
+    import shutil
+
+    mine = tmp_path / ".exported.old"  # a name a replaced export could be set aside under
+    mine.mkdir()
+    (mine / "notes.txt").write_text("backup")
+    out = export_run(full_run, tmp_path / "exported", step=2)
+    assert (mine / "notes.txt").read_text() == "backup"
+    export_run(full_run, out, force=True)  # the earlier export is set aside under a name of this call's own
+    assert (mine / "notes.txt").read_text() == "backup"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".exported.old", "exported"]
+    assert same_weights(out, full_run / "safetensors" / "step_4")
+    run = tmp_path / ".r.old"
+    shutil.copytree(full_run, run)
+    files = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    assert same_weights(export_run(run, tmp_path / "r", trust=True), full_run / "safetensors" / "step_4")
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == files
+
+
+def test_an_export_in_the_way_of_the_staging_folder_is_replaced_only_with_overwrite(full_run, tmp_path):
+    earlier = export_run(full_run, tmp_path / "new.tmp", step=2)  # a finished export under the staging folder's name
+    with pytest.raises(ConfigError, match=f"staging folder of --out {tmp_path / 'new'}, {earlier}, holds a physreason "
+                                          "export .*: pass --overwrite to replace it, or move it away"):  # fmt: skip
+        export_run(full_run, tmp_path / "new")
+    assert is_export(earlier) and same_weights(earlier, full_run / "safetensors" / "step_2")
+    assert same_weights(export_run(full_run, tmp_path / "new", force=True), full_run / "safetensors" / "step_4")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
+
+
 def test_a_checkpoint_copied_into_a_run_is_exported_only_when_trusted(full_run, tmp_path):
     import shutil
 

@@ -103,6 +103,35 @@ def test_dropping_broken_lines_is_flushed_to_disk_before_it_replaces_the_old(tmp
     assert out.read_text() == '{"id": "a"}\n{"id": "c"}\n'
 
 
+@pytest.mark.parametrize("name", ["out.jsonl", "out.parquet"])
+def test_a_rewrite_that_drops_records_replaces_a_link_at_its_temporary_and_never_writes_through_it(tmp_path, name):
+    out = tmp_path / name
+    sink = open_sink(out, rows_per_file=2, flush_s=3600)
+    for record in [answered("a"), {"id": "b", "error": "broken"}, answered("c")]:
+        sink.write(record)
+    sink.close()
+    mine = tmp_path / "mine.txt"
+    mine.write_text("my own file")
+    rewritten = out / "part-00000.parquet" if out.is_dir() else out  # the file holding "b"
+    rewritten.with_name(f".{rewritten.name}.tmp").symlink_to(mine)
+    drop_results(out, {"b"})
+    assert mine.read_text() == "my own file" and not rewritten.is_symlink()
+    assert not rewritten.with_name(f".{rewritten.name}.tmp").is_symlink()
+    assert result_status(out) == {"a": True, "c": True}
+
+
+def test_dropping_broken_lines_replaces_a_link_at_its_temporary_and_never_writes_through_it(tmp_path):
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"id": "a"}\n{"id": "b", "tor\n{"id": "c"}\n')
+    mine = tmp_path / "mine.txt"
+    mine.write_text("my own file")
+    (tmp_path / ".out.jsonl.tmp").symlink_to(mine)
+    assert drop_broken_lines(out) == [2]
+    assert mine.read_text() == "my own file" and not out.is_symlink()
+    assert out.read_text() == '{"id": "a"}\n{"id": "c"}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt", "out.jsonl"]
+
+
 def test_parquet_requests_are_read_with_their_folder_as_media_root(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -12,7 +12,7 @@ from test_eval_report import write_run
 
 from physreason.errors import InputError
 from physreason.eval import collect_reports, report_rows
-from physreason.plots import accuracy_figure, curves_figure, read_metrics
+from physreason.plots import accuracy_chart, accuracy_figure, curves_figure, read_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -179,6 +179,24 @@ def test_plot_png_has_the_figure_size_and_drawn_content(tmp_path):
         assert image.size == (780, 4 * 312 + 48)  # 6.5 in wide, 2.6 in per panel plus the note, at 120 dpi
         colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
     assert len(colours) > 50  # lines, markers, text: not a blank canvas
+
+
+def test_plot_replaces_a_link_at_the_png_and_leaves_its_target_alone(tmp_path):
+    run = tmp_path / "run"
+    write_metrics(run, [{"step": s, "loss": 1.0 / s} for s in range(1, 5)])
+    (tmp_path / "notes.md").write_text("my notes")
+    (run / "curves.png").symlink_to("../notes.md")
+    (run / ".curves.png.tmp").symlink_to("../notes.md")
+    result = cli("plot", str(run))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "notes.md").read_text() == "my notes"
+    assert not (run / "curves.png").is_symlink() and (run / "curves.png").read_bytes().startswith(PNG_MAGIC)
+    assert sorted(p.name for p in run.iterdir()) == ["curves.png", "logs"]
+    chart = tmp_path / "accuracy.png"
+    chart.symlink_to("notes.md")
+    accuracy_chart(report_rows(collect_reports(two_models(tmp_path))), chart)
+    assert (tmp_path / "notes.md").read_text() == "my notes"
+    assert not chart.is_symlink() and chart.read_bytes().startswith(PNG_MAGIC)
 
 
 def test_plot_without_metrics_is_a_clear_error(tmp_path):

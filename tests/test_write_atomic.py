@@ -51,10 +51,9 @@ def test_replace_folder_renames_the_old_aside_before_deleting_it(tmp_path, monke
     from physreason import files
 
     final, staging = _folder(tmp_path / "step_4", "old"), _folder(tmp_path / "step_4.tmp", "new")
-    _folder(tmp_path / ".step_4.old", "left by an earlier kill")
 
     def killed(path, ignore_errors=False):  # the kill arrives while the old folder is being deleted
-        if path.name == ".step_4.old" and not (tmp_path / "step_4.tmp").exists():  # after the rename
+        if path.name.startswith(".step_4.old-") and not (tmp_path / "step_4.tmp").exists():  # after the rename
             raise KeyboardInterrupt
         real(path, ignore_errors=ignore_errors)
 
@@ -63,10 +62,21 @@ def test_replace_folder_renames_the_old_aside_before_deleting_it(tmp_path, monke
     with pytest.raises(KeyboardInterrupt):
         files.replace_folder(staging, final)
     assert (final / "model.safetensors").read_text() == "new" and not staging.exists()  # complete, never half
-    monkeypatch.setattr(files.shutil, "rmtree", real)
-    files.replace_folder(_folder(tmp_path / "step_4.tmp", "newer"), final)  # the next call clears what was aside
+    (aside,) = tmp_path.glob(".step_4.old-*")  # left for the user: a later call deletes only what it set aside
+    assert (aside / "step_4" / "model.safetensors").read_text() == "old"
+
+
+def test_replace_folder_never_deletes_a_folder_it_did_not_set_aside(tmp_path):
+    from physreason.files import replace_folder
+
+    final = _folder(tmp_path / "out", "old")
+    for name in (".out.old", ".out.old-1"):  # the user's, under names like the one the old folder is set aside under
+        _folder(tmp_path / name, "mine")
+    replace_folder(_folder(tmp_path / "out.tmp", "new"), final)
+    replace_folder(_folder(tmp_path / "out.tmp", "newer"), final)
     assert (final / "model.safetensors").read_text() == "newer"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.old", ".out.old-1", "out"]
+    assert all((tmp_path / name / "model.safetensors").read_text() == "mine" for name in (".out.old", ".out.old-1"))
 
 
 def test_replace_folder_replaces_a_link_and_keeps_its_target(tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -229,7 +228,7 @@ def report(
         written.append(folder / "board.csv")
     if any(row.mean is not None for row in rows):
         chart = folder / "accuracy.png"
-        os.replace(accuracy_chart(rows, chart.with_name(".accuracy.tmp.png")), chart)  # .png: savefig's format
+        accuracy_chart(rows, chart)
         written.append(chart)
     else:
         console.print("[yellow]no scored sample yet: no accuracy.png[/]")

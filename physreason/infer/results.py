@@ -10,13 +10,13 @@ Either way a rerun skips every id already written, so each id is in the output o
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from physreason.errors import InputError
+from physreason.files import atomic_writer
 
 PARQUET_SUFFIX = ".parquet"
 _PART_GLOB = "part-*.parquet"
@@ -114,11 +114,8 @@ def _write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
     import pyarrow.parquet as pq
 
     # A leading dot hides the unfinished file from readers (pyarrow skips '.' and '_' names).
-    temporary = path.with_name(f".{path.name}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=_parquet_schema()), temporary)
-    with temporary.open("rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    with atomic_writer(path, path.with_name(f".{path.name}.tmp")) as handle:
+        pq.write_table(pa.Table.from_pylist(rows, schema=_parquet_schema()), handle)
 
 
 def _part_files(folder: Path) -> list[Path]:
@@ -198,15 +195,11 @@ def drop_broken_lines(out: Path) -> list[int]:
         broken = [number for number, line in enumerate(handle, 1) if _broken_line(line)]
     if not broken:
         return []
-    temporary = out.with_name(f".{out.name}.tmp")
     skip = set(broken)
-    with out.open("rb") as source, temporary.open("wb") as target:
+    with out.open("rb") as source, atomic_writer(out, out.with_name(f".{out.name}.tmp")) as target:
         for number, line in enumerate(source, 1):
             if number not in skip:
                 target.write(line)
-        target.flush()
-        os.fsync(target.fileno())
-    os.replace(temporary, out)
     return broken
 
 
@@ -266,7 +259,7 @@ def drop_results(out: Path, ids: set[str]) -> None:
         return
     truncate_torn_tail(out)
     temporary = out.with_name(f".{out.name}.tmp")
-    with out.open(encoding="utf-8") as source, temporary.open("w", encoding="utf-8") as target:
+    with out.open(encoding="utf-8") as source, atomic_writer(out, temporary, encoding="utf-8") as target:
         for line in source:
             try:
                 drop = str(json.loads(line)["id"]) in ids
@@ -274,6 +267,3 @@ def drop_results(out: Path, ids: set[str]) -> None:
                 drop = False
             if not drop:
                 target.write(line)
-        target.flush()
-        os.fsync(target.fileno())
-    os.replace(temporary, out)

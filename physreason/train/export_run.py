@@ -110,6 +110,12 @@ def _check_out(out: Path, force: bool, run_dir: Path, config: Config) -> None:
     staging = out.with_name(out.name + ".tmp")  # where the folder is written before it is renamed into place
     check_replace(staging, option=f"the staging folder of --out {out},", protected=protected,
                   marked=is_export(staging), mark=mark, remedy="move it away or give another --out")  # fmt: skip
+    if staging.is_dir() and any(staging.iterdir()) and not force:
+        # an export cut short, or a finished one someone named so: either way not a folder the user named here
+        raise ConfigError(
+            f"the staging folder of --out {out}, {staging}, holds a physreason export (cut short, or an earlier one): "
+            "pass --overwrite to replace it, or move it away"
+        )
     if out.resolve().is_relative_to(run_dir.resolve() / "checkpoints"):
         raise ConfigError(f"--out {out} lies inside the run's checkpoints folder: write the export elsewhere")
     if out.is_dir() and any(out.iterdir()) and not force:
