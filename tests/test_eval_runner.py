@@ -377,3 +377,49 @@ def test_a_second_evaluation_into_the_same_folder_is_refused_while_the_first_run
     outcome = run_eval(config, show_progress=False)  # the first one gone: the folder is free
     assert [(r.answered, r.failed) for r in outcome.runs] == [(GOOD, 2)]
     assert not runlock._HELD
+
+
+def test_another_model_saved_at_the_same_path_is_refused_and_the_saved_results_keep_their_hash(tmp_path, bench_root):
+    from physreason.eval.settings import model_fingerprint
+    from physreason.models.tiny import save_tiny_model
+
+    model = save_tiny_model("qwen2_5_vl", tmp_path / "M", seed=0)
+    config = write_config(tmp_path / "eval.toml", model, bench_root, tmp_path / "results", limit=2)
+    first = run_eval(load_config(config), show_progress=False)
+    run = first.base / "mini" / "seed_1"
+    saved = {name: (run / name).read_bytes() for name in ("results.jsonl", "run.json")}
+    old = json.loads(saved["run.json"])["settings"]["model_fingerprint"]
+    assert old == model_fingerprint(model)
+
+    save_tiny_model("qwen2_5_vl", model, seed=1)  # other weights, same folder
+    new = model_fingerprint(model)
+    assert new != old
+    with pytest.raises(ConfigError) as refused:
+        run_eval(load_config(config), show_progress=False)
+    message = str(refused.value)
+    assert f"{first.base} holds results of another model" in message
+    assert f"content hash {old}" in message and f"content hash {new}" in message
+    assert "another --out" in message and "--set eval.model_name=NAME" in message
+    assert {name: (run / name).read_bytes() for name in saved} == saved  # neither answered again nor relabelled
+    with pytest.raises(ConfigError, match="holds results of another model"):
+        check_resumable(first.base, load_config(config))
+
+    other = run_eval(load_config(config, ["eval.model_name=M-seed1"]), show_progress=False)
+    assert other.resumed == 0 and [(r.answered, r.failed) for r in other.runs] == [(2, 0)]
+    assert json.loads((other.base / "mini" / "seed_1" / "run.json").read_text())["settings"]["model_fingerprint"] == new
+
+
+def test_results_saved_without_a_model_hash_resume_and_are_not_given_one(tmp_path, tiny_model_dir, bench_root, caplog):
+    # run.json files written before the content hash was recorded: whose weights made them is unknown.
+    config = write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, tmp_path / "results", limit=2)
+    first = run_eval(load_config(config), show_progress=False)
+    run_file = first.base / "mini" / "seed_1" / "run.json"
+    info = json.loads(run_file.read_text())
+    del info["settings"]["model_fingerprint"]
+    run_file.write_text(json.dumps(info))
+    again = run_eval(load_config(config, ["eval.num_repeats=2"]), show_progress=False)
+    assert again.resumed == 2 and [(r.answered, r.failed) for r in again.runs] == [(2, 0), (2, 0)]
+    assert "records no content hash of the model" in caplog.text
+    assert json.loads(run_file.read_text())["settings"]["model_fingerprint"] is None
+    fresh = json.loads((first.base / "mini" / "seed_2" / "run.json").read_text())
+    assert fresh["settings"]["model_fingerprint"] is not None

@@ -285,6 +285,30 @@ def test_a_system_prompt_that_is_not_text_fails_that_request_only(engine, tmp_pa
     assert "'system_prompt' is a list" in records["list"]["error"] and "outputs" in records["a"]
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "got"),
+    [
+        ("video", 5, "a JSON number"),
+        ("video", True, "a JSON boolean"),
+        ("image", 3.5, "a JSON number"),
+        ("video", {"a.mp4": 1}, "a JSON object"),  # not read as its keys
+        ("video", ["a.mp4", 5], "a list holding a JSON number"),
+    ],
+)
+def test_a_media_value_that_is_not_a_path_or_list_of_paths_fails_that_request_only(engine, tmp_path, key, value, got):
+    write_clip(tmp_path / "a.mp4")
+    lines = [{"id": "first", "question": "Is it falling?", "video": "a.mp4"},
+             {"id": "bad", "question": "Is it falling?", key: value},
+             {"id": "last", "question": "Is it rising?", "video": ["a.mp4"]}]  # fmt: skip
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out.jsonl"
+    summary = run_batch(engine, tmp_path / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)
+    records = {r["id"]: r for r in read_out(out)}
+    assert (summary.done, summary.failed) == (3, 1)
+    assert "outputs" in records["first"] and "outputs" in records["last"]
+    assert records["bad"]["error"].startswith(f"request bad: {key!r} must be a path or a list of paths, got {got};")
+
+
 def test_a_whole_last_record_without_its_newline_is_redone_not_lost(engine, batch_dir):
     out = batch_dir / "out.jsonl"
     run_batch(engine, batch_dir / "requests.jsonl", out, sampling=GREEDY, vision=SMALL, show_progress=False)

@@ -30,12 +30,19 @@ from physreason.eval.results import (
     finished_in_run,
     merge_shards,
     read_run,
+    read_run_info,
     result_files,
     run_dir,
     write_run_info,
 )
 from physreason.eval.runner import ShardCounts, ShardJob, evaluate_shards, shard_samples
-from physreason.eval.settings import EvalSetup, effective_config, reproduction_settings
+from physreason.eval.settings import (
+    MODEL_IDENTITY,
+    EvalSetup,
+    effective_config,
+    model_identity,
+    reproduction_settings,
+)
 from physreason.models.source import check_model_source
 from physreason.progress import LoggedProgress, progress_display
 from physreason.train.runlock import LOCK_NAME, holding
@@ -159,12 +166,14 @@ def repeat_sampling(sampling: SamplingConfig, seed: int) -> SamplingConfig:
 
 def check_resumable(base: Path, cfg: Config) -> None:
     """Refuse to add results to a folder whose earlier results were made with other generation/vision/prompt/model
-    settings (compared as resolved: a style's sampling defaults count as set)."""
-    _check_resumable(base, lambda: effective_config(cfg)[0])
+    settings (compared as resolved: a style's sampling defaults count as set) or with other weights at the same
+    model path (the content hash or Hub commit each run.json records)."""
+    _check_resumable(base, lambda: effective_config(cfg)[0], lambda: model_identity(cfg))
 
 
-def _check_resumable(base: Path, resolved: Callable[[], Config]) -> None:
-    # `resolved` gives the effective config; it is asked for only when the folder holds results to compare against.
+def _check_resumable(base: Path, resolved: Callable[[], Config], identity: Callable[[], dict[str, str | None]]) -> None:
+    # `resolved` gives the effective config and `identity` the model's (model_identity); they are asked for only when
+    # the folder holds results to compare against.
     stored_path = base / CONFIG_FILE
     if not stored_path.is_file():
         return
@@ -196,6 +205,34 @@ def _check_resumable(base: Path, resolved: Callable[[], Config]) -> None:
             f"{base} holds results made with different {', '.join(changed)} (see {stored_path}); mixing them "
             "would skew the scores: use another eval.results_dir, restore those settings, or delete the folder"
         )
+    _check_same_model(base, identity())
+
+
+# How the error names each MODEL_IDENTITY key.
+_IDENTITY_NAMES = {"model_commit": "Hub commit", "model_fingerprint": "content hash"}
+
+
+def _check_same_model(base: Path, current: dict[str, str | None]) -> None:
+    """Refuse when a run under `base` holds results its run.json says were made with other weights than `current`.
+
+    A value unknown on either side (a run.json written before content hashes were recorded, a Hub model not in the
+    cache) decides nothing: such results resume as they are.
+    """
+    for run in sorted(base.glob("*/seed_*")):
+        if not finished_in_run(run):
+            continue
+        stored = read_run_info(run).get("settings")
+        stored = stored if isinstance(stored, dict) else {}
+        for key in MODEL_IDENTITY:
+            old, new = stored.get(key), current.get(key)
+            if old is not None and new is not None and old != new:
+                name = _IDENTITY_NAMES[key]
+                raise ConfigError(
+                    f"{base} holds results of another model: {run / RUN_FILE} records the {name} {old}, and the "
+                    f"model at that path has the {name} {new} now; adding to those results would credit one model's "
+                    "scores to the other. Write to another --out (eval.results_dir), name this model's folder with "
+                    f"--set eval.model_name=NAME, or delete {base} to start over"
+                )
 
 
 def _lookup(tree: dict[str, Any], dotted: str) -> Any:
@@ -211,13 +248,30 @@ def _without_seed(section: Any) -> Any:
 
 def prepare_runs(plan: EvalPlan) -> int:
     """Check the folder can be resumed, store the resolved config and each run's `run.json` (with what a
-    reproduction needs); return how many results are already there."""
-    _check_resumable(plan.base, lambda: plan.config)
+    reproduction needs); return how many results are already there.
+
+    A run that holds results keeps the model identity (MODEL_IDENTITY) its run.json recorded with them: the check
+    refused other weights, and results recorded without one stay without one rather than take this model's."""
+    settings = reproduction_settings(plan.config, plan.setup)
+    current = {key: settings[key] for key in MODEL_IDENTITY}
+    _check_resumable(plan.base, lambda: plan.config, lambda: current)
     plan.base.mkdir(parents=True, exist_ok=True)
     dump_config(plan.config, plan.base / CONFIG_FILE)
-    settings = reproduction_settings(plan.config, plan.setup)
     existing = 0
     for benchmark, seed, run in plan.runs():
+        run_settings = settings
+        if finished_in_run(run):
+            stored = read_run_info(run).get("settings")
+            recorded = {key: stored.get(key) if isinstance(stored, dict) else None for key in MODEL_IDENTITY}
+            unknown = [_IDENTITY_NAMES[k] for k in MODEL_IDENTITY if recorded[k] is None and current[k] is not None]
+            if unknown:
+                log.warning(
+                    "%s holds results whose run.json records no %s of the model (an older physreason wrote it): "
+                    "which weights made them is unknown; they are resumed as they are and run.json keeps none",
+                    run,
+                    " or ".join(unknown),
+                )
+            run_settings = settings | recorded
         info = {
             "dataset": benchmark.name,
             "seed": seed,
@@ -225,7 +279,7 @@ def prepare_runs(plan: EvalPlan) -> int:
             "chance": chance_accuracy(benchmark),
             "model": plan.config.model.model_name_or_path,
             "answer_type": plan.setup.answer_type,
-            "settings": settings | {"seed": seed},
+            "settings": run_settings | {"seed": seed},
         }
         if benchmark.board is not None:
             info["board"] = benchmark.board

@@ -131,6 +131,20 @@ def model_fingerprint(folder: str | Path) -> str:
     return digest.hexdigest()[:12]
 
 
+# The run.json keys that say which weights a run's results were made with; model_identity gives them.
+MODEL_IDENTITY = ("model_commit", "model_fingerprint")
+
+
+def model_identity(cfg: Config) -> dict[str, str | None]:
+    """Which weights `cfg.model` names now: a Hub snapshot's commit and a local folder's content hash (None where
+    unknown or not applicable). Two models saved one after another at the same path differ here, not in their path."""
+    local = Path(cfg.model.model_name_or_path).expanduser()
+    return {
+        "model_commit": model_commit(cfg.model.model_name_or_path, cfg.model.revision),
+        "model_fingerprint": model_fingerprint(local) if local.is_dir() else None,
+    }
+
+
 def system_prompt_text(prompting: Prompting, answer_type: AnswerMode) -> str:
     """The system prompt a multiple-choice question of this evaluation is asked with ('' for none): the recipe's
     prompt.system_prompt, else the style's own (Reason1's benchmark 'Answer the questions.', Reason2's default)."""
@@ -159,8 +173,7 @@ def reproduction_settings(cfg: Config, setup: EvalSetup) -> dict[str, Any]:
         "physreason_version": __version__,
         "model": str(local.resolve()) if local.is_dir() else cfg.model.model_name_or_path,
         "model_revision": cfg.model.revision,
-        "model_commit": model_commit(cfg.model.model_name_or_path, cfg.model.revision),
-        "model_fingerprint": model_fingerprint(local) if local.is_dir() else None,
+        **model_identity(cfg),
         "engine": cfg.engine.backend,
         "prompt_style": setup.prompting.style,
         "reasoning": setup.prompting.reasoning,

@@ -31,7 +31,7 @@ from rich.text import Text
 from physreason.chat.style import Prompting
 from physreason.config import DatasetConfig, SamplingConfig, VisionConfig
 from physreason.cpu import decode_ahead_threads
-from physreason.data.loaders import jsonl_lines, load_records, media_path_in_root
+from physreason.data.loaders import json_kind, jsonl_lines, load_records, media_path_in_root
 from physreason.data.video_range import record_video_range
 from physreason.engines import Engine, GenerationRequest, GenerationResult
 from physreason.errors import ConfigError, InputError, PhysReasonError
@@ -109,10 +109,25 @@ class BatchPlan:
         )
 
 
-def _as_list(value: Any) -> list[str]:
+def _media_paths(record: dict[str, Any], key: str, where: str) -> list[str]:
+    """The paths under one media key ("video", "image"): a path or a list of paths; anything else is an InputError
+    naming the request and the key (a number would stop the whole batch, an object would be read as its keys)."""
+    value = record.get(key)
     if value is None:
         return []
-    return [value] if isinstance(value, str) else list(value)
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        wrong = [path for path in value if not isinstance(path, str)]
+        if not wrong:
+            return value
+        got = f"a list holding a JSON {json_kind(wrong[0])}"
+    else:
+        got = f"a JSON {json_kind(value)}"
+    raise InputError(
+        f'{where}: {key!r} must be a path or a list of paths, got {got}; write it as "clip.mp4" or '
+        '["a.mp4", "b.mp4"], relative to the requests\' folder (or --media-root)'
+    )
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
@@ -310,8 +325,8 @@ def request_from_record(
     system_prompt = record.get("system_prompt")
     if system_prompt is not None and not isinstance(system_prompt, str):
         raise InputError(f"{where}: 'system_prompt' is a {type(system_prompt).__name__}; write it as text or leave it out")
-    videos = [media_path_in_root(root, v, where) for v in _as_list(record.get("video"))]
-    images = [media_path_in_root(root, i, where) for i in _as_list(record.get("image"))]
+    videos = [media_path_in_root(root, v, where) for v in _media_paths(record, "video", where)]
+    images = [media_path_in_root(root, i, where) for i in _media_paths(record, "image", where)]
     vision = vision.model_copy(update=record_video_range(record, where))
     return build_request(
         question, videos=videos, images=images, vision=vision, prompting=prompting,
