@@ -269,3 +269,19 @@ def test_messages_stored_as_json_text_that_the_parser_refuses_are_named(tmp_path
         "store a list of turns",
         "hf record 2: turn 0's 'content' is a JSON object; write the text, or a list of {'type': ...} parts",
     ]
+
+
+def test_a_control_token_written_in_a_records_text_is_refused_before_training(tmp_path):
+    def record(user: str, answer: str = "It falls.") -> dict:
+        return {"conversations": [{"from": "human", "value": user}, {"from": "gpt", "value": answer}]}
+
+    rows = [record("Does the ball fall?"), record("see <|video_pad|> here"), record("Why?", "Because.<|im_end|>more"),
+            record("Where is <|box_start|>the ball<|box_end|>?"),  # a grounding token is the data's to use
+            {"conversations": [{"role": "user", "content": [{"type": "text", "text": "a <|vision_start|> b"}]},
+                               {"role": "assistant", "content": "No."}]}]  # fmt: skip
+    locations = [f"mine.jsonl:{n}" for n in range(1, 6)]
+    problems = SFTDataset(rows, tmp_path, build_tiny_tokenizer(), max_length=512, locations=locations).record_problems()
+    assert len(problems) == 3
+    assert problems[0].startswith("mine.jsonl:2: turn 0 (user) has '<|video_pad|>' in its text, a control token")
+    assert problems[1].startswith("mine.jsonl:3: turn 1 (assistant) has '<|im_end|>'")
+    assert problems[2].startswith("mine.jsonl:5: turn 0 (user) has '<|vision_start|>'")

@@ -377,6 +377,38 @@ def data_layout(records: list[dict[str, Any]], column: str) -> str:
     return ", ".join(f"{layout}: {count}" for layout, count in counts.items()) + f" under {column!r}"
 
 
+# Token strings that structure a conversation (turn markers, end of text) or stand for visual inputs (the vision
+# placeholders): written in a record's text they are read as those tokens, not as text, so a turn ends early or a
+# placeholder has no image or video behind it. Other special tokens (Qwen's <|box_start|> and <|object_ref_start|>)
+# are the data's to use.
+STRUCTURAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_start|>", "<|vision_end|>",
+                     "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")  # fmt: skip
+
+
+def structural_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """The STRUCTURAL_TOKENS that `tokenizer` has as special tokens (a tokenizer without them: none)."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    special = {token.content for token in decoder.values() if getattr(token, "special", False)}
+    return tuple(token for token in STRUCTURAL_TOKENS if token in special)
+
+
+def structural_token_problem(messages: list[dict[str, Any]], tokens: tuple[str, ...], where: str) -> str | None:
+    """Why a conversation's text cannot be trained on as written: it holds one of `tokens` (see STRUCTURAL_TOKENS)."""
+    for number, message in enumerate(messages):
+        content = message["content"]
+        texts = [content] if isinstance(content, str) else [str(p.get("text") or "") for p in content if p.get("type") == "text"]
+        for text in texts:
+            found = next((token for token in tokens if token in text), None)
+            if found is not None:
+                return (
+                    f"{where}: turn {number} ({message['role']}) has {found!r} in its text, a control token of the "
+                    "model's tokenizer: it would be read as that token (a turn marker or a vision placeholder), not "
+                    "as text. Remove it from the record (images and videos go in the record's image/video keys or "
+                    "as <image>/<video> placeholders)"
+                )
+    return None
+
+
 class SFTDataset(Dataset):
     """Conversation records turned into `SFTSample`s (or `SkippedSample`s that say why) on access."""
 
@@ -431,10 +463,15 @@ class SFTDataset(Dataset):
         the loader reaches its record, minutes in.
         """
         problems = []
+        tokens = structural_tokens(self.tokenizer)
         for index, record in enumerate(self.records):
             where = self.where(index)
             try:
-                media = media_of(normalize_conversation(record, self.column, where), self.root, where)
+                messages = normalize_conversation(record, self.column, where)
+                problem = structural_token_problem(messages, tokens, where)
+                if problem is not None:
+                    raise InputError(problem)
+                media = media_of(messages, self.root, where)
                 if media and self.vision_tokens is None:
                     raise InputError(f"{where}: the record has images or videos but the model has no vision tower")
                 if media:
