@@ -199,3 +199,61 @@ def test_plan_of_another_hub_model_offline_is_still_refused(tmp_path):
     result = run_cli("plan", str(recipe), cwd=tmp_path, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     assert result.returncode == 2 and "'someone/Other-VL-7B' is a hub id that is not in the local cache" in result.stderr
     assert "ships" not in result.stderr
+
+
+def edited_config(tiny_model_dir: Path, folder: Path, section: str, key: str, value: object) -> Path:
+    """A model folder holding the tiny model's config.json with one size set to `value` (layer_types dropped, as
+    transformers derives it from num_hidden_layers)."""
+    import json
+
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    config[section][key] = value
+    config[section].pop("layer_types", None)
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("text_config", "num_attention_heads", 0),  # divided by in transformers' attention
+        ("text_config", "hidden_size", -4),  # a tensor of negative size
+        ("text_config", "num_hidden_layers", 20_000),  # builds for seconds; 2,000,000 ran for minutes
+        ("vision_config", "patch_size", 0),  # the plan divides pixels by it
+        ("vision_config", "depth", -1),
+    ],
+)
+def test_a_config_size_no_model_can_have_is_named_before_anything_is_built(tmp_path, tiny_model_dir, section, key, value):
+    from physreason.config import load_config
+    from physreason.errors import ConfigError
+    from physreason.models.sizes import read_model_shape
+
+    folder = edited_config(tiny_model_dir, tmp_path / "m", section, key, value)
+    config = load_config(None, [f"model.model_name_or_path='{folder}'"])
+    with pytest.raises(ConfigError) as raised:
+        read_model_shape(config.model)
+    assert str(raised.value).startswith(f"{folder / 'config.json'}: {section}.{key} = {value} is not a whole number from 1 to ")
+
+
+@pytest.mark.parametrize(("key", "value"), [("hidden_size", "128"), ("vocab_size", 1e308)])
+def test_a_config_field_transformers_refuses_is_named_with_its_file(tmp_path, tiny_model_dir, key, value):
+    from physreason.config import load_config
+    from physreason.errors import ConfigError
+    from physreason.models.sizes import read_model_shape
+
+    folder = edited_config(tiny_model_dir, tmp_path / "m", "text_config", key, value)
+    config = load_config(None, [f"model.model_name_or_path='{folder}'"])
+    with pytest.raises(ConfigError) as raised:
+        read_model_shape(config.model)
+    message = str(raised.value)
+    assert message.startswith(f"{folder / 'config.json'} cannot be read as a model config")
+    assert f"'{key}'" in message and "\n" not in message
+
+
+def test_plan_of_a_model_whose_config_has_a_zero_patch_size_is_one_line(tmp_path, tiny_model_dir):
+    folder = edited_config(tiny_model_dir, tmp_path / "m", "vision_config", "patch_size", 0)
+    result = run_cli("plan", str(ROOT / "configs" / "sft_tiny.toml"), "-m", str(folder), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"{folder / 'config.json'}: vision_config.patch_size = 0 is not a whole number" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import pytest
 
 from physreason.chat import parse
+from physreason.data import convert
 from physreason.rewards import compute_rewards, extract, normalize_answer, registered_rewards, rules
 from physreason.serve import reasoning
 from physreason.serve.reasoning import ReasoningSplitter, split_reasoning
@@ -27,7 +28,7 @@ except ImportError:  # pragma: no cover
 
 # By import_module: the package's `extract` attribute is the function of that name, not the module.
 extract_module = importlib.import_module("physreason.rewards.extract")
-MODULES = (parse, extract_module, rules, reasoning)
+MODULES = (parse, extract_module, rules, reasoning, convert)
 MAX_WIDTH = 64  # characters one match attempt of any pattern can span
 SIZE = 1_000_000
 
@@ -40,6 +41,7 @@ def hostile_texts() -> dict[str, str]:
         "no tags, punctuation": "." * SIZE + "x",
         "10k open tags": "<answer>" * 10_000 + "a" * (SIZE - 80_000),
         "10k pairs": "<think>r</think><answer>B</answer>" * 10_000 + " r" * (SIZE // 3),
+        "empty pairs, then text": "<answer></answer>x" * (SIZE // 18),
         "nested tags": "<answer><think>" * (SIZE // 32) + "B" + "</think></answer>" * (SIZE // 32),
         "unclosed think": "<think>" + "<" * SIZE,
         "answer phrases": "the answer is " * (SIZE // 14),
@@ -117,6 +119,7 @@ CALLS: dict[str, Callable[[str], object]] = {
     "extract with options": lambda t: extract(t, {"A": "the cup", "B": "the ball."}),
     "normalize_answer": normalize_answer,
     "split_reasoning": split_reasoning,
+    "to_reason2": convert.to_reason2,
     "every reward": lambda t: compute_rewards(
         t, dict.fromkeys(sorted(set(registered_rewards()) & {"accuracy", "format"}), 1.0),
         answer="B", options=["the cup", "the ball"],
@@ -149,6 +152,18 @@ def test_the_pair_scan_finds_the_pair_the_old_regex_found():
         text = "".join(rng.choice(atoms) for _ in range(rng.randint(0, 10)))
         pairs = innermost_pair.findall(text)
         assert parse._last_answer_pair(text) == (pairs[-1] if pairs else None), text
+
+
+def test_the_answer_split_gives_what_the_old_regex_gave():
+    # the regex to_reason2 used: quadratic on "<answer></answer>x" repeated
+    reason1 = re.compile(r"^(?P<head>.*?)\s*<answer>\s*(?P<answer>.*?)\s*</answer>\s*$", re.DOTALL)
+    rng = random.Random(0)
+    atoms = ["<answer>", "</answer>", "<think>", "</think>", "a", "B", " ", "\n", "\u3000", "<answer", "answer>", "</"]
+    for _ in range(20_000):
+        text = "".join(rng.choice(atoms) for _ in range(rng.randint(0, 10)))
+        match = reason1.match(text)
+        expected = None if match is None else (match.group("head").rstrip(), match.group("answer"))
+        assert convert._split_answer(text) == expected, repr(text)
 
 
 class CountingSplitter(ReasoningSplitter):

@@ -9,7 +9,7 @@ import torch
 
 from physreason.config import DatasetConfig
 from physreason.data.collate import collate_padded, shifted_targets
-from physreason.data.loaders import load_records, media_path_in_root
+from physreason.data.loaders import load_located_records, load_records, media_path_in_root
 from physreason.data.sft import (
     IGNORE_INDEX,
     SFTDataset,
@@ -127,6 +127,60 @@ def test_records_load_from_json_jsonl_parquet_and_load_from_disk(tmp_path):
         loaded, root = load_records(DatasetConfig(name=str(tmp_path / name)))
         assert [r["conversations"][0]["content"] for r in loaded] == ["Is the ball falling?", "second"]
     assert load_records(DatasetConfig(name=str(tmp_path / "d.json")))[1] == tmp_path.resolve()
+
+
+def test_a_downloaded_dataset_folder_loads_the_split_files_the_hub_layout_names(tmp_path):
+    # the layout `hf download --repo-type dataset ID --local-dir snap` writes: no state.json, data files by split
+    snap = tmp_path / "snap"
+    (snap / "data").mkdir(parents=True)
+    (snap / "README.md").write_text("# a data set")
+    (snap / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (_record(), _record("second"))))
+    (snap / "data" / "test.jsonl").write_text(json.dumps(_record("held out")) + "\n")
+    loaded, root, where = load_located_records(DatasetConfig(name=str(snap)))
+    assert [r["conversations"][0]["content"] for r in loaded] == ["Is the ball falling?", "second"]
+    assert root == snap.resolve() and where == [f"{snap / 'data' / 'train.jsonl'}:{line}" for line in (1, 2)]
+    assert len(load_records(DatasetConfig(name=str(snap), split="test"))[0]) == 1
+    (snap / "data" / "train.jsonl").write_text('["not", "a", "record"]\n')
+    with pytest.raises(InputError, match=r"train.jsonl:1 is a JSON list, not an object"):
+        load_records(DatasetConfig(name=str(snap)))
+
+
+def test_a_folder_holding_no_data_set_is_an_input_error_naming_the_key(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.md").write_text("# not data")
+    for folder in (tmp_path / "empty", tmp_path / "notes"):
+        with pytest.raises(InputError) as raised:
+            load_records(DatasetConfig(name=str(folder)))
+        message = str(raised.value)
+        assert message.startswith(f"data.dataset.name = {str(folder)!r}: the folder {folder} is neither")
+        assert "set data.dataset.name to the data file, or to the folder that holds the data files" in message
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "state.json").write_text("{}")  # save_to_disk's marker, without the data it describes
+    with pytest.raises(InputError, match=r"broken'?: .*broken cannot be read with datasets.load_from_disk"):
+        load_records(DatasetConfig(name=str(broken)))
+
+
+def test_a_hub_data_set_that_cannot_be_loaded_is_an_input_error_naming_the_key(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    name = "physreason-tests/no-such-data-set"
+    with pytest.raises(InputError) as raised:
+        load_records(DatasetConfig(name=name))
+    message = str(raised.value)
+    assert message.startswith(f"data.dataset.name = {name!r} is no local file or folder, and HF_HUB_OFFLINE is set")
+    assert f"hf download --repo-type dataset {name} --local-dir DIR" in message
+
+    def missing(*args, **kwargs):
+        raise datasets.exceptions.DatasetNotFoundError(f"Dataset '{name}' doesn't exist on the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", missing)
+    with pytest.raises(InputError, match=r"is neither a local file or folder nor a Hub data set .*doesn't exist"):
+        load_records(DatasetConfig(name=name))
 
 
 def test_json_list_item_that_is_not_an_object_is_named_by_index(tmp_path):

@@ -50,6 +50,18 @@ def test_data_convert_rewrites_every_layout_and_keeps_the_rest(tmp_path):
 
 
 
+def test_data_convert_counts_only_the_records_whose_text_changed(tmp_path):
+    no_final_block = "<answer></answer>x" * 3  # tags, but text after the last </answer>: kept as it is
+    as_text = json.dumps([{"from": "gpt", "value": "<answer>A</answer> then more"}], indent=1)  # spacing kept too
+    records = [llava(answer=no_final_block), {"conversations": as_text}, llava()]
+    source, target = tmp_path / "r1.jsonl", tmp_path / "r2.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert convert_records(source, target) == (1, 3)
+    written = [json.loads(line) for line in target.read_text().splitlines()]
+    assert written[:2] == records[:2]
+    assert written[2]["conversations"][1]["value"] == "<think>\nthe ball falls\n</think>\n\nB"
+
+
 def test_data_convert_keeps_a_conversation_text_the_json_parser_refuses_as_written(tmp_path):
     from physreason.data.convert import convert_records
 

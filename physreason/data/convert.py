@@ -8,7 +8,6 @@ prompts it is served with do not expect. Only assistant replies change; every ot
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,6 @@ from physreason.data.loaders import jsonl_lines
 from physreason.errors import InputError
 from physreason.files import write_atomic
 
-# One <answer> block, after the reasoning (or alone), and nothing else after it.
-_REASON1 = re.compile(r"^(?P<head>.*?)\s*<answer>\s*(?P<answer>.*?)\s*</answer>\s*$", re.DOTALL)
 _ASSISTANT = ("assistant", "gpt")
 CONVERSATION_KEYS = ("conversations", "messages")
 
@@ -29,11 +26,26 @@ def reason1_reply(text: str) -> bool:
 
 def to_reason2(text: str) -> str:
     """The reply in Reason2's layout: the reasoning, a blank line, the answer; a reply without <answer> unchanged."""
-    match = _REASON1.match(text)
-    if match is None:
+    split = _split_answer(text)
+    if split is None:
         return text
-    head = match.group("head").rstrip()
-    return f"{head}\n\n{match.group('answer')}" if head else match.group("answer")
+    head, answer = split
+    return f"{head}\n\n{answer}" if head else answer
+
+
+def _split_answer(text: str) -> tuple[str, str] | None:
+    """(reasoning, answer) of a reply ending in an <answer> block, both stripped; None for any other reply.
+
+    The block runs from the first <answer> to the last </answer>, which only whitespace may follow. str.find and
+    rfind keep this linear in the reply: a regex with two lazy groups backtracks quadratically on tag soup.
+    """
+    close = text.rfind("</answer>")
+    if close < 0 or text[close + len("</answer>") :].strip():
+        return None
+    start = text.find("<answer>", 0, close)
+    if start < 0:
+        return None
+    return text[:start].rstrip(), text[start + len("<answer>") : close].strip()
 
 
 def _assistant_texts(turns: Any) -> list[str]:
@@ -64,6 +76,7 @@ def count_reason1_records(records: list[dict[str, Any]], column: str) -> int:
 
 
 def _convert_turns(turns: Any) -> int:
+    """Rewrite a conversation's Reason1 replies in place; how many replies changed."""
     changed = 0
     for turn in turns if isinstance(turns, list) else []:
         if not isinstance(turn, dict) or str(turn.get("role", turn.get("from", ""))) not in _ASSISTANT:
@@ -72,12 +85,13 @@ def _convert_turns(turns: Any) -> int:
         content = turn.get(key)
         if isinstance(content, str) and reason1_reply(content):
             turn[key] = to_reason2(content)
-            changed += 1
+            changed += turn[key] != content  # a reply with tags but no final <answer> block is kept as it is
         elif isinstance(content, list):
             for part in content:
                 if isinstance(part, dict) and isinstance(part.get("text"), str) and reason1_reply(part["text"]):
-                    part["text"] = to_reason2(part["text"])
-                    changed += 1
+                    text = part["text"]
+                    part["text"] = to_reason2(text)
+                    changed += part["text"] != text
     return changed
 
 
@@ -106,8 +120,10 @@ def convert_records(source: Path, target: Path, overwrite: bool = False) -> tupl
                     parsed = json.loads(turns)
                 except (ValueError, RecursionError):  # not JSON, a 5,000-digit number, nesting the parser refuses
                     continue  # kept as written: the SFT loader names the record
-                changes += _convert_turns(parsed)
-                record[key] = json.dumps(parsed, ensure_ascii=False)
+                rewritten = _convert_turns(parsed)
+                if rewritten:  # an unchanged conversation keeps its text as written
+                    record[key] = json.dumps(parsed, ensure_ascii=False)
+                changes += rewritten
             else:
                 changes += _convert_turns(turns)
         converted += changes > 0

@@ -155,20 +155,51 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_datasets(name: str, config: DatasetConfig) -> list[dict[str, Any]]:
+    """Rows of a `datasets.save_to_disk` folder, or of split data.dataset.split of Hub data set `name`."""
     try:
         import datasets
     except ImportError as exc:
         raise InputError(f"data set {name} needs the `datasets` package: pip install datasets") from exc
     folder = Path(name)
     if folder.is_dir():
-        loaded = datasets.load_from_disk(str(folder))
+        try:
+            loaded = datasets.load_from_disk(str(folder))
+        except (OSError, ValueError) as exc:  # a missing arrow file, a state.json that is not the library's
+            raise InputError(
+                f"data.dataset.name = {name!r}: {folder} cannot be read with datasets.load_from_disk "
+                f"({type(exc).__name__}: {exc}); save it again with save_to_disk"
+            ) from exc
         if isinstance(loaded, datasets.DatasetDict):
             if config.split not in loaded:
                 raise InputError(f"{folder} has splits {sorted(loaded)}, not {config.split!r}: set data.dataset.split")
             loaded = loaded[config.split]
     else:
-        loaded = datasets.load_dataset(name, config.subset, split=config.split)
+        loaded = _load_hub_dataset(name, config)
     return [dict(row) for row in loaded]
+
+
+def _load_hub_dataset(name: str, config: DatasetConfig) -> Any:
+    """datasets.load_dataset of a name that is no local file or folder; InputError when the Hub cannot give it."""
+    import datasets
+    from huggingface_hub import constants
+
+    try:
+        return datasets.load_dataset(name, config.subset, split=config.split)
+    except ConnectionError as exc:
+        offline = "HF_HUB_OFFLINE is set and it is not in the local cache" if constants.HF_HUB_OFFLINE else (
+            "the Hugging Face Hub cannot be reached"
+        )
+        raise InputError(
+            f"data.dataset.name = {name!r} is no local file or folder, and {offline} ({exc}): download it where "
+            f"there is network (hf download --repo-type dataset {name} --local-dir DIR) and set data.dataset.name "
+            "to that folder, or correct the path"
+        ) from exc
+    except (OSError, ValueError) as exc:  # no such data set, subset or split; an id the Hub refuses
+        raise InputError(
+            f"data.dataset.name = {name!r} is neither a local file or folder nor a Hub data set that can be loaded "
+            f"with subset {config.subset!r} and split {config.split!r} ({type(exc).__name__}: {exc}): correct the "
+            "path, or the Hub id (owner/name), data.dataset.subset and data.dataset.split"
+        ) from exc
 
 
 _DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -180,6 +211,22 @@ def _name_tokens(relative: Path) -> set[str]:
     return {token for part in relative.parts for token in re.split(r"[^a-z0-9]+", part.lower()) if token}
 
 
+def _data_files(folder: Path) -> list[Path]:
+    """Every parquet, JSONL and JSON file under `folder`, sorted, hidden folders (`.cache`, `.git`) left out."""
+    return sorted(
+        path
+        for path in folder.rglob("*")
+        if path.is_file()
+        and path.suffix.lower() in _DATA_FILE_SUFFIXES
+        and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    )
+
+
+def _saved_with_datasets(folder: Path) -> bool:
+    """Whether `folder` was written by `datasets`' save_to_disk (it holds state.json or dataset_dict.json)."""
+    return (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file()
+
+
 def snapshot_data_files(folder: Path, split: str) -> list[Path]:
     """The data files of one split in a Hugging Face dataset repository snapshot (parquet, JSONL or JSON).
 
@@ -188,13 +235,7 @@ def snapshot_data_files(folder: Path, split: str) -> list[Path]:
     form the one split. Hidden folders (`.cache`, `.git`) are left out. Raises InputError when the split has no
     file or its files mix formats.
     """
-    files = sorted(
-        path
-        for path in folder.rglob("*")
-        if path.is_file()
-        and path.suffix.lower() in _DATA_FILE_SUFFIXES
-        and not any(part.startswith(".") for part in path.relative_to(folder).parts)
-    )
+    files = _data_files(folder)
     tokens = {path: _name_tokens(path.relative_to(folder)) for path in files}
     chosen = [path for path in files if split.lower() in tokens[path]]
     if not chosen and not any(tokens[path] & set(_SPLIT_NAMES) for path in files):
@@ -213,14 +254,16 @@ def snapshot_data_files(folder: Path, split: str) -> list[Path]:
     return chosen
 
 
-def load_snapshot_records(folder: Path, split: str) -> tuple[list[Any], list[str]]:
+def load_snapshot_records(
+    folder: Path, split: str, *, require_objects: bool = False, unreadable: list[str] | None = None
+) -> tuple[list[Any], list[str]]:
     """The records of one split of a dataset folder and where each is ("file:line", "file row k", "folder row k").
 
     A `datasets.save_to_disk` folder (it holds state.json or dataset_dict.json) is read with load_from_disk;
     any other folder as a Hub repository snapshot (see snapshot_data_files). Records that are not objects are
-    kept, for the caller to report.
+    kept for the caller to report, unless `require_objects` (see load_located_records, also for `unreadable`).
     """
-    if (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file():
+    if _saved_with_datasets(folder):
         records = _read_datasets(str(folder), DatasetConfig(name=str(folder), split=split))
         return records, [f"{folder} row {index}" for index in range(len(records))]
     records: list[Any] = []
@@ -228,9 +271,9 @@ def load_snapshot_records(folder: Path, split: str) -> tuple[list[Any], list[str
     for path in snapshot_data_files(folder, split):
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
-            part, where = _read_jsonl(path, False)
+            part, where = _read_jsonl(path, require_objects, unreadable)
         elif suffix == ".json":
-            part, where = _read_json(path, False)
+            part, where = _read_json(path, require_objects, unreadable)
         else:
             part = _read_parquet(path)
             where = [f"{path} row {index}" for index in range(len(part))]
@@ -254,7 +297,9 @@ def load_located_records(
     (0-based list index) or "name row 3" (parquet files and `datasets` folders).
 
     A `.json` file holds a list of records, `.jsonl` one record per line, `.parquet` one per row (read with
-    `datasets`); a folder is read with `datasets.load_from_disk`; any other name is a Hugging Face Hub data set.
+    `datasets`); a `datasets.save_to_disk` folder is read with load_from_disk and any other folder as a Hub
+    repository download (its data files of split data.dataset.split, see load_snapshot_records); any other name is a
+    Hugging Face Hub data set.
     A JSON(L) record that is not an object is an InputError naming the file and line (or list index), unless
     `require_objects` is False: then the caller handles such records itself. With `unreadable` given, each JSON(L)
     record that cannot be read or is not an object is left out and its message (file, line or index, why) is
@@ -277,10 +322,21 @@ def load_located_records(
                 f"{path}: unknown data file type {suffix!r}; use .json, .jsonl, .parquet or a load_from_disk folder"
             )
         default_root = path.parent
-    elif path.is_dir() or not path.suffix:
+    elif path.is_dir():
+        if not _saved_with_datasets(path) and not _data_files(path):
+            raise InputError(
+                f"data.dataset.name = {config.name!r}: the folder {path} is neither a `datasets.save_to_disk` folder "
+                "(it has no state.json or dataset_dict.json) nor a data set download (it holds no parquet, JSONL or "
+                "JSON file): set data.dataset.name to the data file, or to the folder that holds the data files"
+            )
+        records, locations = load_snapshot_records(
+            path, config.split, require_objects=require_objects, unreadable=unreadable
+        )
+        default_root = path
+    elif not path.suffix:
         records = _read_datasets(config.name, config)
         locations = [f"{config.name} row {index}" for index in range(len(records))]
-        default_root = path if path.is_dir() else Path.cwd()
+        default_root = Path.cwd()
     else:
         raise InputError(f"data file {path} does not exist: check data.dataset.name")
     root = Path(config.media_root).expanduser() if config.media_root else default_root

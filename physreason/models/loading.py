@@ -17,14 +17,41 @@ from physreason.models.vision_attention import use_grouped_vision_attention
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
+# The largest value each kind of config.json size may take: far above any released model (hundreds of layers,
+# hidden sizes in the tens of thousands, vocabularies of a few hundred thousand tokens), low enough that a typo
+# cannot make building the model, even on the meta device, run for minutes or take gigabytes.
+MAX_CONFIG_SIZES = {"layers": 10_000, "width": 1_000_000, "heads": 100_000, "vocab": 10_000_000, "patch": 10_000}
+# The sizes of config.json that the model build and the memory plan use (the text model's, then the vision tower's).
+_TEXT_SIZES = {
+    "num_hidden_layers": "layers",
+    "hidden_size": "width",
+    "intermediate_size": "width",
+    "num_attention_heads": "heads",
+    "num_key_value_heads": "heads",
+    "head_dim": "width",
+    "vocab_size": "vocab",
+}
+_VISION_SIZES = {
+    "depth": "layers",
+    "hidden_size": "width",
+    "embed_dim": "width",
+    "intermediate_size": "width",
+    "num_heads": "heads",
+    "patch_size": "patch",
+    "spatial_merge_size": "patch",
+    "temporal_patch_size": "patch",
+}
+
 
 def load_model_config(config: ModelConfig) -> Any:
-    """Read the transformers config of the checkpoint; ConfigError naming it when it is no model or unreachable."""
+    """Read the transformers config of the checkpoint; ConfigError naming it when it is no model or unreachable,
+    when transformers cannot parse it, or when a size the model is built from is not a sane positive integer."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     check_model_source(config.model_name_or_path, config.revision)
     try:
-        return AutoConfig.from_pretrained(
+        hf_config = AutoConfig.from_pretrained(
             config.model_name_or_path, revision=config.revision, trust_remote_code=config.trust_remote_code
         )
     except OSError as exc:
@@ -32,12 +59,59 @@ def load_model_config(config: ModelConfig) -> Any:
             f"model.model_name_or_path = {config.model_name_or_path!r} is neither a model folder nor a reachable "
             f"hub id ({exc}); pass a local folder with config.json or a hub id"
         ) from exc
-    except ValueError as exc:
-        raise _remote_code_refused(config, exc) from exc
+    except (ValueError, TypeError, StrictDataclassError) as exc:  # a field of the wrong type or value
+        raise _unreadable_config(config, exc) from exc
+    check_config_sizes(hf_config, _config_file(config))
+    return hf_config
 
 
-def _remote_code_refused(config: ModelConfig, exc: ValueError) -> Exception:
-    """The ConfigError for transformers' refusal to run a folder's own code; any other ValueError unchanged."""
+def check_config_sizes(hf_config: Any, where: str) -> None:
+    """Raise ConfigError naming `where`, the key and its value when a size of _TEXT_SIZES or _VISION_SIZES that the
+    config sets is not an integer from 1 to its MAX_CONFIG_SIZES bound (a 0 divides by zero in transformers, a
+    negative makes a tensor fail, millions of layers build for minutes)."""
+    text = hf_config.get_text_config()
+    sections = [("text_config." if text is not hf_config else "", text, _TEXT_SIZES)]
+    vision = getattr(hf_config, "vision_config", None)
+    if vision is not None:
+        sections.append(("vision_config.", vision, _VISION_SIZES))
+    for prefix, section, sizes in sections:
+        for key, kind in sizes.items():
+            value = getattr(section, key, None)
+            if value is None:
+                continue
+            bound = MAX_CONFIG_SIZES[kind]
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+                raise ConfigError(
+                    f"{where}: {prefix}{key} = {value!r} is not a whole number from 1 to {bound:,}; correct it "
+                    "(the model's published config.json has the value)"
+                )
+
+
+def _config_file(config: ModelConfig) -> str:
+    """Where the checkpoint's config.json is: in its folder, in the hub cache, or named by the hub id."""
+    from huggingface_hub import try_to_load_from_cache
+
+    folder = Path(config.model_name_or_path).expanduser()
+    if folder.is_dir():
+        return str(folder / "config.json")
+    cached = try_to_load_from_cache(config.model_name_or_path, "config.json", revision=config.revision)
+    return cached if isinstance(cached, str) else f"config.json of {config.model_name_or_path}"
+
+
+def _unreadable_config(config: ModelConfig, exc: Exception) -> Exception:
+    """The ConfigError for a config.json transformers refuses: a folder's own code it will not run, or a bad field."""
+    refused = _remote_code_refused(config, exc)
+    if isinstance(refused, ConfigError):
+        return refused
+    why = " ".join(str(exc).split())  # huggingface_hub's field errors span lines
+    return ConfigError(
+        f"{_config_file(config)} cannot be read as a model config ({type(exc).__name__}: {why}); correct it "
+        "(the model's published config.json has every value)"
+    )
+
+
+def _remote_code_refused(config: ModelConfig, exc: Exception) -> Exception:
+    """The ConfigError for transformers' refusal to run a folder's own code; any other error unchanged."""
     # transformers' wording names its Python argument trust_remote_code=True, which a physreason user never passes.
     if "trust_remote_code" not in str(exc) or config.trust_remote_code:
         return exc
