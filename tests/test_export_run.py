@@ -78,6 +78,11 @@ def test_export_mistakes_are_one_clear_error_before_anything_is_written(full_run
             export_run(full_run, taken, force=force)
     assert (taken / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+    # inside the run's checkpoints/ or safetensors/: the run's later saves would replace or rotate the export away
+    for area, future in (("checkpoints", "step_6"), ("safetensors", "step_6")):
+        with pytest.raises(ConfigError, match=f"lies inside the run's {area} folder: write the export elsewhere"):
+            export_run(full_run, full_run / area / future)
+        assert not (full_run / area / future).exists()
     earlier = export_run(full_run, tmp_path / "earlier", step=2)
     assert is_export(earlier) and json.loads((earlier / EXPORT_MANIFEST).read_text())["checkpoint"] == "step_2"
     with pytest.raises(ConfigError, match="holds an earlier physreason export: pass --overwrite"):

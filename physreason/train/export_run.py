@@ -116,8 +116,11 @@ def _check_out(out: Path, force: bool, run_dir: Path, config: Config) -> None:
             f"the staging folder of --out {out}, {staging}, holds a physreason export (cut short, or an earlier one): "
             "pass --overwrite to replace it, or move it away"
         )
-    if out.resolve().is_relative_to(run_dir.resolve() / "checkpoints"):
-        raise ConfigError(f"--out {out} lies inside the run's checkpoints folder: write the export elsewhere")
+    for area in ("checkpoints", "safetensors"):
+        # the run's saves replace step_<n> folders there and train.ckpt.max_keep deletes the older ones; a resume would
+        # stop at the step whose folder this export took
+        if out.resolve().is_relative_to(run_dir.resolve() / area):
+            raise ConfigError(f"--out {out} lies inside the run's {area} folder: write the export elsewhere")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ConfigError(
             f"--out {out} holds an earlier physreason export: pass --overwrite to replace it, or give a new or empty "
