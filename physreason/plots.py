@@ -119,11 +119,12 @@ def read_metrics(path: str | Path) -> dict[str, list[tuple[int, float]]]:
     if not file.is_file():
         raise InputError(f"{file} does not exist: give a run's output_dir (with logs/metrics.jsonl) or the file")
     points: dict[str, dict[int, float]] = defaultdict(dict)
-    with file.open(encoding="utf-8") as handle:
+    # errors="replace": a kill inside a multi-byte character leaves bytes that are not UTF-8; that line is skipped
+    with file.open(encoding="utf-8", errors="replace") as handle:
         for line in handle:
             try:
                 entry = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 continue
             if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
                 continue

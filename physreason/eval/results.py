@@ -139,7 +139,7 @@ def read_jsonl_records(path: Path) -> list[dict[str, Any]]:
         for line in handle:
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # torn, or no JSON reader takes it (4,301 digits, deep nesting)
                 continue
             if isinstance(record, dict) and "id" in record:
                 records.append(record)

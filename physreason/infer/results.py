@@ -213,8 +213,8 @@ def _jsonl_status(out: Path) -> Iterator[tuple[str, bool]]:
             try:
                 record = json.loads(line)
                 yield str(record["id"]), record.get("error") is None
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-                continue  # a torn last line of a killed run: its request is redone
+            except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
+                continue  # a torn last line of a killed run (or a line no JSON reader takes): its request is redone
 
 
 def _parquet_status(folder: Path) -> Iterator[tuple[str, bool]]:
@@ -259,11 +259,12 @@ def drop_results(out: Path, ids: set[str]) -> None:
         return
     truncate_torn_tail(out)
     temporary = out.with_name(f".{out.name}.tmp")
-    with out.open(encoding="utf-8") as source, atomic_writer(out, temporary, encoding="utf-8") as target:
+    # bytes in, bytes out: a line that is not UTF-8 or not JSON is kept exactly as it was
+    with out.open("rb") as source, atomic_writer(out, temporary) as target:
         for line in source:
             try:
                 drop = str(json.loads(line)["id"]) in ids
-            except (json.JSONDecodeError, KeyError, TypeError):
+            except (ValueError, RecursionError, KeyError, TypeError):
                 drop = False
             if not drop:
                 target.write(line)

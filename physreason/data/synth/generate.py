@@ -136,8 +136,10 @@ def _existing_record(
         return None
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None  # a torn write from an older crash: generate it again
+    if not isinstance(record, dict):
+        return None
     expected = (scene_seed(base_seed, split, task, index), GENERATOR_VERSION, option_order)
     found = (record.get("seed"), record.get("generator_version"), record.get("option_order", "shuffled"))
     return record if found == expected else None
@@ -147,7 +149,15 @@ def _check_meta(folder: Path, split: str, base_seed: int, option_order: str) -> 
     meta_path = folder / "meta.json"
     if not meta_path.is_file():
         return
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:
+        meta = exc
+    if not isinstance(meta, dict):
+        raise InputError(
+            f"{meta_path} is not a JSON object (an earlier run stopped while writing it?): delete it to generate this "
+            "folder's data again, or give another output folder"
+        )
     found = (
         meta.get("split"),
         meta.get("base_seed"),
