@@ -205,7 +205,21 @@ def test_a_playlist_in_the_data_root_never_reads_the_video_it_names_outside(tmp_
         text, name = f"ffconcat version 1.0\nfile '{secret}'\n", "clip.ffconcat"
     (root / name).write_text(text)
     path = media_path_in_root(root, name, "video")
-    # hls opens its segments wherever they are; concat's own safe mode already refuses a path leaving its folder
-    refusal = "is a hls file, which names other files or streams to read" if kind == "hls" else "cannot be opened"
-    with pytest.raises(InputError, match=rf"video {path}: {refusal}"):
+    # neither demuxer is among the video demuxers a video is opened with: refused before the playlist is read
+    with pytest.raises(InputError, match=rf"video {path}: cannot be opened as a video"):
         load_video(path)
+
+
+@pytest.mark.timeout(60)
+def test_a_playlist_is_refused_before_ffmpeg_opens_the_segment_it_names(tmp_path):
+    import os
+
+    # the segment is a FIFO nothing writes to: opening it for reading would block until the test's timeout
+    segment = tmp_path / "outside.ts"
+    os.mkfifo(segment)
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "clip.m3u8").write_text("#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:0\n"
+                                    f"#EXTINF:1.0,\nfile://{segment}\n#EXT-X-ENDLIST\n")  # fmt: skip
+    with pytest.raises(InputError, match="cannot be opened as a video"):
+        load_video(root / "clip.m3u8")

@@ -84,9 +84,16 @@ def _fix_hint(path: Path) -> str:
 REFERRING_FORMATS = frozenset({"hls", "applehttp", "concat", "dash", "sdp", "rtsp", "rtp", "tee", "ffmetadata"})
 
 
+# The FFmpeg demuxers a video file is opened with (FFmpeg's format_whitelist): the containers of video files (mp4 and
+# mov, mkv and webm, avi, MPEG transport and program streams, flv, ogg, asf/wmv, ivf, y4m) and raw h264/hevc/gif.
+# Anything else (a playlist, a concat list, a session description) is refused before FFmpeg reads a byte of what it
+# names: the hls demuxer opens its first segment while it is being probed, wherever that segment is.
+VIDEO_DEMUXERS = "mov,mp4,matroska,webm,avi,mpegts,mpeg,flv,ogg,asf,ivf,yuv4mpegpipe,h264,hevc,gif"
+
+
 def _open(path: Path) -> av.container.InputContainer:
     try:
-        container = av.open(str(path), mode="r")
+        container = av.open(str(path), mode="r", container_options={"format_whitelist": VIDEO_DEMUXERS})
     except av.FFmpegError as error:
         raise InputError(
             f"video {path}: cannot be opened as a video ({error}); if it is a truncated or damaged video, "
