@@ -330,3 +330,22 @@ def test_report_into_the_results_folder_replaces_only_what_an_earlier_report_wro
     assert again.returncode == 0, again.stderr
     assert json.loads((results / ".physreason-report.json").read_text())["files"] == [
         "report.md", "report.csv", "accuracy.png"]  # fmt: skip
+
+
+def test_values_of_the_wrong_type_in_a_run_are_not_scores(tmp_path):
+    from physreason.eval.pai_bench import NO_CATEGORY, OVERALL, board_counts
+
+    base = tmp_path / "results" / "my-model" / "reasoning"
+    run = run_dir(base, "grounding", 1)
+    run.mkdir(parents=True)
+    records = [{"id": "a", "is_correct": True, "prediction": "x", "iou": 0.5},
+               {"id": "b", "is_correct": False, "prediction": "y", "iou": "high"},
+               {"id": "c", "is_correct": False, "prediction": "z", "iou": float("nan")},
+               {"id": "d", "is_correct": True, "prediction": "w", "iou": 1e308}]  # fmt: skip
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_run_info(run, {"dataset": "grounding", "seed": 1, "total": "ten"})
+    (row,) = report_rows(collect_reports(tmp_path / "results"))
+    assert row.samples == 4  # a total that is not a count: the results' own number
+    assert row.mean == pytest.approx(0.5) and row.iou_mean == pytest.approx(0.5)  # only the one real IoU
+    counts = board_counts([{"is_correct": True, "category": ["not", "text"]}, {"is_correct": False, "category": 7}])
+    assert counts[OVERALL].scored == 2 and counts[NO_CATEGORY] == counts[OVERALL]  # a category that is not text: none

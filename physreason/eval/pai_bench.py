@@ -95,7 +95,9 @@ def board_counts(records: list[dict[str, Any]]) -> dict[str, ColumnCount]:
     for record in records:
         if not isinstance(record.get("is_correct"), bool):
             continue
-        column = board_column(record.get("category"), record.get("subcategory"))
+        category, subcategory = (value if isinstance(value, str) else None
+                                 for value in (record.get("category"), record.get("subcategory")))  # fmt: skip
+        column = board_column(category, subcategory)
         groups = [OVERALL, column]
         if column in COMMON_SENSE_COLUMNS:
             groups.append(COMMON_SENSE)

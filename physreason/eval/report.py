@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,18 +112,25 @@ class DatasetReport:
         return mean_std([r.mean_iou for r in self.repeats if r.mean_iou is not None])
 
 
+def _number(value: Any) -> bool:
+    """Whether `value` is a finite int or float (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def score_run(run: Path) -> RepeatScore:
     """Count one run folder's results: scored (with a boolean is_correct), correct, failed (anything else), unparsed."""
     records = read_run(run)
     scored_records = [r for r in records.values() if isinstance(r.get("is_correct"), bool)]
     correct = sum(1 for r in scored_records if r["is_correct"] is True)
     unparsed = sum(1 for r in scored_records if r.get("prediction") is None)
-    ious = [float(r["iou"]) for r in scored_records if "iou" in r]
+    # a results line is the model's output scored: an iou that is not a finite number in [0, 1] is no score
+    ious = [float(r["iou"]) for r in scored_records if _number(r.get("iou")) and 0 <= r["iou"] <= 1]
     info = read_run_info(run)
     chance = info.get("chance")
+    total = info.get("total")
     return RepeatScore(
         seed=run.name.removeprefix("seed_"),
-        total=int(info.get("total", len(records))),
+        total=total if isinstance(total, int) and not isinstance(total, bool) and total >= 0 else len(records),
         scored=len(scored_records),
         correct=correct,
         failed=len(records) - len(scored_records),

@@ -64,9 +64,10 @@ def _stored_model(model_dir: Path) -> str | None:
 
     for stored in sorted(model_dir.glob(f"*/{CONFIG_FILE}")):
         try:
-            model = tomllib.loads(stored.read_text(encoding="utf-8")).get("model", {}).get("model_name_or_path")
-        except tomllib.TOMLDecodeError:
-            continue
+            section = tomllib.loads(stored.read_text(encoding="utf-8")).get("model")
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError):
+            continue  # not a config this command wrote: it names no model
+        model = section.get("model_name_or_path") if isinstance(section, dict) else None
         if isinstance(model, str):
             return model
     return None
