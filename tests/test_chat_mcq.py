@@ -47,7 +47,7 @@ def test_format_mcq_keeps_dict_order_and_letters() -> None:
         ([str(i) for i in range(27)], "at most 26"),
         ("AB", "object of {letter: text} or a list of texts; got str 'AB'"),
         (3, "got int 3"),
-        ({"A": None}, "must be a text"),
+        ({"A": None}, "at least one option"),
         (["x", ["y"]], "must be a text"),
         ({"A": True}, "must be a text"),
     ],
@@ -87,3 +87,8 @@ def test_shuffle_options_rejects_an_answer_that_is_no_option() -> None:
 
 def test_option_letters_are_the_capital_alphabet() -> None:
     assert OPTION_LETTERS == "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def test_letters_without_text_are_no_options() -> None:
+    # Parquet and Arrow store {letter: text} as a struct: a question with fewer options has None under the rest
+    assert lettered_options({"A": "x", "B": "y", "C": None}) == {"A": "x", "B": "y"}

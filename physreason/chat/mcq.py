@@ -32,7 +32,9 @@ def lettered_options(options: dict[str, str] | list[str]) -> dict[str, str]:
     options, more than 26, dict keys that are not single capital letters, or option texts that are not text or numbers.
     """
     if isinstance(options, dict):
-        lettered = dict(options)
+        # a letter without text is no option: Parquet and Arrow data sets store {letter: text} as a struct, where a
+        # question with fewer options than another has None under the letters it lacks
+        lettered = {key: text for key, text in options.items() if text is not None}
     else:
         if not isinstance(options, (list, tuple)):
             raise InputError(
