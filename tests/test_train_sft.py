@@ -364,8 +364,19 @@ def test_resuming_from_an_earlier_step_sets_the_later_steps_aside(tiny_vl, tmp_p
     run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=4", *common))
     assert [p.name for p in checkpoint_dirs(out)] == ["step_2", "step_3", "step_4"]
     old_step_4 = (out / "checkpoints" / "step_4" / ".metadata").read_bytes()
+    abandoned_records = {name: read_record(out)[name] for name in ("step_3", "step_4")}
+    # step_4's export was uploaded to the Hub and step_3's still queued when the run ended (the record as a run with
+    # [train.ckpt] upload_hf leaves it, its pin a copy of the folder)
+    (out / "uploads.json").write_text(json.dumps({
+        "pending": [["hf", "safetensors/step_3"], ["s3", "checkpoints/step_2"]], "s3": {},
+        "hf": {"safetensors/step_4": {"repo_id": "me/run", "resolved": "me/run", "commit": "abc"},
+               "safetensors/step_2": {"repo_id": "me/run", "resolved": "me/run", "commit": "def"}}}))  # fmt: skip
+    (out / ".uploads" / "safetensors").mkdir(parents=True)
+    (out / ".uploads" / "safetensors" / "step_3").mkdir()
+    (out / ".uploads" / "checkpoints").mkdir()
+    (out / ".uploads" / "checkpoints" / "step_2").mkdir()
     # back to step_2 (as a divergence tells), stopped before reaching step 4: step_4 of the abandoned steps must not
-    # stay the run's latest checkpoint or export
+    # stay the run's latest checkpoint or export, nor its upload records skip the new step_4's
     with caplog.at_level("WARNING", logger="physreason.train.loop"):
         run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=3", *common, f"train.resume='{out / 'checkpoints' / 'step_2'}'"))
     assert [p.name for p in checkpoint_dirs(out)] == ["step_2", "step_3"]
@@ -373,10 +384,17 @@ def test_resuming_from_an_earlier_step_sets_the_later_steps_aside(tiny_vl, tmp_p
     assert sorted(read_record(out)) == ["step_2", "step_3"]
     assert sorted(read_record(out, "safetensors")) == ["step_2", "step_3"]
     aside = out / "superseded" / "after-step_2"
-    assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == ["step_3", "step_4"]  # nothing deleted
-    assert sorted(p.name for p in (aside / "safetensors").iterdir()) == ["step_3", "step_4"]
+    assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == ["step_3", "step_4", "written.json"]  # nothing deleted
+    assert sorted(p.name for p in (aside / "safetensors").iterdir()) == ["step_3", "step_4", "written.json"]
     assert (aside / "checkpoints" / "step_4" / ".metadata").read_bytes() == old_step_4
     assert "the steps after it (step_3, step_4)" in caplog.text and str(aside) in caplog.text
+    assert "queued uploads were dropped (hf safetensors/step_3)" in caplog.text
+    # their entries of the run's record lie beside them: put both back to make them the run's again
+    assert json.loads((aside / "checkpoints" / "written.json").read_text()) == abandoned_records
+    uploads = json.loads((out / "uploads.json").read_text())
+    assert uploads["pending"] == [["s3", "checkpoints/step_2"]] and list(uploads["hf"]) == ["safetensors/step_2"]
+    assert not (out / ".uploads" / "safetensors" / "step_3").exists()
+    assert (out / ".uploads" / "checkpoints" / "step_2").is_dir()
     assert sorted({r["step"] for r in read_records(out / "logs" / "metrics.jsonl")}) == [1, 2, 3]
     # resuming the latest now continues from the new step_3
     run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=4", *common, "train.resume=true"))

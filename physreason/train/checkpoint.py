@@ -240,8 +240,9 @@ def _step_of(name: str) -> int | None:
 
 def set_aside_later_steps(output_dir: str | Path, resumed: Path) -> tuple[Path, list[Path]] | None:
     """Move the checkpoints and safetensors exports of steps after `resumed` (a step_<n> folder) out of the run's
-    rotation, into <output_dir>/superseded/after-step_<n>[-k]/{checkpoints,safetensors}/, and drop them from the
-    run's records.
+    rotation, into <output_dir>/superseded/after-step_<n>[-k]/{checkpoints,safetensors}/, newest first (a kill part
+    way leaves the earliest in place, never a later one as the run's latest), and move their entries of the run's
+    records to a written.json beside them (put both back to make them the run's again).
 
     Resuming from an earlier step abandons the steps after it (the metrics log drops their records too): left in
     place, the latest of them stayed the run's "latest" checkpoint for `train.resume = true` and for `physreason
@@ -268,14 +269,15 @@ def set_aside_later_steps(output_dir: str | Path, resumed: Path) -> tuple[Path, 
         if not paths:
             continue
         (aside / under).mkdir(parents=True, exist_ok=False)
-        for path in paths:
+        record = read_record(output, under)
+        later_entries = {name: entry for name, entry in record.items() if (_step_of(name) or 0) > step}
+        write_atomic(aside / under / _RECORD, json.dumps(later_entries, indent=1))
+        for path in reversed(paths):
             target = aside / under / path.name
             os.replace(path, target)
             moved.append(target)
-        record = read_record(output, under)
-        kept = {name: entry for name, entry in record.items() if (_step_of(name) or 0) <= step}
-        if kept != record:
-            _write_record(output, kept, under)
+        if later_entries:
+            _write_record(output, {name: entry for name, entry in record.items() if name not in later_entries}, under)
     return aside, moved
 
 

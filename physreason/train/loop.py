@@ -110,7 +110,9 @@ def prepare_output(config: Config, runtime: Runtime | None = None) -> Path:
         if changed:
             kept = _keep_earlier_config(output / "config.toml")
             log.warning("resuming with changed %s; the earlier settings are kept in %s", ", ".join(changed), kept)
-        if resumed is None:
+        if resumed is not None:
+            set_aside_abandoned_steps(output, resumed)
+        else:
             kept_files = _keep_earlier_run_files(output)
             if kept_files:
                 log.warning("%s held an earlier run's %s (no checkpoint to resume from): kept as %s",
@@ -185,6 +187,23 @@ def _keep_earlier_config(path: Path) -> Path:
         number += 1
     path.rename(kept)
     return kept
+
+
+def set_aside_abandoned_steps(output: Path, resumed: Path) -> None:
+    """A resume from an earlier step: the later steps' checkpoints and exports go aside (set_aside_later_steps) and
+    their queued uploads and Hub records with them (upload.forget_folders), before the run's uploads start."""
+    from physreason.train.upload import forget_folders
+
+    set_aside = set_aside_later_steps(output, resumed)
+    if set_aside is None:
+        return
+    folder, moved = set_aside
+    forgotten = forget_folders(output, {f"{path.parent.name}/{path.name}" for path in moved})
+    steps = sorted({path.name for path in moved}, key=lambda name: int(name.removeprefix("step_")))
+    log.warning("resuming from %s: the checkpoints and exports of the steps after it (%s) are no longer this run's; "
+                "moved to %s (delete it when you no longer need them)%s", resumed.name, ", ".join(steps), folder,
+                f"; their queued uploads were dropped ({', '.join(f'{k} {f}' for k, f in forgotten)})" if forgotten
+                else "")  # fmt: skip
 
 
 def _keep_earlier_run_files(output: Path) -> list[tuple[str, Path]]:
@@ -367,16 +386,8 @@ class Checkpointer:
         return Resumed(path, state)
 
     def _reapply_retention(self, resumed: Path) -> None:
-        """[train.ckpt] max_keep over this run's own checkpoints (a kill right after a save skipped its rotation),
-        after the checkpoints and exports of steps later than the one resumed from are set aside (see
-        set_aside_later_steps)."""
+        """[train.ckpt] max_keep over this run's own checkpoints (a kill right after a save skipped its rotation)."""
         if not dist.is_initialized() or dist.get_rank() == 0:
-            set_aside = set_aside_later_steps(self.output, resumed)
-            if set_aside is not None:
-                folder, moved = set_aside
-                log.warning("resuming from %s: the checkpoints and exports of the steps after it (%s) are no longer "
-                            "this run's; moved to %s (delete it when you no longer need them)", resumed.name,
-                            ", ".join(sorted({p.name for p in moved}, key=lambda n: int(n[5:]))), folder)  # fmt: skip
             for folder in reapply_retention(self.output, self.config.train.ckpt.max_keep, keep=resumed):
                 log.info("deleted %s: beyond train.ckpt.max_keep = %d", folder, self.config.train.ckpt.max_keep)
         if dist.is_initialized():

@@ -200,6 +200,29 @@ def _record_problem(record: Any) -> str | None:
     return None
 
 
+def forget_folders(output_dir: Path, folders: set[str]) -> list[tuple[str, str]]:
+    """Drop the run's queued uploads and Hub records of `folders` (names like "safetensors/step_4") and their pins:
+    a resume from an earlier step abandoned them (train/checkpoint.py set_aside_later_steps). Left, a queued upload
+    would send the abandoned weights under the step's name, and the Hub record would skip the new folder of that
+    name as uploaded. S3 records are kept: they match a file by its size and modification time, which a new
+    folder does not share. Returns the (kind, folder) jobs dropped. Call it before the run's Uploads start."""
+    if not (output_dir / RECORD).is_file():
+        return []
+    record = read_record(output_dir)
+    dropped = [tuple(job) for job in record["pending"] if job[1] in folders]
+    hub = [name for name in record["hf"] if name in folders]
+    if not dropped and not hub:
+        return []
+    record["pending"] = [job for job in record["pending"] if job[1] not in folders]
+    record["hf"] = {name: entry for name, entry in record["hf"].items() if name not in folders}
+    write_atomic(output_dir / RECORD, json.dumps(record, indent=1))
+    for folder in {job[1] for job in dropped}:
+        pin = output_dir / PIN_DIR / folder
+        if QUEUED_FOLDER.fullmatch(folder) and not any(p.is_symlink() for p in (output_dir / PIN_DIR, pin.parent)):
+            shutil.rmtree(pin, ignore_errors=True)  # hard links (or copies) of a folder that now lies aside
+    return dropped  # type: ignore[return-value]
+
+
 def pending_uploads(output_dir: Path) -> list[tuple[str, str]]:
     """(kind, folder) of every upload a run's record still lists as queued: 's3' or 'hf'."""
     return [tuple(job) for job in read_record(output_dir)["pending"]]  # type: ignore[misc]
