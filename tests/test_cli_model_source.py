@@ -257,3 +257,22 @@ def test_plan_of_a_model_whose_config_has_a_zero_patch_size_is_one_line(tmp_path
     assert result.returncode == 2, result.stderr
     assert f"{folder / 'config.json'}: vision_config.patch_size = 0 is not a whole number" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_size_of_a_flat_config_is_named_as_the_file_writes_it(tmp_path, tiny_model_dir):
+    import json
+
+    from physreason.config import load_config
+    from physreason.errors import ConfigError
+    from physreason.models.sizes import read_model_shape
+
+    # Qwen2.5-VL's published config.json (Cosmos-Reason1's) keeps the text model's keys at the top level
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    flat = {**{k: v for k, v in config.items() if k != "text_config"}, **config["text_config"]}
+    flat["num_attention_heads"] = 0
+    folder = tmp_path / "flat"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(flat))
+    with pytest.raises(ConfigError) as raised:
+        read_model_shape(load_config(None, [f"model.model_name_or_path='{folder}'"]).model)
+    assert str(raised.value).startswith(f"{folder / 'config.json'}: num_attention_heads = 0 is not a whole number")

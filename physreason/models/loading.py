@@ -70,7 +70,10 @@ def check_config_sizes(hf_config: Any, where: str) -> None:
     config sets is not an integer from 1 to its MAX_CONFIG_SIZES bound (a 0 divides by zero in transformers, a
     negative makes a tensor fail, millions of layers build for minutes)."""
     text = hf_config.get_text_config()
-    sections = [("text_config." if text is not hf_config else "", text, _TEXT_SIZES)]
+    # transformers moves the text model's keys of a flat config.json (Qwen2.5-VL's, Cosmos-Reason1's) into
+    # text_config: name the key as the file has it
+    nested = text is not hf_config and _file_has_section(where, "text_config")
+    sections = [("text_config." if nested else "", text, _TEXT_SIZES)]
     vision = getattr(hf_config, "vision_config", None)
     if vision is not None:
         sections.append(("vision_config.", vision, _VISION_SIZES))
@@ -85,6 +88,17 @@ def check_config_sizes(hf_config: Any, where: str) -> None:
                     f"{where}: {prefix}{key} = {value!r} is not a whole number from 1 to {bound:,}; correct it "
                     "(the model's published config.json has the value)"
                 )
+
+
+def _file_has_section(where: str, section: str) -> bool:
+    """Whether the JSON file `where` has a top-level `section` (True when it cannot be read: the usual layout)."""
+    import json
+
+    try:
+        raw = json.loads(Path(where).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return True
+    return not isinstance(raw, dict) or section in raw
 
 
 def _config_file(config: ModelConfig) -> str:
