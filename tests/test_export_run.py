@@ -97,7 +97,7 @@ def test_an_out_given_as_dot_is_the_current_folder_with_its_staging_folder_besid
     here.mkdir()
     monkeypatch.chdir(here)
     assert export_run(full_run, ".") == here and is_export(here)  # an empty current folder: exported into it
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]  # no staging folder left beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".here.lock", "here"]  # no staging folder left beside it
     (tmp_path / "other").mkdir()
     monkeypatch.chdir(tmp_path / "other")
     with pytest.raises(ConfigError, match=f"--out {tmp_path} is not empty and is not an earlier output"):
@@ -134,7 +134,7 @@ def test_a_folder_named_like_the_old_export_set_aside_is_never_deleted_even_the_
     assert (mine / "notes.txt").read_text() == "backup"
     export_run(full_run, out, force=True)  # the earlier export is set aside under a name of this call's own
     assert (mine / "notes.txt").read_text() == "backup"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".exported.old", "exported"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".exported.lock", ".exported.old", "exported"]
     assert same_weights(out, full_run / "safetensors" / "step_4")
     run = tmp_path / ".r.old"
     shutil.copytree(full_run, run)
@@ -150,7 +150,7 @@ def test_an_export_in_the_way_of_the_staging_folder_is_replaced_only_with_overwr
         export_run(full_run, tmp_path / "new")
     assert is_export(earlier) and same_weights(earlier, full_run / "safetensors" / "step_2")
     assert same_weights(export_run(full_run, tmp_path / "new", force=True), full_run / "safetensors" / "step_4")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".lock") == ["new"]
 
 
 def test_a_checkpoint_copied_into_a_run_is_exported_only_when_trusted(full_run, tmp_path):
@@ -301,3 +301,38 @@ def test_vllm_serves_an_exported_checkpoint_as_transformers_does(full_run, tmp_p
 
     want = tokens(HFEngine(model, EngineConfig()).generate(requests, greedy))
     assert tokens(VLLMEngine(model, EngineConfig(enforce_eager=True)).generate(requests, greedy)) == want
+
+
+def test_a_second_export_into_the_same_out_is_refused_while_the_first_writes(full_run, tmp_path):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from physreason.train import runlock
+
+    out = tmp_path / "exported"
+    holder_code = textwrap.dedent(
+        """
+        import sys, time
+        from pathlib import Path
+        from physreason.train.runlock import lock_file
+        assert lock_file(Path(sys.argv[1]), "held", "by the test")
+        print("held", flush=True)
+        time.sleep(100)
+        """
+    )
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    holder = subprocess.Popen([sys.executable, "-c", holder_code, str(tmp_path / ".exported.lock")],
+                              stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=rf"--out {out} is in use by another run \(pid {holder.pid} on "):
+            export_run(full_run, out)
+        assert not out.exists() and not (tmp_path / "exported.tmp").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not runlock._HELD
+    assert is_export(export_run(full_run, out))  # the lock's holder gone: the export runs

@@ -9,6 +9,7 @@ which transformers' from_pretrained, vLLM and `model.model_name_or_path` of a ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -158,9 +159,26 @@ def export_run(
         )
     if dtype is not None and dtype not in EXPORT_DTYPES:
         raise ConfigError(f"--dtype {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
-    _check_out(out, force, run_dir, config)
-    saved_dtype = dtype or config.model.dtype
+    _check_out(out, force, run_dir, config)  # before anything is written, the lock file included
+    with _out_lock(out):
+        _check_out(out, force, run_dir, config)  # again: another export may have written `out` before the lock
+        return _export(config, run_dir, checkpoint, out, adapter_only, dtype or config.model.dtype)
 
+
+def _out_lock(out: Path) -> contextlib.AbstractContextManager[None]:
+    """Hold `out` for this process while it is checked and written (a lock file `.<name>.lock` beside it, as `infer`
+    holds its --out): a second export into the same folder is refused naming the first, instead of both writing one
+    staging folder and each replacing the other's export without --overwrite."""
+    from physreason.train.runlock import holding
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return holding(out.parent / f".{out.name}.lock", f"--out {out}",
+                   "two exports into one folder replace each other's. Wait for that export to end, or give another "
+                   "--out")  # fmt: skip
+
+
+def _export(config: Config, run_dir: Path, checkpoint: Path, out: Path, adapter_only: bool, saved_dtype: str) -> Path:
+    """Write the checkpoint's model (or LoRA adapter) to `out` through its staging folder (see export_run)."""
     model, peft_model = _load_trained(config, checkpoint)
     if adapter_only:
         from physreason.models.lora import save_adapter
