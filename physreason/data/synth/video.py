@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from fractions import Fraction
 from pathlib import Path
 
@@ -15,7 +16,21 @@ def write_mp4(frames: np.ndarray, path: Path, fps: int, crf: int = 18) -> None:
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
         raise ValueError(f"frames must be [T, H, W, 3] uint8, got {frames.shape} {frames.dtype}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
+    # a name of this call's own, created here: two generators writing one folder (benches side by side) never write
+    # into the same partial file, and a link planted at a fixed name is never written through
+    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    os.fchmod(descriptor, 0o644)  # as a plain file would be (mkstemp's own is readable by its owner only)
+    os.close(descriptor)
+    partial = Path(name)
+    try:
+        _encode(frames, partial, fps, crf)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def _encode(frames: np.ndarray, partial: Path, fps: int, crf: int) -> None:
     with av.open(str(partial), mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=Fraction(fps))
         stream.width, stream.height = frames.shape[2], frames.shape[1]
@@ -26,4 +41,3 @@ def write_mp4(frames: np.ndarray, path: Path, fps: int, crf: int = 18) -> None:
         for frame in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode())
-    os.replace(partial, path)
