@@ -44,8 +44,13 @@ def accuracy_chart(rows: list[ReportRow], path: str | Path) -> Path:
 def save_figure(figure: Any, out: Path) -> None:
     """Write a matplotlib Figure to `out` (format from its suffix, PNG without one) through a temporary beside it,
     renamed over `out`: a link at `out` is replaced, never written through into its target."""
+    kind = out.suffix.removeprefix(".").lower() or "png"
+    supported = figure.canvas.get_supported_filetypes()
+    if kind not in supported:
+        raise InputError(f"{out}: cannot write a .{kind} figure; end the file name with one of "
+                         f"{', '.join('.' + name for name in sorted(supported))}")  # fmt: skip
     with atomic_writer(out, out.with_name(f".{out.name}.tmp")) as handle:
-        figure.savefig(handle, format=out.suffix.removeprefix(".").lower() or "png", dpi=120)
+        figure.savefig(handle, format=kind, dpi=120)
 
 
 def accuracy_figure(rows: list[ReportRow]) -> Any:

@@ -206,6 +206,12 @@ def test_plot_without_metrics_is_a_clear_error(tmp_path):
     write_metrics(tmp_path / "run", [{"step": 1, "rollout/queue": 2}])
     with pytest.raises(InputError, match="no loss, reward, learning-rate or accuracy metrics"):
         curves_figure(read_metrics(tmp_path / "run" / "logs" / "metrics.jsonl"), "m")
+    # an --out whose suffix names no image format: one line, nothing written
+    write_metrics(tmp_path / "good", [{"step": s, "loss": 1.0 / s} for s in range(1, 4)])
+    result = cli("plot", str(tmp_path / "good"), "--out", str(tmp_path / "curves.toml"))
+    assert result.returncode == 2 and "cannot write a .toml figure; end the file name with one of" in result.stderr
+    assert ".png" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "curves.toml").exists()
 
 
 def test_many_identical_series_leave_the_panels_their_width(tmp_path):
