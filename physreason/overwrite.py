@@ -29,6 +29,12 @@ def holds(folder: str | Path, path: str | Path) -> bool:
     return _resolved(path).is_relative_to(_resolved(folder))
 
 
+def holds_more_than_locks(folder: Path) -> bool:
+    """Whether `folder` holds anything but the lock files physreason leaves beside what it writes (`.<name>.lock`,
+    e.g. by an export into a subfolder that then failed): such a folder counts as empty."""
+    return any(not (p.name.startswith(".") and p.name.endswith(".lock") and p.is_file()) for p in folder.iterdir())
+
+
 def check_replace(
     target: str | Path,
     *,
@@ -52,7 +58,7 @@ def check_replace(
                 f"{option} {target} {where} {what}; replacing it would delete it, so it is never replaced: {remedy}"
             )
     if target.is_dir():
-        if any(target.iterdir()) and not marked:
+        if holds_more_than_locks(target) and not marked:
             raise ConfigError(
                 f"{option} {target} is not empty and is not an earlier output of this command (it has no {mark}); "
                 f"only such a folder is replaced: {remedy}"

@@ -79,10 +79,19 @@ def test_export_mistakes_are_one_clear_error_before_anything_is_written(full_run
     assert (taken / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
     # inside the run's checkpoints/ or safetensors/: the run's later saves would replace or rotate the export away
-    for area, future in (("checkpoints", "step_6"), ("safetensors", "step_6")):
-        with pytest.raises(ConfigError, match=f"lies inside the run's {area} folder: write the export elsewhere"):
-            export_run(full_run, full_run / area / future)
-        assert not (full_run / area / future).exists()
+    for area, step in (("checkpoints", "step_6"), ("safetensors", "step_6"), ("checkpoints", "step_4"),
+                       ("safetensors", "step_4"), ("safetensors", "")):  # fmt: skip
+        existed = (full_run / area / step).exists()
+        for force in (False, True):
+            with pytest.raises(ConfigError, match=f"lies inside the run's {area} folder: write the export elsewhere"):
+                export_run(full_run, full_run / area / step, force=force)
+        assert (full_run / area / step).exists() == existed
+    assert not [p for p in full_run.rglob("*.lock") if p.name != ".physreason.lock"]  # the run's own lock only
+    # a folder holding only the lock file an earlier export left beside its --out counts as empty
+    failed = tmp_path / "parent"
+    failed.mkdir()
+    (failed / ".exported.lock").write_text("pid 1")
+    assert is_export(export_run(full_run, failed))
     earlier = export_run(full_run, tmp_path / "earlier", step=2)
     assert is_export(earlier) and json.loads((earlier / EXPORT_MANIFEST).read_text())["checkpoint"] == "step_2"
     with pytest.raises(ConfigError, match="holds an earlier physreason export: pass --overwrite"):
@@ -108,7 +117,7 @@ def test_force_never_replaces_the_run_a_folder_holding_it_or_one_of_its_folders(
     before = sorted(str(p.relative_to(full_run.parent)) for p in full_run.parent.rglob("*"))
     for out, why in [(full_run, "is the run being exported"), (full_run.parent, f"holds {full_run}: the run"),
                      (full_run / "logs", "is not empty and is not an earlier output"),
-                     (full_run / "safetensors" / "step_4", "is not empty and is not an earlier output")]:  # fmt: skip
+                     (full_run / "safetensors" / "step_4", "lies inside the run's safetensors folder")]:  # fmt: skip
         with pytest.raises(ConfigError, match=f"--out {out} {why}"):
             export_run(full_run, out, force=True)
     model = Path(load_config(full_run / "config.toml").model.model_name_or_path)
@@ -305,6 +314,7 @@ def test_vllm_serves_an_exported_checkpoint_as_transformers_does(full_run, tmp_p
 
 def test_a_second_export_into_the_same_out_is_refused_while_the_first_writes(full_run, tmp_path):
     import os
+    import shutil
     import subprocess
     import sys
     import textwrap
@@ -331,6 +341,11 @@ def test_a_second_export_into_the_same_out_is_refused_while_the_first_writes(ful
         with pytest.raises(ConfigError, match=rf"--out {out} is in use by another run \(pid {holder.pid} on "):
             export_run(full_run, out)
         assert not out.exists() and not (tmp_path / "exported.tmp").exists()
+        # the first export has begun writing its staging folder (its manifest first): still "in use", not --overwrite
+        staging = export_run(full_run, tmp_path / "elsewhere").rename(tmp_path / "exported.tmp")
+        with pytest.raises(ConfigError, match=rf"--out {out} is in use by another run \(pid {holder.pid} on "):
+            export_run(full_run, out)
+        shutil.rmtree(staging)
     finally:
         holder.kill()
         holder.wait()

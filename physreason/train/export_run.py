@@ -21,7 +21,7 @@ from physreason.config import Config, load_config
 from physreason.errors import ConfigError
 from physreason.files import replace_folder
 from physreason.models.loading import DTYPES
-from physreason.overwrite import check_replace
+from physreason.overwrite import check_replace, holds_more_than_locks
 from physreason.train.checkpoint import checkpoint_dirs, load_model_weights, resolve_resume
 
 EXPORT_DTYPES = (*DTYPES, "auto")  # 'auto': the dtype the run trained in (float32 master weights)
@@ -88,8 +88,9 @@ def write_manifest(folder: Path, run_dir: Path, checkpoint: Path, adapter_only: 
 
 
 def _check_out(out: Path, force: bool, run_dir: Path, config: Config) -> None:
-    """Refuse an --out that is a link or a file, holds the run or the model it trained from, or is a non-empty folder other
-    than an earlier export (replaced only with --overwrite); the same for the staging folder beside it."""
+    """Refuse an --out that is a link or a file, lies in the run's checkpoints/ or safetensors/, holds the run or the
+    model it trained from, or is a non-empty folder other than an earlier export (replaced only with --overwrite);
+    the same for the staging folder beside it."""
     if not out.name:  # '/': a folder with no name has no staging folder beside it
         raise ConfigError(f"--out {out}: give a folder of its own to write the model into (e.g. {out / 'exported'})")
     for path in (out, out.with_name(out.name + ".tmp")):  # --out and its staging folder
@@ -101,6 +102,11 @@ def _check_out(out: Path, force: bool, run_dir: Path, config: Config) -> None:
             )
     if out.is_file():
         raise ConfigError(f"--out {out} is a file: give a folder to write the model into")
+    for area in ("checkpoints", "safetensors"):
+        # the run's saves replace step_<n> folders there and train.ckpt.max_keep deletes the older ones; a resume would
+        # stop at the step whose folder this export took
+        if out.resolve().is_relative_to(run_dir.resolve() / area):
+            raise ConfigError(f"--out {out} lies inside the run's {area} folder: write the export elsewhere")
     protected: list[tuple[Path, str]] = [(run_dir, "the run being exported")]
     source = Path(config.model.model_name_or_path).expanduser()
     if source.is_dir():
@@ -117,12 +123,7 @@ def _check_out(out: Path, force: bool, run_dir: Path, config: Config) -> None:
             f"the staging folder of --out {out}, {staging}, holds a physreason export (cut short, or an earlier one): "
             "pass --overwrite to replace it, or move it away"
         )
-    for area in ("checkpoints", "safetensors"):
-        # the run's saves replace step_<n> folders there and train.ckpt.max_keep deletes the older ones; a resume would
-        # stop at the step whose folder this export took
-        if out.resolve().is_relative_to(run_dir.resolve() / area):
-            raise ConfigError(f"--out {out} lies inside the run's {area} folder: write the export elsewhere")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    if out.is_dir() and holds_more_than_locks(out) and not force:
         raise ConfigError(
             f"--out {out} holds an earlier physreason export: pass --overwrite to replace it, or give a new or empty "
             "folder"
@@ -159,9 +160,15 @@ def export_run(
         )
     if dtype is not None and dtype not in EXPORT_DTYPES:
         raise ConfigError(f"--dtype {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
-    _check_out(out, force, run_dir, config)  # before anything is written, the lock file included
+    try:
+        _check_out(out, force, run_dir, config)  # before anything is written, the lock file included
+    except ConfigError:
+        if (out.parent / f".{out.name}.lock").is_file():
+            with _out_lock(out):  # "in use by another run" when another export holds it: what it writes is why
+                pass
+        raise
     with _out_lock(out):
-        _check_out(out, force, run_dir, config)  # again: another export may have written `out` before the lock
+        _check_out(out, force, run_dir, config)  # again: another export may have written --out before the lock
         return _export(config, run_dir, checkpoint, out, adapter_only, dtype or config.model.dtype)
 
 
