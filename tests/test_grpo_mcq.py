@@ -80,6 +80,8 @@ def test_benchmark_layout_and_flat_records_load_with_media_inside_the_root(tmp_p
         ({"question": "Q?", "options": 5, "answer": "A"}, "options must be an object .* got int 5"),
         ({"question": "Q?", "options": {"a": "x", "b": "y"}, "answer": "a"}, "single capital letters"),
         ({"question": "Q?", "options": {"A": {"text": "x"}, "B": "y"}, "answer": "A"}, "must be a text"),
+        # a Parquet struct of options with no text at all: no options, and no structured answer either
+        ({"question": "Q?", "options": {"A": None, "B": None}, "answer": "A"}, "no options"),
     ],
 )
 def test_bad_records_name_the_record_and_the_problem(tmp_path, record, message):

@@ -52,3 +52,27 @@ def test_a_generated_folder_with_a_damaged_meta_or_record_is_named_or_regenerate
     for text in ("[1]", HUGE, ""):
         (tmp_path / "records" / f"{sid}.json").write_text(text)
         assert _existing_record(tmp_path, "train", 0, "arrow_of_time", 0, "fixed") is None  # generated again
+
+
+def test_a_resume_keeps_the_metrics_it_can_read_past_a_line_no_json_reader_takes(tmp_path):
+    from physreason.train.metrics import keep_records_up_to, read_records
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n' + HUGE.replace('"id": "big"', '"step": 2') + '{"step": 3, "loss": 1.0}\n')
+    keep_records_up_to(path, 2)
+    assert [r["step"] for r in read_records(path)] == [1]
+    path.write_text('{"step": 1}\n' + HUGE + '{"step": 2}\n')
+    with pytest.raises(InputError, match=r"metrics.jsonl:2 is not valid JSON"):
+        read_records(path)  # in the middle of the log: no kill's doing, named
+
+
+def test_setting_steps_aside_goes_on_past_a_damaged_upload_record(tmp_path, caplog):
+    from physreason.train.loop import set_aside_abandoned_steps
+
+    for step in (2, 3):
+        (tmp_path / "checkpoints" / f"step_{step}").mkdir(parents=True)
+    (tmp_path / "uploads.json").write_text("{not json")
+    with caplog.at_level("WARNING", logger="physreason.train.loop"):
+        set_aside_abandoned_steps(tmp_path, tmp_path / "checkpoints" / "step_2")
+    assert (tmp_path / "superseded" / "after-step_2" / "checkpoints" / "step_3").is_dir()
+    assert "could not drop the set-aside steps' uploads" in caplog.text and "uploads.json" in caplog.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -36,7 +37,9 @@ def test_two_writers_of_one_clip_never_share_a_partial_file(tmp_path):
     assert errors == []
     assert [p.name for p in path.parent.iterdir()] == ["a.mp4"]  # no partial file left
     assert load_video(path).frames.shape[0] > 0
-    assert path.stat().st_mode & 0o777 == 0o644
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as a plain file is created
 
 
 def test_a_failed_write_leaves_no_partial_file(tmp_path):

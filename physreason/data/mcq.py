@@ -108,6 +108,8 @@ def _prompt(sample_id: str, qa: Any, record: dict[str, Any], root: Path, where: 
     if not isinstance(question, str) or not question.strip():
         raise InputError(f"{where}: no 'question' text")
     raw_options = qa.get("index2ans", qa.get("options"))
+    if isinstance(raw_options, dict):  # Parquet/Arrow structs: None under the letters a question lacks
+        raw_options = {key: text for key, text in raw_options.items() if text is not None}
     if not raw_options:
         return _structured_prompt(sample_id, question, qa, record, root, where)
     try:

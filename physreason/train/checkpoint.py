@@ -238,6 +238,16 @@ def _step_of(name: str) -> int | None:
     return int(digits) if name.startswith(_PREFIX) and digits.isdigit() and digits.isascii() else None
 
 
+def later_steps(output_dir: str | Path, resumed: Path) -> dict[str, list[Path]]:
+    """The run's checkpoints and exports ({"checkpoints": [...], "safetensors": [...]}, oldest first) of steps after
+    `resumed` (a step_<n> folder; none when its name is not one)."""
+    step = _step_of(resumed.name)
+    if step is None:
+        return {under: [] for under in _WRITTEN}
+    return {under: [p for p in checkpoint_dirs(output_dir, under) if (_step_of(p.name) or 0) > step]
+            for under in _WRITTEN}  # fmt: skip
+
+
 def set_aside_later_steps(output_dir: str | Path, resumed: Path) -> tuple[Path, list[Path]] | None:
     """Move the checkpoints and safetensors exports of steps after `resumed` (a step_<n> folder) out of the run's
     rotation, into <output_dir>/superseded/after-step_<n>[-k]/{checkpoints,safetensors}/, newest first (a kill part
@@ -250,12 +260,9 @@ def set_aside_later_steps(output_dir: str | Path, resumed: Path) -> tuple[Path, 
     is deleted. Returns the folder they went to and what moved, or None when there was nothing after `resumed`.
     """
     step = _step_of(resumed.name)
-    if step is None:
-        return None
     output = Path(output_dir)
-    later = {under: [p for p in checkpoint_dirs(output, under) if (_step_of(p.name) or 0) > step]
-             for under in _WRITTEN}  # fmt: skip
-    if not any(later.values()):
+    later = later_steps(output, resumed)
+    if step is None or not any(later.values()):
         return None
     aside = output / "superseded" / f"after-{resumed.name}"
     for k in range(2, 10_000):

@@ -51,6 +51,7 @@ from physreason.train.checkpoint import (
     ReusingStager,
     begin_export,
     checkpoint_dirs,
+    later_steps,
     load_checkpoint,
     read_record,
     reapply_retention,
@@ -194,11 +195,18 @@ def set_aside_abandoned_steps(output: Path, resumed: Path) -> None:
     their queued uploads and Hub records with them (upload.forget_folders), before the run's uploads start."""
     from physreason.train.upload import forget_folders
 
+    later = [path for paths in later_steps(output, resumed).values() for path in paths]
+    if not later:
+        return
+    try:  # first: a kill after the move must not leave their uploads queued with nothing later left to set aside
+        forgotten = forget_folders(output, {f"{path.parent.name}/{path.name}" for path in later})
+    except ConfigError as exc:  # a damaged uploads.json: the resume goes on, the run's uploads will name it
+        log.warning("could not drop the set-aside steps' uploads: %s", exc)
+        forgotten = []
     set_aside = set_aside_later_steps(output, resumed)
     if set_aside is None:
         return
     folder, moved = set_aside
-    forgotten = forget_folders(output, {f"{path.parent.name}/{path.name}" for path in moved})
     steps = sorted({path.name for path in moved}, key=lambda name: int(name.removeprefix("step_")))
     log.warning("resuming from %s: the checkpoints and exports of the steps after it (%s) are no longer this run's; "
                 "moved to %s (delete it when you no longer need them)%s", resumed.name, ", ".join(steps), folder,

@@ -29,7 +29,7 @@ def keep_records_up_to(path: Path, step: int) -> None:
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # torn, or no JSON reader takes it (4,301 digits, deep nesting)
             continue
         if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
             kept.append(line + "\n")
@@ -49,7 +49,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     for index, (number, line) in enumerate(numbered):
         try:
             record = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, or 4,301 digits
             record, problem = None, f"not valid JSON ({exc})"
         else:
             problem = "not a JSON object"

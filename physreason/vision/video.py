@@ -85,10 +85,12 @@ REFERRING_FORMATS = frozenset({"hls", "applehttp", "concat", "dash", "sdp", "rts
 
 
 # The FFmpeg demuxers a video file is opened with (FFmpeg's format_whitelist): the containers of video files (mp4 and
-# mov, mkv and webm, avi, MPEG transport and program streams, flv, ogg, asf/wmv, ivf, y4m) and raw h264/hevc/gif.
+# mov, mkv and webm, avi, MPEG transport and program streams, flv, ogg, asf/wmv, ivf, y4m, mxf, dv, nut, rm) and raw
+# streams (h264, hevc, MPEG-1/2 and MPEG-4 video, AV1 obu, mjpeg, gif).
 # Anything else (a playlist, a concat list, a session description) is refused before FFmpeg reads a byte of what it
 # names: the hls demuxer opens its first segment while it is being probed, wherever that segment is.
-VIDEO_DEMUXERS = "mov,mp4,matroska,webm,avi,mpegts,mpeg,flv,ogg,asf,ivf,yuv4mpegpipe,h264,hevc,gif"
+VIDEO_DEMUXERS = ("mov,mp4,matroska,webm,avi,mpegts,mpeg,flv,ogg,asf,ivf,yuv4mpegpipe,mxf,dv,nut,rm,h264,hevc,"
+                  "mpegvideo,m4v,obu,mjpeg,gif")
 
 
 def _open(path: Path) -> av.container.InputContainer:
@@ -98,7 +100,8 @@ def _open(path: Path) -> av.container.InputContainer:
         raise InputError(
             f"video {path}: cannot be opened as a video ({error}); if it is a truncated or damaged video, "
             + _fix_hint(path)
-            + "; otherwise pass a video file (mp4, mkv, webm, mov)"
+            + "; otherwise pass a video file (mp4, mkv, webm, mov, avi, ts, ...): playlists and lists naming other "
+            "files (m3u8, ffconcat, sdp) are not read"
         ) from error
     names = set(container.format.name.split(","))
     if names & REFERRING_FORMATS:

@@ -10,6 +10,10 @@ from pathlib import Path
 import av
 import numpy as np
 
+# The process's file-creation mask, read once at import (os.umask can only be read by setting it).
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 
 def write_mp4(frames: np.ndarray, path: Path, fps: int, crf: int = 18) -> None:
     """Encode [T, H, W, 3] uint8 frames (H and W even) at `fps` into `path`; the file appears only when complete."""
@@ -19,7 +23,7 @@ def write_mp4(frames: np.ndarray, path: Path, fps: int, crf: int = 18) -> None:
     # a name of this call's own, created here: two generators writing one folder (benches side by side) never write
     # into the same partial file, and a link planted at a fixed name is never written through
     descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    os.fchmod(descriptor, 0o644)  # as a plain file would be (mkstemp's own is readable by its owner only)
+    os.fchmod(descriptor, 0o666 & ~_UMASK)  # as a plain file would be (mkstemp's own is readable by its owner only)
     os.close(descriptor)
     partial = Path(name)
     try:
