@@ -167,3 +167,27 @@ def load_bench(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# Another process holding a lock as a run does (physreason.train.runlock), until it is killed.
+_LOCK_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from physreason.train.runlock import LOCK_NAME, lock_file
+    path = Path(sys.argv[1])
+    assert lock_file(path if path.suffix == ".lock" else path / LOCK_NAME, "held", "by the test")
+    print("held", flush=True)
+    time.sleep(100)
+    """
+)
+
+
+def lock_holder(path: Path) -> subprocess.Popen:
+    """Another process holding `path` as a run holds its folder (or, given a `.lock` file, that lock); kill it to end."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, "-c", _LOCK_HOLDER, str(path)], stdout=subprocess.PIPE, text=True,
+                               env=env)  # fmt: skip
+    assert process.stdout is not None and process.stdout.readline().strip() == "held"
+    return process

@@ -355,19 +355,16 @@ def test_two_shards_give_the_same_files_and_report_as_one_process_and_resume_fro
 
 
 def test_a_second_evaluation_into_the_same_folder_is_refused_while_the_first_runs(tmp_path, tiny_model_dir, bench_root):
+    from setups import lock_holder
+
     from physreason.eval.launch import plan_eval
     from physreason.train import runlock
 
     config = load_config(write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, tmp_path / "results"))
     base = plan_eval(config).base
     base.mkdir(parents=True)
-    script = "import sys, time; from pathlib import Path; from physreason.train.runlock import lock_file; " \
-             "assert lock_file(Path(sys.argv[1]), 'x', 'y'); print('held', flush=True); time.sleep(100)"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-    holder = subprocess.Popen([sys.executable, "-c", script, str(base / runlock.LOCK_NAME)], stdout=subprocess.PIPE,
-                              text=True, env=env)  # fmt: skip
+    holder = lock_holder(base / runlock.LOCK_NAME)
     try:
-        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError, match=rf"the evaluation folder {base} is in use by another run \(pid {holder.pid}"):
             run_eval(config, show_progress=False)
         assert not list(base.glob("*/seed_*"))  # refused before any run folder was written

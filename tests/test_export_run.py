@@ -313,31 +313,15 @@ def test_vllm_serves_an_exported_checkpoint_as_transformers_does(full_run, tmp_p
 
 
 def test_a_second_export_into_the_same_out_is_refused_while_the_first_writes(full_run, tmp_path):
-    import os
     import shutil
-    import subprocess
-    import sys
-    import textwrap
+
+    from setups import lock_holder
 
     from physreason.train import runlock
 
     out = tmp_path / "exported"
-    holder_code = textwrap.dedent(
-        """
-        import sys, time
-        from pathlib import Path
-        from physreason.train.runlock import lock_file
-        assert lock_file(Path(sys.argv[1]), "held", "by the test")
-        print("held", flush=True)
-        time.sleep(100)
-        """
-    )
-    repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
-    holder = subprocess.Popen([sys.executable, "-c", holder_code, str(tmp_path / ".exported.lock")],
-                              stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    holder = lock_holder(tmp_path / ".exported.lock")
     try:
-        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError, match=rf"--out {out} is in use by another run \(pid {holder.pid} on "):
             export_run(full_run, out)
         assert not out.exists() and not (tmp_path / "exported.tmp").exists()

@@ -4,39 +4,15 @@ first holds the folder, a killed run never locks it, and a run's entry point let
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from setups import lock_holder
 
 from physreason.errors import ConfigError
 from physreason.train import runlock
 
 pytestmark = pytest.mark.timeout(120)
-
-REPO = Path(__file__).resolve().parents[1]
-# Another process holding the folder as a run does from prepare_output on, until it is killed.
-HOLDER = textwrap.dedent(
-    """
-    import sys, time
-    from pathlib import Path
-    from physreason.train.runlock import LOCK_NAME, lock_file
-    path = Path(sys.argv[1])
-    assert lock_file(path if path.suffix == ".lock" else path / LOCK_NAME, "held", "by the test")
-    print("held", flush=True)
-    time.sleep(100)
-    """
-)
-
-
-def _holder(folder: Path) -> subprocess.Popen:
-    """Another process holding `folder` as a run does (or, given a `.lock` file, that lock)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE, text=True, env=env)
-    assert process.stdout.readline().strip() == "held"
-    return process
 
 
 def _recipe(out: Path, tmp_path: Path):
@@ -53,7 +29,7 @@ def test_a_second_run_is_refused_while_another_holds_the_folder_and_a_killed_one
 
     out = tmp_path / "run"
     out.mkdir()
-    holder = _holder(out)
+    holder = lock_holder(out)
     try:
         with pytest.raises(ConfigError, match=rf"train.output_dir {out} is in use by another run \(pid {holder.pid} on "):
             prepare_output(_recipe(out, tmp_path))
@@ -81,7 +57,7 @@ def test_a_run_lets_go_of_its_folder_when_it_ends_even_by_an_error(tmp_path):
     with pytest.raises(RuntimeError, match="the run failed"):
         failing_run()
     assert (out / runlock.LOCK_NAME).resolve() not in runlock._HELD
-    holder = _holder(out)  # another process may take the folder now
+    holder = lock_holder(out)  # another process may take the folder now
     holder.kill()
     holder.wait()
 
@@ -109,7 +85,7 @@ def test_a_second_infer_into_the_same_out_is_refused_before_it_reads_or_writes(t
     def no_engine():
         raise AssertionError("the refused run built an engine")
 
-    holder = _holder(out.parent / ".out.jsonl.lock")
+    holder = lock_holder(out.parent / ".out.jsonl.lock")
     try:
         with pytest.raises(ConfigError, match=rf"--out {out} is in use by another run \(pid {holder.pid} on "):
             run_batch(no_engine, tmp_path / "requests.jsonl", out, sampling=SamplingConfig(), vision=VisionConfig(),
