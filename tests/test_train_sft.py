@@ -375,6 +375,8 @@ def test_resuming_from_an_earlier_step_sets_the_later_steps_aside(tiny_vl, tmp_p
     (out / ".uploads" / "safetensors" / "step_3").mkdir()
     (out / ".uploads" / "checkpoints").mkdir()
     (out / ".uploads" / "checkpoints" / "step_2").mkdir()
+    left = out / "checkpoints" / ".step_3.old-k1ll3d" / "step_3"  # a kill while a step folder was being replaced
+    left.mkdir(parents=True)
     # back to step_2 (as a divergence tells), stopped before reaching step 4: step_4 of the abandoned steps must not
     # stay the run's latest checkpoint or export, nor its upload records skip the new step_4's
     with caplog.at_level("WARNING", logger="physreason.train.loop"):
@@ -389,6 +391,8 @@ def test_resuming_from_an_earlier_step_sets_the_later_steps_aside(tiny_vl, tmp_p
     assert (aside / "checkpoints" / "step_4" / ".metadata").read_bytes() == old_step_4
     assert "the steps after it (step_3, step_4)" in caplog.text and str(aside) in caplog.text
     assert "queued uploads were dropped (hf safetensors/step_3)" in caplog.text
+    assert f"a kill left while an older step folder was being replaced: {left.parent}" in caplog.text
+    assert left.is_dir()  # named, never deleted
     # their entries of the run's record lie beside them: put both back to make them the run's again
     assert json.loads((aside / "checkpoints" / "written.json").read_text()) == abandoned_records
     uploads = json.loads((out / "uploads.json").read_text())

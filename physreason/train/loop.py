@@ -398,6 +398,13 @@ class Checkpointer:
         if not dist.is_initialized() or dist.get_rank() == 0:
             for folder in reapply_retention(self.output, self.config.train.ckpt.max_keep, keep=resumed):
                 log.info("deleted %s: beyond train.ckpt.max_keep = %d", folder, self.config.train.ckpt.max_keep)
+            left = sorted(p for area in ("checkpoints", "safetensors") for p in (self.output / area).glob(".step_*.old-*")
+                          if p.is_dir() and not p.is_symlink())  # fmt: skip
+            if left:
+                # files.replace_folder deletes only the folder it set aside itself; a kill while it did leaves it
+                log.warning("%d folder(s) a kill left while an older step folder was being replaced: %s (each holds "
+                            "the replaced step folder; delete them to free the disk)", len(left),
+                            ", ".join(str(p) for p in left))  # fmt: skip
         if dist.is_initialized():
             dist.barrier()  # no rank lists the checkpoints while rank 0 deletes
 
