@@ -79,6 +79,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="TRL's side keeps its activations (its gradient checkpointing off) while physreason "
                              "recomputes as --checkpoint-every says: each side at its fastest setting that fits, "
                              "where TRL fits without recomputation (its gradient checkpointing is every block or none)")
+    parser.add_argument("--allocator", choices=("expandable", "inherit"), default="expandable",
+                        help="expandable (default): both sides' processes get PYTORCH_CUDA_ALLOC_CONF="
+                             "expandable_segments:True unless it is set; inherit: leave the environment as it is "
+                             "(physreason's processes then set it themselves, TRL's keep the default allocator)")
     parser.add_argument("--compile", action="store_true",
                         help="both sides compiled: physreason's train.compile (its decoder blocks) and, on the image "
                              "and video workloads, train.compile_vision (its vision blocks); TRL's torch_compile (the "
@@ -539,11 +543,27 @@ def child_main(args: argparse.Namespace) -> None:
         result = run_trl(spec, args.workload)
     else:
         result = run_physreason(spec, args.workload, packed=args.child == "physreason")
+    result["allocator"] = allocator_in_use()
     args.result.write_text(json.dumps(result))
     sys.stdout.flush()
     sys.stderr.flush()
     # vLLM's engine threads can hold a finished process open; the result is written.
     os._exit(0)
+
+
+def allocator_in_use() -> dict[str, Any]:
+    """This run's allocator at its end: the setting in its environment (physreason's training processes set one when
+    there is none) and whether torch's segments are expandable (None without a GPU or a snapshot field to tell)."""
+    import torch
+
+    from physreason.train.allocator import user_alloc_conf
+
+    conf = user_alloc_conf()
+    expandable = None
+    if torch.cuda.is_available():
+        flags = [seg["is_expandable"] for seg in torch.cuda.memory_snapshot() if "is_expandable" in seg]
+        expandable = any(flags) if flags else None
+    return {"setting": "=".join(conf) if conf else None, "expandable_segments": expandable}
 
 
 def samples_per_s_ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -587,6 +607,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(harness.REPO))
+    from physreason.train.allocator import EXPANDABLE_SEGMENTS, user_alloc_conf
+
+    if user_alloc_conf() is None and args.allocator == "expandable":
+        # physreason's training processes set expandable segments themselves (physreason.train.allocator); TRL's
+        # process gets the same, as its users set it after the default allocator's out-of-memory error (RESULTS.md).
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = EXPANDABLE_SEGMENTS
+    allocator = "=".join(user_alloc_conf() or ("PYTORCH_CUDA_ALLOC_CONF", "unset (inherit)"))
     import importlib.util
 
     import torch
@@ -622,14 +649,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         f"{device}, engine {engine}: {args.prompts} prompts x {args.n} completions of {args.response_len} tokens per "
         f"step, micro-batch {args.mini_batch} (physreason: packed rows, attention from the {args.packed_attention}); "
         f"{'both sides compiled' if args.compile else 'neither side compiled'}; "
-        f"recompute: {recompute_words(spec)}; "
+        f"recompute: {recompute_words(spec)}; allocator {allocator} on both sides; "
         f"clip {data['video_frames_thw']} frames -> {data['video_tokens']} video "
         f"tokens, contact sheet {data['image_hw']} -> {data['image_tokens']} image tokens; setup "
         f"{time.perf_counter() - started:.0f} s",
         flush=True,
     )
     have_trl = importlib.util.find_spec("trl") is not None
-    setup = {"device": device, "engine": engine, "data": data, "args": setup_args(args)}
+    setup = {"device": device, "engine": engine, "data": data, "args": setup_args(args), "allocator": allocator}
     runs: list[dict[str, Any]] = earlier_runs(harness.out_file(JSON_NAME), setup) if args.append else []
     first_round = max((r["round"] for r in runs), default=-1) + 1
     for round_index in range(first_round, first_round + args.rounds):
@@ -656,10 +683,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     for row in rows:
         if row.get("vision_attention"):
             print(f"vision attention, {row['side']} on {row['workload']}: {row['vision_attention']}")
+    allocators = {(r["side"], r["workload"], json.dumps(r["allocator"], sort_keys=True)) for r in runs if r.get("allocator")}
+    for side, workload, seen in sorted(allocators):
+        print(f"allocator, {side} on {workload}: {json.loads(seen)}")
     for run in runs:
-        if run.get("checkpoint_every") is not None:
+        if run.get("checkpoint_every") is not None and not args.no_recompute:  # nothing recomputed: no choice to show
             print(f"train.checkpoint_every, {run['side']} on {run['workload']}, round {run['round'] + 1}: "
                   f"{run['checkpoint_every']} (asked {args.checkpoint_every})")  # fmt: skip
+    if rounds > 1:  # each round's own ratio, the spread beside the pooled one
+        for number in sorted({r["round"] for r in runs}):
+            alone = [r for r in runs if r["round"] == number]
+            for name, value in samples_per_s_ratios(table_rows(alone, workloads, sides, args.warmup)).items():
+                print(f"samples/s ratio, round {number + 1}, {name}: {value:.2f}x")
     for name, value in ratios.items():
         print(f"samples/s ratio, {name}: {value:.2f}x")
     if "video" in workloads and "trl" in sides:
@@ -668,7 +703,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     payload = {**info, "engine": engine, "versions": harness.versions(*packages),
                "args": {k: str(v) for k, v in vars(args).items() if k not in ("child", "workload", "spec", "result")},
                "setup": setup["args"], "data": data, "rows": rows, "ratios_samples_per_s": ratios, "runs": runs,
-               "trl_video": TRL_VIDEO}  # fmt: skip
+               "trl_video": TRL_VIDEO, "allocator": allocator}  # fmt: skip
     write_json(JSON_NAME, payload)
     return payload
 
@@ -707,7 +742,7 @@ def earlier_runs(path: Path | None, setup: dict[str, Any]) -> list[dict[str, Any
         return []
     earlier = json.loads(path.read_text())
     theirs = {"device": earlier.get("device"), "engine": earlier.get("engine"), "data": earlier.get("data"),
-              "args": earlier.get("setup")}  # fmt: skip
+              "args": earlier.get("setup"), "allocator": earlier.get("allocator")}  # fmt: skip
     if isinstance(theirs["args"], dict):
         # measured before --compile, --checkpoint-every and --trl-no-recompute existed: neither side compiled, every
         # block recomputed on both sides

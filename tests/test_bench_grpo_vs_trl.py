@@ -337,3 +337,10 @@ def test_append_pools_the_rounds_of_earlier_calls_and_refuses_another_setup(benc
     trl_keeps = bench.setup_args(bench.parse_args(["--workloads", "text", "--append", "--trl-no-recompute"]))
     with pytest.raises(SystemExit, match=r"another args \(\{'trl_no_recompute': False\}, this call \{'trl_no_recompute': True\}\)"):
         bench.earlier_runs(path, {**setup, "args": trl_keeps})
+    # nor across allocator settings (the default allocator ran out of memory where expandable segments did not)
+    expandable = {**setup, "allocator": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"}
+    with pytest.raises(SystemExit, match=r"another allocator \(None, this call 'PYTORCH_CUDA_ALLOC_CONF=expandable"):
+        bench.earlier_runs(path, expandable)
+    path.write_text(json.dumps({"device": "NVIDIA H200", "engine": "vllm", "data": {"clips": 32}, "runs": earlier,
+                                "setup": bench.setup_args(args), "allocator": expandable["allocator"]}))  # fmt: skip
+    assert bench.earlier_runs(path, expandable) == earlier

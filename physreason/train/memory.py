@@ -16,12 +16,14 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from physreason.models.sizes import ModelShape, ParamShape
+from physreason.train.allocator import HEADROOM_EXPANDABLE, allocator_headroom
 
 GIB = 1024**3
 # CUDA context, NCCL buffers and allocator slack: not in any tensor, present on every GPU (an estimate).
 RUNTIME_OVERHEAD_BYTES = 2 * GIB
-# Share of GPU memory left for the caching allocator's fragmentation (an estimate): a plan fits in the rest.
-ALLOCATOR_HEADROOM = 0.05
+# Share of GPU memory left for the caching allocator's fragmentation with expandable segments (what training processes
+# use unless the user sets the allocator; physreason.train.allocator): a plan fits in the rest.
+ALLOCATOR_HEADROOM = HEADROOM_EXPANDABLE
 # What an "80 GB" H100 reports as its total memory (torch.cuda.get_device_properties), in GiB.
 H100_80GB_GIB = 79.2
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -233,13 +235,14 @@ class MemoryPlan:
         return whole + max(forward, backward)
 
     def fits(self, gpu_bytes: int) -> bool:
-        """True when the planned peak fits `gpu_bytes` less the allocator's headroom (ALLOCATOR_HEADROOM of it)."""
+        """True when the planned peak fits `gpu_bytes` less the allocator's headroom (allocator_headroom() of it)."""
         return self.total <= usable_bytes(gpu_bytes)
 
 
 def usable_bytes(gpu_bytes: int) -> int:
-    """Bytes of a GPU a plan may fill: all but ALLOCATOR_HEADROOM of it."""
-    return int(gpu_bytes * (1 - ALLOCATOR_HEADROOM))
+    """Bytes of a GPU a plan may fill: all but the allocator's headroom, ALLOCATOR_HEADROOM with expandable segments
+    and more when this process's PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF turns them off (allocator_headroom)."""
+    return int(gpu_bytes * (1 - allocator_headroom()))
 
 
 def shard_numel(shape: tuple[int, ...], dp: int, rank: int = 0) -> int:

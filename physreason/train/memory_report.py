@@ -15,6 +15,7 @@ from physreason.config import Config
 from physreason.errors import ConfigError
 from physreason.models.sizes import ModelShape, read_model_shape
 from physreason.progress import make_console
+from physreason.train.allocator import HEADROOM_EXPANDABLE, allocator_headroom, headroom_reason
 from physreason.train.memory import (
     DTYPE_BYTES,
     GIB,
@@ -305,9 +306,10 @@ def refusal(plan: MemoryPlan, gpu_bytes: int, fitting: list[MemoryPlan], job: Jo
         advice = f"the nearest layout that fits is {describe(fitting[0].layout)} ({gib(fitting[0].total)} GiB): {sets}"
     else:
         advice = "no layout on this many GPUs fits: use more GPUs or a shorter model.model_max_length"
+    reason = headroom_reason()
     return (
         f"memory plan: {gib(plan.total)} GiB per GPU ({parts} GiB, ...) but {where} has {gib(gpu_bytes)} GiB "
-        f"({gib(usable_bytes(gpu_bytes))} usable); {advice}; "
+        f"({gib(usable_bytes(gpu_bytes))} usable{'; ' + reason if reason else ''}); {advice}; "
         "`physreason plan` lists every layout that fits; train.skip_memory_check=true starts anyway"
     )
 
@@ -317,13 +319,18 @@ def refusal(plan: MemoryPlan, gpu_bytes: int, fitting: list[MemoryPlan], job: Jo
 AUTO_RECOMPUTE_FREE = 0.10
 
 
+def auto_recompute_free() -> float:
+    """AUTO_RECOMPUTE_FREE, plus what the allocator's setting adds to the headroom when it fragments (allocator)."""
+    return AUTO_RECOMPUTE_FREE + allocator_headroom() - HEADROOM_EXPANDABLE
+
+
 def choose_checkpoint_every(
     config: Config, gpus: int, distributed: bool, job: Job, gpu_bytes: int | None, prompts: PromptShape | None = None
 ) -> tuple[int, str]:
     """What train.checkpoint_every = "auto" becomes for `config` on GPUs of `gpu_bytes`, and why.
 
     With gradient checkpointing on and a GPU: the largest n (the fewest decoder blocks recomputed, the least compute
-    spent again) whose plan leaves AUTO_RECOMPUTE_FREE of the GPU free; 1 (every block) when none does, so the usual
+    spent again) whose plan leaves auto_recompute_free() of the GPU free; 1 (every block) when none does, so the usual
     check then refuses or passes as for an explicit 1. Without a GPU (None) or without checkpointing: 1."""
     if not config.train.gradient_checkpointing:
         return 1, "train.gradient_checkpointing is off: nothing is recomputed"
@@ -332,14 +339,15 @@ def choose_checkpoint_every(
     shape = read_model_shape(config.model)
     recipe = recipe_layout(config, gpus, distributed, job)  # "auto" planned as 1 there
     workload = recipe_workload(config, shape, job, gpu_bytes, prompts)
-    limit = gpu_bytes * (1 - AUTO_RECOMPUTE_FREE)
+    free = auto_recompute_free()
+    limit = gpu_bytes * (1 - free)
     for candidate in range(max(shape.layers, 1), 0, -1):  # fewest recomputed blocks first
         total = plan_memory(shape, replace(recipe, checkpoint_every=candidate), workload).total
         if total <= limit:
             recomputed = checkpointed_blocks(shape.layers, candidate)
             return candidate, (f"{recomputed} of {shape.layers} decoder blocks recomputed, the fewest whose plan "
-                               f"({gib(total)} GiB) leaves {AUTO_RECOMPUTE_FREE:.0%} of {gib(gpu_bytes)} GiB free")  # fmt: skip
-    return 1, (f"even every block recomputed plans over {gib(int(limit))} GiB ({1 - AUTO_RECOMPUTE_FREE:.0%} of "
+                               f"({gib(total)} GiB) leaves {free:.0%} of {gib(gpu_bytes)} GiB free")  # fmt: skip
+    return 1, (f"even every block recomputed plans over {gib(int(limit))} GiB ({1 - free:.0%} of "
                f"{gib(gpu_bytes)}): every block")  # fmt: skip
 
 

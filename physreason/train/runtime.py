@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from physreason.cpu import apply_cpu_share
 from physreason.errors import ConfigError
+from physreason.train.allocator import use_expandable_segments
 
 
 @dataclass
@@ -49,12 +50,14 @@ def init_runtime() -> Runtime:
 
     Each process takes the GPU of its LOCAL_RANK, before the process group starts. With more processes on a node
     than visible GPUs this raises ConfigError naming both counts (CUDA_VISIBLE_DEVICES= runs on CPU with gloo).
-    Its torch threads are sized to its share of the host's CPUs (physreason.cpu), logged once.
+    Its torch threads are sized to its share of the host's CPUs (physreason.cpu), logged once. On GPUs the CUDA
+    allocator gets expandable segments unless the user set it (physreason.train.allocator), before the first allocation.
     """
     apply_cpu_share()
     cuda = torch.cuda.is_available()
     device = torch.device("cpu")
     if cuda:
+        use_expandable_segments()
         local, visible = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
         if local >= visible:
             per_node = os.environ.get("LOCAL_WORLD_SIZE", str(local + 1))
