@@ -406,6 +406,39 @@ def test_another_model_saved_at_the_same_path_is_refused_and_the_saved_results_k
     assert json.loads((other.base / "mini" / "seed_1" / "run.json").read_text())["settings"]["model_fingerprint"] == new
 
 
+def test_a_model_card_edit_does_not_stop_a_resume_but_a_tokenizer_edit_does(tmp_path, bench_root):
+    from physreason.eval.settings import model_fingerprint
+    from physreason.models.tiny import save_tiny_model
+
+    model = save_tiny_model("qwen2_5_vl", tmp_path / "M", seed=0)
+    (model / "README.md").write_text("# model card\n")
+    config = write_config(tmp_path / "eval.toml", model, bench_root, tmp_path / "results", limit=2)
+    first = run_eval(load_config(config), show_progress=False)
+    run_file = first.base / "mini" / "seed_1" / "run.json"
+    recorded = json.loads(run_file.read_text())["settings"]["model_fingerprint"]
+
+    # the card edited, a licence, a picture and version-control files added: the same weights answer the same
+    (model / "README.md").write_text("# model card, now with results\n")
+    for name in ("LICENSE", "logo.png", ".gitattributes"):
+        (model / name).write_text(name)
+    assert model_fingerprint(model) == recorded
+    again = run_eval(load_config(config, ["eval.num_repeats=2"]), show_progress=False)
+    assert again.resumed == 2
+
+    # results recorded by the older hash over every file (card included) resume too
+    info = json.loads(run_file.read_text())
+    info["settings"]["model_fingerprint"] = model_fingerprint(model, every_file=True)
+    run_file.write_text(json.dumps(info))
+    assert model_fingerprint(model, every_file=True) != model_fingerprint(model)
+    check_resumable(first.base, load_config(config, ["eval.num_repeats=2"]))
+
+    # what changes answers still refuses: the tokenizer's settings
+    tokenizer = model / "tokenizer_config.json"
+    tokenizer.write_text(tokenizer.read_text().replace("{", '{"model_max_length": 77, ', 1))
+    with pytest.raises(ConfigError, match="holds results of another model"):
+        check_resumable(first.base, load_config(config, ["eval.num_repeats=2"]))
+
+
 def test_results_saved_without_a_model_hash_resume_and_are_not_given_one(tmp_path, tiny_model_dir, bench_root, caplog):
     # run.json files written before the content hash was recorded: whose weights made them is unknown.
     config = write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, tmp_path / "results", limit=2)

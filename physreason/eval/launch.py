@@ -40,6 +40,7 @@ from physreason.eval.settings import (
     MODEL_IDENTITY,
     EvalSetup,
     effective_config,
+    legacy_fingerprint,
     model_identity,
     reproduction_settings,
 )
@@ -168,10 +169,17 @@ def check_resumable(base: Path, cfg: Config) -> None:
     """Refuse to add results to a folder whose earlier results were made with other generation/vision/prompt/model
     settings (compared as resolved: a style's sampling defaults count as set) or with other weights at the same
     model path (the content hash or Hub commit each run.json records)."""
-    _check_resumable(base, lambda: effective_config(cfg)[0], lambda: model_identity(cfg))
+    _check_resumable(
+        base, lambda: effective_config(cfg)[0], lambda: model_identity(cfg), lambda: legacy_fingerprint(cfg)
+    )
 
 
-def _check_resumable(base: Path, resolved: Callable[[], Config], identity: Callable[[], dict[str, str | None]]) -> None:
+def _check_resumable(
+    base: Path,
+    resolved: Callable[[], Config],
+    identity: Callable[[], dict[str, str | None]],
+    legacy: Callable[[], str | None] = lambda: None,
+) -> None:
     # `resolved` gives the effective config and `identity` the model's (model_identity); they are asked for only when
     # the folder holds results to compare against.
     stored_path = base / CONFIG_FILE
@@ -205,18 +213,21 @@ def _check_resumable(base: Path, resolved: Callable[[], Config], identity: Calla
             f"{base} holds results made with different {', '.join(changed)} (see {stored_path}); mixing them "
             "would skew the scores: use another eval.results_dir, restore those settings, or delete the folder"
         )
-    _check_same_model(base, identity())
+    _check_same_model(base, identity(), legacy)
 
 
 # How the error names each MODEL_IDENTITY key.
 _IDENTITY_NAMES = {"model_commit": "Hub commit", "model_fingerprint": "content hash"}
 
 
-def _check_same_model(base: Path, current: dict[str, str | None]) -> None:
+def _check_same_model(
+    base: Path, current: dict[str, str | None], legacy: Callable[[], str | None] = lambda: None
+) -> None:
     """Refuse when a run under `base` holds results its run.json says were made with other weights than `current`.
 
     A value unknown on either side (a run.json written before content hashes were recorded, a Hub model not in the
-    cache) decides nothing: such results resume as they are.
+    cache) decides nothing: such results resume as they are. A content hash recorded the older way (every file of the
+    folder, `legacy()`) matches as well, asked for only when the current one differs.
     """
     for run in sorted(base.glob("*/seed_*")):
         if not finished_in_run(run):
@@ -226,6 +237,8 @@ def _check_same_model(base: Path, current: dict[str, str | None]) -> None:
         for key in MODEL_IDENTITY:
             old, new = stored.get(key), current.get(key)
             if old is not None and new is not None and old != new:
+                if key == "model_fingerprint" and old == legacy():
+                    continue
                 name = _IDENTITY_NAMES[key]
                 raise ConfigError(
                     f"{base} holds results of another model: {run / RUN_FILE} records the {name} {old}, and the "
@@ -254,7 +267,7 @@ def prepare_runs(plan: EvalPlan) -> int:
     refused other weights, and results recorded without one stay without one rather than take this model's."""
     settings = reproduction_settings(plan.config, plan.setup)
     current = {key: settings[key] for key in MODEL_IDENTITY}
-    _check_resumable(plan.base, lambda: plan.config, lambda: current)
+    _check_resumable(plan.base, lambda: plan.config, lambda: current, lambda: legacy_fingerprint(plan.config))
     plan.base.mkdir(parents=True, exist_ok=True)
     dump_config(plan.config, plan.base / CONFIG_FILE)
     existing = 0
@@ -316,7 +329,6 @@ def _remove_if_empty(*folders: Path) -> None:
         if folder.is_dir() and all(entry.name == LOCK_NAME for entry in folder.iterdir()):
             (folder / LOCK_NAME).unlink(missing_ok=True)
             folder.rmdir()
-
 
 
 def run_shard(plan: EvalPlan, shard: int, num_shards: int, *, show_progress: bool = False) -> list[ShardCounts]:

@@ -9,6 +9,7 @@ style's default seed included (Cosmos-Reason2's 1234 / 3407), so repeats differ;
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -109,16 +110,27 @@ FINGERPRINT_SAMPLE = 4 << 20
 _WHOLE_FILE_LIMIT = 16 << 20
 
 
-def model_fingerprint(folder: str | Path) -> str:
+# Files beside a model that cannot change its answers: documentation, licences, pictures and dot files (version control
+# metadata, locks). Editing a model card must not stop an evaluation from resuming.
+_NOT_MODEL_FILE = re.compile(
+    r"(?i)^(\..*|(readme|license|licence|notice|citation|model_card)(\.[^.]*)?|.*\.(md|rst|png|jpe?g|gif|svg|webp|pdf))$"
+)
+
+
+def model_fingerprint(folder: str | Path, *, every_file: bool = False) -> str:
     """A short content hash of a local model folder (12 hex digits): which weights a result was made with.
 
-    Covers every file directly in the folder, by name: small files whole, large ones (weights) by size and their
-    first and last FINGERPRINT_SAMPLE bytes. The same folder path holding another model gets another hash.
+    Covers every file directly in the folder that can change the model's answers, by name: small files (config,
+    tokenizer, processor, chat template) whole, large ones (weights) by size and their first and last
+    FINGERPRINT_SAMPLE bytes; documentation, licences, pictures and dot files are left out (_NOT_MODEL_FILE). The same
+    folder path holding another model gets another hash. `every_file`: the hash as results recorded it before
+    2026-11-29, which covered those files too (legacy_fingerprint; such results still resume).
     """
     import hashlib
 
     digest = hashlib.sha256()
-    for path in sorted(p for p in Path(folder).expanduser().iterdir() if p.is_file()):
+    files = (p for p in Path(folder).expanduser().iterdir() if p.is_file())
+    for path in sorted(p for p in files if every_file or not _NOT_MODEL_FILE.match(p.name)):
         size = path.stat().st_size
         digest.update(f"{path.name}\0{size}\0".encode())
         with path.open("rb") as handle:
@@ -129,6 +141,13 @@ def model_fingerprint(folder: str | Path) -> str:
                 handle.seek(size - FINGERPRINT_SAMPLE)
                 digest.update(handle.read(FINGERPRINT_SAMPLE))
     return digest.hexdigest()[:12]
+
+
+def legacy_fingerprint(cfg: Config) -> str | None:
+    """The content hash of `cfg.model`'s local folder as results recorded before 2026-11-29 (every file), None for a
+    Hub id: a run.json holding it was made with these weights too."""
+    local = Path(cfg.model.model_name_or_path).expanduser()
+    return model_fingerprint(local, every_file=True) if local.is_dir() else None
 
 
 # The run.json keys that say which weights a run's results were made with; model_identity gives them.
