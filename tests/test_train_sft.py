@@ -256,6 +256,37 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(t
     assert f"train.resume='{first}' continues from it" in str(diverged.value)
 
 
+def test_a_step_out_of_gpu_memory_ends_with_what_to_change_and_the_resume_from_the_last_checkpoint(
+    tiny_vl, tmp_path, monkeypatch
+):
+    import torch
+
+    from physreason.train import sft
+    from physreason.train.out_of_memory import OutOfGPUMemory
+
+    real, calls = sft.train_step, []
+
+    def exhausted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 166.00 MiB.")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sft, "train_step", exhausted)
+    monkeypatch.setattr("sys.argv", ["physreason", "sft", "--config", "r.toml"])
+    data = write_chat_records(tmp_path, 8)
+    out = tmp_path / "out"
+    with pytest.raises(OutOfGPUMemory) as failed:
+        run_sft(tiny_config(tiny_vl, data, out, "train.max_steps=4", "train.ckpt.save_freq=2"))
+    message = str(failed.value)
+    assert message.startswith("step 3 ran out of GPU memory: ")
+    assert "the memory plan was " in message and "`physreason plan` lists the layouts that fit" in message
+    assert "a smaller train.mini_batch" in message
+    assert f"The last checkpoint is {out / 'checkpoints' / 'step_2'}" in message
+    assert message.endswith("physreason sft --config r.toml --set train.resume=true")
+    assert isinstance(failed.value.__cause__, torch.OutOfMemoryError)
+
+
 def test_a_learning_rate_that_blows_up_the_weights_names_no_checkpoint_good(tiny_vl, tmp_path):
     from physreason.errors import TrainingDiverged
 

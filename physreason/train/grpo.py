@@ -56,6 +56,7 @@ from physreason.train.loop import (
     run_summary,
 )
 from physreason.train.memory_report import check_runtime_memory, prompt_shape, resolve_runtime_checkpoint_every
+from physreason.train.out_of_memory import explains_out_of_memory
 from physreason.train.policy import CompletionBatch, PolicyScorer, build_micro_batches, first_vision_token
 from physreason.train.rollout import (
     RolloutBatch,
@@ -508,7 +509,7 @@ def _run_grpo(
     shape_of_prompts = prompt_shape(config, prompts, tokenizer)
     config = resolve_runtime_checkpoint_every(config, runtime, "grpo", shape_of_prompts)  # "auto" made a number
     train_cfg = config.train
-    check_runtime_memory(config, runtime, "grpo", shape_of_prompts)
+    plan = check_runtime_memory(config, runtime, "grpo", shape_of_prompts)
     stream = PromptStream(prompts, train_cfg.seed, config.data.shuffle, grpo_cfg.shuffle_options)
     prompts_per_step = groups * dp_size
     if train_cfg.max_steps is None and len(prompts) < prompts_per_step:
@@ -609,6 +610,8 @@ def _run_grpo(
         return all_reduce_sum(float(not done), runtime) == 0.0
 
     with (
+        # first in, last out: a step that runs out of memory is explained after the checkpointer has closed
+        explains_out_of_memory(config, "grpo", runtime.device, plan.total, lambda: step + 1),
         StepLog(config, total_steps, step, "grpo", enabled=runtime.is_main) as step_log,
         contextlib.closing(checkpointer),
         StopOnSignal(runtime, saves=config.train.ckpt.enable_checkpoint) as stop,

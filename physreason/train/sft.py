@@ -50,6 +50,7 @@ from physreason.train.loop import (
 )
 from physreason.train.memory_report import check_runtime_memory, resolve_runtime_checkpoint_every
 from physreason.train.model import CausalLMLoss
+from physreason.train.out_of_memory import explains_out_of_memory
 from physreason.train.runlock import releases_output_lock
 from physreason.train.runtime import (
     Runtime,
@@ -456,7 +457,7 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
     hf_config = loading.load_model_config(config.model)
     config = resolve_runtime_checkpoint_every(config, runtime, "sft")  # train.checkpoint_every = "auto" made a number
     train_cfg = config.train
-    check_runtime_memory(config, runtime, "sft")  # prints the plan; refuses a start that cannot fit
+    plan = check_runtime_memory(config, runtime, "sft")  # prints the plan; refuses a start that cannot fit
     train_set, val_set = build_datasets(config, tokenizer, hf_config)
     tp, cp = config.policy.parallelism.tp_size, config.policy.parallelism.cp_size
     per_rank, accumulation = batch_layout(config, runtime.world_size, tp, cp)
@@ -534,6 +535,8 @@ def run_sft(config: Config, on_step: Callable[[int], None] | None = None) -> SFT
 
     # closing: the loader's worker processes stop when training ends or fails, not when the garbage collector gets there
     with (
+        # first in, last out: a step that runs out of memory is explained after the checkpoint in flight completes
+        explains_out_of_memory(config, "sft", runtime.device, plan.total, lambda: step + 1),
         StepLog(config, total_steps, step, "sft", enabled=runtime.is_main) as step_log,
         contextlib.closing(stream),
         contextlib.closing(checkpointer),
