@@ -38,6 +38,14 @@ def parse_json_text(text: str, what: str, fix: str) -> Any:
     raise InputError(f"{what} is not valid JSON ({why}): {fix}")
 
 
+def unusable_records_error(problems: list[str], total: int, what: str, shown: int = 5) -> InputError:
+    """One error for every record a run refuses at start: "<n> of <total> <what> cannot be used: <the first `shown`
+    problems>; and <k> more. Fix or remove them"."""
+    more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
+    listed = "; ".join(problems[:shown]) + more
+    return InputError(f"{len(problems)} of {total} {what} cannot be used: {listed}. Fix or remove them")
+
+
 # The UTF-8 byte order mark some editors (Windows Notepad, Excel's "CSV UTF-8") put before the text: not data.
 _BOM = b"\xef\xbb\xbf"
 

@@ -13,6 +13,8 @@ point question's `box_2d`) go to the rewards (not those physreason sets itself: 
 asks it: the question alone, after the media, under the system prompt "You are a helpful assistant."; a 2D
 question to a reason1 model also asks for absolute pixels of the frame it sees (chat.style.grounding_question).
 Media paths are relative to the data root and may not leave it.
+A question or option text holding a chat-structure token of the model's tokenizer (`<|im_start|>`, `<|vision_start|>`,
+...: data.structural_tokens) is refused when the records load, naming each such question.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from physreason.chat.messages import Message, build_mcq_messages, build_messages
 from physreason.chat.structured import answer_kind, grounds_2d, reference_problem
 from physreason.chat.style import StyleName, coord_space, grounding_question
 from physreason.config import DatasetConfig
-from physreason.data.loaders import load_records, media_path_in_root
+from physreason.data.loaders import load_records, media_path_in_root, unusable_records_error
+from physreason.data.structural_tokens import structural_token_in_texts
 from physreason.data.video_range import record_video_range
 from physreason.errors import InputError
 from physreason.rewards.registry import PHYSREASON_FIELDS, reward_option_names
@@ -168,9 +171,25 @@ def _structured_prompt(
     )
 
 
-def parse_mcq_records(records: list[Any], root: Path, source: str) -> list[MCQPrompt]:
-    """One prompt per question in the records (either layout); InputError names the first bad record."""
+def structural_token_problem(prompt: MCQPrompt, tokens: tuple[str, ...], where: str) -> str | None:
+    """Why a question cannot be asked as written: its question or an option's text holds one of `tokens`
+    (data.structural_tokens), which the prompt would carry as a turn marker or vision placeholder."""
+    texts = [
+        ("the question", prompt.question),
+        *((f"option {letter}", text) for letter, text in prompt.options.items()),
+    ]
+    return structural_token_in_texts(
+        texts, tokens, f"{where} (question {prompt.id!r})", "images and videos go in the record's video/image keys"
+    )
+
+
+def parse_mcq_records(
+    records: list[Any], root: Path, source: str, control_tokens: tuple[str, ...] = ()
+) -> list[MCQPrompt]:
+    """One prompt per question in the records (either layout); InputError names the first bad record, or every
+    question whose text holds one of `control_tokens` (structural_tokens of the model's tokenizer; () checks none)."""
     prompts: list[MCQPrompt] = []
+    problems: list[str] = []
     for number, record in enumerate(records):
         where = f"{source} record {number}"
         if not isinstance(record, dict):
@@ -178,18 +197,25 @@ def parse_mcq_records(records: list[Any], root: Path, source: str) -> list[MCQPr
         key = str(record.get("id", record.get("video") if isinstance(record.get("video"), str) else f"record-{number}"))
         if "qa_pairs" in record:
             pairs = record["qa_pairs"] if isinstance(record["qa_pairs"], list) else [record["qa_pairs"]]
-            prompts += [_prompt(f"{key}#{k}", qa, record, root, where) for k, qa in enumerate(pairs)]
+            parsed = [_prompt(f"{key}#{k}", qa, record, root, where) for k, qa in enumerate(pairs)]
         else:
-            prompts.append(_prompt(f"{key}#0", record, record, root, where))
+            parsed = [_prompt(f"{key}#0", record, record, root, where)]
+        problems += [p for p in (structural_token_problem(q, control_tokens, where) for q in parsed) if p is not None]
+        prompts += parsed
+    if problems:
+        raise unusable_records_error(problems, len(prompts), "GRPO questions")
     return prompts
 
 
-def load_mcq_prompts(dataset: DatasetConfig, max_samples: int | None = None) -> list[MCQPrompt]:
-    """Read `[data.dataset]` as multiple-choice prompts (at most `max_samples`); InputError when there are none."""
+def load_mcq_prompts(
+    dataset: DatasetConfig, max_samples: int | None = None, control_tokens: tuple[str, ...] = ()
+) -> list[MCQPrompt]:
+    """Read `[data.dataset]` as multiple-choice prompts (at most `max_samples`); InputError when there are none, or
+    when a question's text holds one of `control_tokens` (parse_mcq_records)."""
     records, root = load_records(dataset)
     if max_samples:
         records = records[:max_samples]
-    prompts = parse_mcq_records(records, root, dataset.name)
+    prompts = parse_mcq_records(records, root, dataset.name, control_tokens)
     if not prompts:
         raise InputError(f"{dataset.name} holds no multiple-choice questions: check data.dataset.name")
     return prompts

@@ -36,6 +36,7 @@ from physreason.chat.structured import COORDS_KEY, NEUTRAL_GRID, CoordSpace, reg
 from physreason.chat.style import StyleName, coord_space, grounding_question
 from physreason.config import DataConfig, VisionConfig
 from physreason.data.loaders import json_kind, media_path_in_root, parse_json_text
+from physreason.data.structural_tokens import structural_token_in_texts, structural_tokens
 from physreason.data.video_range import record_video_range
 from physreason.errors import InputError
 from physreason.models.family import VisionTokens
@@ -377,36 +378,24 @@ def data_layout(records: list[dict[str, Any]], column: str) -> str:
     return ", ".join(f"{layout}: {count}" for layout, count in counts.items()) + f" under {column!r}"
 
 
-# Token strings that structure a conversation (turn markers, end of text) or stand for visual inputs (the vision
-# placeholders): written in a record's text they are read as those tokens, not as text, so a turn ends early or a
-# placeholder has no image or video behind it. Other special tokens (Qwen's <|box_start|> and <|object_ref_start|>)
-# are the data's to use.
-STRUCTURAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_start|>", "<|vision_end|>",
-                     "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")  # fmt: skip
-
-
-def structural_tokens(tokenizer: Any) -> tuple[str, ...]:
-    """The STRUCTURAL_TOKENS that `tokenizer` has as special tokens (a tokenizer without them: none)."""
-    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    special = {token.content for token in decoder.values() if getattr(token, "special", False)}
-    return tuple(token for token in STRUCTURAL_TOKENS if token in special)
-
-
 def structural_token_problem(messages: list[dict[str, Any]], tokens: tuple[str, ...], where: str) -> str | None:
-    """Why a conversation's text cannot be trained on as written: it holds one of `tokens` (see STRUCTURAL_TOKENS)."""
-    for number, message in enumerate(messages):
-        content = message["content"]
-        texts = [content] if isinstance(content, str) else [str(p.get("text") or "") for p in content if p.get("type") == "text"]
-        for text in texts:
-            found = next((token for token in tokens if token in text), None)
-            if found is not None:
-                return (
-                    f"{where}: turn {number} ({message['role']}) has {found!r} in its text, a control token of the "
-                    "model's tokenizer: it would be read as that token (a turn marker or a vision placeholder), not "
-                    "as text. Remove it from the record (images and videos go in the record's image/video keys or "
-                    "as <image>/<video> placeholders)"
-                )
-    return None
+    """Why a conversation's text cannot be trained on as written: a turn holds one of `tokens` (see
+    data.structural_tokens)."""
+    texts = (
+        (f"turn {number} ({message['role']})", text)
+        for number, message in enumerate(messages)
+        for text in _turn_texts(message["content"])
+    )
+    return structural_token_in_texts(
+        texts, tokens, where, "images and videos go in the record's image/video keys or as <image>/<video> placeholders"
+    )
+
+
+def _turn_texts(content: str | list[dict[str, Any]]) -> list[str]:
+    """A turn's texts: its content, or the text of each of its text parts."""
+    if isinstance(content, str):
+        return [content]
+    return [str(part.get("text") or "") for part in content if part.get("type") == "text"]
 
 
 class SFTDataset(Dataset):

@@ -31,6 +31,7 @@ import torch
 
 from physreason.config import Config
 from physreason.data.mcq import MCQPrompt, PromptStream, load_mcq_prompts
+from physreason.data.structural_tokens import structural_tokens
 from physreason.distributed.policy_worker import PolicyWorker
 from physreason.distributed.rollout_queue import RolloutQueue, ScoredGroup, generation_room, is_fresh
 from physreason.distributed.rollout_replica import RolloutOutput, RolloutReplica
@@ -163,7 +164,9 @@ class Controller:
         self.on_step = on_step
         self.bucket_bytes = bucket_bytes
         train, data = config.train, config.data
-        self.prompts = load_mcq_prompts(data.dataset, data.max_samples)
+        # a question that writes a turn marker or vision placeholder is refused here, before any worker starts
+        tokens = structural_tokens(loading.load_tokenizer(config.model))
+        self.prompts = load_mcq_prompts(data.dataset, data.max_samples, tokens)
         self.stream = PromptStream(self.prompts, train.seed, data.shuffle, config.grpo.shuffle_options)
         self._replay = PromptStream(self.prompts, train.seed, data.shuffle, config.grpo.shuffle_options)
         self.allowed = config.grpo.allowed_outdated_steps

@@ -35,6 +35,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from physreason.config import Config
 from physreason.data.mcq import PromptStream, load_mcq_prompts
+from physreason.data.structural_tokens import structural_tokens
 from physreason.engines import Engine, create_engine
 from physreason.errors import ConfigError, PhysReasonError, TrainingDiverged
 from physreason.models import loading, parallelize
@@ -504,7 +505,8 @@ def _run_grpo(
         from physreason.models.inputs import load_processor_params
 
         processor_params = load_processor_params(config.model.model_name_or_path, config.model.revision)
-    prompts = load_mcq_prompts(config.data.dataset, config.data.max_samples)
+    # a question that writes a turn marker or vision placeholder is refused here, before any model work
+    prompts = load_mcq_prompts(config.data.dataset, config.data.max_samples, structural_tokens(tokenizer))
     # prints the plan of these prompts' media and lengths; refuses a start that cannot fit
     shape_of_prompts = prompt_shape(config, prompts, tokenizer)
     config = resolve_runtime_checkpoint_every(config, runtime, "grpo", shape_of_prompts)  # "auto" made a number

@@ -26,11 +26,11 @@ from physreason.chat.style import resolve_prompting
 from physreason.config import Config, DatasetConfig
 from physreason.cpu import apply_cpu_share
 from physreason.data.collate import SFTBatch, collate_padded
-from physreason.data.loaders import load_located_records
+from physreason.data.loaders import load_located_records, unusable_records_error
 from physreason.data.packing import collate_packed
 from physreason.data.sampler import StepSampler
 from physreason.data.sft import SFTDataset
-from physreason.errors import ConfigError, InputError
+from physreason.errors import ConfigError
 from physreason.models import loading, parallelize
 from physreason.models.family import model_family, read_vision_tokens
 from physreason.train import phases
@@ -179,12 +179,7 @@ def build_datasets(config: Config, tokenizer: Any, hf_config: Any) -> tuple[SFTD
     val = make(val_records, val_root, source=val_name, locations=val_where) if val_records else None
     problems = unreadable + [p for dataset in (train, val) if dataset is not None for p in dataset.record_problems()]
     if problems:  # before the layout warning, which reads every record's conversation
-        shown, total = 5, len(records) + len(val_records) + len(unreadable)
-        more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
-        raise InputError(
-            f"{len(problems)} of {total} SFT records cannot be used: " + "; ".join(problems[:shown]) + more
-            + ". Fix or remove them"
-        )
+        raise unusable_records_error(problems, len(records) + len(val_records) + len(unreadable), "SFT records")
     warn_reason1_layout(config, hf_config, train)
     return train, val
 
