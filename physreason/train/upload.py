@@ -4,6 +4,11 @@ One background thread on the main process uploads; training never waits for it, 
 (at most [train.ckpt] upload_wait_s). Failures are logged as one line each (bucket/key or repo, and what to do) and
 never stop training; credentials are never printed.
 
+Links: physreason never writes a symbolic link (or a FIFO, a device) into a checkpoint or an export, so a folder
+holding one is not uploaded at all: one error line names the path, training goes on. Every file is opened without
+following links (O_NOFOLLOW, folder by folder from the pinned folder down), so what is sent is a regular file inside
+the folder, never a file a link points at (a Hub token, SSH keys).
+
 Pinning: a folder queued for upload is first hard-linked file by file under <run>/.uploads/<folder> (no copy: the
 same data on disk; a copy where the filesystem has no hard links). max_keep pruning then deletes the checkpoint's
 own name at once, and the data stays until its upload has finished and the pin is removed.
@@ -16,12 +21,15 @@ id is recorded, so after a restart only the parts the server does not list yet a
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
 import queue
 import re
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -312,7 +320,12 @@ class Uploads:
                 self._drop_pending(kind, folder)
 
     def submit(self, folder: Path, kind: str) -> None:
-        """Pin `folder` (under the run folder) and queue its upload to `kind` ('s3' or 'hf'); done ones are skipped."""
+        """Pin `folder` (under the run folder) and queue its upload to `kind` ('s3' or 'hf'); done ones are skipped.
+
+        A folder that cannot be pinned (one holding a symbolic link, a link where the pin goes, a full disk) is not
+        queued: one error line, kept in `failed` as the worker's failures are. Save paths call this, so that never
+        raises; only a folder that is not the run's checkpoints/step_N or safetensors/step_N raises ValueError.
+        """
         # by name, not resolved: checkpoints/ may be a link to a larger disk
         relative = Path(os.path.relpath(os.path.abspath(folder), os.path.abspath(self.output))).as_posix()
         if not QUEUED_FOLDER.fullmatch(relative):
@@ -325,7 +338,15 @@ class Uploads:
                 return
             # A pin another queued job reads from (an export bound for S3 and the Hub) is shared, not rebuilt.
             if not any(job[1] == relative for job in pending):
-                _pin(folder, self._pin_path(relative))
+                try:
+                    _pin(folder, self._pin_path(relative))
+                except (UploadFailed, ConfigError, OSError) as exc:
+                    # One folder not uploaded must not stop training (a save path calls this): said and recorded
+                    # as the worker's failures are, and not queued: nothing of it was pinned.
+                    line = f"upload of {relative} to {_destination(kind)} not queued: {exc}"
+                    self.failed.append(line)
+                    log.error("%s", line)
+                    return
             pending.append([kind, relative])
             self._save_record()
         self._enqueue(kind, relative)
@@ -419,33 +440,49 @@ class Uploads:
         assert self.s3 is not None
         client = self._client()
         pinned = self._pin_path(folder)
-        for path in sorted(p for p in pinned.rglob("*") if p.is_file()):
-            relative = f"{folder}/{path.relative_to(pinned).as_posix()}"
-            info = path.stat()
-            url = self.s3.url(relative)
-            with self._lock:
-                entry = self._record["s3"].get(url, {})
-            if entry.get("size") != info.st_size or entry.get("mtime_ns") != info.st_mtime_ns:
-                entry = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "done": False}
-            if entry.get("done"):
-                self._add_done(info.st_size)
-                continue
-            if info.st_size >= self.part_size:
-                self._multipart(client, path, relative, entry)
-            else:
-                def put(path: Path = path, relative: str = relative) -> None:
-                    with path.open("rb") as body:
-                        client.put_object(Bucket=self.s3.bucket, Key=self.s3.key(relative), Body=body)
+        for inside in self._files_to_send(folder, pinned, "S3"):
+            with _open_regular(pinned, inside) as handle:
+                self._upload_s3_file(client, folder, inside, handle)
 
-                self._retrying(put, url, _s3_error_text)
-                self._add_done(info.st_size)
-            entry = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "done": True}
-            with self._lock:
-                self._record["s3"][url] = entry
-                self._save_record()
+    @staticmethod
+    def _files_to_send(folder: str, pinned: Path, where: str) -> list[str]:
+        """The regular files of the pin, relative to it; UploadFailed, before anything is sent, when it holds a link
+        (put there after pinning, or in a pin an earlier process left queued)."""
+        try:
+            return _regular_files(pinned)[1]
+        except UploadFailed as exc:
+            raise UploadFailed(f"upload of {folder} to {where} refused: {exc}") from None
 
-    def _multipart(self, client: Any, path: Path, relative: str, entry: dict[str, Any]) -> None:
-        """Send `path` as an S3 multipart upload, continuing the recorded one: parts the server lists are not resent."""
+    def _upload_s3_file(self, client: Any, folder: str, inside: str, handle: Any) -> None:
+        """Send one pinned file (`handle`, opened by _open_regular) as <folder>/<inside>, unless recorded as sent."""
+        assert self.s3 is not None
+        relative = f"{folder}/{inside}"
+        info = os.fstat(handle.fileno())
+        url = self.s3.url(relative)
+        with self._lock:
+            entry = self._record["s3"].get(url, {})
+        if entry.get("size") != info.st_size or entry.get("mtime_ns") != info.st_mtime_ns:
+            entry = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "done": False}
+        if entry.get("done"):
+            self._add_done(info.st_size)
+            return
+        if info.st_size >= self.part_size:
+            self._multipart(client, handle.fileno(), relative, entry)
+        else:
+            def put() -> None:
+                handle.seek(0)  # a retry sends the file from its start again
+                client.put_object(Bucket=self.s3.bucket, Key=self.s3.key(relative), Body=handle)
+
+            self._retrying(put, url, _s3_error_text)
+            self._add_done(info.st_size)
+        entry = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "done": True}
+        with self._lock:
+            self._record["s3"][url] = entry
+            self._save_record()
+
+    def _multipart(self, client: Any, source: int, relative: str, entry: dict[str, Any]) -> None:
+        """Send the open file `source` (a descriptor) as an S3 multipart upload, continuing the recorded one: parts the
+        server lists are not resent."""
         assert self.s3 is not None
         bucket, key, url = self.s3.bucket, self.s3.key(relative), self.s3.url(relative)
         size = entry["size"]
@@ -471,9 +508,7 @@ class Uploads:
                 self._add_done(part_bytes)
 
         def send(number: int) -> None:
-            with path.open("rb") as source:
-                source.seek((number - 1) * part_size)
-                data = source.read(part_size)
+            data = _read_at(source, part_size, (number - 1) * part_size)
             answer = self._retrying(
                 lambda: client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data),
                 f"{url} (part {number} of {count})",
@@ -520,7 +555,7 @@ class Uploads:
             marker = int(page["NextPartNumberMarker"])
 
     def _upload_hf(self, folder: str) -> None:
-        from huggingface_hub import HfApi
+        from huggingface_hub import CommitOperationAdd, HfApi
 
         assert self.hf_repo is not None
         pinned = self._pin_path(folder)
@@ -531,15 +566,22 @@ class Uploads:
             user = self._retrying(lambda: api.whoami()["name"], self.hf_repo, _hf_error_text)
             repo_id = f"{user}/{self.hf_repo}"
         where = f"the Hub repo {repo_id} ({api.endpoint})"
+        files = _hub_files(self._files_to_send(folder, pinned, "the Hub"))
         self._retrying(lambda: api.create_repo(repo_id, private=True, exist_ok=True), where, _hf_error_text)
-        commit = self._retrying(
-            lambda: api.upload_folder(
-                repo_id=repo_id, folder_path=pinned, commit_message=f"physreason: upload {folder}"
-            ),
-            where,
-            _hf_error_text,
-        )
-        self._add_done(_folder_bytes(pinned))
+        with contextlib.ExitStack() as stack:
+            handles = {inside: stack.enter_context(_open_regular(pinned, inside)) for inside in files}
+
+            def commit_files() -> Any:
+                # upload_folder's commit, of the files opened above: huggingface_hub (and hf_xet) read each through
+                # /proc/self/fd, the very file opened, so a link put there since cannot make it read another
+                return api.create_commit(
+                    repo_id=repo_id,
+                    operations=[CommitOperationAdd(inside, _reopenable(handle)) for inside, handle in handles.items()],
+                    commit_message=f"physreason: upload {folder}",
+                )
+
+            commit = self._retrying(commit_files, where, _hf_error_text)
+            self._add_done(sum(os.fstat(handle.fileno()).st_size for handle in handles.values()))
         with self._lock:
             self._record["hf"][folder] = {"repo_id": self.hf_repo, "resolved": repo_id, "commit": commit.oid}
             self._save_record()
@@ -626,23 +668,208 @@ def _hf_error_text(exc: Exception) -> tuple[str, bool]:
     return f"{type(exc).__name__}: {exc}", False
 
 
+def _destination(kind: str) -> str:
+    return "S3" if kind == "s3" else "the Hub"
+
+
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+# A hard link impossible here, not a name already taken: another filesystem (checkpoints/ linked to another disk),
+# one without hard links, a file's link limit, a file the kernel's protected_hardlinks keeps from being linked.
+_NO_HARD_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}
+
+
+def _link_refused(path: Path) -> UploadFailed:
+    return UploadFailed(
+        f"{path} is a symbolic link, which physreason never writes into a checkpoint or export: the folder is not "
+        "uploaded (nothing of it is sent). Look at who put it there; delete it, then save or resume again"
+    )
+
+
+def _regular_files(folder: Path) -> tuple[list[str], list[str]]:
+    """(folders, files) under `folder`, as sorted POSIX paths relative to it, walked without following any link.
+
+    UploadFailed naming the first symbolic link (or FIFO, socket, device) met, `folder` itself included: physreason
+    writes none of them into a checkpoint or export, and a link would send what it points at.
+    """
+    if folder.is_symlink():
+        raise _link_refused(folder)
+    folders: list[str] = []
+    files: list[str] = []
+
+    def walk(path: Path, prefix: str) -> None:
+        with os.scandir(path) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                inside = prefix + entry.name
+                if entry.is_symlink():
+                    raise _link_refused(Path(entry.path))
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(inside)
+                    walk(Path(entry.path), inside + "/")
+                elif entry.is_file(follow_symlinks=False):
+                    files.append(inside)
+                else:
+                    raise UploadFailed(
+                        f"{entry.path} is not a regular file (a FIFO, socket or device), which physreason never "
+                        "writes into a checkpoint or export: the folder is not uploaded. Delete it, then save or "
+                        "resume again"
+                    )
+
+    walk(folder, "")
+    return folders, files
+
+
+def _open_folder(root: Path | int, parts: list[str]) -> int:
+    """A descriptor of the folder `parts` under `root` (a path or an open folder's descriptor, left open), each step
+    opened without following a link (OSError ELOOP at a link, ENOTDIR at a file)."""
+    descriptor = os.open(root, _DIRECTORY) if isinstance(root, Path) else os.dup(root)
+    try:
+        for part in parts:
+            inner = os.open(part, _DIRECTORY, dir_fd=descriptor)
+            os.close(descriptor)
+            descriptor = inner
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def _open_regular(root: Path, inside: str) -> Any:
+    """The regular file `inside` (a POSIX path relative to `root`) opened for reading (a binary file object), every
+    step opened without following a link; UploadFailed naming it when a link or anything but a regular file is there.
+    """
+    *parents, name = inside.split("/")
+    try:
+        folder = _open_folder(root, parents)
+        try:  # O_NONBLOCK: a FIFO put there must not block the open; no effect on a regular file
+            descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+        finally:
+            os.close(folder)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):  # EMLINK: FreeBSD's O_NOFOLLOW at a link
+            raise _link_refused(root / inside) from None
+        raise
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise UploadFailed(f"{root / inside} is not a regular file: the folder is not uploaded")
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, "rb")
+
+
+def _reopenable(handle: Any) -> Any:
+    """What huggingface_hub is given to read an opened file: /proc/self/fd/<n> on Linux (a path it may reopen as often
+    as it needs, hf_xet included, that is always this very file), else the file object (read over HTTP, not Xet)."""
+    path = f"/proc/self/fd/{handle.fileno()}"
+    if os.path.exists(path):
+        return path
+    handle.seek(0)
+    return handle
+
+
+def _hub_files(files: list[str]) -> list[str]:
+    """`files` less those upload_folder leaves out by default (.git/, .cache/huggingface/)."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    try:
+        from huggingface_hub.hf_api import DEFAULT_IGNORE_PATTERNS
+    except ImportError:  # not where it was
+        DEFAULT_IGNORE_PATTERNS = [".git", ".git/*", "*/.git", "**/.git/**", ".cache/huggingface",
+                                   ".cache/huggingface/*", "*/.cache/huggingface", "**/.cache/huggingface/**"]  # fmt: skip
+    return list(filter_repo_objects(files, ignore_patterns=DEFAULT_IGNORE_PATTERNS))
+
+
+def _read_at(descriptor: int, size: int, offset: int) -> bytes:
+    """Up to `size` bytes of the open file at `offset` (os.pread: threads share the descriptor, not a position)."""
+    chunks: list[bytes] = []
+    while size > 0:
+        chunk = os.pread(descriptor, min(size, 1 << 30), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _clear_staging(staging: Path) -> None:
+    """Remove what lies at a pin's staging name: a link (or file) is unlinked, never followed; a folder deleted."""
+    try:
+        info = staging.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(staging)  # a real folder; rmtree never follows the links inside it
+        return
+    if stat.S_ISLNK(info.st_mode):
+        log.warning("%s is a link, where physreason builds a pinned copy: removed (never written through)", staging)
+    staging.unlink()
+
+
 def _pin(folder: Path, pinned: Path) -> None:
-    """Hard-link every file of `folder` under `pinned` (copy where links are not possible); replaces an older pin."""
+    """Hard-link every file of `folder` under `pinned` (copy where links are not possible); replaces an older pin.
+
+    UploadFailed, and nothing pinned, when `folder` holds a symbolic link (or anything but folders and regular
+    files). The staging folder is one this call creates; every file is opened and made without following a link.
+    """
     staging = pinned.with_name(pinned.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    for path in sorted(folder.rglob("*")):
-        target = staging / path.relative_to(folder)
-        if path.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
+    _clear_staging(staging)
+    folders, files = _regular_files(folder)
+    staging.parent.mkdir(parents=True, exist_ok=True)  # <run>/.uploads/<kind>: Uploads._pin_path refuses a link
+    os.mkdir(staging)  # FileExistsError if anything appeared there since: never one this call did not create
+    try:
+        made = os.open(staging, _DIRECTORY)
         try:
-            os.link(path, target)
-        except OSError:
-            shutil.copy2(path, target)
-    staging.mkdir(parents=True, exist_ok=True)
-    replace_folder(staging, pinned)
+            for inside in folders:
+                *parents, name = inside.split("/")
+                parent = _open_folder(made, parents)
+                try:
+                    os.mkdir(name, dir_fd=parent)
+                finally:
+                    os.close(parent)
+            for inside in files:
+                _pin_file(folder, inside, made)
+        finally:
+            os.close(made)
+        replace_folder(staging, pinned)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _pin_file(folder: Path, inside: str, made: int) -> None:
+    """Hard-link the regular file `folder`/`inside` to the same place under the open staging folder `made`; a copy
+    (contents, mode and times, as shutil.copy2) only where the filesystem cannot hard-link it."""
+    *parents, name = inside.split("/")
+    with _open_regular(folder, inside) as source:
+        info = os.fstat(source.fileno())
+        parent = _open_folder(made, parents)
+        try:
+            try:
+                os.link(folder / inside, name, dst_dir_fd=parent, follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno not in _NO_HARD_LINK:
+                    raise  # EEXIST and the like: never written over
+            else:
+                linked = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                if (linked.st_dev, linked.st_ino) == (info.st_dev, info.st_ino):
+                    return
+                os.unlink(name, dir_fd=parent)  # the name was swapped for another file (or a link) meanwhile
+                raise _link_refused(folder / inside)
+            target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=parent)
+            with os.fdopen(target, "wb") as copy:
+                shutil.copyfileobj(source, copy, 1 << 20)
+                os.fchmod(copy.fileno(), stat.S_IMODE(info.st_mode))
+                copy.flush()
+                os.utime(copy.fileno(), ns=(info.st_atime_ns, info.st_mtime_ns))
+        finally:
+            os.close(parent)
 
 
 def _folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    """The bytes of the regular files under `folder`, for the progress line; a link is neither followed nor counted."""
+    total = 0
+    for root, _, names in os.walk(folder):  # never into a linked folder
+        for name in names:
+            info = os.lstat(os.path.join(root, name))
+            if stat.S_ISREG(info.st_mode):
+                total += info.st_size
+    return total
