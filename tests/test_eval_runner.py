@@ -453,3 +453,67 @@ def test_results_saved_without_a_model_hash_resume_and_are_not_given_one(tmp_pat
     assert json.loads(run_file.read_text())["settings"]["model_fingerprint"] is None
     fresh = json.loads((first.base / "mini" / "seed_2" / "run.json").read_text())
     assert fresh["settings"]["model_fingerprint"] is not None
+
+
+def test_a_failing_evaluation_keeps_its_held_lock_file_so_no_two_evaluations_share_the_folder(
+    tmp_path, tiny_model_dir, bench_root
+):
+    from test_runlock import _lock_in_another_process
+
+    from physreason.eval.launch import discard_unstarted_runs, plan_eval, prepare_runs
+    from physreason.overwrite import holds_more_than_locks
+    from physreason.train.runlock import LOCK_NAME, holding
+
+    config = load_config(write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, tmp_path / "results"))
+    plan = plan_eval(config)
+    plan.base.mkdir(parents=True)
+    lock = plan.base / LOCK_NAME
+    with holding(lock, f"the evaluation folder {plan.base}", "by the test"):  # as run_eval holds it
+        prepare_runs(plan)
+        held = os.stat(lock).st_ino
+        discard_unstarted_runs(plan)  # what run_eval does when its engine fails to load, the lock still held
+        assert lock.is_file() and os.stat(lock).st_ino == held  # the held file is still the one at the path
+        refused = _lock_in_another_process(lock)
+        assert refused.startswith(f"refused: the folder is in use by another run (pid {os.getpid()} ")
+    assert sorted(p.name for p in plan.base.iterdir()) == [LOCK_NAME]  # no run.json, no config.toml
+    assert not holds_more_than_locks(plan.base)  # counts as an empty folder
+    outcome = run_eval(config, show_progress=False)  # the corrected rerun takes the folder
+    assert outcome.base == plan.base and [(r.answered, r.failed) for r in outcome.runs] == [(GOOD, 2)]
+
+
+def test_a_link_at_a_shard_file_is_refused_and_its_target_left_as_it_was(tmp_path):
+    from physreason.chat.style import Prompting
+    from physreason.config import SamplingConfig, VisionConfig
+    from physreason.errors import InputError
+    from physreason.eval.benchmark import load_benchmark
+    from physreason.eval.runner import ShardJob, evaluate_shards
+
+    victim = tmp_path / "home" / ".bashrc"
+    victim.parent.mkdir()
+    victim.write_text("export PATH=$HOME/bin:$PATH\nalias ll='ls -l'")  # no newline at the end
+    data = tmp_path / "ds.json"  # one question whose clip is missing: answered with an error, no model needed
+    data.write_text(json.dumps([{"video": "clips/none.mp4", "qa_pairs": qa()}]))
+    bench = load_benchmark(str(data), tmp_path)
+    run = tmp_path / "results" / "m" / "reasoning" / bench.name / "seed_0"
+    run.mkdir(parents=True)
+    shard = run / "shard-0-of-1.jsonl"
+    shard.symlink_to(victim)
+
+    class NoModel:
+        vision_factor = 28
+
+        def generate(self, *args, **kwargs):
+            raise AssertionError("not reached")
+
+    job = ShardJob(bench, run, SamplingConfig(temperature=0.0, seed=0))
+    with pytest.raises(InputError, match=rf"{shard} is a symbolic link \(to {victim}\): a result file is cut back"):
+        evaluate_shards(NoModel(), [job], prompting=Prompting(), vision=VisionConfig())
+    assert victim.read_text() == "export PATH=$HOME/bin:$PATH\nalias ll='ls -l'"
+    from physreason.infer.results import open_for_append
+
+    with pytest.raises(InputError, match=rf"{shard} is a symbolic link"):  # a link put there after that check
+        open_for_append(shard)
+    assert victim.read_text() == "export PATH=$HOME/bin:$PATH\nalias ll='ls -l'"
+    shard.unlink()
+    evaluate_shards(NoModel(), [job], prompting=Prompting(), vision=VisionConfig())
+    assert "does not exist" in lines(shard)[0]["error"]

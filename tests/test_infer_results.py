@@ -219,3 +219,39 @@ def test_a_line_holding_a_number_past_the_digit_limit_is_dropped_as_broken(tmp_p
     out.write_text(f"{good}\n[{'9' * 5000}]\n")  # valid JSON text Python refuses to parse (a ValueError, not a decode error)
     assert drop_broken_lines(out) == [2]
     assert out.read_text() == f"{good}\n"
+
+
+def test_an_out_that_is_a_link_is_refused_naming_its_target_so_two_names_never_take_two_locks(tmp_path):
+    from setups import lock_holder
+
+    from physreason.infer.batch import output_lock
+
+    results = tmp_path / "results.jsonl"
+    results.write_text('{"id": "a", "error": "x"}\n')
+    latest = tmp_path / "latest.jsonl"
+    latest.symlink_to("results.jsonl")
+    holder = lock_holder(tmp_path / ".results.jsonl.lock")  # a run writing results.jsonl
+    try:
+        with pytest.raises(ConfigError, match=rf"--out {latest} is a symbolic link \(to results.jsonl\): results are "
+                                              rf"written only to the file or folder itself; give --out {results} "):  # fmt: skip
+            with output_lock(latest):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (tmp_path / ".latest.jsonl.lock").exists()
+    with output_lock(results):  # the file itself, once free
+        pass
+
+
+def test_a_jsonl_result_file_is_never_cut_or_appended_to_through_a_link(tmp_path):
+    from physreason.infer.results import JsonlSink
+
+    mine = tmp_path / "mine.txt"
+    mine.write_text("line one\nno newline at the end")
+    out = tmp_path / "out.jsonl"
+    out.symlink_to(mine)
+    for use in (JsonlSink, lambda path: drop_results(path, {"a"}), drop_broken_lines):
+        with pytest.raises(InputError, match=rf"{out} is a symbolic link \(to {mine}\)"):
+            use(out)
+    assert mine.read_text() == "line one\nno newline at the end" and out.is_symlink()

@@ -112,3 +112,71 @@ def test_a_lock_file_that_is_a_link_is_refused_and_its_target_left_as_it_was(tmp
         assert (run / runlock.LOCK_NAME).read_text().startswith(f"pid {os.getpid()} on ")
     finally:
         runlock.release_output(run)
+
+
+_TRY_LOCK = """
+import sys
+from pathlib import Path
+from physreason.errors import ConfigError
+from physreason.train.runlock import lock_file
+try:
+    lock_file(Path(sys.argv[1]), "the folder", "by the test")
+    print("held")
+except ConfigError as exc:
+    print(f"refused: {exc}")
+"""
+
+
+def _lock_in_another_process(path: Path) -> str:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _TRY_LOCK, str(path)], capture_output=True, text=True, env=env,
+                          timeout=60, check=True)  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_a_lock_file_deleted_between_its_open_and_its_lock_is_not_the_one_held(tmp_path, monkeypatch):
+    import fcntl
+
+    lock = tmp_path / ".out.lock"
+    real, calls = fcntl.lockf, []
+
+    def lockf(handle, *args):
+        if not calls:  # the last holder deletes the file after this process opened it, before it locks it
+            lock.unlink()
+        calls.append(handle)
+        return real(handle, *args)
+
+    monkeypatch.setattr(fcntl, "lockf", lockf)
+    assert runlock.lock_file(lock, "the folder", "by the test")
+    monkeypatch.undo()
+    try:
+        assert len(calls) == 2  # the deleted file was let go of and the file now at the path locked
+        held = os.fstat(runlock._HELD[runlock._key(lock)].fileno())
+        assert held.st_nlink == 1 and held.st_ino == os.stat(lock).st_ino
+        assert _lock_in_another_process(lock).startswith("refused: the folder is in use by another run (pid ")
+    finally:
+        runlock.release_file(lock)
+    assert _lock_in_another_process(lock) == "held"
+
+
+def test_a_lock_file_deleted_every_time_it_is_locked_is_a_clear_error_after_a_few_tries(tmp_path, monkeypatch):
+    import fcntl
+
+    lock = tmp_path / ".out.lock"
+    real, calls = fcntl.lockf, []
+
+    def lockf(handle, *args):
+        calls.append(handle)
+        lock.unlink()
+        return real(handle, *args)
+
+    monkeypatch.setattr(fcntl, "lockf", lockf)
+    with pytest.raises(ConfigError, match=r"the folder cannot be locked: its lock file .*\.out\.lock was deleted or "
+                                          r"replaced each of 10 times it was locked"):  # fmt: skip
+        runlock.lock_file(lock, "the folder", "by the test")
+    assert len(calls) == 10 and all(handle.closed for handle in calls)
+    assert not runlock._HELD

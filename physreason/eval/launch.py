@@ -312,7 +312,8 @@ def discard_unstarted_runs(plan: EvalPlan) -> None:
 
     Called when an evaluation fails: without it, the run.json written up front would make `eval report` list the
     model with every question "missing". The stored config goes too when no run of this model has a result, so
-    a corrected rerun is not refused for settings no result was made with. Shard logs stay (they say what failed).
+    a corrected rerun is not refused for settings no result was made with. Shard logs stay (they say what failed),
+    and so does the folder's run lock (the answer-type folder then holds only `.physreason.lock`).
     """
     for _, _, run in plan.runs():
         if not result_files(run):
@@ -325,9 +326,11 @@ def discard_unstarted_runs(plan: EvalPlan) -> None:
 
 def _remove_if_empty(*folders: Path) -> None:
     for folder in folders:
-        # the run lock (run_eval holds it until it returns) is no content: the failed evaluation leaves no folder
-        if folder.is_dir() and all(entry.name == LOCK_NAME for entry in folder.iterdir()):
-            (folder / LOCK_NAME).unlink(missing_ok=True)
+        # A folder holding only lock files stays: run_eval holds the answer-type folder's lock until it returns, and a
+        # held lock file is never deleted (an evaluation that opened it just before would lock the deleted file while
+        # the next one locks a new file, and both would run here). Such a folder counts as empty (holds_more_than_locks)
+        # and holds no config.toml, so it names no model's results.
+        if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
 
 

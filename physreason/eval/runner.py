@@ -22,7 +22,7 @@ from physreason.errors import ConfigError, PhysReasonError
 from physreason.eval.benchmark import Benchmark, EvalSample
 from physreason.eval.results import finished_in_run, shard_file
 from physreason.eval.scoring import Score, score_completion
-from physreason.infer.results import truncate_torn_tail
+from physreason.infer.results import check_not_link, open_for_append, truncate_torn_tail
 from physreason.parallel import ordered_map
 from physreason.vision import load_video
 from physreason.vision.resize import PATCH_FACTOR
@@ -260,6 +260,8 @@ def evaluate_shards(
         assigned = shard_samples(job.benchmark.samples, shard, num_shards)
         done = finished_in_run(job.run)
         pending = [s for s in assigned if s.id not in done]
+        if pending:  # before any sample is answered: a link where this shard's results go is refused (InputError)
+            check_not_link(shard_file(job.run, shard, num_shards))
         counts.append(ShardCounts(assigned=len(assigned), skipped=len(assigned) - len(pending)))
         pairs += [(index, sample) for sample in pending]
     if not pairs:
@@ -271,8 +273,8 @@ def evaluate_shards(
             if index not in sinks:
                 out = shard_file(jobs[index].run, shard, num_shards)
                 out.parent.mkdir(parents=True, exist_ok=True)
-                truncate_torn_tail(out)
-                sinks[index] = stack.enter_context(out.open("a", encoding="utf-8"))
+                truncate_torn_tail(out)  # refuses a link there, as open_for_append does
+                sinks[index] = stack.enter_context(open_for_append(out))
             record = result_line(sample, result, jobs[index].sampling.seed, prompting, coords)
             sinks[index].write(json.dumps(record, ensure_ascii=False) + "\n")
             sinks[index].flush()

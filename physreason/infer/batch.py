@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -205,9 +206,18 @@ def _repair_jsonl(out: Path) -> None:
 
 def output_lock(out: Path) -> contextlib.AbstractContextManager[None]:
     """Hold `out` for this process while a run writes it (a lock file `.<name>.lock` beside it; physreason.train.
-    runlock): a second infer into the same --out is refused with one line naming the first, not interleaved."""
+    runlock): a second infer into the same --out is refused with one line naming the first, not interleaved.
+    ConfigError when `out` is a symbolic link (its lock would not be its target's)."""
     from physreason.train.runlock import holding
 
+    if out.is_symlink():
+        # The lock is named after --out, so two names of one file (a link and its target) would take two locks and
+        # both append; and results are appended through a link but rewritten (repair, --retry-failed) by renaming a
+        # new file over it, which would replace the link and leave its target behind. So --out is never a link.
+        raise ConfigError(
+            f"--out {out} is a symbolic link (to {os.readlink(out)}): results are written only to the file or folder "
+            f"itself; give --out {out.resolve()} instead"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     return holding(
         out.parent / f".{out.name}.lock",

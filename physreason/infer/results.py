@@ -9,7 +9,9 @@ Either way a rerun skips every id already written, so each id is in the output o
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,7 +64,7 @@ class JsonlSink:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         truncate_torn_tail(path)
-        self._handle = path.open("a", encoding="utf-8")
+        self._handle = open_for_append(path)
 
     def write(self, record: dict[str, Any]) -> None:
         """Append the record as one line and flush it to the operating system."""
@@ -129,13 +131,49 @@ def open_sink(out: Path, *, rows_per_file: int = 1000, flush_s: float = 60.0) ->
     return JsonlSink(out)
 
 
+def _refuse_link(path: Path) -> None:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    raise InputError(
+        f"{path} is a symbolic link (to {target}): a result file is cut back to its last complete line and appended "
+        "to in place, never through a link into another file; delete the link (or move the real file there) and rerun"
+    ) from None
+
+
+def check_not_link(path: Path) -> None:
+    """InputError when `path` is a symbolic link: a result file is never cut or appended to through one."""
+    if path.is_symlink():
+        _refuse_link(path)
+
+
+def _open_no_link(path: Path, flags: int) -> int:
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            _refuse_link(path)
+        raise
+
+
+def open_for_append(path: Path):
+    """`path` opened to append UTF-8 text (created if missing); InputError when it is a symbolic link (never
+    written through into the link's target)."""
+    return os.fdopen(_open_no_link(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
+
+
 def truncate_torn_tail(out: Path) -> None:
-    """Drop a partial last line left by a killed run, so appended records start on a fresh line."""
+    """Drop a partial last line left by a killed run, so appended records start on a fresh line. InputError when
+    `out` is a symbolic link: a result file is cut in place, never a file the link names."""
+    check_not_link(out)
     if not out.is_file() or out.stat().st_size == 0:
         return
-    data = out.read_bytes()
-    if not data.endswith(b"\n"):
-        out.write_bytes(data[: data.rfind(b"\n") + 1])
+    descriptor = _open_no_link(out, os.O_RDWR)
+    with os.fdopen(descriptor, "r+b") as handle:
+        data = handle.read()
+        if not data.endswith(b"\n"):
+            handle.truncate(data.rfind(b"\n") + 1)
 
 
 RESULT_KEYS = {"outputs", "error", "prompt_tokens"}  # one of them beside "id" in every result record (result_record)

@@ -11,6 +11,10 @@ file, and the kernel releases it when the process ends, however it ends (kill -9
 locks its folder against the corrected rerun; the file left behind is only a note of the last holder. Processes the
 run forks (data-loader workers) do not inherit it, so it is free again the moment the run's entry point returns.
 On a filesystem without locks the run goes on with a warning, unprotected.
+
+A lock file is never deleted while held (a process that opened it just before would lock the deleted file while a
+third one creates and locks a new one: two holders). Should one be deleted or replaced all the same, lock_file
+notices once it holds the lock (the file it locked is no longer the one at the path) and locks the new file instead.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from physreason.errors import ConfigError
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".physreason.lock"
+_ATTEMPTS = 10  # locks of a file found deleted or replaced once locked, before lock_file gives up
 _HELD: dict[Path, IO[str]] = {}  # resolved lock file -> its open handle, for the locks this process holds
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,6 +62,31 @@ def lock_file(path: Path, what: str, why: str) -> bool:
         import fcntl
     except ImportError:  # not a POSIX system
         return False
+    for _ in range(_ATTEMPTS):
+        handle = _open_locked(key, fcntl, what, why)
+        if handle is None:
+            return False
+        if _still_at(handle, key):
+            break
+        # Locked a file that is no longer the one at `key` (deleted or replaced between our open and our lock, e.g.
+        # by the holder that was finishing): a lock on it keeps no one out. Open the file now there and lock that.
+        handle.close()
+    else:
+        raise ConfigError(
+            f"{what} cannot be locked: its lock file {key} was deleted or replaced each of {_ATTEMPTS} times it was "
+            "locked (something keeps removing it); stop whatever removes it and rerun"
+        )
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    handle.flush()
+    _HELD[key] = handle
+    return True
+
+
+def _open_locked(key: Path, fcntl: Any, what: str, why: str) -> IO[str] | None:
+    """The lock file `key` opened (created if missing) and locked by this process; None when the filesystem has no
+    locks. ConfigError when another process holds it."""
     try:  # never through a link: the pid line below would replace whatever file the link names
         descriptor = os.open(key, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
@@ -72,17 +102,22 @@ def lock_file(path: Path, what: str, why: str) -> bool:
         if exc.errno not in (errno.EACCES, errno.EAGAIN):
             handle.close()
             log.warning("%s cannot be locked (%s): nothing stops a second run from writing there at once", key, exc)
-            return False
+            return None
         handle.seek(0)
         holder = handle.read().strip() or "its process is not named in the file"
         handle.close()
         raise ConfigError(f"{what} is in use by another run ({holder}): {why}") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    handle.flush()
-    _HELD[key] = handle
-    return True
+    return handle
+
+
+def _still_at(handle: IO[str], key: Path) -> bool:
+    """Whether the locked file `handle` is still the file at `key` (same device and inode, not deleted)."""
+    held = os.fstat(handle.fileno())
+    try:
+        now = os.stat(key, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return held.st_nlink > 0 and (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
 
 
 def _key(path: Path) -> Path:
