@@ -68,6 +68,7 @@ class Benchmark:
     media_root: Path
     samples: list[EvalSample]
     board: str | None = None  # PAI_BENCH when the records are in Physical AI Bench's layout (its report columns)
+    source: str = ""  # the file, folder or Hub id the samples were read from, for messages naming a question
 
 
 def benchmark_file(benchmark_root: str | Path, name: str) -> Path:
@@ -134,8 +135,8 @@ def _dataset_folder(spec: str, root: Path | None) -> Path | None:
 def _benchmark(name: str, media_root: Path, records: list[Any], source: str) -> Benchmark:
     """A Benchmark of the records, read in Physical AI Bench's layout when any record is in it."""
     if any(_is_pai_record(record) for record in records):
-        return Benchmark(name, media_root, expand_pai_records(records, source), board=PAI_BENCH)
-    return Benchmark(name, media_root, expand_qa_pairs(records, source))
+        return Benchmark(name, media_root, expand_pai_records(records, source), board=PAI_BENCH, source=source)
+    return Benchmark(name, media_root, expand_qa_pairs(records, source), source=source)
 
 
 def _is_pai_record(record: Any) -> bool:

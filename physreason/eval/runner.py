@@ -17,8 +17,9 @@ from physreason.chat.structured import CoordSpace
 from physreason.chat.style import Prompting, StyleName, build_mcq_messages, coord_space, grounding_question
 from physreason.config import SamplingConfig, VisionConfig
 from physreason.data.loaders import media_path_in_root
+from physreason.data.structural_tokens import structural_token_in_texts, structural_tokens
 from physreason.engines.base import Engine, GenerationRequest, GenerationResult, request_seed
-from physreason.errors import ConfigError, PhysReasonError
+from physreason.errors import ConfigError, InputError, PhysReasonError
 from physreason.eval.benchmark import Benchmark, EvalSample
 from physreason.eval.results import finished_in_run, shard_file
 from physreason.eval.scoring import Score, score_completion
@@ -54,6 +55,7 @@ def build_eval_request(
     *,
     style: StyleName = "reason1",
     system_prompt: str | None = None,
+    control_tokens: tuple[str, ...] = (),
 ) -> GenerationRequest:
     """Decode the sample's clip and build the benchmark's messages in the prompt style; raises PhysReasonError
     when it cannot.
@@ -65,10 +67,15 @@ def build_eval_request(
     reason1 model asks for absolute pixels of the frame it sees (chat.style.grounding_question). `system_prompt`
     (prompt.system_prompt) replaces the style's; '' leaves the system message empty (reason1) or out (reason2), as
     build_messages does. The request is seeded by the sample's identity (data set, sample id; each repeat's own
-    sampling seed adds the repeat), so a sampled answer is the same whichever shard, batch or row it lands in.
+    sampling seed adds the repeat), so a sampled answer is the same whichever shard, batch or row it lands in. A
+    question or option text holding one of `control_tokens` (data.structural_tokens of the model's tokenizer; ()
+    checks none) cannot be asked: the chat template would carry it as a turn marker or vision placeholder.
     """
     if sample.error is not None:
         raise PhysReasonError(sample.error)
+    problem = structural_token_problem(sample, benchmark, control_tokens)
+    if problem is not None:
+        raise InputError(problem)
     assert sample.video is not None  # guaranteed when error is None
     path = media_path_in_root(benchmark.media_root, sample.video, f"data set {benchmark.name}")
     frames = load_video(path, vision.model_copy(update=sample.video_range), factor)
@@ -87,6 +94,14 @@ def build_eval_request(
     return GenerationRequest(
         messages=messages, videos=[frames], request_id=sample.id, seed=request_seed(benchmark.name, sample.id)
     )
+
+
+def structural_token_problem(sample: EvalSample, benchmark: Benchmark, tokens: tuple[str, ...]) -> str | None:
+    """Why a sample's question cannot be asked as written: its question or an option's text holds one of `tokens`
+    (data.structural_tokens), named with the benchmark's file and the question's id; None when none does."""
+    texts = [("the question", sample.question), *((f"option {k}", text) for k, text in (sample.options or {}).items())]
+    where = f"{benchmark.source or f'data set {benchmark.name}'} (question {sample.id!r})"
+    return structural_token_in_texts(texts, tokens, where, "the clip is the record's video path, not text")
 
 
 def _with_system_prompt(messages: list[dict[str, Any]], system_prompt: str, style: StyleName) -> list[dict[str, Any]]:
@@ -167,8 +182,10 @@ def _requests(
     factor: int,
     workers: int = 1,
     lookahead: int = 1,
+    control_tokens: tuple[str, ...] = (),
 ) -> Iterator[GenerationRequest | GenerationResult]:
-    """Each (benchmark, sample)'s request, or an error result when its clip or data cannot be used, in order.
+    """Each (benchmark, sample)'s request, or an error result when its clip or data cannot be used (a question or
+    option holding one of `control_tokens`: build_eval_request), in order.
 
     With `workers` > 1 the clips are decoded in that many threads (FFmpeg and the resize release the GIL), up to
     `lookahead` samples ahead of the one yielded: the next batch decodes while the engine answers this one. The
@@ -187,6 +204,7 @@ def _requests(
                 factor,
                 style=prompting.style,
                 system_prompt=prompting.system_prompt,
+                control_tokens=control_tokens,
             )
         except ConfigError:
             raise  # a setting, not this sample: every sample would fail the same way
@@ -227,8 +245,9 @@ def evaluate_shard(
     """Answer this shard's unfinished samples of one repeat, appending each scored result to its shard file.
 
     Samples with a result in any file of `run` are skipped, whichever shard count wrote them. A
-    sample whose clip is missing, corrupt or outside the data root, or whose question is malformed,
-    is written as {"id", "error"} and counted as failed; the run goes on. `decode_workers` > 1 decodes the clips in
+    sample whose clip is missing, corrupt or outside the data root, or whose question is malformed or holds a
+    chat-structure token of the engine's tokenizer in its question or option text (<|im_start|>, <|vision_start|>,
+    ...: data.structural_tokens), is written as {"id", "error"} and counted as failed; the run goes on. `decode_workers` > 1 decodes the clips in
     that many threads, the next batch's while the engine answers this one (the same records either way).
     """
     (counts,) = evaluate_shards(
@@ -292,9 +311,11 @@ def evaluate_shards(
                 write(index, sample, result, answer_coords(sample, request, prompting.style))
             batch.clear()
 
+        # An engine renders its prompts with its tokenizer (HFEngine, VLLMEngine); a stand-in without one checks none.
+        tokens = structural_tokens(getattr(engine, "tokenizer", None))
         requests = _requests(
             [(jobs[index].benchmark, sample) for index, sample in pairs], vision, prompting, engine.vision_factor,
-            decode_workers, lookahead=2 * batch_size,
+            decode_workers, lookahead=2 * batch_size, control_tokens=tokens,
         )  # fmt: skip
         for (index, sample), item in zip(pairs, requests, strict=True):
             if isinstance(item, GenerationResult):

@@ -33,6 +33,7 @@ from physreason.chat.style import Prompting
 from physreason.config import DatasetConfig, SamplingConfig, VisionConfig
 from physreason.cpu import decode_ahead_threads
 from physreason.data.loaders import json_kind, jsonl_lines, load_records, media_path_in_root
+from physreason.data.structural_tokens import structural_token_in_texts, structural_tokens
 from physreason.data.video_range import record_video_range
 from physreason.engines import Engine, GenerationRequest, GenerationResult
 from physreason.errors import ConfigError, InputError, PhysReasonError
@@ -322,11 +323,19 @@ def plan_batch(
 
 
 def request_from_record(
-    record: dict[str, Any], rid: str, root: Path, vision: VisionConfig, prompting: Prompting, factor: int
+    record: dict[str, Any],
+    rid: str,
+    root: Path,
+    vision: VisionConfig,
+    prompting: Prompting,
+    factor: int,
+    control_tokens: tuple[str, ...] = (),
 ) -> GenerationRequest:
     """Decode a record's media and build its request; a record that cannot be used raises PhysReasonError.
 
-    factor: the model's patch factor (Engine.vision_factor, models.inputs.patch_factor).
+    factor: the model's patch factor (Engine.vision_factor, models.inputs.patch_factor). A record whose question or
+    system_prompt holds one of `control_tokens` (data.structural_tokens of the model's tokenizer; () checks none)
+    cannot be used: the chat template would carry it as a turn marker or vision placeholder, not as text.
     """
     where = f"request {rid}"
     question = record.get("question")
@@ -335,6 +344,12 @@ def request_from_record(
     system_prompt = record.get("system_prompt")
     if system_prompt is not None and not isinstance(system_prompt, str):
         raise InputError(f"{where}: 'system_prompt' is a {type(system_prompt).__name__}; write it as text or leave it out")
+    texts = [("the question", question), *([("the system_prompt", system_prompt)] if system_prompt is not None else [])]
+    problem = structural_token_in_texts(
+        texts, control_tokens, where, 'images and videos go in its "video"/"image" keys; then rerun with --retry-failed'
+    )
+    if problem is not None:
+        raise InputError(problem)
     videos = [media_path_in_root(root, v, where) for v in _media_paths(record, "video", where)]
     images = [media_path_in_root(root, i, where) for i in _media_paths(record, "image", where)]
     vision = vision.model_copy(update=record_video_range(record, where))
@@ -351,9 +366,16 @@ def resolve_decode_workers(workers: int | None) -> int:
 
 
 def _requests(
-    plan: BatchPlan, vision: VisionConfig, prompting: Prompting, factor: int, workers: int = 1, lookahead: int = 1
+    plan: BatchPlan,
+    vision: VisionConfig,
+    prompting: Prompting,
+    factor: int,
+    workers: int = 1,
+    lookahead: int = 1,
+    control_tokens: tuple[str, ...] = (),
 ) -> Iterator[GenerationRequest | GenerationResult]:
-    """Yield a request per pending record, in order, or an error result for a record whose media cannot be used.
+    """Yield a request per pending record, in order, or an error result for a record whose media or text cannot be
+    used (request_from_record; `control_tokens` as there).
 
     With `workers` > 1 the media are decoded in that many threads up to `lookahead` records ahead (parallel.
     ordered_map): the next batch decodes while the engine answers this one. Closing the iterator stops them.
@@ -362,7 +384,7 @@ def _requests(
     def build(item: tuple[str, dict[str, Any]]) -> GenerationRequest | GenerationResult:
         rid, record = item
         try:
-            return request_from_record(record, rid, plan.root, vision, prompting, factor)
+            return request_from_record(record, rid, plan.root, vision, prompting, factor, control_tokens)
         except ConfigError:
             raise  # a setting, not this record: every request would fail the same way
         except PhysReasonError as exc:
@@ -435,7 +457,10 @@ def run_batch(
     Each input record is {"id"?, "question", "video"?: path or list, "image"?: path or list, "system_prompt"?,
     "video_start"?, "video_end"? (seconds; they replace vision.video_start/video_end for that record)}
     (JSONL/JSON lines or Parquet rows); media paths are relative to the input's folder (or media_root) and may
-    not leave it. Failures are recorded as {"id", "error"} and the batch goes on; rerunning skips ids already
+    not leave it. A record whose question or system_prompt holds a chat-structure token of the engine's tokenizer
+    (<|im_start|>, <|vision_start|>, ...: data.structural_tokens) fails alone, as one with a missing clip does: the
+    chat template would read it as that token, not as text. Failures are recorded as {"id", "error"} and the batch
+    goes on; rerunning skips ids already
     written, and with `retry_failed` runs the failed ones again. `engine` may be a function that builds the
     engine: it is called after the requests are read, so a bad input fails before a model loads, and the engine it
     builds is closed when the batch ends (an engine passed in stays open for its owner). `settings` and
@@ -465,7 +490,9 @@ def run_batch(
 
             workers = resolve_decode_workers(decode_workers) if len(plan.pending) > batch_size else 1
             # One batch ahead: the next batch decodes while this one generates (two batches of media held at most).
-            decoded = _requests(plan, vision, prompting, engine.vision_factor, workers, lookahead=batch_size)
+            # An engine renders its prompts with its tokenizer (HFEngine, VLLMEngine); a stand-in without one checks none.
+            tokens = structural_tokens(getattr(engine, "tokenizer", None))
+            decoded = _requests(plan, vision, prompting, engine.vision_factor, workers, batch_size, tokens)
             with contextlib.closing(decoded):  # an error below stops the decoding threads at once
                 batch: list[GenerationRequest] = []
                 for item in decoded:

@@ -42,6 +42,7 @@ from typing import Any
 
 from physreason.chat.style import Prompting, StyleName
 from physreason.config import Config, EngineConfig, ModelConfig, SamplingConfig, VisionConfig
+from physreason.data.structural_tokens import structural_tokens
 from physreason.engines import Engine, GenerationResult, create_engine
 from physreason.errors import ConfigError, PhysReasonError
 from physreason.infer.batch import BatchSummary, batch_progress, locks_out, plan_batch, record_to, request_from_record
@@ -109,16 +110,24 @@ def replica_engine(model: ModelConfig, engine: EngineConfig) -> Engine:
 
 
 def decode_row(
-    row: dict[str, Any], *, root: str, vision: VisionConfig, prompting: Prompting, factor: int
+    row: dict[str, Any],
+    *,
+    root: str,
+    vision: VisionConfig,
+    prompting: Prompting,
+    factor: int,
+    control_tokens: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """CPU stage: one input row {"id", "record"} -> {"id", "request": pickled request, "error"}.
 
-    A record that cannot be used (missing or corrupt media, no question) yields its error instead of raising,
+    A record that cannot be used (missing or corrupt media, no question, a question or system_prompt holding one of
+    `control_tokens`: batch.request_from_record) yields its error instead of raising,
     so one bad clip does not stop the corpus; "" stands for none so every block has the same column types.
     """
     rid = row["id"]
     try:
-        request = request_from_record(json.loads(row["record"]), rid, Path(root), vision, prompting, factor)
+        record = json.loads(row["record"])
+        request = request_from_record(record, rid, Path(root), vision, prompting, factor, control_tokens)
     except PhysReasonError as exc:
         return {"id": rid, "request": b"", "error": str(exc)}
     except Exception as exc:  # a decoder bug on one clip is recorded against that clip, not the run
@@ -367,6 +376,8 @@ def run_ray_batch(
     # decoding tasks size frames by the model's patch factor, read from its JSON files alone.
     loading.load_model_config(cfg.model)
     factor = patch_factor(cfg.model.model_name_or_path, cfg.model.revision)
+    # the chat-structure tokens a record's text may not hold, as the replicas' tokenizer reads them (batch.run_batch)
+    control_tokens = structural_tokens(loading.load_tokenizer(cfg.model))
     prompting, sampling = prompting_for(cfg)
     log.debug("planned %d pending requests; model config checked", len(plan.pending))
     address = _cluster_address(infer.ray_address)
@@ -388,7 +399,9 @@ def run_ray_batch(
             try:
                 # No local name holds the dataset, so it can be collected below with the run's actor handles.
                 _drain(
-                    _build_dataset(ray, cfg, plan, replicas, gpus_each, (prompting, sampling), factor, starts),
+                    _build_dataset(
+                        ray, cfg, plan, replicas, gpus_each, (prompting, sampling), factor, starts, control_tokens
+                    ),
                     plan,
                     summary,
                     out,
@@ -431,6 +444,7 @@ def _build_dataset(
     prompt: tuple[Prompting, SamplingConfig],
     factor: int,
     starts: ReplicaStarts | None = None,
+    control_tokens: tuple[str, ...] = (),
 ):
     from ray.data import DataContext
 
@@ -448,7 +462,10 @@ def _build_dataset(
     dataset = ray.data.from_items(rows, override_num_blocks=_block_count(len(rows), cfg.engine.batch_size))
     dataset = dataset.map(
         decode_row,
-        fn_kwargs={"root": str(plan.root), "vision": cfg.vision, "prompting": prompt[0], "factor": factor},
+        fn_kwargs={
+            "root": str(plan.root), "vision": cfg.vision, "prompting": prompt[0], "factor": factor,
+            "control_tokens": control_tokens,
+        },  # fmt: skip
         num_cpus=cfg.infer.decode_cpus,
     )
     with warnings.catch_warnings():
