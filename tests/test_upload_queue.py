@@ -25,9 +25,10 @@ def test_a_folder_submitted_as_its_upload_ends_is_uploaded_again_not_left_pendin
     def drop_then_submit(kind: str, relative: str) -> None:
         drop(kind, relative)
         if not racers:  # the first upload's end: the same folder is submitted from another thread right here
-            racers.append(threading.Thread(target=uploads.submit, args=(folder, "s3")))
-            racers[0].start()
-            racers[0].join(0.5)  # it may finish now (the window being probed) or wait for the worker's lock
+            racer = threading.Thread(target=uploads.submit, args=(folder, "s3"))
+            racer.start()
+            racers.append(racer)  # after start: the test's thread joins it as soon as it is listed
+            racer.join(0.5)  # it may finish now (the window being probed) or wait for the worker's lock
 
     monkeypatch.setattr(uploads, "_drop_pending", drop_then_submit)
     uploads.start()
