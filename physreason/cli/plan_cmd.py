@@ -62,8 +62,8 @@ def plan(
     capacity = int(gpu_memory * GIB)
     shape = read_model_shape(recipe_config.model)
     distributed = gpus > 1 or torchrun or recipe_config.train.cpu_offload
-    prompts = _prompt_shape(recipe_config) if job == "grpo" else None
     console = Console(width=160)
+    prompts = _prompt_shape(recipe_config, console) if job == "grpo" else None
     recipe_config = resolve_checkpoint_every(recipe_config, gpus, distributed, job, capacity, prompts, console)  # type: ignore[arg-type]
     recipe = recipe_layout(recipe_config, gpus, distributed, job)  # type: ignore[arg-type]
     workload = recipe_workload(recipe_config, shape, job, capacity, prompts)  # type: ignore[arg-type]
@@ -103,10 +103,13 @@ def plan(
         raise ConfigError(refusal(plan_, capacity, fitting, job, f"a {gpu_memory:g} GiB GPU"))  # type: ignore[arg-type]
 
 
-def _prompt_shape(config):
+def _prompt_shape(config, console):
     """The PromptShape of a GRPO recipe's local prompts (media and longest text), or None when its data is not a local
-    file or folder (a hub dataset is not downloaded to plan) or cannot be read."""
+    file or folder (a hub dataset is not downloaded to plan) or cannot be read: then one line says why (the prompts
+    `grpo` would refuse at start, a question holding a chat-structure token among them) and the plan goes on from the
+    recipe's lengths."""
     from physreason.data.mcq import load_mcq_prompts
+    from physreason.data.structural_tokens import structural_tokens
     from physreason.errors import PhysReasonError
     from physreason.models import loading
     from physreason.train.memory_report import prompt_shape
@@ -114,9 +117,17 @@ def _prompt_shape(config):
     if not Path(config.data.dataset.name).expanduser().exists():
         return None
     try:
-        prompts = load_mcq_prompts(config.data.dataset, config.data.max_samples)
-        return prompt_shape(config, prompts, loading.load_tokenizer(config.model))
-    except (PhysReasonError, OSError, ValueError):
+        tokenizer = loading.load_tokenizer(config.model)
+        prompts = load_mcq_prompts(config.data.dataset, config.data.max_samples, structural_tokens(tokenizer))
+        return prompt_shape(config, prompts, tokenizer)
+    except (PhysReasonError, OSError, ValueError) as exc:
+        console.print(
+            f"the prompts of {config.data.dataset.name} were not read ({exc}): planned from the recipe's lengths, "
+            "not theirs; `physreason grpo` reads them at start",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         return None
 
 
