@@ -424,8 +424,42 @@ def test_cli_rerun_compares_the_model_on_disk_not_the_path_as_typed(tiny_model_d
     requests.write_text(requests.read_text() + json.dumps({"id": "3", "question": "And then?"}) + "\n")
     other = _answer_batch(model, requests, out)
     assert other.returncode == 2, other.stderr
-    assert "model.fingerprint: 'config " in other.stderr and "Traceback" not in other.stderr
+    assert "model.fingerprint: 'content " in other.stderr and "Traceback" not in other.stderr
     assert len(read_out(out)) == 3
+
+
+def test_a_batch_resumes_after_the_same_model_is_copied_again_or_its_card_edited_and_refuses_another(
+    tiny_model_dirs, tmp_path
+):
+    import shutil
+
+    from physreason.config import load_config
+    from physreason.errors import InputError
+    from physreason.infer.settings import answer_settings, check_and_store_settings, settings_path
+    from physreason.models.source import legacy_model_fingerprint, model_fingerprint
+
+    model, out = tmp_path / "model", tmp_path / "answers.jsonl"
+    shutil.copytree(tiny_model_dirs["qwen2_5_vl"], model)
+
+    def settings():
+        return answer_settings(load_config(None, [f"model.model_name_or_path='{model}'"])) | model_fingerprint(str(model))
+
+    check_and_store_settings(out, settings(), has_results=False)
+    # the same files copied there again (new modification times), a model card added: the same model
+    shutil.rmtree(model)
+    shutil.copytree(tiny_model_dirs["qwen2_5_vl"], model, copy_function=shutil.copy)
+    (model / "README.md").write_text("# card\n")
+    check_and_store_settings(out, settings(), has_results=True)
+    # settings stored by an older physreason (config.json and the weights' sizes and times) still match
+    stored = json.loads(settings_path(out).read_text())
+    stored["model.fingerprint"] = legacy_model_fingerprint(model)
+    settings_path(out).write_text(json.dumps(stored))
+    check_and_store_settings(out, settings(), has_results=True)
+    assert json.loads(settings_path(out).read_text())["model.fingerprint"].startswith("content ")
+    # another model saved at the path: refused
+    (model / "config.json").write_text((model / "config.json").read_text().replace("{", '{"note": "retrained",', 1))
+    with pytest.raises(InputError, match=r"model.fingerprint: 'content [0-9a-f]{12}' there, 'content [0-9a-f]{12}' now"):
+        check_and_store_settings(out, settings(), has_results=True)
 
 
 def test_settings_leave_out_the_default_kv_cache_dtype_so_older_outputs_still_resume(tmp_path):

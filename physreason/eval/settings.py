@@ -9,7 +9,6 @@ style's default seed included (Cosmos-Reason2's 1234 / 3407), so repeats differ;
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +17,7 @@ from physreason import __version__
 from physreason.chat.style import Prompting, build_mcq_messages, resolve_prompting, resolve_sampling
 from physreason.config import Config, SamplingConfig
 from physreason.errors import ConfigError
+from physreason.models.source import folder_content_hash
 
 AnswerMode = Literal["reasoning", "letter"]
 # The sampling keys a reproduction needs, in the order reports show them.
@@ -104,43 +104,10 @@ def model_commit(model_name_or_path: str, revision: str | None) -> str | None:
     return parts[-2] if len(parts) >= 3 and parts[-3] == "snapshots" else None
 
 
-# Weight files are sampled (their first and last FINGERPRINT_SAMPLE bytes and their size) rather than read whole, so
-# fingerprinting a 16 GB folder takes milliseconds; every other file (config, tokenizer, processor) is read whole.
-FINGERPRINT_SAMPLE = 4 << 20
-_WHOLE_FILE_LIMIT = 16 << 20
-
-
-# Files beside a model that cannot change its answers: documentation, licences, pictures and dot files (version control
-# metadata, locks). Editing a model card must not stop an evaluation from resuming.
-_NOT_MODEL_FILE = re.compile(
-    r"(?i)^(\..*|(readme|license|licence|notice|citation|model_card)(\.[^.]*)?|.*\.(md|rst|png|jpe?g|gif|svg|webp|pdf))$"
-)
-
-
 def model_fingerprint(folder: str | Path, *, every_file: bool = False) -> str:
-    """A short content hash of a local model folder (12 hex digits): which weights a result was made with.
-
-    Covers every file directly in the folder that can change the model's answers, by name: small files (config,
-    tokenizer, processor, chat template) whole, large ones (weights) by size and their first and last
-    FINGERPRINT_SAMPLE bytes; documentation, licences, pictures and dot files are left out (_NOT_MODEL_FILE). The same
-    folder path holding another model gets another hash. `every_file`: the hash as results recorded it before
-    2026-11-29, which covered those files too (legacy_fingerprint; such results still resume).
-    """
-    import hashlib
-
-    digest = hashlib.sha256()
-    files = (p for p in Path(folder).expanduser().iterdir() if p.is_file())
-    for path in sorted(p for p in files if every_file or not _NOT_MODEL_FILE.match(p.name)):
-        size = path.stat().st_size
-        digest.update(f"{path.name}\0{size}\0".encode())
-        with path.open("rb") as handle:
-            if size <= _WHOLE_FILE_LIMIT:
-                digest.update(handle.read())
-            else:
-                digest.update(handle.read(FINGERPRINT_SAMPLE))
-                handle.seek(size - FINGERPRINT_SAMPLE)
-                digest.update(handle.read(FINGERPRINT_SAMPLE))
-    return digest.hexdigest()[:12]
+    """A short content hash of a local model folder (12 hex digits): which weights a result was made with
+    (models.source.folder_content_hash; `every_file`: as results recorded it before 2026-11-29)."""
+    return folder_content_hash(folder, every_file=every_file)
 
 
 def legacy_fingerprint(cfg: Config) -> str | None:

@@ -87,6 +87,9 @@ def check_and_store_settings(out: Path, settings: Mapping[str, Any], has_results
         if "model.fingerprint" not in stored and _same_folder(stored.get("model.model_name_or_path"), settings):
             # Written before fingerprints were stored, with the path as typed: compared on the rest.
             stored = {**stored, "model.model_name_or_path": settings.get("model.model_name_or_path")}
+        if _legacy_fingerprint_matches(stored.get("model.fingerprint"), settings):
+            # Stored before the content hash (config.json, the weights' sizes and times), and still matching.
+            stored = {**stored, "model.fingerprint": settings.get("model.fingerprint")}
         keys = (set(stored) | set(settings)) - ({"model.fingerprint"} - set(stored))
         changed = sorted(
             (k for k in keys if stored.get(k) != settings.get(k)),
@@ -102,6 +105,18 @@ def check_and_store_settings(out: Path, settings: Mapping[str, Any], has_results
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written beside and renamed over: a kill mid-write leaves the old settings or the new, never half a file.
     write_atomic(path, json.dumps(dict(settings), indent=2, sort_keys=True) + "\n")
+
+
+def _legacy_fingerprint_matches(stored: Any, settings: Mapping[str, Any]) -> bool:
+    """Whether `stored` is a local folder's fingerprint in the form infer wrote before 2026-11-29 and the folder now
+    named in `settings` still gives it (models.source.legacy_model_fingerprint)."""
+    from physreason.models.source import legacy_model_fingerprint
+
+    folder = settings.get("model.model_name_or_path")
+    if not isinstance(stored, str) or not stored.startswith("config ") or not isinstance(folder, str):
+        return False
+    path = Path(folder)
+    return path.is_dir() and stored == legacy_model_fingerprint(path)
 
 
 def _same_folder(stored: Any, settings: Mapping[str, Any]) -> bool:

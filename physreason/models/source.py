@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from physreason.errors import ConfigError
@@ -174,27 +175,71 @@ def check_model_weights(name: str, key: str = "model.model_name_or_path") -> Non
     )
 
 
-def model_fingerprint(name: str, revision: str | None = None) -> dict[str, str]:
-    """What identifies the model `name` names now, for outputs that must not mix two models' answers.
+# Weight files are sampled (their first and last FINGERPRINT_SAMPLE bytes and their size) rather than read whole, so
+# fingerprinting a 16 GB folder takes milliseconds; every other file (config, tokenizer, processor) is read whole.
+FINGERPRINT_SAMPLE = 4 << 20
+_WHOLE_FILE_LIMIT = 16 << 20
 
-    A local folder: its resolved path (so `m` and `m/` agree), a hash of its config.json and of its weight files'
-    names, sizes and modification times (another model saved at the same path differs). A hub id: the commit its
-    cached config.json belongs to, else the revision asked for.
+
+# Files beside a model that cannot change its answers: documentation, licences, pictures and dot files (version control
+# metadata, locks). Editing a model card must not stop an evaluation or a batch from resuming.
+_NOT_MODEL_FILE = re.compile(
+    r"(?i)^(\..*|(readme|license|licence|notice|citation|model_card)(\.[^.]*)?|.*\.(md|rst|png|jpe?g|gif|svg|webp|pdf))$"
+)
+
+
+def folder_content_hash(folder: str | Path, *, every_file: bool = False) -> str:
+    """A short content hash of a local model folder (12 hex digits): which weights a result was made with.
+
+    Covers every file directly in the folder that can change the model's answers, by name: small files (config,
+    tokenizer, processor, chat template) whole, large ones (weights) by size and their first and last
+    FINGERPRINT_SAMPLE bytes; documentation, licences, pictures and dot files are left out (_NOT_MODEL_FILE). The same
+    folder path holding another model gets another hash. `every_file`: the hash as results recorded it before
+    2026-11-29, which covered those files too (eval's legacy_fingerprint; such results still resume).
     """
     import hashlib
 
+    digest = hashlib.sha256()
+    files = (p for p in Path(folder).expanduser().iterdir() if p.is_file())
+    for path in sorted(p for p in files if every_file or not _NOT_MODEL_FILE.match(p.name)):
+        size = path.stat().st_size
+        digest.update(f"{path.name}\0{size}\0".encode())
+        with path.open("rb") as handle:
+            if size <= _WHOLE_FILE_LIMIT:
+                digest.update(handle.read())
+            else:
+                digest.update(handle.read(FINGERPRINT_SAMPLE))
+                handle.seek(size - FINGERPRINT_SAMPLE)
+                digest.update(handle.read(FINGERPRINT_SAMPLE))
+    return digest.hexdigest()[:12]
+
+
+def model_fingerprint(name: str, revision: str | None = None) -> dict[str, str]:
+    """What identifies the model `name` names now, for outputs that must not mix two models' answers.
+
+    A local folder: its resolved path (so `m` and `m/` agree) and its content hash (folder_content_hash: another
+    model saved at the same path differs, the same files copied there again or a model card edited do not). A hub
+    id: the commit its cached config.json belongs to, else the revision asked for.
+    """
     if looks_like_path(name):
         folder = Path(name).expanduser().resolve()
-        config = folder / "config.json"
-        config_hash = hashlib.sha256(config.read_bytes()).hexdigest()[:16] if config.is_file() else "none"
-        weights = hashlib.sha256()
-        for path in sorted(p for pattern in ("*.safetensors", "*.bin") for p in folder.glob(pattern)):
-            stat = path.stat()
-            weights.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-        return {"model.model_name_or_path": str(folder),
-                "model.fingerprint": f"config {config_hash}, weights {weights.hexdigest()[:16]}"}
+        return {"model.model_name_or_path": str(folder), "model.fingerprint": f"content {folder_content_hash(folder)}"}
     from huggingface_hub import try_to_load_from_cache
 
     cached = try_to_load_from_cache(name, "config.json", revision=revision)
     commit = Path(cached).parent.name if isinstance(cached, str) else None
     return {"model.model_name_or_path": name, "model.fingerprint": f"revision {commit or revision or 'main'}"}
+
+
+def legacy_model_fingerprint(folder: Path) -> str:
+    """A local folder's "model.fingerprint" as infer recorded it before 2026-11-29 (config.json's hash and the weight
+    files' names, sizes and modification times): results stored with it still resume when it still matches."""
+    import hashlib
+
+    config = folder / "config.json"
+    config_hash = hashlib.sha256(config.read_bytes()).hexdigest()[:16] if config.is_file() else "none"
+    weights = hashlib.sha256()
+    for path in sorted(p for pattern in ("*.safetensors", "*.bin") for p in folder.glob(pattern)):
+        stat = path.stat()
+        weights.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return f"config {config_hash}, weights {weights.hexdigest()[:16]}"
