@@ -236,6 +236,21 @@ def test_a_step_folder_is_labelled_with_its_run_and_two_runs_never_share_a_label
     assert results_model_dir(results, str(second), name="mine") == results / "mine"
 
 
+def test_a_model_finds_its_own_results_folder_after_a_folder_before_it_is_freed(tmp_path):
+    # `model` held another model's results when this one was given `model-2`; that model's folder was emptied since
+    # (its failed evaluation removed its config.toml). A rerun goes back to its own results, not to the freed folder.
+    first, second = tmp_path / "x" / "model", tmp_path / "y" / "model"
+    for folder in (first, second):
+        folder.mkdir(parents=True)
+    results = tmp_path / "results"
+    (results / "model" / "letter").mkdir(parents=True)  # only lock files left there
+    (results / "model" / "letter" / ".physreason.lock").write_text("")
+    (results / "model-2" / "reasoning").mkdir(parents=True)
+    (results / "model-2" / "reasoning" / "config.toml").write_text(f'[model]\nmodel_name_or_path = "{second}"\n')
+    assert results_model_dir(results, str(second)) == results / "model-2"
+    assert results_model_dir(results, str(first)) == results / "model"  # a new model takes the first free folder
+
+
 def test_report_table_fits_80_columns_without_cutting_names(tmp_path):
     results = tmp_path / "results"
     for model in ("nvidia--Cosmos-Reason1-7B", "my-finetune-step-1200"):

@@ -541,3 +541,103 @@ def test_a_control_token_in_a_question_or_option_fails_that_question_only(tmp_pa
     )
     assert "(question 'clips/c.mp4#2'): option B has '<|video_pad|>' in its text" in records["clips/c.mp4#2"]["error"]
     assert "error" not in records["clips/c.mp4#0"] and "error" not in records["clips/c.mp4#3"]
+
+
+def _two_models_named_model(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, Path]:
+    """Two model folders both named `model` (two runs' exports): one results label, two models."""
+    first, second = tmp_path / "x" / "model", tmp_path / "y" / "model"
+    for folder in (first, second):
+        shutil.copytree(tiny_model_dir, folder)
+    return first, second
+
+
+def _stored_models(model_dir: Path) -> set[str]:
+    return {load_config(p).model.model_name_or_path for p in model_dir.glob("*/config.toml")}
+
+
+def test_two_models_with_one_label_started_at_once_never_share_a_folder(tmp_path, tiny_model_dir, bench_root):
+    # Model A plans (its folder `model` is free then); before it takes the folder, model B (another folder named
+    # `model`, another answer mode: another answer-type lock) plans, takes `model` and runs. A must notice and move on.
+    first, second = _two_models_named_model(tmp_path, tiny_model_dir)
+    results = tmp_path / "results"
+    config_a = load_config(write_config(tmp_path / "a.toml", first, bench_root, results, limit=2))
+    config_b = load_config(write_config(tmp_path / "b.toml", second, bench_root, results, limit=2, answer_type="letter"))
+    outcomes = {}
+
+    def start_b_meanwhile(plan):
+        assert plan.base == results / "model" / "reasoning"  # A's choice, made before any folder was taken
+        outcomes["b"] = run_eval(config_b, show_progress=False)
+
+    outcome_a = run_eval(config_a, show_progress=False, on_start=start_b_meanwhile)
+    assert outcomes["b"].base == results / "model" / "letter"
+    assert outcome_a.base == results / "model-2" / "reasoning"  # not beside B's results in `model`
+    assert _stored_models(results / "model") == {str(second)}
+    assert _stored_models(results / "model-2") == {str(first)}
+    rerun = run_eval(config_a, show_progress=False)  # a rerun of A finds its own results
+    assert rerun.base == outcome_a.base and rerun.resumed == 2
+
+
+def test_an_evaluation_waits_for_another_choosing_its_model_folder(tmp_path, tiny_model_dir, bench_root, monkeypatch):
+    from setups import lock_holder
+
+    from physreason.eval import launch
+
+    results = tmp_path / "results"
+    config = load_config(write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, results, limit=2))
+    results.mkdir()
+    holder = lock_holder(results / ".model-folders.lock")  # another evaluation choosing its folder, and stuck there
+    try:
+        monkeypatch.setattr(launch, "MODEL_FOLDERS_WAIT_S", 0.5, raising=False)
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match=rf"choice of a model's folder in {results} is in use .*pid {holder.pid}"):
+            run_eval(config, show_progress=False)
+        assert time.monotonic() - started >= 0.5  # it waited before giving up
+        assert not list(results.rglob("config.toml")) and not list(results.rglob("run.json"))  # nothing recorded
+    finally:
+        holder.kill()
+        holder.wait()
+    outcome = run_eval(config, show_progress=False)  # the choice free again
+    assert [(r.answered, r.failed) for r in outcome.runs] == [(2, 0)]
+
+
+@pytest.mark.slow
+def test_shard_processes_write_to_the_folder_the_launcher_chose(tmp_path, tiny_model_dir, bench_root, monkeypatch):
+    # A's folder is `model-2` (`model` holds B's config) when its shard processes start; then B's evaluation fails
+    # and frees `model` (discard_unstarted_runs). The shards must still write where the launcher merges: `model-2`.
+    from physreason.eval import launch
+
+    first, second = _two_models_named_model(tmp_path, tiny_model_dir)
+    results = tmp_path / "results"
+    taken_by_b = results / "model" / "letter" / "config.toml"
+    taken_by_b.parent.mkdir(parents=True)
+    taken_by_b.write_text(f'[model]\nmodel_name_or_path = "{second}"\n')
+    launch_shards = launch._launch_shards
+
+    def b_fails_as_the_shards_start(plan, show_progress):
+        taken_by_b.unlink()
+        return launch_shards(plan, show_progress)
+
+    monkeypatch.setattr(launch, "_launch_shards", b_fails_as_the_shards_start)
+    config = load_config(write_config(tmp_path / "a.toml", first, bench_root, results, limit=4, num_gpus=2))
+    outcome = run_eval(config, show_progress=False)
+    assert outcome.base == results / "model-2" / "reasoning"
+    assert [(r.answered, r.failed, r.missing) for r in outcome.runs] == [(3, 1, 0)]
+    assert not list((results / "model").rglob("*.jsonl"))  # no shard wrote into the freed folder
+
+
+def test_a_link_at_a_shard_log_is_refused_before_any_shard_starts(tmp_path, tiny_model_dir, bench_root):
+    from physreason.errors import InputError
+    from physreason.eval.launch import plan_eval
+
+    victim = tmp_path / "home" / ".bashrc"
+    victim.parent.mkdir()
+    victim.write_text("alias ll='ls -l'\n")
+    config = load_config(write_config(tmp_path / "eval.toml", tiny_model_dir, bench_root, tmp_path / "results",
+                                      limit=2, num_gpus=2))  # fmt: skip
+    logs = plan_eval(config).base / "logs"
+    logs.mkdir(parents=True)
+    (logs / "shard-1-of-2.log").symlink_to(victim)
+    with pytest.raises(InputError, match=r"shard-1-of-2.log is a symbolic link .*a shard's log is appended to in place"):
+        run_eval(config, show_progress=False)
+    assert victim.read_text() == "alias ll='ls -l'\n"
+    assert not (logs / "shard-0-of-2.log").read_text()  # shard 0 was never started either

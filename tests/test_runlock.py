@@ -180,3 +180,24 @@ def test_a_lock_file_deleted_every_time_it_is_locked_is_a_clear_error_after_a_fe
         runlock.lock_file(lock, "the folder", "by the test")
     assert len(calls) == 10 and all(handle.closed for handle in calls)
     assert not runlock._HELD
+
+
+def test_a_lock_held_for_a_moment_is_waited_for_up_to_wait_s(tmp_path):
+    import threading
+    import time
+
+    lock = tmp_path / ".choice.lock"
+    holder = lock_holder(lock)
+    try:
+        started = time.monotonic()
+        with pytest.raises(runlock.LockHeld, match=rf"the choice is in use by another run \(pid {holder.pid} "):
+            runlock.lock_file(lock, "the choice", "by the test", wait_s=0.3)
+        assert time.monotonic() - started >= 0.3  # tried again until wait_s had passed
+        assert not runlock._HELD
+        threading.Timer(0.5, holder.kill).start()  # the holder lets go while this one waits
+        with runlock.holding(lock, "the choice", "by the test", wait_s=30):
+            assert runlock._key(lock) in runlock._HELD
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not runlock._HELD

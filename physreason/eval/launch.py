@@ -7,6 +7,7 @@ CUDA_VISIBLE_DEVICES and answers every k-th sample. On CPU the shards are proces
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -25,6 +26,7 @@ from physreason.errors import ConfigError, PhysReasonError
 from physreason.eval.benchmark import Benchmark, load_benchmark
 from physreason.eval.results import (
     CONFIG_FILE,
+    MODEL_FOLDERS_LOCK,
     RUN_FILE,
     answer_type_dir,
     finished_in_run,
@@ -44,6 +46,7 @@ from physreason.eval.settings import (
     model_identity,
     reproduction_settings,
 )
+from physreason.infer.results import open_for_append
 from physreason.models.source import check_model_source
 from physreason.progress import LoggedProgress, progress_display
 from physreason.train.runlock import LOCK_NAME, holding
@@ -101,9 +104,12 @@ class EvalOutcome:
     resumed: int = 0
 
 
-def plan_eval(cfg: Config) -> EvalPlan:
+def plan_eval(cfg: Config, base: Path | None = None) -> EvalPlan:
     """Resolve the evaluation's settings once, load every data set in `eval.datasets` and list the seeds
-    (eval.seed, eval.seed + 1, ...); raises ConfigError on a setting no run could use. Reads no model weights."""
+    (eval.seed, eval.seed + 1, ...); raises ConfigError on a setting no run could use. Reads no model weights.
+
+    `base`: the answer-type folder, as the launcher chose it (a shard process is given it); by default it is chosen
+    here (answer_type_dir), which run_eval checks again while it holds the results folder's MODEL_FOLDERS_LOCK."""
     if not cfg.eval.datasets:
         raise ConfigError("eval.datasets is empty: list data set names under eval.benchmark_root, or JSON/JSONL files")
     cfg, setup = effective_config(cfg)  # config errors before any data set is read; from here on, the resolved one
@@ -114,7 +120,8 @@ def plan_eval(cfg: Config) -> EvalPlan:
     if len(set(names)) != len(names):
         raise ConfigError(f"eval.datasets names the same data set twice ({names}); each needs its own results folder")
     label = results_label(setup.answer_type, benchmarks)
-    base = answer_type_dir(cfg.eval.results_dir, cfg.model.model_name_or_path, label, cfg.eval.model_name)
+    if base is None:
+        base = answer_type_dir(cfg.eval.results_dir, cfg.model.model_name_or_path, label, cfg.eval.model_name)
     seeds = tuple(cfg.eval.seed + k for k in range(cfg.eval.num_repeats))
     for seed in seeds:
         repeat_sampling(cfg.generation, seed)
@@ -397,25 +404,34 @@ def shard_devices(shard: int, tp_size: int, num_gpus: int, visible: str | None) 
 def _launch_shards(plan: EvalPlan, show_progress: bool) -> list[tuple[int, int, Path]]:
     """Start one worker process per shard, show combined progress from their files; return failed (shard, code, log).
 
-    Each worker builds its plan from the effective config prepare_runs stored (the plan's serialised form)."""
+    Each worker builds its plan from the effective config prepare_runs stored (the plan's serialised form), in the
+    answer-type folder it is given (--base: the one this process chose and holds, not one chosen again). Every
+    shard's log is opened before any worker starts: one that cannot be (a symbolic link there, refused: a log is
+    appended to in place, never through a link into the file it names) leaves no worker running."""
     num_shards, eval_cfg = plan.num_shards, plan.config.eval
     logs = plan.base / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    log_paths = [logs / f"shard-{shard}-of-{num_shards}.log" for shard in range(num_shards)]
     processes = []
-    for shard in range(num_shards):
-        env = os.environ | {"CUDA_VISIBLE_DEVICES": shard_devices(shard, eval_cfg.tp_size, eval_cfg.num_gpus, visible)}
-        # Shards share this process's CPUs (video decoding, CPU engines): without a limit each would start a thread per
-        # core of the whole host.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_share().threads // num_shards)))
-        log_path = logs / f"shard-{shard}-of-{num_shards}.log"
-        with log_path.open("a", encoding="utf-8") as log_file:
+    with contextlib.ExitStack() as opened:
+        log_files = [
+            opened.enter_context(open_for_append(path, "a shard's log is appended to in place")) for path in log_paths
+        ]
+        for shard, (log_path, log_file) in enumerate(zip(log_paths, log_files, strict=True)):
+            devices = shard_devices(shard, eval_cfg.tp_size, eval_cfg.num_gpus, visible)
+            env = os.environ | {"CUDA_VISIBLE_DEVICES": devices}
+            # Shards share this process's CPUs (video decoding, CPU engines): without a limit each would start a thread
+            # per core of the whole host.
+            env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_share().threads // num_shards)))
             command = [
                 sys.executable,
                 "-m",
                 "physreason.eval.worker",
                 "--config",
                 str(plan.base / CONFIG_FILE),
+                "--base",
+                str(plan.base),
                 "--shard",
                 str(shard),
                 "--num-shards",
@@ -462,19 +478,58 @@ def run_eval(
     checked_vision_factor(plan.config)  # the model is found and the pixel budgets fit it before the folder is touched
     if on_start is not None:
         on_start(plan)
-    plan.base.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as held:
+        plan, resumed = _take_folder(plan, held)
+        return _run_planned(plan, show_progress, resumed)
+
+
+# How long an evaluation waits for another one to choose its model's folder (prepare_runs: well under a second).
+MODEL_FOLDERS_WAIT_S = 300.0
+
+
+def _take_folder(plan: EvalPlan, held: contextlib.ExitStack) -> tuple[EvalPlan, int]:
+    """Choose the model's folder again and take it: lock its answer-type folder (until `held` closes) and prepare the
+    runs there (prepare_runs: its config.toml records the folder's model), all while holding the results folder's
+    MODEL_FOLDERS_LOCK; return the plan (with the folder chosen here) and how many results were already there.
+
+    plan_eval's choice was made unlocked: another evaluation started at the same time, of another model with the same
+    label, may have taken that folder since; it is then found to hold that model's config.toml and the next free
+    folder is taken. Without this lock both would take it (the answer-type folders' locks differ when the answer modes
+    do), and a rerun of either model would be sent to another folder than its results."""
+    cfg = plan.config
+    root = Path(cfg.eval.results_dir).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
     with holding(
-        plan.base / LOCK_NAME,
-        f"the evaluation folder {plan.base}",
-        "two evaluations writing one folder repeat and mix results. Wait for that one to end (or stop it), or set "
-        "another eval.results_dir or eval.model_name",
+        root / MODEL_FOLDERS_LOCK,
+        f"the choice of a model's folder in {root}",
+        f"an evaluation chooses its model's folder and records its model there, which takes a moment; this one waited "
+        f"{MODEL_FOLDERS_WAIT_S:.0f} s. Stop that process if it is stuck, or set another eval.results_dir",
+        wait_s=MODEL_FOLDERS_WAIT_S,
     ):
-        return _run_planned(plan, show_progress)
+        base = answer_type_dir(root, cfg.model.model_name_or_path, plan.base.name, cfg.eval.model_name)
+        if base != plan.base:
+            log.warning(
+                "%s holds another model's results now (an evaluation started at the same time took it): this "
+                "evaluation writes to %s instead",
+                plan.base.parent,
+                base.parent,
+            )
+            plan = dataclasses.replace(plan, base=base)
+        plan.base.mkdir(parents=True, exist_ok=True)
+        held.enter_context(
+            holding(
+                plan.base / LOCK_NAME,
+                f"the evaluation folder {plan.base}",
+                "two evaluations writing one folder repeat and mix results. Wait for that one to end (or stop it), or "
+                "set another eval.results_dir or eval.model_name",
+            )
+        )
+        return plan, prepare_runs(plan)
 
 
-def _run_planned(plan: EvalPlan, show_progress: bool) -> EvalOutcome:
-    """run_eval's work once the plan is made and the folder held: prepare, run the shards, merge, count."""
-    outcome = EvalOutcome(base=plan.base, resumed=prepare_runs(plan))
+def _run_planned(plan: EvalPlan, show_progress: bool, resumed: int) -> EvalOutcome:
+    """run_eval's work once the plan is made, the folder held and its runs prepared: run the shards, merge, count."""
+    outcome = EvalOutcome(base=plan.base, resumed=resumed)
     failed_shards: list[tuple[int, int, Path]] = []
     try:
         if plan.num_shards == 1:

@@ -21,6 +21,8 @@ from physreason.infer.results import finished_ids
 MERGED_FILE = "results.jsonl"
 RUN_FILE = "run.json"
 CONFIG_FILE = "config.toml"
+# `<results_dir>/<this>`: held by an evaluation while it chooses its model's folder and records its model there.
+MODEL_FOLDERS_LOCK = ".model-folders.lock"
 _SHARD_GLOB = "shard-*-of-*.jsonl"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -84,18 +86,28 @@ def results_model_dir(results_dir: str | Path, model_name_or_path: str, name: st
     """`<results_dir>/<label>`: the folder of one model's results.
 
     `name` (eval.model_name) is used as given. Otherwise the label is `model_label`, and when that folder
-    holds another model's results (two runs' "step_20"), the first of `<label>-2`, `<label>-3`, ... that is
-    free or holds this model's: reruns of one model find their folder, two models never share one.
+    holds another model's results (two runs' "step_20"), `<label>-2`, `<label>-3`, ...: the first that holds this
+    model's (its config.toml names it), else the first free one. Reruns of one model find their folder (also when a
+    folder before it has been freed since), two models never share one.
+
+    A folder's model is recorded by the config.toml an evaluation writes there (prepare_runs); `physreason eval`
+    chooses the folder and writes that file while it holds MODEL_FOLDERS_LOCK, so that two evaluations started at
+    once never both take one free folder. The choice alone (this function) takes no lock.
     """
     root = Path(results_dir).expanduser()
     if name:
         return root / model_slug(name)
     label = model_label(model_name_or_path)
+    free = None
     for k in range(1, 1000):
         folder = root / (label if k == 1 else f"{label}-{k}")
         stored = _stored_model(folder) if folder.is_dir() else None
-        if stored is None or _same_model(stored, model_name_or_path):
+        if stored is None:
+            free = free or folder
+        elif _same_model(stored, model_name_or_path):
             return folder
+    if free is not None:
+        return free
     raise InputError(f"{root} holds results of 999 models labelled {label}: set eval.model_name or another results_dir")
 
 

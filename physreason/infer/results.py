@@ -131,14 +131,17 @@ def open_sink(out: Path, *, rows_per_file: int = 1000, flush_s: float = 60.0) ->
     return JsonlSink(out)
 
 
-def _refuse_link(path: Path) -> None:
+_RESULT_FILE = "a result file is cut back to its last complete line and appended to in place"
+
+
+def _refuse_link(path: Path, what: str = _RESULT_FILE) -> None:
     try:
         target = os.readlink(path)
     except OSError:
         target = "?"
     raise InputError(
-        f"{path} is a symbolic link (to {target}): a result file is cut back to its last complete line and appended "
-        "to in place, never through a link into another file; delete the link (or move the real file there) and rerun"
+        f"{path} is a symbolic link (to {target}): {what}, never through a link into another file; delete the link "
+        "(or move the real file there) and rerun"
     ) from None
 
 
@@ -148,19 +151,19 @@ def check_not_link(path: Path) -> None:
         _refuse_link(path)
 
 
-def _open_no_link(path: Path, flags: int) -> int:
+def _open_no_link(path: Path, flags: int, what: str = _RESULT_FILE) -> int:
     try:
         return os.open(path, flags | os.O_NOFOLLOW, 0o666)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            _refuse_link(path)
+            _refuse_link(path, what)
         raise
 
 
-def open_for_append(path: Path):
+def open_for_append(path: Path, what: str = _RESULT_FILE):
     """`path` opened to append UTF-8 text (created if missing); InputError when it is a symbolic link (never
-    written through into the link's target)."""
-    return os.fdopen(_open_no_link(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
+    written through into the link's target). `what` says in that error what the file is and how it is written."""
+    return os.fdopen(_open_no_link(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, what), "a", encoding="utf-8")
 
 
 def truncate_torn_tail(out: Path) -> None:

@@ -12,6 +12,9 @@ locks its folder against the corrected rerun; the file left behind is only a not
 run forks (data-loader workers) do not inherit it, so it is free again the moment the run's entry point returns.
 On a filesystem without locks the run goes on with a warning, unprotected.
 
+A lock held only for a moment (an evaluation choosing its model's results folder: eval.launch) is waited for: given
+`wait_s`, lock_file tries again until it is free or that many seconds have passed.
+
 A lock file is never deleted while held (a process that opened it just before would lock the deleted file while a
 third one creates and locks a new one: two holders). Should one be deleted or replaced all the same, lock_file
 notices once it holds the lock (the file it locked is no longer the one at the path) and locks the new file instead.
@@ -34,6 +37,11 @@ from physreason.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+
+class LockHeld(ConfigError):
+    """The lock is held by another process (the message names it)."""
+
+
 LOCK_NAME = ".physreason.lock"
 _ATTEMPTS = 10  # locks of a file found deleted or replaced once locked, before lock_file gives up
 _HELD: dict[Path, IO[str]] = {}  # resolved lock file -> its open handle, for the locks this process holds
@@ -51,10 +59,21 @@ def lock_output(output: Path) -> bool:
     )
 
 
-def lock_file(path: Path, what: str, why: str) -> bool:
+def lock_file(path: Path, what: str, why: str, wait_s: float = 0.0) -> bool:
     """Hold the lock on the file `path` (created if missing; its folder must exist) for this process; True when held
-    (also when already held here), False when the filesystem has no locks. ConfigError `<what> is in use by another
-    run (<holder>): <why>` when another process holds it."""
+    (also when already held here), False when the filesystem has no locks. LockHeld (a ConfigError) `<what> is in use
+    by another run (<holder>): <why>` when another process holds it, after trying again for up to `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return _lock_file(path, what, why)
+        except LockHeld:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+
+def _lock_file(path: Path, what: str, why: str) -> bool:
     key = _key(path)
     if key in _HELD:
         return True
@@ -106,7 +125,7 @@ def _open_locked(key: Path, fcntl: Any, what: str, why: str) -> IO[str] | None:
         handle.seek(0)
         holder = handle.read().strip() or "its process is not named in the file"
         handle.close()
-        raise ConfigError(f"{what} is in use by another run ({holder}): {why}") from None
+        raise LockHeld(f"{what} is in use by another run ({holder}): {why}") from None
     return handle
 
 
@@ -127,9 +146,9 @@ def _key(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def holding(path: Path, what: str, why: str) -> Iterator[None]:
-    """lock_file(path, what, why) for the `with` block; released when it ends, however it ends."""
-    taken = _key(path) not in _HELD and lock_file(path, what, why)
+def holding(path: Path, what: str, why: str, wait_s: float = 0.0) -> Iterator[None]:
+    """lock_file(path, what, why, wait_s) for the `with` block; released when it ends, however it ends."""
+    taken = _key(path) not in _HELD and lock_file(path, what, why, wait_s)
     try:
         yield
     finally:
