@@ -45,7 +45,7 @@ class StoppingPipelines:
         self.inputs: list[list[str]] = []  # the request ids each pipeline was given
         self.answered: Counter[str] = Counter()
 
-    def __call__(self, ray, cfg, plan, replicas, gpus_each, prompt, factor, starts) -> SimpleNamespace:
+    def __call__(self, ray, cfg, plan, replicas, gpus_each, prompt, factor, starts, control_tokens=()) -> SimpleNamespace:
         ids = [rid for rid, _ in plan.pending]
         self.inputs.append(ids)
         stop = self.stops.pop(0) if self.stops else None
