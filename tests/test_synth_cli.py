@@ -88,6 +88,31 @@ def test_rerun_skips_finished_samples_and_redoes_a_missing_clip(written):
     assert before == {p.name: p.stat().st_mtime_ns for p in (folder / "clips").iterdir() if p != clip}
 
 
+def test_rerun_removes_the_temporary_files_a_killed_run_left_and_no_others(written, tmp_path):
+    import os
+    import time
+
+    folder = written / "spatial_puzzle"
+    stale = [folder / "clips" / ".val_000001.mp4.k3j2.partial", folder / "records" / ".val_000001.json.x9.partial"]
+    fresh = folder / "clips" / ".val_000002.mp4.a1b2.partial"  # another process writing it right now
+    outside = tmp_path / "outside.partial"
+    outside.write_text("not the run's")
+    link = folder / "clips" / ".linked.partial"
+    link.symlink_to(outside)
+    long_ago = time.time() - 3600
+    for path in [*stale, fresh]:
+        path.write_bytes(b"half a file")
+    for path in stale:
+        os.utime(path, (long_ago, long_ago))
+    os.utime(link, (long_ago, long_ago), follow_symlinks=False)
+    summary = generate_task("spatial_puzzle", 8, written, "val", 4, workers=1, show_progress=False)
+    assert (summary.generated, summary.reused) == (0, 8)
+    assert not any(path.exists() for path in stale)
+    assert fresh.is_file() and link.is_symlink() and outside.read_text() == "not the run's"
+    fresh.unlink()  # the folder is shared with the tests after this one
+    link.unlink()
+
+
 def test_rerun_with_another_seed_into_the_same_folder_is_refused(written):
     with pytest.raises(InputError, match="meta.json"):
         generate_task("arrow_of_time", 8, written, "val", 5, workers=1, show_progress=False)

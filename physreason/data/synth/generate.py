@@ -17,9 +17,12 @@ independent, so they are spread over worker processes.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
+import stat
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -38,6 +41,12 @@ from physreason.errors import InputError
 from physreason.progress import LoggedProgress
 
 GENERATOR_VERSION = "1"
+
+log = logging.getLogger(__name__)
+
+# A clip's or record's temporary file (`.<name>.<random>.partial`) older than this was left by a process that was
+# killed mid-write: one being written is seconds old, also when several processes fill one folder side by side.
+STALE_PARTIAL_S = 600.0
 
 
 @dataclass
@@ -124,6 +133,25 @@ def _sft_line(record: dict[str, Any]) -> dict[str, Any]:
     if "index2ans" not in qa and grounds_2d(qa["answer"]):
         line[COORDS_KEY] = NEUTRAL_GRID
     return line
+
+
+def _remove_stale_partials(folder: Path) -> None:
+    """Delete the temporary files a killed run left in `folder`, its clips/ and records/ (regular files named
+    `.<name>.<random>.partial` older than STALE_PARTIAL_S; never a link, never one another process is writing)."""
+    removed, now = 0, time.time()
+    for place in (folder, folder / "clips", folder / "records"):
+        if not place.is_dir():
+            continue
+        for path in place.glob(".*.partial"):
+            try:
+                info = path.lstat()
+                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > STALE_PARTIAL_S:
+                    path.unlink()
+                    removed += 1
+            except FileNotFoundError:  # renamed into place or removed by its writer meanwhile
+                continue
+    if removed:
+        log.info("removed %d temporary file(s) a killed run left under %s", removed, folder)
 
 
 def _existing_record(
@@ -214,6 +242,7 @@ def generate_task(
         raise InputError(f"need --n >= 1 and --seed >= 0, got n={n}, seed={base_seed}")
     folder = Path(out) / task
     _check_meta(folder, split, base_seed, option_order)
+    _remove_stale_partials(folder)
     records: dict[int, dict[str, Any]] = {}
     for index in range(n):
         record = _existing_record(folder, split, base_seed, task, index, option_order)
